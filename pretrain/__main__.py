@@ -1,0 +1,23 @@
+"""``python -m pretrain``: see :mod:`pretrain.cli` (``python -m pretrain --help``)."""
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+
+def _run() -> int:
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as e:
+        # bad input: a one-line message instead of a traceback (set PRETRAIN_DEBUG=1 for the traceback)
+        import os
+        if os.environ.get("PRETRAIN_DEBUG"):
+            raise
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_run())

@@ -1,0 +1,175 @@
+"""Command line of the pre-training toolkit: ``python -m pretrain``.
+
+``python -m pretrain [options]`` pre-trains an encoder with one of the objectives of
+:mod:`pretrain.objectives`; ``python -m pretrain finetune|inspect|coverage ...`` dispatch
+to the fine-tuning, decoder-inspection and token-coverage tools.
+
+Pipeline of the pre-training command: load the tokenizer and the masked-LM model
+(:func:`pretrain.modeling.load_mlm_model`; random weights with ``--from-config``), build or
+load the tokenized corpus (:class:`pretrain.corpus.TokenCache`), build the objective, and
+train it with :class:`pretrain.trainer.Trainer`. The encoder is exported at ``--output`` as
+a standard Hugging Face directory (loadable by ``pyterrier_cpdae.CPDAE.from_pretrained``),
+the decoder under ``<output>/decoder``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+from .config import PretrainConfig, parse_config
+
+#: Subcommands: name -> (module with a ``main(argv)``, one-line description).
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "finetune": ("pretrain.finetune", "fine-tune a bi-encoder (BM25 / file / dense-mined hard negatives)"),
+    "inspect": ("pretrain.inspect_decoder", "show the words a pre-trained decoder predicts from [CLS] vectors"),
+    "coverage": ("pretrain.coverage", "input-token coverage of [CLS] vectors projected onto the vocabulary"),
+}
+
+DESCRIPTION = """\
+Pre-train a BERT-like encoder for dense retrieval (CPDAE and rival objectives).
+
+usage:
+  python -m pretrain --objective cpdae --model <hf id or dir> --corpus <spec> --output <dir> [options]
+  python -m pretrain {finetune,inspect,coverage} ...   (see python -m pretrain <subcommand> --help)
+
+subcommands:
+""" + "\n".join(f"  {k:<10} {v[1]}" for k, v in SUBCOMMANDS.items())
+
+EPILOG = """\
+Options can also come from a YAML/JSON file (--config run.yaml; keys are the option names,
+with dashes or underscores); flags on the command line override it.
+--batch-size is the GLOBAL batch: under torchrun / accelerate launch each of the N processes
+gets batch_size / (N * grad_accum) texts per micro-batch.
+
+examples:
+  python -m pretrain --objective cpdae --model bert-base-uncased --corpus wiki:../shared/data/enwiki-sample \\
+      --output runs/cpdae --batch-size 64 --max-length 512
+  python -m pretrain --config run.yaml --output runs/cpdae --resume
+  torchrun --nproc_per_node 8 -m pretrain --config run.yaml --batch-size 512
+"""
+
+logger = logging.getLogger(__name__)
+
+
+def build_argument_parser() -> argparse.ArgumentParser:
+    """The parser of the pre-training command (for ``--help`` and docs)."""
+    from .config import build_parser
+    return build_parser(PretrainConfig, **_parser_kw())
+
+
+def _parser_kw() -> dict[str, Any]:
+    return {"prog": "python -m pretrain", "description": DESCRIPTION, "epilog": EPILOG,
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+def validate_config(config: PretrainConfig) -> None:
+    """Checks that need no model or data: output, corpus, objective, batch size.
+
+    Raises:
+        ValueError: naming the offending option.
+    """
+    from .objectives import objective_class
+    from .trainer import check_output_dir
+
+    if not config.output:
+        raise ValueError("--output is required (the run directory: checkpoints, logs, exported model)")
+    if not config.corpus:
+        raise ValueError("--corpus is required (irds:<id>, a .jsonl/.txt file, or wiki:<dir>)")
+    if config.max_length < 3:
+        raise ValueError(f"--max-length must be >= 3 (two special tokens + content), got {config.max_length}")
+    cls = objective_class(config.objective)
+    per_forward = config.batch_size // max(1, config.grad_accum)
+    if getattr(cls, "contrastive", False) and per_forward < 2:
+        raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
+                         f"{per_forward} text(s) (--batch-size {config.batch_size} / --grad-accum {config.grad_accum}); "
+                         "use a batch of at least 2 texts per accumulation step")
+    check_output_dir(config)
+
+
+def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
+    """The tokenizer of ``--model`` and the masked-LM model (random weights with ``--from-config``).
+
+    Raises:
+        ValueError: if the tokenizer cannot be loaded, its vocabulary does not fit the model,
+            or ``--max-length`` exceeds the model's position embeddings.
+    """
+    from transformers import AutoTokenizer
+
+    from .modeling import load_mlm_model
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load a tokenizer from --model {config.model!r}: {e}") from e
+    model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head)
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos is not None and config.max_length > max_pos:
+        raise ValueError(f"--max-length {config.max_length} exceeds the model's max_position_embeddings ({max_pos}) "
+                         f"of {config.from_config or config.model}")
+    vocab = getattr(model.config, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(f"the tokenizer of {config.model!r} has {len(tokenizer)} tokens but the model's vocabulary "
+                         f"holds {vocab}")
+    return model, tokenizer
+
+
+def default_cache_dir(config: PretrainConfig) -> str:
+    """``--cache-dir`` or ``<output>/../.token_cache`` (shared by runs on the same corpus)."""
+    if config.cache_dir:
+        return config.cache_dir
+    return os.path.join(os.path.dirname(os.path.abspath(config.output)), ".token_cache")
+
+
+def pretrain(config: PretrainConfig) -> dict[str, Any]:
+    """Run the pre-training pipeline for ``config`` and return the trainer's final metrics."""
+    from accelerate.utils import set_seed
+
+    from .corpus import TokenCache, idf_weights
+    from .objectives import build_objective
+    from .trainer import Trainer
+
+    validate_config(config)
+    set_seed(config.seed)  # the random parts of the initialisation (decoders, --from-config weights)
+    model, tokenizer = load_model_and_tokenizer(config)
+    cache = TokenCache.build_or_load(config.corpus, tokenizer, config.max_length, default_cache_dir(config),
+                                     fields=config.corpus_fields, max_docs=config.max_docs)
+    if len(cache) == 0:
+        raise ValueError(f"corpus {config.corpus!r} produced no training text")
+    extra: dict[str, Any] = {}
+    if config.objective == "cpdae_idfrec":
+        extra["idf"] = idf_weights(cache)
+    objective = build_objective(config.objective, model, tokenizer, config, **extra)
+    logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
+                config.max_length)
+    return Trainer(objective, cache, objective.collate, config).train()
+
+
+def run_subcommand(name: str, argv: list[str]) -> Any:
+    """Import ``SUBCOMMANDS[name]`` lazily and call its ``main(argv)``."""
+    module_name = SUBCOMMANDS[name][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name == module_name:
+            raise ValueError(f"subcommand {name!r} is not available: module {module_name} is missing") from e
+        raise
+    return module.main(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> Any:
+    """Entry point of ``python -m pretrain``: a subcommand, or pre-training with the given options."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return run_subcommand(argv[0], argv[1:])
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            stream=sys.stderr)
+    config = parse_config(PretrainConfig, argv, **_parser_kw())
+    return pretrain(config)
+
+
+__all__ = ["main", "pretrain", "validate_config", "load_model_and_tokenizer", "SUBCOMMANDS"]

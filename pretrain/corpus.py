@@ -1,0 +1,465 @@
+"""Pre-training corpora: streaming readers, block packing, a tokenized on-disk cache and IDF.
+
+Typical use (what ``python -m pretrain`` does)::
+
+    from pretrain.corpus import TokenCache, idf_weights
+    cache = TokenCache.build_or_load("wiki:../shared/data/enwiki-sample", tokenizer,
+                                     max_length=512, cache_dir="runs/.token_cache")
+    cache[0]          # token ids of the first block (no special tokens, <= 510 ids)
+    idf = idf_weights(cache)   # (|V|,) float tensor for --objective cpdae_idfrec
+
+**Packing.** Each document is split into sentences (:func:`split_sentences`) and the
+sentences are packed greedily, in order, into blocks of at most ``max_length - 2`` token
+ids (room is left for ``[CLS]`` and ``[SEP]``). A sentence that does not fit in the current
+block starts a new one; a single sentence longer than a block is cut. Different documents
+are never merged into one block: the reconstruction target of CPDAE ("which words occur in
+this text") must describe one text, so a short document stays a short block. Concatenating
+a document's blocks gives exactly its tokenization.
+
+**Cache.** Token ids of all blocks are stored back to back in one flat ``uint16`` file
+(``uint32`` when the vocabulary has more than 65,536 entries) with an ``int64`` offsets
+array, a per-token document-frequency array and ``meta.json``. The cache directory name is
+a hash of everything that determines the content (spec, corpus file sizes and mtimes,
+fields, max_docs, max_length, the tokenizer's vocabulary and normalisation -- not its name or
+path), so another tokenizer or block length builds another cache. A cache is built in a temporary directory
+and renamed into place when complete; concurrent processes (e.g. DDP ranks starting
+together) serialise on a lock file, so one builds and the others wait and then load it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from .readers import Fields, corpus_files, iter_texts, parse_fields, resolve_spec
+
+logger = logging.getLogger(__name__)
+
+#: Bumped whenever the cache layout or packing changes (part of the cache key).
+CACHE_FORMAT_VERSION = 1
+
+# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) followed by
+# whitespace and a character that is not a lower-case ASCII letter (so "e.g. this" stays
+# one sentence); line breaks always end a sentence.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+(?=[^\sa-z])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split ``text`` into sentences with a small rule-based splitter (no models, no nltk).
+
+    Boundaries are line breaks and ``. ! ?`` (plus closing quotes/brackets) followed by
+    whitespace and a character that is not a lower-case ASCII letter. Every character of
+    ``text`` except the whitespace at boundaries is kept, so tokenizing the sentences one
+    by one gives the same WordPiece ids as tokenizing ``text`` (whitespace separates words).
+
+    Example:
+        >>> split_sentences("Hello world. It is e.g. fine!\\nNew line")
+        ['Hello world.', 'It is e.g. fine!', 'New line']
+    """
+    out: list[str] = []
+    for line in text.splitlines():
+        start = 0
+        for m in _SENTENCE_END.finditer(line):
+            # keep closing quotes/brackets with the sentence they close
+            end = m.start() + len(m.group(0).rstrip())
+            piece = line[start:end].strip()
+            if piece:
+                out.append(piece)
+            start = m.end()
+        piece = line[start:].strip()
+        if piece:
+            out.append(piece)
+    return out
+
+
+def pack_sentences(sentences: Sequence[Sequence[int]], max_content: int) -> list[list[int]]:
+    """Greedily pack tokenized sentences of one document into blocks of ``<= max_content`` ids.
+
+    Sentences are kept whole and in order; one that does not fit in the current block
+    starts the next block; one longer than ``max_content`` is cut into pieces of
+    ``max_content`` ids (the last piece may be followed by further sentences).
+
+    Args:
+        sentences: Token ids of each sentence (no special tokens).
+        max_content: Block capacity (``max_length - 2``).
+
+    Returns:
+        The blocks; their concatenation equals the concatenation of ``sentences``.
+    """
+    if max_content < 1:
+        raise ValueError(f"block capacity must be >= 1 token, got {max_content}")
+    blocks: list[list[int]] = []
+    cur: list[int] = []
+    for sent in sentences:
+        sent = list(sent)
+        if not sent:
+            continue
+        if len(cur) + len(sent) <= max_content:
+            cur.extend(sent)
+            continue
+        if cur:
+            blocks.append(cur)
+            cur = []
+        while len(sent) > max_content:
+            blocks.append(sent[:max_content])
+            sent = sent[max_content:]
+        cur = sent
+    if cur:
+        blocks.append(cur)
+    return blocks
+
+
+def pack_texts(texts: Sequence[str], tokenizer: Any, max_length: int) -> list[list[list[int]]]:
+    """Tokenize and pack a batch of documents; one list of blocks per document.
+
+    All sentences of the batch are tokenized in a single (fast) tokenizer call without
+    special tokens.
+    """
+    max_content = max_length - 2
+    sents = [split_sentences(t) for t in texts]
+    flat = [s for ss in sents for s in ss]
+    ids = tokenizer(flat, add_special_tokens=False, truncation=False, return_attention_mask=False,
+                    return_token_type_ids=False, verbose=False)["input_ids"] if flat else []
+    out, i = [], 0
+    for ss in sents:
+        out.append(pack_sentences(ids[i:i + len(ss)], max_content))
+        i += len(ss)
+    return out
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id of a ``vocab_size`` vocabulary fits (``vocab_size <= 65536``), else ``uint32``."""
+    return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.uint32)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of what determines a tokenizer's output: its vocabulary, normaliser and pre-tokenizer.
+
+    For fast tokenizers this is the serialised backend (minus its transient truncation and
+    padding state); otherwise the class name, vocabulary and lower-casing flag.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        state.pop("truncation", None)
+        state.pop("padding", None)
+        payload = json.dumps(state, sort_keys=True)
+    else:
+        payload = json.dumps({"cls": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items()),
+                              "lower": getattr(tokenizer, "do_lower_case", None)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _corpus_fingerprint(spec: str) -> str:
+    """A hash of (path, size, mtime) of each local corpus file, so an edited corpus gets a new cache."""
+    h = hashlib.sha256()
+    for p in corpus_files(spec):
+        st = p.stat()
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+class TokenCache(torch.utils.data.Dataset):
+    """A tokenized, block-packed corpus on disk (map-style dataset of token-id lists).
+
+    Build or reuse one with :meth:`build_or_load`; open an existing directory with
+    ``TokenCache(path)``.
+
+    Files in the cache directory:
+
+    * ``tokens.bin``: all blocks' token ids back to back (``uint16``/``uint32``, see :func:`token_dtype`);
+    * ``offsets.bin``: ``int64`` array of ``len(cache) + 1`` start offsets into ``tokens.bin``;
+    * ``df.npy``: ``int64`` (|V|,) number of blocks containing each token id;
+    * ``meta.json``: the build key (spec, fields, max_docs, max_length, tokenizer) and counts.
+
+    Args:
+        path: A complete cache directory.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike]):
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"no token cache at {self.path} (meta.json missing)")
+        with open(meta_path) as f:
+            self.meta: dict[str, Any] = json.load(f)
+        if not self.meta.get("complete"):
+            raise ValueError(f"token cache at {self.path} is incomplete")
+        self.dtype = np.dtype(self.meta["dtype"])
+        self._tokens: Optional[np.ndarray] = None
+        self._offsets: Optional[np.ndarray] = None
+
+    # memmaps are reopened lazily (also after pickling into DataLoader workers)
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tokens"] = None
+        state["_offsets"] = None
+        return state
+
+    def _open(self) -> None:
+        n_tokens = self.meta["num_tokens"]
+        # np.memmap refuses empty files; a cache always holds >= 1 block with >= 1 token
+        self._tokens = np.memmap(self.path / "tokens.bin", dtype=self.dtype, mode="r", shape=(n_tokens,))
+        self._offsets = np.memmap(self.path / "offsets.bin", dtype=np.int64, mode="r",
+                                  shape=(self.meta["num_blocks"] + 1,))
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``int64`` start offsets of the blocks (length ``len(self) + 1``)."""
+        if self._offsets is None:
+            self._open()
+        return self._offsets
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The flat token-id memmap."""
+        if self._tokens is None:
+            self._open()
+        return self._tokens
+
+    def __len__(self) -> int:
+        return int(self.meta["num_blocks"])
+
+    def __getitem__(self, i: int) -> list[int]:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"block index {i} out of range for a cache of {n} blocks")
+        i %= n
+        off = self.offsets
+        return self.tokens[int(off[i]):int(off[i + 1])].tolist()
+
+    def lengths(self) -> np.ndarray:
+        """Number of token ids of every block (``int64``, length ``len(self)``)."""
+        return np.diff(np.asarray(self.offsets))
+
+    @property
+    def num_texts(self) -> int:
+        """Number of texts (blocks) the model trains on -- the ``N`` of :func:`idf_weights`."""
+        return len(self)
+
+    @property
+    def num_documents(self) -> int:
+        """Number of source documents that produced at least one block."""
+        return int(self.meta["num_documents"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    @property
+    def max_length(self) -> int:
+        return int(self.meta["key"]["max_length"])
+
+    def document_frequency(self) -> np.ndarray:
+        """``int64`` (|V|,) array: in how many blocks each token id occurs (computed at build time)."""
+        return np.load(self.path / "df.npy")
+
+    def __repr__(self) -> str:
+        return (f"TokenCache({str(self.path)!r}, blocks={len(self)}, documents={self.num_documents}, "
+                f"tokens={self.meta['num_tokens']}, max_length={self.max_length})")
+
+    # ------------------------------------------------------------------ building
+
+    @staticmethod
+    def cache_key(spec: str, tokenizer: Any, max_length: int, fields: Fields = None, max_docs: int = -1) -> dict[str, Any]:
+        """Everything that determines a cache's content (its hash names the cache directory)."""
+        kind, loc = resolve_spec(spec)
+        return {
+            "format": CACHE_FORMAT_VERSION,
+            "spec": f"{kind}:{loc}",
+            "corpus_fingerprint": _corpus_fingerprint(spec),
+            "fields": parse_fields(fields),
+            "max_docs": int(max_docs),
+            "max_length": int(max_length),
+            "tokenizer": str(getattr(tokenizer, "name_or_path", type(tokenizer).__name__)),
+            "tokenizer_hash": tokenizer_fingerprint(tokenizer),
+            "vocab_size": len(tokenizer),
+        }
+
+    @classmethod
+    def cache_path(cls, spec: str, tokenizer: Any, max_length: int, cache_dir: Union[str, os.PathLike],
+                   fields: Fields = None, max_docs: int = -1) -> Path:
+        """The directory :meth:`build_or_load` uses for these arguments."""
+        key = cls.cache_key(spec, tokenizer, max_length, fields, max_docs)
+        # the tokenizer's name is informative only: the same tokenizer saved elsewhere reuses the cache
+        hashed = {k: v for k, v in key.items() if k != "tokenizer"}
+        digest = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:20]
+        kind = key["spec"].split(":", 1)[0]
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(key["spec"].split(":", 1)[1]).name)[:40] or kind
+        return Path(cache_dir) / f"{kind}-{stem}-L{max_length}-{digest}"
+
+    @classmethod
+    def build_or_load(cls, spec: str, tokenizer: Any, max_length: int, cache_dir: Union[str, os.PathLike],
+                      fields: Fields = None, max_docs: int = -1, *, batch_docs: int = 256,
+                      progress: Optional[bool] = None, lock_timeout: float = -1) -> "TokenCache":
+        """Load the cache for these arguments, building it first if it does not exist yet.
+
+        Safe to call from several processes at once: they serialise on
+        ``<cache>.lock`` (an OS file lock, released even if the holder crashes); the first
+        builds, the others find the complete cache and load it. A build writes into a
+        temporary directory renamed into place only when complete, so an interrupted build
+        never leaves a cache that looks complete (its leftovers are removed by the next build).
+
+        Args:
+            spec: Corpus spec (see :func:`pretrain.readers.iter_texts`).
+            tokenizer: A Hugging Face tokenizer (fast ones tokenize much faster).
+            max_length: Block length in tokens *including* the two special tokens (>= 3).
+            cache_dir: Directory holding caches (created if needed).
+            fields: Text fields (see :func:`~pretrain.readers.iter_texts`).
+            max_docs: Read at most this many documents (-1: all).
+            batch_docs: Documents tokenized per tokenizer call (bounds memory while building).
+            progress: Show a tqdm progress bar (default: only on the process that builds,
+                and only on local rank 0).
+            lock_timeout: Seconds to wait for another process's build (-1: forever).
+
+        Raises:
+            ValueError: on a bad ``max_length`` or a corpus without text (see :func:`iter_texts`).
+            TimeoutError: if ``lock_timeout`` passes while another process builds.
+        """
+        from filelock import FileLock, Timeout
+
+        if not isinstance(max_length, int) or max_length < 3:
+            raise ValueError(f"max_length must be an integer >= 3 (two special tokens + content), got {max_length!r}")
+        path = cls.cache_path(spec, tokenizer, max_length, cache_dir, fields, max_docs)
+        if cls._complete(path):
+            return cls(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path) + ".lock")
+        t0 = time.time()
+        try:
+            with lock.acquire(timeout=lock_timeout, poll_interval=0.5):
+                if cls._complete(path):
+                    logger.info("token cache built by another process at %s (waited %.0fs)", path, time.time() - t0)
+                    return cls(path)
+                for stale in path.parent.glob(path.name + ".tmp-*"):
+                    shutil.rmtree(stale, ignore_errors=True)
+                if path.exists():  # not complete (e.g. an older layout): rebuild
+                    shutil.rmtree(path)
+                tmp = path.parent / f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                tmp.mkdir()
+                try:
+                    key = cls.cache_key(spec, tokenizer, max_length, fields, max_docs)
+                    if progress is None:
+                        progress = os.environ.get("LOCAL_RANK", "0") == "0"
+                    cls._build(tmp, key, spec, tokenizer, max_length, fields, max_docs, batch_docs, progress)
+                    os.replace(tmp, path)
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+        except Timeout as e:
+            raise TimeoutError(f"waited {lock_timeout}s for another process building the token cache {path}") from e
+        return cls(path)
+
+    @staticmethod
+    def _complete(path: Path) -> bool:
+        try:
+            with open(path / "meta.json") as f:
+                return bool(json.load(f).get("complete"))
+        except (OSError, ValueError):
+            return False
+
+    @staticmethod
+    def _build(out: Path, key: dict[str, Any], spec: str, tokenizer: Any, max_length: int, fields: Fields,
+               max_docs: int, batch_docs: int, progress: bool) -> None:
+        from tqdm.auto import tqdm
+
+        vocab_size = len(tokenizer)
+        dtype = token_dtype(vocab_size)
+        df = np.zeros(vocab_size, dtype=np.int64)
+        n_docs = n_blocks = n_tokens = 0
+        t0 = time.time()
+        bar = tqdm(desc=f"tokenizing {spec}", unit=" docs", disable=not progress,
+                   total=max_docs if max_docs > 0 else None)
+        with open(out / "tokens.bin", "wb") as ftok, open(out / "offsets.bin", "wb") as foff:
+            foff.write(np.zeros(1, dtype=np.int64).tobytes())
+            for texts in _batched(iter_texts(spec, fields=fields, max_docs=max_docs), batch_docs):
+                packed = pack_texts(texts, tokenizer, max_length)
+                blocks = [b for doc in packed for b in doc]
+                n_docs += sum(1 for doc in packed if doc)
+                bar.update(len(texts))
+                if not blocks:
+                    continue
+                flat = np.fromiter((t for b in blocks for t in b), dtype=np.int64, count=sum(map(len, blocks)))
+                if flat.min() < 0 or flat.max() >= vocab_size:
+                    raise ValueError(f"tokenizer produced id {int(flat.max())} outside its vocabulary of {vocab_size}")
+                ftok.write(flat.astype(dtype).tobytes())
+                lens = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
+                foff.write((n_tokens + np.cumsum(lens)).tobytes())
+                # document frequency: count each id once per block
+                block_of = np.repeat(np.arange(len(blocks), dtype=np.int64), lens)
+                pairs = np.unique(block_of * vocab_size + flat)
+                df += np.bincount(pairs % vocab_size, minlength=vocab_size)
+                n_blocks += len(blocks)
+                n_tokens += int(flat.size)
+        bar.close()
+        if n_blocks == 0:
+            raise ValueError(f"corpus {spec!r} holds no text that the tokenizer turns into tokens")
+        np.save(out / "df.npy", df)
+        meta = {"key": key, "dtype": dtype.name, "vocab_size": vocab_size, "num_documents": n_docs,
+                "num_blocks": n_blocks, "num_tokens": n_tokens, "build_seconds": round(time.time() - t0, 2),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "complete": True}
+        with open(out / "meta.json", "w") as f:
+            json.dump(meta, f, indent=2)
+        logger.info("token cache: %d documents -> %d blocks, %d tokens in %.1fs", n_docs, n_blocks, n_tokens,
+                    time.time() - t0)
+
+
+def _batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for x in it:
+        batch.append(x)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def idf_weights(cache_or_df: Union[TokenCache, np.ndarray], num_texts: Optional[int] = None, *,
+                smoothing: float = 1.0) -> torch.Tensor:
+    """Per-token IDF weights for the IDF-weighted reconstruction loss (``cpdae_idfrec``).
+
+    The smoothed IDF of scikit-learn's ``TfidfVectorizer(smooth_idf=True)``::
+
+        idf(t) = ln((N + s) / (df(t) + s)) + 1
+
+    with ``N`` the number of texts (blocks), ``df(t)`` the number of blocks containing
+    token ``t`` and ``s`` the smoothing (1 by default). Weights are >= 1; a token in every
+    block gets 1, a token never seen gets ``ln(N + s) - ln(s) + 1`` (the maximum).
+
+    Args:
+        cache_or_df: A :class:`TokenCache`, or a document-frequency array (then give ``num_texts``).
+        num_texts: ``N`` when ``cache_or_df`` is an array.
+        smoothing: ``s`` > 0.
+
+    Returns:
+        A float32 tensor of shape (|V|,).
+    """
+    if isinstance(cache_or_df, TokenCache):
+        df = cache_or_df.document_frequency()
+        n = cache_or_df.num_texts if num_texts is None else num_texts
+    else:
+        df = np.asarray(cache_or_df)
+        if num_texts is None:
+            raise ValueError("num_texts is required when passing a document-frequency array")
+        n = num_texts
+    if smoothing <= 0:
+        raise ValueError(f"smoothing must be > 0, got {smoothing}")
+    if df.ndim != 1 or (df < 0).any() or (df > n).any():
+        raise ValueError(f"document frequencies must be a 1-d array within [0, {n}]")
+    idf = np.log((n + smoothing) / (df.astype(np.float64) + smoothing)) + 1.0
+    return torch.from_numpy(idf.astype(np.float32))
+
+
+__all__ = ["TokenCache", "idf_weights", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
+           "token_dtype", "tokenizer_fingerprint"]

@@ -1,0 +1,231 @@
+"""Input-token coverage of [CLS] vectors ("Drop your Decoder", Ma et al. 2024, Algorithm 1).
+
+For a text ``x`` with token set ``S(x)`` (special tokens excluded), the encoder's
+last-layer [CLS] vector ``h`` is projected onto the vocabulary, ``z = proj(h)``; the
+*input token coverage* at ``k`` is the share of the ``k`` highest-scoring tokens of ``z``
+that occur in ``S(x)``::
+
+    coverage@k(x) = |topk(z) ∩ S(x)| / k
+
+averaged over texts. Special tokens ([CLS], [SEP], [PAD], [MASK], [UNK]) are removed from
+both the ranking and ``S(x)``. Two projections are offered:
+
+* ``"mlm_head"``: the checkpoint's masked-LM head (transform + tied decoder), as in the
+  paper, which reads [CLS] through the pre-trained MLM head following Ram et al. (2023);
+* ``"embeddings"``: the raw dot product with the word embeddings, ``z = h · Eᵀ``, for
+  checkpoints without a trained MLM head (e.g. sentence-transformers' all-MiniLM-L6-v2).
+
+``"auto"`` (default) picks ``"mlm_head"`` when the checkpoint holds trained head weights and
+``"embeddings"`` otherwise.
+
+Usage::
+
+    python -m pretrain coverage --model runs/bow --model runs/cpdae --corpus wiki:../shared/data/enwiki-sample \\
+        --num-texts 500 --k 1 5 10 20 50 100 --csv coverage.csv --plot coverage.png
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+DEFAULT_KS = (1, 5, 10, 20, 50, 100)
+PROJECTIONS = ("auto", "mlm_head", "embeddings")
+
+
+def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, Any, str]:
+    """Load ``model`` (HF id or directory) with its tokenizer and resolve the projection.
+
+    Returns:
+        ``(mlm_model, tokenizer, projection)`` where ``projection`` is ``"mlm_head"`` or
+        ``"embeddings"``.
+
+    Raises:
+        ValueError: if ``projection`` is unknown, or ``"mlm_head"`` is asked for a checkpoint
+            without trained MLM-head weights.
+    """
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    if projection not in PROJECTIONS:
+        raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
+    if os.path.sep in model and not os.path.exists(model):
+        raise FileNotFoundError(f"model directory not found: {model}")
+    mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    head_missing = any(not k.startswith(("bert.", "roberta.", "embeddings.", "encoder.")) and "position_ids" not in k
+                       for k in info.get("missing_keys", []))
+    if projection == "auto":
+        projection = "embeddings" if head_missing else "mlm_head"
+    elif projection == "mlm_head" and head_missing:
+        raise ValueError(f"{model} has no trained masked-LM head weights (missing: {sorted(info['missing_keys'])[:4]} ...); "
+                         "use --projection embeddings")
+    return mlm.eval(), tokenizer, projection
+
+
+def _project(mlm_model: nn.Module, cls: torch.Tensor, projection: str) -> torch.Tensor:
+    if projection == "mlm_head":
+        from .objectives.bow import mlm_head_of
+        return mlm_head_of(mlm_model)(cls)
+    if projection == "embeddings":
+        return cls @ mlm_model.get_input_embeddings().weight.T
+    raise ValueError(f"unknown projection {projection!r}; choose mlm_head or embeddings")
+
+
+@torch.no_grad()
+def token_coverage(model: Union[str, nn.Module], tokenizer: Any, texts: Iterable[str],
+                   ks: Sequence[int] = DEFAULT_KS, *, projection: str = "auto", max_length: int = 512,
+                   batch_size: int = 32, device: Optional[Union[str, torch.device]] = None) -> dict[int, float]:
+    """Mean input-token coverage at each ``k`` of the [CLS] vectors of ``texts``.
+
+    Args:
+        model: A directory / HF id (loaded with :func:`load_for_coverage`; ``tokenizer`` may
+            then be None) or an in-memory masked-LM model (``*ForMaskedLM``) or bare encoder.
+        tokenizer: The model's tokenizer (ignored when ``model`` is a path and None is given).
+        texts: The texts.
+        ks: Cut-offs (positive ints, at most the vocabulary size).
+        projection: ``"auto"``, ``"mlm_head"`` or ``"embeddings"`` (see module docs). For an
+            in-memory model, ``"auto"`` means ``"mlm_head"`` if it has an MLM head.
+        max_length: Truncation length in tokens (special tokens included).
+        batch_size: Texts per forward pass.
+        device: Where to run (default: the model's device).
+
+    Returns:
+        ``{k: coverage}``, averaged over the texts that have at least one non-special token.
+
+    Raises:
+        ValueError: on an empty text list, or a ``k`` < 1 or > the number of candidate tokens.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        model, loaded_tok, projection = load_for_coverage(str(model), projection)
+        tokenizer = tokenizer or loaded_tok
+    elif projection == "auto":
+        projection = "mlm_head" if model.get_output_embeddings() is not None else "embeddings"
+    if projection not in ("mlm_head", "embeddings"):
+        raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
+    ks = sorted({int(k) for k in ks})
+    encoder = getattr(model, "base_model", model)
+    vocab_size = model.get_input_embeddings().weight.shape[0]
+    special_ids = torch.tensor(sorted(i for i in tokenizer.all_special_ids if i is not None and i < vocab_size), dtype=torch.long)
+    if not ks or ks[0] < 1 or ks[-1] > vocab_size - len(special_ids):
+        raise ValueError(f"k must be between 1 and {vocab_size - len(special_ids)}, got {ks}")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.to(device).eval()
+    hits = torch.zeros(len(ks), dtype=torch.float64)
+    n = 0
+    texts = list(texts)
+    if not texts:
+        raise ValueError("token_coverage needs at least one text")
+    kmax = ks[-1]
+    try:
+        for start in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[start:start + batch_size], truncation=True, max_length=max_length, padding=True,
+                            return_tensors="pt", return_special_tokens_mask=True)
+            ids, am = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+            cls = encoder(input_ids=ids, attention_mask=am).last_hidden_state[:, 0]
+            scores = _project(model, cls, projection).float()
+            scores[:, special_ids.to(device)] = float("-inf")
+            top = scores.topk(kmax, dim=-1).indices  # (b, kmax), best first
+            in_text = torch.zeros_like(scores, dtype=torch.bool)
+            content = am.bool() & ~enc["special_tokens_mask"].to(device).bool()
+            in_text[torch.arange(ids.shape[0], device=device).unsqueeze(1).expand_as(ids)[content], ids[content]] = True
+            in_text[:, special_ids.to(device)] = False
+            has = in_text.any(-1)
+            hit = in_text.gather(1, top).cumsum(-1)[has]  # hits among the first j+1
+            for i, k in enumerate(ks):
+                hits[i] += (hit[:, k - 1].double() / k).sum().cpu()
+            n += int(has.sum())
+    finally:
+        model.train(was_training)
+    if n == 0:
+        raise ValueError("no text has a non-special token")
+    return {k: float(hits[i] / n) for i, k in enumerate(ks)}
+
+
+def plot_coverage(results: dict[str, dict[int, float]], path: str, title: str = "Input token coverage of [CLS]") -> None:
+    """Line plot of coverage against k (log-scaled x axis), one line per checkpoint."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, cov in results.items():
+        ks = sorted(cov)
+        ax.plot(ks, [cov[k] for k in ks], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("k (top-k tokens of the [CLS] projection)")
+    ax.set_ylabel("share of top-k tokens found in the input")
+    ax.set_ylim(0, 1)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_csv(results: dict[str, dict[int, float]], path: str, projections: Optional[dict[str, str]] = None) -> None:
+    """Write ``model,projection,k,coverage`` rows."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "projection", "k", "coverage"])
+        for name, cov in results.items():
+            for k in sorted(cov):
+                w.writerow([name, (projections or {}).get(name, ""), k, f"{cov[k]:.6f}"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pretrain coverage",
+                                description="Input-token coverage of [CLS] vectors (Drop your Decoder, Algorithm 1).")
+    p.add_argument("--model", action="append", required=True,
+                   help="Checkpoint directory or HF id (repeat for several); NAME=PATH sets the legend label.")
+    p.add_argument("--corpus", required=True, help="Corpus spec for pretrain.corpus.iter_texts (e.g. wiki:<dir>, a .jsonl, a .txt).")
+    p.add_argument("--corpus-fields", default=None, help="Comma-separated text fields for irds:/jsonl corpora.")
+    p.add_argument("--num-texts", type=int, default=1000, help="Number of texts read from the corpus (default: 1000).")
+    p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_KS), help=f"Cut-offs (default: {' '.join(map(str, DEFAULT_KS))}).")
+    p.add_argument("--projection", choices=PROJECTIONS, default="auto",
+                   help="auto: the MLM head when the checkpoint has trained head weights, else [CLS]·Eᵀ (default: auto).")
+    p.add_argument("--max-length", type=int, default=512, help="Truncate texts to this many tokens (default: 512).")
+    p.add_argument("--batch-size", type=int, default=32, help="Texts per forward pass (default: 32).")
+    p.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
+    p.add_argument("--csv", default=None, help="Write model,projection,k,coverage rows here.")
+    p.add_argument("--plot", default=None, help="Write a PNG plot of coverage against k here.")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, dict[int, float]]:
+    """CLI entry point of ``python -m pretrain coverage``."""
+    from .corpus import iter_texts
+
+    args = build_parser().parse_args(argv)
+    if args.num_texts < 1:
+        raise ValueError(f"--num-texts must be >= 1, got {args.num_texts}")
+    fields = args.corpus_fields.split(",") if args.corpus_fields else None
+    texts = list(iter_texts(args.corpus, fields=fields, max_docs=args.num_texts))
+    if not texts:
+        raise ValueError(f"corpus {args.corpus!r} yielded no texts")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    results: dict[str, dict[int, float]] = {}
+    projections: dict[str, str] = {}
+    for spec in args.model:
+        name, path = spec.split("=", 1) if "=" in spec and not os.path.exists(spec) else (spec, spec)
+        model, tokenizer, proj = load_for_coverage(path, args.projection)
+        results[name] = token_coverage(model, tokenizer, texts, args.k, projection=proj, max_length=args.max_length,
+                                       batch_size=args.batch_size, device=device)
+        projections[name] = proj
+        print(f"{name} ({proj}, {len(texts)} texts): " + "  ".join(f"@{k}={v:.4f}" for k, v in results[name].items()), flush=True)
+    if args.csv:
+        write_csv(results, args.csv, projections)
+    if args.plot:
+        plot_coverage(results, args.plot)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""``python -m pretrain finetune``: fine-tune a bi-encoder with BM25 or mined hard negatives.
+
+Pipeline (see :class:`~pretrain.config.FinetuneConfig` for every option)::
+
+    training data (--train) ──► queries with a judged positive ──► (--max-train-queries sample)
+        ──► round 0 negatives (--negatives bm25 | file:... | model:...) ──► groups/round-0.jsonl
+        ──► fine-tune (rounds/round-0) ──► [encode corpus ► retrieve ► groups/round-1.jsonl
+        ──► fine-tune (rounds/round-1)] x --mining-rounds ──► final model at --output
+
+Every round fine-tunes from ``--model`` (the coCondenser / Tevatron recipe: the second
+stage restarts from the pre-trained checkpoint with negatives mined by the first-stage
+model). Mined groups are saved and reused, and a finished round is not trained again, so
+``--resume`` continues an interrupted run where it stopped (inside a round, the shared
+:class:`~pretrain.trainer.Trainer` resumes from its last checkpoint).
+
+Output directory::
+
+    <output>/config.json, model.safetensors, tokenizer files   # final encoder (CPDAE.from_pretrained)
+    <output>/training_args.json                                # options, data counts, final metrics
+    <output>/finetune.log
+    <output>/groups/round-<r>.jsonl                            # negative pools of each round
+    <output>/rounds/round-<r>/                                 # Trainer output of each round (logs, checkpoints, model)
+    <output>/bm25_index/                                       # with --negatives bm25
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import pandas as pd
+
+from . import negatives as neg
+from .config import FinetuneConfig, parse_config
+
+logger = logging.getLogger("pretrain.finetune")
+
+TRAINING_ARGS = "training_args.json"
+#: Options that may change between a run and its resumption.
+MUTABLE = frozenset({"resume", "overwrite", "mining_rounds", "save_steps", "save_total_limit", "logging_steps",
+                     "num_workers", "cpu"})
+#: Files of a Trainer output directory that are not part of the exported model.
+_TRAINER_FILES = {"checkpoints", "logs", "run_config.json", ".export-tmp"}
+
+
+# ----------------------------------------------------------------------------- training data
+@dataclasses.dataclass
+class TrainingData:
+    """What ``--train`` provides.
+
+    Attributes:
+        topics: Selected training queries (qid, query), sorted by qid.
+        positives: Judged positive docnos per qid.
+        corpus: ``corpus()`` returns a fresh iterator of ``{"docno", "text"}`` dicts, or None
+            (``groups:`` files with inline texts).
+        groups: Ready-made groups (``groups:`` files), else None.
+        texts: Passage texts known without the corpus (inline in a groups file).
+    """
+
+    topics: pd.DataFrame
+    positives: dict[str, list[str]]
+    corpus: Optional[Callable[[], Iterable[dict[str, Any]]]] = None
+    groups: Optional[list[neg.Group]] = None
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def load_training_data(spec: str, max_train_queries: int = -1, seed: int = 42) -> TrainingData:
+    """Load ``--train``: a ``pyterrier_cpdae.load_dataset`` spec or ``groups:<file.jsonl>``.
+
+    Queries without a judged positive are skipped (counted in the log); with
+    ``max_train_queries > 0`` that many of the remaining queries are sampled with ``seed``
+    (:func:`pretrain.negatives.sample_queries`).
+    """
+    if spec.startswith("groups:"):
+        groups, texts = neg.read_groups(spec[len("groups:"):])
+        no_pos = [g.qid for g in groups if not g.pos]
+        if no_pos:
+            logger.warning("skipped %d groups without a positive (e.g. %s)", len(no_pos), no_pos[:5])
+        groups = [g for g in groups if g.pos]
+        if not groups:
+            raise ValueError(f"no group with a positive in {spec}")
+        keep = set(neg.sample_queries([g.qid for g in groups], max_train_queries, seed))
+        groups = sorted((g for g in groups if g.qid in keep), key=lambda g: g.qid)
+        topics = pd.DataFrame({"qid": [g.qid for g in groups], "query": [g.query for g in groups]})
+        return TrainingData(topics, {g.qid: g.pos for g in groups}, None, groups, texts)
+
+    from pyterrier_cpdae.datasets import load_dataset
+
+    ds = load_dataset(spec)
+    topics, positives = neg.select_queries(ds.get_topics(), ds.get_qrels())
+    keep = neg.sample_queries(topics["qid"].tolist(), max_train_queries, seed)
+    if len(keep) < len(topics):
+        logger.info("low-resource sampling: %d of %d training queries (seed %d)", len(keep), len(topics), seed)
+        topics = topics[topics["qid"].isin(set(keep))].reset_index(drop=True)
+        positives = {q: positives[q] for q in topics["qid"]}
+    return TrainingData(topics, positives, ds.get_corpus_iter)
+
+
+# ----------------------------------------------------------------------------- negatives
+def _pools_bm25(cfg: FinetuneConfig, data: TrainingData) -> dict[str, list[str]]:
+    from pyterrier_cpdae.bm25 import BM25Index
+
+    index = BM25Index(os.path.join(cfg.output, "bm25_index"))
+    if not index.built():
+        logger.info("building the BM25 index at %s", os.path.join(cfg.output, "bm25_index"))
+        index.indexer(mode="overwrite").index(data.corpus())
+    return neg.mine_bm25(index.bm25(num_results=cfg.negatives_depth), data.topics, data.positives, cfg.negatives_depth)
+
+
+def _model_pooling(checkpoint: str, default: str) -> str:
+    """The pooling a fine-tuned checkpoint was trained with (its training_args.json), else ``default``."""
+    path = os.path.join(checkpoint, TRAINING_ARGS)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f).get("config", {}).get("pooling", default)
+    return default
+
+
+def _pools_dense(cfg: FinetuneConfig, data: TrainingData, checkpoint: str, round_: int) -> dict[str, list[str]]:
+    from pyterrier_cpdae.dense_index import DenseIndex
+    from pyterrier_cpdae.encoder import CPDAE
+
+    pooling = _model_pooling(checkpoint, cfg.pooling)
+    logger.info("mining hard negatives with the dense retriever of %s (pooling %s)", checkpoint, pooling)
+    encoder = CPDAE.from_pretrained(checkpoint, pooling=pooling, query_max_length=cfg.query_max_length,
+                                    doc_max_length=cfg.doc_max_length, device="cpu" if cfg.cpu else None)
+    index_dir = os.path.join(cfg.output, "dense_index", f"round-{round_}")
+    index = DenseIndex(index_dir)
+    (encoder.doc_encoder() >> index.indexer(mode="overwrite")).index(data.corpus())
+    pools = neg.mine_dense(encoder, index, data.topics, data.positives, cfg.negatives_depth)
+    return pools
+
+
+def _pools_file(cfg: FinetuneConfig, data: TrainingData, source: str) -> dict[str, list[str]]:
+    if source.startswith("irds:"):
+        groups, _ = neg.read_irds_docpairs(source[len("irds:"):])
+    else:
+        groups, texts = neg.read_groups(source)
+        data.texts.update(texts)
+    pools = {g.qid: g.negs for g in groups}
+    missing = sum(q not in pools for q in data.topics["qid"])
+    if missing:
+        logger.warning("%d training queries have no group in %s (no negatives)", missing, source)
+    return {q: [d for d in pools.get(q, []) if d not in set(data.positives[q])] for q in data.topics["qid"]}
+
+
+def mine_round(cfg: FinetuneConfig, data: TrainingData, round_: int) -> list[neg.Group]:
+    """The groups of round ``round_`` (round 0 per ``--negatives``; later rounds with the previous round's model)."""
+    if data.groups is not None and round_ == 0:
+        return data.groups
+    if data.corpus is None:
+        raise ValueError("mining negatives needs a corpus; --train groups:<file> has none "
+                         "(use a dataset spec for --train, or --mining-rounds 0)")
+    if round_ > 0:
+        pools = _pools_dense(cfg, data, _round_dir(cfg, round_ - 1), round_)
+    elif cfg.negatives == "bm25":
+        pools = _pools_bm25(cfg, data)
+    elif cfg.negatives.startswith("model:"):
+        pools = _pools_dense(cfg, data, cfg.negatives[len("model:"):], round_)
+    elif cfg.negatives.startswith("file:"):
+        pools = _pools_file(cfg, data, cfg.negatives[len("file:"):])
+    else:
+        raise ValueError(f"unknown --negatives {cfg.negatives!r}; use bm25, file:<path>, file:irds:<id> or "
+                         "model:<checkpoint>")
+    return neg.make_groups(data.topics, data.positives, pools)
+
+
+# ----------------------------------------------------------------------------- output dir
+def _round_dir(cfg: FinetuneConfig, round_: int) -> str:
+    return os.path.join(cfg.output, "rounds", f"round-{round_}")
+
+
+def _config_dict(cfg: FinetuneConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _prepare_output(cfg: FinetuneConfig) -> None:
+    """Create ``--output`` or check that it holds this run (refuse another one unless --overwrite)."""
+    out = cfg.output
+    args_path = os.path.join(out, TRAINING_ARGS)
+    if os.path.isdir(out) and os.listdir(out) and not cfg.overwrite:
+        if not os.path.isfile(args_path):
+            raise ValueError(f"output directory {out} is not empty and holds no {TRAINING_ARGS}; "
+                             "choose another --output or pass --overwrite")
+        with open(args_path) as f:
+            previous = json.load(f)
+        prev = previous.get("config", {})
+        cur = _config_dict(cfg)
+        diff = sorted(k for k in set(prev) | set(cur) if k not in MUTABLE and prev.get(k) != cur.get(k))
+        if diff:
+            raise ValueError(f"output directory {out} holds a different fine-tuning run (options differ: "
+                             + "; ".join(f"{k}: {prev.get(k)!r} -> {cur.get(k)!r}" for k in diff[:6])
+                             + "); choose another --output or pass --overwrite")
+        if not cfg.resume:
+            raise ValueError(f"output directory {out} already holds this run; pass --resume to continue it "
+                             "(finished rounds and saved groups are reused) or --overwrite to start again")
+    elif cfg.overwrite and os.path.isdir(out):
+        for name in ("groups", "rounds", "dense_index", "bm25_index", TRAINING_ARGS):
+            p = os.path.join(out, name)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.isfile(p):
+                os.remove(p)
+    os.makedirs(out, exist_ok=True)
+    _write_json(args_path, {"config": _config_dict(cfg), "finished": False})
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+def _copy_export(src: str, dst: str) -> None:
+    """Copy a round's exported model (not its checkpoints/logs) into the final output directory."""
+    names = sorted((n for n in os.listdir(src) if n not in _TRAINER_FILES), key=lambda n: n == "config.json")
+    for name in names:
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        if os.path.isdir(s):
+            shutil.copytree(s, d, dirs_exist_ok=True)
+        else:
+            shutil.copy2(s, d)
+
+
+# ----------------------------------------------------------------------------- training
+def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], round_: int) -> dict[str, Any]:
+    """Fine-tune ``--model`` on ``examples`` with the shared Trainer into ``rounds/round-<r>``."""
+    from .biencoder import BiEncoder
+    from .trainer import Trainer
+
+    out = _round_dir(cfg, round_)
+    module = BiEncoder.from_pretrained(cfg.model, pooling=cfg.pooling, loss=cfg.loss,
+                                       in_batch_negatives=cfg.in_batch_negatives,
+                                       query_max_length=cfg.query_max_length, doc_max_length=cfg.doc_max_length)
+    round_cfg = dataclasses.replace(cfg, output=out)
+    args = {"config": _config_dict(cfg), "round": round_, "num_examples": len(examples)}
+
+    def save_fn(m: BiEncoder, path: str) -> None:
+        m.save_pretrained(path)
+        _write_json(os.path.join(path, TRAINING_ARGS), args)
+
+    logger.info("round %d: fine-tuning %s on %d groups into %s", round_, cfg.model, len(examples), out)
+    return Trainer(module, list(examples), module.collate, round_cfg, save_fn=save_fn).train()
+
+
+def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
+    """Run fine-tuning as configured; returns a summary (data counts, per-round metrics, output)."""
+    if not cfg.output:
+        raise ValueError("no output directory given (--output)")
+    if not cfg.train:
+        raise ValueError("no training data given (--train <dataset spec> or --train groups:<file.jsonl>)")
+    if cfg.num_negatives < 1 and cfg.loss == "pairwise":
+        raise ValueError("--loss pairwise needs --num-negatives >= 1")
+    if cfg.mining_rounds < 0:
+        raise ValueError(f"--mining-rounds must be >= 0, got {cfg.mining_rounds}")
+    if not (cfg.negatives == "bm25" or cfg.negatives.startswith(("file:", "model:"))):
+        raise ValueError(f"unknown --negatives {cfg.negatives!r}; use bm25, file:<path>, file:irds:<id> or "
+                         "model:<checkpoint>")
+    _prepare_output(cfg)
+    handler = logging.FileHandler(os.path.join(cfg.output, "finetune.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    pkg_logger = logging.getLogger("pretrain")
+    if pkg_logger.getEffectiveLevel() > logging.INFO:
+        pkg_logger.setLevel(logging.INFO)
+    pkg_logger.addHandler(handler)
+    try:
+        return _finetune(cfg)
+    finally:
+        logging.getLogger("pretrain").removeHandler(handler)
+        handler.close()
+
+
+def _finetune(cfg: FinetuneConfig) -> dict[str, Any]:
+    data = load_training_data(cfg.train, cfg.max_train_queries, cfg.seed)
+    if data.groups is not None and cfg.negatives != "bm25":
+        logger.warning("--train %s gives ready-made groups: --negatives %s is ignored", cfg.train, cfg.negatives)
+    logger.info("%d training queries", len(data.topics))
+    summary: dict[str, Any] = {"num_queries": len(data.topics), "rounds": []}
+    for r in range(cfg.mining_rounds + 1):
+        groups_path = os.path.join(cfg.output, "groups", f"round-{r}.jsonl")
+        round_dir = _round_dir(cfg, r)
+        if os.path.isfile(groups_path):
+            logger.info("round %d: reusing the saved groups %s", r, groups_path)
+            groups, inline = neg.read_groups(groups_path)
+            data.texts.update(inline)
+        else:
+            groups = mine_round(cfg, data, r)
+            neg.write_groups(groups_path, groups)
+            shutil.rmtree(os.path.join(cfg.output, "dense_index"), ignore_errors=True)
+            logger.info("round %d: saved %d groups to %s", r, len(groups), groups_path)
+        pool_sizes = [len(g.negs) for g in groups]
+        info: dict[str, Any] = {"round": r, "groups": groups_path, "num_groups": len(groups),
+                                "mean_pool_size": sum(pool_sizes) / max(len(pool_sizes), 1)}
+        if os.path.isfile(os.path.join(round_dir, "config.json")):
+            logger.info("round %d: already trained (%s)", r, round_dir)
+        else:
+            needed = {d for g in groups for d in (*g.pos, *g.negs)}
+            texts = data.texts
+            if needed - set(texts):
+                if data.corpus is None:
+                    missing = sorted(needed - set(texts))
+                    raise ValueError(f"{len(missing)} passage id(s) in the groups have no text and there is no "
+                                     f"corpus to look them up: {', '.join(missing[:10])}")
+                texts = neg.load_texts(data.corpus(), needed, texts)
+            groups = neg.check_known(groups, texts)
+            examples = neg.sample_examples(groups, texts, cfg.num_negatives, few_negatives=cfg.few_negatives,
+                                           seed=cfg.seed + r)
+            info["num_examples"] = len(examples)
+            info["metrics"] = train_round(cfg, examples, r)
+        summary["rounds"].append(info)
+    _copy_export(_round_dir(cfg, cfg.mining_rounds), cfg.output)
+    summary["output"] = cfg.output
+    _write_json(os.path.join(cfg.output, TRAINING_ARGS), {"config": _config_dict(cfg), "finished": True, **summary})
+    logger.info("fine-tuned model written to %s", cfg.output)
+    return summary
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    """Entry point of ``python -m pretrain finetune``."""
+    cfg = parse_config(FinetuneConfig, argv, prog="python -m pretrain finetune",
+                       description="Fine-tune a bi-encoder (shared encoder, dot product) with BM25, file or "
+                                   "dense-mined hard negatives.")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            stream=sys.stderr)
+    return finetune(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Training logs: a CSV of metrics, TensorBoard scalars and a PNG of the loss curves.
+
+:class:`MetricsLogger` is used by :class:`pretrain.trainer.Trainer` on the main process;
+:func:`read_metrics`, :func:`plot_metrics` and :func:`summarize_metrics` also work on a
+finished run's ``logs/metrics.csv`` (e.g. to compare runs or write a summary table).
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from typing import Iterable, Optional
+
+#: Columns of ``metrics.csv`` that are not loss components.
+NON_LOSS_COLUMNS = ("step", "epoch", "lr", "seqs_per_s")
+
+
+def read_metrics(path: str) -> list[dict[str, float]]:
+    """Read ``metrics.csv`` into a list of rows (floats; ``step`` as int)."""
+    with open(path, newline="") as f:
+        rows = []
+        for row in csv.DictReader(f):
+            parsed = {k: (float(v) if v not in ("", None) else math.nan) for k, v in row.items()}
+            parsed["step"] = int(parsed["step"])
+            rows.append(parsed)
+    return rows
+
+
+def loss_columns(rows: list[dict[str, float]]) -> list[str]:
+    """The loss columns of ``rows`` (``loss`` first, then the components in file order)."""
+    if not rows:
+        return []
+    return [k for k in rows[0] if k not in NON_LOSS_COLUMNS]
+
+
+def truncate_metrics(path: str, max_step: int) -> None:
+    """Drop the rows of ``metrics.csv`` logged after ``max_step`` (used when resuming a run)."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        rows = list(reader)
+    if not rows:
+        return
+    header, body = rows[0], rows[1:]
+    kept = [r for r in body if r and int(r[0]) <= max_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(kept)
+    os.replace(tmp, path)
+
+
+class MetricsLogger:
+    """Append metrics rows to ``<log_dir>/metrics.csv`` and TensorBoard (``<log_dir>/tb``).
+
+    Args:
+        log_dir: Directory of the logs (created if needed).
+        resume_step: When resuming from a checkpoint at this step, rows after it are
+            dropped from the CSV and TensorBoard events after it are purged.
+        tensorboard: Write TensorBoard event files too.
+    """
+
+    def __init__(self, log_dir: str, resume_step: Optional[int] = None, tensorboard: bool = True):
+        os.makedirs(log_dir, exist_ok=True)
+        self.log_dir = log_dir
+        self.csv_path = os.path.join(log_dir, "metrics.csv")
+        self._columns: Optional[list[str]] = None
+        if resume_step is None:
+            if os.path.exists(self.csv_path):
+                os.remove(self.csv_path)
+        else:
+            truncate_metrics(self.csv_path, resume_step)
+            if os.path.exists(self.csv_path):
+                with open(self.csv_path, newline="") as f:
+                    self._columns = next(csv.reader(f), None)
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # pragma: no cover - tensorboard is a dependency
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                purge = None if resume_step is None else resume_step + 1
+                self._tb = SummaryWriter(os.path.join(log_dir, "tb"), purge_step=purge)
+
+    def log(self, row: dict[str, float]) -> None:
+        """Write one row (must contain ``step``); the CSV columns are fixed by the first row."""
+        if self._columns is None:
+            first = ["step", "epoch", "lr", "loss"]
+            rest = [k for k in row if k not in first and k != "seqs_per_s"]
+            self._columns = [c for c in first if c in row] + rest + (["seqs_per_s"] if "seqs_per_s" in row else [])
+            with open(self.csv_path, "w", newline="") as f:
+                csv.writer(f).writerow(self._columns)
+        with open(self.csv_path, "a", newline="") as f:
+            csv.writer(f).writerow([_fmt(row.get(c, math.nan)) for c in self._columns])
+        if self._tb is not None:
+            step = int(row["step"])
+            for k, v in row.items():
+                if k != "step":
+                    self._tb.add_scalar(f"train/{k}", float(v), step)
+
+    def close(self) -> None:
+        """Flush and close TensorBoard."""
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))
+
+
+def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
+                 columns: Optional[Iterable[str]] = None) -> str:
+    """Plot each loss column of ``metrics.csv`` against the step (one panel each) into ``png_path``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(csv_path)
+    cols = list(columns) if columns is not None else loss_columns(rows)
+    n = max(1, len(cols))
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.0), squeeze=False)
+    steps = [r["step"] for r in rows]
+    for ax, c in zip(axes[0], cols):
+        ax.plot(steps, [r[c] for r in rows], lw=1.0)
+        ax.set_title(c)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path
+
+
+def summarize_metrics(csv_path: str, window: int = 20) -> list[dict[str, float]]:
+    """Per loss column: mean of the first and last ``window`` logged rows and whether it fell.
+
+    Returns:
+        One dict per column: ``name``, ``first`` (mean of the first rows), ``last``,
+        ``change`` (relative: last/first - 1) and ``fell`` (``last < first``).
+    """
+    rows = read_metrics(csv_path)
+    if len(rows) < 2:
+        raise ValueError(f"{csv_path} holds {len(rows)} logged rows; need at least 2 to summarise")
+    w = max(1, min(window, len(rows) // 2))
+    out = []
+    for c in loss_columns(rows):
+        first = sum(r[c] for r in rows[:w]) / w
+        last = sum(r[c] for r in rows[-w:]) / w
+        out.append({"name": c, "first": first, "last": last,
+                    "change": (last / first - 1.0) if first else math.nan, "fell": last < first})
+    return out
+
+
+def summary_markdown(summary: list[dict[str, float]], window: int) -> str:
+    """A Markdown table of :func:`summarize_metrics` output."""
+    lines = [f"| loss | mean of first {window} steps | mean of last {window} steps | change | fell |",
+             "|---|---:|---:|---:|:---:|"]
+    for s in summary:
+        lines.append(f"| {s['name']} | {s['first']:.4f} | {s['last']:.4f} | {100 * s['change']:+.1f}% | "
+                     f"{'yes' if s['fell'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def record_run(run_dir: str, dest: str, window: int = 20, title: Optional[str] = None) -> str:
+    """Copy a run's ``logs/metrics.csv`` to ``dest``, plot it and write ``summary.md``; returns the summary."""
+    import shutil
+
+    os.makedirs(dest, exist_ok=True)
+    src = os.path.join(run_dir, "logs", "metrics.csv")
+    if not os.path.isfile(src):
+        raise FileNotFoundError(f"no metrics.csv in {run_dir}/logs")
+    shutil.copyfile(src, os.path.join(dest, "metrics.csv"))
+    plot_metrics(src, os.path.join(dest, "loss_curves.png"), title=title)
+    summary = summarize_metrics(src, window)
+    w = max(1, min(window, len(read_metrics(src)) // 2))
+    text = summary_markdown(summary, w)
+    with open(os.path.join(dest, "summary.md"), "w") as f:
+        f.write((f"# {title}\n\n" if title else "") + text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m pretrain.logging_utils",
+                                description="Record a run: copy its metrics.csv, plot the loss curves and write a "
+                                            "summary table (mean of the first vs last N logged steps).")
+    p.add_argument("run_dir", help="the run's --output directory")
+    p.add_argument("dest", help="where to write metrics.csv, loss_curves.png and summary.md")
+    p.add_argument("--window", type=int, default=20, help="rows averaged at each end (default: 20)")
+    p.add_argument("--title", default=None, help="plot/summary title")
+    a = p.parse_args()
+    print(record_run(a.run_dir, a.dest, a.window, a.title))

@@ -1,0 +1,209 @@
+"""CPDAE: Contrastive Pre-training with a Discriminative AutoEncoder (Ma et al., CIKM 2022).
+
+Every text of a batch of ``m`` texts is masked twice independently, giving ``2m`` views
+(rows ``i`` and ``i + m`` of the encoder batch are the views of text ``i``). For each view
+the encoder's last-layer [CLS] vector ``h`` is decoded by :class:`~pretrain.modeling.CPDAEDecoder`
+into vocabulary logits ``z``. The loss is
+
+``L = L_REC + L_MLM + λ·L_CL``
+
+* ``L_REC``: sigmoid BCE between ``z`` and the multi-hot token set of the *unmasked* text
+  (special tokens excluded), summed (or averaged) over the vocabulary, averaged over views;
+* ``L_MLM``: masked-LM cross-entropy of both views;
+* ``L_CL``: InfoNCE over the ``2m`` views (gathered across processes) with similarity
+  ``−JS(ž_i, ž_j)/τ`` and ``ž = σ(z)/Σσ(z)``; each view's positive is its twin view, all
+  other views are negatives.
+
+Variants: ``cpdae_r`` (InfoNCE on the [CLS] vectors), ``cpdae_nocl`` (no ``L_CL``) and
+``cpdae_idfrec`` (IDF-weighted ``L_REC``, no ``L_CL``).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..config import PretrainConfig
+from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
+from ..losses import info_nce, pairwise_js, rec_loss, word_distribution
+from ..masking import bag_of_words
+from ..modeling import CPDAEDecoder
+from .base import Objective
+from .mlm import MaskedViewsMixin
+
+__all__ = ["CPDAEObjective", "CPDAERObjective", "CPDAENoCLObjective", "CPDAEIDFRecObjective", "twin_contrastive_loss"]
+
+
+def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0) -> torch.Tensor:
+    """InfoNCE over the views of a data-parallel batch.
+
+    ``x`` holds this process's ``2m`` views, view-major (row ``i`` and ``i+m`` are twins).
+    The views of all processes are gathered (with gradients), the similarity of each local
+    view against every global view is computed with ``similarity(local, global) -> (2m, N)``
+    (``global`` is ``None`` in a single process, meaning "local"), and the loss is the mean
+    over local rows. With DDP's gradient averaging this equals the global-batch mean.
+    """
+    n = x.shape[0]
+    if n % 2:
+        raise ValueError(f"expected an even number of views (2 per text), got {n}")
+    m = n // 2
+    local = torch.arange(n, device=x.device)
+    pos = (local + m) % n
+    if is_distributed():
+        sizes = gather_sizes(n, device=x.device)
+        offset = sum(sizes[:rank()])
+        if sum(sizes) < 4:
+            raise ValueError("contrastive objectives need at least 2 texts per (global) batch")
+        sim = similarity(x, gather_with_grad(x))
+        return info_nce(sim, pos + offset, self_index=local + offset, temperature=temperature)
+    if m < 2:
+        raise ValueError("contrastive objectives need at least 2 texts per batch (got 1): "
+                         "the other texts' views are the negatives")
+    return info_nce(similarity(x, None), pos, temperature=temperature)
+
+
+class CPDAEObjective(MaskedViewsMixin, Objective):
+    """CPDAE: ``L = L_REC + L_MLM + λ·L_CL`` with the JS-divergence contrast of decoded word distributions.
+
+    Args:
+        mlm_model: ``AutoModelForMaskedLM`` (encoder + MLM head).
+        tokenizer: Its tokenizer.
+        config: Uses ``mlm_probability``, ``whole_word_mask``, ``cl_weight``, ``temperature``,
+            ``cl_distribution``, ``rec_reduction``, ``decoder_init``, ``js_chunk_size``.
+        idf: Only for ``cpdae_idfrec``: ``(|V|,)`` IDF weights of ``L_REC``.
+    """
+
+    name = "cpdae"
+    loss_names = ("mlm", "rec", "cl")
+    num_views = 2
+    contrastive = True
+    use_cl = True
+    ddp_find_unused_parameters = False
+
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+                 idf: Optional[torch.Tensor] = None, **extra: Any):
+        if extra:
+            raise ValueError(f"objective {self.name!r} got unexpected arguments {sorted(extra)}")
+        super().__init__(mlm_model, tokenizer, config)
+        if self.contrastive:
+            micro = config.batch_size / max(1, getattr(config, "grad_accum", 1))
+            if micro < 2:
+                raise ValueError(f"objective {self.name!r} is contrastive and needs at least 2 texts per batch "
+                                 f"(batch_size {config.batch_size}, grad_accum {getattr(config, 'grad_accum', 1)})")
+        self._mask_setup()
+        vocab = mlm_model.config.vocab_size
+        if config.decoder_init == "mlm_head":
+            self.decoder = CPDAEDecoder.from_mlm_head(mlm_model)
+        elif config.decoder_init == "random":
+            mc = mlm_model.config
+            self.decoder = CPDAEDecoder(mc.hidden_size, vocab, layer_norm_eps=getattr(mc, "layer_norm_eps", 1e-12),
+                                        initializer_range=getattr(mc, "initializer_range", 0.02))
+        else:
+            raise ValueError(f"decoder_init must be 'random' or 'mlm_head', got {config.decoder_init!r}")
+        if config.rec_reduction not in ("sum", "mean"):
+            raise ValueError(f"rec_reduction must be 'sum' or 'mean', got {config.rec_reduction!r}")
+        self._set_idf(idf, vocab)
+
+    def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
+        if idf is not None:
+            raise ValueError(f"objective {self.name!r} takes no idf weights (use cpdae_idfrec)")
+        self.idf = None
+
+    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Two independently masked views per text (see :class:`~pretrain.objectives.mlm.MaskedViewsMixin`).
+
+        Raises:
+            ValueError: for a contrastive objective given a single text in a single process.
+        """
+        if self.contrastive and len(examples) < 2 and world_size() == 1:
+            raise ValueError(f"objective {self.name!r} is contrastive and needs at least 2 texts per batch, "
+                             f"got {len(examples)}")
+        return super().collate(examples)
+
+    # -- losses -------------------------------------------------------------------------
+    def contrastive_loss(self, cls: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """``L_CL``: InfoNCE with similarity ``−JS(ž_i, ž_j)/τ`` over the decoded word distributions."""
+        p = word_distribution(logits, self.config.cl_distribution)
+        chunk = int(self.config.js_chunk_size)
+        return twin_contrastive_loss(p, lambda a, b: -pairwise_js(a, b, chunk_size=chunk),
+                                     temperature=float(self.config.temperature))
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        hidden, labels = self.encode_views(batch)
+        l_mlm = self.masked_lm_loss(hidden, labels)
+        cls = hidden[:, 0]
+        logits = self.decoder(cls)
+        k = batch["masked_input_ids"].shape[1]
+        targets = bag_of_words(batch["input_ids"], batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool(),
+                               logits.shape[-1]).repeat(k, 1)
+        l_rec = rec_loss(logits, targets, weights=self.idf, reduction=self.config.rec_reduction)
+        out = {"mlm": l_mlm.detach(), "rec": l_rec.detach()}
+        loss = l_rec + l_mlm
+        if self.use_cl:
+            l_cl = self.contrastive_loss(cls, logits)
+            loss = loss + float(self.config.cl_weight) * l_cl
+            out["cl"] = l_cl.detach()
+        out["loss"] = loss
+        return out
+
+    # -- saving -------------------------------------------------------------------------
+    def decoder_modules(self) -> dict[str, torch.nn.Module]:
+        return {"decoder": self.decoder}
+
+    def decoder_config(self) -> dict[str, Any]:
+        cfg = super().decoder_config()
+        cfg.update(self.decoder.config_dict())
+        cfg.update({"cl_distribution": self.config.cl_distribution, "rec_reduction": self.config.rec_reduction,
+                    "decoder_init": self.config.decoder_init})
+        return cfg
+
+
+class CPDAERObjective(CPDAEObjective):
+    """CPDAE-R: the contrast acts on the [CLS] vectors instead of the word distributions.
+
+    Similarity: dot product ``h_i·h_j / τ``, the score the encoder is later used with in
+    dense retrieval (with the paper's ``τ = 1``, cosine similarity would bound the logits
+    to ``[-1, 1]`` and make the InfoNCE softmax nearly uniform).
+    """
+
+    name = "cpdae_r"
+
+    def contrastive_loss(self, cls: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """``L_CL`` with similarity ``h_i·h_j/τ`` (float32)."""
+        h = cls.float()
+
+        def dot(a: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+            with torch.autocast(device_type=a.device.type, enabled=False):
+                return a @ (a if b is None else b).T
+        return twin_contrastive_loss(h, dot, temperature=float(self.config.temperature))
+
+
+class CPDAENoCLObjective(CPDAEObjective):
+    """Ablation without contrast: ``L = L_REC + L_MLM`` on the same two masked views per text
+    (so that only the ``L_CL`` term differs from ``cpdae``)."""
+
+    name = "cpdae_nocl"
+    loss_names = ("mlm", "rec")
+    contrastive = False
+    use_cl = False
+
+
+class CPDAEIDFRecObjective(CPDAENoCLObjective):
+    """``L = L_REC^IDF + L_MLM``: the BCE of token ``v`` is weighted by ``idf[v]`` (no ``L_CL``).
+
+    Args:
+        idf: ``(|V|,)`` non-negative weights (required), e.g. ``pretrain.corpus.idf_weights``.
+    """
+
+    name = "cpdae_idfrec"
+
+    def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
+        if idf is None:
+            raise ValueError("objective 'cpdae_idfrec' needs idf weights: build_objective(..., idf=tensor of shape (|V|,))")
+        idf = torch.as_tensor(idf, dtype=torch.float32)
+        if idf.shape != (vocab,):
+            raise ValueError(f"idf must have shape ({vocab},) (the vocabulary size), got {tuple(idf.shape)}")
+        if not bool(torch.isfinite(idf).all()) or bool((idf < 0).any()):
+            raise ValueError("idf weights must be finite and non-negative")
+        self.register_buffer("idf", idf, persistent=False)

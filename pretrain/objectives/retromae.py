@@ -1,0 +1,188 @@
+"""RetroMAE: masked auto-encoding with an asymmetric mask and enhanced decoding.
+
+Xiao et al., "RetroMAE: Pre-Training Retrieval-oriented Language Models Via Masked
+Auto-Encoder" (EMNLP 2022). The encoder reads the text with a moderate mask ratio
+(``config.encoder_mask_ratio``, default 0.3) and is trained with MLM. A one-layer
+"enhanced decoding" decoder then reconstructs *every* token of the original text from
+the encoder's [CLS] vector ``h`` and an aggressively masked view of the context:
+
+* query stream ``H1[i] = h + p_i`` (the [CLS] vector plus position embedding ``i``);
+* content stream ``H2 = [h; e(t1) ... e(tn) e(SEP)]``, with ``e`` the encoder's
+  embeddings (word + position + LayerNorm) of the original, unmasked tokens;
+* one attention layer with queries from ``H1`` and keys/values from ``H2``, under a
+  position-specific attention mask: row ``i`` sees [CLS] always, never its own position,
+  and a random subset of the other text positions; a share ``config.decoder_mask_ratio``
+  (default 0.5) of them is hidden. [SEP] stays visible (as in the reference code, whose
+  word masks never cover special tokens); padding is hidden.
+
+The decoder output goes through the encoder's (shared) MLM head; the reconstruction loss
+is the cross-entropy over all non-special, non-pad tokens. ``loss = mlm + rec``.
+
+Unlike the reference implementation, which samples the per-row masks in a Python loop in
+the data collator (the "Drop your Decoder" paper measured 5.6 s per batch and a 68% drop
+in training speed), :func:`retromae_decoder_mask` draws all rows at once on the training
+device, vectorised (one ``rand`` and one ``sort`` over ``(B, L, L)``). Masks are drawn
+per token, not per whole word.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from ..losses import mlm_loss
+from .base import Objective
+from .bow import masked_view_batch, mlm_head_of
+
+
+def _check_ratio(ratio: float, name: str) -> None:
+    if not (0.0 < float(ratio) < 1.0):
+        raise ValueError(f"{name} must be strictly between 0 and 1, got {ratio}")
+
+
+def retromae_hidden_counts(content_mask: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Number of *other* content positions hidden in each row: ``round(ratio * (n_b - 1))`` per text ``b``.
+
+    Args:
+        content_mask: ``(B, L)`` bool, True at non-special, non-pad positions.
+        ratio: The decoder mask ratio in (0, 1).
+
+    Returns:
+        ``(B,)`` long tensor.
+    """
+    n = content_mask.sum(-1)
+    # round half up, identically on every device
+    return torch.floor((n - 1).clamp(min=0).to(torch.float64) * ratio + 0.5).long()
+
+
+def retromae_decoder_mask(attention_mask: torch.Tensor, special_tokens_mask: torch.Tensor, ratio: float,
+                          generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Per-row attention masks of RetroMAE's enhanced decoding, drawn on the inputs' device.
+
+    Let ``C_b`` be the content positions (non-special, non-pad) of text ``b`` and
+    ``n_b = |C_b|``. For each row ``i``, ``m_b = round(ratio * (n_b - 1))`` positions are
+    drawn uniformly without replacement from ``C_b \\ {i}`` and hidden; position ``i``
+    itself and all padding are hidden too; position 0 ([CLS]) is always visible, and
+    other special tokens ([SEP]) are visible. So every content row ``i`` sees exactly
+    ``n_b - 1 - m_b`` other content tokens, plus [CLS] and [SEP].
+
+    Args:
+        attention_mask: ``(B, L)`` 1 for real tokens.
+        special_tokens_mask: ``(B, L)`` 1 for special tokens ([CLS], [SEP], ...).
+        ratio: Share of the other content positions hidden per row, in (0, 1).
+        generator: Optional RNG (on the same device).
+
+    Returns:
+        ``(B, L, L)`` bool, True where row ``i`` may attend to column ``j``.
+
+    Raises:
+        ValueError: if ``ratio`` is not in (0, 1).
+    """
+    _check_ratio(ratio, "decoder_mask_ratio")
+    B, L = attention_mask.shape
+    dev = attention_mask.device
+    real = attention_mask.bool()
+    content = real & ~special_tokens_mask.bool()
+    eye = torch.eye(L, dtype=torch.bool, device=dev)
+    candidate = content.unsqueeze(1) & ~eye  # (B, L, L): columns row i may hide
+    scores = torch.rand((B, L, L), device=dev, generator=generator)
+    scores = scores.masked_fill(~candidate, 2.0)  # non-candidates sort last
+    m = retromae_hidden_counts(content, ratio)  # (B,)
+    kth = scores.sort(dim=-1).values.gather(-1, m.view(B, 1, 1).expand(B, L, 1))  # m-th smallest per row
+    hidden = (scores < kth) & candidate  # exactly m per row (rand ties have probability 0)
+    visible = real.unsqueeze(1) & ~hidden & ~eye
+    visible[:, :, 0] = True  # [CLS] always visible
+    return visible
+
+
+class EnhancedDecoderLayer(nn.Module):
+    """One Transformer layer whose queries (``H1``) differ from its keys/values (``H2``).
+
+    Post-LN BERT layout: multi-head attention, residual on the query stream + LayerNorm,
+    GELU feed-forward, residual + LayerNorm.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, dropout: float = 0.1,
+                 layer_norm_eps: float = 1e-12):
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden size {hidden_size} is not a multiple of the number of heads {num_heads}")
+        self.num_heads = num_heads
+        self.query = nn.Linear(hidden_size, hidden_size)
+        self.key = nn.Linear(hidden_size, hidden_size)
+        self.value = nn.Linear(hidden_size, hidden_size)
+        self.attn_out = nn.Linear(hidden_size, hidden_size)
+        self.attn_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.ffn_in = nn.Linear(hidden_size, intermediate_size)
+        self.ffn_out = nn.Linear(intermediate_size, hidden_size)
+        self.ffn_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+        self.attn_dropout = dropout
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, H = x.shape
+        return x.view(B, L, self.num_heads, H // self.num_heads).transpose(1, 2)
+
+    def forward(self, query: torch.Tensor, content: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """Args: ``query`` (B, L, H), ``content`` (B, L, H), ``visible`` (B, L, L) bool. Returns (B, L, H)."""
+        B, L, H = query.shape
+        q, k, v = self._heads(self.query(query)), self._heads(self.key(content)), self._heads(self.value(content))
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=visible.unsqueeze(1),
+                                             dropout_p=self.attn_dropout if self.training else 0.0)
+        ctx = ctx.transpose(1, 2).reshape(B, L, H)
+        h = self.attn_norm(query + self.dropout(self.attn_out(ctx)))
+        return self.ffn_norm(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
+
+
+class RetroMAEObjective(Objective):
+    """Encoder MLM (ratio ``encoder_mask_ratio``) + enhanced-decoding reconstruction of all tokens."""
+
+    name = "retromae"
+    loss_names = ("mlm", "rec")
+    needs_mask_token = True
+
+    def __init__(self, mlm_model: Any, tokenizer: Any, config: Any, **extra: Any):
+        _check_ratio(config.decoder_mask_ratio, "decoder_mask_ratio")
+        _check_ratio(config.encoder_mask_ratio, "encoder_mask_ratio")
+        super().__init__(mlm_model, tokenizer, config)
+        cfg = mlm_model.config
+        self.decoder = EnhancedDecoderLayer(cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size,
+                                            dropout=cfg.hidden_dropout_prob, layer_norm_eps=cfg.layer_norm_eps)
+
+    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Add [CLS]/[SEP], pad, mask the encoder view at ``encoder_mask_ratio``; decoder masks are drawn in forward."""
+        return masked_view_batch(examples, self.tokenizer, self.mlm_model.config.vocab_size,
+                                 self.config.encoder_mask_ratio, self.config.whole_word_mask)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        am = batch["attention_mask"]
+        ids = batch["input_ids"]
+        special = batch["special_tokens_mask"].bool()
+        head = mlm_head_of(self.mlm_model)
+        hidden = self.encoder(input_ids=batch["masked_input_ids"], attention_mask=am).last_hidden_state
+        l_mlm = mlm_loss(hidden, batch["mlm_labels"], head)
+
+        cls = hidden[:, :1]  # (B, 1, H)
+        emb = self.encoder.embeddings
+        content = torch.cat([cls, emb(input_ids=ids)[:, 1:]], dim=1)
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        query = cls + emb.position_embeddings(positions).unsqueeze(0)
+        visible = retromae_decoder_mask(am, special, self.config.decoder_mask_ratio)
+        dec = self.decoder(query, content, visible)
+
+        sel = am.bool() & ~special
+        logits = head(dec[sel])
+        l_rec = F.cross_entropy(logits.float(), ids[sel])
+        return {"loss": l_mlm + l_rec, "mlm": l_mlm.detach(), "rec": l_rec.detach()}
+
+    def decoder_modules(self) -> dict[str, nn.Module]:
+        return {"retromae_decoder": self.decoder}
+
+    def decoder_config(self) -> dict[str, Any]:
+        cfg = super().decoder_config()
+        cfg.update(num_layers=1, encoder_mask_ratio=self.config.encoder_mask_ratio,
+                   decoder_mask_ratio=self.config.decoder_mask_ratio,
+                   shared="embeddings and MLM head are the encoder's")
+        return cfg

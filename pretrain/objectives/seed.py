@@ -1,0 +1,167 @@
+"""SEED-Encoder: pre-training with a weak auto-regressive decoder.
+
+Lu et al., "Less is More: Pre-train a Strong Text Encoder for Dense Retrieval Using a
+Weak Decoder" (EMNLP 2021). The encoder reads a masked view of the text (MLM loss, as in
+BERT); a shallow Transformer decoder then reconstructs the *unmasked* text token by token,
+conditioned only on the encoder's [CLS] vector. The decoder is kept weak so that it has
+to rely on [CLS]: it has few layers (``config.seed_decoder_layers``, default 3) and each
+position may only attend to the previous ``k`` tokens (``config.seed_attention_span``,
+default 2) plus the [CLS] position.
+
+Layout of the decoder input (length ``L``, same as the encoder's input)::
+
+    position   0        1      2     ...   n      n+1    (pads)
+    input      h_cls    e(t1)  e(t2) ...   e(tn)  e(SEP)
+    predicts   t1       t2     t3    ...   SEP?   -
+
+``h_cls`` is the encoder's last-layer [CLS] vector of the masked view; ``e(.)`` are the
+encoder's embeddings (shared word + position embeddings and their LayerNorm) of the
+*original* tokens. Position ``j`` predicts token ``j + 1`` and sees positions
+``{0} ∪ {j-k+1, ..., j}``, i.e. the ``k`` tokens preceding its target plus [CLS]. Targets
+are the non-special tokens ``t1 ... tn`` ([SEP] and padding are not predicted).
+[CLS] enters as the first position of the decoder's self-attention (not via
+cross-attention). The decoder's output layer is tied to the encoder's word embeddings
+(with its own bias and LayerNorm).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from ..losses import mlm_loss
+from .base import Objective
+from .bow import masked_view_batch, mlm_head_of
+
+
+def seed_attention_mask(seq_len: int, span: int, device: Optional[torch.device] = None) -> torch.Tensor:
+    """Boolean ``(L, L)`` mask of the SEED decoder; ``mask[j, i]`` is True where position ``j`` may attend to ``i``.
+
+    Position ``j`` sees position 0 ([CLS]) and the ``span`` positions ``j-span+1 .. j``
+    (itself and the ``span - 1`` before it), i.e. the ``span`` tokens preceding the token it
+    predicts (``j + 1``). Nothing after ``j`` is visible.
+
+    Raises:
+        ValueError: if ``span < 1`` or ``seq_len < 1``.
+    """
+    if span < 1:
+        raise ValueError(f"seed_attention_span must be >= 1, got {span}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    rows = torch.arange(seq_len, device=device).unsqueeze(1)
+    cols = torch.arange(seq_len, device=device).unsqueeze(0)
+    window = (cols <= rows) & (cols > rows - span)
+    return window | (cols == 0)
+
+
+class SEEDDecoder(nn.Module):
+    """A shallow Transformer decoder with a local (span-``k``) attention window plus [CLS].
+
+    Args:
+        hidden_size: Width (the encoder's hidden size).
+        num_layers: Number of Transformer layers.
+        num_heads: Attention heads per layer.
+        intermediate_size: Feed-forward width.
+        span: Attention span ``k``.
+        dropout: Dropout inside the layers.
+        layer_norm_eps: LayerNorm epsilon.
+    """
+
+    def __init__(self, hidden_size: int, num_layers: int = 3, num_heads: int = 12, intermediate_size: int = 3072,
+                 span: int = 2, dropout: float = 0.1, layer_norm_eps: float = 1e-12):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"seed_decoder_layers must be >= 1, got {num_layers}")
+        if span < 1:
+            raise ValueError(f"seed_attention_span must be >= 1, got {span}")
+        self.span = span
+        self.layers = nn.ModuleList([
+            nn.TransformerEncoderLayer(hidden_size, num_heads, dim_feedforward=intermediate_size, dropout=dropout,
+                                       activation="gelu", layer_norm_eps=layer_norm_eps, batch_first=True)
+            for _ in range(num_layers)])
+        self.output_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.output_bias: Optional[nn.Parameter] = None
+
+    def init_output_bias(self, vocab_size: int) -> None:
+        """Create the output bias (the output weight is the tied word-embedding matrix)."""
+        self.output_bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Run the decoder.
+
+        Args:
+            inputs: ``(B, L, H)`` decoder inputs ([CLS] vector at position 0).
+            attention_mask: ``(B, L)`` 1 for real tokens, 0 for padding.
+
+        Returns:
+            ``(B, L, H)`` hidden states (after the output LayerNorm).
+        """
+        L = inputs.shape[1]
+        # nn.TransformerEncoderLayer takes True = "may NOT attend"
+        blocked = ~seed_attention_mask(L, self.span, inputs.device)
+        pad = attention_mask == 0
+        h = inputs
+        for layer in self.layers:
+            h = layer(h, src_mask=blocked, src_key_padding_mask=pad)
+        return self.output_norm(h)
+
+
+class SEEDObjective(Objective):
+    """MLM on a masked view + auto-regressive reconstruction of the unmasked text from [CLS].
+
+    ``loss = mlm + rec``; ``rec`` is the token-level cross-entropy of the weak decoder,
+    averaged over the predicted tokens of the batch.
+    """
+
+    name = "seed"
+    loss_names = ("mlm", "rec")
+    needs_mask_token = True
+
+    def __init__(self, mlm_model: Any, tokenizer: Any, config: Any, **extra: Any):
+        super().__init__(mlm_model, tokenizer, config)
+        cfg = mlm_model.config
+        self.decoder = SEEDDecoder(cfg.hidden_size, num_layers=config.seed_decoder_layers,
+                                   num_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
+                                   span=config.seed_attention_span, dropout=cfg.hidden_dropout_prob,
+                                   layer_norm_eps=cfg.layer_norm_eps)
+        self.decoder.init_output_bias(cfg.vocab_size)
+
+    # -- data ---------------------------------------------------------------------------
+    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Add [CLS]/[SEP], pad, and build the encoder's masked view (labels -100 where unmasked)."""
+        return masked_view_batch(examples, self.tokenizer, self.mlm_model.config.vocab_size,
+                                 self.config.mlm_probability, self.config.whole_word_mask)
+
+    # -- model --------------------------------------------------------------------------
+    def decoder_targets(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor,
+                        attention_mask: torch.Tensor) -> torch.Tensor:
+        """``(B, L)`` next-token targets: ``targets[:, j] = input_ids[:, j+1]`` for non-special tokens, else -100."""
+        keep = (~special_tokens_mask.bool()) & attention_mask.bool()
+        nxt = torch.where(keep, input_ids, torch.full_like(input_ids, -100))
+        return torch.cat([nxt[:, 1:], torch.full_like(nxt[:, :1], -100)], dim=1)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        am = batch["attention_mask"]
+        hidden = self.encoder(input_ids=batch["masked_input_ids"], attention_mask=am).last_hidden_state
+        l_mlm = mlm_loss(hidden, batch["mlm_labels"], mlm_head_of(self.mlm_model))
+
+        emb = self.encoder.embeddings(input_ids=batch["input_ids"])  # word + position (+ type) + LayerNorm
+        dec_in = torch.cat([hidden[:, :1], emb[:, 1:]], dim=1)
+        dec_h = self.decoder(dec_in, am)
+        targets = self.decoder_targets(batch["input_ids"], batch["special_tokens_mask"], am)
+        sel = targets != -100
+        logits = F.linear(dec_h[sel], self.mlm_model.get_input_embeddings().weight, self.decoder.output_bias)
+        l_rec = F.cross_entropy(logits.float(), targets[sel])
+        return {"loss": l_mlm + l_rec, "mlm": l_mlm.detach(), "rec": l_rec.detach()}
+
+    def decoder_modules(self) -> dict[str, nn.Module]:
+        return {"seed_decoder": self.decoder}
+
+    def decoder_config(self) -> dict[str, Any]:
+        cfg = super().decoder_config()
+        cfg.update(num_layers=self.config.seed_decoder_layers, attention_span=self.config.seed_attention_span,
+                   output_weight="tied to the encoder's word embeddings",
+                   decoder_input="[CLS] vector of the masked view at position 0, encoder embeddings of the original tokens after it")
+        return cfg

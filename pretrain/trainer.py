@@ -1,0 +1,534 @@
+"""A small, generic training loop on Hugging Face Accelerate.
+
+:class:`Trainer` trains any ``nn.Module`` whose ``forward(batch)`` returns a dict with a
+``"loss"`` tensor (plus any scalar loss components to log) on a map-style dataset and a
+``collate_fn``. It is used for pre-training (``python -m pretrain``) and bi-encoder
+fine-tuning (``python -m pretrain finetune``).
+
+Features: AdamW (no weight decay on biases and LayerNorm weights), linear warm-up then
+linear decay, gradient clipping and accumulation, bf16/fp16 autocast on CUDA, gradient
+checkpointing, DDP under ``torchrun``/``accelerate launch`` with a *global* batch size,
+a seeded deterministic data order, atomic resumable checkpoints (model, optimizer,
+scheduler, RNG states and data position: a run killed and resumed reproduces the loss
+sequence of an uninterrupted run), CSV/TensorBoard logs and a loss-curve plot.
+
+Data order: epoch ``e`` uses the permutation ``torch.randperm(len(dataset))`` drawn from a
+generator seeded with ``seed + e``. Optimizer step ``s`` of the epoch consumes the global
+batch ``perm[s*B:(s+1)*B]`` (``B = batch_size``; the last incomplete batch is dropped),
+cut into ``world_size * grad_accum`` micro-batches: micro-batch ``a`` of rank ``r`` is
+chunk ``a * world_size + r``. The examples of a global batch therefore do not depend on
+the number of processes or on accumulation.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import time
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .config import TrainConfig
+
+logger = logging.getLogger(__name__)
+
+#: Options that may differ between a run and its resumption (they do not change what is learnt
+#: up to the checkpoint).
+RESUME_MUTABLE_FIELDS = frozenset({"resume", "overwrite", "max_steps", "epochs", "save_steps", "save_total_limit",
+                                   "logging_steps", "num_workers", "cpu", "cache_dir"})
+#: Files whose presence means an output directory holds an exported model.
+EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+RUN_CONFIG = "run_config.json"
+TRAINER_STATE = "trainer_state.json"
+_CKPT_RE = re.compile(r"^step-(\d+)$")
+
+
+# ----------------------------------------------------------------------------- data order
+class GlobalBatchSampler(Sampler[int]):
+    """Seeded sampler yielding this process's share of each global batch, in micro-batch order.
+
+    Args:
+        num_examples: Size of the dataset.
+        batch_size: Global batch size (all processes and accumulation steps together).
+        grad_accum: Micro-batches per optimizer step and process.
+        rank: This process's index.
+        world_size: Number of processes.
+        seed: Base seed; epoch ``e`` is shuffled with ``seed + e``.
+    """
+
+    def __init__(self, num_examples: int, batch_size: int, grad_accum: int = 1, rank: int = 0,
+                 world_size: int = 1, seed: int = 0):
+        if batch_size % (grad_accum * world_size):
+            raise ValueError(f"batch_size {batch_size} is not divisible by world_size x grad_accum = "
+                             f"{world_size} x {grad_accum}")
+        self.num_examples = num_examples
+        self.batch_size = batch_size
+        self.grad_accum = grad_accum
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.micro_batch_size = batch_size // (grad_accum * world_size)
+        self.epoch = 0
+        self.start_step = 0
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one pass (the last incomplete global batch is dropped)."""
+        return self.num_examples // self.batch_size
+
+    def set_position(self, epoch: int, step_in_epoch: int = 0) -> None:
+        """Start the next iteration at optimizer step ``step_in_epoch`` of epoch ``epoch``."""
+        self.epoch = epoch
+        self.start_step = step_in_epoch
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The order of the examples in ``epoch``."""
+        g = torch.Generator()
+        g.manual_seed(self.seed + epoch)
+        return torch.randperm(self.num_examples, generator=g)
+
+    def __iter__(self) -> Iterator[int]:
+        perm = self.permutation(self.epoch).tolist()
+        m = self.micro_batch_size
+        for s in range(self.start_step, self.steps_per_epoch):
+            for a in range(self.grad_accum):
+                base = s * self.batch_size + (a * self.world_size + self.rank) * m
+                yield from perm[base:base + m]
+
+    def __len__(self) -> int:
+        return max(0, self.steps_per_epoch - self.start_step) * self.grad_accum * self.micro_batch_size
+
+
+# ----------------------------------------------------------------------------- output dir
+def _config_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+
+
+def config_differences(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Names of options that differ between two runs' configs, ignoring :data:`RESUME_MUTABLE_FIELDS`."""
+    keys = (set(previous) | set(current)) - RESUME_MUTABLE_FIELDS
+    return sorted(k for k in keys if previous.get(k) != current.get(k))
+
+
+def list_checkpoints(output: str) -> list[tuple[int, str]]:
+    """Complete checkpoints under ``<output>/checkpoints`` as ``(step, path)``, oldest first."""
+    root = os.path.join(output, "checkpoints")
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        m = _CKPT_RE.match(name)
+        path = os.path.join(root, name)
+        if m and os.path.isfile(os.path.join(path, TRAINER_STATE)):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def check_output_dir(config: Any) -> None:
+    """Refuse an output directory that holds a different run, unless ``config.overwrite``.
+
+    Accepted without ``overwrite``: a missing or empty directory; a directory of the *same*
+    run (same ``run_config.json`` up to :data:`RESUME_MUTABLE_FIELDS`) when resuming, or when
+    it holds neither checkpoints nor an exported model yet.
+
+    Raises:
+        ValueError: naming the directory and the reason.
+    """
+    out = getattr(config, "output", None)
+    if not out:
+        raise ValueError("no output directory given (--output)")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"output path {out} exists and is not a directory")
+    if not os.path.isdir(out) or not os.listdir(out) or config.overwrite:
+        return
+    run_cfg = os.path.join(out, RUN_CONFIG)
+    if not os.path.isfile(run_cfg):
+        entries = sorted(os.listdir(out))
+        raise ValueError(f"output directory {out} is not empty and holds no {RUN_CONFIG} (it contains "
+                         f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
+                         "choose another --output or pass --overwrite")
+    with open(run_cfg) as f:
+        previous = json.load(f).get("config", {})
+    diff = config_differences(previous, _config_dict(config))
+    if diff:
+        shown = "; ".join(f"{k}: {previous.get(k)!r} -> {_config_dict(config).get(k)!r}" for k in diff[:6])
+        raise ValueError(f"output directory {out} holds a different run (options differ: {shown}); "
+                         "choose another --output or pass --overwrite to replace it")
+    if config.resume:
+        return
+    if list_checkpoints(out) or any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES):
+        raise ValueError(f"output directory {out} already holds checkpoints or an exported model of this run; "
+                         "pass --resume to continue it or --overwrite to start again")
+
+
+def _clear_previous_run(out: str) -> None:
+    """With ``overwrite``: remove what a previous run left (checkpoints, logs, run config, exported config)."""
+    for name in ("checkpoints", "logs", "decoder", ".export-tmp"):
+        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    for name in (RUN_CONFIG,) + EXPORT_FILES:
+        p = os.path.join(out, name)
+        if os.path.isfile(p):
+            os.remove(p)
+
+
+def _write_json_atomic(path: str, obj: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- helpers
+def resolve_mixed_precision(mixed_precision: str, cpu: bool = False) -> str:
+    """``auto`` → ``bf16`` on CUDA when supported, ``fp16`` on other CUDA devices, ``no`` on CPU.
+
+    Raises:
+        ValueError: for ``fp16`` without CUDA.
+    """
+    cuda = torch.cuda.is_available() and not cpu
+    if mixed_precision == "auto":
+        if not cuda:
+            return "no"
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if mixed_precision not in ("no", "fp16", "bf16"):
+        raise ValueError(f"unknown mixed_precision {mixed_precision!r}; use auto, no, fp16 or bf16")
+    if mixed_precision == "fp16" and not cuda:
+        raise ValueError("mixed_precision fp16 needs a CUDA device; use bf16 or no on CPU")
+    return mixed_precision
+
+
+def parameter_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups: no weight decay on biases and normalisation weights (1-d parameters)."""
+    decay, no_decay = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        lname = name.lower()
+        if p.ndim < 2 or lname.endswith(".bias") or "layernorm" in lname or "layer_norm" in lname:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
+    """Number of warm-up steps: ``ceil(warmup_ratio * total_steps)``."""
+    return int(math.ceil(warmup_ratio * total_steps))
+
+
+def enable_gradient_checkpointing(module: nn.Module) -> None:
+    """Enable gradient checkpointing on ``module`` or the HF model inside it.
+
+    Raises:
+        ValueError: if neither the module nor its ``mlm_model``/``encoder``/``model`` supports it.
+    """
+    for target in (module, getattr(module, "mlm_model", None), getattr(module, "encoder", None),
+                   getattr(module, "model", None)):
+        fn = getattr(target, "gradient_checkpointing_enable", None)
+        if fn is None:
+            continue
+        try:
+            fn(gradient_checkpointing_kwargs={"use_reentrant": False})
+        except TypeError:
+            fn()
+        return
+    raise ValueError(f"gradient checkpointing requested, but {type(module).__name__} has no "
+                     "gradient_checkpointing_enable() (nor its mlm_model/encoder)")
+
+
+def _default_save(module: nn.Module, path: str) -> None:
+    module.save_pretrained(path)
+
+
+# ----------------------------------------------------------------------------- trainer
+class Trainer:
+    """Train ``module`` on ``dataset`` with the options of ``config``.
+
+    Args:
+        module: An ``nn.Module`` whose ``forward(batch)`` returns ``{"loss": tensor, <name>: tensor, ...}``;
+            every scalar entry is logged. Optional ``on_step(step, total_steps)`` is called after each
+            optimizer step (and once after resuming).
+        dataset: A map-style dataset (``len`` and ``__getitem__``).
+        collate_fn: Turns a list of examples into a batch (a dict of tensors, moved to the device here).
+        config: A :class:`~pretrain.config.TrainConfig` (or subclass).
+        save_fn: ``save_fn(unwrapped_module, directory)`` exports the trained model at the end (main
+            process only); defaults to ``module.save_pretrained(directory)``.
+    """
+
+    def __init__(self, module: nn.Module, dataset: Dataset, collate_fn: Callable[[list], Any], config: TrainConfig,
+                 save_fn: Optional[Callable[[nn.Module, str], None]] = None):
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        if not config.output:
+            raise ValueError("no output directory given (config.output / --output)")
+        if config.batch_size < 1 or config.grad_accum < 1:
+            raise ValueError(f"batch_size ({config.batch_size}) and grad_accum ({config.grad_accum}) must be >= 1")
+        if save_fn is None:
+            if not callable(getattr(module, "save_pretrained", None)):
+                raise ValueError(f"{type(module).__name__} has no save_pretrained(); pass save_fn")
+            save_fn = _default_save
+        self.module = module
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.config = config
+        self.save_fn = save_fn
+        self.mixed_precision = resolve_mixed_precision(config.mixed_precision, config.cpu)
+        ddp = DistributedDataParallelKwargs(find_unused_parameters=getattr(module, "ddp_find_unused_parameters", True))
+        # cpu=True without CUDA too: only then does accelerate set up gloo DDP for CPU processes under torchrun
+        self.accelerator = Accelerator(mixed_precision=self.mixed_precision,
+                                       cpu=config.cpu or not torch.cuda.is_available(), kwargs_handlers=[ddp])
+        self.world_size = self.accelerator.num_processes
+        if config.batch_size % (self.world_size * config.grad_accum):
+            raise ValueError(f"batch_size {config.batch_size} (global) must be divisible by world_size x grad_accum = "
+                             f"{self.world_size} x {config.grad_accum}; the per-process micro-batch would be "
+                             f"{config.batch_size / (self.world_size * config.grad_accum):g}")
+        self.micro_batch_size = config.batch_size // (self.world_size * config.grad_accum)
+        n = len(dataset)
+        if n == 0:
+            raise ValueError("the training dataset is empty")
+        self.sampler = GlobalBatchSampler(n, config.batch_size, config.grad_accum, self.accelerator.process_index,
+                                          self.world_size, config.seed)
+        self.steps_per_epoch = self.sampler.steps_per_epoch
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"the training dataset holds {n} examples, fewer than one global batch "
+                             f"(batch_size {config.batch_size}); lower --batch-size or add data")
+        if config.max_steps and config.max_steps > 0:
+            self.total_steps = int(config.max_steps)
+        else:
+            self.total_steps = int(math.ceil(config.epochs * self.steps_per_epoch))
+        if self.total_steps <= 0:
+            raise ValueError(f"no optimizer steps to run (epochs={config.epochs}, max_steps={config.max_steps})")
+        self.warmup_steps = warmup_steps(self.total_steps, config.warmup_ratio)
+        self.output = config.output
+
+    # --------------------------------------------------------------- public API
+    @property
+    def is_main_process(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def train(self) -> dict[str, Any]:
+        """Run (or resume) training, export the model and return the final metrics."""
+        from accelerate.utils import set_seed
+        from transformers import get_linear_schedule_with_warmup
+
+        acc, cfg = self.accelerator, self.config
+        check_output_dir(cfg)
+        acc.wait_for_everyone()
+        resume = list_checkpoints(self.output)[-1] if cfg.resume and os.path.isdir(self.output) else None
+        if cfg.resume and resume is None:
+            logger.warning("--resume given but %s holds no checkpoint; starting from scratch", self.output)
+        if self.is_main_process:
+            if cfg.overwrite and not cfg.resume and os.path.isdir(self.output):
+                _clear_previous_run(self.output)
+            os.makedirs(self.output, exist_ok=True)
+            ckpt_root = os.path.join(self.output, "checkpoints")
+            if os.path.isdir(ckpt_root):  # leftovers of a checkpoint interrupted while being written
+                for name in os.listdir(ckpt_root):
+                    if name.startswith(".tmp-"):
+                        shutil.rmtree(os.path.join(ckpt_root, name), ignore_errors=True)
+            _write_json_atomic(os.path.join(self.output, RUN_CONFIG), self._run_config())
+        acc.wait_for_everyone()
+
+        set_seed(cfg.seed, device_specific=True)
+        module = self.module
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(module)
+        optimizer = torch.optim.AdamW(parameter_groups(module, cfg.weight_decay), lr=cfg.learning_rate)
+        scheduler = get_linear_schedule_with_warmup(optimizer, self.warmup_steps, self.total_steps)
+        model, optimizer = acc.prepare(module, optimizer)
+        # not prepared: accelerate would step it once per process; registered so it is checkpointed
+        acc.register_for_checkpointing(scheduler)
+
+        step, epoch, pos = 0, 0, 0
+        restored_window: dict[str, Any] = {}
+        if resume is not None:
+            acc.load_state(resume[1])
+            with open(os.path.join(resume[1], TRAINER_STATE)) as f:
+                state = json.load(f)
+            step, epoch, pos = state["step"], state["epoch"], state["step_in_epoch"]
+            restored_window = state.get("log_window", {})
+            logger.info("resumed from %s (step %d, epoch %d, step in epoch %d)", resume[1], step, epoch, pos)
+            self._on_step(model, step)
+
+        metrics = None
+        if self.is_main_process:
+            from .logging_utils import MetricsLogger
+            metrics = MetricsLogger(os.path.join(self.output, "logs"), resume_step=step if resume else None)
+
+        from tqdm.auto import tqdm
+        bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_local_main_process, desc="train",
+                   dynamic_ncols=True)
+        # losses summed since the last log row (restored when resuming between two log steps, so that
+        # the logged averages equal those of an uninterrupted run)
+        window = {k: torch.tensor(v, device=acc.device) for k, v in restored_window.get("sums", {}).items()}
+        window_steps, window_start = int(restored_window.get("steps", 0)), time.perf_counter()
+        last: dict[str, float] = {}
+        t0 = time.perf_counter()
+        model.train()
+        while step < self.total_steps:
+            self.sampler.set_position(epoch, pos)
+            loader = DataLoader(self.dataset, batch_size=self.micro_batch_size, sampler=self.sampler,
+                                collate_fn=self.collate_fn, num_workers=cfg.num_workers, drop_last=False,
+                                # own generator: creating the iterator must not consume the global RNG
+                                generator=torch.Generator().manual_seed(cfg.seed + epoch),
+                                pin_memory=acc.device.type == "cuda")
+            batches = iter(loader)
+            while step < self.total_steps:
+                losses = self._optimizer_step(model, optimizer, scheduler, batches)
+                lr = losses.pop("_lr")
+                step += 1
+                pos += 1
+                if pos == self.steps_per_epoch:
+                    epoch, pos = epoch + 1, 0
+                self._on_step(model, step)
+                for k, v in losses.items():
+                    window[k] = window.get(k, torch.zeros((), device=v.device)) + v
+                window_steps += 1
+                last = {k: float(v) for k, v in losses.items()}
+                bar.update(1)
+                bar.set_postfix({k: f"{v:.4g}" for k, v in last.items()}, refresh=False)
+                if step % max(1, cfg.logging_steps) == 0 or step == self.total_steps:
+                    row = self._reduce_window(window, window_steps)
+                    elapsed = max(time.perf_counter() - window_start, 1e-9)
+                    row = {"step": step, "epoch": epoch + pos / self.steps_per_epoch, "lr": lr, **row,
+                           "seqs_per_s": cfg.batch_size * window_steps / elapsed}
+                    if metrics is not None:
+                        metrics.log(row)
+                    last = row
+                    window, window_steps, window_start = {}, 0, time.perf_counter()
+                if (cfg.save_steps > 0 and step % cfg.save_steps == 0) or step == self.total_steps:
+                    self._save_checkpoint(step, epoch, pos, window, window_steps)
+                if pos == 0:  # epoch finished: new permutation
+                    break
+        bar.close()
+        runtime = time.perf_counter() - t0
+        if metrics is not None:
+            metrics.close()
+            from .logging_utils import plot_metrics
+            csv_path = os.path.join(self.output, "logs", "metrics.csv")
+            if os.path.exists(csv_path):
+                plot_metrics(csv_path, os.path.join(self.output, "logs", "loss_curves.png"))
+        self._export(model)
+        result = {k: v for k, v in last.items() if k not in ("seqs_per_s",)}
+        result.update({"step": step, "total_steps": self.total_steps, "train_runtime_s": runtime,
+                       "output": self.output})
+        return result
+
+    # --------------------------------------------------------------- internals
+    def _run_config(self) -> dict[str, Any]:
+        import accelerate
+        import transformers
+        return {"config": _config_dict(self.config),
+                "trainer": {"world_size": self.world_size, "micro_batch_size": self.micro_batch_size,
+                            "grad_accum": self.config.grad_accum, "mixed_precision": self.mixed_precision,
+                            "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
+                            "warmup_steps": self.warmup_steps, "num_examples": len(self.dataset),
+                            "module": type(self.module).__name__},
+                "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                             "accelerate": accelerate.__version__}}
+
+    def _optimizer_step(self, model: nn.Module, optimizer: Any, scheduler: Any,
+                        batches: Iterator[Any]) -> dict[str, torch.Tensor]:
+        from accelerate.utils import send_to_device
+
+        acc, cfg = self.accelerator, self.config
+        sums: dict[str, torch.Tensor] = {}
+        for a in range(cfg.grad_accum):
+            batch = send_to_device(next(batches), acc.device)
+            sync = contextlib.nullcontext() if a == cfg.grad_accum - 1 else acc.no_sync(model)
+            with sync:
+                out = model(batch)
+                if not isinstance(out, dict) or "loss" not in out:
+                    raise TypeError(f"{type(self.module).__name__}.forward must return a dict with a 'loss' entry")
+                acc.backward(out["loss"] / cfg.grad_accum)
+            for k, v in out.items():
+                if torch.is_tensor(v) and v.numel() == 1:
+                    sums[k] = sums.get(k, 0.0) + v.detach().float().reshape(()) / cfg.grad_accum
+        if cfg.max_grad_norm and cfg.max_grad_norm > 0:
+            acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        sums["_lr"] = scheduler.get_last_lr()[0]  # the rate applied in this update
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return sums
+
+    def _reduce_window(self, window: dict[str, torch.Tensor], n: int) -> dict[str, float]:
+        keys = ["loss"] + [k for k in window if k != "loss"]
+        keys = [k for k in keys if k in window]
+        if not keys:
+            return {}
+        vals = torch.stack([window[k] for k in keys]) / max(n, 1)
+        vals = self.accelerator.reduce(vals, reduction="mean")
+        return {k: float(v) for k, v in zip(keys, vals.tolist())}
+
+    def _on_step(self, model: nn.Module, step: int) -> None:
+        fn = getattr(self.accelerator.unwrap_model(model), "on_step", None)
+        if callable(fn):
+            fn(step, self.total_steps)
+
+    def _save_checkpoint(self, step: int, epoch: int, pos: int, window: dict[str, torch.Tensor],
+                         window_steps: int) -> None:
+        """Write ``<output>/checkpoints/step-N`` atomically (temp dir, then rename) and prune old ones."""
+        acc = self.accelerator
+        # unlogged loss sums, averaged over processes (mean(saved + local) = saved + mean(local) on resume)
+        log_window = {"steps": window_steps, "sums": self._reduce_window(window, 1) if window_steps else {}}
+        root = os.path.join(self.output, "checkpoints")
+        final = os.path.join(root, f"step-{step}")
+        tmp = os.path.join(root, f".tmp-step-{step}")
+        if self.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        acc.wait_for_everyone()
+        acc.save_state(tmp)
+        acc.wait_for_everyone()
+        if self.is_main_process:
+            _write_json_atomic(os.path.join(tmp, TRAINER_STATE),
+                               {"step": step, "epoch": epoch, "step_in_epoch": pos, "total_steps": self.total_steps,
+                                "world_size": self.world_size, "batch_size": self.config.batch_size,
+                                "grad_accum": self.config.grad_accum, "seed": self.config.seed,
+                                "log_window": log_window})
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            limit = self.config.save_total_limit
+            if limit and limit > 0:
+                for _, path in list_checkpoints(self.output)[:-limit]:
+                    shutil.rmtree(path, ignore_errors=True)
+        acc.wait_for_everyone()
+
+    def _export(self, model: nn.Module) -> None:
+        """``save_fn`` into a temp dir, then move the files into ``output`` with ``config.json`` last."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if self.is_main_process:
+            unwrapped = acc.unwrap_model(model)
+            tmp = os.path.join(self.output, ".export-tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            self.save_fn(unwrapped, tmp)
+            stale_config = os.path.join(self.output, "config.json")
+            if os.path.isfile(stale_config):
+                os.remove(stale_config)
+            for name in sorted(os.listdir(tmp), key=lambda e: e == "config.json"):
+                dst = os.path.join(self.output, name)
+                if os.path.isdir(dst) and not os.path.islink(dst):
+                    shutil.rmtree(dst)
+                elif os.path.lexists(dst):
+                    os.remove(dst)
+                os.replace(os.path.join(tmp, name), dst)
+            os.rmdir(tmp)
+        acc.wait_for_everyone()
+
+
+__all__ = ["Trainer", "GlobalBatchSampler", "check_output_dir", "config_differences", "list_checkpoints",
+           "parameter_groups", "resolve_mixed_precision", "warmup_steps", "RESUME_MUTABLE_FIELDS"]

@@ -1,0 +1,201 @@
+"""Exact (brute-force) maximum-inner-product search kernels that stream an index from disk.
+
+Both kernels visit the stored vectors block by block, so their memory use is bounded by the block size
+and ``num_queries x k`` -- never by the corpus size.  An index is given as a list of *parts*
+``(vectors, offset, stride)``: row ``r`` of ``vectors`` has the global document id ``r * stride + offset``
+(a single index is one part with offset 0 and stride 1; a view over ``n`` round-robin shards has one
+part per shard ``s`` with offset ``s`` and stride ``n``).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+Part = Tuple[np.ndarray, int, int]
+
+
+def _total(parts: Sequence[Part]) -> int:
+    return sum(len(p[0]) for p in parts)
+
+
+class _NumpyTopK:
+    """Running top-k (largest scores) per query, updated block by block.
+
+    Once ``k`` candidates are known for every query, a block is filtered against each query's current
+    k-th best score first, so only the (few) entries that can still enter the top-k are merged; this keeps
+    the per-block cost close to one vectorised comparison instead of a full ``argpartition``.
+    """
+
+    def __init__(self, num_queries: int, k: int):
+        self.k = k
+        self.num_queries = num_queries
+        self.scores = np.empty((num_queries, 0), dtype=np.float32)
+        self.ids = np.empty((num_queries, 0), dtype=np.int64)
+        self.threshold: Optional[np.ndarray] = None
+
+    def _merge(self, scores: np.ndarray, ids: np.ndarray) -> None:
+        scores = np.concatenate([self.scores, scores], axis=1)
+        ids = np.concatenate([self.ids, ids], axis=1)
+        width = scores.shape[1]
+        if width > self.k:
+            keep = np.argpartition(scores, width - self.k, axis=1)[:, width - self.k:]
+            keep += (np.arange(len(keep)) * width)[:, None]  # flat indexes: much faster than take_along_axis
+            scores = scores.ravel()[keep]
+            ids = ids.ravel()[keep]
+        self.scores, self.ids = scores, ids
+        if self.scores.shape[1] == self.k:
+            self.threshold = self.scores.min(axis=1)
+
+    def update(self, block_scores: np.ndarray, block_ids: np.ndarray) -> None:
+        """Adds a block of scores ``(num_queries, b)`` for the documents ``block_ids`` ``(b,)``."""
+        q, b = block_scores.shape
+        if b == 0:
+            return
+        if self.threshold is not None:
+            mask = block_scores > self.threshold[:, None]
+            counts = np.count_nonzero(mask, axis=1)
+            m = int(counts.max())
+            if m == 0:
+                return
+            if m <= max(self.k, b // 8):
+                flat = np.flatnonzero(mask)  # far faster than 2-d np.nonzero
+                rows, cols = np.divmod(flat, b)
+                starts = np.cumsum(counts) - counts
+                pos = np.arange(len(rows)) - starts[rows]
+                cand_scores = np.full((q, m), -np.inf, dtype=np.float32)
+                cand_ids = np.full((q, m), -1, dtype=np.int64)
+                cand_scores[rows, pos] = block_scores.ravel()[flat]
+                cand_ids[rows, pos] = block_ids[cols]
+                self._merge(cand_scores, cand_ids)
+                return
+        kk = min(self.k, b)
+        if kk < b:
+            top = np.argpartition(block_scores, b - kk, axis=1)[:, b - kk:]
+            flat = top + (np.arange(q) * b)[:, None]
+            self._merge(block_scores.ravel()[flat], block_ids[top])
+        else:
+            self._merge(block_scores, np.broadcast_to(block_ids, (q, b)))
+
+    def result(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The top-k scores and ids per query, sorted by descending score (ties: ascending id)."""
+        order = np.lexsort((self.ids, -self.scores), axis=1) if self.scores.size else np.zeros_like(self.ids)
+        return (np.take_along_axis(self.scores, order, axis=1).astype(np.float32, copy=False),
+                np.take_along_axis(self.ids, order, axis=1))
+
+
+def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
+                 block_size: int = 16384, query_batch_size: int = 1024) -> Tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` inner-product search with numpy, streaming ``block_size`` rows at a time.
+
+    Args:
+        parts: the index parts ``(vectors, offset, stride)`` (vectors may be float16 memmaps; each block is
+            upcast to float32 before the BLAS matmul).
+        queries: ``(q, dim)`` query vectors.
+        k: number of results per query (capped at the number of documents).
+        block_size: document rows scored per matmul.
+        query_batch_size: queries scored together (bounds the ``q x block_size`` score matrix).
+
+    Returns:
+        ``(scores, ids)``, both ``(q, min(k, n))``; scores float32 descending, ids int64 global document ids.
+    """
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    k = min(int(k), _total(parts))
+    num_q = queries.shape[0]
+    out_scores = np.empty((num_q, k), dtype=np.float32)
+    out_ids = np.empty((num_q, k), dtype=np.int64)
+    if k == 0 or num_q == 0:
+        return out_scores, out_ids
+    for qs in range(0, num_q, query_batch_size):
+        qbatch = queries[qs:qs + query_batch_size]
+        topk = _NumpyTopK(len(qbatch), k)
+        for vectors, offset, stride in parts:
+            for start in range(0, len(vectors), block_size):
+                block = np.asarray(vectors[start:start + block_size])
+                if block.dtype != np.float32:
+                    block = block.astype(np.float32)
+                scores = qbatch @ block.T
+                ids = np.arange(start, start + len(block), dtype=np.int64) * stride + offset
+                topk.update(scores, ids)
+        s, i = topk.result()
+        out_scores[qs:qs + len(qbatch)] = s
+        out_ids[qs:qs + len(qbatch)] = i
+    return out_scores, out_ids
+
+
+def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=None,
+                 chunk_size: Optional[int] = None, query_batch_size: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` inner-product search with torch, streaming the index through ``device`` in chunks.
+
+    On CUDA, chunks are staged through two pinned host buffers and copied asynchronously, so the next
+    chunk's transfer overlaps the current chunk's matmul/topk; only one or two chunks are ever resident on
+    the GPU, so indexes larger than GPU memory work.  On CPU the same code runs without pinning.
+
+    Args:
+        parts: the index parts ``(vectors, offset, stride)``.
+        queries: ``(q, dim)`` query vectors.
+        k: number of results per query (capped at the number of documents).
+        device: a torch device (default: CUDA when available, else CPU).
+        chunk_size: document rows per chunk (default: 256 MiB of vectors on CUDA, 64 MiB on CPU).
+        query_batch_size: queries scored together.
+
+    Returns:
+        ``(scores, ids)`` as for :func:`numpy_search`.
+    """
+    import torch
+
+    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    k = min(int(k), _total(parts))
+    num_q = queries.shape[0]
+    out_scores = np.empty((num_q, k), dtype=np.float32)
+    out_ids = np.empty((num_q, k), dtype=np.int64)
+    if k == 0 or num_q == 0:
+        return out_scores, out_ids
+    dim = queries.shape[1]
+    if chunk_size is None:
+        chunk_size = max(1, ((256 if dev.type == "cuda" else 64) << 20) // (4 * dim))
+    pinned = dev.type == "cuda"
+    buffers: dict = {}
+    events: list = [None, None]
+
+    def to_device(block: np.ndarray, slot: int) -> "torch.Tensor":
+        if not pinned:
+            return torch.from_numpy(np.array(block))
+        key = (slot, block.dtype.str)
+        if key not in buffers:
+            buffers[key] = torch.empty((chunk_size, dim), dtype=torch.from_numpy(block[:0].copy()).dtype).pin_memory()
+        if events[slot] is not None:
+            events[slot].synchronize()  # the previous asynchronous copy out of this buffer has finished
+        host = buffers[key][:len(block)]
+        host.numpy()[:] = block
+        tensor = host.to(dev, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        events[slot] = event
+        return tensor
+
+    with torch.no_grad():
+        for qs in range(0, num_q, query_batch_size):
+            q = torch.from_numpy(queries[qs:qs + query_batch_size]).to(dev)
+            best_s = best_i = None
+            step = 0
+            for vectors, offset, stride in parts:
+                for start in range(0, len(vectors), chunk_size):
+                    chunk = to_device(vectors[start:start + chunk_size], step % 2).float()
+                    step += 1
+                    scores = q @ chunk.T
+                    s, i = scores.topk(min(k, scores.shape[1]), dim=1)
+                    i = (i.long() + start) * stride + offset
+                    if best_s is not None:
+                        s = torch.cat([best_s, s], dim=1)
+                        i = torch.cat([best_i, i], dim=1)
+                        if s.shape[1] > k:
+                            s, sel = s.topk(k, dim=1)
+                            i = i.gather(1, sel)
+                    best_s, best_i = s, i
+            s_np, i_np = best_s.cpu().numpy(), best_i.cpu().numpy()
+            order = np.lexsort((i_np, -s_np), axis=1)
+            out_scores[qs:qs + len(q)] = np.take_along_axis(s_np, order, axis=1)
+            out_ids[qs:qs + len(q)] = np.take_along_axis(i_np, order, axis=1)
+    return out_scores, out_ids

@@ -1,0 +1,280 @@
+"""On-disk format helpers of :class:`~pyterrier_cpdae.dense_index.DenseIndex`.
+
+Layout of a built (single) index directory::
+
+    <path>/
+      vectors.bin      raw row-major (count, dim) little-endian float32 or float16, no header
+      docnos.npids     docno <-> row lookup (npids)
+      pt_meta.json     written LAST: {"type": "dense_index", "format": "cpdae", "package_hint":
+                       "pyterrier-cpdae", "layout": "single", "dim", "count", "dtype", ...}
+      faiss/           cached FAISS structures (built on first use, rebuilt when stale)
+
+While it is being built the directory additionally holds ``_docnos.txt`` (one docno per line, appended
+in step with ``vectors.bin``) and ``_build.json`` (the progress record: the number of records, and the
+byte lengths of both files, known to be durable on disk).  Both are removed once ``pt_meta.json`` has
+been written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+META_FILE = "pt_meta.json"
+VECTORS_FILE = "vectors.bin"
+DOCNOS_FILE = "docnos.npids"
+BUILD_FILE = "_build.json"
+BUILD_DOCNOS_FILE = "_docnos.txt"
+SHARDS_DIR = "shards"
+FAISS_DIR = "faiss"
+
+ARTIFACT_TYPE = "dense_index"
+ARTIFACT_FORMAT = "cpdae"
+PACKAGE_HINT = "pyterrier-cpdae"
+FORMAT_VERSION = 1
+
+DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
+
+
+class IncompleteIndexError(RuntimeError):
+    """Raised when an index that has not been completely built is opened for retrieval."""
+
+
+def check_dtype(dtype: Any) -> str:
+    """Normalises a vector storage dtype to ``"float32"`` or ``"float16"``.
+
+    Raises:
+        ValueError: for any other dtype.
+    """
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
+    return name
+
+
+def as_docno(value: Any) -> str:
+    """Converts one docno to the stored ``str`` form.
+
+    Strings are kept as they are; Python/numpy integers are converted with ``str(int(x))``; anything
+    else (floats, bytes, None, ...) is rejected so that ``5`` and ``5.0`` can never silently become
+    different docnos.
+
+    Raises:
+        ValueError: for empty docnos, docnos containing a newline, or unsupported types.
+    """
+    if isinstance(value, str):
+        docno = value
+    elif isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        docno = str(int(value))
+    else:
+        raise ValueError(f"docno must be a str (or an int, converted with str()), got {type(value).__name__}: {value!r}")
+    if not docno:
+        raise ValueError("empty docno")
+    if "\n" in docno or "\r" in docno:
+        raise ValueError(f"docno {docno!r} contains a line break")
+    return docno
+
+
+def fsync_dir(path: Path) -> None:
+    """fsyncs a directory so that renames/creations inside it are durable (no-op where unsupported)."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Writes JSON to ``path`` via a temporary file, fsync and rename, so readers never see a partial file."""
+    # unique temporary name: several shard processes may write the same (identical) top-level file at once
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "w", encoding="utf8") as fout:
+        json.dump(data, fout, indent=1, sort_keys=True)
+        fout.flush()
+        os.fsync(fout.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def read_meta(path: Path) -> Optional[dict]:
+    """Reads and checks ``pt_meta.json``; returns None when it does not exist.
+
+    Raises:
+        ValueError: when the file is not valid JSON or describes another artifact type/format.
+    """
+    meta_path = path / META_FILE
+    if not meta_path.exists():
+        return None
+    try:
+        with open(meta_path, encoding="utf8") as fin:
+            meta = json.load(fin)
+    except (json.JSONDecodeError, UnicodeDecodeError) as ex:
+        raise ValueError(f"corrupt {meta_path}: not valid JSON ({ex})") from ex
+    if not isinstance(meta, dict):
+        raise ValueError(f"corrupt {meta_path}: expected a JSON object")
+    if meta.get("type") != ARTIFACT_TYPE or meta.get("format") != ARTIFACT_FORMAT:
+        raise ValueError(f"{path} is not a pyterrier-cpdae dense index (pt_meta.json has type={meta.get('type')!r}, "
+                         f"format={meta.get('format')!r}; expected {ARTIFACT_TYPE!r}/{ARTIFACT_FORMAT!r})")
+    layout = meta.get("layout", "single")
+    required = ["dim", "count", "dtype"] + (["num_shards"] if layout == "sharded" else [])
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise ValueError(f"corrupt {meta_path}: missing field(s) {missing}")
+    if layout not in ("single", "sharded"):
+        raise ValueError(f"corrupt {meta_path}: unknown layout {layout!r}")
+    check_dtype(meta["dtype"])
+    return meta
+
+
+def base_meta(*, dim: int, count: int, dtype: str, **extra: Any) -> dict:
+    """The ``pt_meta.json`` contents of an index."""
+    meta = {
+        "type": ARTIFACT_TYPE,
+        "format": ARTIFACT_FORMAT,
+        "package_hint": PACKAGE_HINT,
+        "format_version": FORMAT_VERSION,
+        "dim": int(dim),
+        "count": int(count),
+        "dtype": dtype,
+    }
+    meta.update(extra)
+    return meta
+
+
+def open_vectors(path: Path, meta: dict) -> np.memmap:
+    """Memory-maps ``vectors.bin`` after checking that its size matches ``pt_meta.json``.
+
+    Raises:
+        FileNotFoundError: when the file is missing.
+        ValueError: when the file is truncated or too long.
+    """
+    vec_path = path / VECTORS_FILE
+    if not vec_path.exists():
+        raise FileNotFoundError(f"corrupt dense index {path}: {VECTORS_FILE} is missing")
+    dtype = DTYPES[meta["dtype"]]
+    expected = int(meta["count"]) * int(meta["dim"]) * dtype.itemsize
+    actual = vec_path.stat().st_size
+    if actual != expected:
+        raise ValueError(f"corrupt dense index {path}: {VECTORS_FILE} has {actual} bytes but pt_meta.json "
+                         f"(count={meta['count']}, dim={meta['dim']}, dtype={meta['dtype']}) needs {expected} bytes "
+                         "(truncated or partially written?)")
+    if expected == 0:
+        return np.zeros((0, int(meta["dim"])), dtype=dtype)  # type: ignore[return-value]
+    return np.memmap(vec_path, dtype=dtype, mode="r", shape=(int(meta["count"]), int(meta["dim"])))
+
+
+def open_docnos(path: Path, meta: dict):
+    """Opens ``docnos.npids`` after checking its count.
+
+    Raises:
+        FileNotFoundError: when the file is missing.
+        ValueError: when it cannot be read or holds a different number of docnos.
+    """
+    import npids
+
+    docno_path = path / DOCNOS_FILE
+    if not docno_path.exists():
+        raise FileNotFoundError(f"corrupt dense index {path}: {DOCNOS_FILE} is missing")
+    try:
+        lookup = npids.Lookup(docno_path)
+    except Exception as ex:  # npids raises various low-level errors on corrupt files
+        raise ValueError(f"corrupt dense index {path}: cannot read {DOCNOS_FILE} ({type(ex).__name__}: {ex})") from ex
+    if len(lookup) != int(meta["count"]):
+        raise ValueError(f"corrupt dense index {path}: {DOCNOS_FILE} holds {len(lookup)} docnos, "
+                         f"pt_meta.json says count={meta['count']}")
+    return lookup
+
+
+def iter_text_docnos(path: Path, limit: Optional[int] = None) -> Iterator[str]:
+    """Yields docnos from a ``_docnos.txt`` file (one per line), at most ``limit`` of them."""
+    with open(path, "rb") as fin:
+        for i, line in enumerate(fin):
+            if limit is not None and i >= limit:
+                return
+            yield line.rstrip(b"\n").decode("utf8")
+
+
+def build_docno_lookup(docnos: Iterator[str], out_path: Path) -> None:
+    """Builds an npids lookup at ``out_path`` (streaming) and checks that the docnos are unique.
+
+    Uniqueness is checked without holding a Python set of all docnos: every stored docno is looked up
+    in the npids inverse index (a hash table of 4-byte row ids) and must map back to its own row.
+
+    Raises:
+        ValueError: naming (up to 10) duplicate docnos; ``out_path`` is removed in that case.
+    """
+    import npids
+
+    if out_path.exists():
+        out_path.unlink()
+    npids.Lookup.build(docnos, out_path, return_self=False)
+    try:
+        duplicates = find_duplicate_docnos(out_path)
+    except BaseException:
+        out_path.unlink(missing_ok=True)
+        raise
+    if duplicates:
+        out_path.unlink(missing_ok=True)
+        raise ValueError(f"duplicate docnos: {duplicates[:10]}{' ...' if len(duplicates) > 10 else ''} "
+                         "(each docno may be indexed once); the index was left unbuilt")
+    with open(out_path, "rb+") as fout:
+        os.fsync(fout.fileno())
+
+
+def find_duplicate_docnos(lookup_path: Path, block: int = 65536, limit: int = 10) -> list:
+    """Returns up to ``limit`` docnos of the npids lookup that occur more than once."""
+    import npids
+
+    found: list = []
+    with npids.Lookup(lookup_path) as lookup:
+        n = len(lookup)
+        for start in range(0, n, block):
+            ids = np.arange(start, min(start + block, n))
+            docnos = lookup.fwd.lookup(ids, as_bytes=True)
+            back = np.asarray(lookup.inv.lookup(docnos))
+            bad = np.nonzero(back != ids)[0]
+            for b in bad:
+                d = docnos[b].decode("utf8")
+                if d not in found:
+                    found.append(d)
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int], what: str = "doc_vec") -> np.ndarray:
+    """Stacks per-record vectors into a float32 (n, dim) array, checking shapes and finiteness.
+
+    Raises:
+        ValueError: naming the docno whose vector is not 1-d, has the wrong dimension, or is not finite.
+    """
+    arrays = []
+    for docno, v in zip(docnos, vecs):
+        if v is None:
+            raise ValueError(f"{what} of docno {docno!r} is missing (None)")
+        a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+        if a.ndim != 1:
+            raise ValueError(f"{what} of docno {docno!r} must be a 1-d vector, got shape {a.shape}")
+        if dim is None:
+            dim = a.shape[0]
+        if a.shape[0] != dim:
+            raise ValueError(f"{what} of docno {docno!r} has dimension {a.shape[0]}, expected {dim} "
+                             "(the dimension of the index / first batch)")
+        arrays.append(a)
+    if not arrays:
+        return np.zeros((0, dim or 0), dtype=np.float32)
+    out = np.stack(arrays).astype(np.float32, copy=False)
+    finite = np.isfinite(out).all(axis=1)
+    if not finite.all():
+        bad = [docnos[i] for i in np.nonzero(~finite)[0][:5]]
+        raise ValueError(f"{what} contains NaN or infinite values for docno(s) {bad}")
+    return out

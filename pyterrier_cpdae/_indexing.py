@@ -1,0 +1,343 @@
+"""Streaming, crash-resumable writer behind :meth:`DenseIndex.indexer`."""
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+
+from . import _index_io as io
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .dense_index import DenseIndex
+
+MODES = ("create", "overwrite", "resume")
+# files/directories an index directory may hold; ``overwrite`` deletes only these (never arbitrary content)
+_OWNED = [io.META_FILE, io.VECTORS_FILE, io.DOCNOS_FILE, io.BUILD_FILE, io.BUILD_DOCNOS_FILE, io.FAISS_DIR]
+
+
+def shard_from_env() -> Tuple[Optional[int], Optional[int]]:
+    """``(rank, world_size)`` from torchrun's environment (``RANK``/``WORLD_SIZE``), or ``(None, None)``."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1:
+        return int(os.environ.get("RANK", "0")), world
+    return None, None
+
+
+def iter_batches(inp: Any, batch_size: int) -> Iterator[Tuple[List[Any], List[Any]]]:
+    """Normalises indexer input into batches of ``(raw_docnos, raw_vectors)``.
+
+    Accepts a DataFrame, or an iterable of dicts (what ``pt.Transformer >> Indexer`` feeds: pyterrier
+    1.1's ``Compose.index`` yields the records of each transformed batch one dict at a time) and/or
+    DataFrames.
+
+    Raises:
+        ValueError: when a record/frame lacks the ``docno`` or ``doc_vec`` column.
+        TypeError: for other record types.
+    """
+    def check_frame(df: pd.DataFrame) -> None:
+        missing = [c for c in ("docno", "doc_vec") if c not in df.columns]
+        if missing:
+            raise ValueError(f"DenseIndex indexer input is missing column(s) {missing}; found columns "
+                             f"{list(df.columns)} (did you forget the encoder, e.g. `enc >> index.indexer()`?)")
+
+    def frame_batches(df: pd.DataFrame):
+        check_frame(df)
+        for s in range(0, len(df), batch_size):
+            part = df.iloc[s:s + batch_size]
+            yield list(part["docno"]), list(part["doc_vec"])
+
+    if isinstance(inp, pd.DataFrame):
+        yield from frame_batches(inp)
+        return
+    docnos: List[Any] = []
+    vecs: List[Any] = []
+    for rec in inp:
+        if isinstance(rec, pd.DataFrame):
+            if docnos:
+                yield docnos, vecs
+                docnos, vecs = [], []
+            yield from frame_batches(rec)
+            continue
+        if not isinstance(rec, dict):
+            raise TypeError(f"DenseIndex indexer expects dicts or DataFrames with docno and doc_vec, got "
+                            f"{type(rec).__name__}")
+        if "docno" not in rec or "doc_vec" not in rec:
+            missing = [c for c in ("docno", "doc_vec") if c not in rec]
+            raise ValueError(f"DenseIndex indexer input is missing column(s) {missing}; record has keys "
+                             f"{sorted(rec)} (did you forget the encoder, e.g. `enc >> index.indexer()`?)")
+        docnos.append(rec["docno"])
+        vecs.append(rec["doc_vec"])
+        if len(docnos) >= batch_size:
+            yield docnos, vecs
+            docnos, vecs = [], []
+    if docnos:
+        yield docnos, vecs
+
+
+def shard_iter(docs: Iterable[Any], shard: int, num_shards: int) -> Iterator[Any]:
+    """Yields the records of ``docs`` that belong to ``shard`` (record ``i`` goes to shard ``i % num_shards``)."""
+    for i, doc in enumerate(docs):
+        if i % num_shards == shard:
+            yield doc
+
+
+class DenseIndexer(pt.Indexer):
+    """Streams ``docno``/``doc_vec`` records into a :class:`DenseIndex` (see :meth:`DenseIndex.indexer`)."""
+
+    def __init__(self, index: "DenseIndex", *, mode: str = "create", dtype: Optional[str] = None,
+                 shard: Optional[int] = None, num_shards: Optional[int] = None, presharded: bool = False,
+                 batch_size: int = 1024, checkpoint_every: int = 65536, verbose: bool = False):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if dtype is not None:
+            dtype = io.check_dtype(dtype)
+        if (shard is None) != (num_shards is None):
+            raise ValueError("pass both shard= and num_shards= (or neither)")
+        if shard is None:
+            shard, num_shards = shard_from_env()
+        if num_shards is not None and num_shards == 1:
+            shard = num_shards = None
+        if num_shards is not None:
+            if num_shards < 1 or not 0 <= shard < num_shards:
+                raise ValueError(f"need 0 <= shard < num_shards, got shard={shard}, num_shards={num_shards}")
+        if checkpoint_every < 1 or batch_size < 1:
+            raise ValueError("checkpoint_every and batch_size must be >= 1")
+        self.index_obj = index
+        self.mode = mode
+        self.dtype = dtype
+        self.shard = shard
+        self.num_shards = num_shards
+        self.presharded = presharded
+        self.batch_size = batch_size
+        self.checkpoint_every = checkpoint_every
+        self.verbose = verbose
+
+    def __repr__(self) -> str:
+        extra = f", shard={self.shard}, num_shards={self.num_shards}" if self.num_shards else ""
+        return f"DenseIndexer({str(self.index_obj.path)!r}, mode={self.mode!r}, dtype={self.dtype!r}{extra})"
+
+    @property
+    def target(self) -> Path:
+        """The directory this indexer writes (``<path>/shards/<i>`` when sharded)."""
+        base = Path(self.index_obj.path)
+        return base / io.SHARDS_DIR / str(self.shard) if self.num_shards else base
+
+    # -- preparing the directory -------------------------------------------------------------------------
+    def _prepare(self) -> Optional[dict]:
+        """Checks/cleans the target directory for ``mode``; returns the progress record to resume from."""
+        target = self.target
+        base = Path(self.index_obj.path)
+        if self.num_shards and (base / io.META_FILE).exists():
+            meta = io.read_meta(base)
+            if meta.get("layout") != "sharded" and self.mode != "overwrite":
+                raise FileExistsError(f"{base} already holds a built (unsharded) dense index; use mode='overwrite'")
+        if not self.num_shards and (base / io.SHARDS_DIR).exists() and self.mode != "overwrite":
+            raise FileExistsError(f"{base} holds a sharded dense index ({io.SHARDS_DIR}/); merge it with "
+                                  "DenseIndex.merge_shards() or use mode='overwrite'")
+        state = None
+        if self.mode == "create":
+            if target.exists() and any(target.iterdir()):
+                what = "a built dense index" if (target / io.META_FILE).exists() else (
+                    "a partially built dense index" if (target / io.BUILD_FILE).exists() else "files")
+                raise FileExistsError(f"{target} already exists and holds {what}; use mode='overwrite' to replace it"
+                                      + (" or mode='resume' to continue it" if (target / io.BUILD_FILE).exists() else ""))
+        elif self.mode == "overwrite":
+            if target.exists():
+                for name in _OWNED:
+                    p = target / name
+                    if p.is_dir():
+                        shutil.rmtree(p)
+                    elif p.exists():
+                        p.unlink()
+                for stem in (io.META_FILE, io.BUILD_FILE):  # temporaries of interrupted atomic writes
+                    for p in target.glob(f"{stem}.*.tmp"):
+                        p.unlink()
+                if not self.num_shards and (target / io.SHARDS_DIR).exists():
+                    shutil.rmtree(target / io.SHARDS_DIR)
+            if self.num_shards and (base / io.META_FILE).exists():
+                (base / io.META_FILE).unlink()  # the top-level (sharded or single) index is no longer valid
+        elif self.mode == "resume":
+            if (target / io.META_FILE).exists():
+                io.read_meta(target)
+                return {"complete": True}
+            if (target / io.BUILD_FILE).exists():
+                state = self._load_state()
+        target.mkdir(parents=True, exist_ok=True)
+        return state
+
+    def _load_state(self) -> dict:
+        import json
+        target = self.target
+        try:
+            with open(target / io.BUILD_FILE, encoding="utf8") as fin:
+                state = json.load(fin)
+            for key in ("count", "vec_bytes", "docno_bytes", "dtype"):
+                state[key]
+        except (ValueError, KeyError) as ex:
+            raise ValueError(f"cannot resume {target}: corrupt progress record {io.BUILD_FILE} ({ex}); "
+                             "rebuild with mode='overwrite'") from ex
+        if self.dtype is not None and state["dtype"] != self.dtype:
+            raise ValueError(f"cannot resume {target}: it was started with dtype={state['dtype']!r}, not {self.dtype!r}")
+        if state.get("num_shards") != self.num_shards or state.get("shard") != self.shard:
+            raise ValueError(f"cannot resume {target}: it was started with shard={state.get('shard')}, "
+                             f"num_shards={state.get('num_shards')}, not shard={self.shard}, num_shards={self.num_shards}")
+        for name, key in ((io.VECTORS_FILE, "vec_bytes"), (io.BUILD_DOCNOS_FILE, "docno_bytes")):
+            p = target / name
+            size = p.stat().st_size if p.exists() else -1
+            if size < state[key]:
+                raise ValueError(f"cannot resume {target}: {name} has {max(size, 0)} bytes but the progress record "
+                                 f"says {state[key]} bytes are durable; rebuild with mode='overwrite'")
+            with open(p, "r+b") as f:  # drop any partially written tail, consistently in both files
+                f.truncate(state[key])
+                os.fsync(f.fileno())
+        return state
+
+    def _save_state(self, state: dict, vec_file, docno_file) -> None:
+        vec_file.flush()
+        docno_file.flush()
+        os.fsync(vec_file.fileno())
+        os.fsync(docno_file.fileno())
+        io.write_json_atomic(self.target / io.BUILD_FILE, state)
+
+    # -- indexing ----------------------------------------------------------------------------------------
+    def index(self, inp: Any) -> "DenseIndex":
+        """Indexes ``inp`` (iterable of dicts or DataFrames with ``docno`` and ``doc_vec``, or a DataFrame).
+
+        Returns:
+            The built :class:`DenseIndex` (for a shard: the top-level index, which is a searchable sharded view
+            once every shard is built).
+        """
+        from .dense_index import DenseIndex
+
+        state = self._prepare()
+        if state is not None and state.get("complete"):
+            warnings.warn(f"{self.target} is already completely built; mode='resume' has nothing to do")
+            return DenseIndex(self.index_obj.path)
+        target = self.target
+        fresh = state is None
+        if fresh:
+            state = {"format_version": io.FORMAT_VERSION, "dim": None, "dtype": self.dtype or "float32",
+                     "count": 0, "vec_bytes": 0, "docno_bytes": 0, "shard": self.shard,
+                     "num_shards": self.num_shards, "presharded": self.presharded}
+        store_dtype = io.DTYPES[state["dtype"]]
+        skip = int(state["count"])
+        stored_prefix = io.iter_text_docnos(target / io.BUILD_DOCNOS_FILE, limit=skip) if skip else iter(())
+
+        with open(target / io.VECTORS_FILE, "wb" if fresh else "ab") as vec_file, \
+                open(target / io.BUILD_DOCNOS_FILE, "wb" if fresh else "ab") as docno_file:
+            if fresh:
+                self._save_state(state, vec_file, docno_file)
+            position = 0  # position in the (unfiltered) input
+            seen = 0  # records of this shard seen (including the skipped prefix)
+            since_checkpoint = 0
+            for raw_docnos, raw_vecs in iter_batches(inp, self.batch_size):
+                if self.num_shards and not self.presharded:
+                    keep = [i for i in range(len(raw_docnos)) if (position + i) % self.num_shards == self.shard]
+                    position += len(raw_docnos)
+                    raw_docnos = [raw_docnos[i] for i in keep]
+                    raw_vecs = [raw_vecs[i] for i in keep]
+                if not raw_docnos:
+                    continue
+                docnos = [io.as_docno(d) for d in raw_docnos]
+                if seen < skip:  # the already indexed prefix: verify docnos, do not write
+                    n_skip = min(skip - seen, len(docnos))
+                    for i in range(n_skip):
+                        stored = next(stored_prefix, None)
+                        if stored != docnos[i]:
+                            raise ValueError(
+                                f"cannot resume {target}: record {seen + i} of the input has docno {docnos[i]!r} but "
+                                f"the index holds {stored!r} there; resume needs the same input in the same order")
+                    seen += n_skip
+                    docnos, raw_vecs = docnos[n_skip:], raw_vecs[n_skip:]
+                    if not docnos:
+                        continue
+                vecs = io.stack_vectors(raw_vecs, docnos, state["dim"])
+                if state["dim"] is None:
+                    state["dim"] = int(vecs.shape[1])
+                with np.errstate(over="ignore"):
+                    stored_vecs = vecs.astype(store_dtype, copy=False)
+                if store_dtype != np.float32 and not np.isfinite(stored_vecs).all():
+                    bad = [docnos[i] for i in np.nonzero(~np.isfinite(stored_vecs).all(axis=1))[0][:5]]
+                    raise ValueError(f"doc_vec of docno(s) {bad} overflow(s) {state['dtype']}")
+                vec_file.write(stored_vecs.tobytes())
+                text = ("\n".join(docnos) + "\n").encode("utf8")
+                docno_file.write(text)
+                seen += len(docnos)
+                state["count"] += len(docnos)
+                state["vec_bytes"] += stored_vecs.nbytes
+                state["docno_bytes"] += len(text)
+                since_checkpoint += len(docnos)
+                if since_checkpoint >= self.checkpoint_every:
+                    self._save_state(state, vec_file, docno_file)
+                    since_checkpoint = 0
+            if seen < skip:
+                raise ValueError(f"cannot resume {target}: the input has only {seen} documents but {skip} are already "
+                                 "indexed; resume needs the same input in the same order")
+            self._save_state(state, vec_file, docno_file)
+
+        if state["count"] == 0:
+            raise ValueError(f"no documents were indexed into {target} (empty input"
+                             f"{' for this shard' if self.num_shards else ''})")
+        self._finalise(state)
+        return DenseIndex(self.index_obj.path)
+
+    def _finalise(self, state: dict) -> None:
+        target = self.target
+        io.build_docno_lookup(io.iter_text_docnos(target / io.BUILD_DOCNOS_FILE), target / io.DOCNOS_FILE)
+        extra = {"layout": "single"}
+        if self.num_shards:
+            extra.update(shard=self.shard, num_shards=self.num_shards)
+        io.write_json_atomic(target / io.META_FILE,
+                             io.base_meta(dim=state["dim"], count=state["count"], dtype=state["dtype"], **extra))
+        for name in (io.BUILD_DOCNOS_FILE, io.BUILD_FILE):
+            (target / name).unlink(missing_ok=True)
+        if self.num_shards:
+            write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards)
+
+
+def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:
+    """Writes the top-level ``pt_meta.json`` of a sharded index once all ``num_shards`` shards are built.
+
+    Each shard process calls this after finishing its shard; the content is deterministic, so concurrent
+    writers (atomic renames) are harmless, and the last finisher always sees every shard complete.
+
+    Raises:
+        ValueError: when the shards disagree on dim/dtype/num_shards or their sizes do not match the
+            round-robin split.
+    """
+    metas = []
+    for s in range(num_shards):
+        shard_dir = base / io.SHARDS_DIR / str(s)
+        meta = io.read_meta(shard_dir) if shard_dir.exists() else None
+        if meta is None:
+            return False
+        metas.append(meta)
+    check_shard_metas(base, metas)
+    io.write_json_atomic(base / io.META_FILE, io.base_meta(
+        dim=metas[0]["dim"], count=sum(m["count"] for m in metas), dtype=metas[0]["dtype"],
+        layout="sharded", num_shards=num_shards))
+    return True
+
+
+def check_shard_metas(base: Path, metas: List[dict]) -> None:
+    """Checks that shard metadata is consistent with a round-robin split into ``len(metas)`` shards."""
+    n = len(metas)
+    for s, m in enumerate(metas):
+        if m.get("num_shards") != n or m.get("shard") != s:
+            raise ValueError(f"inconsistent shards in {base}: shard {s} was built with shard={m.get('shard')}, "
+                             f"num_shards={m.get('num_shards')}, expected num_shards={n}")
+        if m["dim"] != metas[0]["dim"] or m["dtype"] != metas[0]["dtype"]:
+            raise ValueError(f"inconsistent shards in {base}: shard {s} has dim={m['dim']}, dtype={m['dtype']} but "
+                             f"shard 0 has dim={metas[0]['dim']}, dtype={metas[0]['dtype']}")
+    total = sum(m["count"] for m in metas)
+    expected = [(total - s + n - 1) // n for s in range(n)]
+    counts = [m["count"] for m in metas]
+    if counts != expected:
+        raise ValueError(f"inconsistent shards in {base}: shard sizes {counts} do not match a round-robin split of "
+                         f"{total} documents ({expected}); were all shards fed the same input?")

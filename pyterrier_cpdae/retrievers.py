@@ -1,0 +1,362 @@
+"""PyTerrier transformers over a :class:`~pyterrier_cpdae.dense_index.DenseIndex`.
+
+All retrievers take a query frame with ``qid`` and ``query_vec`` and return a result frame with the input
+columns plus ``docno``, ``docid`` (the row in the index), ``score`` (inner product) and ``rank`` (from 0,
+scores descending).  Create them with the index's factory methods (``index.np_retriever()`` etc.).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pyterrier_alpha as pta
+
+from . import _index_io as io
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .dense_index import DenseIndex
+
+RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
+
+
+def query_matrix(inp: pd.DataFrame, dim: int) -> np.ndarray:
+    """Stacks the ``query_vec`` column into a float32 ``(q, dim)`` matrix, checking shapes and values."""
+    return io.stack_vectors(list(inp["query_vec"]), [str(q) for q in inp["qid"]], dim, what="query_vec")
+
+
+def result_frame(index: "DenseIndex", inp: pd.DataFrame, scores: np.ndarray, ids: np.ndarray,
+                 drop_query_vec: bool = False) -> pd.DataFrame:
+    """Builds the standard result frame from per-query ``(scores, ids)`` (ids < 0 are missing results)."""
+    valid = ids >= 0
+    counts = valid.sum(axis=1)
+    flat_ids = ids[valid]
+    starts = np.cumsum(counts) - counts
+    res = pta.DataFrameBuilder(RESULT_COLUMNS)
+    if len(flat_ids):
+        columns = {
+            "_index": np.repeat(np.arange(len(inp)), counts),
+            "docno": index._docnos_of(flat_ids),
+            "docid": flat_ids.astype(np.int64),
+            "score": scores[valid].astype(np.float32),
+            "rank": np.arange(len(flat_ids)) - np.repeat(starts, counts),
+        }
+        if len(flat_ids) == 1:  # DataFrameBuilder treats length-1 arrays as scalars; lists of 1 are fine
+            columns = {k: v.tolist() for k, v in columns.items()}
+        res.extend(columns)
+    if drop_query_vec:
+        inp = inp.drop(columns="query_vec")
+    return res.to_df(inp)
+
+
+def empty_result(inp: pd.DataFrame, drop_query_vec: bool = False) -> pd.DataFrame:
+    """An empty result frame with the input's columns plus the result columns."""
+    if drop_query_vec and "query_vec" in inp.columns:
+        inp = inp.drop(columns="query_vec")
+    out = pta.DataFrameBuilder(RESULT_COLUMNS).to_df(inp)
+    return out.astype({"docno": object, "docid": np.int64, "score": np.float32, "rank": np.int64})
+
+
+class ExactRetriever(pt.Transformer):
+    """Exact (brute-force) inner-product retrieval streaming the index from disk.
+
+    ``backend="numpy"`` scores blocks of ``block_size`` rows with a BLAS matmul and merges per-block top-k
+    candidates; ``backend="torch"`` streams chunks through ``device`` (CUDA: pinned, asynchronous copies).
+    """
+
+    def __init__(self, index: "DenseIndex", *, backend: str = "numpy", num_results: int = 1000,
+                 device: Optional[str] = None, block_size: Optional[int] = None,
+                 query_batch_size: Optional[int] = None, drop_query_vec: bool = False):
+        if backend not in ("numpy", "torch"):
+            raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
+        if num_results < 1:
+            raise ValueError(f"num_results must be >= 1, got {num_results}")
+        self.index = index
+        self.backend = backend
+        self.num_results = num_results
+        self.device = None if device is None else str(device)
+        self.block_size = block_size
+        self.query_batch_size = query_batch_size
+        self.drop_query_vec = drop_query_vec
+
+    def _params(self) -> Tuple:
+        return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
+                self.query_batch_size, self.drop_query_vec)
+
+    def __repr__(self) -> str:
+        extra = f", device={self.device!r}" if self.backend == "torch" else ""
+        return (f"ExactRetriever({str(self.index.path)!r}, backend={self.backend!r}, "
+                f"num_results={self.num_results}{extra})")
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, ExactRetriever) and self._params() == other._params()
+
+    def __hash__(self) -> int:
+        return hash((ExactRetriever,) + self._params())
+
+    def fuse_rank_cutoff(self, k: int) -> Optional["ExactRetriever"]:
+        """``retriever % k`` with ``k < num_results`` becomes a retriever that computes only the top ``k``."""
+        if k < self.num_results:
+            return ExactRetriever(self.index, backend=self.backend, num_results=k, device=self.device,
+                                  block_size=self.block_size, query_batch_size=self.query_batch_size,
+                                  drop_query_vec=self.drop_query_vec)
+        return None
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.query_frame(inp, extra_columns=["query_vec"])
+        if not len(inp):
+            return empty_result(inp, self.drop_query_vec)
+        inp = inp.reset_index(drop=True)
+        queries = query_matrix(inp, self.index.dim)
+        kwargs: Dict[str, Any] = {}
+        if self.query_batch_size:
+            kwargs["query_batch_size"] = self.query_batch_size
+        if self.backend == "torch":
+            kwargs.update(device=self.device, chunk_size=self.block_size)
+        elif self.block_size:
+            kwargs["block_size"] = self.block_size
+        scores, ids = self.index.search(queries, self.num_results, backend=self.backend, **kwargs)
+        return result_frame(self.index, inp, scores, ids, self.drop_query_vec)
+
+
+FAISS_KINDS = ("flat", "hnsw", "ivf")
+
+
+class FaissRetriever(pt.Transformer):
+    """Approximate (or, for ``flat``, exact) retrieval with a FAISS index cached in ``<index>/faiss/``.
+
+    The FAISS structure is built on first use from the stored vectors (added in blocks) and written to
+    ``<index>/faiss/<name>.faiss`` with a ``.json`` fingerprint of the vectors; it is rebuilt when missing or
+    when the fingerprint no longer matches the index (stale).  With faiss-gpu and a visible GPU, flat and IVF
+    indexes are searched on the GPU (HNSW has no GPU implementation in FAISS and stays on the CPU).
+    """
+
+    def __init__(self, index: "DenseIndex", kind: str, *, num_results: int = 1000, neighbours: int = 32,
+                 ef_construction: int = 40, ef_search: int = 128, n_list: Optional[int] = None,
+                 n_probe: int = 16, pq_m: Optional[int] = None, use_gpu: Optional[bool] = None,
+                 query_batch_size: int = 4096, drop_query_vec: bool = False):
+        if kind not in FAISS_KINDS:
+            raise ValueError(f"kind must be one of {FAISS_KINDS}, got {kind!r}")
+        if num_results < 1:
+            raise ValueError(f"num_results must be >= 1, got {num_results}")
+        self.index = index
+        self.kind = kind
+        self.num_results = num_results
+        self.neighbours = neighbours
+        self.ef_construction = ef_construction
+        self.ef_search = ef_search
+        self.n_list = n_list
+        self.n_probe = n_probe
+        self.pq_m = pq_m
+        self.use_gpu = use_gpu
+        self.query_batch_size = query_batch_size
+        self.drop_query_vec = drop_query_vec
+        self._faiss_index = None
+
+    # -- identity --------------------------------------------------------------------------------------
+    def _build_params(self) -> Dict[str, Any]:
+        if self.kind == "hnsw":
+            return {"neighbours": self.neighbours, "ef_construction": self.ef_construction}
+        if self.kind == "ivf":
+            return {"n_list": self.n_list, "pq_m": self.pq_m}
+        return {}
+
+    def _params(self) -> Tuple:
+        return (str(self.index.path), self.kind, self.num_results, self.neighbours, self.ef_construction,
+                self.ef_search, self.n_list, self.n_probe, self.pq_m, self.use_gpu, self.drop_query_vec)
+
+    def __repr__(self) -> str:
+        search = {"hnsw": f", ef_search={self.ef_search}", "ivf": f", n_probe={self.n_probe}"}.get(self.kind, "")
+        build = "".join(f", {k}={v!r}" for k, v in self._build_params().items())
+        return f"FaissRetriever({str(self.index.path)!r}, {self.kind!r}{build}{search}, num_results={self.num_results})"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, FaissRetriever) and self._params() == other._params()
+
+    def __hash__(self) -> int:
+        return hash((FaissRetriever,) + self._params())
+
+    def fuse_rank_cutoff(self, k: int) -> Optional["FaissRetriever"]:
+        """``retriever % k`` with ``k < num_results`` asks FAISS for only ``k`` results."""
+        if k < self.num_results:
+            clone = FaissRetriever.__new__(FaissRetriever)
+            clone.__dict__.update(self.__dict__)
+            clone.num_results = k
+            return clone
+        return None
+
+    # -- building / caching ----------------------------------------------------------------------------
+    def cache_name(self) -> str:
+        """File stem of the cached FAISS structure, derived from the build parameters."""
+        parts = [self.kind] + [f"{k}{v}" for k, v in self._build_params().items() if v is not None]
+        return "_".join(parts)
+
+    def _fingerprint(self) -> Dict[str, Any]:
+        meta = self.index.meta()
+        vec_path = Path(self.index.path) / io.VECTORS_FILE
+        size = vec_path.stat().st_size
+        digest = hashlib.sha1()
+        with open(vec_path, "rb") as fin:
+            digest.update(fin.read(1 << 20))
+            fin.seek(max(0, size - (1 << 20)))
+            digest.update(fin.read(1 << 20))
+        return {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size,
+                "sha1_head_tail": digest.hexdigest()}
+
+    def _make(self, faiss, dim: int, count: int):
+        metric = faiss.METRIC_INNER_PRODUCT
+        if self.kind == "flat":
+            return faiss.IndexFlatIP(dim), 0
+        if self.kind == "hnsw":
+            idx = faiss.IndexHNSWFlat(dim, self.neighbours, metric)
+            idx.hnsw.efConstruction = self.ef_construction
+            return idx, 0
+        n_list = self.n_list or max(1, min(int(4 * math.sqrt(count)), count // 39 or 1))
+        if n_list > count:
+            raise ValueError(f"n_list={n_list} exceeds the number of indexed vectors ({count})")
+        quantizer = faiss.IndexFlatIP(dim)
+        if self.pq_m:
+            if dim % self.pq_m:
+                raise ValueError(f"pq_m={self.pq_m} must divide the vector dimension {dim}")
+            if count < 256:
+                raise ValueError(f"IVF-PQ needs at least 256 vectors to train 8-bit codebooks, the index has {count}")
+            idx = faiss.IndexIVFPQ(quantizer, dim, n_list, self.pq_m, 8, metric)
+            n_train = min(count, max(256 * 39, 39 * n_list))
+        else:
+            idx = faiss.IndexIVFFlat(quantizer, dim, n_list, metric)
+            n_train = min(count, 256 * n_list)
+        return idx, n_train
+
+    def _build(self, faiss):
+        vectors = self.index.vectors()
+        count, dim = vectors.shape
+        idx, n_train = self._make(faiss, dim, count)
+        if n_train:
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(count, size=n_train, replace=False)) if n_train < count else np.arange(count)
+            idx.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
+        block = 65536
+        for start in range(0, count, block):
+            idx.add(np.ascontiguousarray(vectors[start:start + block], dtype=np.float32))
+        return idx
+
+    def faiss_index(self):
+        """The FAISS index (loaded from the cache, or built and cached)."""
+        if self._faiss_index is not None:
+            return self._faiss_index
+        import faiss
+
+        if self.index.meta().get("layout") == "sharded":
+            raise ValueError(f"FAISS retrievers need a single index; {self.index.path} is a sharded view — run "
+                             "index.merge_shards() first (exact retrievers search shard views directly)")
+        cache_dir = Path(self.index.path) / io.FAISS_DIR
+        name = self.cache_name()
+        idx_path, info_path = cache_dir / f"{name}.faiss", cache_dir / f"{name}.json"
+        fingerprint = self._fingerprint()
+        idx = None
+        if idx_path.exists() and info_path.exists():
+            try:
+                with open(info_path, encoding="utf8") as fin:
+                    info = json.load(fin)
+                if info.get("fingerprint") == fingerprint and info.get("params") == self._build_params():
+                    idx = faiss.read_index(str(idx_path))
+            except (ValueError, RuntimeError):
+                idx = None  # unreadable cache: rebuild
+        if idx is None:
+            idx = self._build(faiss)
+            cache_dir.mkdir(exist_ok=True)
+            tmp = idx_path.with_name(f"{idx_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+            faiss.write_index(idx, str(tmp))
+            os.replace(tmp, idx_path)
+            io.write_json_atomic(info_path, {"params": self._build_params(), "fingerprint": fingerprint})
+        use_gpu = self.use_gpu if self.use_gpu is not None else (
+            self.kind != "hnsw" and hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0)
+        if use_gpu:  # pragma: no cover - needs faiss-gpu and a GPU
+            if self.kind == "hnsw":
+                raise ValueError("FAISS has no GPU HNSW; use use_gpu=False")
+            idx = faiss.index_cpu_to_all_gpus(idx)
+        self._faiss_index = idx
+        return idx
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.query_frame(inp, extra_columns=["query_vec"])
+        if not len(inp):
+            return empty_result(inp, self.drop_query_vec)
+        inp = inp.reset_index(drop=True)
+        queries = query_matrix(inp, self.index.dim)
+        idx = self.faiss_index()
+        k = min(self.num_results, len(self.index))
+        if self.kind == "hnsw":
+            import faiss
+            faiss.downcast_index(idx).hnsw.efSearch = max(self.ef_search, k)
+        elif self.kind == "ivf":
+            import faiss
+            try:
+                faiss.extract_index_ivf(idx).nprobe = self.n_probe
+            except Exception:  # pragma: no cover - GPU IVF
+                faiss.GpuParameterSpace().set_index_parameter(idx, "nprobe", self.n_probe)
+        scores = np.empty((len(queries), k), dtype=np.float32)
+        ids = np.empty((len(queries), k), dtype=np.int64)
+        for s in range(0, len(queries), self.query_batch_size):
+            scores[s:s + self.query_batch_size], ids[s:s + self.query_batch_size] = idx.search(
+                queries[s:s + self.query_batch_size], k)
+        return result_frame(self.index, inp, scores, ids, self.drop_query_vec)
+
+
+class DenseScorer(pt.Transformer):
+    """Re-scores a result frame (``qid``, ``docno``, ``query_vec``) with the stored document vectors.
+
+    Unknown docnos raise a ``KeyError`` naming them.  Output: the input with ``docid`` and ``score``
+    (inner product) set and ``rank`` recomputed; sorted by qid then rank.  ``num_results`` keeps the top
+    ``num_results`` per query.
+    """
+
+    def __init__(self, index: "DenseIndex", *, num_results: Optional[int] = None):
+        self.index = index
+        self.num_results = num_results
+
+    def __repr__(self) -> str:
+        return f"DenseScorer({str(self.index.path)!r}, num_results={self.num_results})"
+
+    def __eq__(self, other: Any) -> bool:
+        return (isinstance(other, DenseScorer) and str(other.index.path) == str(self.index.path)
+                and other.num_results == self.num_results)
+
+    def __hash__(self) -> int:
+        return hash((DenseScorer, str(self.index.path), self.num_results))
+
+    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
+        """A rank cutoff after the scorer is applied by the scorer itself."""
+        if self.num_results is None or k < self.num_results:
+            return DenseScorer(self.index, num_results=k)
+        return None
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=["qid", "docno", "query_vec"])
+        out = inp.drop(columns=["score", "rank", "docid"], errors="ignore").reset_index(drop=True)
+        if not len(out):
+            return out.assign(docid=pd.Series(dtype=np.int64), score=pd.Series(dtype=np.float32),
+                              rank=pd.Series(dtype=np.int64))
+        docnos = np.array([io.as_docno(d) for d in out["docno"]], dtype=object)
+        ids = self.index._ids_of(docnos)
+        unknown = np.nonzero(ids < 0)[0]
+        if len(unknown):
+            names = list(dict.fromkeys(docnos[unknown].tolist()))
+            raise KeyError(f"{len(names)} docno(s) not in the dense index {self.index.path}: {names[:10]}"
+                           f"{' ...' if len(names) > 10 else ''}")
+        doc_vecs = self.index._vectors_of(ids)
+        query_vecs = io.stack_vectors(list(out["query_vec"]), [str(q) for q in out["qid"]], self.index.dim,
+                                      what="query_vec")
+        out = out.assign(docid=ids, score=np.einsum("ij,ij->i", query_vecs, doc_vecs).astype(np.float32))
+        out = pt.model.add_ranks(out)
+        out = out.sort_values(["qid", "rank"], kind="stable").reset_index(drop=True)
+        if self.num_results is not None:
+            out = out[out["rank"] < self.num_results].reset_index(drop=True)
+        return out

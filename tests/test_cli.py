@@ -1,0 +1,185 @@
+"""Tests of ``python -m pretrain`` (pretrain/cli.py): options, subcommands, bad input, kill + resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pretrain import cli
+from pretrain.config import PretrainConfig
+from pretrain.logging_utils import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+WORDS = ("retrieval dense encoder corpus query document ranking vector token decoder masked language model "
+         "contrastive learning passage index search relevance judgement bag words sentence paragraph").split()
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory) -> str:
+    """A .txt corpus (one document per line) of 60 small pseudo-random documents."""
+    import random
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+    lines = []
+    for _ in range(60):
+        sents = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "." for _ in range(3)]
+        lines.append(" ".join(sents))
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def base_args(model_dir: str, corpus_spec: str, output: Path, cache: Path, **kw) -> list[str]:
+    args = {"objective": "cpdae", "model": model_dir, "corpus": corpus_spec, "output": str(output),
+            "cache-dir": str(cache),
+            "batch-size": "4", "max-length": "32", "max-steps": "6", "save-steps": "3", "logging-steps": "1",
+            "learning-rate": "1e-3"}
+    args.update({k.replace("_", "-"): str(v) for k, v in kw.items()})
+    return [x for k, v in args.items() for x in (f"--{k}", v)]
+
+
+# ----------------------------------------------------------------------------- parsing and dispatch
+def test_help_lists_options_and_subcommands(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("finetune", "inspect", "coverage", "--objective", "--from-config", "--resume", "--batch-size",
+                 "GLOBAL batch", "torchrun"):
+        assert word in out
+
+
+def test_config_file_and_flag_override(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(cli, "pretrain", lambda config: seen.setdefault("config", config))
+    (tmp_path / "run.yaml").write_text("objective: cpdae_r\nbatch-size: 32\nlearning_rate: 0.0003\n"
+                                       "max_length: 64\ncorpus: wiki:/some/dir\n")
+    cli.main(["--config", str(tmp_path / "run.yaml"), "--batch-size", "16", "--output", str(tmp_path / "o"),
+              "--no-overwrite", "--resume"])
+    c = seen["config"]
+    assert isinstance(c, PretrainConfig)
+    assert (c.objective, c.batch_size, c.learning_rate, c.max_length, c.corpus) == ("cpdae_r", 16, 3e-4, 64,
+                                                                                    "wiki:/some/dir")
+    assert c.resume is True and c.overwrite is False and c.cl_weight == 0.1  # default kept
+    (tmp_path / "bad.json").write_text(json.dumps({"batch_sise": 3}))
+    with pytest.raises(ValueError, match="batch_sise"):
+        cli.main(["--config", str(tmp_path / "bad.json")])
+
+
+def test_subcommand_dispatch(monkeypatch):
+    import types
+    calls = []
+    fake = types.ModuleType("fake_cov")
+    fake.main = lambda argv: calls.append(argv) or "ok"
+    monkeypatch.setitem(sys.modules, "pretrain.coverage", fake)
+    assert cli.main(["coverage", "--model", "x", "--k", "5"]) == "ok"
+    assert calls == [["--model", "x", "--k", "5"]]
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_inputs_are_refused(tmp_path, tiny_bert_dir, minilm_path, tiny_corpus):
+    pytest.importorskip("pretrain.objectives.cpdae")
+    cache = tmp_path / "cache"
+
+    def run(**kw):
+        return cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "out", cache, **kw))
+
+    # a contrastive objective needs >= 2 texts per forward pass
+    with pytest.raises(ValueError, match="contrasts"):
+        run(batch_size=1)
+    with pytest.raises(ValueError, match="contrasts"):
+        run(batch_size=4, grad_accum=4)
+    # max length beyond the model's 128 positions
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        run(max_length=256)
+    # a corpus file that does not exist / an empty corpus / a corrupt compressed file
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        run(corpus=str(tmp_path / "nope.txt"))
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="no text"):
+        run(corpus=str(tmp_path / "empty.txt"))
+    wiki = tmp_path / "wiki" / "AA"
+    wiki.mkdir(parents=True)
+    (wiki / "wiki_00.bz2").write_bytes(b"this is not bzip2 data")
+    with pytest.raises(ValueError, match="wiki_00.bz2"):
+        run(corpus=f"wiki:{tmp_path / 'wiki'}")
+    # a checkpoint without MLM-head weights (sentence-transformers' MiniLM) without --new-mlm-head
+    with pytest.raises(ValueError, match="(?i)mlm"):
+        run(model=minilm_path, max_length=32)
+    # none of the refused runs left anything in the output directory
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# ----------------------------------------------------------------------------- real runs
+def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_bert_dir, tiny_corpus):
+    pytest.importorskip("pretrain.objectives.cpdae")
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    result = cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache))
+    assert result["step"] == 6
+    rows = read_metrics(str(out / "logs" / "metrics.csv"))
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert {"loss", "rec", "mlm", "cl"} <= set(rows[0])
+    assert (out / "config.json").is_file() and (out / "decoder" / "decoder.safetensors").is_file()
+    assert not list((out).glob(".export-tmp*"))
+    from transformers import AutoModel
+    enc = AutoModel.from_pretrained(str(out))
+    assert enc.config.hidden_size == 32
+    # the exported encoder equals the trained one (not the initial weights)
+    init = AutoModel.from_pretrained(tiny_bert_dir)
+    diff = sum(float((a - b).abs().sum()) for a, b in zip(enc.state_dict().values(), init.state_dict().values()))
+    assert diff > 0
+    # ... and is what pyterrier_cpdae's encoder loads: its doc vector is the export's [CLS] vector
+    encoder_mod = pytest.importorskip("pyterrier_cpdae.encoder")
+    vecs = encoder_mod.CPDAE.from_pretrained(str(out)).encode_docs(["dense retrieval", "another text"])
+    assert vecs.shape == (2, 32) and vecs.dtype.name == "float32"
+    import torch
+    from transformers import AutoTokenizer
+    with torch.no_grad():
+        ref = enc(**AutoTokenizer.from_pretrained(str(out))(["dense retrieval"], return_tensors="pt"))
+    torch.testing.assert_close(torch.from_numpy(vecs[0]), ref.last_hidden_state[0, 0], rtol=1e-4, atol=1e-4)
+    # a different run into the same directory is refused, naming the option; --overwrite accepts it
+    with pytest.raises(ValueError, match="different run.*learning_rate"):
+        cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, learning_rate="5e-4"))
+    assert (out / "config.json").is_file()
+
+
+@pytest.mark.multiproc
+def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_bert_dir, tiny_corpus):
+    """SIGKILL a `python -m pretrain` run after a checkpoint; `--resume` reproduces the uninterrupted losses."""
+    pytest.importorskip("pretrain.objectives.cpdae")
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    common = dict(max_steps=24, save_steps=4, logging_steps=2, save_total_limit=10)
+    ref_cmd = [sys.executable, "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, tmp_path / "ref", cache,
+                                                             **common)]
+    kill_cmd = [sys.executable, "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, tmp_path / "killed", cache,
+                                                              **common)]
+    ref = subprocess.Popen(ref_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    victim = subprocess.Popen(kill_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = tmp_path / "killed" / "checkpoints" / "step-8" / "trainer_state.json"
+    deadline = time.time() + 240
+    while not target.exists() and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(timeout=60) == -signal.SIGKILL, "the run finished before it could be killed"
+    assert target.exists()
+    assert not (tmp_path / "killed" / "config.json").exists()  # no export: the run did not complete
+    _, err = ref.communicate(timeout=300)
+    assert ref.returncode == 0, err[-3000:]
+    resumed = subprocess.run(kill_cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "checkpoints/step-" in resumed.stderr
+    a = read_metrics(str(tmp_path / "ref" / "logs" / "metrics.csv"))
+    b = read_metrics(str(tmp_path / "killed" / "logs" / "metrics.csv"))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(2, 25, 2))
+    for ra, rb in zip(a, b):
+        for col in ("lr", "loss", "rec", "mlm", "cl"):
+            assert ra[col] == pytest.approx(rb[col], rel=1e-5, abs=1e-6), (col, ra, rb)
+    assert (tmp_path / "killed" / "config.json").is_file()

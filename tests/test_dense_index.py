@@ -1,0 +1,498 @@
+"""Tests of DenseIndex: indexing (resume, shards, bad input), exact/FAISS retrieval and the scorer.
+
+References: exact search is checked against a naive full numpy sort; merged/resumed indexes against an
+uninterrupted single build, byte for byte.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pytest
+
+from pyterrier_cpdae.dense_index import DenseIndex, IncompleteIndexError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _index_worker import synthetic_docs  # noqa: E402
+
+DIM = 16
+
+
+def make_docs(n: int, dim: int = DIM, seed: int = 0, prefix: str = "d"):
+    vecs = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return [{"docno": f"{prefix}{i}", "doc_vec": vecs[i]} for i in range(n)], vecs
+
+
+def make_topics(n: int, dim: int = DIM, seed: int = 1) -> pd.DataFrame:
+    q = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return pd.DataFrame({"qid": [f"q{i}" for i in range(n)], "query": [f"query {i}" for i in range(n)],
+                         "query_vec": list(q)})
+
+
+def naive_topk(docs: np.ndarray, queries: np.ndarray, k: int):
+    scores = queries.astype(np.float64) @ docs.astype(np.float64).T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, order, axis=1), order
+
+
+def assert_matches_naive(res: pd.DataFrame, topics: pd.DataFrame, vecs: np.ndarray, k: int):
+    q = np.stack(topics["query_vec"])
+    ref_scores, ref_ids = naive_topk(vecs, q, k)
+    assert list(res.columns[:len(topics.columns)]) == list(topics.columns)
+    for j, qid in enumerate(topics["qid"]):
+        r = res[res["qid"] == qid]
+        assert list(r["rank"]) == list(range(min(k, len(vecs))))
+        assert (np.diff(r["score"].to_numpy()) <= 0).all()
+        np.testing.assert_allclose(r["score"].to_numpy(), ref_scores[j], rtol=1e-4, atol=1e-4)
+        assert list(r["docid"]) == list(ref_ids[j])  # random floats: no ties
+        assert list(r["docno"]) == [f"d{i}" for i in ref_ids[j]]
+        assert (r["query"] == topics["query"][j]).all()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    docs, vecs = make_docs(3000)
+    index = DenseIndex(tmp_path_factory.mktemp("idx") / "index")
+    index.indexer().index(docs)
+    return index, vecs
+
+
+# ---------------------------------------------------------------------------------------------- retrieval
+@pytest.mark.parametrize("factory", [
+    lambda ix, k: ix.np_retriever(num_results=k, block_size=256),  # many blocks: exercises the threshold merge
+    lambda ix, k: ix.np_retriever(num_results=k),
+    lambda ix, k: ix.torch_retriever(num_results=k, device="cpu", chunk_size=500),
+    lambda ix, k: ix.faiss_flat_retriever(num_results=k),
+    lambda ix, k: ix.retriever(num_results=k),
+], ids=["numpy-small-blocks", "numpy", "torch-cpu", "faiss-flat", "auto"])
+@pytest.mark.parametrize("k", [1, 10, 300, 5000])
+def test_exact_retrievers_match_naive(built, factory, k):
+    index, vecs = built
+    topics = make_topics(7)
+    res = factory(index, k)(topics)
+    assert len(res) == 7 * min(k, len(vecs))
+    assert_matches_naive(res, topics, vecs, k)
+
+
+def test_search_api_matches_naive(built):
+    index, vecs = built
+    q = np.stack(make_topics(5)["query_vec"])
+    for backend in ("numpy", "torch"):
+        scores, ids = index.search(q, 20, backend=backend)
+        ref_s, ref_i = naive_topk(vecs, q, 20)
+        assert scores.dtype == np.float32 and ids.dtype == np.int64 and ids.shape == (5, 20)
+        np.testing.assert_array_equal(ids, ref_i)
+        np.testing.assert_allclose(scores, ref_s, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="shape"):
+        index.search(np.zeros((2, DIM + 1), dtype=np.float32), 5)
+
+
+def test_hnsw_recall(built):
+    index, vecs = built
+    topics = make_topics(50)
+    res = index.faiss_hnsw_retriever(num_results=10, neighbours=16, ef_search=64)(topics)
+    _, ref_ids = naive_topk(vecs, np.stack(topics["query_vec"]), 10)
+    recall = np.mean([len(set(res[res.qid == qid].docid) & set(ref_ids[j])) / 10
+                      for j, qid in enumerate(topics.qid)])
+    assert recall >= 0.95
+    assert list(res.groupby("qid")["rank"].min()) == [0] * 50
+    assert (Path(index.path) / "faiss" / "hnsw_neighbours16_ef_construction40.faiss").exists()
+
+
+def test_ivf(built):
+    index, vecs = built
+    topics = make_topics(20)
+    n_list = 16
+    # probing every list is exhaustive: identical to exact search
+    res = index.faiss_ivf_retriever(num_results=10, n_list=n_list, n_probe=n_list)(topics)
+    assert_matches_naive(res, topics, vecs, 10)
+    # IVF-PQ is lossy but must still find most true neighbours among its top 50
+    pq = index.faiss_ivf_retriever(num_results=50, n_list=n_list, n_probe=n_list, pq_m=8)(topics)
+    _, ref_ids = naive_topk(vecs, np.stack(topics["query_vec"]), 10)
+    recall = np.mean([len(set(pq[pq.qid == qid].docid) & set(ref_ids[j])) / 10 for j, qid in enumerate(topics.qid)])
+    assert recall >= 0.6
+    with pytest.raises(ValueError, match="pq_m=5 must divide"):
+        index.faiss_ivf_retriever(n_list=n_list, pq_m=5)(topics)
+
+
+def test_faiss_cache_rebuilt_when_stale(tmp_path):
+    docs, vecs = make_docs(500)
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(docs)
+    topics = make_topics(3)
+    index.faiss_flat_retriever(num_results=5)(topics)
+    cached = tmp_path / "ix" / "faiss" / "flat.faiss"
+    assert cached.exists()
+    docs2, vecs2 = make_docs(500, seed=5)
+    index.indexer(mode="overwrite").index(docs2)
+    index.faiss_flat_retriever(num_results=5)(topics)  # old cache deleted by overwrite, rebuilt
+    # make the cache stale by hand: an index rebuilt with different vectors but the same cache file
+    other = DenseIndex(tmp_path / "other")
+    other.indexer().index(docs)
+    other.faiss_flat_retriever(num_results=5)(topics)
+    os.replace(tmp_path / "other" / "faiss" / "flat.faiss", cached)
+    os.replace(tmp_path / "other" / "faiss" / "flat.json", tmp_path / "ix" / "faiss" / "flat.json")
+    res = index.faiss_flat_retriever(num_results=5)(topics)
+    assert_matches_naive(res, topics, vecs2, 5)  # the stale cache (vectors of `docs`) was detected and rebuilt
+
+
+def test_empty_input_and_transformer_protocol(built):
+    index, _ = built
+    empty = make_topics(0)
+    for r in (index.np_retriever(), index.torch_retriever(device="cpu"), index.faiss_flat_retriever()):
+        out = r(empty)
+        assert len(out) == 0
+        assert {"qid", "query", "query_vec", "docno", "docid", "score", "rank"} <= set(out.columns)
+    a, b = index.np_retriever(num_results=100), index.np_retriever(num_results=100)
+    assert a == b and hash(a) == hash(b) and a != index.np_retriever(num_results=10)
+    assert "num_results=100" in repr(a)
+    assert a.fuse_rank_cutoff(10) == index.np_retriever(num_results=10)
+    assert a.fuse_rank_cutoff(500) is None
+    res = (a % 3)(make_topics(2))
+    assert len(res) == 6
+    one = index.np_retriever(num_results=1)(make_topics(1))  # a single result row
+    assert len(one) == 1 and one["rank"].tolist() == [0] and isinstance(one["docno"].iloc[0], str)
+    with pytest.raises(Exception, match="query_vec"):
+        index.np_retriever()(pd.DataFrame({"qid": ["1"], "query": ["x"]}))
+    with pytest.raises(ValueError, match="dimension"):
+        index.np_retriever()(pd.DataFrame({"qid": ["1"], "query_vec": [np.zeros(DIM + 2, np.float32)]}))
+
+
+def test_float16_index(tmp_path):
+    docs, vecs = make_docs(1000)
+    index = DenseIndex(tmp_path / "f16")
+    index.indexer(dtype="float16").index(docs)
+    assert index.dtype == "float16" and index.vectors().dtype == np.float16
+    assert (tmp_path / "f16" / "vectors.bin").stat().st_size == 1000 * DIM * 2
+    rounded = vecs.astype(np.float16).astype(np.float32)
+    topics = make_topics(5)
+    for r in (index.np_retriever(num_results=20, block_size=128), index.torch_retriever(num_results=20, device="cpu")):
+        assert_matches_naive(r(topics), topics, rounded, 20)
+    with pytest.raises(ValueError, match="overflow"):
+        DenseIndex(tmp_path / "of").indexer(dtype="float16").index([{"docno": "a", "doc_vec": np.full(DIM, 1e6)}])
+
+
+def test_scorer(built):
+    index, vecs = built
+    topics = make_topics(2)
+    inp = pd.DataFrame({"qid": ["q0", "q0", "q1"], "docno": ["d5", "d17", "d2999"],
+                        "query_vec": [topics.query_vec[0], topics.query_vec[0], topics.query_vec[1]]})
+    out = index.scorer()(inp)
+    expected = {("q0", "d5"): vecs[5] @ topics.query_vec[0], ("q0", "d17"): vecs[17] @ topics.query_vec[0],
+                ("q1", "d2999"): vecs[2999] @ topics.query_vec[1]}
+    for row in out.itertuples():
+        assert row.score == pytest.approx(expected[(row.qid, row.docno)], rel=1e-5)
+        assert row.docid == int(row.docno[1:])
+    q0 = out[out.qid == "q0"]
+    assert list(q0["rank"]) == [0, 1] and q0.score.iloc[0] >= q0.score.iloc[1]
+    # unknown docnos are named -- never silently mapped to the last (or any other) vector
+    bad = inp.assign(docno=["d5", "nope", "d30000"])
+    with pytest.raises(KeyError, match="nope.*d30000"):
+        index.scorer()(bad)
+
+
+def test_scorer_leading_zero_docnos_are_unknown(tmp_path):
+    # integer-like docnos get npids' integer codecs; "007" must not be found as "7"
+    docs = [{"docno": str(i), "doc_vec": np.full(DIM, i, np.float32)} for i in range(300)]
+    index = DenseIndex(tmp_path / "ints")
+    index.indexer().index(docs)
+    inp = pd.DataFrame({"qid": ["q"], "docno": ["007"], "query_vec": [np.ones(DIM, np.float32)]})
+    with pytest.raises(KeyError, match="007"):
+        index.scorer()(inp)
+    assert index.scorer()(inp.assign(docno=["7"])).score.iloc[0] == pytest.approx(7 * DIM)
+
+
+def test_artifact_load(built):
+    index, _ = built
+    loaded = pt.Artifact.load(str(index.path))
+    assert isinstance(loaded, DenseIndex) and len(loaded) == 3000 and loaded.dim == DIM
+    meta = json.loads((Path(index.path) / "pt_meta.json").read_text())
+    assert meta["type"] == "dense_index" and meta["format"] == "cpdae" and meta["package_hint"] == "pyterrier-cpdae"
+    assert (meta["dim"], meta["count"], meta["dtype"]) == (DIM, 3000, "float32")
+
+
+# ---------------------------------------------------------------------------------------------- indexing
+def test_compose_with_transformer_and_dataframes(tmp_path):
+    docs, vecs = make_docs(250)
+    texts = [{"docno": d["docno"], "text": f"text {i}"} for i, d in enumerate(docs)]
+    enc = pt.apply.doc_vec(lambda row: vecs[int(row["docno"][1:])] * 2)
+    index = DenseIndex(tmp_path / "composed")
+    (enc >> index.indexer()).index(texts)
+    np.testing.assert_array_equal(np.asarray(index.vectors()), vecs * 2)
+    assert list(index.docnos.fwd) == [d["docno"] for d in docs]
+    # DataFrames: a single frame, and an iterable of frames
+    frame = pd.DataFrame(docs)
+    DenseIndex(tmp_path / "df").indexer().index(frame)
+    DenseIndex(tmp_path / "dfs").indexer().index([frame.iloc[:100], frame.iloc[100:]])
+    for name in ("df", "dfs"):
+        np.testing.assert_array_equal(np.asarray(DenseIndex(tmp_path / name).vectors()), vecs)
+
+
+def test_docno_types(tmp_path):
+    index = DenseIndex(tmp_path / "ints")
+    index.indexer().index([{"docno": np.int64(i), "doc_vec": np.ones(DIM)} for i in range(3)])
+    assert list(index.docnos.fwd) == ["0", "1", "2"]
+    with pytest.raises(ValueError, match="docno must be a str.*float"):
+        DenseIndex(tmp_path / "floats").indexer().index([{"docno": 1.0, "doc_vec": np.ones(DIM)}])
+    assert not DenseIndex(tmp_path / "floats").built()
+
+
+@pytest.mark.parametrize("records, message", [
+    ([{"docno": "a"}], r"missing column\(s\) \['doc_vec'\]"),
+    ([{"doc_vec": np.ones(DIM)}], r"missing column\(s\) \['docno'\]"),
+    (pd.DataFrame({"docno": ["a"]}), r"missing column\(s\) \['doc_vec'\]"),
+    ([{"docno": "a", "doc_vec": np.ones(DIM)}, {"docno": "b", "doc_vec": np.ones(DIM + 1)}],
+     r"docno 'b' has dimension 17, expected 16"),
+    ([{"docno": "a", "doc_vec": np.ones((2, DIM))}], "1-d vector"),
+    ([{"docno": "a", "doc_vec": np.full(DIM, np.nan)}], r"NaN or infinite.*\['a'\]"),
+    ([{"docno": "", "doc_vec": np.ones(DIM)}], "empty docno"),
+    ([{"docno": "a\nb", "doc_vec": np.ones(DIM)}], "line break"),
+])
+def test_bad_input(tmp_path, records, message):
+    index = DenseIndex(tmp_path / "bad")
+    with pytest.raises(ValueError, match=message):
+        index.indexer().index(records)
+    assert not index.built()
+
+
+def test_wrong_dimension_across_batches(tmp_path):
+    docs, _ = make_docs(40)
+    docs[35]["doc_vec"] = np.ones(DIM + 3)
+    with pytest.raises(ValueError, match="docno 'd35' has dimension 19, expected 16"):
+        DenseIndex(tmp_path / "x").indexer(batch_size=8).index(docs)
+
+
+def test_duplicate_docnos_across_batches(tmp_path):
+    docs, _ = make_docs(600)
+    docs[550]["docno"] = "d3"  # a duplicate in a later batch
+    index = DenseIndex(tmp_path / "dup")
+    with pytest.raises(ValueError, match=r"duplicate docnos: \['d3'\]"):
+        index.indexer(batch_size=64).index(docs)
+    assert not index.built()
+    with pytest.raises(IncompleteIndexError):
+        index.np_retriever()(make_topics(1))
+
+
+def test_create_over_existing_and_overwrite(tmp_path):
+    docs, vecs = make_docs(50)
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(docs)
+    with pytest.raises(FileExistsError, match="mode='overwrite'"):
+        index.indexer().index(docs)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("user data")
+    with pytest.raises(FileExistsError):
+        DenseIndex(tmp_path / "notes").indexer().index(docs)
+    docs2, vecs2 = make_docs(30, seed=3)
+    index.indexer(mode="overwrite").index(docs2)
+    assert len(index) == 30
+    np.testing.assert_array_equal(np.asarray(index.vectors()), vecs2)
+
+
+def test_corrupt_index_directories(tmp_path):
+    docs, _ = make_docs(100)
+    topics = make_topics(1)
+
+    def fresh(name):
+        ix = DenseIndex(tmp_path / name)
+        ix.indexer().index(docs)
+        return ix
+
+    ix = fresh("trunc")
+    with open(tmp_path / "trunc" / "vectors.bin", "r+b") as f:
+        f.truncate(100 * DIM * 4 - 10)
+    with pytest.raises(ValueError, match="vectors.bin has 6390 bytes.*truncated"):
+        ix.np_retriever()(topics)
+
+    ix = fresh("nodocnos")
+    (tmp_path / "nodocnos" / "docnos.npids").unlink()
+    with pytest.raises(FileNotFoundError, match="docnos.npids is missing"):
+        ix.np_retriever()(topics)
+
+    ix = fresh("novecs")
+    (tmp_path / "novecs" / "vectors.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="vectors.bin is missing"):
+        ix.np_retriever()(topics)
+
+    ix = fresh("badmeta")
+    (tmp_path / "badmeta" / "pt_meta.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupt .*pt_meta.json"):
+        ix.np_retriever()(topics)
+    assert not ix.built()
+
+    ix = fresh("othertype")
+    (tmp_path / "othertype" / "pt_meta.json").write_text(json.dumps({"type": "sparse_index", "format": "x"}))
+    with pytest.raises(ValueError, match="not a pyterrier-cpdae dense index"):
+        ix.np_retriever()(topics)
+
+    with pytest.raises(IncompleteIndexError, match="does not exist"):
+        DenseIndex(tmp_path / "missing").np_retriever()(topics)
+
+
+class _Crash(Exception):
+    pass
+
+
+def crashing(docs, at):
+    for i, d in enumerate(docs):
+        if i == at:
+            raise _Crash()
+        yield d
+
+
+def test_resume_after_exception_is_identical(tmp_path):
+    docs, _ = make_docs(1000)
+    ref = DenseIndex(tmp_path / "ref")
+    ref.indexer().index(docs)
+
+    index = DenseIndex(tmp_path / "ix")
+    with pytest.raises(_Crash):
+        index.indexer(batch_size=32, checkpoint_every=100).index(crashing(docs, 730))
+    assert not index.built()
+    with pytest.raises(IncompleteIndexError, match="mode='resume'"):
+        index.np_retriever()(make_topics(1))
+    progress = json.loads((tmp_path / "ix" / "_build.json").read_text())
+    assert 600 <= progress["count"] <= 730
+    # a torn, non-durable tail beyond the progress record must be dropped consistently
+    with open(tmp_path / "ix" / "vectors.bin", "ab") as f:
+        f.write(b"\x01" * 37)
+    with open(tmp_path / "ix" / "_docnos.txt", "ab") as f:
+        f.write(b"garbage-without-newline")
+    with pytest.raises(FileExistsError, match="mode='resume'"):
+        index.indexer().index(docs)
+    # resuming with a different input is refused
+    other, _ = make_docs(1000, prefix="x")
+    with pytest.raises(ValueError, match="record 0 of the input has docno 'x0'"):
+        index.indexer(mode="resume").index(other)
+    with pytest.raises(ValueError, match="only 5 documents"):
+        index.indexer(mode="resume").index(docs[:5])
+    index.indexer(mode="resume", batch_size=50).index(docs)
+    assert index.built()
+    for name in ("vectors.bin", "docnos.npids"):
+        assert (tmp_path / "ix" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "ix").iterdir()) == ["docnos.npids", "pt_meta.json", "vectors.bin"]
+
+
+@pytest.mark.multiproc
+def test_sigkill_then_resume_is_byte_identical(tmp_path):
+    n, worker = 3000, str(Path(__file__).parent / "_index_worker.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    ref = DenseIndex(tmp_path / "ref")
+    ref.indexer(batch_size=16).index(synthetic_docs(n, DIM))
+
+    path = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, worker, str(path), "create", str(n), str(DIM), "0.002", "64"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    progress = path / "_build.json"
+    deadline = time.time() + 120
+    count = 0
+    while time.time() < deadline and proc.poll() is None:
+        if progress.exists():
+            try:
+                count = json.loads(progress.read_text())["count"]
+            except (ValueError, KeyError):
+                count = 0
+            if count >= 400:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"worker finished or died before it could be killed: {proc.communicate()}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    index = DenseIndex(path)
+    assert not index.built()
+    durable = json.loads(progress.read_text())["count"]
+    assert 400 <= durable < n
+    with pytest.raises(IncompleteIndexError, match="resume"):
+        index.np_retriever()(make_topics(1))
+
+    out = subprocess.run([sys.executable, worker, str(path), "resume", str(n), str(DIM), "0", "64"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert index.built() and len(index) == n
+    for name in ("vectors.bin", "docnos.npids"):
+        assert (path / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------- shards
+def test_shards_view_and_merge_equal_single_index(tmp_path, monkeypatch):
+    docs, vecs = make_docs(1001)
+    single = DenseIndex(tmp_path / "single")
+    single.indexer().index(docs)
+
+    sharded = DenseIndex(tmp_path / "sharded")
+    sharded.indexer(shard=0, num_shards=3).index(docs)
+    assert not sharded.built()
+    with pytest.raises(IncompleteIndexError, match="1: incomplete|shards"):
+        sharded.np_retriever()(make_topics(1))
+    # a torchrun-style process: rank/world size from the environment
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    sharded.indexer().index(docs)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    # a presharded stream (so an encoder in front of the indexer only sees this shard's documents)
+    sharded.indexer(shard=1, num_shards=3, presharded=True).index(DenseIndex.shard_iter(docs, 1, 3))
+    assert sharded.built() and sharded.num_shards == 3 and len(sharded) == 1001
+    assert [len(DenseIndex(tmp_path / "sharded" / "shards" / str(s))) for s in range(3)] == [334, 334, 333]
+
+    topics = make_topics(4)
+    view = sharded.np_retriever(num_results=25)(topics)
+    assert_matches_naive(view, topics, vecs, 25)
+    assert_matches_naive(sharded.torch_retriever(num_results=25, device="cpu")(topics), topics, vecs, 25)
+    scored = sharded.scorer()(view[["qid", "docno", "query_vec"]])
+    np.testing.assert_allclose(scored.sort_values(["qid", "rank"]).score.to_numpy(), view.score.to_numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match="merge_shards"):
+        sharded.faiss_flat_retriever()(topics)
+
+    merged = sharded.merge_shards()
+    assert merged.num_shards == 1 and not (tmp_path / "sharded" / "shards").exists()
+    for name in ("vectors.bin", "docnos.npids"):
+        assert (tmp_path / "sharded" / name).read_bytes() == (tmp_path / "single" / name).read_bytes()
+
+
+@pytest.mark.multiproc
+def test_shards_in_subprocesses(tmp_path):
+    """Two processes index their shard concurrently (like torchrun ranks)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from _index_worker import synthetic_docs; "
+            "from pyterrier_cpdae.dense_index import DenseIndex; "
+            "DenseIndex(sys.argv[2]).indexer().index(synthetic_docs(500, 16))")
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "PYTHONPATH": str(Path(__file__).parents[1])}
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parent), str(tmp_path / "ix")],
+                                      env=env, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    ref = DenseIndex(tmp_path / "ref")
+    ref.indexer().index(synthetic_docs(500, 16))
+    index = DenseIndex(tmp_path / "ix")
+    assert index.num_shards == 2
+    index.merge_shards()
+    for name in ("vectors.bin", "docnos.npids"):
+        assert (tmp_path / "ix" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+
+
+def test_merge_concatenates(tmp_path):
+    docs, vecs = make_docs(300)
+    a, b = DenseIndex(tmp_path / "a"), DenseIndex(tmp_path / "b")
+    a.indexer().index(docs[:120])
+    b.indexer().index(docs[120:])
+    merged = DenseIndex.merge([a, str(tmp_path / "b")], tmp_path / "m")
+    np.testing.assert_array_equal(np.asarray(merged.vectors()), vecs)
+    assert list(merged.docnos.fwd) == [d["docno"] for d in docs]
+    with pytest.raises(FileExistsError):
+        DenseIndex.merge([a, b], tmp_path / "m")
+    with pytest.raises(ValueError, match=r"duplicate docnos: \['d\d+'") as err:
+        DenseIndex.merge([a, a], tmp_path / "dup")
+    named = err.value.args[0].split("[")[1].split("]")[0].replace("'", "").split(", ")
+    assert len(named) == 10 and all(0 <= int(d[1:]) < 120 for d in named)
+    assert not DenseIndex(tmp_path / "dup").built()
