@@ -212,13 +212,16 @@ def build_docno_lookup(docnos: Iterator[str], out_path: Path) -> None:
     Raises:
         ValueError: naming (up to 10) duplicate docnos; ``out_path`` is removed in that case.
     """
-    import npids
-
     if out_path.exists():
         out_path.unlink()
-    npids.Lookup.build(docnos, out_path, return_self=False)
     try:
+        _write_forward(docnos, out_path)
+        _write_hash_inverse(out_path)
         duplicates = find_duplicate_docnos(out_path)
+    except ZeroDivisionError as e:  # npids cannot read back a full block (256) of one repeated docno
+        out_path.unlink(missing_ok=True)
+        raise ValueError("duplicate docnos: a block of 256 consecutive records repeats one docno (each docno may "
+                         "be indexed once); the index was left unbuilt") from e
     except BaseException:
         out_path.unlink(missing_ok=True)
         raise
@@ -228,6 +231,41 @@ def build_docno_lookup(docnos: Iterator[str], out_path: Path) -> None:
                          "(each docno may be indexed once); the index was left unbuilt")
     with open(out_path, "rb+") as fout:
         os.fsync(fout.fileno())
+
+
+def _write_forward(docnos: Iterator[str], out_path: Path) -> None:
+    """Writes npids' forward lookup (row -> docno) of ``docnos``, streaming.
+
+    npids 0.1.3 stores a block of docnos that are all equal (a one-document index, or a last block of one
+    docno) as fixed-width strings of width 0 after their common prefix, and then cannot open the file
+    (``ZeroDivisionError``). Shortening that prefix by one byte gives the block a width of 1.
+    """
+    import npids
+
+    with npids.Lookup.builder(out_path, build_inv=False) as builder:
+        for docno in docnos:
+            builder.add(docno)
+        pending = builder.seeds  # the docnos of the block that close() will commit (None once committed)
+        fixed = builder.seeded_formats.get("fixedbytes") if pending else None
+        if fixed is not None and fixed.size() == 0 and fixed.prefix:
+            fixed.prefix = fixed.prefix[:-1]
+
+
+def _write_hash_inverse(lookup_path: Path) -> None:
+    """Appends npids' hash inverse (docno -> row) to a forward-only npids lookup.
+
+    For docnos that form integer sequences (``"1"``..``"11429"`` in Vaswani, ``"d001"``..``"d160"``) npids
+    chooses an arithmetic inverse codec whose 0.1.3 version is wrong: it range-checks a number before
+    subtracting the sequence's start, so the last ``start`` docnos are not found (Vaswani's last document
+    would be reported as a duplicate, and could never be scored), and it accepts differently padded numbers
+    (``"7"`` for ``"007"``). The hash inverse compares whole docnos, so it is exact for every docno scheme.
+    """
+    import npids
+    from npids.codecs import inv as inv_codecs
+    from npids.utils import FileManager
+
+    with npids.Lookup(lookup_path) as lookup, FileManager(lookup_path, "a") as writer:
+        inv_codecs["hash"].build(lookup.fwd, writer)
 
 
 def find_duplicate_docnos(lookup_path: Path, block: int = 65536, limit: int = 10) -> list:
@@ -251,23 +289,31 @@ def find_duplicate_docnos(lookup_path: Path, block: int = 65536, limit: int = 10
     return found
 
 
-def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int], what: str = "doc_vec") -> np.ndarray:
+def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int], what: str = "doc_vec",
+                  id_name: str = "docno") -> np.ndarray:
     """Stacks per-record vectors into a float32 (n, dim) array, checking shapes and finiteness.
 
+    Args:
+        vecs: the vectors (arrays, lists or torch tensors).
+        docnos: the identifier of each record, named in error messages.
+        dim: the expected dimension (``None``: that of the first vector).
+        what: the column name, for error messages.
+        id_name: the identifier name (``"docno"`` or ``"qid"``), for error messages.
+
     Raises:
-        ValueError: naming the docno whose vector is not 1-d, has the wrong dimension, or is not finite.
+        ValueError: naming the record whose vector is missing, not 1-d, of the wrong dimension or not finite.
     """
     arrays = []
     for docno, v in zip(docnos, vecs):
         if v is None:
-            raise ValueError(f"{what} of docno {docno!r} is missing (None)")
+            raise ValueError(f"{what} of {id_name} {docno!r} is missing (None)")
         a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
         if a.ndim != 1:
-            raise ValueError(f"{what} of docno {docno!r} must be a 1-d vector, got shape {a.shape}")
+            raise ValueError(f"{what} of {id_name} {docno!r} must be a 1-d vector, got shape {a.shape}")
         if dim is None:
             dim = a.shape[0]
         if a.shape[0] != dim:
-            raise ValueError(f"{what} of docno {docno!r} has dimension {a.shape[0]}, expected {dim} "
+            raise ValueError(f"{what} of {id_name} {docno!r} has dimension {a.shape[0]}, expected {dim} "
                              "(the dimension of the index / first batch)")
         arrays.append(a)
     if not arrays:
@@ -276,5 +322,5 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
     finite = np.isfinite(out).all(axis=1)
     if not finite.all():
         bad = [docnos[i] for i in np.nonzero(~finite)[0][:5]]
-        raise ValueError(f"{what} contains NaN or infinite values for docno(s) {bad}")
+        raise ValueError(f"{what} contains NaN or infinite values for {id_name}(s) {bad}")
     return out

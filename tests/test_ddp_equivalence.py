@@ -101,8 +101,11 @@ def test_ddp_two_processes_match_single_process(tiny_bert_dir, tmp_path):
         assert set(got["grads"]) == set(ref["grads"])
         assert len(ref["grads"]) > 10
         for pname, g in ref["grads"].items():
-            assert torch.allclose(got["grads"][pname], g, rtol=1e-4, atol=1e-6), (name, pname,
-                                                                               (got["grads"][pname] - g).abs().max())
+            # the two settings sum the same terms in a different order (per-process partial sums, then
+            # DDP's all-reduce), so the absolute tolerance scales with the tensor's largest entry
+            scale = float(g.abs().max())
+            torch.testing.assert_close(got["grads"][pname], g, rtol=1e-4, atol=1e-6 + 1e-5 * scale,
+                                       msg=lambda m, n=name, p=pname: f"{n} {p}: {m}")
     # the contrastive term really used the other process's views as negatives: with only
     # local negatives L_CL would differ (checked against the reference value above), and it is non-trivial
     assert refs["cpdae_r"]["losses"]["cl"].item() > 0
