@@ -15,12 +15,24 @@ It reports time per sequence (the issue's "step time per sequence") and time per
 Data: every text is ``length - 2`` token ids drawn uniformly from the non-special part of
 the vocabulary (fixed seed), so all sequences are full length and identical across objectives.
 
+Besides the measured times, the table gives each objective's *forward multiply-adds per
+sequence* from an analytic model (:func:`forward_macs`: the Transformer layers, the
+vocabulary projections at the positions that carry a loss, the decoders) and the slowdown
+that model predicts. Backward costs about twice the forward for every part, so the
+predicted ratio holds for a whole step as long as the step is compute-bound; what the
+model leaves out (softmax/cross-entropy over ``|V|``, LayerNorms, optimizer step, CPDAE's
+pairwise JS) shows up as the gap between the two columns.
+
 Usage::
 
     # CPU (the recorded run): real MiniLM-L6 weights with a new MLM head, length 128, 16 sequences
     python experiments/bench_objectives.py --rounds 2 --out experiments/results/bench_objectives_cpu.md
+    # CPU, the papers' model shape (random-init BERT-base config, fp32); small batch, few steps
+    python experiments/bench_objectives.py --config bert-base --length 512 --sequences 4 --warmup 1 --steps 3 \
+        --out experiments/results/bench_objectives_cpu_bertbase.md
     # GPU: random-init BERT-base, length 512, bf16 autocast
-    python experiments/bench_objectives.py --device cuda --config bert-base --length 512 --bf16 --sequences 32
+    python experiments/bench_objectives.py --device cuda --config bert-base --length 512 --bf16 --sequences 32 \
+        --rounds 2 --out experiments/results/bench_objectives_gpu.md
 """
 from __future__ import annotations
 
@@ -36,6 +48,38 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL = ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae", "bow"]
+
+
+def forward_macs(objective: str, hidden: int, intermediate: int, layers: int, vocab: int, length: int, *,
+                 mlm_probability: float = 0.15, encoder_mask_ratio: float = 0.3, seed_layers: int = 3) -> float:
+    """Analytic forward multiply-adds of one full-length sequence (``length`` tokens, ``length - 2`` of text).
+
+    Per token and Transformer layer: ``4H²`` (Q, K, V, output) + ``2·H·F`` (feed-forward) +
+    ``2·L·H`` (attention scores and context over all ``L`` keys). A masked-LM head at one
+    position: ``H²`` (transform) + ``H·|V|`` (vocabulary projection). Per objective:
+
+    * ``mlm``: encoder + head at the ``mlm_probability`` share of the text tokens;
+    * ``bow`` / ``cpdae*``: + one head (BoW) or MLP decoder (CPDAE) per sequence;
+    * ``seed``: + ``seed_layers`` decoder layers over all positions + ``H·|V|`` at every text token;
+    * ``retromae``: encoder head at ``encoder_mask_ratio`` + one decoder layer + head at every text token.
+
+    CPDAE's pairwise JS divergence (``O(views² · |V|)`` per batch) and all element-wise work
+    are left out.
+    """
+    n = length - 2
+    layer = 4 * hidden * hidden + 2 * hidden * intermediate + 2 * length * hidden
+    head = hidden * hidden + hidden * vocab
+    encoder = layers * layer * length
+    if objective == "retromae":
+        return encoder + encoder_mask_ratio * n * head + layer * length + n * head
+    base = encoder + mlm_probability * n * head
+    if objective == "mlm":
+        return base
+    if objective == "bow" or objective.startswith("cpdae"):
+        return base + head
+    if objective == "seed":
+        return base + seed_layers * layer * length + n * hidden * vocab
+    raise ValueError(f"no MAC model for objective {objective!r}")
 
 
 def default_model() -> str:
@@ -100,7 +144,11 @@ def worker(args: argparse.Namespace) -> None:
     if dev.type == "cuda":
         peak = (torch.cuda.max_memory_allocated() - base_cuda) / 2**20
     step = statistics.median(times)
-    print(json.dumps({"objective": args.objective, "texts": n_texts, "sequences": n_texts * views,
+    mc = mlm.config
+    macs = forward_macs(args.objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size,
+                        args.length, mlm_probability=config.mlm_probability,
+                        encoder_mask_ratio=config.encoder_mask_ratio, seed_layers=config.seed_decoder_layers)
+    print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": n_texts, "sequences": n_texts * views,
                       "step_s": step, "times_s": times, "peak_mib": peak,
                       "per_seq_ms": 1000 * step / (n_texts * views), "per_text_ms": 1000 * step / n_texts,
                       "final_loss": float(out["loss"])}))
@@ -167,17 +215,20 @@ def main(argv: list[str] | None = None) -> None:
              f"{'bf16 autocast' if args.bf16 else 'fp32'}; median of {args.steps} steps after {args.warmup} warm-up; "
              f"best of {args.rounds} interleaved round(s).",
              "Step = forward + backward + AdamW step. Peak = extra memory during the steps (CPU: ru_maxrss delta in a fresh "
-             "subprocess; CUDA: max_memory_allocated delta).", "",
+             "subprocess; CUDA: max_memory_allocated delta). MAC model = analytic forward multiply-adds per "
+             "sequence (`forward_macs` in the script) and the per-sequence slowdown they predict.", "",
              "| objective | texts | sequences | step (s) | ms / sequence | ms / text | per-sequence slowdown vs mlm | "
-             "per-text slowdown vs mlm | peak extra memory (MiB) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "per-text slowdown vs mlm | GMAC / sequence (model) | slowdown predicted by the MAC model | "
+             "peak extra memory (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['objective']} | skipped: {r['error'][:120]} | | | | | | | |")
+            lines.append(f"| {r['objective']} | skipped: {r['error'][:120]} | | | | | | | | | |")
             continue
         lines.append(f"| {r['objective']} | {r['texts']} | {r['sequences']} | {r['step_s']:.3f} | {r['per_seq_ms']:.1f} | "
                      f"{r['per_text_ms']:.1f} | {r['per_seq_ms'] / ref['per_seq_ms']:.2f}x | "
-                     f"{r['per_text_ms'] / ref['per_text_ms']:.2f}x | {r['peak_mib']:.0f} |")
+                     f"{r['per_text_ms'] / ref['per_text_ms']:.2f}x | {r['macs_per_seq'] / 1e9:.2f} | "
+                     f"{r['macs_per_seq'] / ref['macs_per_seq']:.2f}x | {r['peak_mib']:.0f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

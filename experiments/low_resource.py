@@ -19,13 +19,33 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 sys.path.insert(0, str(ROOT))
 
 import scifact_finetune as sf  # noqa: E402
+
+
+def average_over_seeds(per_run: "pd.DataFrame", metrics: Sequence[str] = ("nDCG@10", "R@100")) -> "pd.DataFrame":
+    """The paper's Table 3 aggregation: per training-set size ``N``, the mean and (sample) std over seeds.
+
+    Args:
+        per_run: One row per fine-tuned model with columns ``N``, ``seed`` and the metrics.
+        metrics: The metric columns to average.
+
+    Returns:
+        One row per ``N`` (ascending): ``N``, ``runs`` (number of seeds) and ``<metric> mean`` /
+        ``<metric> std`` (4 decimals; std is NaN for a single run).
+    """
+    table = per_run.groupby("N", sort=True)[list(metrics)].agg(["mean", "std"]).round(4)
+    table.columns = [f"{m} {s}" for m, s in table.columns]
+    table.insert(0, "runs", per_run.groupby("N").size())
+    return table.reset_index()
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -101,9 +121,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         rows.append({"N": n, "seed": seed, "nDCG@10": float(res.loc[name, "nDCG@10"]),
                      "R@100": float(res.loc[name, "R@100"])})
     per_run = pd.DataFrame(rows)
-    table = per_run.groupby("N", sort=True)[["nDCG@10", "R@100"]].agg(["mean", "std"]).round(4)
-    table.columns = [f"{m} {s}" for m, s in table.columns]
-    table.insert(0, "runs", per_run.groupby("N").size())
+    table = average_over_seeds(per_run)
     total = time.perf_counter() - t_all
     sf.RESULTS.mkdir(parents=True, exist_ok=True)
     json.dump({"args": vars(a), "commands": commands, "runs": rows, "total_s": round(total, 1)},
@@ -113,7 +131,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                     f"\n\nTotal wall time: {total / 60:.1f} min. N = 0 is the un-fine-tuned model."
                     + (f" Evaluated over a {a.eval_corpus_size}-document sub-corpus (all dev positives + seeded "
                        "random others), not the full corpus." if a.eval_corpus_size > 0 else "")),
-        ("Mean (std) over seeds per N", table.reset_index().to_markdown(index=False)),
+        ("Mean (std) over seeds per N", table.to_markdown(index=False)),
         ("Per run", per_run.to_markdown(index=False)),
         ("Fine-tuning commands", "\n".join(f"    {c['command']}   # {c['wall_s']} s" for c in commands)),
     ])

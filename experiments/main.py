@@ -78,6 +78,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
               f"({model}), pooling={pooling}, normalize={normalize}.")
 
     name = slug(args.dataset)
+    model_name = "all-MiniLM-L6-v2" if using_default else os.path.basename(model.rstrip("/"))
     here = os.path.dirname(os.path.abspath(__file__))
     work = args.work_dir or os.path.join(here, "work", name)
     results_dir = args.results_dir or os.path.join(here, "results", f"main_{name}")
@@ -115,7 +116,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     table = pt.Experiment(
         [bm25, dense], topics, qrels,
         eval_metrics=[RR @ 10, R @ 1000, nDCG @ 10, MAP],
-        names=["BM25 (pyserini, k1=0.9 b=0.4)", f"dense ({os.path.basename(model.rstrip('/'))}, {pooling})"],
+        names=["BM25 (pyserini, k1=0.9 b=0.4)", f"dense ({model_name}, {pooling})"],
         baseline=0, correction="holm", round=4,
     )
     timings["experiment_s"] = time.time() - t0
@@ -126,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     with open(os.path.join(results_dir, "table.md"), "w") as f:
         f.write(f"# pt.Experiment on `{args.dataset}`\n\n")
         f.write(f"Command: `python experiments/main.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n")
-        f.write(f"Topics: {len(topics)}; qrels: {len(qrels)}; encoder: `{os.path.basename(model.rstrip('/'))}` "
+        f.write(f"Topics: {len(topics)}; qrels: {len(qrels)}; encoder: `{model_name}` "
                 f"(pooling={pooling}, normalize={normalize}, doc_max_length={args.doc_max_length}); "
                 "baseline: BM25; paired t-test with Holm correction.\n\n")
         f.write(table.to_markdown(index=False) + "\n\n")

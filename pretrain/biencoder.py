@@ -109,6 +109,9 @@ def _gather_keep_local(x: torch.Tensor) -> torch.Tensor:
     """All processes' rows of ``x`` (equal sizes), where only this process's rows carry gradient."""
     full = distributed.gather_with_grad(x.contiguous()).detach()
     n, r = x.shape[0], distributed.rank()
+    if full.shape[0] != n * distributed.world_size():
+        raise ValueError(f"in-batch negatives across processes need the same local batch on every process: this "
+                         f"process has {n} rows, all together {full.shape[0]} (world size {distributed.world_size()})")
     return torch.cat([full[: r * n], x, full[(r + 1) * n:]])
 
 

@@ -57,10 +57,10 @@ class PretrainConfig(TrainConfig):
     from_config: Optional[str] = opt(None, "Start from random weights with this HF config (file/dir/id) instead of --model's weights; the tokenizer still comes from --model.")
     new_mlm_head: bool = opt(False, "Accept a checkpoint without trained MLM-head weights (e.g. sentence-transformers' MiniLM): the head's transform is initialised randomly, its decoder tied to the word embeddings. Without this flag such a checkpoint is refused for objectives that need the head.")
     corpus: Optional[str] = opt(None, "Corpus spec: irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt file (one document per line), or wiki:<dir> (WikiExtractor output, plain or .bz2).")
-    corpus_fields: Optional[str] = opt(None, "Comma-separated text fields for irds:/jsonl corpora (default: title,text where present).")
+    corpus_fields: Optional[str] = opt(None, "Comma-separated text fields for irds:/jsonl corpora (None: title,text where present).")
     max_docs: int = opt(-1, "Read at most this many documents from the corpus (-1: all).")
     max_length: int = opt(512, "Maximum tokens per block, special tokens included; documents are packed into blocks at sentence boundaries.")
-    cache_dir: Optional[str] = opt(None, "Where the tokenized corpus cache lives (default: <output>/../.token_cache).")
+    cache_dir: Optional[str] = opt(None, "Where the tokenized corpus cache lives (None: <output>/../.token_cache, shared by runs beside it).")
     mlm_probability: float = opt(0.15, "Masking ratio (BERT 80/10/10) for the encoder's views.")
     whole_word_mask: bool = opt(False, "Mask whole words instead of single WordPiece tokens.")
     # CPDAE
@@ -112,6 +112,54 @@ def config_fields(cls: type) -> list[dataclasses.Field]:
     return list(dataclasses.fields(cls))
 
 
+def _base_type(f: dataclasses.Field) -> str:
+    """``"bool"``, ``"int"``, ``"float"`` or ``"str"``: the type of a config field (``Optional`` stripped)."""
+    name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    name = name.replace("Optional[", "").rstrip("]")
+    return name if name in ("bool", "int", "float") else "str"
+
+
+def coerce_value(f: dataclasses.Field, value: Any, source: str = "config file") -> Any:
+    """Check (and convert where unambiguous) a value read from a config file for field ``f``.
+
+    Numbers written as strings are converted (PyYAML reads ``5e-5`` as a string); ``None`` is
+    accepted only for fields whose default is ``None``; ``choices`` are enforced.
+
+    Raises:
+        ValueError: naming the option, the source and the expected type or choices.
+    """
+    kind = _base_type(f)
+    where = f"option {f.name!r} in the {source}"
+    if value is None:
+        if f.default is None:
+            return None
+        raise ValueError(f"{where} is null; expected a value of type {kind} (default: {f.default})")
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no"):
+            return value.strip().lower() in ("true", "yes")
+        raise ValueError(f"{where} must be true or false, got {value!r}")
+    if kind in ("int", "float"):
+        convert = int if kind == "int" else float
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if kind == "float" or float(value).is_integer():
+                return convert(value)
+        elif isinstance(value, str):
+            try:
+                return convert(value.strip())
+            except ValueError:
+                pass
+        raise ValueError(f"{where} must be {'an integer' if kind == 'int' else 'a number'}, got {value!r}")
+    if not isinstance(value, (str, int, float)):
+        raise ValueError(f"{where} must be a string, got {type(value).__name__} {value!r}")
+    value = str(value)
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise ValueError(f"{where} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
 def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, **parser_kw: Any) -> "argparse.ArgumentParser":
     """An argparse parser with one ``--flag`` per field of config class ``cls``.
 
@@ -127,10 +175,10 @@ def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, 
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata.get('help', '')} (default: {f.default})"
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
-        if f.type in ("bool", bool):
+        if _base_type(f) == "bool":
             kw["action"] = argparse.BooleanOptionalAction
         else:
-            kw["type"] = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
+            kw["type"] = {"int": int, "float": float}.get(_base_type(f), str)
             if "choices" in f.metadata:
                 kw["choices"] = f.metadata["choices"]
         parser.add_argument(flag, **kw)
@@ -159,16 +207,20 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
     """Parse ``argv`` into an instance of config class ``cls``: defaults < ``--config`` file < flags.
 
     Raises:
-        ValueError: if the config file names an option that ``cls`` does not have.
+        ValueError: if the config file names an option that ``cls`` does not have, or gives
+            a value of the wrong type or outside the option's choices.
     """
     parser = build_parser(cls, **parser_kw)
     ns = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
     if "config" in ns:
-        values.update(load_config_file(ns.pop("config")))
-    values.update(ns)
-    known = {f.name for f in config_fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown option(s) in config: {', '.join(unknown)}; known options: {', '.join(sorted(known))}")
+        path = ns.pop("config")
+        from_file = load_config_file(path)
+        fields = {f.name: f for f in config_fields(cls)}
+        unknown = sorted(set(from_file) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown option(s) in config file {path}: {', '.join(unknown)}; "
+                             f"known options: {', '.join(sorted(fields))}")
+        values.update({k: coerce_value(fields[k], v, f"config file {path}") for k, v in from_file.items()})
+    values.update(ns)  # command-line flags (already typed by argparse) override the file
     return cls(**values)

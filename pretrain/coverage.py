@@ -68,8 +68,8 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
 
 def _project(mlm_model: nn.Module, cls: torch.Tensor, projection: str) -> torch.Tensor:
     if projection == "mlm_head":
-        from .objectives.bow import mlm_head_of
-        return mlm_head_of(mlm_model)(cls)
+        from .modeling import mlm_head
+        return mlm_head(mlm_model)(cls)
     if projection == "embeddings":
         return cls @ mlm_model.get_input_embeddings().weight.T
     raise ValueError(f"unknown projection {projection!r}; choose mlm_head or embeddings")
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Input-token coverage of [CLS] vectors (Drop your Decoder, Algorithm 1).")
     p.add_argument("--model", action="append", required=True,
                    help="Checkpoint directory or HF id (repeat for several); NAME=PATH sets the legend label.")
-    p.add_argument("--corpus", required=True, help="Corpus spec for pretrain.corpus.iter_texts (e.g. wiki:<dir>, a .jsonl, a .txt).")
+    p.add_argument("--corpus", required=True, help="Corpus spec for pretrain.readers.iter_texts (e.g. wiki:<dir>, a .jsonl, a .txt).")
     p.add_argument("--corpus-fields", default=None, help="Comma-separated text fields for irds:/jsonl corpora.")
     p.add_argument("--num-texts", type=int, default=1000, help="Number of texts read from the corpus (default: 1000).")
     p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_KS), help=f"Cut-offs (default: {' '.join(map(str, DEFAULT_KS))}).")
@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> dict[str, dict[int, float]]:
     """CLI entry point of ``python -m pretrain coverage``."""
-    from .corpus import iter_texts
+    from .readers import iter_texts
 
     args = build_parser().parse_args(argv)
     if args.num_texts < 1:

@@ -11,7 +11,13 @@ Every round fine-tunes from ``--model`` (the coCondenser / Tevatron recipe: the 
 stage restarts from the pre-trained checkpoint with negatives mined by the first-stage
 model). Mined groups are saved and reused, and a finished round is not trained again, so
 ``--resume`` continues an interrupted run where it stopped (inside a round, the shared
-:class:`~pretrain.trainer.Trainer` resumes from its last checkpoint).
+:class:`~pretrain.trainer.Trainer` resumes from its last checkpoint). Passage texts are
+read from the corpus after sampling (:func:`pretrain.negatives.build_examples`), so whole
+negative pools are never held as text.
+
+Under ``torchrun`` (see :class:`Processes`) rank 0 alone prepares the output directory and
+mines and writes each round's groups; every rank then trains the round with the Trainer
+(DDP, in-batch negatives gathered across processes).
 
 Output directory::
 
@@ -30,12 +36,14 @@ import logging
 import os
 import shutil
 import sys
+import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import pandas as pd
 
 from . import negatives as neg
 from .config import FinetuneConfig, parse_config
+from .trainer import config_dict, config_differences, write_json_atomic
 
 logger = logging.getLogger("pretrain.finetune")
 
@@ -45,6 +53,49 @@ MUTABLE = frozenset({"resume", "overwrite", "mining_rounds", "save_steps", "save
                      "num_workers", "cpu"})
 #: Files of a Trainer output directory that are not part of the exported model.
 _TRAINER_FILES = {"checkpoints", "logs", "run_config.json", ".export-tmp"}
+
+
+# ----------------------------------------------------------------------------- processes
+class Processes:
+    """Who does what under ``torchrun`` (``WORLD_SIZE > 1``); a no-op in a single process.
+
+    Rank 0 alone prepares ``--output``, mines and writes the groups of each round; the other
+    ranks wait for the groups file (polling the file system rather than blocking in a
+    collective, which would time out during a long mining run) and then all ranks train
+    together with the shared :class:`~pretrain.trainer.Trainer`. The process group is
+    initialised here (accelerate's ``PartialState``, reused by the Trainer) so that the
+    other ranks can wait until rank 0 has cleared the output of a previous run.
+
+    Args:
+        cpu: Train on CPU (gloo) even when CUDA is available (``--cpu``).
+        poll_s: Seconds between two looks for a file another rank writes.
+    """
+
+    def __init__(self, cpu: bool = False, poll_s: float = 1.0):
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.poll_s = poll_s
+        self._state = None
+        if self.world_size > 1:
+            import torch
+            from accelerate import PartialState
+
+            self._state = PartialState(cpu=cpu or not torch.cuda.is_available())
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0 (the process that prepares the data)."""
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        if self._state is not None:
+            self._state.wait_for_everyone()
+
+    def wait_for_file(self, path: str) -> None:
+        """Return once ``path`` exists (written atomically by rank 0)."""
+        while not os.path.isfile(path):
+            time.sleep(self.poll_s)
 
 
 # ----------------------------------------------------------------------------- training data
@@ -130,22 +181,29 @@ def _pools_dense(cfg: FinetuneConfig, data: TrainingData, checkpoint: str, round
                                     doc_max_length=cfg.doc_max_length, device="cpu" if cfg.cpu else None)
     index_dir = os.path.join(cfg.output, "dense_index", f"round-{round_}")
     index = DenseIndex(index_dir)
-    (encoder.doc_encoder() >> index.indexer(mode="overwrite")).index(data.corpus())
+    # shard=0, num_shards=1: one index even under torchrun (only rank 0 mines)
+    (encoder.doc_encoder() >> index.indexer(mode="overwrite", shard=0, num_shards=1)).index(data.corpus())
     pools = neg.mine_dense(encoder, index, data.topics, data.positives, cfg.negatives_depth)
     return pools
 
 
 def _pools_file(cfg: FinetuneConfig, data: TrainingData, source: str) -> dict[str, list[str]]:
+    """Negative pools from ``file:<groups.jsonl>`` or ``file:irds:<id>`` docpairs, matched to the queries by qid."""
+    qids = set(data.topics["qid"])
     if source.startswith("irds:"):
-        groups, _ = neg.read_irds_docpairs(source[len("irds:"):])
+        groups = neg.read_irds_docpairs(source[len("irds:"):], qids=qids, max_negatives=cfg.negatives_depth)
     else:
         groups, texts = neg.read_groups(source)
         data.texts.update(texts)
-    pools = {g.qid: g.negs for g in groups}
-    missing = sum(q not in pools for q in data.topics["qid"])
+    pools = {g.qid: g.negs for g in groups if g.qid in qids}
+    missing = len(qids) - len(pools)
     if missing:
         logger.warning("%d training queries have no group in %s (no negatives)", missing, source)
-    return {q: [d for d in pools.get(q, []) if d not in set(data.positives[q])] for q in data.topics["qid"]}
+    out = {}
+    for q in data.topics["qid"]:
+        pos = set(data.positives[q])
+        out[q] = [d for d in pools.get(q, []) if d not in pos]
+    return out
 
 
 def mine_round(cfg: FinetuneConfig, data: TrainingData, round_: int) -> list[neg.Group]:
@@ -174,10 +232,6 @@ def _round_dir(cfg: FinetuneConfig, round_: int) -> str:
     return os.path.join(cfg.output, "rounds", f"round-{round_}")
 
 
-def _config_dict(cfg: FinetuneConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
 def _prepare_output(cfg: FinetuneConfig) -> None:
     """Create ``--output`` or check that it holds this run (refuse another one unless --overwrite)."""
     out = cfg.output
@@ -189,8 +243,8 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
         with open(args_path) as f:
             previous = json.load(f)
         prev = previous.get("config", {})
-        cur = _config_dict(cfg)
-        diff = sorted(k for k in set(prev) | set(cur) if k not in MUTABLE and prev.get(k) != cur.get(k))
+        cur = config_dict(cfg)
+        diff = config_differences(prev, cur, mutable=MUTABLE)
         if diff:
             raise ValueError(f"output directory {out} holds a different fine-tuning run (options differ: "
                              + "; ".join(f"{k}: {prev.get(k)!r} -> {cur.get(k)!r}" for k in diff[:6])
@@ -206,14 +260,7 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
             elif os.path.isfile(p):
                 os.remove(p)
     os.makedirs(out, exist_ok=True)
-    _write_json(args_path, {"config": _config_dict(cfg), "finished": False})
-
-
-def _write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-    os.replace(tmp, path)
+    write_json_atomic(args_path, {"config": config_dict(cfg), "finished": False})
 
 
 def _copy_export(src: str, dst: str) -> None:
@@ -238,11 +285,11 @@ def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], 
                                        in_batch_negatives=cfg.in_batch_negatives,
                                        query_max_length=cfg.query_max_length, doc_max_length=cfg.doc_max_length)
     round_cfg = dataclasses.replace(cfg, output=out)
-    args = {"config": _config_dict(cfg), "round": round_, "num_examples": len(examples)}
+    args = {"config": config_dict(cfg), "round": round_, "num_examples": len(examples)}
 
     def save_fn(m: BiEncoder, path: str) -> None:
         m.save_pretrained(path)
-        _write_json(os.path.join(path, TRAINING_ARGS), args)
+        write_json_atomic(os.path.join(path, TRAINING_ARGS), args)
 
     logger.info("round %d: fine-tuning %s on %d groups into %s", round_, cfg.model, len(examples), out)
     return Trainer(module, list(examples), module.collate, round_cfg, save_fn=save_fn).train()
@@ -261,7 +308,14 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     if not (cfg.negatives == "bm25" or cfg.negatives.startswith(("file:", "model:"))):
         raise ValueError(f"unknown --negatives {cfg.negatives!r}; use bm25, file:<path>, file:irds:<id> or "
                          "model:<checkpoint>")
-    _prepare_output(cfg)
+    procs = Processes(cpu=cfg.cpu)
+    if not procs.is_main:
+        procs.barrier()  # rank 0 checks and prepares --output first
+        return _finetune(cfg, procs)
+    try:
+        _prepare_output(cfg)
+    finally:
+        procs.barrier()
     handler = logging.FileHandler(os.path.join(cfg.output, "finetune.log"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)
@@ -270,13 +324,13 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         pkg_logger.setLevel(logging.INFO)
     pkg_logger.addHandler(handler)
     try:
-        return _finetune(cfg)
+        return _finetune(cfg, procs)
     finally:
         logging.getLogger("pretrain").removeHandler(handler)
         handler.close()
 
 
-def _finetune(cfg: FinetuneConfig) -> dict[str, Any]:
+def _finetune(cfg: FinetuneConfig, procs: Processes) -> dict[str, Any]:
     data = load_training_data(cfg.train, cfg.max_train_queries, cfg.seed)
     if data.groups is not None and cfg.negatives != "bm25":
         logger.warning("--train %s gives ready-made groups: --negatives %s is ignored", cfg.train, cfg.negatives)
@@ -285,8 +339,11 @@ def _finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     for r in range(cfg.mining_rounds + 1):
         groups_path = os.path.join(cfg.output, "groups", f"round-{r}.jsonl")
         round_dir = _round_dir(cfg, r)
+        if not procs.is_main:
+            procs.wait_for_file(groups_path)
         if os.path.isfile(groups_path):
-            logger.info("round %d: reusing the saved groups %s", r, groups_path)
+            if procs.is_main:
+                logger.info("round %d: reusing the saved groups %s", r, groups_path)
             groups, inline = neg.read_groups(groups_path)
             data.texts.update(inline)
         else:
@@ -300,23 +357,16 @@ def _finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         if os.path.isfile(os.path.join(round_dir, "config.json")):
             logger.info("round %d: already trained (%s)", r, round_dir)
         else:
-            needed = {d for g in groups for d in (*g.pos, *g.negs)}
-            texts = data.texts
-            if needed - set(texts):
-                if data.corpus is None:
-                    missing = sorted(needed - set(texts))
-                    raise ValueError(f"{len(missing)} passage id(s) in the groups have no text and there is no "
-                                     f"corpus to look them up: {', '.join(missing[:10])}")
-                texts = neg.load_texts(data.corpus(), needed, texts)
-            groups = neg.check_known(groups, texts)
-            examples = neg.sample_examples(groups, texts, cfg.num_negatives, few_negatives=cfg.few_negatives,
-                                           seed=cfg.seed + r)
+            examples = neg.build_examples(groups, cfg.num_negatives, corpus=data.corpus, texts=data.texts,
+                                          few_negatives=cfg.few_negatives, seed=cfg.seed + r)
             info["num_examples"] = len(examples)
             info["metrics"] = train_round(cfg, examples, r)
         summary["rounds"].append(info)
-    _copy_export(_round_dir(cfg, cfg.mining_rounds), cfg.output)
     summary["output"] = cfg.output
-    _write_json(os.path.join(cfg.output, TRAINING_ARGS), {"config": _config_dict(cfg), "finished": True, **summary})
+    if not procs.is_main:
+        return summary
+    _copy_export(_round_dir(cfg, cfg.mining_rounds), cfg.output)
+    write_json_atomic(os.path.join(cfg.output, TRAINING_ARGS), {"config": config_dict(cfg), "finished": True, **summary})
     logger.info("fine-tuned model written to %s", cfg.output)
     return summary
 

@@ -139,14 +139,24 @@ class DecoderInspector:
 
         Special tokens (``[CLS]``, ``[PAD]``, ...) are left out unless ``include_special``.
         """
+        return self.top_tokens(self.probabilities([text])[0], k, include_special=include_special)
+
+    def top_tokens(self, probs: torch.Tensor, k: int = 20, *, include_special: bool = False) -> list[tuple[str, float]]:
+        """The ``k`` most probable ``(token, probability)`` pairs of a ``(|V|,)`` probability vector.
+
+        Special tokens are left out unless ``include_special``.
+
+        Raises:
+            ValueError: if ``k < 1``.
+        """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        probs = self.probabilities([text])[0]
+        probs = probs.clone()
         if not include_special:
             probs[list(self.tokenizer.all_special_ids)] = -1.0
         values, ids = probs.topk(min(k, probs.numel()))
         tokens = self.tokenizer.convert_ids_to_tokens(ids.tolist())
-        return [(t, float(v)) for t, v in zip(tokens, values) if v >= 0]
+        return [(t, float(v)) for t, v in zip(tokens, values.tolist()) if v >= 0]
 
     def word_scores(self, text: str, probs: Optional[torch.Tensor] = None) -> list[WordScore]:
         """Every word of ``text`` (as the tokenizer's pre-tokenizer splits it), in order, with the
@@ -188,11 +198,7 @@ class DecoderInspector:
                              f'{html.escape(ws.word)}</span>')
                 last = ws.end
             parts.append(html.escape(text[last:]))
-            masked = p.clone()
-            masked[list(self.tokenizer.all_special_ids)] = -1.0
-            values, ids = masked.topk(min(top_k, masked.numel()))
-            rows = "".join(f"<tr><td>{html.escape(t)}</td><td>{v:.4f}</td></tr>"
-                           for t, v in zip(self.tokenizer.convert_ids_to_tokens(ids.tolist()), values.tolist()))
+            rows = "".join(f"<tr><td>{html.escape(t)}</td><td>{v:.4f}</td></tr>" for t, v in self.top_tokens(p, top_k))
             sections.append(f'<section><h2>Text {n}</h2><p class="text">{"".join(parts)}</p>'
                             f'<details><summary>top-{top_k} tokens</summary><table><tr><th>token</th><th>p</th></tr>'
                             f'{rows}</table></details></section>')
@@ -262,10 +268,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     probs = insp.probabilities(texts)
     result: dict[str, Any] = {"texts": texts, "top_words": []}
     for n, (text, p) in enumerate(zip(texts, probs), 1):
-        masked = p.clone()
-        masked[list(insp.tokenizer.all_special_ids)] = -1.0
-        values, ids = masked.topk(min(args.top_k, masked.numel()))
-        top = list(zip(insp.tokenizer.convert_ids_to_tokens(ids.tolist()), values.tolist()))
+        top = insp.top_tokens(p, args.top_k)
         result["top_words"].append(top)
         short = text if len(text) <= 100 else text[:97] + "..."
         print(f"== text {n}: {short}")

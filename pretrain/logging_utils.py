@@ -117,7 +117,10 @@ def _fmt(v: float) -> str:
 
 def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
                  columns: Optional[Iterable[str]] = None) -> str:
-    """Plot each loss column of ``metrics.csv`` against the step (one panel each) into ``png_path``."""
+    """Plot each loss column of ``metrics.csv`` against the step (one panel each) into ``png_path``.
+
+    A panel whose positive values span more than two orders of magnitude gets a log y-axis.
+    """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -128,7 +131,11 @@ def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.0), squeeze=False)
     steps = [r["step"] for r in rows]
     for ax, c in zip(axes[0], cols):
-        ax.plot(steps, [r[c] for r in rows], lw=1.0)
+        values = [r[c] for r in rows]
+        ax.plot(steps, values, lw=1.0)
+        finite = [v for v in values if math.isfinite(v)]
+        if finite and min(finite) > 0 and max(finite) / min(finite) > 100:
+            ax.set_yscale("log")  # e.g. a summed L_REC falling from ~0.7·|V| to a few hundred
         ax.set_title(c)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -19,14 +19,15 @@ def pad_and_add_special(examples: Sequence[Sequence[int]], tokenizer: PreTrained
     """Wrap every token-id list as ``[CLS] ids [SEP]`` and right-pad to the longest one.
 
     Args:
-        examples: Token-id lists without special tokens.
-        tokenizer: The model's tokenizer (provides the CLS, SEP and PAD ids).
+        examples: Token-id lists without added special tokens.
+        tokenizer: The model's tokenizer (provides the CLS, SEP and PAD ids and ``all_special_ids``).
 
     Returns:
         ``(input_ids, attention_mask, special_tokens_mask)``, each ``(B, L)``; ``input_ids``
         and ``attention_mask`` are ``long``, ``special_tokens_mask`` is ``bool`` and is True at
-        ``[CLS]``, ``[SEP]`` *and* padding positions (everything that must never be masked or
-        predicted).
+        ``[CLS]``, ``[SEP]`` *and* padding positions, and at content positions holding a special
+        token id (``[UNK]``, or a literal ``[SEP]``/``[MASK]`` the tokenizer found in the raw text),
+        as in ``tokenizer.get_special_tokens_mask``: everything that must never be masked or predicted.
 
     Raises:
         ValueError: for an empty batch or a tokenizer without CLS/SEP/PAD tokens.
@@ -39,6 +40,7 @@ def pad_and_add_special(examples: Sequence[Sequence[int]], tokenizer: PreTrained
                          f"(got cls={cls_id}, sep={sep_id}, pad={pad_id})")
     length = max(len(e) for e in examples) + 2
     b = len(examples)
+    special_ids = torch.as_tensor(sorted({i for i in tokenizer.all_special_ids if i is not None}), dtype=torch.long)
     input_ids = torch.full((b, length), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((b, length), dtype=torch.long)
     special = torch.ones((b, length), dtype=torch.bool)
@@ -46,10 +48,11 @@ def pad_and_add_special(examples: Sequence[Sequence[int]], tokenizer: PreTrained
         n = len(ids)
         input_ids[i, 0] = cls_id
         if n:
-            input_ids[i, 1:n + 1] = torch.as_tensor(list(ids), dtype=torch.long)
+            content = torch.as_tensor(list(ids), dtype=torch.long)
+            input_ids[i, 1:n + 1] = content
+            special[i, 1:n + 1] = torch.isin(content, special_ids)
         input_ids[i, n + 1] = sep_id
         attention_mask[i, :n + 2] = 1
-        special[i, 1:n + 1] = False
     return input_ids, attention_mask, special
 
 

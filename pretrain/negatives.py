@@ -3,14 +3,15 @@
 A :class:`Group` is one training query with its judged positives and a ranked pool of
 candidate negatives (document ids). Pools come from BM25 (:func:`mine_bm25`), from a dense
 retriever (:func:`mine_dense`, the paper's static hard-negative mining), from a JSONL file
-of groups (:func:`read_groups`) or from ir_datasets docpairs (:func:`groups_from_docpairs`).
-:func:`sample_examples` then draws, per query and reproducibly, one positive and
-``num_negatives`` negatives, giving the ``(query, [pos, neg_1, ..., neg_n])`` examples the
-:class:`pretrain.biencoder.BiEncoder` trains on.
+of groups (:func:`read_groups`) or from ir_datasets docpairs (:func:`read_irds_docpairs`).
+:func:`build_examples` (:func:`sample_ids`) then draws, per query and reproducibly, one
+positive and ``num_negatives`` negatives, giving the ``(query, [pos, neg_1, ..., neg_n])``
+examples the :class:`pretrain.biencoder.BiEncoder` trains on.
 
 Mining keeps memory bounded on the corpus side: BM25 runs over chunks of queries, the
 dense retriever streams the index in blocks (:meth:`pyterrier_cpdae.DenseIndex.search`),
-and only the top ``depth`` document ids of each query are kept.
+and only the top ``depth`` document ids of each query are kept. :func:`build_examples` then
+loads from the corpus only the texts of the passages it draws, never those of whole pools.
 
 Groups file (JSONL), one object per line::
 
@@ -28,7 +29,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Container, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -230,18 +231,31 @@ def make_groups(topics: pd.DataFrame, positives: dict[str, list[str]], pools: di
             for qid, query in zip(topics["qid"], topics["query"])]
 
 
-def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[str, str]) -> list[Group]:
+def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[str, str], *,
+                         qids: Optional[Container[str]] = None, max_negatives: int = -1) -> list[Group]:
     """Groups from (qid, positive docno, negative docno) triples, e.g. ir_datasets docpairs.
 
     Pairs of the same query are merged: all their positives and negatives (deduplicated, in
     order of appearance). Queries absent from ``queries`` are skipped and counted in the log.
+
+    Args:
+        pairs: The triples, streamed once.
+        queries: Query texts by qid.
+        qids: Keep only these queries (e.g. the training queries); the pairs of other queries
+            are skipped as they stream by, so memory grows with the kept queries only.
+        max_negatives: Keep at most this many negatives per query (the first ones seen;
+            ``< 0``: all).
     """
     pos: dict[str, dict[str, None]] = {}
     neg: dict[str, dict[str, None]] = {}
     for qid, a, b in pairs:
         qid = str(qid)
+        if qids is not None and qid not in qids:
+            continue
         pos.setdefault(qid, {})[str(a)] = None
-        neg.setdefault(qid, {})[str(b)] = None
+        negs = neg.setdefault(qid, {})
+        if str(b) != str(a) and (max_negatives < 0 or len(negs) < max_negatives):
+            negs[str(b)] = None
     unknown = [q for q in pos if q not in queries]
     if unknown:
         logger.warning("skipped %d docpair queries without query text (e.g. %s)", len(unknown), unknown[:5])
@@ -249,39 +263,65 @@ def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[st
             for q in sorted(pos) if q in queries]
 
 
-def read_irds_docpairs(dataset_id: str) -> tuple[list[Group], Any]:
+def read_irds_docpairs(dataset_id: str, qids: Optional[Container[str]] = None,
+                       max_negatives: int = -1) -> list[Group]:
     """Groups from an ir_datasets dataset with docpairs (e.g. ``msmarco-passage/train/triples-small``).
 
-    Returns the groups and the ir_datasets dataset (whose ``docs_store()`` resolves texts).
+    The docpairs are streamed once (:func:`groups_from_docpairs`); with ``qids`` only those
+    queries are kept, with ``max_negatives >= 0`` at most that many negatives per query.
+
+    Raises:
+        ValueError: if the id is unknown to ir_datasets or the dataset has no docpairs.
     """
     import ir_datasets
 
-    ds = ir_datasets.load(dataset_id)
+    try:
+        ds = ir_datasets.load(dataset_id)
+    except KeyError as e:
+        raise ValueError(f"unknown ir_datasets id {dataset_id!r} (for --negatives file:irds:<id>)") from e
     if not ds.has_docpairs():
-        raise ValueError(f"ir_datasets dataset {dataset_id!r} has no docpairs")
-    queries = {q.query_id: q.text for q in ds.queries_iter()}
+        raise ValueError(f"ir_datasets dataset {dataset_id!r} has no docpairs (for --negatives file:irds:<id>); "
+                         "use e.g. msmarco-passage/train/triples-small")
+    queries = {q.query_id: q.text for q in ds.queries_iter() if qids is None or q.query_id in qids}
     pairs = ((p.query_id, p.doc_id_a, p.doc_id_b) for p in ds.docpairs_iter())
-    return groups_from_docpairs(pairs, queries), ds
+    return groups_from_docpairs(pairs, queries, qids=qids, max_negatives=max_negatives)
 
 
 def load_texts(docs: Iterable[dict[str, Any]], needed: set[str], texts: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Stream a corpus (dicts with ``docno`` and ``text``) and keep the texts of ``needed`` ids only."""
     texts = dict(texts or {})
-    todo = set(needed) - set(texts)
-    if not todo:
-        return texts
-    for doc in docs:
-        docno = str(doc["docno"])
-        if docno in todo:
-            texts[docno] = str(doc["text"])
-            todo.discard(docno)
-            if not todo:
-                break
+    todo = set(needed) - texts.keys()
+    if todo:
+        texts.update(scan_corpus(docs, todo, with_text=todo)[1])
     return texts
 
 
-def check_known(groups: Sequence[Group], texts: dict[str, str]) -> list[Group]:
-    """Validate that every id in the groups has a text.
+def scan_corpus(docs: Iterable[dict[str, Any]], ids: set[str],
+                with_text: Container[str] = frozenset()) -> tuple[set[str], dict[str, str]]:
+    """One pass over a corpus: which of ``ids`` occur as a ``docno``, and the texts of those also in ``with_text``.
+
+    Only the texts of ``with_text`` are kept, so memory grows with ``ids`` (their names), not
+    with the corpus or its texts.
+    """
+    todo, found, texts = set(ids), set(), {}
+    for doc in docs:
+        docno = str(doc["docno"])
+        if docno in todo:
+            found.add(docno)
+            if docno in with_text:
+                texts[docno] = str(doc["text"])
+            todo.discard(docno)
+            if not todo:
+                break
+    return found, texts
+
+
+def check_known(groups: Sequence[Group], known: Container[str]) -> list[Group]:
+    """Validate that every id in the groups is known (has a text / is in the corpus).
+
+    Args:
+        groups: The groups.
+        known: The known document ids (a set, or a dict id -> text).
 
     Raises:
         ValueError: naming (up to 10 of) the unknown *positive* document ids -- qrels or
@@ -289,21 +329,21 @@ def check_known(groups: Sequence[Group], texts: dict[str, str]) -> list[Group]:
 
     Unknown *negative* ids are dropped from the pools with a warning.
     """
-    bad_pos = sorted({d for g in groups for d in g.pos if d not in texts})
+    bad_pos = sorted({d for g in groups for d in g.pos if d not in known})
     if bad_pos:
         raise ValueError(f"{len(bad_pos)} judged positive document id(s) are not in the corpus: "
                          f"{', '.join(bad_pos[:10])}{' ...' if len(bad_pos) > 10 else ''}")
-    bad_neg = {d for g in groups for d in g.negs if d not in texts}
+    bad_neg = {d for g in groups for d in g.negs if d not in known}
     if bad_neg:
         logger.warning("dropped %d negative document id(s) that are not in the corpus (e.g. %s)",
                        len(bad_neg), sorted(bad_neg)[:5])
-        groups = [Group(g.qid, g.query, g.pos, [d for d in g.negs if d in texts]) for g in groups]
+        groups = [Group(g.qid, g.query, g.pos, [d for d in g.negs if d in known]) for g in groups]
     return list(groups)
 
 
-def sample_examples(groups: Sequence[Group], texts: dict[str, str], num_negatives: int, *,
-                    few_negatives: str = "replace", seed: int = 42) -> list[tuple[str, list[str]]]:
-    """Draw one positive and ``num_negatives`` negatives per group, reproducibly.
+def sample_ids(groups: Sequence[Group], num_negatives: int, *, few_negatives: str = "replace",
+               seed: int = 42) -> list[tuple[Group, str, list[str]]]:
+    """Draw one positive and ``num_negatives`` negative ids per group, reproducibly.
 
     Each query uses its own generator seeded by ``(seed, qid)``, so a query's sample does
     not depend on which other queries are present. Negatives are drawn without replacement
@@ -312,16 +352,16 @@ def sample_examples(groups: Sequence[Group], texts: dict[str, str], num_negative
     with none is dropped. Counts are logged.
 
     Returns:
-        ``(query text, [positive text, negative texts...])`` per kept query, in group order.
+        ``(group, positive id, negative ids)`` per kept query, in group order.
 
     Raises:
-        ValueError: if no example is left.
+        ValueError: for a bad option, a group without a positive, or if no example is left.
     """
     if few_negatives not in ("replace", "drop"):
         raise ValueError(f"few_negatives must be 'replace' or 'drop', got {few_negatives!r}")
     if num_negatives < 0:
         raise ValueError(f"num_negatives must be >= 0, got {num_negatives}")
-    out: list[tuple[str, list[str]]] = []
+    out: list[tuple[Group, str, list[str]]] = []
     replaced = dropped = empty = 0
     for g in groups:
         if not g.pos:
@@ -342,7 +382,7 @@ def sample_examples(groups: Sequence[Group], texts: dict[str, str], num_negative
         else:
             replaced += 1
             negs = rng.choices(pool, k=num_negatives)
-        out.append((g.query, [texts[pos]] + [texts[d] for d in negs]))
+        out.append((g, pos, negs))
     if replaced:
         logger.warning("%d queries had fewer than %d negatives: sampled with replacement", replaced, num_negatives)
     if dropped:
@@ -355,3 +395,57 @@ def sample_examples(groups: Sequence[Group], texts: dict[str, str], num_negative
     logger.info("sampled %d training groups of 1 positive + %d negatives", len(out), num_negatives)
     return out
 
+
+def sample_examples(groups: Sequence[Group], texts: dict[str, str], num_negatives: int, *,
+                    few_negatives: str = "replace", seed: int = 42) -> list[tuple[str, list[str]]]:
+    """:func:`sample_ids`, with the texts of the drawn passages.
+
+    Returns:
+        ``(query text, [positive text, negative texts...])`` per kept query, in group order.
+    """
+    drawn = sample_ids(groups, num_negatives, few_negatives=few_negatives, seed=seed)
+    return [(g.query, [texts[pos]] + [texts[d] for d in negs]) for g, pos, negs in drawn]
+
+
+def build_examples(groups: Sequence[Group], num_negatives: int, *,
+                   corpus: Optional[Callable[[], Iterable[dict[str, Any]]]] = None,
+                   texts: Optional[dict[str, str]] = None, few_negatives: str = "replace",
+                   seed: int = 42) -> list[tuple[str, list[str]]]:
+    """Training examples of ``groups``, loading from the corpus only the texts that are drawn.
+
+    Equivalent to ``sample_examples(check_known(groups, corpus), corpus_texts, ...)``, but the
+    negative pools (e.g. 200 mined ids per query) are never turned into texts: a first pass
+    over the corpus (:func:`scan_corpus`) keeps only *which* pool ids exist (and the positives'
+    texts), the sample is drawn from the known ids, and a second pass loads the texts of the
+    drawn negatives. At most ``queries x (1 + num_negatives)`` texts are held (plus the
+    positives).
+
+    Args:
+        groups: The groups (ids; :func:`check_known` semantics for unknown ids).
+        num_negatives: Negatives per example.
+        corpus: Returns a fresh iterator of ``{"docno", "text"}`` dicts; None when every id
+            has a text in ``texts`` (inline groups).
+        texts: Texts known without the corpus (id -> text).
+        few_negatives: See :func:`sample_ids`.
+        seed: See :func:`sample_ids`.
+
+    Raises:
+        ValueError: for ids without text and no corpus, unknown positives (:func:`check_known`),
+            or an empty result (:func:`sample_ids`).
+    """
+    texts = dict(texts or {})
+    todo = {d for g in groups for d in (*g.pos, *g.negs)} - texts.keys()
+    if todo and corpus is None:
+        missing = sorted(todo)
+        raise ValueError(f"{len(missing)} passage id(s) in the groups have no text and there is no "
+                         f"corpus to look them up: {', '.join(missing[:10])}")
+    known: Container[str] = texts
+    if todo:
+        found, pos_texts = scan_corpus(corpus(), todo, with_text={d for g in groups for d in g.pos})
+        texts.update(pos_texts)
+        known = found | texts.keys()
+    drawn = sample_ids(check_known(groups, known), num_negatives, few_negatives=few_negatives, seed=seed)
+    needed = {d for _, _, negs in drawn for d in negs} - texts.keys()
+    if needed:
+        texts = load_texts(corpus(), needed, texts)
+    return [(g.query, [texts[pos]] + [texts[d] for d in negs]) for g, pos, negs in drawn]

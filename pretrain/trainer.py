@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import time
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -108,13 +108,15 @@ class GlobalBatchSampler(Sampler[int]):
 
 
 # ----------------------------------------------------------------------------- output dir
-def _config_dict(config: Any) -> dict[str, Any]:
+def config_dict(config: Any) -> dict[str, Any]:
+    """The options of a run as a plain dict (a dataclass config or a namespace)."""
     return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
 
 
-def config_differences(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Names of options that differ between two runs' configs, ignoring :data:`RESUME_MUTABLE_FIELDS`."""
-    keys = (set(previous) | set(current)) - RESUME_MUTABLE_FIELDS
+def config_differences(previous: dict[str, Any], current: dict[str, Any],
+                       mutable: Iterable[str] = RESUME_MUTABLE_FIELDS) -> list[str]:
+    """Names of options that differ between two runs' configs, ignoring the ``mutable`` ones."""
+    keys = (set(previous) | set(current)) - set(mutable)
     return sorted(k for k in keys if previous.get(k) != current.get(k))
 
 
@@ -157,9 +159,9 @@ def check_output_dir(config: Any) -> None:
                          "choose another --output or pass --overwrite")
     with open(run_cfg) as f:
         previous = json.load(f).get("config", {})
-    diff = config_differences(previous, _config_dict(config))
+    diff = config_differences(previous, config_dict(config))
     if diff:
-        shown = "; ".join(f"{k}: {previous.get(k)!r} -> {_config_dict(config).get(k)!r}" for k in diff[:6])
+        shown = "; ".join(f"{k}: {previous.get(k)!r} -> {config_dict(config).get(k)!r}" for k in diff[:6])
         raise ValueError(f"output directory {out} holds a different run (options differ: {shown}); "
                          "choose another --output or pass --overwrite to replace it")
     if config.resume:
@@ -179,7 +181,8 @@ def _clear_previous_run(out: str) -> None:
             os.remove(p)
 
 
-def _write_json_atomic(path: str, obj: Any) -> None:
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Writes ``obj`` as JSON through a temporary file, so that ``path`` is never half-written."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, default=str)
@@ -229,18 +232,22 @@ def enable_gradient_checkpointing(module: nn.Module) -> None:
     """Enable gradient checkpointing on ``module`` or the HF model inside it.
 
     Raises:
-        ValueError: if neither the module nor its ``mlm_model``/``encoder``/``model`` supports it.
+        ValueError: if neither the module nor its ``mlm_model``/``encoder``/``model`` has
+            ``activation_checkpointing_enable()`` (or the older ``gradient_checkpointing_enable()``).
     """
     for target in (module, getattr(module, "mlm_model", None), getattr(module, "encoder", None),
                    getattr(module, "model", None)):
-        fn = getattr(target, "gradient_checkpointing_enable", None)
-        if fn is None:
-            continue
-        try:
-            fn(gradient_checkpointing_kwargs={"use_reentrant": False})
-        except TypeError:
-            fn()
-        return
+        # transformers >= 5: activation_checkpointing_enable (gradient_checkpointing_enable is deprecated)
+        for name, kw in (("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+                         ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs")):
+            fn = getattr(target, name, None)
+            if fn is None:
+                continue
+            try:
+                fn(**{kw: {"use_reentrant": False}})
+            except TypeError:
+                fn()
+            return
     raise ValueError(f"gradient checkpointing requested, but {type(module).__name__} has no "
                      "gradient_checkpointing_enable() (nor its mlm_model/encoder)")
 
@@ -336,7 +343,7 @@ class Trainer:
                 for name in os.listdir(ckpt_root):
                     if name.startswith(".tmp-"):
                         shutil.rmtree(os.path.join(ckpt_root, name), ignore_errors=True)
-            _write_json_atomic(os.path.join(self.output, RUN_CONFIG), self._run_config())
+            write_json_atomic(os.path.join(self.output, RUN_CONFIG), self._run_config())
         acc.wait_for_everyone()
 
         set_seed(cfg.seed, device_specific=True)
@@ -428,7 +435,7 @@ class Trainer:
     def _run_config(self) -> dict[str, Any]:
         import accelerate
         import transformers
-        return {"config": _config_dict(self.config),
+        return {"config": config_dict(self.config),
                 "trainer": {"world_size": self.world_size, "micro_batch_size": self.micro_batch_size,
                             "grad_accum": self.config.grad_accum, "mixed_precision": self.mixed_precision,
                             "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
@@ -492,7 +499,7 @@ class Trainer:
         acc.save_state(tmp)
         acc.wait_for_everyone()
         if self.is_main_process:
-            _write_json_atomic(os.path.join(tmp, TRAINER_STATE),
+            write_json_atomic(os.path.join(tmp, TRAINER_STATE),
                                {"step": step, "epoch": epoch, "step_in_epoch": pos, "total_steps": self.total_steps,
                                 "world_size": self.world_size, "batch_size": self.config.batch_size,
                                 "grad_accum": self.config.grad_accum, "seed": self.config.seed,

@@ -19,6 +19,27 @@ def _total(parts: Sequence[Part]) -> int:
     return sum(len(p[0]) for p in parts)
 
 
+def sort_results(scores: np.ndarray, ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Sorts each row of ``(scores, ids)`` by descending score, ties by ascending id.
+
+    All backends (numpy, torch, FAISS) order their results with this function, so that documents with equal
+    scores (e.g. duplicate texts) come out in the same order whichever backend found them.
+    """
+    scores = np.asarray(scores, dtype=np.float32)
+    if not scores.size:
+        return scores, ids
+    order = np.lexsort((ids, -scores), axis=1)
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+
+def _outputs(parts: Sequence[Part], queries: np.ndarray, k: int) -> Tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """Shared set-up of the kernels: float32 queries, ``k`` capped at the index size, empty output arrays."""
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    k = min(int(k), _total(parts))
+    num_q = queries.shape[0]
+    return queries, k, np.empty((num_q, k), dtype=np.float32), np.empty((num_q, k), dtype=np.int64)
+
+
 class _NumpyTopK:
     """Running top-k (largest scores) per query, updated block by block.
 
@@ -79,9 +100,7 @@ class _NumpyTopK:
 
     def result(self) -> Tuple[np.ndarray, np.ndarray]:
         """The top-k scores and ids per query, sorted by descending score (ties: ascending id)."""
-        order = np.lexsort((self.ids, -self.scores), axis=1) if self.scores.size else np.zeros_like(self.ids)
-        return (np.take_along_axis(self.scores, order, axis=1).astype(np.float32, copy=False),
-                np.take_along_axis(self.ids, order, axis=1))
+        return sort_results(self.scores, self.ids)
 
 
 def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
@@ -99,14 +118,10 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
     Returns:
         ``(scores, ids)``, both ``(q, min(k, n))``; scores float32 descending, ids int64 global document ids.
     """
-    queries = np.ascontiguousarray(queries, dtype=np.float32)
-    k = min(int(k), _total(parts))
-    num_q = queries.shape[0]
-    out_scores = np.empty((num_q, k), dtype=np.float32)
-    out_ids = np.empty((num_q, k), dtype=np.int64)
-    if k == 0 or num_q == 0:
+    queries, k, out_scores, out_ids = _outputs(parts, queries, k)
+    if k == 0 or not len(queries):
         return out_scores, out_ids
-    for qs in range(0, num_q, query_batch_size):
+    for qs in range(0, len(queries), query_batch_size):
         qbatch = queries[qs:qs + query_batch_size]
         topk = _NumpyTopK(len(qbatch), k)
         for vectors, offset, stride in parts:
@@ -123,13 +138,55 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
     return out_scores, out_ids
 
 
+class _ChunkStager:
+    """Moves index chunks to a torch device, at most two chunks' worth of staging memory at a time.
+
+    With ``pinned`` (the default on CUDA), chunks are copied into one of two page-locked host buffers
+    (alternating) and sent with ``non_blocking=True``; before a buffer is refilled, the CUDA event recorded
+    after its previous copy is waited on, so the copy of chunk ``i + 1`` overlaps the matmul/topk of chunk
+    ``i`` without ever overwriting a buffer that is still being read.  Without ``pinned``, each chunk is
+    simply copied (CPU).
+    """
+
+    def __init__(self, device, chunk_size: int, dim: int, pinned: bool):
+        self.device = device
+        self.chunk_size = chunk_size
+        self.dim = dim
+        self.pinned = pinned
+        self.buffers: dict = {}  # (slot, numpy dtype) -> pinned host tensor of chunk_size rows
+        self.events: list = [None, None]  # per slot: the event recorded after its last copy
+        self.step = 0
+
+    def __call__(self, block: np.ndarray):
+        import torch
+
+        if not self.pinned:
+            return torch.from_numpy(np.array(block))
+        slot = self.step % 2
+        self.step += 1
+        key = (slot, block.dtype.str)
+        if key not in self.buffers:
+            dtype = torch.from_numpy(np.empty(0, dtype=block.dtype)).dtype
+            self.buffers[key] = torch.empty((self.chunk_size, self.dim), dtype=dtype).pin_memory()
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # the previous asynchronous copy out of this buffer has finished
+        host = self.buffers[key][:len(block)]
+        host.numpy()[:] = block
+        tensor = host.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.events[slot] = event
+        return tensor
+
+
 def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=None,
-                 chunk_size: Optional[int] = None, query_batch_size: int = 4096) -> Tuple[np.ndarray, np.ndarray]:
+                 chunk_size: Optional[int] = None, query_batch_size: int = 4096,
+                 pin_memory: Optional[bool] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` inner-product search with torch, streaming the index through ``device`` in chunks.
 
-    On CUDA, chunks are staged through two pinned host buffers and copied asynchronously, so the next
-    chunk's transfer overlaps the current chunk's matmul/topk; only one or two chunks are ever resident on
-    the GPU, so indexes larger than GPU memory work.  On CPU the same code runs without pinning.
+    On CUDA, chunks are staged through two pinned host buffers and copied asynchronously (see
+    :class:`_ChunkStager`); only one or two chunks are ever resident on the GPU, so indexes larger than GPU
+    memory work.  On CPU the same code runs without pinning.
 
     Args:
         parts: the index parts ``(vectors, offset, stride)``.
@@ -138,6 +195,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
         device: a torch device (default: CUDA when available, else CPU).
         chunk_size: document rows per chunk (default: 256 MiB of vectors on CUDA, 64 MiB on CPU).
         query_batch_size: queries scored together.
+        pin_memory: stage chunks through pinned buffers (default: on CUDA only).
 
     Returns:
         ``(scores, ids)`` as for :func:`numpy_search`.
@@ -145,45 +203,21 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
     import torch
 
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    queries = np.ascontiguousarray(queries, dtype=np.float32)
-    k = min(int(k), _total(parts))
-    num_q = queries.shape[0]
-    out_scores = np.empty((num_q, k), dtype=np.float32)
-    out_ids = np.empty((num_q, k), dtype=np.int64)
-    if k == 0 or num_q == 0:
+    queries, k, out_scores, out_ids = _outputs(parts, queries, k)
+    if k == 0 or not len(queries):
         return out_scores, out_ids
     dim = queries.shape[1]
     if chunk_size is None:
         chunk_size = max(1, ((256 if dev.type == "cuda" else 64) << 20) // (4 * dim))
-    pinned = dev.type == "cuda"
-    buffers: dict = {}
-    events: list = [None, None]
-
-    def to_device(block: np.ndarray, slot: int) -> "torch.Tensor":
-        if not pinned:
-            return torch.from_numpy(np.array(block))
-        key = (slot, block.dtype.str)
-        if key not in buffers:
-            buffers[key] = torch.empty((chunk_size, dim), dtype=torch.from_numpy(block[:0].copy()).dtype).pin_memory()
-        if events[slot] is not None:
-            events[slot].synchronize()  # the previous asynchronous copy out of this buffer has finished
-        host = buffers[key][:len(block)]
-        host.numpy()[:] = block
-        tensor = host.to(dev, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        events[slot] = event
-        return tensor
+    stage = _ChunkStager(dev, chunk_size, dim, pinned=dev.type == "cuda" if pin_memory is None else pin_memory)
 
     with torch.no_grad():
-        for qs in range(0, num_q, query_batch_size):
+        for qs in range(0, len(queries), query_batch_size):
             q = torch.from_numpy(queries[qs:qs + query_batch_size]).to(dev)
             best_s = best_i = None
-            step = 0
             for vectors, offset, stride in parts:
                 for start in range(0, len(vectors), chunk_size):
-                    chunk = to_device(vectors[start:start + chunk_size], step % 2).float()
-                    step += 1
+                    chunk = stage(vectors[start:start + chunk_size]).float()
                     scores = q @ chunk.T
                     s, i = scores.topk(min(k, scores.shape[1]), dim=1)
                     i = (i.long() + start) * stride + offset
@@ -194,8 +228,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
                             s, sel = s.topk(k, dim=1)
                             i = i.gather(1, sel)
                     best_s, best_i = s, i
-            s_np, i_np = best_s.cpu().numpy(), best_i.cpu().numpy()
-            order = np.lexsort((i_np, -s_np), axis=1)
-            out_scores[qs:qs + len(q)] = np.take_along_axis(s_np, order, axis=1)
-            out_ids[qs:qs + len(q)] = np.take_along_axis(i_np, order, axis=1)
+            s_np, i_np = sort_results(best_s.cpu().numpy(), best_i.cpu().numpy())
+            out_scores[qs:qs + len(q)] = s_np
+            out_ids[qs:qs + len(q)] = i_np
     return out_scores, out_ids

@@ -31,6 +31,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
+from pyterrier_cpdae._index_io import as_docno
 from pyterrier_cpdae._java import ensure_java
 
 __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever"]
@@ -74,25 +75,57 @@ class BM25Index(pta.Artifact):
         """Folder of the Lucene index inside the artifact."""
         return Path(self.path) / _LUCENE_DIR
 
+    def _read_meta(self) -> Optional[dict[str, Any]]:
+        """The parsed ``pt_meta.json``, or ``None`` when it does not exist.
+
+        Raises:
+            ValueError: when it is not valid JSON, or describes another kind of artifact.
+        """
+        meta_path = Path(self.path) / _META_FILE
+        if not meta_path.is_file():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"corrupt BM25 index {self.path}: {_META_FILE} is not valid JSON ({e}); rebuild it with "
+                             "indexer(mode='overwrite')") from e
+        if not isinstance(meta, dict) or (meta.get("type"), meta.get("format")) != (self.ARTIFACT_TYPE,
+                                                                                   self.ARTIFACT_FORMAT):
+            found = (meta.get("type"), meta.get("format")) if isinstance(meta, dict) else type(meta).__name__
+            raise ValueError(f"{self.path} is not a BM25Index: {_META_FILE} describes {found}, expected "
+                             f"{(self.ARTIFACT_TYPE, self.ARTIFACT_FORMAT)}")
+        return meta
+
     def built(self) -> bool:
-        """Whether the index is complete (``pt_meta.json`` is written last, after Lucene commits)."""
-        return (Path(self.path) / _META_FILE).is_file()
+        """Whether the index is complete (a valid ``pt_meta.json`` is written last, after Lucene commits)."""
+        try:
+            return self._read_meta() is not None
+        except ValueError:
+            return False
 
     def metadata(self) -> dict[str, Any]:
-        """Contents of ``pt_meta.json`` (type, format, number of documents, ...)."""
-        self._require_built()
-        with open(Path(self.path) / _META_FILE, encoding="utf-8") as f:
-            return json.load(f)
+        """Contents of ``pt_meta.json`` (type, format, number of documents, ...).
+
+        Raises:
+            FileNotFoundError: the index is not (completely) built, or its Lucene folder is missing.
+            ValueError: ``pt_meta.json`` is corrupt.
+        """
+        meta = self._read_meta()
+        if meta is None:
+            raise FileNotFoundError(
+                f"No built BM25 index at {self.path} ({_META_FILE} is missing); build it with "
+                "BM25Index(path).indexer().index(corpus_iter)."
+            )
+        if not self.lucene_path.is_dir():
+            raise FileNotFoundError(f"corrupt BM25 index {self.path}: its Lucene folder {_LUCENE_DIR}/ is missing; "
+                                    "rebuild it with indexer(mode='overwrite')")
+        return meta
 
     def __len__(self) -> int:
         return int(self.metadata()["num_docs"])
 
     def _require_built(self) -> None:
-        if not self.built():
-            raise FileNotFoundError(
-                f"No built BM25 index at {self.path} ({_META_FILE} is missing); build it with "
-                "BM25Index(path).indexer().index(corpus_iter)."
-            )
+        self.metadata()
 
     def indexer(self, mode: str = "create", threads: int = 1, batch_size: int = 1000) -> "BM25Indexer":
         """An indexer that builds this index from dicts with ``docno`` and ``text``.
@@ -125,8 +158,10 @@ class BM25Indexer(pt.Indexer):
 
     * ``docno`` and ``text`` are required (``ValueError`` naming the document otherwise);
       ``None`` is rejected for either.
-    * docnos are converted with ``str()`` (so ``7`` and ``"7"`` are the same document);
-      a repeated docno raises ``ValueError`` and leaves no index behind.
+    * docnos follow the same rule as :class:`~pyterrier_cpdae.dense_index.DenseIndex`: strings are kept,
+      integers are converted with ``str()`` (so ``7`` and ``"7"`` are the same document), anything else
+      (floats, bytes, ...), empty docnos and docnos with line breaks raise ``ValueError``; a repeated docno
+      raises ``ValueError``. A failed build leaves no index behind.
     * A document whose text is empty or whitespace cannot match any query; it is skipped with
       one warning giving the count (Lucene would reject it anyway).
     """
@@ -166,9 +201,10 @@ class BM25Indexer(pt.Indexer):
         if _META_FILE in names:
             try:
                 meta = json.loads((path / _META_FILE).read_text(encoding="utf-8"))
-                meta_ok = meta.get("format") == BM25Index.ARTIFACT_FORMAT
             except (OSError, ValueError):
-                meta_ok = False
+                meta = None  # a corrupt pt_meta.json beside lucene/: a damaged BM25Index, which may be replaced
+            # another artifact's metadata is never ours to delete
+            meta_ok = not isinstance(meta, dict) or meta.get("format") == BM25Index.ARTIFACT_FORMAT
         if not names <= {_META_FILE, _LUCENE_DIR} or not meta_ok:
             raise FileExistsError(f"{path} holds something other than a BM25Index ({sorted(names)}); refusing to overwrite it")
         (path / _META_FILE).unlink(missing_ok=True)  # unbuilt from now on
@@ -202,7 +238,11 @@ class BM25Indexer(pt.Indexer):
                 if missing:
                     raise ValueError(f"document #{i} (docno={doc.get('docno')!r}) has no {' / '.join(missing)} "
                                      f"(keys: {sorted(doc)})")
-                docno, text = str(doc["docno"]), doc["text"]
+                try:
+                    docno = as_docno(doc["docno"])
+                except ValueError as e:
+                    raise ValueError(f"document #{i}: {e}") from None
+                text = doc["text"]
                 if not isinstance(text, str):
                     raise ValueError(f"document {docno!r}: text must be a str, got {type(text).__name__}")
                 if docno in seen:
@@ -290,6 +330,12 @@ class BM25Retriever(pt.Transformer):
     def __hash__(self) -> int:
         return hash(("BM25Retriever",) + self._key())
 
+    def fuse_rank_cutoff(self, k: int) -> Optional["BM25Retriever"]:
+        """``bm25 % k`` with ``k < num_results`` becomes a BM25 retriever asking Lucene for only ``k`` results."""
+        if k < self.num_results:
+            return BM25Retriever(self.index, k1=self.k1, b=self.b, num_results=k, threads=self.threads)
+        return None
+
     def searcher(self) -> Any:
         """Anserini's ``SimpleSearcher`` for this index, with this retriever's BM25 parameters."""
         if self._searcher is None:
@@ -297,7 +343,11 @@ class BM25Retriever(pt.Transformer):
             _java()
             from jnius import autoclass
 
-            searcher = autoclass("io.anserini.search.SimpleSearcher")(str(self.index.lucene_path))
+            try:
+                searcher = autoclass("io.anserini.search.SimpleSearcher")(str(self.index.lucene_path))
+            except Exception as e:  # pyjnius' JavaException
+                raise ValueError(f"corrupt BM25 index {self.index.path}: Lucene cannot open {self.index.lucene_path} "
+                                 f"({e}); rebuild it with indexer(mode='overwrite')") from e
             searcher.set_bm25(self.k1, self.b)
             self._searcher = searcher
         return self._searcher

@@ -6,6 +6,7 @@ scores descending).  Create them with the index's factory methods (``index.np_re
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -20,6 +21,7 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from . import _index_io as io
+from ._exact_search import sort_results
 
 if TYPE_CHECKING:  # pragma: no cover
     from .dense_index import DenseIndex
@@ -29,7 +31,8 @@ RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
 
 def query_matrix(inp: pd.DataFrame, dim: int) -> np.ndarray:
     """Stacks the ``query_vec`` column into a float32 ``(q, dim)`` matrix, checking shapes and values."""
-    return io.stack_vectors(list(inp["query_vec"]), [str(q) for q in inp["qid"]], dim, what="query_vec")
+    return io.stack_vectors(list(inp["query_vec"]), [str(q) for q in inp["qid"]], dim, what="query_vec",
+                            id_name="qid")
 
 
 def result_frame(index: "DenseIndex", inp: pd.DataFrame, scores: np.ndarray, ids: np.ndarray,
@@ -64,7 +67,51 @@ def empty_result(inp: pd.DataFrame, drop_query_vec: bool = False) -> pd.DataFram
     return out.astype({"docno": object, "docid": np.int64, "score": np.float32, "rank": np.int64})
 
 
-class ExactRetriever(pt.Transformer):
+class _VectorRetriever(pt.Transformer):
+    """Base of the retrievers: query frame (``qid``, ``query_vec``) in, standard result frame out.
+
+    Subclasses implement :meth:`_search` and :meth:`_params` (their identity, used by ``==``/``hash`` so that
+    ``pt.Experiment(..., plan="tree")`` can share equal pipeline prefixes).
+    """
+
+    def __init__(self, index: "DenseIndex", *, num_results: int, drop_query_vec: bool):
+        if num_results < 1:
+            raise ValueError(f"num_results must be >= 1, got {num_results}")
+        self.index = index
+        self.num_results = num_results
+        self.drop_query_vec = drop_query_vec
+
+    def _params(self) -> Tuple:
+        raise NotImplementedError
+
+    def _search(self, queries: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """Top ``num_results`` ``(scores, ids)`` of ``(q, dim)`` float32 queries, sorted by :func:`sort_results`."""
+        raise NotImplementedError
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is type(self) and self._params() == other._params()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__,) + self._params())
+
+    def fuse_rank_cutoff(self, k: int) -> Optional["_VectorRetriever"]:
+        """``retriever % k`` with ``k < num_results`` becomes this retriever computing only the top ``k``."""
+        if k < self.num_results:
+            clone = copy.copy(self)
+            clone.num_results = k
+            return clone
+        return None
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.query_frame(inp, extra_columns=["query_vec"])
+        if not len(inp):
+            return empty_result(inp, self.drop_query_vec)
+        inp = inp.reset_index(drop=True)
+        scores, ids = self._search(query_matrix(inp, self.index.dim))
+        return result_frame(self.index, inp, scores, ids, self.drop_query_vec)
+
+
+class ExactRetriever(_VectorRetriever):
     """Exact (brute-force) inner-product retrieval streaming the index from disk.
 
     ``backend="numpy"`` scores blocks of ``block_size`` rows with a BLAS matmul and merges per-block top-k
@@ -76,15 +123,11 @@ class ExactRetriever(pt.Transformer):
                  query_batch_size: Optional[int] = None, drop_query_vec: bool = False):
         if backend not in ("numpy", "torch"):
             raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
-        if num_results < 1:
-            raise ValueError(f"num_results must be >= 1, got {num_results}")
-        self.index = index
+        super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
         self.backend = backend
-        self.num_results = num_results
         self.device = None if device is None else str(device)
         self.block_size = block_size
         self.query_batch_size = query_batch_size
-        self.drop_query_vec = drop_query_vec
 
     def _params(self) -> Tuple:
         return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
@@ -95,26 +138,7 @@ class ExactRetriever(pt.Transformer):
         return (f"ExactRetriever({str(self.index.path)!r}, backend={self.backend!r}, "
                 f"num_results={self.num_results}{extra})")
 
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, ExactRetriever) and self._params() == other._params()
-
-    def __hash__(self) -> int:
-        return hash((ExactRetriever,) + self._params())
-
-    def fuse_rank_cutoff(self, k: int) -> Optional["ExactRetriever"]:
-        """``retriever % k`` with ``k < num_results`` becomes a retriever that computes only the top ``k``."""
-        if k < self.num_results:
-            return ExactRetriever(self.index, backend=self.backend, num_results=k, device=self.device,
-                                  block_size=self.block_size, query_batch_size=self.query_batch_size,
-                                  drop_query_vec=self.drop_query_vec)
-        return None
-
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pta.validate.query_frame(inp, extra_columns=["query_vec"])
-        if not len(inp):
-            return empty_result(inp, self.drop_query_vec)
-        inp = inp.reset_index(drop=True)
-        queries = query_matrix(inp, self.index.dim)
+    def _search(self, queries: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         kwargs: Dict[str, Any] = {}
         if self.query_batch_size:
             kwargs["query_batch_size"] = self.query_batch_size
@@ -122,14 +146,13 @@ class ExactRetriever(pt.Transformer):
             kwargs.update(device=self.device, chunk_size=self.block_size)
         elif self.block_size:
             kwargs["block_size"] = self.block_size
-        scores, ids = self.index.search(queries, self.num_results, backend=self.backend, **kwargs)
-        return result_frame(self.index, inp, scores, ids, self.drop_query_vec)
+        return self.index.search(queries, self.num_results, backend=self.backend, **kwargs)
 
 
 FAISS_KINDS = ("flat", "hnsw", "ivf")
 
 
-class FaissRetriever(pt.Transformer):
+class FaissRetriever(_VectorRetriever):
     """Approximate (or, for ``flat``, exact) retrieval with a FAISS index cached in ``<index>/faiss/``.
 
     The FAISS structure is built on first use from the stored vectors (added in blocks) and written to
@@ -144,11 +167,8 @@ class FaissRetriever(pt.Transformer):
                  query_batch_size: int = 4096, drop_query_vec: bool = False):
         if kind not in FAISS_KINDS:
             raise ValueError(f"kind must be one of {FAISS_KINDS}, got {kind!r}")
-        if num_results < 1:
-            raise ValueError(f"num_results must be >= 1, got {num_results}")
-        self.index = index
+        super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
         self.kind = kind
-        self.num_results = num_results
         self.neighbours = neighbours
         self.ef_construction = ef_construction
         self.ef_search = ef_search
@@ -157,7 +177,6 @@ class FaissRetriever(pt.Transformer):
         self.pq_m = pq_m
         self.use_gpu = use_gpu
         self.query_batch_size = query_batch_size
-        self.drop_query_vec = drop_query_vec
         self._faiss_index = None
 
     # -- identity --------------------------------------------------------------------------------------
@@ -176,21 +195,6 @@ class FaissRetriever(pt.Transformer):
         search = {"hnsw": f", ef_search={self.ef_search}", "ivf": f", n_probe={self.n_probe}"}.get(self.kind, "")
         build = "".join(f", {k}={v!r}" for k, v in self._build_params().items())
         return f"FaissRetriever({str(self.index.path)!r}, {self.kind!r}{build}{search}, num_results={self.num_results})"
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, FaissRetriever) and self._params() == other._params()
-
-    def __hash__(self) -> int:
-        return hash((FaissRetriever,) + self._params())
-
-    def fuse_rank_cutoff(self, k: int) -> Optional["FaissRetriever"]:
-        """``retriever % k`` with ``k < num_results`` asks FAISS for only ``k`` results."""
-        if k < self.num_results:
-            clone = FaissRetriever.__new__(FaissRetriever)
-            clone.__dict__.update(self.__dict__)
-            clone.num_results = k
-            return clone
-        return None
 
     # -- building / caching ----------------------------------------------------------------------------
     def cache_name(self) -> str:
@@ -276,21 +280,28 @@ class FaissRetriever(pt.Transformer):
             faiss.write_index(idx, str(tmp))
             os.replace(tmp, idx_path)
             io.write_json_atomic(info_path, {"params": self._build_params(), "fingerprint": fingerprint})
-        use_gpu = self.use_gpu if self.use_gpu is not None else (
-            self.kind != "hnsw" and hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0)
-        if use_gpu:  # pragma: no cover - needs faiss-gpu and a GPU
-            if self.kind == "hnsw":
-                raise ValueError("FAISS has no GPU HNSW; use use_gpu=False")
+        if self._on_gpu(faiss):
             idx = faiss.index_cpu_to_all_gpus(idx)
         self._faiss_index = idx
         return idx
 
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pta.validate.query_frame(inp, extra_columns=["query_vec"])
-        if not len(inp):
-            return empty_result(inp, self.drop_query_vec)
-        inp = inp.reset_index(drop=True)
-        queries = query_matrix(inp, self.index.dim)
+    def _on_gpu(self, faiss) -> bool:
+        """Whether to search on the GPU: with ``use_gpu=None``, exactly when faiss-gpu sees a GPU (not HNSW).
+
+        Raises:
+            ValueError: ``use_gpu=True`` for HNSW, or without faiss-gpu / a visible GPU.
+        """
+        num_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+        if self.use_gpu is None:
+            return self.kind != "hnsw" and num_gpus > 0
+        if self.use_gpu and self.kind == "hnsw":
+            raise ValueError("FAISS has no GPU HNSW; use use_gpu=False")
+        if self.use_gpu and num_gpus == 0:
+            raise ValueError("use_gpu=True needs faiss-gpu and a visible GPU, but FAISS sees no GPU "
+                             "(pip install 'pyterrier-cpdae[gpu]', or leave use_gpu=None)")
+        return bool(self.use_gpu)
+
+    def _search(self, queries: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         idx = self.faiss_index()
         k = min(self.num_results, len(self.index))
         if self.kind == "hnsw":
@@ -307,7 +318,7 @@ class FaissRetriever(pt.Transformer):
         for s in range(0, len(queries), self.query_batch_size):
             scores[s:s + self.query_batch_size], ids[s:s + self.query_batch_size] = idx.search(
                 queries[s:s + self.query_batch_size], k)
-        return result_frame(self.index, inp, scores, ids, self.drop_query_vec)
+        return sort_results(scores, ids)  # FAISS leaves the order of equal scores unspecified
 
 
 class DenseScorer(pt.Transformer):
@@ -352,8 +363,7 @@ class DenseScorer(pt.Transformer):
             raise KeyError(f"{len(names)} docno(s) not in the dense index {self.index.path}: {names[:10]}"
                            f"{' ...' if len(names) > 10 else ''}")
         doc_vecs = self.index._vectors_of(ids)
-        query_vecs = io.stack_vectors(list(out["query_vec"]), [str(q) for q in out["qid"]], self.index.dim,
-                                      what="query_vec")
+        query_vecs = query_matrix(out, self.index.dim)
         out = out.assign(docid=ids, score=np.einsum("ij,ij->i", query_vecs, doc_vecs).astype(np.float32))
         out = pt.model.add_ranks(out)
         out = out.sort_values(["qid", "rank"], kind="stable").reset_index(drop=True)

@@ -2,7 +2,7 @@
 tiny randomly initialised BERT on the bert-base-uncased vocabulary."""
 from __future__ import annotations
 
-import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -63,3 +63,11 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) ->
     BertForMaskedLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for gloo process groups in tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -120,20 +119,21 @@ _WORKER = _SETUP + textwrap.dedent("""
     loss.backward()
     for prm in enc.parameters():                      # what DDP does: average the gradients
         dist.all_reduce(prm.grad); prm.grad /= world
+    try:                                              # unequal local batches (2 and 1 queries) are refused
+        n = 2 - rank
+        distributed_listwise_loss(enc(xq[:n]), enc(xp[:n * 3]), 3)
+        unequal = "no error"
+    except ValueError as e:
+        unequal = str(e)
     if rank == 0:
-        torch.save({"loss": loss.detach(), "grad_w": enc.weight.grad, "grad_b": enc.bias.grad}, out)
+        torch.save({"loss": loss.detach(), "grad_w": enc.weight.grad, "grad_b": enc.bias.grad,
+                    "unequal": unequal}, out)
     dist.destroy_process_group()
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.multiproc
-def test_gathered_in_batch_negatives_match_single_process(tmp_path):
+def test_gathered_in_batch_negatives_match_single_process(tmp_path, free_port):
     # reference: one process, the whole global batch, plain listwise loss with in-batch negatives
     ns: dict = {}
     exec(_SETUP, ns)
@@ -145,7 +145,7 @@ def test_gathered_in_batch_negatives_match_single_process(tmp_path):
     script.write_text(_WORKER)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    port, out = str(_free_port()), tmp_path / "w2.pt"
+    port, out = str(free_port), tmp_path / "w2.pt"
     procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", port, str(out)], env=env, cwd=root)
              for r in range(2)]
     for pr in procs:
@@ -156,3 +156,4 @@ def test_gathered_in_batch_negatives_match_single_process(tmp_path):
     # ... and after DDP-style averaging the gradients equal the single-process ones
     torch.testing.assert_close(got["grad_w"], enc.weight.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got["grad_b"], enc.bias.grad, rtol=1e-5, atol=1e-6)
+    assert "same local batch on every process" in got["unequal"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -134,6 +135,10 @@ def test_bad_documents_leave_nothing_built(tmp_path: Path) -> None:
         ([{"text": "apple"}], ValueError, "has no docno"),
         ([{"docno": "a", "text": None}], ValueError, "has no text"),
         ([{"docno": "a", "text": 3.5}], ValueError, "must be a str"),
+        # non-string docnos follow DenseIndex's rule: ints are converted (above), anything else is refused
+        ([{"docno": 1.0, "text": "apple"}], ValueError, r"document #0: docno must be a str .*float"),
+        ([{"docno": b"a", "text": "apple"}], ValueError, r"docno must be a str .*bytes"),
+        ([{"docno": "", "text": "apple"}], ValueError, "document #0: empty docno"),
         (["just a string"], TypeError, "expected a dict"),
     ]
     for i, (docs, exc, msg) in enumerate(cases):
@@ -173,6 +178,51 @@ def test_docno_types_empty_text_and_modes(tmp_path: Path) -> None:
     assert (other / "precious.txt").read_text() == "keep me"
     with pytest.raises(ValueError, match="mode"):
         index.indexer(mode="append")
+
+
+def test_rank_cutoff_is_fused_into_lucene(tiny_index: BM25Index) -> None:
+    bm25 = tiny_index.bm25()
+    fused = (bm25 % 2).compile()
+    assert fused == tiny_index.bm25(num_results=2) and isinstance(fused, BM25Retriever)
+    assert bm25.fuse_rank_cutoff(1000) is None and bm25.fuse_rank_cutoff(5000) is None
+    topics = pd.DataFrame({"qid": ["1", "2"], "query": ["apple grape", "lemon mango banana"]})
+    full = bm25(topics)
+    pd.testing.assert_frame_equal(fused(topics), full[full["rank"] < 2].reset_index(drop=True))
+
+
+def test_corrupt_index_is_a_clear_error_and_can_be_overwritten(tmp_path: Path) -> None:
+    topics = pd.DataFrame({"qid": ["1"], "query": ["apple"]})
+
+    def fresh(name: str) -> BM25Index:
+        index = BM25Index(tmp_path / name)
+        index.indexer().index(TINY)
+        return index
+
+    bad_json = fresh("bad-json")
+    (Path(bad_json.path) / "pt_meta.json").write_text("{truncated")
+    assert not bad_json.built()
+    with pytest.raises(ValueError, match="corrupt BM25 index .*pt_meta.json is not valid JSON"):
+        bad_json.bm25()(topics)
+    bad_json.indexer(mode="overwrite").index(TINY)  # a damaged BM25Index may be replaced
+    assert bad_json.built() and set(bad_json.bm25()(topics).docno) == {"a", "b"}
+
+    other = fresh("other-type")
+    (Path(other.path) / "pt_meta.json").write_text(json.dumps({"type": "dense_index", "format": "cpdae"}))
+    with pytest.raises(ValueError, match=r"is not a BM25Index: pt_meta.json describes \('dense_index', 'cpdae'\)"):
+        len(other)
+    with pytest.raises(FileExistsError, match="refusing"):
+        other.indexer(mode="overwrite").index(TINY)  # another artifact's files are never deleted
+
+    no_lucene = fresh("no-lucene")
+    shutil.rmtree(no_lucene.lucene_path)
+    with pytest.raises(FileNotFoundError, match="Lucene folder lucene/ is missing"):
+        no_lucene.bm25()(topics)
+
+    broken = fresh("broken-lucene")
+    for f in broken.lucene_path.iterdir():
+        f.unlink()
+    with pytest.raises(ValueError, match="Lucene cannot open"):
+        broken.bm25()(topics)
 
 
 def _run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ import torch
 
 from pretrain.config import PretrainConfig
 from pretrain.objectives import build_objective
-from pretrain.objectives.bow import bow_loss, mlm_head_of
+from pretrain.objectives.bow import bow_loss, bow_weight_at
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "drop your decoder and predict the bag of words",
          "information retrieval evaluation campaigns", "pre-training language models for search"]
@@ -31,6 +31,11 @@ def test_bow_loss_hand_computed():
     assert float(bow_loss(logits, bow)) == pytest.approx((text1 + text2) / 2, rel=1e-6)
 
 
+def test_bow_loss_rejects_shape_mismatch():
+    with pytest.raises(ValueError, match="same shape"):
+        bow_loss(torch.zeros(2, 5), torch.zeros(2, 4))
+
+
 def test_bow_loss_skips_empty_bags():
     logits = torch.tensor([[1.0, 2.0, 0.0], [5.0, 0.0, 0.0]])
     bow = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
@@ -46,7 +51,8 @@ def test_objective_bow_term_matches_naive(tiny_bert_dir):
     out = obj(batch)
     # naive: one text at a time, python sets of the input ids (special tokens excluded)
     with torch.no_grad():
-        cls = model.bert(input_ids=batch["masked_input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
+        cls = model.bert(input_ids=batch["masked_input_ids"][:, 0],
+                         attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
         logp = torch.log_softmax(model.cls(cls), -1)
     per_text = []
     for b, ids in enumerate(examples):
@@ -67,6 +73,30 @@ def test_linear_decay_counts_optimizer_steps(tiny_bert_dir):
     const = build_objective("bow", *_load(tiny_bert_dir, bow_weight=0.5))
     const.on_step(99, 100)
     assert const.bow_weight == 0.5
+    with pytest.raises(ValueError, match="bow_weight_schedule"):
+        bow_weight_at(1.0, "cosine", 1, 10)
+
+
+def test_trainer_drives_the_schedule_per_optimizer_step(tiny_bert_dir, tmp_path):
+    """With 2 micro-batches per optimizer step, both micro-batches of step s use w * (1 - (s-1)/T)."""
+    from pretrain.trainer import Trainer
+
+    model, tok, cfg = _load(tiny_bert_dir, bow_weight=2.0, bow_weight_schedule="linear_decay", batch_size=4,
+                            grad_accum=2, max_steps=3, save_steps=0, logging_steps=1, warmup_ratio=0.0,
+                            mixed_precision="no", cpu=True, output=str(tmp_path / "run"))
+    obj = build_objective("bow", model, tok, cfg)
+    seen: list[float] = []
+    forward = obj.forward
+
+    def recording_forward(batch):
+        seen.append(obj.bow_weight)
+        return forward(batch)
+
+    obj.forward = recording_forward
+    data = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS] * 2
+    Trainer(obj, data, obj.collate, cfg).train()
+    assert seen == pytest.approx([2.0, 2.0, 4 / 3, 4 / 3, 2 / 3, 2 / 3])
+    assert obj.bow_weight == 0.0
 
 
 def test_bad_schedule(tiny_bert_dir):
@@ -87,12 +117,11 @@ def test_training_reduces_loss_and_raises_bow_rank(tiny_bert_dir):
         out["loss"].backward()
         opt.step()
         obj.on_step(step + 1, 30)
-        losses.append((float(out["loss"]), float(out["bow"])))
+        losses.append((float(out["loss"].detach()), float(out["bow"])))
     first = sum(l for l, _ in losses[:5]) / 5
     last = sum(l for l, _ in losses[-5:]) / 5
     assert last < 0.7 * first, losses
     assert sum(b for _, b in losses[-5:]) < 0.7 * sum(b for _, b in losses[:5])
-    assert mlm_head_of(model) is model.cls
 
 
 def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):

@@ -45,19 +45,38 @@ def base_args(model_dir: str, corpus_spec: str, output: Path, cache: Path, **kw)
 
 
 # ----------------------------------------------------------------------------- parsing and dispatch
-def test_help_lists_options_and_subcommands(capsys):
+def test_help_lists_options_and_subcommands(capsys, monkeypatch):
+    import dataclasses
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: no wrapping inside the defaults
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for word in ("finetune", "inspect", "coverage", "--objective", "--from-config", "--resume", "--batch-size",
-                 "GLOBAL batch", "torchrun"):
+    for word in ("finetune", "inspect", "coverage", "--config", "GLOBAL batch", "torchrun"):
         assert word in out
+    # every option is documented with a help text and its default
+    options = out[out.index("\noptions:"):out.index(cli.EPILOG.splitlines()[0])]
+    lines: dict[str, str] = {}  # flag -> its invocation line and help text
+    flag = None
+    for line in options.splitlines()[2:]:
+        if line.strip().startswith("-"):
+            flag = line.split()[0].rstrip(",")
+            lines[flag] = line
+        elif flag:
+            lines[flag] += " " + line.strip()
+    for f in dataclasses.fields(PretrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        assert flag in lines, flag
+        assert f"(default: {f.default})" in lines[flag] and len(lines[flag].split()) > 4, lines[flag]
+    # the paper's settings are the defaults (Ma et al.: batch 64, lr 5e-5, 3 epochs, 10% warm-up, λ = 0.1)
+    c = PretrainConfig()
+    assert (c.objective, c.batch_size, c.learning_rate, c.epochs, c.warmup_ratio, c.cl_weight, c.temperature,
+            c.mlm_probability, c.cl_distribution) == ("cpdae", 64, 5e-5, 3.0, 0.1, 0.1, 1.0, 0.15, "sigmoid")
 
 
 def test_config_file_and_flag_override(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(cli, "pretrain", lambda config: seen.setdefault("config", config))
+    monkeypatch.setattr(cli, "pretrain", lambda config: seen.__setitem__("config", config))
     (tmp_path / "run.yaml").write_text("objective: cpdae_r\nbatch-size: 32\nlearning_rate: 0.0003\n"
                                        "max_length: 64\ncorpus: wiki:/some/dir\n")
     cli.main(["--config", str(tmp_path / "run.yaml"), "--batch-size", "16", "--output", str(tmp_path / "o"),
@@ -70,6 +89,16 @@ def test_config_file_and_flag_override(tmp_path, monkeypatch):
     (tmp_path / "bad.json").write_text(json.dumps({"batch_sise": 3}))
     with pytest.raises(ValueError, match="batch_sise"):
         cli.main(["--config", str(tmp_path / "bad.json")])
+    # YAML reads 5e-5 as a string: numbers are converted; wrong types and choices are refused, naming the option
+    (tmp_path / "lr.yaml").write_text("learning_rate: 5e-5\nmax_steps: '20'\n")
+    cli.main(["--config", str(tmp_path / "lr.yaml")])
+    assert (seen["config"].learning_rate, seen["config"].max_steps) == (5e-5, 20)
+    for text, match in (("batch_size: 6.5", "batch_size.*integer"), ("objective: cpdea", "objective.*one of"),
+                        ("whole_word_mask: maybe", "whole_word_mask.*true or false"),
+                        ("rec_reduction: max", "rec_reduction.*one of"), ("max_length: null", "max_length.*null")):
+        (tmp_path / "bad.yaml").write_text(text + "\n")
+        with pytest.raises(ValueError, match=match):
+            cli.main(["--config", str(tmp_path / "bad.yaml")])
 
 
 def test_subcommand_dispatch(monkeypatch):
@@ -147,6 +176,51 @@ def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_b
     with pytest.raises(ValueError, match="different run.*learning_rate"):
         cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, learning_rate="5e-4"))
     assert (out / "config.json").is_file()
+
+
+def test_from_config_starts_from_seeded_random_weights(tmp_path, tiny_bert_dir, tiny_corpus):
+    """--from-config: random weights of the config's shape, seeded by --seed (lr 0 keeps them as initialised)."""
+    pytest.importorskip("pretrain.objectives.cpdae")
+    import torch
+    from accelerate.utils import set_seed
+    from transformers import AutoConfig, AutoModelForMaskedLM
+    out = tmp_path / "scratch"
+    cli.main(base_args(tiny_bert_dir, tiny_corpus, out, tmp_path / "cache", from_config=tiny_bert_dir,
+                       learning_rate=0, max_steps=1, save_steps=0, seed=7))
+    assert json.loads((out / "run_config.json").read_text())["config"]["from_config"] == tiny_bert_dir
+    got = AutoModelForMaskedLM.from_pretrained(str(out)).state_dict()
+    set_seed(7)
+    ref = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(tiny_bert_dir)).state_dict()
+    pretrained = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir).state_dict()
+    assert set(got) == set(ref)
+    for k in ref:
+        assert torch.equal(got[k], ref[k]), k
+    emb = "bert.embeddings.word_embeddings.weight"
+    assert not torch.equal(got[emb], pretrained[emb])  # not the checkpoint's weights
+
+
+@pytest.mark.multiproc
+def test_torchrun_two_processes_gather_negatives(tmp_path, tiny_bert_dir, tiny_corpus):
+    """`torchrun -m pretrain` on 2 CPU processes (gloo): 2 texts per process, L_CL over the 8 views of the global batch."""
+    pytest.importorskip("pretrain.objectives.cpdae")
+    import math
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    out = tmp_path / "ddp"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, out, tmp_path / "cache",
+                                                        max_steps=2, save_steps=0, learning_rate=0)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((out / "run_config.json").read_text())
+    assert run["trainer"]["world_size"] == 2 and run["trainer"]["micro_batch_size"] == 2
+    rows = read_metrics(str(out / "logs" / "metrics.csv"))
+    assert [r["step"] for r in rows] == [1, 2]
+    # at initialisation ž is almost uniform, so L_CL ≈ ln(2m - 1) with 2m the GLOBAL number of views (8):
+    # with only the local 4 views it would be ln(3)
+    for r in rows:
+        assert r["cl"] == pytest.approx(math.log(7), abs=1e-3)
+    assert (out / "config.json").is_file() and (out / "decoder" / "decoder.safetensors").is_file()
 
 
 @pytest.mark.multiproc

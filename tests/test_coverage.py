@@ -59,7 +59,6 @@ def test_bad_input(tiny_bert_dir, tmp_path):
 
 
 def test_cli_writes_csv_and_plot(tiny_bert_dir, tmp_path):
-    pytest.importorskip("pretrain.corpus")
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n".join(TEXTS) + "\n")
     csv_path, png = tmp_path / "cov.csv", tmp_path / "cov.png"

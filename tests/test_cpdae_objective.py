@@ -15,7 +15,7 @@ from pretrain.objectives import build_objective
 
 TEXTS = ["the quick brown fox jumps over the lazy dog",
          "information retrieval with dense vectors and sparse indexes",
-         "a cat sat on the mat in the kitchen",
+         "a cat sat on the mat in the kitchen \u2603",  # the snowman is [UNK]: a special token, never a REC label
          "pretraining autoencoders for retrieval of scientific documents"]
 
 
@@ -111,8 +111,11 @@ def _naive_components(obj, batch, idf=None, reduction="sum"):
     logits = obj.decoder(cls)
     vocab = logits.shape[-1]
     rows = []
+    special_ids = set(obj.tokenizer.all_special_ids)
     for i in range(2 * m):
-        real = batch["input_ids"][i % m][~batch["special_tokens_mask"][i % m]].tolist()
+        # labels: the token ids of the unmasked text between [CLS] and [SEP], minus special tokens
+        n = int(batch["attention_mask"][i % m].sum())
+        real = [t for t in batch["input_ids"][i % m][1:n - 1].tolist() if t not in special_ids]
         y = naive_bow(real, vocab)
         per = F.binary_cross_entropy_with_logits(logits[i], y, reduction="none")
         if idf is not None:
@@ -136,6 +139,42 @@ def test_cpdae_forward_matches_naive(tiny_bert_dir, tok, examples):
     m = len(examples)
     sim = [[-naive_js(p[i], p[j]) for j in range(2 * m)] for i in range(2 * m)]
     assert out["cl"].item() == pytest.approx(naive_info_nce(sim, m), rel=1e-5)
+    assert tok.unk_token_id in examples[2]  # a special token inside a text: excluded from the REC labels above
+
+
+def test_cpdae_gradients_match_naive(tiny_bert_dir, tok, examples):
+    """The gradient of each loss component on every parameter equals that of a naive computation
+    (full B×L×|V| MLM logits, broadcast JS, explicit twin targets with the row itself excluded),
+    and ``loss`` combines them with λ = 0.1."""
+    from pretrain.losses import pairwise_js_naive
+    # float64: in float32 the naive H(M) - (H_i + H_j)/2 loses ~3 digits to cancellation (JS << H)
+    obj = make("cpdae", tiny_bert_dir, tok, temperature=0.05).eval().double()
+    with torch.no_grad():  # spread the logits: at N(0, 0.02) init all ž are nearly uniform and L_CL's gradient ~0
+        obj.decoder.decoder.weight.normal_(std=0.5, generator=torch.Generator().manual_seed(0))
+    batch = obj.collate(examples)
+    named = [(n, p) for n, p in obj.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    got = obj.compute_losses(batch)
+    l_mlm, l_rec, _, logits = _naive_components(obj, batch)
+    s = torch.sigmoid(logits)
+    p = s / s.sum(-1, keepdim=True)
+    n, m = p.shape[0], p.shape[0] // 2
+    sim = (-pairwise_js_naive(p) / 0.05).masked_fill(torch.eye(n, dtype=torch.bool), float("-inf"))
+    ref = {"mlm": l_mlm, "rec": l_rec, "cl": F.cross_entropy(sim, (torch.arange(n) + m) % n)}
+    assert set(got) == set(ref)
+    for key in ref:
+        g_got = torch.autograd.grad(got[key], params, allow_unused=True, retain_graph=True)
+        g_ref = torch.autograd.grad(ref[key], params, allow_unused=True, retain_graph=True)
+        assert sum(g is not None and bool(g.any()) for g in g_ref) >= 3, key
+        scale = max(float(g.abs().max()) for g in g_ref if g is not None)  # this component's largest gradient
+        for (name, _), a, b in zip(named, g_got, g_ref):
+            if b is None:
+                assert a is None or not bool(a.any()), (key, name)
+                continue
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * scale,
+                                       msg=lambda e, k=key, nm=name: f"{k} {nm}: {e}")
+    out = obj(batch)
+    assert out["loss"].item() == pytest.approx((got["rec"] + got["mlm"] + 0.1 * got["cl"]).item(), rel=1e-6)
 
 
 def test_cpdae_r_contrasts_cls_vectors_by_dot_product(tiny_bert_dir, tok, examples):
@@ -277,3 +316,21 @@ def test_load_mlm_model(minilm_path, tiny_bert_dir, tmp_path):
     rnd = load_mlm_model(tiny_bert_dir, from_config=tiny_bert_dir)
     assert rnd.config.hidden_size == 32
     assert not torch.equal(rnd.cls.predictions.transform.dense.weight, tiny.cls.predictions.transform.dense.weight)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert_dir, tok, examples):
+    """--gradient-checkpointing (trainer.enable_gradient_checkpointing on the objective) changes memory, not results."""
+    from pretrain.trainer import enable_gradient_checkpointing
+    obj = make("cpdae", tiny_bert_dir, tok).train()  # train mode: dropout on, checkpointing active
+    batch = obj.collate(examples)
+    runs = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            enable_gradient_checkpointing(obj)
+        torch.manual_seed(1)
+        loss = obj(batch)["loss"]
+        runs.append((loss.item(), torch.autograd.grad(loss, [p for p in obj.parameters() if p.requires_grad])))
+    assert obj.mlm_model.bert.encoder.layer[0].gradient_checkpointing  # really switched on
+    assert runs[0][0] == pytest.approx(runs[1][0], rel=1e-6)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

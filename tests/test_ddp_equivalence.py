@@ -9,14 +9,13 @@ single-process losses.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.multiproc
 
-OBJECTIVES = ("cpdae", "cpdae_r", "mlm")
+OBJECTIVES = ("cpdae", "cpdae_r", "mlm", "bow", "seed")  # retromae draws its decoder masks per process
 TEXTS = ["the quick brown fox jumps over the lazy dog", "information retrieval with dense vectors",
          "a cat sat on the mat in the kitchen", "pretraining autoencoders for retrieval of documents",
          "jensen shannon divergence between word distributions", "contrastive learning with masked views",
@@ -70,13 +69,7 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_ddp_two_processes_match_single_process(tiny_bert_dir, tmp_path):
+def test_ddp_two_processes_match_single_process(tiny_bert_dir, tmp_path, free_port):
     import torch.multiprocessing as mp
 
     refs = {}
@@ -90,7 +83,7 @@ def test_ddp_two_processes_match_single_process(tiny_bert_dir, tmp_path):
         refs[name] = {"losses": {k: v.detach() for k, v in out.items()}, "grads": _grads(obj)}
         torch.save({"model_dir": tiny_bert_dir, "state": state, "batch": batch}, tmp_path / f"{name}.pt")
 
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
     ddp = torch.load(tmp_path / "ddp.pt")
 
     for name in OBJECTIVES:

@@ -340,3 +340,63 @@ def test_bf16_autocast_is_close_to_float32(tiny_bert_dir):
     a, b = fp32.encode_docs(texts), bf16.encode_docs(texts)
     assert b.dtype == np.float32
     assert np.all(np.sum(a * b, axis=1) > 0.99) and not np.allclose(a, b, atol=1e-6)  # autocast did run in bf16
+
+
+def test_batches_are_length_sorted_padded_to_their_own_length_in_inference_mode(tiny_bert_dir):
+    """Reference: the batch widths expected from the tokenizer's own token counts, sorted within each window."""
+    texts = _texts(23, seed=10)
+    enc = CPDAE.from_pretrained(tiny_bert_dir, batch_size=4, sort_window=2, doc_max_length=64)  # windows of 8
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    lengths = [len(tok(t, truncation=True, max_length=64)["input_ids"]) for t in texts]
+    expected = []
+    for start in range(0, len(texts), 8):
+        window = sorted(lengths[start:start + 8], reverse=True)
+        expected += [(len(window[b:b + 4]), window[b]) for b in range(0, len(window), 4)]
+    seen = []
+    handle = enc.model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append((tuple(kwargs["input_ids"].shape), torch.is_inference_mode_enabled(),
+                                             int(kwargs["attention_mask"].sum()))), with_kwargs=True)
+    enc.encode_docs(texts)
+    handle.remove()
+    assert [shape for shape, _, _ in seen] == expected  # (rows, width = longest text of the batch)
+    assert all(mode for _, mode, _ in seen)
+    assert sum(n for _, _, n in seen) == sum(lengths)  # padding is masked out
+
+
+def test_autocast_dtype_defaults(tiny_bert_dir, monkeypatch):
+    """bf16 autocast on CUDA where supported, else fp16; float32 on CPU (the model is not loaded here)."""
+    cuda = CPDAE.from_pretrained(tiny_bert_dir, device="cuda")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert cuda._autocast_dtype() == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert cuda._autocast_dtype() == torch.float16
+    assert CPDAE.from_pretrained(tiny_bert_dir, device="cuda", dtype="float32")._autocast_dtype() == torch.float32
+    assert CPDAE.from_pretrained(tiny_bert_dir, device="cpu")._autocast_dtype() == torch.float32
+    assert CPDAE.from_pretrained(tiny_bert_dir, device="cpu", dtype="fp16")._autocast_dtype() == torch.float16
+    assert cuda._model is None and cuda.device.type == "cuda"
+
+
+def test_experiment_tree_plan_shares_the_encoder_before_dense_retrievers(tiny_bert_dir, tmp_path):
+    """The issue's pipeline shape ``enc >> index.retriever()``: with plan="tree", the queries are encoded once for
+    all systems (and once per system without it, which shows the counter sees every encoding)."""
+    from pyterrier_cpdae.dense_index import DenseIndex
+
+    docs = _texts(40, seed=11)
+    enc = CPDAE.from_pretrained(tiny_bert_dir, pooling="mean", normalize=True)
+    index = DenseIndex(tmp_path / "idx")
+    (enc >> index.indexer()).index({"docno": f"d{i}", "text": t} for i, t in enumerate(docs))
+    topics = pd.DataFrame({"qid": ["q1", "q2", "q3"], "query": [docs[3], docs[17], docs[29]]})
+    qrels = pd.DataFrame({"qid": ["q1", "q2", "q3"], "docno": ["d3", "d17", "d29"], "label": [1, 1, 1]})
+    same = CPDAE.from_pretrained(tiny_bert_dir, pooling="mean", normalize=True)  # equal to enc, another object
+    systems = [enc >> index.np_retriever(num_results=5), same >> index.torch_retriever(num_results=5, device="cpu"),
+               enc >> index.faiss_flat_retriever(num_results=10)]
+    calls = []
+    for model in (enc.model, same.model):
+        model.register_forward_pre_hook(lambda m, a, kw: calls.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    tree = pt.Experiment(systems, topics, qrels, eval_metrics=["recip_rank"], plan="tree", names=["np", "torch", "flat"])
+    assert calls == [3]
+    assert list(tree["recip_rank"]) == [1.0, 1.0, 1.0]
+    calls.clear()
+    with pytest.warns(UserWarning, match="shared pipeline components among 3 pipelines"):
+        pt.Experiment(systems, topics, qrels, eval_metrics=["recip_rank"], names=["np", "torch", "flat"])
+    assert calls == [3, 3, 3]

@@ -1,10 +1,15 @@
 """End-to-end ``python -m pretrain finetune`` runs on a tiny synthetic BEIR collection."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +18,7 @@ from pretrain import negatives as neg
 from pretrain.config import FinetuneConfig, parse_config
 from pretrain.finetune import load_training_data, main
 
+REPO = Path(__file__).resolve().parents[1]
 WORDS = ("apple river mountain engine planet violin castle garden doctor ocean pencil rocket winter "
          "forest bridge camera silver dragon island market").split()
 
@@ -36,6 +42,12 @@ def _write_beir(root, n_docs=40, n_queries=16, extra_qrels=()):
         for q, d, s in extra_qrels:
             f.write(f"{q}\t{d}\t{s}\n")
     return f"beir:{root}:train"
+
+
+def _write_groups(path, negatives) -> str:
+    """A groups file for q0..q15 (positive ``d<i>``, negatives ``negatives(i)``); returns its path."""
+    neg.write_groups(str(path), [neg.Group(f"q{i}", "ignored", [f"d{i}"], negatives(i)) for i in range(16)])
+    return str(path)
 
 
 def _args(model, train, out, *extra):
@@ -102,9 +114,7 @@ def test_finetune_file_negatives_and_a_dense_mining_round(tmp_path, tiny_bert_di
     pytest.importorskip("pyterrier_cpdae.dense_index")
     pytest.importorskip("pyterrier_cpdae.encoder")
     spec = _write_beir(tmp_path / "beir")
-    groups_file = tmp_path / "negs.jsonl"
-    neg.write_groups(str(groups_file), [neg.Group(f"q{i}", "ignored", [f"d{i}"], [f"d{(i + 1) % 40}", f"d{i + 20}"])
-                                        for i in range(16)])
+    groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{(i + 1) % 40}", f"d{i + 20}"])
     out = tmp_path / "ft"
     summary = main(_args(tiny_bert_dir, spec, out, "--negatives", f"file:{groups_file}", "--mining-rounds", "1",
                          "--pooling", "mean", "--loss", "pairwise"))
@@ -163,3 +173,119 @@ def test_config_parses_finetune_flags():
                                         "--no-in-batch-negatives", "--max-train-queries", "100"])
     assert cfg.negatives == "model:/m" and cfg.mining_rounds == 2 and not cfg.in_batch_negatives
     assert cfg.max_train_queries == 100 and cfg.learning_rate == 5e-6 and cfg.num_negatives == 7
+    # the paper's settings are the defaults: lr 5e-6, 64 queries per batch, 1 positive + 7 negatives, [CLS]
+    cfg = parse_config(FinetuneConfig, [])
+    assert (cfg.learning_rate, cfg.batch_size, cfg.num_negatives, cfg.pooling, cfg.loss) == \
+        (5e-6, 64, 7, "cls", "listwise")
+
+
+@pytest.mark.multiproc
+def test_irds_triples_small_docpairs_are_read_from_a_fixture_cache(tmp_path, tiny_bert_dir):
+    """``--negatives file:irds:msmarco-passage/train/triples-small`` offline, from a temp IR_DATASETS_HOME."""
+    base = tmp_path / "irds" / "msmarco-passage"
+    (base / "train").mkdir(parents=True)
+    (base / "irds_version.txt").write_text("v2")  # exactly, or the migrator deletes collection.tsv
+    (base / "collection.tsv").write_text("".join(f"{i}\t{' '.join(random.Random(i).sample(WORDS, 5))}\n"
+                                                 for i in range(30)))
+    (base / "train" / "queries.tsv").write_text("".join(f"{100 + i}\t{WORDS[i]} {WORDS[i + 1]}\n" for i in range(9)))
+    # qid 108 has no judged positive: it is skipped, and so are its docpairs
+    (base / "train" / "qrels").write_text("".join(f"{100 + i} 0 {i} 1\n" for i in range(8)))
+    triples = [(100 + i, i, (i + k) % 30) for k in (10, 11, 12, 13) for i in range(9)]
+    triples += [(100, 0, 10), (101, 1, 1), (102, 2, 0)]   # a repeated pair, a negative that is the positive
+    (base / "train" / "small.triples.qidpid.tsv").write_text("".join(f"{q}\t{a}\t{b}\n" for q, a, b in triples))
+    out = tmp_path / "ft"
+    args = _args(tiny_bert_dir, "irds:msmarco-passage/train", out, "--negatives",
+                 "file:irds:msmarco-passage/train/triples-small", "--negatives-depth", "3")
+    code = f"""
+        import socket
+        def no_network(*args, **kwargs):
+            raise RuntimeError("network access attempted")
+        socket.socket.connect = no_network
+        from pretrain.finetune import main
+        main({args!r})
+    """
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "IR_DATASETS_HOME": str(tmp_path / "irds")}, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    groups, _ = neg.read_groups(str(out / "groups" / "round-0.jsonl"))
+    # by hand: the first 3 distinct negatives of each query's docpairs (in file order), minus its positive
+    expected = {str(100 + i): [str((i + k) % 30) for k in (10, 11, 12)] for i in range(8)}
+    assert {g.qid: g.negs for g in groups} == expected
+    assert all(g.pos == [str(int(g.qid) - 100)] for g in groups)
+    assert "skipped 1 of 9 training queries without a judged positive" in (out / "finetune.log").read_text()
+    assert (base / "collection.tsv").exists() and (out / "config.json").exists()
+
+
+def test_model_negatives_equal_a_naive_dense_ranking(tmp_path, tiny_bert_dir):
+    """``--negatives model:<dir>``: the pools are the checkpoint's exact dense top-k minus the positive."""
+    encoder_mod = pytest.importorskip("pyterrier_cpdae.encoder")
+    pytest.importorskip("pyterrier_cpdae.dense_index")
+    spec = _write_beir(tmp_path / "beir")
+    groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{i + 20}"])
+    first = tmp_path / "first"
+    main(_args(tiny_bert_dir, spec, first, "--negatives", f"file:{groups_file}", "--pooling", "mean"))
+    out = tmp_path / "ft"
+    main(_args(tiny_bert_dir, spec, out, "--negatives", f"model:{first}", "--negatives-depth", "5"))
+    # reference: encode everything with the first model (mean pooling, read from its training_args) and rank
+    enc = encoder_mod.CPDAE.from_pretrained(str(first), pooling="mean", query_max_length=16, doc_max_length=24)
+    docs = [json.loads(line) for line in open(tmp_path / "beir" / "corpus.jsonl")]
+    queries = [json.loads(line) for line in open(tmp_path / "beir" / "queries.jsonl")]
+    d = np.asarray(enc.encode_docs([f"{x['title']} {x['text']}" for x in docs]))
+    q = np.asarray(enc.encode_queries([x["text"] for x in queries]))
+    groups = {g.qid: g.negs for g in neg.read_groups(str(out / "groups" / "round-0.jsonl"))[0]}
+    for i, row in enumerate(q @ d.T):
+        ranked = [docs[j]["_id"] for j in np.argsort(-row, kind="stable")[:5]]
+        assert groups[f"q{i}"] == [x for x in ranked if x != f"d{i}"]
+
+
+def _low_resource_module():
+    spec = importlib.util.spec_from_file_location("low_resource", REPO / "experiments" / "low_resource.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_low_resource_grid_averages_over_seeds():
+    pd = pytest.importorskip("pandas")
+    rows = [{"N": 0, "seed": "-", "nDCG@10": 0.5, "R@100": 0.9},
+            {"N": 50, "seed": 1, "nDCG@10": 0.6, "R@100": 0.8},
+            {"N": 50, "seed": 2, "nDCG@10": 0.7, "R@100": 1.0},
+            {"N": 100, "seed": 1, "nDCG@10": 0.4, "R@100": 0.7},
+            {"N": 100, "seed": 2, "nDCG@10": 0.5, "R@100": 0.7},
+            {"N": 100, "seed": 3, "nDCG@10": 0.9, "R@100": 1.0}]
+    table = _low_resource_module().average_over_seeds(pd.DataFrame(rows)).set_index("N")
+    assert table.loc[50, "runs"] == 2 and table.loc[100, "runs"] == 3 and table.loc[0, "runs"] == 1
+    assert table.loc[50, "nDCG@10 mean"] == pytest.approx(0.65)
+    assert table.loc[100, "nDCG@10 mean"] == pytest.approx(0.6)
+    assert table.loc[100, "R@100 mean"] == pytest.approx(0.8)
+    assert table.loc[100, "nDCG@10 std"] == pytest.approx(0.264575, abs=1e-4)   # sample std of .4, .5, .9
+    assert table.loc[0, "nDCG@10 mean"] == 0.5
+
+
+@pytest.mark.multiproc
+def test_finetune_under_torchrun_two_gloo_processes(tmp_path, tiny_bert_dir):
+    """Rank 0 prepares the output and mines (a single dense index), both ranks train each round together."""
+    import socket
+
+    pytest.importorskip("pyterrier_cpdae.dense_index")
+    spec = _write_beir(tmp_path / "beir")
+    groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{i + 20}", f"d{(i + 1) % 40}"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "ft"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), "-m", "pretrain", "finetune",
+           *_args(tiny_bert_dir, spec, out, "--negatives", f"file:{groups_file}", "--mining-rounds", "1")]
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for r in (0, 1):
+        trainer = json.loads((out / "rounds" / f"round-{r}" / "run_config.json").read_text())["trainer"]
+        assert trainer["world_size"] == 2 and trainer["micro_batch_size"] == 2
+    r1, _ = neg.read_groups(str(out / "groups" / "round-1.jsonl"))
+    # mined over the whole corpus by rank 0 alone (not over a torchrun shard of it)
+    assert len(r1) == 16 and all(len(g.negs) in (9, 10) and g.pos[0] not in g.negs for g in r1)
+    mined = {int(d[1:]) for g in r1 for d in g.negs}
+    assert {i % 2 for i in mined} == {0, 1}          # torchrun shard 0 alone would hold the even records only
+    assert json.loads((out / "training_args.json").read_text())["finished"]
+    assert (out / "config.json").exists() and not (out / "dense_index").exists()

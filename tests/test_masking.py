@@ -27,6 +27,26 @@ def test_pad_and_add_special(tokenizer):
         pad_and_add_special([], tokenizer)
 
 
+def test_special_ids_inside_the_text_are_special(tokenizer):
+    # raw text can hold [UNK] (unknown characters) or a literal "[MASK]"/"[SEP]" that the tokenizer maps to the
+    # special id; like HF's get_special_tokens_mask, those positions are never masked nor predicted
+    ex = [tokenizer("a [MASK] b \u2603 c [SEP] d", add_special_tokens=False)["input_ids"],
+          tokenizer("plain words only", add_special_tokens=False)["input_ids"]]
+    assert tokenizer.unk_token_id in ex[0] and tokenizer.mask_token_id in ex[0] and tokenizer.sep_token_id in ex[0]
+    ids, am, special = pad_and_add_special(ex, tokenizer)
+    for i, e in enumerate(ex):
+        full = [tokenizer.cls_token_id] + e + [tokenizer.sep_token_id]
+        ref = tokenizer.get_special_tokens_mask(full, already_has_special_tokens=True)
+        n = len(full)
+        assert special[i, :n].tolist() == [bool(x) for x in ref]
+        assert bool(special[i, n:].all())
+    masked, labels = mask_tokens(ids.repeat(200, 1), special.repeat(200, 1), mask_token_id=tokenizer.mask_token_id,
+                                 vocab_size=30522, mlm_probability=0.5, generator=torch.Generator().manual_seed(0))
+    assert not bool((labels != -100)[special.repeat(200, 1)].any())
+    bow = bag_of_words(ids, special, 30522)
+    assert set(torch.nonzero(bow[0]).flatten().tolist()) == set(ex[0]) - set(tokenizer.all_special_ids)
+
+
 def _random_batch(b=300, length=200, vocab=30522, seed=0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(length // 2, length - 1, (b,), generator=g)

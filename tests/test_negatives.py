@@ -171,3 +171,77 @@ def test_mine_dense_streams_through_dense_index_and_equals_full_scoring(tmp_path
         ranked = [f"doc{j}" for j in np.argsort(-full[i], kind="stable")[:20]]
         assert pools[f"q{i}"] == [d for d in ranked if d not in positives[f"q{i}"]]
         assert len(pools[f"q{i}"]) == 19
+
+
+def test_groups_from_docpairs_keeps_only_training_queries_and_caps_negatives():
+    pairs = [("1", "p1", "n1"), ("2", "p2", "m1"), ("1", "p1", "n2"), ("1", "p1", "n3"), ("2", "p2", "m2")]
+    groups = neg.groups_from_docpairs(iter(pairs), {"1": "one", "2": "two"}, qids={"1"}, max_negatives=2)
+    assert groups == [neg.Group("1", "one", ["p1"], ["n1", "n2"])]
+
+
+class _Corpus:
+    """A corpus callable that counts its passes and the texts it hands out."""
+
+    def __init__(self, n: int):
+        self.docs = [{"docno": f"d{i}", "text": f"text {i}"} for i in range(n)]
+        self.passes = 0
+
+    def __call__(self):
+        self.passes += 1
+        return iter(self.docs)
+
+
+def test_build_examples_equals_naive_sampling_and_loads_only_drawn_texts(monkeypatch):
+    corpus = _Corpus(400)
+    full = {d["docno"]: d["text"] for d in corpus.docs}
+    groups = [neg.Group(f"q{i}", f"query {i}", [f"d{i}"],
+                        [f"d{j}" for j in range(100 + 50 * i, 150 + 50 * i)] + ["ghost-1", "ghost-2"])
+              for i in range(5)]
+    groups.append(neg.Group("q9", "few", ["d9"], ["d10", "ghost-3"]))       # 1 known negative: replaced
+    # naive reference: every pool id resolved against the full corpus, then sampled
+    naive = neg.sample_examples(neg.check_known(groups, full), full, 3, seed=7)
+    loaded: list[int] = []
+    load_texts = neg.load_texts
+
+    def spy(docs, needed, texts=None):
+        out = load_texts(docs, needed, texts)
+        loaded.append(len(out))
+        return out
+
+    monkeypatch.setattr(neg, "load_texts", spy)
+    got = neg.build_examples(groups, 3, corpus=corpus, seed=7)
+    assert got == naive
+    assert corpus.passes == 2
+    # 6 positives + at most 6 x 3 drawn negatives are ever held as texts (the pools hold 303 ids)
+    assert loaded and max(loaded) <= 6 + 6 * 3
+    with pytest.raises(ValueError, match="not in the corpus: ghost-9"):
+        neg.build_examples([neg.Group("q", "q", ["ghost-9"], ["d1"])], 1, corpus=corpus)
+    with pytest.raises(ValueError, match="no corpus to look them up: d1"):
+        neg.build_examples([neg.Group("q", "q", ["d1"], [])], 0)
+    inline = neg.build_examples([neg.Group("q", "q", ["a"], ["b"])], 1, texts={"a": "A", "b": "B"})
+    assert inline == [("q", ["A", "B"])]
+
+
+def test_mine_dense_memory_does_not_grow_with_the_corpus(tmp_path):
+    """Peak traced memory of dense mining stays flat as the corpus grows 4x and below one full score matrix."""
+    import tracemalloc
+
+    dense_index = pytest.importorskip("pyterrier_cpdae.dense_index")
+    rng = np.random.default_rng(0)
+    num_q, dim = 256, 16
+    queries = rng.standard_normal((num_q, dim)).astype(np.float32)
+    topics = pd.DataFrame({"qid": [f"q{i}" for i in range(num_q)], "query": [str(i) for i in range(num_q)]})
+    peaks = {}
+    for n in (20_000, 80_000):
+        index = dense_index.DenseIndex(str(tmp_path / f"idx{n}"))
+        docs = rng.standard_normal((n, dim)).astype(np.float32)
+        index.indexer().index({"docno": f"d{i}", "doc_vec": docs[i]} for i in range(n))
+        del docs
+        tracemalloc.start()
+        pools = neg.mine_dense(_VecEncoder(queries), index, topics, {}, depth=10)
+        peaks[n] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert all(len(p) == 10 for p in pools.values())
+    full_scores = num_q * 80_000 * 4                 # what scoring every document at once would take
+    assert peaks[80_000] < 1.3 * peaks[20_000] + (1 << 20)
+    assert peaks[80_000] < full_scores, peaks

@@ -1,11 +1,14 @@
-"""SEED-Encoder objective: window mask vs a hand-built one, decoder locality, targets, training."""
+"""SEED-Encoder objective: window mask vs a hand-built one, the decoder and its loss vs a naive
+per-position reference, tied output layer, bad input, training."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pretrain.config import PretrainConfig
 from pretrain.objectives import build_objective
@@ -13,6 +16,16 @@ from pretrain.objectives.seed import SEEDDecoder, seed_attention_mask
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "dense retrieval with a weak decoder",
          "information retrieval evaluation campaigns", "pre-training language models for search"]
+
+
+def _sharpen(module: torch.nn.Module) -> None:
+    """Re-draw every weight matrix with a large spread, so that the losses react to every input
+    (the tiny model's BERT initialisation gives nearly uniform logits, hiding small mistakes)."""
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
 
 
 def _load(tiny_bert_dir: str, **cfg):
@@ -23,19 +36,36 @@ def _load(tiny_bert_dir: str, **cfg):
     return model, tok, PretrainConfig(model=tiny_bert_dir, **cfg)
 
 
-def _train(obj, tok, steps: int = 30, lr: float = 3e-3) -> list[float]:
-    examples = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
-    opt = torch.optim.AdamW(obj.parameters(), lr=lr)
-    obj.train()
-    losses = []
-    for step in range(steps):
-        out = obj(obj.collate(examples))
-        opt.zero_grad()
-        out["loss"].backward()
-        opt.step()
-        obj.on_step(step + 1, steps)
-        losses.append(float(out["loss"]))
-    return losses
+def _examples(tok, texts=TEXTS) -> list[list[int]]:
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def _naive_decoder(dec: SEEDDecoder, x: torch.Tensor, span: int) -> torch.Tensor:
+    """One unpadded text ``x`` (L, H) through ``dec``'s weights, one query position at a time.
+
+    Position ``j`` attends to the key set {0} ∪ {j-span+1, ..., j} (clipped at 0), written out
+    as a Python set, independently of :func:`seed_attention_mask`.
+    """
+    h = x
+    for layer in dec.layers:
+        att = layer.self_attn
+        H, nh = h.shape[1], att.num_heads
+        d = H // nh
+        W, b = att.in_proj_weight, att.in_proj_bias
+        q, k, v = h @ W[:H].T + b[:H], h @ W[H:2 * H].T + b[H:2 * H], h @ W[2 * H:].T + b[2 * H:]
+        rows = []
+        for j in range(h.shape[0]):
+            keys = sorted({0} | {i for i in range(j - span + 1, j + 1) if i >= 0})
+            heads = []
+            for a in range(nh):
+                s = slice(a * d, (a + 1) * d)
+                p = torch.softmax(q[j, s] @ k[keys, s].T / math.sqrt(d), -1)
+                heads.append(p @ v[keys, s])
+            rows.append(torch.cat(heads))
+        attn = att.out_proj(torch.stack(rows))
+        h1 = layer.norm1(h + attn)
+        h = layer.norm2(h1 + layer.linear2(F.gelu(layer.linear1(h1))))
+    return dec.output_norm(h)
 
 
 def test_window_mask_equals_hand_built():
@@ -70,7 +100,7 @@ def test_window_mask_rejects_bad_span():
 
 def test_decoder_only_sees_its_window():
     torch.manual_seed(0)
-    dec = SEEDDecoder(16, num_layers=3, num_heads=2, intermediate_size=32, span=2, dropout=0.0).eval()
+    dec = SEEDDecoder(16, 50, num_layers=3, num_heads=2, intermediate_size=32, span=2, dropout=0.0).eval()
     x = torch.randn(1, 8, 16)
     am = torch.ones(1, 8, dtype=torch.long)
     base = dec(x, am)
@@ -86,6 +116,19 @@ def test_decoder_only_sees_its_window():
     assert bool(((dec(z, am) - base).abs().amax(-1) > 1e-5).all())
 
 
+@pytest.mark.parametrize("span", [1, 2, 3])
+def test_decoder_matches_naive_per_position_reference(span):
+    torch.manual_seed(1)
+    dec = SEEDDecoder(16, 50, num_layers=2, num_heads=4, intermediate_size=24, span=span, dropout=0.0).eval()
+    lengths = [7, 4]  # a padded batch: the second text has 3 pads
+    x = torch.randn(2, 7, 16)
+    am = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    with torch.no_grad():
+        got = dec(x, am)
+        for b, n in enumerate(lengths):
+            torch.testing.assert_close(got[b, :n], _naive_decoder(dec, x[b, :n], span), rtol=1e-4, atol=1e-5)
+
+
 def test_targets_are_next_tokens(tiny_bert_dir):
     model, tok, cfg = _load(tiny_bert_dir)
     obj = build_objective("seed", model, tok, cfg)
@@ -95,14 +138,63 @@ def test_targets_are_next_tokens(tiny_bert_dir):
     assert t.tolist() == [[2000, 2001, 2002, -100, -100], [2003, -100, -100, -100, -100]]
 
 
+def test_rec_loss_matches_naive_reference(tiny_bert_dir):
+    model, tok, cfg = _load(tiny_bert_dir)
+    obj = build_objective("seed", model, tok, cfg).eval()
+    _sharpen(obj)
+    examples = _examples(tok)
+    batch = obj.collate(examples)
+    with torch.no_grad():
+        out = obj(batch)
+        terms = []
+        W = model.bert.embeddings.word_embeddings.weight
+        for b, ids in enumerate(examples):
+            n = len(ids)
+            # this text alone, unpadded: [CLS] vector of its masked view, embeddings of the original tokens
+            h_cls = model.bert(input_ids=batch["masked_input_ids"][b:b + 1, 0, :n + 2]).last_hidden_state[0, 0]
+            orig = torch.tensor([[tok.cls_token_id] + ids + [tok.sep_token_id]])
+            e = model.bert.embeddings(input_ids=orig)[0]
+            states = _naive_decoder(obj.decoder, torch.cat([h_cls[None], e[1:]]), cfg.seed_attention_span)
+            for j in range(n):  # position j ([CLS] or token j) predicts token j+1
+                logp = torch.log_softmax(states[j] @ W.T + obj.decoder.output_bias, -1)
+                terms.append(-float(logp[ids[j]]))
+    assert float(out["rec"]) == pytest.approx(sum(terms) / len(terms), rel=1e-4)
+
+
+def test_output_layer_is_the_word_embedding_matrix(tiny_bert_dir):
+    model, tok, cfg = _load(tiny_bert_dir)
+    obj = build_objective("seed", model, tok, cfg)
+    own = {n for n, _ in obj.named_parameters()} - {"mlm_model." + n for n, _ in model.named_parameters()}
+    assert own == {"decoder." + n for n, _ in obj.decoder.named_parameters()}
+    assert not any(p.shape[0] == model.config.vocab_size and p.dim() == 2 for p in obj.decoder.parameters())
+    examples = _examples(tok)
+    batch = obj.collate(examples)
+    batch["mlm_labels"].fill_(-100)  # no MLM term: every gradient below comes from the reconstruction
+    obj(batch)["loss"].backward()
+    seen = set(batch["input_ids"].flatten().tolist()) | set(batch["masked_input_ids"].flatten().tolist())
+    absent = next(t for t in range(2000, 3000) if t not in seen)
+    # a token that is in neither input gets a gradient only through the tied output projection
+    assert float(model.bert.embeddings.word_embeddings.weight.grad[absent].abs().sum()) > 0
+    assert float(model.cls.predictions.transform.dense.weight.grad.abs().sum()) == 0  # MLM head unused
+
+
 def test_loss_components_and_training(tiny_bert_dir, tmp_path):
     model, tok, cfg = _load(tiny_bert_dir)
     obj = build_objective("seed", model, tok, cfg)
     assert len(obj.decoder.layers) == cfg.seed_decoder_layers == 3
-    out = obj(obj.collate([tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]))
+    examples = _examples(tok)
+    out = obj(obj.collate(examples))
     assert set(out) == {"loss", "mlm", "rec"}
     assert torch.allclose(out["loss"], out["mlm"] + out["rec"])
-    losses = _train(obj, tok)
+    opt = torch.optim.AdamW(obj.parameters(), lr=3e-3)
+    obj.train()
+    losses = []
+    for _ in range(30):
+        out = obj(obj.collate(examples))
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(float(out["loss"].detach()))
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses
     obj.save_pretrained(str(tmp_path / "out"))
     with open(tmp_path / "out" / "decoder" / "decoder_config.json") as f:
@@ -114,4 +206,11 @@ def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):
     model, tok, cfg = _load(tiny_bert_dir)
     tok.mask_token = None
     with pytest.raises(ValueError, match="mask token"):
+        build_objective("seed", model, tok, cfg)
+
+
+@pytest.mark.parametrize("option", [{"seed_attention_span": 0}, {"seed_decoder_layers": 0}])
+def test_refuses_bad_decoder_options(tiny_bert_dir, option):
+    model, tok, cfg = _load(tiny_bert_dir, **option)
+    with pytest.raises(ValueError, match=next(iter(option))):
         build_objective("seed", model, tok, cfg)

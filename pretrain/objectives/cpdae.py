@@ -103,6 +103,10 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
             raise ValueError(f"decoder_init must be 'random' or 'mlm_head', got {config.decoder_init!r}")
         if config.rec_reduction not in ("sum", "mean"):
             raise ValueError(f"rec_reduction must be 'sum' or 'mean', got {config.rec_reduction!r}")
+        if config.cl_distribution not in ("sigmoid", "softmax"):
+            raise ValueError(f"cl_distribution must be 'sigmoid' or 'softmax', got {config.cl_distribution!r}")
+        if not float(config.temperature) > 0:
+            raise ValueError(f"temperature must be > 0, got {config.temperature!r}")
         self._set_idf(idf, vocab)
 
     def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
@@ -129,21 +133,33 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
         return twin_contrastive_loss(p, lambda a, b: -pairwise_js(a, b, chunk_size=chunk),
                                      temperature=float(self.config.temperature))
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def compute_losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The loss components of a batch, still attached to the autograd graph.
+
+        Returns:
+            ``{"mlm": L_MLM, "rec": L_REC}`` plus ``"cl": L_CL`` for contrastive objectives
+            (unweighted; :meth:`forward` applies ``λ``).
+        """
         hidden, labels = self.encode_views(batch)
-        l_mlm = self.masked_lm_loss(hidden, labels)
         cls = hidden[:, 0]
         logits = self.decoder(cls)
         k = batch["masked_input_ids"].shape[1]
+        # targets: the token set of the *unmasked* text, special tokens and padding excluded; one row per view
         targets = bag_of_words(batch["input_ids"], batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool(),
                                logits.shape[-1]).repeat(k, 1)
-        l_rec = rec_loss(logits, targets, weights=self.idf, reduction=self.config.rec_reduction)
-        out = {"mlm": l_mlm.detach(), "rec": l_rec.detach()}
-        loss = l_rec + l_mlm
+        losses = {"mlm": self.masked_lm_loss(hidden, labels),
+                  "rec": rec_loss(logits, targets, weights=self.idf, reduction=self.config.rec_reduction)}
         if self.use_cl:
-            l_cl = self.contrastive_loss(cls, logits)
-            loss = loss + float(self.config.cl_weight) * l_cl
-            out["cl"] = l_cl.detach()
+            losses["cl"] = self.contrastive_loss(cls, logits)
+        return losses
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{"loss": L_REC + L_MLM (+ λ·L_CL), "mlm", "rec"(, "cl")}``; the components are detached (for logging)."""
+        losses = self.compute_losses(batch)
+        loss = losses["rec"] + losses["mlm"]
+        if "cl" in losses:
+            loss = loss + float(self.config.cl_weight) * losses["cl"]
+        out = {k: v.detach() for k, v in losses.items()}
         out["loss"] = loss
         return out
 

@@ -33,6 +33,11 @@ class MaskedViewsMixin:
     #: Optional generator used for masking (reproducible batches); default: torch's global RNG.
     mask_generator: Optional[torch.Generator] = None
 
+    @property
+    def mask_probability(self) -> float:
+        """Share of the text tokens masked in each view (BERT masking: ``config.mlm_probability``)."""
+        return self.config.mlm_probability
+
     def _mask_setup(self) -> None:
         self._continuation = None
         if self.config.whole_word_mask:
@@ -48,7 +53,7 @@ class MaskedViewsMixin:
         for _ in range(self.num_views):
             x, y = mask_tokens(input_ids, special, mask_token_id=self.tokenizer.mask_token_id,
                                vocab_size=self.mlm_model.config.vocab_size,
-                               mlm_probability=self.config.mlm_probability, generator=self.mask_generator,
+                               mlm_probability=self.mask_probability, generator=self.mask_generator,
                                word_ids=word_ids)
             masked.append(x)
             labels.append(y)

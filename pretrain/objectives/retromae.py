@@ -23,6 +23,16 @@ the data collator (the "Drop your Decoder" paper measured 5.6 s per batch and a 
 in training speed), :func:`retromae_decoder_mask` draws all rows at once on the training
 device, vectorised (one ``rand`` and one ``sort`` over ``(B, L, L)``). Masks are drawn
 per token, not per whole word.
+
+Departures from the reference code, kept deliberately: the query stream is ``h + p_i`` as in
+the paper's equation (the reference code passes it through the embedding LayerNorm too);
+the encoder view uses BERT token masking (``--whole-word-mask`` for whole words) and the
+decoder masks are per token. The encoder's masking ratio is ``encoder_mask_ratio``;
+``mlm_probability`` is not used by this objective.
+
+Cost: the reconstruction projects *every* text position through the MLM head, and the
+encoder's MLM term covers 30% of the positions instead of 15%; see
+``docs/readme_parts/rivals.md`` for the arithmetic.
 """
 from __future__ import annotations
 
@@ -31,10 +41,16 @@ from typing import Any, Optional
 import torch
 from torch import nn
 import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..config import PretrainConfig
+from ..distributed import global_mean_count
 from ..losses import mlm_loss
+from ..modeling import mlm_head
 from .base import Objective
-from .bow import masked_view_batch, mlm_head_of
+from .mlm import MaskedViewsMixin
+
+__all__ = ["EnhancedDecoderLayer", "RetroMAEObjective", "retromae_decoder_mask", "retromae_hidden_counts"]
 
 
 def _check_ratio(ratio: float, name: str) -> None:
@@ -68,6 +84,9 @@ def retromae_decoder_mask(attention_mask: torch.Tensor, special_tokens_mask: tor
     other special tokens ([SEP]) are visible. So every content row ``i`` sees exactly
     ``n_b - 1 - m_b`` other content tokens, plus [CLS] and [SEP].
 
+    Everything is tensor work on the inputs' device (no Python loop over rows, no host
+    synchronisation).
+
     Args:
         attention_mask: ``(B, L)`` 1 for real tokens.
         special_tokens_mask: ``(B, L)`` 1 for special tokens ([CLS], [SEP], ...).
@@ -78,9 +97,12 @@ def retromae_decoder_mask(attention_mask: torch.Tensor, special_tokens_mask: tor
         ``(B, L, L)`` bool, True where row ``i`` may attend to column ``j``.
 
     Raises:
-        ValueError: if ``ratio`` is not in (0, 1).
+        ValueError: if ``ratio`` is not in (0, 1) or the masks' shapes differ.
     """
     _check_ratio(ratio, "decoder_mask_ratio")
+    if attention_mask.shape != special_tokens_mask.shape or attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} and special_tokens_mask "
+                         f"{tuple(special_tokens_mask.shape)} must both be (B, L)")
     B, L = attention_mask.shape
     dev = attention_mask.device
     real = attention_mask.bool()
@@ -102,6 +124,16 @@ class EnhancedDecoderLayer(nn.Module):
 
     Post-LN BERT layout: multi-head attention, residual on the query stream + LayerNorm,
     GELU feed-forward, residual + LayerNorm.
+
+    Args:
+        hidden_size: Width ``H``.
+        num_heads: Attention heads (must divide ``H``).
+        intermediate_size: Feed-forward width.
+        dropout: Dropout on the attention probabilities and the residual branches.
+        layer_norm_eps: LayerNorm epsilon.
+
+    Raises:
+        ValueError: if ``num_heads`` does not divide ``hidden_size``.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, dropout: float = 0.1,
@@ -136,45 +168,60 @@ class EnhancedDecoderLayer(nn.Module):
         return self.ffn_norm(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
 
 
-class RetroMAEObjective(Objective):
-    """Encoder MLM (ratio ``encoder_mask_ratio``) + enhanced-decoding reconstruction of all tokens."""
+class RetroMAEObjective(MaskedViewsMixin, Objective):
+    """Encoder MLM (ratio ``encoder_mask_ratio``) + enhanced-decoding reconstruction of all tokens.
+
+    ``loss = mlm + rec``; ``rec`` is averaged over the reconstructed tokens of the (global)
+    batch. Set :attr:`decoder_mask_generator` (a generator on the training device) for
+    reproducible decoder masks.
+
+    Raises:
+        ValueError: if ``encoder_mask_ratio`` or ``decoder_mask_ratio`` is not in (0, 1), or
+            the tokenizer has no mask token.
+    """
 
     name = "retromae"
     loss_names = ("mlm", "rec")
-    needs_mask_token = True
+    num_views = 1
+    ddp_find_unused_parameters = False
+    #: Optional generator (on the training device) for the decoder masks drawn in forward.
+    decoder_mask_generator: Optional[torch.Generator] = None
 
-    def __init__(self, mlm_model: Any, tokenizer: Any, config: Any, **extra: Any):
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+                 **extra: Any):
+        if extra:
+            raise ValueError(f"objective {self.name!r} takes no extra arguments, got {sorted(extra)}")
         _check_ratio(config.decoder_mask_ratio, "decoder_mask_ratio")
         _check_ratio(config.encoder_mask_ratio, "encoder_mask_ratio")
         super().__init__(mlm_model, tokenizer, config)
+        self._mask_setup()
         cfg = mlm_model.config
         self.decoder = EnhancedDecoderLayer(cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size,
                                             dropout=cfg.hidden_dropout_prob, layer_norm_eps=cfg.layer_norm_eps)
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Add [CLS]/[SEP], pad, mask the encoder view at ``encoder_mask_ratio``; decoder masks are drawn in forward."""
-        return masked_view_batch(examples, self.tokenizer, self.mlm_model.config.vocab_size,
-                                 self.config.encoder_mask_ratio, self.config.whole_word_mask)
+    @property
+    def mask_probability(self) -> float:
+        """The encoder view is masked at ``encoder_mask_ratio`` (0.3), not ``mlm_probability``."""
+        return self.config.encoder_mask_ratio
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        am = batch["attention_mask"]
-        ids = batch["input_ids"]
-        special = batch["special_tokens_mask"].bool()
-        head = mlm_head_of(self.mlm_model)
-        hidden = self.encoder(input_ids=batch["masked_input_ids"], attention_mask=am).last_hidden_state
-        l_mlm = mlm_loss(hidden, batch["mlm_labels"], head)
+        hidden, labels = self.encode_views(batch)
+        l_mlm = self.masked_lm_loss(hidden, labels)
 
+        ids, am = batch["input_ids"], batch["attention_mask"]
+        special = batch["special_tokens_mask"].bool()
         cls = hidden[:, :1]  # (B, 1, H)
         emb = self.encoder.embeddings
-        content = torch.cat([cls, emb(input_ids=ids)[:, 1:]], dim=1)
+        content = torch.cat([cls, emb(input_ids=ids)[:, 1:]], dim=1)  # H2: [h; e(t1) ... e(SEP)]
         positions = torch.arange(ids.shape[1], device=ids.device)
-        query = cls + emb.position_embeddings(positions).unsqueeze(0)
-        visible = retromae_decoder_mask(am, special, self.config.decoder_mask_ratio)
+        query = cls + emb.position_embeddings(positions).unsqueeze(0)  # H1: h + p_i
+        visible = retromae_decoder_mask(am, special, self.config.decoder_mask_ratio,
+                                        generator=self.decoder_mask_generator)
         dec = self.decoder(query, content, visible)
 
-        sel = am.bool() & ~special
-        logits = head(dec[sel])
-        l_rec = F.cross_entropy(logits.float(), ids[sel])
+        targets = ids.masked_fill(~am.bool() | special, -100)  # every text token, no [CLS]/[SEP]/pad
+        n = global_mean_count(int((targets != -100).sum()), device=targets.device)
+        l_rec = mlm_loss(dec, targets, mlm_head(self.mlm_model), num_items=n)  # the encoder's own MLM head
         return {"loss": l_mlm + l_rec, "mlm": l_mlm.detach(), "rec": l_rec.detach()}
 
     def decoder_modules(self) -> dict[str, nn.Module]:

@@ -22,6 +22,12 @@ are the non-special tokens ``t1 ... tn`` ([SEP] and padding are not predicted).
 [CLS] enters as the first position of the decoder's self-attention (not via
 cross-attention). The decoder's output layer is tied to the encoder's word embeddings
 (with its own bias and LayerNorm).
+
+Cost: the reconstruction projects the decoder state of *every* text position onto the
+vocabulary (``H x |V|`` multiply-adds per token, as many as the whole MiniLM-L6 encoder
+spends per token), where MLM projects only the 15% masked positions. Logits are computed
+only at positions that carry a target (not at [SEP] or padding). See
+``docs/readme_parts/rivals.md`` for the arithmetic.
 """
 from __future__ import annotations
 
@@ -30,10 +36,15 @@ from typing import Any, Optional
 import torch
 from torch import nn
 import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..config import PretrainConfig
+from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from .base import Objective
-from .bow import masked_view_batch, mlm_head_of
+from .mlm import MaskedViewsMixin
+
+__all__ = ["SEEDDecoder", "SEEDObjective", "seed_attention_mask", "seed_decoder_targets"]
 
 
 def seed_attention_mask(seq_len: int, span: int, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -56,21 +67,38 @@ def seed_attention_mask(seq_len: int, span: int, device: Optional[torch.device] 
     return window | (cols == 0)
 
 
+def seed_decoder_targets(input_ids: torch.Tensor, special_tokens_mask: torch.Tensor,
+                         attention_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, L)`` next-token targets: ``targets[:, j] = input_ids[:, j+1]`` where that token is a
+    non-special, non-pad token, else -100 (so [SEP] and padding are never predicted)."""
+    keep = (~special_tokens_mask.bool()) & attention_mask.bool()
+    nxt = input_ids.masked_fill(~keep, -100)
+    return torch.cat([nxt[:, 1:], torch.full_like(nxt[:, :1], -100)], dim=1)
+
+
 class SEEDDecoder(nn.Module):
     """A shallow Transformer decoder with a local (span-``k``) attention window plus [CLS].
 
+    Post-LN layers (``nn.TransformerEncoderLayer``, GELU) under the explicit mask of
+    :func:`seed_attention_mask`, a final LayerNorm, and an output projection whose weight is
+    passed in (the encoder's word embeddings) and whose bias is the decoder's own.
+
     Args:
         hidden_size: Width (the encoder's hidden size).
+        vocab_size: Size of the output vocabulary (length of the output bias).
         num_layers: Number of Transformer layers.
         num_heads: Attention heads per layer.
         intermediate_size: Feed-forward width.
         span: Attention span ``k``.
         dropout: Dropout inside the layers.
         layer_norm_eps: LayerNorm epsilon.
+
+    Raises:
+        ValueError: if ``num_layers < 1`` or ``span < 1``.
     """
 
-    def __init__(self, hidden_size: int, num_layers: int = 3, num_heads: int = 12, intermediate_size: int = 3072,
-                 span: int = 2, dropout: float = 0.1, layer_norm_eps: float = 1e-12):
+    def __init__(self, hidden_size: int, vocab_size: int, num_layers: int = 3, num_heads: int = 12,
+                 intermediate_size: int = 3072, span: int = 2, dropout: float = 0.1, layer_norm_eps: float = 1e-12):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"seed_decoder_layers must be >= 1, got {num_layers}")
@@ -82,10 +110,6 @@ class SEEDDecoder(nn.Module):
                                        activation="gelu", layer_norm_eps=layer_norm_eps, batch_first=True)
             for _ in range(num_layers)])
         self.output_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-        self.output_bias: Optional[nn.Parameter] = None
-
-    def init_output_bias(self, vocab_size: int) -> None:
-        """Create the output bias (the output weight is the tied word-embedding matrix)."""
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -107,53 +131,56 @@ class SEEDDecoder(nn.Module):
             h = layer(h, src_mask=blocked, src_key_padding_mask=pad)
         return self.output_norm(h)
 
+    def logits(self, hidden: torch.Tensor, output_weight: torch.Tensor) -> torch.Tensor:
+        """``(..., H)`` decoder states → ``(..., |V|)`` logits with the tied ``(|V|, H)`` weight and own bias."""
+        return F.linear(hidden, output_weight, self.output_bias)
 
-class SEEDObjective(Objective):
+
+class SEEDObjective(MaskedViewsMixin, Objective):
     """MLM on a masked view + auto-regressive reconstruction of the unmasked text from [CLS].
 
     ``loss = mlm + rec``; ``rec`` is the token-level cross-entropy of the weak decoder,
-    averaged over the predicted tokens of the batch.
+    averaged over the predicted tokens of the (global) batch.
+
+    Raises:
+        ValueError: for ``seed_decoder_layers < 1`` or ``seed_attention_span < 1``, or a
+            tokenizer without a mask token.
     """
 
     name = "seed"
     loss_names = ("mlm", "rec")
-    needs_mask_token = True
+    num_views = 1
+    ddp_find_unused_parameters = False
 
-    def __init__(self, mlm_model: Any, tokenizer: Any, config: Any, **extra: Any):
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+                 **extra: Any):
+        if extra:
+            raise ValueError(f"objective {self.name!r} takes no extra arguments, got {sorted(extra)}")
         super().__init__(mlm_model, tokenizer, config)
+        self._mask_setup()
         cfg = mlm_model.config
-        self.decoder = SEEDDecoder(cfg.hidden_size, num_layers=config.seed_decoder_layers,
+        self.decoder = SEEDDecoder(cfg.hidden_size, cfg.vocab_size, num_layers=config.seed_decoder_layers,
                                    num_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
                                    span=config.seed_attention_span, dropout=cfg.hidden_dropout_prob,
                                    layer_norm_eps=cfg.layer_norm_eps)
-        self.decoder.init_output_bias(cfg.vocab_size)
 
-    # -- data ---------------------------------------------------------------------------
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Add [CLS]/[SEP], pad, and build the encoder's masked view (labels -100 where unmasked)."""
-        return masked_view_batch(examples, self.tokenizer, self.mlm_model.config.vocab_size,
-                                 self.config.mlm_probability, self.config.whole_word_mask)
-
-    # -- model --------------------------------------------------------------------------
     def decoder_targets(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor,
                         attention_mask: torch.Tensor) -> torch.Tensor:
-        """``(B, L)`` next-token targets: ``targets[:, j] = input_ids[:, j+1]`` for non-special tokens, else -100."""
-        keep = (~special_tokens_mask.bool()) & attention_mask.bool()
-        nxt = torch.where(keep, input_ids, torch.full_like(input_ids, -100))
-        return torch.cat([nxt[:, 1:], torch.full_like(nxt[:, :1], -100)], dim=1)
+        """See :func:`seed_decoder_targets`."""
+        return seed_decoder_targets(input_ids, special_tokens_mask, attention_mask)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        am = batch["attention_mask"]
-        hidden = self.encoder(input_ids=batch["masked_input_ids"], attention_mask=am).last_hidden_state
-        l_mlm = mlm_loss(hidden, batch["mlm_labels"], mlm_head_of(self.mlm_model))
+        hidden, labels = self.encode_views(batch)
+        l_mlm = self.masked_lm_loss(hidden, labels)
 
-        emb = self.encoder.embeddings(input_ids=batch["input_ids"])  # word + position (+ type) + LayerNorm
-        dec_in = torch.cat([hidden[:, :1], emb[:, 1:]], dim=1)
-        dec_h = self.decoder(dec_in, am)
-        targets = self.decoder_targets(batch["input_ids"], batch["special_tokens_mask"], am)
-        sel = targets != -100
-        logits = F.linear(dec_h[sel], self.mlm_model.get_input_embeddings().weight, self.decoder.output_bias)
-        l_rec = F.cross_entropy(logits.float(), targets[sel])
+        ids, am = batch["input_ids"], batch["attention_mask"]
+        emb = self.encoder.embeddings(input_ids=ids)  # word + position (+ type) + LayerNorm of the original text
+        dec_h = self.decoder(torch.cat([hidden[:, :1], emb[:, 1:]], dim=1), am)
+        targets = seed_decoder_targets(ids, batch["special_tokens_mask"], am)
+        word_embeddings = self.mlm_model.get_input_embeddings().weight
+        n = global_mean_count(int((targets != -100).sum()), device=targets.device)
+        # logits only at the positions that carry a target (mlm_loss gathers them first)
+        l_rec = mlm_loss(dec_h, targets, lambda h: self.decoder.logits(h, word_embeddings), num_items=n)
         return {"loss": l_mlm + l_rec, "mlm": l_mlm.detach(), "rec": l_rec.detach()}
 
     def decoder_modules(self) -> dict[str, nn.Module]:
