@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
@@ -94,15 +93,25 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    """Writes JSON to ``path`` via a temporary file, fsync and rename, so readers never see a partial file."""
-    # unique temporary name: several shard processes may write the same (identical) top-level file at once
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf8") as fout:
+    """Writes JSON to ``path`` durably and atomically: readers (and a crash) never see a partial file.
+
+    ``pyterrier_alpha.io.finalized_open`` writes a uniquely named temporary file and renames it over ``path``
+    (so several shard processes may write the same top-level file at once); the file is fsynced before the
+    rename and the directory after it, so the new contents survive a crash (what ``mode="resume"`` relies on).
+    """
+    import pyterrier_alpha as pta
+
+    with pta.io.finalized_open(str(path), "t") as fout:
         json.dump(data, fout, indent=1, sort_keys=True)
         fout.flush()
         os.fsync(fout.fileno())
-    os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def temporary_files(directory: Path, name: str) -> list:
+    """Temporaries that an interrupted :func:`write_json_atomic` of ``directory / name`` may have left behind."""
+    stem, suffix = os.path.splitext(name)
+    return sorted(directory.glob(f".{stem}.*.tmp{suffix}"))
 
 
 def read_meta(path: Path) -> Optional[dict]:

@@ -155,8 +155,8 @@ class DenseIndexer(pt.Indexer):
                         shutil.rmtree(p)
                     elif p.exists():
                         p.unlink()
-                for stem in (io.META_FILE, io.BUILD_FILE):  # temporaries of interrupted atomic writes
-                    for p in target.glob(f"{stem}.*.tmp"):
+                for name in (io.META_FILE, io.BUILD_FILE):  # temporaries of interrupted atomic writes
+                    for p in io.temporary_files(target, name):
                         p.unlink()
                 if not self.num_shards and (target / io.SHARDS_DIR).exists():
                     shutil.rmtree(target / io.SHARDS_DIR)

@@ -31,7 +31,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_cpdae._index_io import as_docno
+from pyterrier_cpdae._index_io import as_docno, temporary_files, write_json_atomic
 from pyterrier_cpdae._java import ensure_java
 
 __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever"]
@@ -196,7 +196,8 @@ class BM25Indexer(pt.Indexer):
         if self.mode == "create":
             raise FileExistsError(f"{path} already exists and is not empty; use indexer(mode='overwrite') to replace it")
         # overwrite: only delete what is recognisably (a possibly half-built) BM25 index of ours
-        names = {p.name for p in contents}
+        leftovers = temporary_files(path, _META_FILE)  # of a pt_meta.json write interrupted by a crash
+        names = {p.name for p in contents} - {p.name for p in leftovers}
         meta_ok = True
         if _META_FILE in names:
             try:
@@ -208,6 +209,8 @@ class BM25Indexer(pt.Indexer):
         if not names <= {_META_FILE, _LUCENE_DIR} or not meta_ok:
             raise FileExistsError(f"{path} holds something other than a BM25Index ({sorted(names)}); refusing to overwrite it")
         (path / _META_FILE).unlink(missing_ok=True)  # unbuilt from now on
+        for p in leftovers:
+            p.unlink()
         shutil.rmtree(path / _LUCENE_DIR, ignore_errors=True)
         return False
 
@@ -282,9 +285,7 @@ class BM25Indexer(pt.Indexer):
             "analyzer": "anserini-default (Lucene standard tokenizer, English stop words, Porter stemmer)",
         }
         # written last: its presence is what built() checks
-        tmp = path / (_META_FILE + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        tmp.replace(path / _META_FILE)
+        write_json_atomic(path / _META_FILE, meta)
         return self.index_ref
 
     @staticmethod

@@ -243,7 +243,7 @@ class DenseIndex(pta.Artifact):
             k: results per query (capped at ``len(self)``).
             backend: ``"numpy"``, ``"torch"`` or ``"auto"`` (torch on CUDA when available, else numpy).
             **kwargs: passed to the kernel (numpy: ``block_size``, ``query_batch_size``; torch: ``device``,
-                ``chunk_size``, ``query_batch_size``).
+                ``chunk_size``, ``query_batch_size``, ``pin_memory``).
 
         Returns:
             ``(scores, doc_indices)``: float32 and int64 arrays of shape ``(q, min(k, len(self)))``, scores

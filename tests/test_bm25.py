@@ -203,7 +203,9 @@ def test_corrupt_index_is_a_clear_error_and_can_be_overwritten(tmp_path: Path) -
     assert not bad_json.built()
     with pytest.raises(ValueError, match="corrupt BM25 index .*pt_meta.json is not valid JSON"):
         bad_json.bm25()(topics)
+    (Path(bad_json.path) / ".pt_meta.x1y2.tmp.json").write_text("{")  # left by a crash during an atomic write
     bad_json.indexer(mode="overwrite").index(TINY)  # a damaged BM25Index may be replaced
+    assert sorted(p.name for p in Path(bad_json.path).iterdir()) == ["lucene", "pt_meta.json"]
     assert bad_json.built() and set(bad_json.bm25()(topics).docno) == {"a", "b"}
 
     other = fresh("other-type")
