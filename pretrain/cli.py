@@ -73,6 +73,7 @@ def validate_config(config: PretrainConfig) -> None:
         ValueError: naming the offending option.
     """
     from .objectives import objective_class
+    from .objectives.cpdae import CPDAEObjective
     from .trainer import check_output_dir
 
     if not config.output:
@@ -87,6 +88,8 @@ def validate_config(config: PretrainConfig) -> None:
         raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
                          f"{per_forward} text(s) (--batch-size {config.batch_size} / --grad-accum {config.grad_accum}); "
                          "use a batch of at least 2 texts per accumulation step")
+    if config.decoder_bias_init == "prior" and not issubclass(cls, CPDAEObjective):
+        raise ValueError(f"--decoder-bias-init prior initialises the CPDAE decoder; objective {config.objective!r} has none")
     check_output_dir(config)
 
 
@@ -128,7 +131,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     """Run the pre-training pipeline for ``config`` and return the trainer's final metrics."""
     from accelerate.utils import set_seed
 
-    from .corpus import TokenCache, idf_weights
+    from .corpus import TokenCache, idf_weights, token_prior_logits
     from .objectives import build_objective
     from .trainer import Trainer
 
@@ -142,6 +145,8 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if config.objective == "cpdae_idfrec":
         extra["idf"] = idf_weights(cache)
+    if config.decoder_bias_init == "prior":
+        extra["bias_prior"] = token_prior_logits(cache)
     objective = build_objective(config.objective, model, tokenizer, config, **extra)
     logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
                 config.max_length)

@@ -461,5 +461,31 @@ def idf_weights(cache_or_df: Union[TokenCache, np.ndarray], num_texts: Optional[
     return torch.from_numpy(idf.astype(np.float32))
 
 
-__all__ = ["TokenCache", "idf_weights", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
+def token_prior_logits(cache_or_df: Union[TokenCache, np.ndarray], num_texts: Optional[int] = None) -> torch.Tensor:
+    """Log-odds of each token occurring in a text (block): ``log(p / (1 - p))``, ``p = (df + ½) / (N + 1)``.
+
+    The bias at which a sigmoid decoder of "which tokens occur in this text" outputs the corpus
+    prior (``--decoder-bias-init prior``); the add-½ smoothing keeps it finite for tokens that
+    occur in no block or in every block.
+
+    Args:
+        cache_or_df: A :class:`TokenCache`, or a document-frequency array (then give ``num_texts``).
+        num_texts: ``N`` when ``cache_or_df`` is an array.
+
+    Returns:
+        A float32 tensor of shape (|V|,).
+    """
+    if isinstance(cache_or_df, TokenCache):
+        df, n = cache_or_df.document_frequency(), cache_or_df.num_texts
+    else:
+        if num_texts is None:
+            raise ValueError("num_texts is required when passing a document-frequency array")
+        df, n = np.asarray(cache_or_df), num_texts
+    if df.ndim != 1 or (df < 0).any() or (df > n).any():
+        raise ValueError(f"document frequencies must be a 1-d array within [0, {n}]")
+    p = (df.astype(np.float64) + 0.5) / (n + 1.0)
+    return torch.from_numpy(np.log(p / (1.0 - p)).astype(np.float32))
+
+
+__all__ = ["TokenCache", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
            "token_dtype", "tokenizer_fingerprint"]

@@ -8,12 +8,14 @@ that occur in ``S(x)``::
     coverage@k(x) = |topk(z) ∩ S(x)| / k
 
 averaged over texts. Special tokens ([CLS], [SEP], [PAD], [MASK], [UNK]) are removed from
-both the ranking and ``S(x)``. Two projections are offered:
+both the ranking and ``S(x)``. Three projections are offered:
 
 * ``"mlm_head"``: the checkpoint's masked-LM head (transform + tied decoder), as in the
   paper, which reads [CLS] through the pre-trained MLM head following Ram et al. (2023);
 * ``"embeddings"``: the raw dot product with the word embeddings, ``z = h · Eᵀ``, for
-  checkpoints without a trained MLM head (e.g. sentence-transformers' all-MiniLM-L6-v2).
+  checkpoints without a trained MLM head (e.g. sentence-transformers' all-MiniLM-L6-v2);
+* ``"decoder"``: a CPDAE checkpoint's own decoder (``<model>/decoder``, the MLP that CPDAE trains
+  to map [CLS] to the words of the text), the projection CPDAE's [CLS] is trained for.
 
 ``"auto"`` (default) picks ``"mlm_head"`` when the checkpoint holds trained head weights and
 ``"embeddings"`` otherwise.
@@ -34,19 +36,20 @@ import torch
 from torch import nn
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
-PROJECTIONS = ("auto", "mlm_head", "embeddings")
+PROJECTIONS = ("auto", "mlm_head", "embeddings", "decoder")
 
 
 def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, Any, str]:
     """Load ``model`` (HF id or directory) with its tokenizer and resolve the projection.
 
     Returns:
-        ``(mlm_model, tokenizer, projection)`` where ``projection`` is ``"mlm_head"`` or
-        ``"embeddings"``.
+        ``(mlm_model, tokenizer, projection)`` where ``projection`` is ``"mlm_head"``,
+        ``"embeddings"`` or ``"decoder"`` (then ``mlm_model.cpdae_decoder`` holds the CPDAE decoder).
 
     Raises:
         ValueError: if ``projection`` is unknown, or ``"mlm_head"`` is asked for a checkpoint
             without trained MLM-head weights.
+        FileNotFoundError: if ``"decoder"`` is asked for a checkpoint without a CPDAE decoder.
     """
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -63,6 +66,9 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
     elif projection == "mlm_head" and head_missing:
         raise ValueError(f"{model} has no trained masked-LM head weights (missing: {sorted(info['missing_keys'])[:4]} ...); "
                          "use --projection embeddings")
+    elif projection == "decoder":
+        from .modeling import CPDAEDecoder
+        mlm.cpdae_decoder = CPDAEDecoder.from_pretrained(model).eval()
     return mlm.eval(), tokenizer, projection
 
 
@@ -72,7 +78,9 @@ def _project(mlm_model: nn.Module, cls: torch.Tensor, projection: str) -> torch.
         return mlm_head(mlm_model)(cls)
     if projection == "embeddings":
         return cls @ mlm_model.get_input_embeddings().weight.T
-    raise ValueError(f"unknown projection {projection!r}; choose mlm_head or embeddings")
+    if projection == "decoder":
+        return mlm_model.cpdae_decoder.to(cls.device)(cls)
+    raise ValueError(f"unknown projection {projection!r}; choose mlm_head, embeddings or decoder")
 
 
 @torch.no_grad()
@@ -87,8 +95,9 @@ def token_coverage(model: Union[str, nn.Module], tokenizer: Any, texts: Iterable
         tokenizer: The model's tokenizer (ignored when ``model`` is a path and None is given).
         texts: The texts.
         ks: Cut-offs (positive ints, at most the vocabulary size).
-        projection: ``"auto"``, ``"mlm_head"`` or ``"embeddings"`` (see module docs). For an
-            in-memory model, ``"auto"`` means ``"mlm_head"`` if it has an MLM head.
+        projection: ``"auto"``, ``"mlm_head"``, ``"embeddings"`` or ``"decoder"`` (see module docs).
+            For an in-memory model, ``"auto"`` means ``"mlm_head"`` if it has an MLM head, and
+            ``"decoder"`` needs the decoder set as ``model.cpdae_decoder``.
         max_length: Truncation length in tokens (special tokens included).
         batch_size: Texts per forward pass.
         device: Where to run (default: the model's device).
@@ -104,7 +113,9 @@ def token_coverage(model: Union[str, nn.Module], tokenizer: Any, texts: Iterable
         tokenizer = tokenizer or loaded_tok
     elif projection == "auto":
         projection = "mlm_head" if model.get_output_embeddings() is not None else "embeddings"
-    if projection not in ("mlm_head", "embeddings"):
+    if projection == "decoder" and getattr(model, "cpdae_decoder", None) is None:
+        raise ValueError("projection 'decoder' needs a CPDAE decoder (model.cpdae_decoder)")
+    if projection not in ("mlm_head", "embeddings", "decoder"):
         raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
     ks = sorted({int(k) for k in ks})
     encoder = getattr(model, "base_model", model)
@@ -189,8 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-fields", default=None, help="Comma-separated text fields for irds:/jsonl corpora.")
     p.add_argument("--num-texts", type=int, default=1000, help="Number of texts read from the corpus (default: 1000).")
     p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_KS), help=f"Cut-offs (default: {' '.join(map(str, DEFAULT_KS))}).")
-    p.add_argument("--projection", choices=PROJECTIONS, default="auto",
-                   help="auto: the MLM head when the checkpoint has trained head weights, else [CLS]·Eᵀ (default: auto).")
+    p.add_argument("--projection", action="append", default=None, metavar="[NAME=]PROJECTION",
+                   help=f"One of {', '.join(PROJECTIONS)}, for every model or (NAME=PROJECTION, repeatable) for one. "
+                        "auto: the MLM head when the checkpoint has trained head weights, else [CLS]·Eᵀ; decoder: a "
+                        "CPDAE checkpoint's own decoder (default: auto).")
     p.add_argument("--max-length", type=int, default=512, help="Truncate texts to this many tokens (default: 512).")
     p.add_argument("--batch-size", type=int, default=32, help="Texts per forward pass (default: 32).")
     p.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
@@ -211,11 +224,23 @@ def main(argv: Optional[list[str]] = None) -> dict[str, dict[int, float]]:
     if not texts:
         raise ValueError(f"corpus {args.corpus!r} yielded no texts")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    default_projection, per_model = "auto", {}
+    for value in args.projection or []:
+        name, _, proj = value.rpartition("=")
+        if proj not in PROJECTIONS:
+            raise ValueError(f"--projection {value!r}: unknown projection {proj!r}; choose one of {PROJECTIONS}")
+        if name:
+            per_model[name] = proj
+        else:
+            default_projection = proj
+    models = [spec.split("=", 1) if "=" in spec and not os.path.exists(spec) else (spec, spec) for spec in args.model]
+    unknown = sorted(set(per_model) - {name for name, _ in models})
+    if unknown:
+        raise ValueError(f"--projection names model(s) {unknown} that no --model NAME=PATH defines")
     results: dict[str, dict[int, float]] = {}
     projections: dict[str, str] = {}
-    for spec in args.model:
-        name, path = spec.split("=", 1) if "=" in spec and not os.path.exists(spec) else (spec, spec)
-        model, tokenizer, proj = load_for_coverage(path, args.projection)
+    for name, path in models:
+        model, tokenizer, proj = load_for_coverage(path, per_model.get(name, default_projection))
         results[name] = token_coverage(model, tokenizer, texts, args.k, projection=proj, max_length=args.max_length,
                                        batch_size=args.batch_size, device=device)
         projections[name] = proj

@@ -85,6 +85,7 @@ def _load_encoder(name_or_path: str) -> torch.nn.Module:
         ValueError: when encoder weights are missing from the checkpoint (it is not an encoder of this type).
     """
     from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging as hf_logging
 
     config = AutoConfig.from_pretrained(name_or_path)
     kwargs: Dict[str, Any] = {}
@@ -94,7 +95,14 @@ def _load_encoder(name_or_path: str) -> torch.nn.Module:
     if (not has_pooler and model_class is not None
             and "add_pooling_layer" in inspect.signature(model_class.__init__).parameters):
         kwargs["add_pooling_layer"] = False
-    model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    # transformers reports the MLM head of a pre-training checkpoint as "unexpected" keys; dropping it is the
+    # point here, and real problems (missing encoder weights) are checked below, so its load report is silenced
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
     if missing:
         raise ValueError(f"{name_or_path} does not hold the weights of a {type(model).__name__} encoder: "

@@ -113,7 +113,6 @@ def test_subcommand_dispatch(monkeypatch):
 
 # ----------------------------------------------------------------------------- bad input
 def test_bad_inputs_are_refused(tmp_path, tiny_bert_dir, minilm_path, tiny_corpus):
-    pytest.importorskip("pretrain.objectives.cpdae")
     cache = tmp_path / "cache"
 
     def run(**kw):
@@ -147,7 +146,6 @@ def test_bad_inputs_are_refused(tmp_path, tiny_bert_dir, minilm_path, tiny_corpu
 
 # ----------------------------------------------------------------------------- real runs
 def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_bert_dir, tiny_corpus):
-    pytest.importorskip("pretrain.objectives.cpdae")
     out, cache = tmp_path / "run", tmp_path / "cache"
     result = cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache))
     assert result["step"] == 6
@@ -164,7 +162,7 @@ def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_b
     diff = sum(float((a - b).abs().sum()) for a, b in zip(enc.state_dict().values(), init.state_dict().values()))
     assert diff > 0
     # ... and is what pyterrier_cpdae's encoder loads: its doc vector is the export's [CLS] vector
-    encoder_mod = pytest.importorskip("pyterrier_cpdae.encoder")
+    import pyterrier_cpdae.encoder as encoder_mod
     vecs = encoder_mod.CPDAE.from_pretrained(str(out)).encode_docs(["dense retrieval", "another text"])
     assert vecs.shape == (2, 32) and vecs.dtype.name == "float32"
     import torch
@@ -180,7 +178,6 @@ def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_b
 
 def test_from_config_starts_from_seeded_random_weights(tmp_path, tiny_bert_dir, tiny_corpus):
     """--from-config: random weights of the config's shape, seeded by --seed (lr 0 keeps them as initialised)."""
-    pytest.importorskip("pretrain.objectives.cpdae")
     import torch
     from accelerate.utils import set_seed
     from transformers import AutoConfig, AutoModelForMaskedLM
@@ -199,10 +196,40 @@ def test_from_config_starts_from_seeded_random_weights(tmp_path, tiny_bert_dir, 
     assert not torch.equal(got[emb], pretrained[emb])  # not the checkpoint's weights
 
 
+def test_decoder_bias_prior_is_the_corpus_log_odds(tmp_path, tiny_bert_dir, tiny_corpus):
+    """--decoder-bias-init prior: the decoder starts with bias log(p/(1-p)), p = (df + 1/2)/(N + 1) over the blocks."""
+    import math
+
+    import numpy as np
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    out, cache = tmp_path / "prior", tmp_path / "cache"
+    cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, decoder_bias_init="prior", learning_rate=0, max_length=64,
+                       max_steps=1, save_steps=0))
+    bias = load_file(str(out / "decoder" / "decoder.safetensors"))["decoder.decoder.bias"].double().numpy()
+    # reference: re-tokenise the corpus naively; every 3-sentence document fits one 64-token block here
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    docs = [line for line in Path(tiny_corpus).read_text().splitlines() if line.strip()]
+    blocks = [set(tok(d, add_special_tokens=False)["input_ids"]) for d in docs]
+    assert all(len(tok(d, add_special_tokens=False)["input_ids"]) <= 62 for d in docs)
+    df = np.zeros(tok.vocab_size)
+    for b in blocks:
+        df[list(b)] += 1
+    p = (df + 0.5) / (len(blocks) + 1)
+    np.testing.assert_allclose(bias, np.log(p / (1 - p)), rtol=1e-5, atol=1e-5)
+    word = tok.convert_tokens_to_ids("retrieval")
+    assert bias[word] > bias[tok.convert_tokens_to_ids("banana")]
+    assert bias.min() == pytest.approx(math.log(0.5 / (len(blocks) + 0.5)), rel=1e-5)  # tokens of no block
+    with pytest.raises(ValueError, match="decoder-bias-init prior"):
+        cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "mlm", cache, objective="mlm",
+                           decoder_bias_init="prior"))
+    assert not (tmp_path / "mlm").exists()
+
+
 @pytest.mark.multiproc
 def test_torchrun_two_processes_gather_negatives(tmp_path, tiny_bert_dir, tiny_corpus):
     """`torchrun -m pretrain` on 2 CPU processes (gloo): 2 texts per process, L_CL over the 8 views of the global batch."""
-    pytest.importorskip("pretrain.objectives.cpdae")
     import math
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -226,7 +253,6 @@ def test_torchrun_two_processes_gather_negatives(tmp_path, tiny_bert_dir, tiny_c
 @pytest.mark.multiproc
 def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_bert_dir, tiny_corpus):
     """SIGKILL a `python -m pretrain` run after a checkpoint; `--resume` reproduces the uninterrupted losses."""
-    pytest.importorskip("pretrain.objectives.cpdae")
     cache = tmp_path / "cache"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")

@@ -334,3 +334,14 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert_dir, tok, exa
     assert runs[0][0] == pytest.approx(runs[1][0], rel=1e-6)
     for a, b in zip(runs[0][1], runs[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_bias_prior_sets_the_decoder_bias_and_checks_its_shape(tiny_bert_dir, tok):
+    torch.manual_seed(0)
+    prior = torch.randn(tok.vocab_size)
+    cfg = PretrainConfig(objective="cpdae", model=tiny_bert_dir, batch_size=4)
+    obj = build_objective("cpdae", load_mlm_model(tiny_bert_dir), tok, cfg, bias_prior=prior)
+    assert torch.equal(obj.decoder.decoder.bias.detach(), prior)
+    for bad in (torch.zeros(5), torch.full((tok.vocab_size,), float("inf"))):
+        with pytest.raises(ValueError, match="bias_prior"):
+            build_objective("cpdae", load_mlm_model(tiny_bert_dir), tok, cfg, bias_prior=bad)

@@ -90,7 +90,7 @@ def test_normalize(tiny_bert_dir):
 
 
 def test_minilm_mean_normalized_matches_sentence_transformers(minilm_path):
-    st = pytest.importorskip("sentence_transformers")
+    import sentence_transformers as st
     texts = _texts(10, seed=3, max_words=60) + ["", "A short one."]
     ref = st.SentenceTransformer(minilm_path, device="cpu").encode(texts, batch_size=4)
     enc = CPDAE.from_pretrained(minilm_path, pooling="mean", normalize=True, batch_size=4, device="cpu")
@@ -323,7 +323,7 @@ def test_indexing_pipeline_streams(tiny_bert_dir):
 
 
 def test_dense_index_pipelines(tiny_bert_dir, tmp_path):
-    dense_index = pytest.importorskip("pyterrier_cpdae.dense_index")
+    import pyterrier_cpdae.dense_index as dense_index
     enc = CPDAE.from_pretrained(tiny_bert_dir, pooling="mean", normalize=True)
     docs = _texts(30, seed=8)
     index = dense_index.DenseIndex(tmp_path / "idx")

@@ -62,7 +62,6 @@ def _weights(path):
 
 
 def test_max_train_queries_sampling_is_reproducible(tmp_path):
-    pytest.importorskip("pyterrier_cpdae.datasets")
     spec = _write_beir(tmp_path / "beir", extra_qrels=[("q3", "d9", 0)])
     a = load_training_data(spec, max_train_queries=5, seed=1)
     b = load_training_data(spec, max_train_queries=5, seed=1)
@@ -76,8 +75,7 @@ def test_max_train_queries_sampling_is_reproducible(tmp_path):
 
 
 def test_finetune_bm25_end_to_end_loads_with_cpdae(tmp_path, tiny_bert_dir, caplog):
-    pytest.importorskip("pyterrier_cpdae.bm25")
-    encoder_mod = pytest.importorskip("pyterrier_cpdae.encoder")
+    import pyterrier_cpdae.encoder as encoder_mod
     spec = _write_beir(tmp_path / "beir")
     out = tmp_path / "ft"
     with caplog.at_level(logging.INFO, logger="pretrain"):
@@ -111,8 +109,6 @@ def test_finetune_bm25_end_to_end_loads_with_cpdae(tmp_path, tiny_bert_dir, capl
 
 
 def test_finetune_file_negatives_and_a_dense_mining_round(tmp_path, tiny_bert_dir):
-    pytest.importorskip("pyterrier_cpdae.dense_index")
-    pytest.importorskip("pyterrier_cpdae.encoder")
     spec = _write_beir(tmp_path / "beir")
     groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{(i + 1) % 40}", f"d{i + 20}"])
     out = tmp_path / "ft"
@@ -130,7 +126,6 @@ def test_finetune_file_negatives_and_a_dense_mining_round(tmp_path, tiny_bert_di
 
 
 def test_groups_spec_with_inline_texts_needs_no_corpus(tmp_path, tiny_bert_dir):
-    pytest.importorskip("pyterrier_cpdae.encoder")
     path = tmp_path / "groups.jsonl"
     with open(path, "w") as f:
         for i in range(8):
@@ -145,7 +140,6 @@ def test_groups_spec_with_inline_texts_needs_no_corpus(tmp_path, tiny_bert_dir):
 
 
 def test_bad_training_data_errors(tmp_path, tiny_bert_dir):
-    pytest.importorskip("pyterrier_cpdae.datasets")
     groups_file = tmp_path / "negs.jsonl"
     neg.write_groups(str(groups_file), [neg.Group(f"q{i}", "x", [], ["d30", "d31"]) for i in range(16)])
     # qrels naming documents that are not in the corpus
@@ -218,8 +212,7 @@ def test_irds_triples_small_docpairs_are_read_from_a_fixture_cache(tmp_path, tin
 
 def test_model_negatives_equal_a_naive_dense_ranking(tmp_path, tiny_bert_dir):
     """``--negatives model:<dir>``: the pools are the checkpoint's exact dense top-k minus the positive."""
-    encoder_mod = pytest.importorskip("pyterrier_cpdae.encoder")
-    pytest.importorskip("pyterrier_cpdae.dense_index")
+    import pyterrier_cpdae.encoder as encoder_mod
     spec = _write_beir(tmp_path / "beir")
     groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{i + 20}"])
     first = tmp_path / "first"
@@ -246,7 +239,7 @@ def _low_resource_module():
 
 
 def test_low_resource_grid_averages_over_seeds():
-    pd = pytest.importorskip("pandas")
+    import pandas as pd
     rows = [{"N": 0, "seed": "-", "nDCG@10": 0.5, "R@100": 0.9},
             {"N": 50, "seed": 1, "nDCG@10": 0.6, "R@100": 0.8},
             {"N": 50, "seed": 2, "nDCG@10": 0.7, "R@100": 1.0},
@@ -267,7 +260,6 @@ def test_finetune_under_torchrun_two_gloo_processes(tmp_path, tiny_bert_dir):
     """Rank 0 prepares the output and mines (a single dense index), both ranks train each round together."""
     import socket
 
-    pytest.importorskip("pyterrier_cpdae.dense_index")
     spec = _write_beir(tmp_path / "beir")
     groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{i + 20}", f"d{(i + 1) % 40}"])
     with socket.socket() as s:

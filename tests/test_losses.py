@@ -102,7 +102,7 @@ def test_word_distribution_and_entropy():
 
 
 def test_pairwise_js_matches_scipy():
-    spatial = pytest.importorskip("scipy.spatial.distance")
+    from scipy.spatial import distance as spatial
     p = _dists(5, 13, dtype=torch.float64)
     js = pairwise_js(p)
     for i in range(5):

@@ -152,7 +152,7 @@ class _VecEncoder:
 
 
 def test_mine_dense_streams_through_dense_index_and_equals_full_scoring(tmp_path):
-    dense_index = pytest.importorskip("pyterrier_cpdae.dense_index")
+    import pyterrier_cpdae.dense_index as dense_index
     rng = np.random.default_rng(0)
     docs = rng.standard_normal((300, 8)).astype(np.float32)
     queries = rng.standard_normal((5, 8)).astype(np.float32)
@@ -226,7 +226,7 @@ def test_mine_dense_memory_does_not_grow_with_the_corpus(tmp_path):
     """Peak traced memory of dense mining stays flat as the corpus grows 4x and below one full score matrix."""
     import tracemalloc
 
-    dense_index = pytest.importorskip("pyterrier_cpdae.dense_index")
+    import pyterrier_cpdae.dense_index as dense_index
     rng = np.random.default_rng(0)
     num_q, dim = 256, 16
     queries = rng.standard_normal((num_q, dim)).astype(np.float32)

