@@ -167,8 +167,8 @@ class DenseIndex(pta.Artifact):
     def _ids_of(self, docnos: Sequence[str]) -> np.ndarray:
         """Global document ids of docnos; -1 for docnos that are not in the index.
 
-        Every hit is verified by looking its docno back up (npids' integer-sequence codecs would otherwise
-        map e.g. ``"007"`` to the row of ``"7"``); unknown docnos never map to a real (e.g. the last) row.
+        The lookups hold npids' hash inverse (written by ``_index_io.build_docno_lookup``), which compares whole
+        docnos, so unknown docnos (``"7"`` where ``"007"`` is stored) never map to a real row.
         """
         _, parts, lookups = self._open()
         keys = np.array([d.encode("utf8") for d in docnos], dtype=object).astype("S") if len(docnos) else np.array([], "S1")
@@ -180,9 +180,6 @@ class DenseIndex(pta.Artifact):
                 break
             local = np.asarray(lookups[s].inv.lookup(keys[todo]), dtype=np.int64)
             ok = (local >= 0) & (local < len(lookups[s]))
-            if ok.any():
-                back = lookups[s].fwd.lookup(local[ok], as_bytes=True)
-                ok[np.nonzero(ok)[0][back != keys[todo][ok]]] = False
             idx = np.nonzero(todo)[0][ok]
             result[idx] = local[ok] * n + s
         return result
