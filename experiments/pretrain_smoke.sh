@@ -41,7 +41,7 @@ if [[ "$WHICH" == tiny || "$WHICH" == all ]]; then
   # (a) tiny random BERT (2 layers, width 64) from a config file; tokenizer (bert-base-uncased vocab) from MiniLM.
   # lr 2e-3 and 1000 steps: the decoder first learns only the unigram prior (~150 steps, L_CL flat at ln(2m-1));
   # L_CL starts to fall once the [CLS] carries text-specific words (~250 steps; experiments/results/rec_reduction.md)
-  CMD=(python -m pretrain --objective cpdae --model "$MINILM" --from-config experiments/configs/tiny-bert.json
+  CMD=(python -m pretrain --objective cpdae --decoder-bias-init zero --model "$MINILM" --from-config experiments/configs/tiny-bert.json
        --corpus "$WIKI" --max-docs 2000 --max-length 64 --batch-size 8 --learning-rate 2e-3
        --max-steps 1000 --logging-steps 1 --save-steps 500 --seed 42 --cpu --output "$RUNS/pretrain_smoke_tiny" --overwrite)
   run_and_record tiny "cpdae smoke run: tiny BERT from config (1000 steps, batch 8, len 64, lr 2e-3)"
@@ -52,7 +52,7 @@ if [[ "$WHICH" == minilm || "$WHICH" == all ]]; then
   # ~1.2-1.5 s per step on 2 cores. L_CL stays at ln(2m-1) while the new decoder learns the token prior
   # for ~350 steps, then falls (recorded run: 1000 steps at lr 2e-4, ~25 min); MINILM_STEPS / MINILM_LR override.
   MINILM_STEPS="${MINILM_STEPS:-1000}" MINILM_LR="${MINILM_LR:-2e-4}"
-  CMD=(python -m pretrain --objective cpdae --model "$MINILM" --new-mlm-head
+  CMD=(python -m pretrain --objective cpdae --decoder-bias-init zero --model "$MINILM" --new-mlm-head
        --corpus "$WIKI" --max-docs 1000 --max-length 128 --batch-size 8 --learning-rate "$MINILM_LR"
        --max-steps "$MINILM_STEPS" --logging-steps 1 --save-steps 100 --seed 42 --cpu
        --output "$RUNS/pretrain_smoke_minilm" --overwrite)

@@ -72,10 +72,11 @@ class PretrainConfig(TrainConfig):
                              choices=["sum", "mean"])
     decoder_init: str = opt("random", "Initialise the CPDAE MLP decoder randomly or from the checkpoint's MLM head transform + decoder.",
                             choices=["random", "mlm_head"])
-    decoder_bias_init: str = opt("zero", "Output bias of the CPDAE decoder at initialisation: zero (BERT's initialisation, "
-                                 "or the MLM head's bias with --decoder-init mlm_head) or prior: the log-odds of each "
-                                 "token's block frequency in the training corpus, so that L_REC starts at the corpus "
-                                 "prior instead of first pulling every [CLS] vector towards it.",
+    decoder_bias_init: str = opt("prior", "Output bias of the CPDAE decoder at initialisation: prior (the log-odds of "
+                                 "each token's block frequency in the training corpus, so that L_REC starts at the "
+                                 "corpus prior instead of first pulling every [CLS] vector towards it; chosen by "
+                                 "experiments/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
+                                 "bias with --decoder-init mlm_head). Only for the cpdae objectives.",
                                  choices=["zero", "prior"])
     js_chunk_size: int = opt(8, "Rows per chunk in the memory-efficient pairwise JS divergence.")
     # SEED-Encoder

@@ -221,10 +221,15 @@ def test_decoder_bias_prior_is_the_corpus_log_odds(tmp_path, tiny_bert_dir, tiny
     word = tok.convert_tokens_to_ids("retrieval")
     assert bias[word] > bias[tok.convert_tokens_to_ids("banana")]
     assert bias.min() == pytest.approx(math.log(0.5 / (len(blocks) + 0.5)), rel=1e-5)  # tokens of no block
-    with pytest.raises(ValueError, match="decoder-bias-init prior"):
-        cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "mlm", cache, objective="mlm",
-                           decoder_bias_init="prior"))
-    assert not (tmp_path / "mlm").exists()
+    # the default; --decoder-bias-init zero keeps BERT's zero bias
+    cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "zero", cache, decoder_bias_init="zero", learning_rate=0,
+                       max_length=64, max_steps=1, save_steps=0))
+    zero = load_file(str(tmp_path / "zero" / "decoder" / "decoder.safetensors"))["decoder.decoder.bias"]
+    assert float(zero.abs().max()) == 0.0
+    assert PretrainConfig().decoder_bias_init == "prior"
+    # objectives without a CPDAE decoder ignore it
+    cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "mlm", cache, objective="mlm", max_steps=1, save_steps=0))
+    assert (tmp_path / "mlm" / "config.json").is_file() and not (tmp_path / "mlm" / "decoder").exists()
 
 
 @pytest.mark.multiproc
