@@ -8,30 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import PretrainConfig
+from _objective_helpers import load_tiny, sharpen
 from pretrain.objectives import build_objective
 from pretrain.objectives.retromae import EnhancedDecoderLayer, retromae_decoder_mask
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "dense retrieval with a masked auto encoder",
          "information retrieval evaluation campaigns", "pre-training language models for search"]
-
-
-def _sharpen(module: torch.nn.Module) -> None:
-    """Re-draw every weight matrix with a large spread, so that the losses react to every input
-    (the tiny model's BERT initialisation gives nearly uniform logits, hiding small mistakes)."""
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-
-
-def _load(tiny_bert_dir: str, **cfg):
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-    torch.manual_seed(0)
-    model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
-    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    return model, tok, PretrainConfig(model=tiny_bert_dir, **cfg)
 
 
 def _batch_masks(lengths, L):
@@ -88,14 +70,14 @@ def test_bad_decoder_ratio(ratio, tiny_bert_dir):
     am, sp = _batch_masks([3], 5)
     with pytest.raises(ValueError, match="decoder_mask_ratio"):
         retromae_decoder_mask(am, sp, ratio)
-    model, tok, cfg = _load(tiny_bert_dir, decoder_mask_ratio=ratio)
+    model, tok, cfg = load_tiny(tiny_bert_dir, decoder_mask_ratio=ratio)
     with pytest.raises(ValueError, match="decoder_mask_ratio"):
         build_objective("retromae", model, tok, cfg)
 
 
 @pytest.mark.parametrize("ratio", [0.0, 1.0])
 def test_bad_encoder_ratio(ratio, tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir, encoder_mask_ratio=ratio)
+    model, tok, cfg = load_tiny(tiny_bert_dir, encoder_mask_ratio=ratio)
     with pytest.raises(ValueError, match="encoder_mask_ratio"):
         build_objective("retromae", model, tok, cfg)
 
@@ -140,9 +122,9 @@ def test_decoder_row_ignores_hidden_content():
 
 
 def test_rec_loss_matches_naive_reference(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     obj = build_objective("retromae", model, tok, cfg).eval()
-    _sharpen(obj)
+    sharpen(obj)
     examples = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     batch = obj.collate(examples)
     obj.decoder_mask_generator = torch.Generator().manual_seed(7)
@@ -166,7 +148,7 @@ def test_rec_loss_matches_naive_reference(tiny_bert_dir):
 
 
 def test_embeddings_and_head_are_the_encoders(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     obj = build_objective("retromae", model, tok, cfg)
     own = {n for n, _ in obj.named_parameters()} - {"mlm_model." + n for n, _ in model.named_parameters()}
     assert own == {"decoder." + n for n, _ in obj.decoder.named_parameters()}  # a single layer, nothing else
@@ -177,7 +159,7 @@ def test_embeddings_and_head_are_the_encoders(tiny_bert_dir):
 
 
 def test_encoder_view_is_masked_at_encoder_ratio(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir, mlm_probability=0.15)
+    model, tok, cfg = load_tiny(tiny_bert_dir, mlm_probability=0.15)
     obj = build_objective("retromae", model, tok, cfg)
     assert cfg.mlm_probability == 0.15  # the caller's config is not modified
     batch = obj.collate([list(range(2000, 2100))] * 64)
@@ -186,7 +168,7 @@ def test_encoder_view_is_masked_at_encoder_ratio(tiny_bert_dir):
 
 
 def test_loss_and_training(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     obj = build_objective("retromae", model, tok, cfg)
     examples = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     batch = obj.collate(examples)
@@ -207,7 +189,7 @@ def test_loss_and_training(tiny_bert_dir):
 
 
 def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     tok.mask_token = None
     with pytest.raises(ValueError, match="mask token"):
         build_objective("retromae", model, tok, cfg)

@@ -10,30 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import PretrainConfig
+from _objective_helpers import load_tiny, sharpen
 from pretrain.objectives import build_objective
 from pretrain.objectives.seed import SEEDDecoder, seed_attention_mask
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "dense retrieval with a weak decoder",
          "information retrieval evaluation campaigns", "pre-training language models for search"]
-
-
-def _sharpen(module: torch.nn.Module) -> None:
-    """Re-draw every weight matrix with a large spread, so that the losses react to every input
-    (the tiny model's BERT initialisation gives nearly uniform logits, hiding small mistakes)."""
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-
-
-def _load(tiny_bert_dir: str, **cfg):
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-    torch.manual_seed(0)
-    model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
-    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    return model, tok, PretrainConfig(model=tiny_bert_dir, **cfg)
 
 
 def _examples(tok, texts=TEXTS) -> list[list[int]]:
@@ -130,7 +112,7 @@ def test_decoder_matches_naive_per_position_reference(span):
 
 
 def test_targets_are_next_tokens(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     obj = build_objective("seed", model, tok, cfg)
     batch = obj.collate([[2000, 2001, 2002], [2003]])
     t = obj.decoder_targets(batch["input_ids"], batch["special_tokens_mask"], batch["attention_mask"])
@@ -139,9 +121,9 @@ def test_targets_are_next_tokens(tiny_bert_dir):
 
 
 def test_rec_loss_matches_naive_reference(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     obj = build_objective("seed", model, tok, cfg).eval()
-    _sharpen(obj)
+    sharpen(obj)
     examples = _examples(tok)
     batch = obj.collate(examples)
     with torch.no_grad():
@@ -162,7 +144,7 @@ def test_rec_loss_matches_naive_reference(tiny_bert_dir):
 
 
 def test_output_layer_is_the_word_embedding_matrix(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     obj = build_objective("seed", model, tok, cfg)
     own = {n for n, _ in obj.named_parameters()} - {"mlm_model." + n for n, _ in model.named_parameters()}
     assert own == {"decoder." + n for n, _ in obj.decoder.named_parameters()}
@@ -179,7 +161,7 @@ def test_output_layer_is_the_word_embedding_matrix(tiny_bert_dir):
 
 
 def test_loss_components_and_training(tiny_bert_dir, tmp_path):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     obj = build_objective("seed", model, tok, cfg)
     assert len(obj.decoder.layers) == cfg.seed_decoder_layers == 3
     examples = _examples(tok)
@@ -203,7 +185,7 @@ def test_loss_components_and_training(tiny_bert_dir, tmp_path):
 
 
 def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir)
     tok.mask_token = None
     with pytest.raises(ValueError, match="mask token"):
         build_objective("seed", model, tok, cfg)
@@ -211,6 +193,6 @@ def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):
 
 @pytest.mark.parametrize("option", [{"seed_attention_span": 0}, {"seed_decoder_layers": 0}])
 def test_refuses_bad_decoder_options(tiny_bert_dir, option):
-    model, tok, cfg = _load(tiny_bert_dir, **option)
+    model, tok, cfg = load_tiny(tiny_bert_dir, **option)
     with pytest.raises(ValueError, match=next(iter(option))):
         build_objective("seed", model, tok, cfg)

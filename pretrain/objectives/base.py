@@ -44,7 +44,10 @@ class Objective(nn.Module):
     #: Whether the objective compares texts within a batch (needs >= 2 texts per batch).
     contrastive: bool = False
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig):
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+                 **extra: Any):
+        if extra:
+            raise ValueError(f"objective {self.name!r} got unexpected arguments {sorted(extra)}")
         super().__init__()
         if self.needs_mask_token and tokenizer.mask_token_id is None:
             raise ValueError(f"objective {self.name!r} masks its input, but the tokenizer of {config.model!r} has no mask token")

@@ -92,13 +92,11 @@ class BoWObjective(MaskedViewsMixin, Objective):
 
     def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
                  **extra: Any):
-        if extra:
-            raise ValueError(f"objective {self.name!r} takes no extra arguments, got {sorted(extra)}")
         if config.bow_weight_schedule not in BOW_SCHEDULES:
             raise ValueError(f"unknown bow_weight_schedule {config.bow_weight_schedule!r}; choose one of {BOW_SCHEDULES}")
         if config.bow_weight < 0:
             raise ValueError(f"bow_weight must be >= 0, got {config.bow_weight}")
-        super().__init__(mlm_model, tokenizer, config)
+        super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()
         self.bow_weight = float(config.bow_weight)
 

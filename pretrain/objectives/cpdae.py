@@ -85,9 +85,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
 
     def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
                  idf: Optional[torch.Tensor] = None, bias_prior: Optional[torch.Tensor] = None, **extra: Any):
-        if extra:
-            raise ValueError(f"objective {self.name!r} got unexpected arguments {sorted(extra)}")
-        super().__init__(mlm_model, tokenizer, config)
+        super().__init__(mlm_model, tokenizer, config, **extra)
         if self.contrastive:
             micro = config.batch_size / max(1, getattr(config, "grad_accum", 1))
             if micro < 2:

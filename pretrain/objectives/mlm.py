@@ -90,9 +90,7 @@ class MLMObjective(MaskedViewsMixin, Objective):
 
     def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
                  **extra: Any):
-        if extra:
-            raise ValueError(f"objective {self.name!r} takes no extra arguments, got {sorted(extra)}")
-        super().__init__(mlm_model, tokenizer, config)
+        super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

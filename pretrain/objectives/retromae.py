@@ -189,11 +189,9 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
 
     def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
                  **extra: Any):
-        if extra:
-            raise ValueError(f"objective {self.name!r} takes no extra arguments, got {sorted(extra)}")
         _check_ratio(config.decoder_mask_ratio, "decoder_mask_ratio")
         _check_ratio(config.encoder_mask_ratio, "encoder_mask_ratio")
-        super().__init__(mlm_model, tokenizer, config)
+        super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()
         cfg = mlm_model.config
         self.decoder = EnhancedDecoderLayer(cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size,

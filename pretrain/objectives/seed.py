@@ -154,9 +154,7 @@ class SEEDObjective(MaskedViewsMixin, Objective):
 
     def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
                  **extra: Any):
-        if extra:
-            raise ValueError(f"objective {self.name!r} takes no extra arguments, got {sorted(extra)}")
-        super().__init__(mlm_model, tokenizer, config)
+        super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()
         cfg = mlm_model.config
         self.decoder = SEEDDecoder(cfg.hidden_size, cfg.vocab_size, num_layers=config.seed_decoder_layers,

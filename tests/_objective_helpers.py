@@ -1,0 +1,25 @@
+"""Helpers shared by the tests of the rival objectives (tests/test_seed.py, tests/test_retromae.py)."""
+from __future__ import annotations
+
+import torch
+
+from pretrain.config import PretrainConfig
+
+
+def sharpen(module: torch.nn.Module) -> None:
+    """Re-draw every weight matrix with a large spread, so that the losses react to every input
+    (the tiny model's BERT initialisation gives nearly uniform logits, hiding small mistakes)."""
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+def load_tiny(tiny_bert_dir: str, **cfg):
+    """``(masked-LM model, tokenizer, PretrainConfig(**cfg))`` of the tiny test BERT, seeded."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    return model, tok, PretrainConfig(model=tiny_bert_dir, **cfg)
