@@ -109,9 +109,6 @@ def _gather_keep_local(x: torch.Tensor) -> torch.Tensor:
     """All processes' rows of ``x`` (equal sizes), where only this process's rows carry gradient."""
     full = distributed.gather_with_grad(x.contiguous()).detach()
     n, r = x.shape[0], distributed.rank()
-    if full.shape[0] != n * distributed.world_size():
-        raise ValueError(f"in-batch negatives across processes need the same local batch on every process: this "
-                         f"process has {n} rows, all together {full.shape[0]} (world size {distributed.world_size()})")
     return torch.cat([full[: r * n], x, full[(r + 1) * n:]])
 
 
@@ -129,6 +126,11 @@ def distributed_listwise_loss(q: torch.Tensor, p: torch.Tensor, group_size: int,
     world = distributed.world_size()
     if world == 1:
         return listwise_loss(q, p, group_size, True, temperature)
+    # checked before any gradient-carrying collective, so that every process raises at the same point
+    sizes = distributed.gather_sizes(q.shape[0], device=q.device)
+    if len(set(sizes)) > 1:
+        raise ValueError(f"in-batch negatives across processes need the same local batch on every process, "
+                         f"got {sizes} queries (world size {world})")
     loss = listwise_loss(_gather_keep_local(q), _gather_keep_local(p), group_size, True, temperature)
     return loss + (world - 1) * (loss - loss.detach())  # value: loss; gradient: world x loss
 
