@@ -23,3 +23,16 @@ def load_tiny(tiny_bert_dir: str, **cfg):
     model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
     return model, tok, PretrainConfig(model=tiny_bert_dir, **cfg)
+
+
+def train_losses(obj: torch.nn.Module, examples: list[list[int]], steps: int = 30, lr: float = 3e-3) -> list[float]:
+    """The total loss at each of ``steps`` AdamW steps on the same batch texts (re-masked every step)."""
+    opt = torch.optim.AdamW(obj.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        out = obj(obj.collate(examples))
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(float(out["loss"].detach()))
+    return losses

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _objective_helpers import load_tiny, sharpen
+from _objective_helpers import load_tiny, sharpen, train_losses
 from pretrain.objectives import build_objective
 from pretrain.objectives.seed import SEEDDecoder, seed_attention_mask
 
@@ -168,15 +168,8 @@ def test_loss_components_and_training(tiny_bert_dir, tmp_path):
     out = obj(obj.collate(examples))
     assert set(out) == {"loss", "mlm", "rec"}
     assert torch.allclose(out["loss"], out["mlm"] + out["rec"])
-    opt = torch.optim.AdamW(obj.parameters(), lr=3e-3)
     obj.train()
-    losses = []
-    for _ in range(30):
-        out = obj(obj.collate(examples))
-        opt.zero_grad()
-        out["loss"].backward()
-        opt.step()
-        losses.append(float(out["loss"].detach()))
+    losses = train_losses(obj, examples)
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses
     obj.save_pretrained(str(tmp_path / "out"))
     with open(tmp_path / "out" / "decoder" / "decoder_config.json") as f:
