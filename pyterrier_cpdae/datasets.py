@@ -128,8 +128,24 @@ _DECOMPRESSORS: dict[str, Callable[[Path], IO[bytes]]] = {
 _CORRUPT = (OSError, EOFError, lzma.LZMAError)
 
 
+# compressed data under a name that does not say so (e.g. TREC disks' ``.0z`` files) would be read as
+# text and silently skipped or garbled: recognised by its magic bytes and refused
+_MAGIC = re.compile(rb"^(?:(\x1f\x8b)|(BZh[1-9]1AY&SY)|(\xfd7zXZ\x00)|(\x28\xb5\x2f\xfd)|(\x1f\x9d)|(PK\x03\x04))")
+_MAGIC_NAMES = ("gzip", "bzip2", "xz", "zstd", "Unix compress (.Z)", "zip")
+
+
 def _open_binary(path: Path) -> IO[bytes]:
-    return _DECOMPRESSORS.get(path.suffix.lower(), open)(path, "rb")
+    opener = _DECOMPRESSORS.get(path.suffix.lower())
+    if opener is not None:
+        return opener(path, "rb")
+    f = open(path, "rb")
+    m = _MAGIC.match(f.peek(16)[:16])
+    if m is not None:
+        f.close()
+        kind = _MAGIC_NAMES[m.lastindex - 1]
+        raise ValueError(f"{path}: holds {kind}-compressed data, but only files named *.gz, *.bz2, *.xz or *.lzma are "
+                         "decompressed; decompress it, give it the suffix of its format, or move it out of the folder")
+    return f
 
 
 @contextmanager

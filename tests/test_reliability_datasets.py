@@ -290,3 +290,45 @@ def test_lone_surrogate_in_json_names_file_and_line(tmp_path: Path, file: str, c
 def test_surrogate_pairs_in_json_are_kept(tmp_path: Path) -> None:
     ds = _beir(tmp_path, corpus='{"_id": "d1", "text": "smile \\ud83d\\ude00"}\n')
     assert list(ds.get_corpus_iter()) == [{"docno": "d1", "text": "smile \U0001F600", "title": ""}]
+
+
+@pytest.mark.parametrize("name, data", [
+    ("part1", gzip.compress(b"<DOC>\n<DOCNO>D2</DOCNO>\nhidden\n</DOC>\n")),
+    ("fr940104.0z", b"\x1f\x9d\x90<DOC>"),  # Unix compress, as on the TREC disks
+    ("part2.zst", b"\x28\xb5\x2f\xfd\x00\x00"),
+], ids=["gzip-without-suffix", "unix-compress", "zstd"])
+def test_compressed_file_under_another_name_is_named_not_skipped(tmp_path: Path, name: str, data: bytes) -> None:
+    _trec(tmp_path)
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / name)) + r".*compressed"):
+        list(load_dataset(f"trec:{tmp_path}").get_corpus_iter())
+
+
+def test_bare_less_than_sign_in_text_and_title_is_kept(tmp_path: Path) -> None:
+    docs = "<DOC>\n<DOCNO>D1</DOCNO>\n<TEXT>if a < b and c > d then</TEXT>\n</DOC>\n"
+    topics = "<top>\n<num> 1 </num>\n<title> x < y </title>\n</top>\n"
+    ds = _trec(tmp_path, docs=docs, topics=topics)
+    assert list(ds.get_corpus_iter()) == [{"docno": "D1", "text": "if a < b and c > d then"}]
+    assert ds.get_topics().values.tolist() == [["1", "x < y"]]
+
+
+def test_irds_lone_surrogate_names_the_document() -> None:
+    from collections import namedtuple
+
+    from pyterrier_cpdae.datasets import IRDSWrapper
+
+    Doc = namedtuple("Doc", ["doc_id", "text"])
+
+    class FakeIrds:
+        def has_docs(self) -> bool:
+            return True
+
+        def docs_iter(self):
+            return iter([Doc("0", "fine"), Doc("1", "broken \ud800 text")])
+
+    wrapper = IRDSWrapper.__new__(IRDSWrapper)
+    wrapper.irds_id, wrapper.irds_ref = "fake/ds", FakeIrds
+    it = wrapper.get_corpus_iter()
+    assert next(it) == {"docno": "0", "text": "fine"}
+    with pytest.raises(ValueError, match=r"irds:fake/ds document 2.*'1'.*surrogate"):
+        next(it)
