@@ -40,6 +40,8 @@ from typing import IO, Any, Callable, Iterator, Optional
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_cpdae._index_io import as_docno
+
 __all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "SMART_LAYOUTS"]
 
 _TOPICS_COLUMNS = ["qid", "query"]
@@ -241,6 +243,16 @@ def _clean(text: str) -> str:
     return _WS.sub(" ", text).strip()
 
 
+def _id(value: Any, what: str, where: str) -> str:
+    """A document or query id, by the indexes' rules (:func:`as_docno`: a non-empty str or int, no line
+    break), with no lone surrogate."""
+    try:
+        docno = as_docno(value)
+    except ValueError as e:
+        raise ValueError(f"{where}: bad {what}: {e}") from None
+    return _text(docno, what, where)
+
+
 def _line_of(content: str, pos: int) -> int:
     return content.count("\n", 0, pos) + 1
 
@@ -307,7 +319,7 @@ def _trec_doc(path: Path, line_no: int, raw: str) -> dict:
         raise ValueError(f"{path}:{line_no}: the document's <DOCNO> is not closed by </DOCNO>")
     if not m.group(1):
         raise ValueError(f"{path}:{line_no}: empty <DOCNO>")
-    return {"docno": m.group(1), "text": _clean(_TAG.sub(" ", raw[:m.start()] + raw[m.end():]))}
+    return {"docno": _id(m.group(1), "<DOCNO>", f"{path}:{line_no}"), "text": _clean(_TAG.sub(" ", raw[:m.start()] + raw[m.end():]))}
 
 
 _TOP_TAG = re.compile(r"<(/?)top>", re.IGNORECASE)
@@ -437,13 +449,8 @@ def _json_field(obj: dict, key: str, where: str, is_id: bool = False) -> str:
         raise ValueError(f"{where}: no {key!r} field (BEIR lines need '_id' and 'text'); fields present: {list(obj)}")
     value = obj[key]
     if is_id:
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
-        if value == "":
-            raise ValueError(f"{where}: empty {key!r}")
-    elif value is None:
-        return ""
-    return _text(value, repr(key), where)
+        return _id(value, repr(key), where)
+    return "" if value is None else _text(value, repr(key), where)
 
 
 def _beir_docs(path: Path) -> Iterator[dict]:
@@ -655,7 +662,7 @@ class IRDSWrapper(pt.datasets.Dataset):
             fields = {k: v for k, v in doc._asdict().items() if k != "doc_id" and isinstance(v, str)}
             text = doc.default_text() if hasattr(doc, "default_text") else fields.get("text", "")
             where = f"irds:{self.irds_id} document {position}"
-            docno = _text(str(doc.doc_id), "doc_id", where)
+            docno = _id(doc.doc_id, "doc_id", where)
             yield {"docno": docno, **fields, "text": _text(text, f"the text of {docno!r}", where)}
 
     def get_topics(self, variant: Optional[str] = None) -> pd.DataFrame:

@@ -112,6 +112,16 @@ def test_trec_empty_docno_is_refused(tmp_path: Path) -> None:
         _docs(tmp_path, "<DOC>\n<DOCNO> </DOCNO>\ntext\n</DOC>\n")
 
 
+def test_ids_that_an_index_cannot_store_are_refused_at_their_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=_where(tmp_path / "docs.trec", 1) + r".*line break"):
+        _docs(tmp_path, "<DOC>\n<DOCNO>D1\nD2</DOCNO>\ntext\n</DOC>\n")
+    beir = tmp_path / "beir"
+    beir.mkdir()
+    ds = _beir(beir, corpus=GOOD_DOC + '{"_id": "d\\n2", "text": "x"}\n')
+    with pytest.raises(ValueError, match=_where(beir / "corpus.jsonl", 2) + r".*line break"):
+        list(ds.get_corpus_iter())
+
+
 def _naive_trec_docs(path: Path) -> list[dict]:
     """An independent reference for well-formed TREC files: one regex over the whole file."""
     content = path.read_text(encoding="utf-8")
