@@ -129,7 +129,6 @@ _DECOMPRESSORS: dict[str, Callable[[Path], IO[bytes]]] = {
 # what gzip / bz2 / lzma raise on data that is not theirs or is truncated
 _CORRUPT = (OSError, EOFError, lzma.LZMAError)
 
-
 # compressed data under a name that does not say so (e.g. TREC disks' ``.0z`` files) would be read as
 # text and silently skipped or garbled: recognised by its magic bytes and refused
 _MAGIC = re.compile(rb"^(?:(\x1f\x8b)|(BZh[1-9]1AY&SY)|(\xfd7zXZ\x00)|(\x28\xb5\x2f\xfd)|(\x1f\x9d)|(PK\x03\x04))")
@@ -155,12 +154,15 @@ def _reading(path: Path, errors: str = "strict") -> Iterator[io.TextIOBase]:
     """``path`` as UTF-8 text (decompressed by suffix); corrupt compressed data or bytes that are not
     UTF-8 raise a ValueError naming the file (and, for bad bytes, the line)."""
     f = io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors=errors)
+    compressed = path.suffix.lower() in _DECOMPRESSORS
     try:
         with f:
             yield f
     except UnicodeDecodeError:
         raise _undecodable(path) from None
     except _CORRUPT as e:
+        if not compressed:
+            raise
         kind = path.suffix.lower().lstrip(".")
         raise ValueError(f"{path}: cannot be read as {kind} data ({type(e).__name__}: {e}); the file is corrupt, "
                          f"truncated or not a {kind} file despite its name") from e
@@ -319,7 +321,8 @@ def _trec_doc(path: Path, line_no: int, raw: str) -> dict:
         raise ValueError(f"{path}:{line_no}: the document's <DOCNO> is not closed by </DOCNO>")
     if not m.group(1):
         raise ValueError(f"{path}:{line_no}: empty <DOCNO>")
-    return {"docno": _id(m.group(1), "<DOCNO>", f"{path}:{line_no}"), "text": _clean(_TAG.sub(" ", raw[:m.start()] + raw[m.end():]))}
+    docno = _id(m.group(1), "<DOCNO>", f"{path}:{line_no}")
+    return {"docno": docno, "text": _clean(_TAG.sub(" ", raw[:m.start()] + raw[m.end():]))}
 
 
 _TOP_TAG = re.compile(r"<(/?)top>", re.IGNORECASE)
@@ -443,20 +446,21 @@ def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
             yield where, obj
 
 
-def _json_field(obj: dict, key: str, where: str, is_id: bool = False) -> str:
-    """A required string field of a BEIR line (an id may also be an int); checked by :func:`_text`."""
+def _json_field(obj: dict, key: str, where: str, is_id: bool = False, nullable: bool = False) -> str:
+    """A required string field of a BEIR line (an id may also be an int; ``null`` is ``""`` where
+    ``nullable``); checked by :func:`_text`."""
     if key not in obj:
         raise ValueError(f"{where}: no {key!r} field (BEIR lines need '_id' and 'text'); fields present: {list(obj)}")
     value = obj[key]
     if is_id:
         return _id(value, repr(key), where)
-    return "" if value is None else _text(value, repr(key), where)
+    return "" if value is None and nullable else _text(value, repr(key), where)
 
 
 def _beir_docs(path: Path) -> Iterator[dict]:
     n = 0
     for where, doc in _jsonl(path):
-        docno, text = _json_field(doc, "_id", where, is_id=True), _json_field(doc, "text", where)
+        docno, text = _json_field(doc, "_id", where, is_id=True), _json_field(doc, "text", where, nullable=True)
         title = _text(doc.get("title") or "", "'title'", where)
         n += 1
         yield {"docno": docno, "text": f"{title} {text}".strip(), "title": title}

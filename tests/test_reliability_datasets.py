@@ -84,7 +84,9 @@ def test_trec_close_tag_on_the_text_line_parses(tmp_path: Path) -> None:
 
 
 def test_trec_doc_without_close_mid_file_is_refused(tmp_path: Path) -> None:
-    docs = "<DOC>\n<DOCNO>D1</DOCNO>\nfirst\n</DOC>\n<DOC>\n<DOCNO>D2</DOCNO>\nlost?\n<DOC>\n<DOCNO>D3</DOCNO>\nx\n</DOC>\n"
+    docs = ("<DOC>\n<DOCNO>D1</DOCNO>\nfirst\n</DOC>\n"
+            "<DOC>\n<DOCNO>D2</DOCNO>\nlost?\n"  # line 5: never closed
+            "<DOC>\n<DOCNO>D3</DOCNO>\nx\n</DOC>\n")
     with pytest.raises(ValueError, match=_where(tmp_path / "docs.trec", 8) + r".*line 5.*</DOC>"):
         _docs(tmp_path, docs)
 
@@ -181,10 +183,11 @@ GOOD_DOC = '{"_id": "d1", "text": "body"}\n'
     ("corpus.jsonl", 2, GOOD_DOC + '{"_id": null, "text": "x"}\n', r"'_id'"),
     ("queries.jsonl", 1, '{"_id": "q1"}\n', r"no 'text'"),
     ("queries.jsonl", 1, '"q1 query"\n', r"not a JSON object"),
+    ("queries.jsonl", 1, '{"_id": "q1", "text": null}\n', r"'text' must be a string"),
     ("qrels/test.tsv", 2, "query-id\tcorpus-id\tscore\nq1\td1\trelevant\n", r"integer"),
     ("qrels/test.tsv", 2, "query-id\tcorpus-id\tscore\nq1\td1\t0.5\n", r"integer"),
 ], ids=["doc-without-id", "doc-without-text", "doc-not-object", "doc-null-id", "query-without-text",
-        "query-not-object", "qrels-word-score", "qrels-fraction-score"])
+        "query-not-object", "query-null-text", "qrels-word-score", "qrels-fraction-score"])
 def test_beir_malformed_line_names_file_and_line(tmp_path: Path, file: str, line: int, content: str,
                                                  problem: str) -> None:
     kwargs = {"corpus.jsonl": "corpus", "queries.jsonl": "queries", "qrels/test.tsv": "qrels"}
