@@ -229,7 +229,7 @@ def _text(value: Any, what: str, where: str) -> str:
     """``value`` if it is a str holding real text; lone surrogates (e.g. a JSON ``"\\ud800"``) are refused."""
     if not isinstance(value, str):
         raise ValueError(f"{where}: {what} must be a string, got {type(value).__name__} {value!r}")
-    m = _LONE_SURROGATE.search(value)
+    m = None if value.isascii() else _LONE_SURROGATE.search(value)
     if m is not None:
         raise ValueError(f"{where}: {what} holds a lone surrogate {m.group()!r} at character {m.start()}, which is "
                          "not text (a broken \\uD8xx-\\uDFxx escape); fix or drop it in the source")
