@@ -102,11 +102,18 @@ class LocalDataset(pt.datasets.Dataset):
 
     def get_topics(self, variant: Optional[str] = None) -> pd.DataFrame:
         """Topics: DataFrame ``qid, query`` (str)."""
+        self._no_variant(variant)
         return self._topics()
 
     def get_qrels(self, variant: Optional[str] = None) -> pd.DataFrame:
         """Relevance judgements: DataFrame ``qid, docno, label`` (ids str, label int)."""
+        self._no_variant(variant)
         return self._qrels()
+
+    def _no_variant(self, variant: Optional[str]) -> None:
+        if variant is not None:  # silently answering with the one set there is would be wrong data
+            raise ValueError(f"{self.name} has one set of topics and qrels, no variant {variant!r}; call without "
+                             "a variant (a BEIR split is chosen in the spec: beir:<folder>:<split>)")
 
     def get_corpus_lang(self) -> str:
         return "en"

@@ -345,3 +345,12 @@ def test_irds_lone_surrogate_names_the_document() -> None:
     assert next(it) == {"docno": "0", "text": "fine"}
     with pytest.raises(ValueError, match=r"irds:fake/ds document 2.*'1'.*surrogate"):
         next(it)
+
+
+def test_local_collection_refuses_a_topics_variant_it_does_not_have(tmp_path: Path) -> None:
+    ds = _trec(tmp_path)
+    with pytest.raises(ValueError, match=r"no variant 'desc'"):
+        ds.get_topics("desc")
+    with pytest.raises(ValueError, match=r"no variant 'dev'"):
+        ds.get_qrels("dev")
+    assert ds.get_topics().values.tolist() == [["1", "a query"]]
