@@ -94,8 +94,8 @@ class PretrainConfig(TrainConfig):
 
 
 #: Named fine-tuning recipes (``--preset NAME``): option values applied on top of the defaults
-#: and under a ``--config`` file and command-line flags. The CPDAE paper (Ma et al., CIKM 2022,
-#: Sec. 5.1) fine-tunes with a pairwise loss, 1 positive + 7 BM25 negatives per query, lr 5e-6
+#: and under a ``--config`` file and command-line flags. The CPDAE paper (Ma et al., CIKM 2022)
+#: fine-tunes with a pairwise loss, 1 positive + 7 BM25 negatives per query, lr 5e-6
 #: and batch 64; for documents it starts from the passage model (the warm-up model) and
 #: "iteratively mine[s] the static hard negatives using the current model twice and
 #: fine-tune[s] the model for 1 epoch in each iteration" (STAR-style).
