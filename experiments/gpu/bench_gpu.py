@@ -27,6 +27,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -246,7 +248,16 @@ def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool) -> Dict[str, o
                          bf16=True)
     rows = []
     for name in args.objectives.split(","):
-        r = bench_objectives.run_one(name, ns)
+        if smoke:  # in this process: a subprocess per objective (peak-memory isolation) costs seconds each
+            buf = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(buf):
+                    bench_objectives.worker(SimpleNamespace(**vars(ns), objective=name))
+                r = json.loads(buf.getvalue().strip().splitlines()[-1])
+            except Exception as e:
+                r = {"objective": name, "error": f"{type(e).__name__}: {e}"}
+        else:
+            r = bench_objectives.run_one(name, ns)
         if "error" not in r:
             seq_per_s = r["sequences"] / r["step_s"]
             r["sequences_per_s"] = seq_per_s
