@@ -1,0 +1,365 @@
+"""GPU throughput against the card's limits: encoding, exact search and pre-training (issue 14).
+
+Every figure is printed as a ratio in the same run and written with the GPU's name and the command:
+
+* ``encode``: a BERT-base-shape model with random weights (:mod:`synthetic_bert`) encodes synthetic documents of
+  exactly 128/256/512 tokens with ``CPDAE.doc_encoder()`` in bf16; docs/s and model FLOP utilisation (MFU:
+  ``2 x forward multiply-adds`` per document, from ``bench_objectives.forward_macs``, over the peak), against
+  sentence-transformers' ``encode`` on the same weights in fp32 and in bf16, and the vectors' agreement (cosine);
+  the time to encode MS MARCO's 8.8M passages at each length is extrapolated.
+* ``search``: exact top-k with the project's ``torch_search`` (the kernel of ``DenseIndex.torch_retriever``) over
+  a synthetic fp16 index held in host memory and streamed to the device in chunks, queries/s against the bounds
+  of the card (bytes of the index over the measured HBM and host-to-device bandwidths; ``2 x N x D`` FLOPs per
+  query over the measured matmul peak); an index-resident reference (plain torch: fp16 matmul + top-k with the
+  whole index on the device) shows what the card reaches without streaming.
+* ``pretrain``: ``bench_objectives.run_one`` per objective (forward + backward + AdamW, bf16 autocast) at the
+  given shape; sequences/s, MFU (``6 x forward multiply-adds`` per sequence) and the cost per sequence relative
+  to MLM.
+
+Peaks are *measured* in the same run (a large bf16 / fp32 matmul, a device-to-device copy, a pinned
+host-to-device copy) and, where the card is known, also given as the datasheet figure.
+
+Usage::
+
+    python experiments/gpu/bench_gpu.py --out OUT                 # on the GPU, full sizes
+    python experiments/gpu/bench_gpu.py --cpu-smoke --out OUT     # tiny sizes on the CPU (tested in CI)
+    python experiments/gpu/bench_gpu.py --only search --out OUT   # one part (to fit a 10-minute command limit)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path[:0] = [str(REPO), str(HERE), str(HERE.parent)]
+
+from synthetic_bert import BERT_BASE, TINY, make_bert_dir, synthetic_texts  # noqa: E402
+
+MSMARCO_PASSAGES = 8_841_823
+#: datasheet dense bf16 tensor-core peaks (FLOP/s) and HBM bandwidths (B/s) of the SXM parts
+DATASHEET = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12)}
+SMOKE = dict(lengths=[16, 32], docs=32, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
+             seq_length=32, sequences=4, steps=1, warmup=1, objectives="mlm,cpdae,bow", repeats=1)
+FULL = dict(lengths=[128, 256, 512], docs=4096, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
+            k=1000, chunk_size=None, seq_length=512, sequences=32, steps=5, warmup=2,
+            objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2)
+
+
+def sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(fn: Callable[[], object], dev, repeats: int) -> float:
+    """Median wall time of ``repeats`` calls after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def device_info(dev) -> Dict[str, object]:
+    import torch
+
+    info = {"device": str(dev), "torch": torch.__version__, "python": platform.python_version(),
+            "cpu": f"{os.cpu_count()} cores {platform.machine()}"}
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        info.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), sms=p.multi_processor_count)
+    else:
+        info["gpu"] = "none (CPU run)"
+    return info
+
+
+def measure_peaks(dev, smoke: bool) -> Dict[str, float]:
+    """Measured limits: bf16 and fp32 matmul FLOP/s, device copy B/s (read + write), pinned host-to-device B/s."""
+    import torch
+
+    n = 512 if smoke else 8192
+    out: Dict[str, float] = {}
+    for name, dtype in (("bf16_flops", torch.bfloat16), ("fp32_flops", torch.float32)):
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        t = timed(lambda: a @ b, dev, 3 if smoke else 10)
+        out[name] = 2 * n ** 3 / t
+    nbytes = (8 << 20) if smoke else (2 << 30)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    out["device_copy_Bps"] = 2 * nbytes / timed(lambda: dst.copy_(src), dev, 3 if smoke else 10)
+    if dev.type == "cuda":
+        host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        out["host_to_device_Bps"] = nbytes / timed(lambda: src.copy_(host, non_blocking=True), dev, 10)
+        name = torch.cuda.get_device_name(dev)
+        for key, (flops, bw) in DATASHEET.items():
+            if key in name:
+                out["datasheet_bf16_flops"], out["datasheet_hbm_Bps"] = flops, bw
+    return out
+
+
+# --------------------------------------------------------------------------------------------- encoding
+def bench_encode(args, dev, peaks, model_dir: str, shape: dict) -> Dict[str, object]:
+    import pandas as pd
+    import torch
+    from bench_objectives import forward_macs
+    from sentence_transformers import SentenceTransformer
+
+    from pyterrier_cpdae.encoder import CPDAE
+
+    H, F, layers, V = (shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
+    rows = []
+    for length in args.lengths:
+        texts = synthetic_texts(args.docs, length - 2, V, seed=length)
+        frame = pd.DataFrame({"docno": [str(i) for i in range(len(texts))], "text": texts})
+        enc = CPDAE.from_pretrained(model_dir, pooling="mean", normalize=False, doc_max_length=length,
+                                    batch_size=args.batch_size, device=str(dev), dtype="bf16").doc_encoder()
+        vecs: Dict[str, np.ndarray] = {}
+
+        def ours():
+            vecs["cpdae_bf16"] = np.stack(enc(frame)["doc_vec"].tolist())
+        t_ours = timed(ours, dev, args.repeats)
+        peers = {}
+        for label, dtype in (("st_fp32", torch.float32), ("st_bf16", torch.bfloat16)):
+            st = SentenceTransformer(model_dir, device=str(dev))
+            st.max_seq_length = length
+            st.to(dtype)
+
+            def run(st=st, label=label):
+                vecs[label] = np.asarray(st.encode(texts, batch_size=args.batch_size, convert_to_numpy=True),
+                                         dtype=np.float32)
+            peers[label] = timed(run, dev, args.repeats)
+            del st
+        flops_per_doc = 2 * forward_macs("mlm", H, F, layers, V, length, mlm_probability=0.0)
+        rate = args.docs / t_ours
+        ref = vecs["st_fp32"]
+        cos = np.sum(vecs["cpdae_bf16"] * ref, 1) / (np.linalg.norm(vecs["cpdae_bf16"], axis=1) * np.linalg.norm(ref, axis=1))
+        row = {"tokens": length, "docs": args.docs, "batch_size": args.batch_size, "cpdae_bf16_docs_per_s": rate,
+               "mfu_vs_measured_bf16": rate * flops_per_doc / peaks["bf16_flops"],
+               "gflop_per_doc": flops_per_doc / 1e9,
+               "st_fp32_docs_per_s": args.docs / peers["st_fp32"], "st_bf16_docs_per_s": args.docs / peers["st_bf16"],
+               "speedup_vs_st_fp32": peers["st_fp32"] / t_ours, "speedup_vs_st_bf16": peers["st_bf16"] / t_ours,
+               "min_cosine_cpdae_bf16_vs_st_fp32": float(cos.min()),
+               "msmarco_8.8M_minutes": MSMARCO_PASSAGES / rate / 60}
+        if "datasheet_bf16_flops" in peaks:
+            row["mfu_vs_datasheet"] = rate * flops_per_doc / peaks["datasheet_bf16_flops"]
+        rows.append(row)
+        print(f"encode {length} tokens: {rate:.1f} docs/s, MFU {row['mfu_vs_measured_bf16']:.1%} of measured bf16, "
+              f"{row['speedup_vs_st_fp32']:.2f}x ST fp32, {row['speedup_vs_st_bf16']:.2f}x ST bf16, "
+              f"min cosine {row['min_cosine_cpdae_bf16_vs_st_fp32']:.5f}, MS MARCO {row['msmarco_8.8M_minutes']:.1f} min",
+              flush=True)
+        del enc
+    return {"model": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")},
+            "rows": rows}
+
+
+# --------------------------------------------------------------------------------------------- search
+def bench_search(args, dev, peaks) -> Dict[str, object]:
+    import torch
+
+    from pyterrier_cpdae._exact_search import torch_search
+
+    n, d, q, k = args.size, args.dim, args.queries, args.k
+    # the index: fp16 in host memory (generated on the device in slices: fast even for 8.8M x 768)
+    index = np.empty((n, d), dtype=np.float16)
+    g = torch.Generator(device=dev).manual_seed(0)
+    step = 1 << 20
+    for s in range(0, n, step):
+        m = min(step, n - s)
+        index[s:s + m] = torch.randn(m, d, device=dev, generator=g).half().cpu().numpy()
+    queries = np.random.default_rng(1).standard_normal((q, d)).astype(np.float32)
+    kw = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
+    result = {}
+    t_stream = timed(lambda: result.update(zip(("s", "i"), torch_search([(index, 0, 1)], queries, k, device=dev, **kw))),
+                     dev, args.repeats)
+    chunk_rows = args.chunk_size or max(1, ((256 if dev.type == "cuda" else 64) << 20) // (4 * d))
+    row: Dict[str, object] = {"docs": n, "dim": d, "dtype": "float16", "queries": q, "k": k,
+                              "chunk_rows": chunk_rows, "index_gib": index.nbytes / 2**30,
+                              "streamed_qps": q / t_stream}
+    # bounds: one pass over the index per query batch (query_batch_size 4096 >= queries) and 2*N*D FLOPs a query
+    batches = -(-q // 4096)
+    t_hbm = batches * index.nbytes / (peaks["device_copy_Bps"] / 2)  # copy counts read + write
+    t_flops = 2 * n * d * q / peaks["bf16_flops"]
+    row.update(bound_hbm_qps=q / t_hbm, bound_compute_qps=q / t_flops)
+    row["tighter_bound_qps"] = min(row["bound_hbm_qps"], row["bound_compute_qps"])
+    row["streamed_vs_tighter_bound"] = row["streamed_qps"] / row["tighter_bound_qps"]
+    if "host_to_device_Bps" in peaks:
+        row["bound_host_to_device_qps"] = q / (batches * index.nbytes / peaks["host_to_device_Bps"])
+        row["streamed_vs_host_to_device_bound"] = row["streamed_qps"] / row["bound_host_to_device_qps"]
+    # reference: the whole index resident on the device (if it fits), fp16 matmul + top-k per slice
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else float("inf")
+    if index.nbytes < 0.6 * free:
+        resident = torch.from_numpy(index).to(dev)
+        qd = torch.from_numpy(queries).to(dev, torch.float16 if dev.type == "cuda" else torch.float32)
+        res_idx = resident if dev.type == "cuda" else resident.float()
+        sl = max(k, (1 << 30) // (2 * q)) if dev.type == "cuda" else max(k, chunk_rows)
+
+        def resident_search():
+            best_s = best_i = None
+            with torch.no_grad():
+                for s in range(0, n, sl):
+                    sc, ix = (qd @ res_idx[s:s + sl].T).float().topk(min(k, min(sl, n - s)), dim=1)
+                    ix = ix + s
+                    if best_s is not None:
+                        sc, sel = torch.cat([best_s, sc], 1).topk(k, dim=1)
+                        ix = torch.cat([best_i, ix], 1).gather(1, sel)
+                    best_s, best_i = sc, ix
+            return best_i
+        top = resident_search()
+        t_res = timed(resident_search, dev, args.repeats)
+        row["resident_reference_qps"] = q / t_res
+        row["resident_vs_tighter_bound"] = row["resident_reference_qps"] / row["tighter_bound_qps"]
+        row["streamed_vs_resident"] = row["streamed_qps"] / row["resident_reference_qps"]
+        # the two agree on the top-10 (up to fp16 rounding of the query in the reference)
+        row["top10_overlap_streamed_vs_resident"] = float(np.mean(
+            [len(set(a[:10]) & set(b[:10])) / 10 for a, b in zip(result["i"], top.cpu().numpy())]))
+        del resident, res_idx
+    else:
+        row["resident_reference_qps"] = None
+    print("search: " + ", ".join(f"{k_}={v:.4g}" if isinstance(v, float) else f"{k_}={v}" for k_, v in row.items()),
+          flush=True)
+    return {"rows": [row]}
+
+
+# --------------------------------------------------------------------------------------------- pre-training
+def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool) -> Dict[str, object]:
+    import bench_objectives
+
+    ns = SimpleNamespace(model=model_dir, config="checkpoint", device=str(dev), length=args.seq_length,
+                         sequences=args.sequences, steps=args.steps, warmup=args.warmup, threads=0,
+                         bf16=True)
+    rows = []
+    for name in args.objectives.split(","):
+        if smoke:  # in this process: a subprocess per objective (peak-memory isolation) costs seconds each
+            buf = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(buf):
+                    bench_objectives.worker(SimpleNamespace(**vars(ns), objective=name))
+                r = json.loads(buf.getvalue().strip().splitlines()[-1])
+            except Exception as e:
+                r = {"objective": name, "error": f"{type(e).__name__}: {e}"}
+        else:
+            r = bench_objectives.run_one(name, ns)
+        if "error" not in r:
+            seq_per_s = r["sequences"] / r["step_s"]
+            r["sequences_per_s"] = seq_per_s
+            r["mfu_vs_measured_bf16"] = seq_per_s * 6 * r["macs_per_seq"] / peaks["bf16_flops"]
+            if "datasheet_bf16_flops" in peaks:
+                r["mfu_vs_datasheet"] = seq_per_s * 6 * r["macs_per_seq"] / peaks["datasheet_bf16_flops"]
+        rows.append(r)
+        print(f"pretrain {name}: " + (r["error"] if "error" in r else
+              f"{r['sequences_per_s']:.2f} seq/s, MFU {r['mfu_vs_measured_bf16']:.1%}"), flush=True)
+    ref = next((r for r in rows if r["objective"] == "mlm" and "error" not in r), None)
+    for r in rows:
+        if ref is not None and "error" not in r:
+            r["cost_per_sequence_vs_mlm"] = r["per_seq_ms"] / ref["per_seq_ms"]
+    return {"length": args.seq_length, "sequences_per_step": args.sequences, "bf16": True, "rows": rows}
+
+
+def write_markdown(path: Path, record: Dict[str, object]) -> None:
+    lines = [f"# GPU benchmarks ({record['info'].get('gpu')})", "", f"Command: `{record['command']}`",
+             f"Machine: {json.dumps(record['info'])}",
+             f"Measured peaks: " + ", ".join(f"{k} {v:.3g}" for k, v in record["peaks"].items()), ""]
+    for part in ("encode", "search", "pretrain"):
+        res = record.get(part)
+        if not res:
+            continue
+        rows = res["rows"]
+        keys = sorted({k for r in rows for k in r if not isinstance(r[k], (list, dict))}, key=lambda k: (k != "tokens", k))
+        lines += [f"## {part}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        for r in rows:
+            lines.append("| " + " | ".join(f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, ""))
+                                          for k in keys) + " |")
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="folder for bench_*.json and bench_gpu.md")
+    ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes and a tiny model on the CPU")
+    ap.add_argument("--device", default=None, help="torch device (default: cuda, or cpu with --cpu-smoke)")
+    ap.add_argument("--only", default="encode,search,pretrain", help="comma-separated parts to run")
+    ap.add_argument("--lengths", type=int, nargs="+")
+    ap.add_argument("--docs", type=int, help="documents encoded per length")
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--size", type=int, help="documents in the synthetic search index")
+    ap.add_argument("--dim", type=int)
+    ap.add_argument("--queries", type=int)
+    ap.add_argument("--k", type=int)
+    ap.add_argument("--chunk-size", type=int, help="rows per streamed chunk (default: torch_search's)")
+    ap.add_argument("--seq-length", type=int, help="pre-training sequence length")
+    ap.add_argument("--sequences", type=int, help="encoder sequences per pre-training step")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--objectives")
+    ap.add_argument("--repeats", type=int)
+    args = ap.parse_args(argv)
+    for key, value in (SMOKE if args.cpu_smoke else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+    import torch
+
+    dev = torch.device(args.device or ("cpu" if args.cpu_smoke else "cuda"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --cpu-smoke (tiny sizes on the CPU) or on a GPU machine")
+    args.out.mkdir(parents=True, exist_ok=True)
+    shape = TINY if args.cpu_smoke else BERT_BASE
+    record: Dict[str, object] = {"command": " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+                                 "info": device_info(dev), "peaks": measure_peaks(dev, args.cpu_smoke)}
+    print(json.dumps(record["info"]), json.dumps(record["peaks"]), flush=True)
+    parts = set(args.only.split(","))
+    failed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_bert_dir(Path(tmp) / "bert", **shape)
+        for part, fn in (("encode", lambda: bench_encode(args, dev, record["peaks"], model_dir, shape)),
+                         ("search", lambda: bench_search(args, dev, record["peaks"])),
+                         ("pretrain", lambda: bench_pretrain(args, dev, record["peaks"], model_dir, args.cpu_smoke))):
+            if part not in parts:
+                continue
+            t0 = time.perf_counter()
+            try:
+                record[part] = fn()
+                errors = [r["error"] for r in record[part]["rows"] if "error" in r]
+                if errors:
+                    failed.append(part)
+                    print(f"{part}: {len(errors)} failed: {errors}", file=sys.stderr)
+            except Exception as e:  # record the failure, go on with the other parts
+                import traceback
+
+                traceback.print_exc()
+                record[part] = {"error": f"{type(e).__name__}: {e}", "rows": []}
+                failed.append(part)
+            record[part]["seconds"] = time.perf_counter() - t0
+            (args.out / f"bench_{part}.json").write_text(json.dumps(
+                {"command": record["command"], "info": record["info"], "peaks": record["peaks"], **record[part]},
+                indent=1) + "\n")
+            write_markdown(args.out / "bench_gpu.md", record)
+    if failed:
+        print(f"failed parts: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

