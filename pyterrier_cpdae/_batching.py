@@ -1,6 +1,7 @@
 """Input checking, de-duplication and length-sorted batching for :class:`~pyterrier_cpdae.encoder.CPDAE`.
 
-These helpers are model-agnostic (numpy only): the encoder tokenises a *window* of texts in one fast-tokenizer
+These helpers are model-agnostic (numpy only).  :func:`check_int` also checks the integer options (``k``,
+``num_results``, batch sizes) of the retrievers and search kernels.  The encoder tokenises a *window* of texts in one fast-tokenizer
 call, sorts the window by token count, cuts it into batches padded only to their own longest sequence and
 writes each batch's vectors back to the rows they came from.
 """
@@ -16,6 +17,19 @@ def _describe_row(i: int, ids: Optional[Sequence[Any]], id_name: Optional[str]) 
     if ids is not None and id_name:
         return f"row {i} ({id_name}={ids[i]!r})"
     return f"row {i}"
+
+
+def check_int(value: Any, name: str, minimum: int = 1) -> int:
+    """``value`` as an ``int``, refusing non-integers (floats, bools, strings, None) and values below ``minimum``.
+
+    Raises:
+        ValueError: naming the option, the value and what is allowed.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 def check_texts(values: Sequence[Any], column: str, ids: Optional[Sequence[Any]] = None,

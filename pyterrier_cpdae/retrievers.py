@@ -21,12 +21,18 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from . import _index_io as io
+from ._batching import check_int
 from ._exact_search import sort_results
 
 if TYPE_CHECKING:  # pragma: no cover
     from .dense_index import DenseIndex
 
 RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
+
+
+def _optional_int(value: Any, name: str, minimum: int = 1) -> Optional[int]:
+    """``None`` (the default is used) or an integer >= ``minimum`` (see :func:`check_int`)."""
+    return None if value is None else check_int(value, name, minimum)
 
 
 def query_matrix(inp: pd.DataFrame, dim: int) -> np.ndarray:
@@ -75,10 +81,8 @@ class _VectorRetriever(pt.Transformer):
     """
 
     def __init__(self, index: "DenseIndex", *, num_results: int, drop_query_vec: bool):
-        if num_results < 1:
-            raise ValueError(f"num_results must be >= 1, got {num_results}")
         self.index = index
-        self.num_results = num_results
+        self.num_results = check_int(num_results, "num_results")
         self.drop_query_vec = drop_query_vec
 
     def _params(self) -> Tuple:
@@ -95,8 +99,8 @@ class _VectorRetriever(pt.Transformer):
         return hash((type(self).__name__,) + self._params())
 
     def fuse_rank_cutoff(self, k: int) -> Optional["_VectorRetriever"]:
-        """``retriever % k`` with ``k < num_results`` becomes this retriever computing only the top ``k``."""
-        if k < self.num_results:
+        """``retriever % k`` with ``1 <= k < num_results`` becomes this retriever computing only the top ``k``."""
+        if isinstance(k, (int, np.integer)) and 1 <= k < self.num_results:
             clone = copy.copy(self)
             clone.num_results = k
             return clone
@@ -126,8 +130,8 @@ class ExactRetriever(_VectorRetriever):
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
         self.backend = backend
         self.device = None if device is None else str(device)
-        self.block_size = block_size
-        self.query_batch_size = query_batch_size
+        self.block_size = _optional_int(block_size, "block_size")
+        self.query_batch_size = _optional_int(query_batch_size, "query_batch_size")
 
     def _params(self) -> Tuple:
         return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
@@ -169,14 +173,14 @@ class FaissRetriever(_VectorRetriever):
             raise ValueError(f"kind must be one of {FAISS_KINDS}, got {kind!r}")
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
         self.kind = kind
-        self.neighbours = neighbours
-        self.ef_construction = ef_construction
-        self.ef_search = ef_search
-        self.n_list = n_list
-        self.n_probe = n_probe
-        self.pq_m = pq_m
+        self.neighbours = check_int(neighbours, "neighbours")
+        self.ef_construction = check_int(ef_construction, "ef_construction")
+        self.ef_search = check_int(ef_search, "ef_search")
+        self.n_list = _optional_int(n_list, "n_list")
+        self.n_probe = check_int(n_probe, "n_probe")
+        self.pq_m = _optional_int(pq_m, "pq_m")
         self.use_gpu = use_gpu
-        self.query_batch_size = query_batch_size
+        self.query_batch_size = check_int(query_batch_size, "query_batch_size")
         self._faiss_index = None
 
     # -- identity --------------------------------------------------------------------------------------
@@ -331,7 +335,7 @@ class DenseScorer(pt.Transformer):
 
     def __init__(self, index: "DenseIndex", *, num_results: Optional[int] = None):
         self.index = index
-        self.num_results = num_results
+        self.num_results = _optional_int(num_results, "num_results")
 
     def __repr__(self) -> str:
         return f"DenseScorer({str(self.index.path)!r}, num_results={self.num_results})"
@@ -344,7 +348,9 @@ class DenseScorer(pt.Transformer):
         return hash((DenseScorer, str(self.index.path), self.num_results))
 
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
-        """A rank cutoff after the scorer is applied by the scorer itself."""
+        """A rank cutoff ``k >= 1`` after the scorer is applied by the scorer itself."""
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            return None
         if self.num_results is None or k < self.num_results:
             return DenseScorer(self.index, num_results=k)
         return None
