@@ -12,6 +12,7 @@ import json
 import math
 import os
 import uuid
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .dense_index import DenseIndex
 
 RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
+_UNCACHEABLE: set = set()  # FAISS cache directories whose "could not write" warning was already given
 
 
 def _optional_int(value: Any, name: str, minimum: int = 1) -> Optional[int]:
@@ -161,8 +163,12 @@ class FaissRetriever(_VectorRetriever):
 
     The FAISS structure is built on first use from the stored vectors (added in blocks) and written to
     ``<index>/faiss/<name>.faiss`` with a ``.json`` fingerprint of the vectors; it is rebuilt when missing or
-    when the fingerprint no longer matches the index (stale).  With faiss-gpu and a visible GPU, flat and IVF
-    indexes are searched on the GPU (HNSW has no GPU implementation in FAISS and stays on the CPU).
+    when the fingerprint no longer matches the index (stale).  The structure held in memory is checked the same
+    way before each search: when the index files have changed since it was loaded (e.g. the index was rebuilt
+    with ``mode="overwrite"``) and the fingerprint differs, it is reloaded/rebuilt.  When the cache cannot be
+    written (a read-only index, a full disk), a warning is given once per directory and the structure is only
+    kept in memory.  With faiss-gpu and a visible GPU, flat and IVF indexes are searched on the GPU (HNSW has no
+    GPU implementation in FAISS and stays on the CPU).
     """
 
     def __init__(self, index: "DenseIndex", kind: str, *, num_results: int = 1000, neighbours: int = 32,
@@ -182,6 +188,7 @@ class FaissRetriever(_VectorRetriever):
         self.use_gpu = use_gpu
         self.query_batch_size = check_int(query_batch_size, "query_batch_size")
         self._faiss_index = None
+        self._loaded: Optional[Tuple[Any, Dict[str, Any]]] = None  # (files stamp, fingerprint) of _faiss_index
 
     # -- identity --------------------------------------------------------------------------------------
     def _build_params(self) -> Dict[str, Any]:
@@ -217,6 +224,17 @@ class FaissRetriever(_VectorRetriever):
             digest.update(fin.read(1 << 20))
         return {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size,
                 "sha1_head_tail": digest.hexdigest()}
+
+    def _files_stamp(self) -> Optional[Tuple]:
+        """Cheap identity of the index files (inode, mtime, size of pt_meta.json and vectors.bin); None if absent."""
+        stamp = []
+        for name in (io.META_FILE, io.VECTORS_FILE):
+            try:
+                st = (Path(self.index.path) / name).stat()
+            except FileNotFoundError:
+                return None
+            stamp.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(stamp)
 
     def _make(self, faiss, dim: int, count: int):
         metric = faiss.METRIC_INNER_PRODUCT
@@ -256,9 +274,15 @@ class FaissRetriever(_VectorRetriever):
         return idx
 
     def faiss_index(self):
-        """The FAISS index (loaded from the cache, or built and cached)."""
-        if self._faiss_index is not None:
-            return self._faiss_index
+        """The FAISS index (loaded from the cache, or built and cached); reloaded when the index was rebuilt."""
+        stamp = self._files_stamp()
+        if self._faiss_index is not None and stamp is not None:
+            if stamp == self._loaded[0]:
+                return self._faiss_index
+            if self._fingerprint() == self._loaded[1]:  # files touched/replaced, same vectors
+                self._loaded = (stamp, self._loaded[1])
+                return self._faiss_index
+        self._faiss_index = self._loaded = None  # not loaded yet, or the index was rebuilt since
         import faiss
 
         if self.index.meta().get("layout") == "sharded":
@@ -279,15 +303,34 @@ class FaissRetriever(_VectorRetriever):
                 idx = None  # unreadable cache: rebuild
         if idx is None:
             idx = self._build(faiss)
-            cache_dir.mkdir(exist_ok=True)
-            tmp = idx_path.with_name(f"{idx_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-            faiss.write_index(idx, str(tmp))
-            os.replace(tmp, idx_path)
-            io.write_json_atomic(info_path, {"params": self._build_params(), "fingerprint": fingerprint})
+            self._write_cache(faiss, idx, idx_path, info_path, fingerprint)
         if self._on_gpu(faiss):
             idx = faiss.index_cpu_to_all_gpus(idx)
-        self._faiss_index = idx
+        self._faiss_index, self._loaded = idx, (stamp, fingerprint)
         return idx
+
+    def _write_cache(self, faiss, idx, idx_path: Path, info_path: Path, fingerprint: Dict[str, Any]) -> None:
+        """Writes the FAISS structure and its fingerprint to the cache; a failure warns (once) and does not raise.
+
+        A read-only index directory (or a full disk) must not block search: the structure is then only kept in
+        this retriever's memory, and every new retriever builds it again.
+        """
+        tmp = idx_path.with_name(f"{idx_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            idx_path.parent.mkdir(exist_ok=True)
+            faiss.write_index(idx, str(tmp))  # RuntimeError when the file cannot be opened for writing
+            os.replace(tmp, idx_path)
+            io.write_json_atomic(info_path, {"params": self._build_params(), "fingerprint": fingerprint})
+        except (OSError, RuntimeError) as ex:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            if str(idx_path.parent) not in _UNCACHEABLE:
+                _UNCACHEABLE.add(str(idx_path.parent))
+                warnings.warn(f"could not cache the FAISS index in {idx_path.parent} ({ex}); searching with the copy "
+                              "in memory, which every new retriever builds again — make the directory writable "
+                              "to keep it", RuntimeWarning, stacklevel=2)
 
     def _on_gpu(self, faiss) -> bool:
         """Whether to search on the GPU: with ``use_gpu=None``, exactly when faiss-gpu sees a GPU (not HNSW).
