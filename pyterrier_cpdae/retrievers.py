@@ -14,7 +14,7 @@ import os
 import uuid
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,27 @@ def query_matrix(inp: pd.DataFrame, dim: int) -> np.ndarray:
                             id_name="qid")
 
 
+def _corrupt_vectors(index: "DenseIndex", which: str) -> ValueError:
+    """The error for stored vectors that are not finite (the indexer refuses them: the file was damaged)."""
+    return ValueError(f"the stored vectors of {which} are not finite, so {Path(index.path) / io.VECTORS_FILE} is "
+                      "corrupt — rebuild the index with indexer(mode='overwrite')")
+
+
+def check_scores(index: "DenseIndex", scores: np.ndarray, qids: Sequence[Any], docnos: Sequence[str]) -> None:
+    """Refuses NaN/infinite scores (the query vectors are checked finite, so a stored vector is corrupt).
+
+    The indexer refuses non-finite vectors, so only a damaged ``vectors.bin`` gets here; without this check a
+    NaN score would rank arbitrarily (retrievers) or fail in ``add_ranks`` (scorer).
+
+    Raises:
+        ValueError: naming the first (qid, docno) pairs and the index file.
+    """
+    bad = np.nonzero(~np.isfinite(scores))[0]
+    if len(bad):
+        pairs = [(qids[i], docnos[i]) for i in bad[:5]]
+        raise _corrupt_vectors(index, f"the documents of {len(bad)} NaN/infinite score(s), e.g. (qid, docno) {pairs},")
+
+
 def result_frame(index: "DenseIndex", inp: pd.DataFrame, scores: np.ndarray, ids: np.ndarray,
                  drop_query_vec: bool = False) -> pd.DataFrame:
     """Builds the standard result frame from per-query ``(scores, ids)`` (ids < 0 are missing results)."""
@@ -59,6 +80,7 @@ def result_frame(index: "DenseIndex", inp: pd.DataFrame, scores: np.ndarray, ids
             "score": scores[valid].astype(np.float32),
             "rank": np.arange(len(flat_ids)) - np.repeat(starts, counts),
         }
+        check_scores(index, columns["score"], inp["qid"].to_numpy()[columns["_index"]], columns["docno"])
         if len(flat_ids) == 1:  # DataFrameBuilder treats length-1 arrays as scalars; lists of 1 are fine
             columns = {k: v.tolist() for k, v in columns.items()}
         res.extend(columns)
@@ -270,7 +292,12 @@ class FaissRetriever(_VectorRetriever):
             idx.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
         block = 65536
         for start in range(0, count, block):
-            idx.add(np.ascontiguousarray(vectors[start:start + block], dtype=np.float32))
+            rows = np.ascontiguousarray(vectors[start:start + block], dtype=np.float32)
+            finite = np.isfinite(rows).all(axis=1)
+            if not finite.all():  # FAISS would silently never return these rows: refuse, as the exact search does
+                bad = start + np.nonzero(~finite)[0]
+                raise _corrupt_vectors(self.index, f"docno(s) {self.index._docnos_of(bad[:5]).tolist()}")
+            idx.add(rows)
         return idx
 
     def faiss_index(self):
@@ -414,6 +441,7 @@ class DenseScorer(pt.Transformer):
         doc_vecs = self.index._vectors_of(ids)
         query_vecs = query_matrix(out, self.index.dim)
         out = out.assign(docid=ids, score=np.einsum("ij,ij->i", query_vecs, doc_vecs).astype(np.float32))
+        check_scores(self.index, out["score"].to_numpy(), out["qid"].tolist(), docnos)
         out = pt.model.add_ranks(out)
         out = out.sort_values(["qid", "rank"], kind="stable").reset_index(drop=True)
         if self.num_results is not None:

@@ -189,3 +189,156 @@ def test_faiss_search_on_a_read_only_mount(tmp_path):
     assert result["docnos"] == [f"d{i}" for i in expected]  # HNSW on 300 vectors with efSearch 128: exact
     assert any("Read-only file system" in w for w in result["warnings"])
     assert not (path / "faiss").exists()
+
+
+# ------------------------------------------------------------------------------------------ corrupt vectors
+@pytest.fixture
+def corrupt_index(tmp_path):
+    """An index whose stored vector of ``d5`` was overwritten with NaN after the build (a damaged file: the
+    indexer itself refuses non-finite vectors)."""
+    docs, _ = make_docs(300)
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(docs)
+    stored = np.memmap(tmp_path / "ix" / "vectors.bin", dtype="<f4", mode="r+", shape=(300, DIM))
+    stored[5] = np.nan
+    stored.flush()
+    del stored
+    return index
+
+
+@pytest.mark.parametrize("factory", [
+    lambda ix: ix.np_retriever(num_results=10), lambda ix: ix.torch_retriever(num_results=10, device="cpu"),
+    lambda ix: ix.faiss_flat_retriever(num_results=10), lambda ix: ix.faiss_hnsw_retriever(num_results=10),
+], ids=["numpy", "torch", "faiss-flat", "faiss-hnsw"])
+def test_every_retriever_refuses_a_corrupt_nan_vector(corrupt_index, factory):
+    """issue 9 #21, index side: NaN scores were ranked arbitrarily (exact) or the row silently never returned
+    (FAISS); every retriever now names the docno and the damaged file."""
+    with pytest.raises(ValueError, match=r"d5.* are not finite, so .*ix/vectors.bin is corrupt — rebuild"):
+        factory(corrupt_index)(make_topics(2))
+
+
+def test_dense_scorer_refuses_a_corrupt_nan_vector(corrupt_index):
+    """The scorer failed in ``add_ranks`` with pandas' IntCastingNaNError."""
+    frame = make_topics(2).assign(docno="d5")
+    with pytest.raises(ValueError, match=r"\('q0', 'd5'\).* are not finite, so .*vectors.bin is corrupt"):
+        corrupt_index.scorer()(frame)
+
+
+def test_search_refuses_nan_query_vectors(built):
+    index, _ = built
+    q = np.zeros((3, DIM), dtype=np.float32)
+    q[1, 4] = np.nan
+    with pytest.raises(ValueError, match=r"query vector\(s\) at row\(s\) \[1\] contain NaN"):
+        index.search(q, 5)
+
+
+# ------------------------------------------------------------------------------------------------- encoder
+@pytest.fixture(scope="module")
+def enc(tiny_bert_dir):
+    from pyterrier_cpdae import CPDAE
+
+    return CPDAE.from_pretrained(tiny_bert_dir)
+
+
+def test_encode_a_single_string_is_one_text(enc):
+    """issue 9 #11: ``encode_queries("hello")`` encoded each character ((5, dim)); a single string is now one
+    text and gives one (dim,) vector, as sentence-transformers' ``encode`` does."""
+    for encode in (enc.encode_queries, enc.encode_docs):
+        one = encode("hello world")
+        assert one.shape == (enc.dim,)
+        np.testing.assert_allclose(one, encode(["hello world"])[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("texts, message", [
+    (b"hello", r"got a single bytes b'hello'; wrap it in a list"),
+    (None, r"expected a list of 'query' strings, got NoneType"),
+    (7, r"expected a list of 'query' strings, got int 7"),
+])
+def test_encode_refuses_what_is_not_a_list_of_strings(enc, texts, message):
+    with pytest.raises(TypeError, match=message):
+        enc.encode_queries(texts)
+
+
+def test_text_scorer_names_the_qid_of_a_nan_query_vec(enc):
+    """issue 9 #21: a NaN ``query_vec`` failed in ``add_ranks`` with pandas' IntCastingNaNError."""
+    bad = np.zeros(enc.dim, dtype=np.float32)
+    bad[3] = np.nan
+    frame = pd.DataFrame({"qid": ["q1", "q2"], "query_vec": [np.ones(enc.dim), bad], "docno": ["a", "b"],
+                          "text": ["x", "y"]})
+    with pytest.raises(ValueError, match=r"query_vec contains NaN or infinite values for qid\(s\) \['q2'\]"):
+        enc.text_scorer()(frame)
+    frame = pd.DataFrame({"qid": ["q1", "q1"], "query": ["x", "x"], "docno": ["a", "b"],
+                          "doc_vec": [np.full(enc.dim, np.inf), np.ones(enc.dim)]})
+    with pytest.raises(ValueError, match=r"doc_vec contains NaN or infinite values for docno\(s\) \['a'\]"):
+        enc.text_scorer()(frame)
+
+
+def test_text_scorer_names_the_row_whose_encoded_vector_is_nan(enc, monkeypatch):
+    """A model that outputs NaN (e.g. an fp16 overflow) is named by docno instead of failing in add_ranks."""
+    encode = enc._encode
+
+    def nan_for_y(texts, max_length, unique):
+        out = encode(texts, max_length, unique)
+        out[[i for i, t in enumerate(texts) if t == "y"]] = np.nan
+        return out
+
+    monkeypatch.setattr(enc, "_encode", nan_for_y)
+    frame = pd.DataFrame({"qid": ["q1", "q1"], "query": ["x", "x"], "docno": ["a", "b"], "text": ["x", "y"]})
+    with pytest.raises(ValueError, match=r"doc_vec encoded from 'text' contains NaN .* docno\(s\) \['b'\]"):
+        enc.text_scorer()(frame)
+
+
+def test_lone_surrogate_is_named_by_its_row(enc):
+    """issue 9 #22 (texts): ``"\\ud800"`` gave the tokenizer's bare "TextEncodeInput must be ..." TypeError."""
+    surrogate = r"'text' at row 1 \(docno='d2'\) is not valid Unicode: it holds the lone surrogate '\\ud800' at character 4"
+    frame = pd.DataFrame({"docno": ["d1", "d2"], "text": ["fine", "bad \ud800 text"]}, dtype=object)
+    with pytest.raises(ValueError, match=surrogate):
+        enc.doc_encoder()(frame)
+    records = [{"docno": f"d{i}", "text": "fine"} for i in range(enc.batch_size * enc.sort_window)]
+    records.append({"docno": "late", "text": "bad \udfff"})  # in the second window: the row counts from the start
+    with pytest.raises(ValueError, match=rf"'text' at row {len(records) - 1} \(docno='late'\) .* lone surrogate"):
+        list(enc.doc_encoder().transform_iter(records))
+    with pytest.raises(ValueError, match=r"'query' at row 0 \(qid='q1'\) is not valid Unicode"):
+        enc.query_encoder()(pd.DataFrame({"qid": ["q1"], "query": ["\ud800"]}, dtype=object))
+    with pytest.raises(ValueError, match=r"'query' at row 2 is not valid Unicode"):
+        enc.encode_queries(["a", "é", "x\ud83d"])  # half of an emoji's surrogate pair
+    assert enc.encode_docs(["é 😀 ü"]).shape == (1, enc.dim)  # valid non-ASCII text is fine
+
+
+def test_from_pretrained_names_the_missing_config(tiny_bert_dir, tmp_path):
+    """issue 9 #30: a directory without config.json gave transformers' "Unrecognized model" ValueError."""
+    from pyterrier_cpdae import CPDAE
+
+    no_config = tmp_path / "no-config"
+    shutil.copytree(tiny_bert_dir, no_config)
+    (no_config / "config.json").unlink()
+    with pytest.raises(OSError, match=r"no-config/config.json does not exist: .* not a Hugging Face model dir"):
+        CPDAE.from_pretrained(no_config)
+
+
+def test_from_pretrained_refuses_a_directory_without_tokenizer_files(tiny_bert_dir, tmp_path):
+    """transformers 5 silently builds an empty tokenizer (every word [UNK]) for such a directory: every text
+    would get the same vector."""
+    from pyterrier_cpdae import CPDAE
+
+    no_tok = tmp_path / "no-tokenizer"
+    no_tok.mkdir()
+    for f in Path(tiny_bert_dir).iterdir():
+        if f.name in ("config.json", "model.safetensors"):
+            shutil.copy(f, no_tok)
+    with pytest.raises(OSError, match=r"no-tokenizer holds no tokenizer files \(none of .*vocab.txt"):
+        CPDAE.from_pretrained(no_tok)
+
+
+def test_truncated_weights_file_is_named(tiny_bert_dir, tmp_path):
+    """A truncated model.safetensors gave safetensors' "invalid header length" without the file."""
+    from pyterrier_cpdae import CPDAE
+
+    broken = tmp_path / "truncated"
+    shutil.copytree(tiny_bert_dir, broken)
+    with open(broken / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    enc = CPDAE.from_pretrained(broken)  # config and tokenizer load; the weights on first use
+    with pytest.raises(OSError, match=r"cannot read the weights file .*truncated/model.safetensors .*truncated or "
+                                      r"corrupt"):
+        enc.encode_docs(["x"])
