@@ -32,9 +32,9 @@ RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
 _UNCACHEABLE: set = set()  # FAISS cache directories whose "could not write" warning was already given
 
 
-def _optional_int(value: Any, name: str, minimum: int = 1) -> Optional[int]:
-    """``None`` (the default is used) or an integer >= ``minimum`` (see :func:`check_int`)."""
-    return None if value is None else check_int(value, name, minimum)
+def _optional_int(value: Any, name: str) -> Optional[int]:
+    """``None`` (the default is used) or an integer >= 1 (see :func:`check_int`)."""
+    return None if value is None else check_int(value, name)
 
 
 def query_matrix(inp: pd.DataFrame, dim: int) -> np.ndarray:
@@ -154,7 +154,7 @@ class ExactRetriever(_VectorRetriever):
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
         self.backend = backend
         self.device = None if device is None else str(device)
-        self.block_size = _optional_int(block_size, "block_size")
+        self.block_size = _optional_int(block_size, "chunk_size" if backend == "torch" else "block_size")
         self.query_batch_size = _optional_int(query_batch_size, "query_batch_size")
 
     def _params(self) -> Tuple:

@@ -51,7 +51,7 @@ def test_every_retriever_factory_refuses_a_bad_num_results(built, factory, num_r
 @pytest.mark.parametrize("factory, option", [
     (lambda ix: ix.np_retriever(block_size=0), "block_size"),
     (lambda ix: ix.np_retriever(query_batch_size=-5), "query_batch_size"),
-    (lambda ix: ix.torch_retriever(chunk_size=0), "block_size"),
+    (lambda ix: ix.torch_retriever(chunk_size=0), "chunk_size"),
     (lambda ix: ix.faiss_hnsw_retriever(ef_search=0), "ef_search"),
     (lambda ix: ix.faiss_hnsw_retriever(neighbours=1.5), "neighbours"),
     (lambda ix: ix.faiss_ivf_retriever(n_probe=0), "n_probe"),
