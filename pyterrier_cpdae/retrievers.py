@@ -326,8 +326,8 @@ class FaissRetriever(_VectorRetriever):
                     info = json.load(fin)
                 if info.get("fingerprint") == fingerprint and info.get("params") == self._build_params():
                     idx = faiss.read_index(str(idx_path))
-            except (ValueError, RuntimeError):
-                idx = None  # unreadable cache: rebuild
+            except (OSError, ValueError, RuntimeError):
+                idx = None  # unreadable cache (corrupt, or no read permission): rebuild
         if idx is None:
             idx = self._build(faiss)
             self._write_cache(faiss, idx, idx_path, info_path, fingerprint)

@@ -342,3 +342,17 @@ def test_truncated_weights_file_is_named(tiny_bert_dir, tmp_path):
     with pytest.raises(OSError, match=r"cannot read the weights file .*truncated/model.safetensors .*truncated or "
                                       r"corrupt"):
         enc.encode_docs(["x"])
+
+
+def test_an_unreadable_faiss_cache_is_rebuilt_in_memory(tmp_path, monkeypatch):
+    """A cache file that cannot be opened (here a directory where the fingerprint file should be: root ignores
+    permissions) is treated as missing: rebuilt, and searched from memory when it cannot be replaced either."""
+    docs, vecs = make_docs(300)
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(docs)
+    (tmp_path / "ix" / "faiss" / "flat.json").mkdir(parents=True)
+    (tmp_path / "ix" / "faiss" / "flat.faiss").write_bytes(b"not a faiss index")
+    monkeypatch.setattr(retrievers, "_UNCACHEABLE", set())
+    topics = make_topics(3)
+    with pytest.warns(RuntimeWarning, match="could not cache the FAISS index"):
+        assert_matches_naive(index.faiss_flat_retriever(num_results=8)(topics), topics, vecs, 8)
