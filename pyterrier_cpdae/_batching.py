@@ -1,6 +1,7 @@
 """Input checking, de-duplication and length-sorted batching for :class:`~pyterrier_cpdae.encoder.CPDAE`.
 
-These helpers are model-agnostic (numpy only): the encoder tokenises a *window* of texts in one fast-tokenizer
+These helpers are model-agnostic (numpy only).  :func:`check_int` also checks the integer options (``k``,
+``num_results``, batch sizes) of the retrievers and search kernels.  The encoder tokenises a *window* of texts in one fast-tokenizer
 call, sorts the window by token count, cuts it into batches padded only to their own longest sequence and
 writes each batch's vectors back to the rows they came from.
 """
@@ -12,40 +13,71 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 
-def _describe_row(i: int, ids: Optional[Sequence[Any]], id_name: Optional[str]) -> str:
-    if ids is not None and id_name:
-        return f"row {i} ({id_name}={ids[i]!r})"
-    return f"row {i}"
+def _describe_row(i: int, ids: Optional[Sequence[Any]], id_name: Optional[str], first_row: int = 0) -> str:
+    if ids is not None and id_name and ids[i] is not None:
+        return f"row {first_row + i} ({id_name}={ids[i]!r})"
+    return f"row {first_row + i}"
 
 
-def check_texts(values: Sequence[Any], column: str, ids: Optional[Sequence[Any]] = None,
-                id_name: Optional[str] = None) -> List[str]:
-    """Checks that every value is a string and returns them as a list.
+def check_int(value: Any, name: str, minimum: int = 1) -> int:
+    """``value`` as an ``int``, refusing non-integers (floats, bools, strings, None) and values below ``minimum``.
+
+    Raises:
+        ValueError: naming the option, the value and what is allowed.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_texts(values: Iterable[Any], column: str, ids: Optional[Sequence[Any]] = None,
+                id_name: Optional[str] = None, first_row: int = 0) -> List[str]:
+    """Checks that every value is a valid Unicode string and returns them as a list.
 
     Empty strings are allowed (they encode as ``[CLS] [SEP]``).
 
     Args:
-        values: the texts (e.g. a DataFrame column).
+        values: the texts (a list, a DataFrame column, any iterable of strings; not a single string).
         column: the column name, used in error messages.
         ids: optional row identifiers (``qid``/``docno``) used in error messages.
         id_name: the name of the identifier column.
+        first_row: the row number of ``values[0]`` in the whole input (for streamed windows).
 
     Raises:
-        ValueError: a value is missing (``None`` or NaN).
-        TypeError: a value is not a string.
+        ValueError: a value is missing (``None`` or NaN), or holds a lone surrogate (not encodable as UTF-8,
+            which the tokenizer cannot take).
+        TypeError: ``values`` is a single string/bytes or not iterable, or a value is not a string.
     """
-    texts = values if isinstance(values, list) else list(values)
-    if all(isinstance(t, str) for t in texts):  # fast path: one C-level pass
-        return texts
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"expected a list of {column!r} strings, got a single {type(values).__name__} {values!r:.60}; "
+                        "wrap it in a list")
+    try:
+        texts = values if isinstance(values, list) else list(values)
+    except TypeError:
+        raise TypeError(f"expected a list of {column!r} strings, got {type(values).__name__} {values!r:.60}") from None
+    if not all(isinstance(t, str) for t in texts):  # fast path: one C-level pass
+        for i, t in enumerate(texts):
+            if isinstance(t, str):
+                continue
+            where = _describe_row(i, ids, id_name, first_row)
+            if t is None or (isinstance(t, float) and math.isnan(t)):
+                raise ValueError(f"{column!r} is missing (None/NaN) at {where}; fill it (e.g. with '') or drop the "
+                                 "row before encoding")
+            raise TypeError(f"{column!r} must hold strings, but {where} holds {type(t).__name__} {t!r}")
     for i, t in enumerate(texts):
-        if isinstance(t, str):
+        if t.isascii():  # O(1) in CPython: only non-ASCII texts are checked
             continue
-        where = _describe_row(i, ids, id_name)
-        if t is None or (isinstance(t, float) and math.isnan(t)):
-            raise ValueError(f"{column!r} is missing (None/NaN) at {where}; fill it (e.g. with '') or drop the row "
-                             "before encoding")
-        raise TypeError(f"{column!r} must hold strings, but {where} holds {type(t).__name__} {t!r}")
-    return texts  # pragma: no cover - unreachable
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as ex:
+            where = _describe_row(i, ids, id_name, first_row)
+            raise ValueError(f"{column!r} at {where} is not valid Unicode: it holds the lone surrogate "
+                             f"{t[ex.start]!r} at character {ex.start} (text decoded with errors='surrogateescape' "
+                             "or cut inside a surrogate pair?); repair it, e.g. "
+                             "text.encode('utf-8', 'replace').decode('utf-8')") from None
+    return texts
 
 
 def dedup(texts: Sequence[str]) -> Tuple[List[str], np.ndarray]:

@@ -12,6 +12,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._batching import check_int
+
 Part = Tuple[np.ndarray, int, int]
 
 
@@ -33,9 +35,18 @@ def sort_results(scores: np.ndarray, ids: np.ndarray) -> Tuple[np.ndarray, np.nd
 
 
 def _outputs(parts: Sequence[Part], queries: np.ndarray, k: int) -> Tuple[np.ndarray, int, np.ndarray, np.ndarray]:
-    """Shared set-up of the kernels: float32 queries, ``k`` capped at the index size, empty output arrays."""
+    """Shared set-up of the kernels: checked float32 queries, ``k`` capped at the index size, empty outputs.
+
+    Raises:
+        ValueError: ``k`` is not an integer >= 1, or a query row holds NaN/infinite values (its scores would be
+            NaN and its ranking arbitrary).
+    """
+    k = check_int(k, "k")
     queries = np.ascontiguousarray(queries, dtype=np.float32)
-    k = min(int(k), _total(parts))
+    if queries.ndim == 2 and not np.isfinite(queries).all():
+        bad = np.nonzero(~np.isfinite(queries).all(axis=1))[0]
+        raise ValueError(f"query vector(s) at row(s) {bad[:10].tolist()} contain NaN or infinite values")
+    k = min(k, _total(parts))
     num_q = queries.shape[0]
     return queries, k, np.empty((num_q, k), dtype=np.float32), np.empty((num_q, k), dtype=np.int64)
 
@@ -111,13 +122,15 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
         parts: the index parts ``(vectors, offset, stride)`` (vectors may be float16 memmaps; each block is
             upcast to float32 before the BLAS matmul).
         queries: ``(q, dim)`` query vectors.
-        k: number of results per query (capped at the number of documents).
+        k: number of results per query, >= 1 (capped at the number of documents).
         block_size: document rows scored per matmul.
         query_batch_size: queries scored together (bounds the ``q x block_size`` score matrix).
 
     Returns:
         ``(scores, ids)``, both ``(q, min(k, n))``; scores float32 descending, ids int64 global document ids.
     """
+    block_size = check_int(block_size, "block_size")
+    query_batch_size = check_int(query_batch_size, "query_batch_size")
     queries, k, out_scores, out_ids = _outputs(parts, queries, k)
     if k == 0 or not len(queries):
         return out_scores, out_ids
@@ -191,7 +204,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
     Args:
         parts: the index parts ``(vectors, offset, stride)``.
         queries: ``(q, dim)`` query vectors.
-        k: number of results per query (capped at the number of documents).
+        k: number of results per query, >= 1 (capped at the number of documents).
         device: a torch device (default: CUDA when available, else CPU).
         chunk_size: document rows per chunk (default: 256 MiB of vectors on CUDA, 64 MiB on CPU).
         query_batch_size: queries scored together.
@@ -203,12 +216,14 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
     import torch
 
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    query_batch_size = check_int(query_batch_size, "query_batch_size")
     queries, k, out_scores, out_ids = _outputs(parts, queries, k)
     if k == 0 or not len(queries):
         return out_scores, out_ids
     dim = queries.shape[1]
     if chunk_size is None:
         chunk_size = max(1, ((256 if dev.type == "cuda" else 64) << 20) // (4 * dim))
+    chunk_size = check_int(chunk_size, "chunk_size")
     stage = _ChunkStager(dev, chunk_size, dim, pinned=dev.type == "cuda" if pin_memory is None else pin_memory)
 
     with torch.no_grad():

@@ -30,6 +30,7 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 import torch
 
+from . import _index_io as io
 from ._batching import check_texts, chunked, dedup, length_sorted_batches, pad
 
 __all__ = ["CPDAE"]
@@ -59,20 +60,56 @@ def _dtype_name(dtype: Union[None, str, torch.dtype]) -> Optional[str]:
 
 
 def _checkpoint_keys(path: str) -> Optional[set]:
-    """Weight names of a local safetensors checkpoint (``None`` when unknown, e.g. a Hub name)."""
+    """Weight names of a local safetensors checkpoint (``None`` when unknown, e.g. a Hub name).
+
+    Raises:
+        OSError: naming the weights file when it cannot be read (truncated or corrupt).
+    """
     if not os.path.isdir(path):
         return None
     single = os.path.join(path, "model.safetensors")
-    if os.path.exists(single):
-        from safetensors import safe_open
-
-        with safe_open(single, framework="pt") as f:
-            return set(f.keys())
     index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            return set(json.load(f).get("weight_map", {}))
+    try:
+        if os.path.exists(single):
+            from safetensors import safe_open
+
+            with safe_open(single, framework="pt") as f:
+                return set(f.keys())
+        if os.path.exists(index):
+            with open(index, encoding="utf8") as f:
+                return set(json.load(f).get("weight_map", {}))
+    except Exception as ex:  # SafetensorError, JSONDecodeError, ...: none of them names the file
+        bad = single if os.path.exists(single) else index
+        raise OSError(f"cannot read the weights file {bad} ({type(ex).__name__}: {ex}); it is truncated or "
+                      "corrupt — copy or save the model again") from ex
     return None
+
+
+def _check_model_dir(path: str) -> None:
+    """Refuses a local directory that is not a Hugging Face model directory (no ``config.json``).
+
+    Raises:
+        OSError: naming the missing ``config.json`` (transformers would say "Unrecognized model").
+    """
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise OSError(f"{config} does not exist: {path} is not a Hugging Face model directory (a "
+                      "`python -m pretrain`/finetune output, or any directory written by save_pretrained)")
+
+
+def _check_tokenizer_files(path: str, tokenizer: Any) -> None:
+    """Refuses a local model directory without the tokenizer's vocabulary files.
+
+    transformers 5 silently makes an empty tokenizer (every word ``[UNK]``) for a directory that has a config but
+    no tokenizer files; the encoder would then return the same vector for every text.
+
+    Raises:
+        OSError: naming the directory and the files looked for.
+    """
+    names = sorted({n for n in getattr(tokenizer, "vocab_files_names", {}).values() if isinstance(n, str)})
+    if names and not any(os.path.isfile(os.path.join(path, n)) for n in names):
+        raise OSError(f"{path} holds no tokenizer files (none of {names}); save the tokenizer there with "
+                      "tokenizer.save_pretrained(...)")
 
 
 def _load_encoder(name_or_path: str) -> torch.nn.Module:
@@ -201,15 +238,20 @@ class CPDAE(pt.Transformer):
         and tokenizer are loaded (and checked) now; the weights on first use.
 
         Raises:
-            OSError: when the directory/name holds no config or tokenizer.
+            OSError: when the directory/name holds no config or tokenizer (naming the missing ``config.json``
+                or tokenizer files of a local directory).
         """
         from transformers import AutoConfig, AutoTokenizer
 
         name = os.fspath(name_or_path)
-        if os.path.isdir(name):
+        local = os.path.isdir(name)
+        if local:
             name = os.path.abspath(name)
+            _check_model_dir(name)
         config = AutoConfig.from_pretrained(name)
         tokenizer = AutoTokenizer.from_pretrained(name)
+        if local:
+            _check_tokenizer_files(name, tokenizer)
         return cls(None, tokenizer, pooling=pooling, normalize=normalize, query_max_length=query_max_length,
                    doc_max_length=doc_max_length, batch_size=batch_size, device=device, dtype=dtype,
                    verbose=verbose, sort_window=sort_window, name_or_path=name, config=config)
@@ -321,27 +363,37 @@ class CPDAE(pt.Transformer):
             bar.close()
         return out
 
-    def encode_queries(self, texts: Iterable[str]) -> np.ndarray:
+    def _encode_input(self, texts: Union[str, Iterable[str]], column: str, max_length: int,
+                      unique: bool) -> np.ndarray:
+        """:meth:`_encode` of checked texts; a single string is one text and gives one 1-D vector."""
+        if isinstance(texts, str):
+            return self._encode(check_texts([texts], column), max_length, unique=False)[0]
+        return self._encode(check_texts(texts, column), max_length, unique=unique)
+
+    def encode_queries(self, texts: Union[str, Iterable[str]]) -> np.ndarray:
         """Encodes query texts (``query_max_length``; repeated texts are encoded once).
 
         Returns:
-            float32 array ``(len(texts), dim)``.
+            float32 array ``(len(texts), dim)``; for a single string (not a list), one ``(dim,)`` vector, as
+            sentence-transformers' ``encode`` does.
 
         Raises:
-            ValueError: a text is ``None``/NaN.  TypeError: a text is not a string.
+            ValueError: a text is ``None``/NaN or not valid Unicode (a lone surrogate), naming its row.
+            TypeError: a text is not a string, or ``texts`` is ``bytes``/not iterable.
         """
-        return self._encode(check_texts(texts, "query"), self.query_max_length, unique=True)
+        return self._encode_input(texts, "query", self.query_max_length, unique=True)
 
-    def encode_docs(self, texts: Iterable[str]) -> np.ndarray:
+    def encode_docs(self, texts: Union[str, Iterable[str]]) -> np.ndarray:
         """Encodes document texts (``doc_max_length``).
 
         Returns:
-            float32 array ``(len(texts), dim)``.
+            float32 array ``(len(texts), dim)``; for a single string (not a list), one ``(dim,)`` vector.
 
         Raises:
-            ValueError: a text is ``None``/NaN.  TypeError: a text is not a string.
+            ValueError: a text is ``None``/NaN or not valid Unicode (a lone surrogate), naming its row.
+            TypeError: a text is not a string, or ``texts`` is ``bytes``/not iterable.
         """
-        return self._encode(check_texts(texts, "text"), self.doc_max_length, unique=False)
+        return self._encode_input(texts, "text", self.doc_max_length, unique=False)
 
     # -- transformer factories -----------------------------------------------------------------------------
     def query_encoder(self) -> pt.Transformer:
@@ -445,7 +497,7 @@ class _VecAdder(_Stage):
                 raise ValueError(f"{self.name} needs a {self.in_column!r} field, but record {offset + missing} has "
                                  f"keys {sorted(chunk[missing])}")
             ids = [r.get(self.id_column) for r in chunk]
-            texts = check_texts([r[self.in_column] for r in chunk], self.in_column, ids, self.id_column)
+            texts = check_texts([r[self.in_column] for r in chunk], self.in_column, ids, self.id_column, offset)
             vecs = self._encode(texts)
             for rec, vec in zip(chunk, vecs):
                 out = dict(rec)
@@ -470,30 +522,21 @@ class _DocEncoder(_VecAdder):
         return self.encoder._encode(texts, self.encoder.doc_max_length, unique=False)
 
 
-def _stack(values: Sequence[Any], column: str, dim: Optional[int]) -> np.ndarray:
-    """Stacks a vector column into a float32 ``(n, d)`` matrix, checking every row has the same 1-D shape."""
-    rows = []
-    for i, v in enumerate(values):
-        a = np.asarray(v, dtype=np.float32)
-        if a.ndim != 1 or (dim is not None and a.shape[0] != dim):
-            want = f"({dim},)" if dim is not None else "1-D"
-            raise ValueError(f"{column!r} at row {i} has shape {a.shape}, expected {want}")
-        if dim is None:
-            dim = a.shape[0]
-        rows.append(a)
-    return np.stack(rows) if rows else np.empty((0, dim or 0), dtype=np.float32)
-
-
 class _TextScorer(_Stage):
     name = "text_scorer"
 
     def _vectors(self, inp: pd.DataFrame, vec_col: str, text_col: str, id_col: str, max_length: int) -> np.ndarray:
+        """The ``(n, dim)`` vectors of ``vec_col``, or encoded from ``text_col``; all checked finite, so that every
+        score is a number (a NaN row is named by its ``qid``/``docno``, or its row number without one)."""
         enc = self.encoder
+        ids, id_name = (inp[id_col].tolist(), id_col) if id_col in inp.columns else (list(range(len(inp))), "row")
         if vec_col in inp.columns:
-            return _stack(inp[vec_col].tolist(), vec_col, enc.dim)
-        ids = inp[id_col].tolist() if id_col in inp.columns else None
-        texts = check_texts(inp[text_col].tolist(), text_col, ids, id_col)
-        return enc._encode(texts, max_length, unique=True)  # queries repeat per row; documents across queries
+            return io.stack_vectors(inp[vec_col].tolist(), ids, enc.dim, what=vec_col, id_name=id_name)
+        texts = check_texts(inp[text_col].tolist(), text_col, *((ids, id_col) if id_name == id_col else ()))
+        vecs = enc._encode(texts, max_length, unique=True)  # queries repeat per row; documents across queries
+        if not np.isfinite(vecs).all():  # e.g. an fp16 overflow inside the model
+            io.stack_vectors(list(vecs), ids, enc.dim, what=f"{vec_col} encoded from {text_col!r}", id_name=id_name)
+        return vecs
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         with pta.validate.any(inp) as v:

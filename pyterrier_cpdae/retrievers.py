@@ -12,8 +12,9 @@ import json
 import math
 import os
 import uuid
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -21,18 +22,46 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from . import _index_io as io
+from ._batching import check_int
 from ._exact_search import sort_results
 
 if TYPE_CHECKING:  # pragma: no cover
     from .dense_index import DenseIndex
 
 RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
+_UNCACHEABLE: set = set()  # FAISS cache directories whose "could not write" warning was already given
+
+
+def _optional_int(value: Any, name: str) -> Optional[int]:
+    """``None`` (the default is used) or an integer >= 1 (see :func:`check_int`)."""
+    return None if value is None else check_int(value, name)
 
 
 def query_matrix(inp: pd.DataFrame, dim: int) -> np.ndarray:
     """Stacks the ``query_vec`` column into a float32 ``(q, dim)`` matrix, checking shapes and values."""
     return io.stack_vectors(list(inp["query_vec"]), [str(q) for q in inp["qid"]], dim, what="query_vec",
                             id_name="qid")
+
+
+def _corrupt_vectors(index: "DenseIndex", which: str) -> ValueError:
+    """The error for stored vectors that are not finite (the indexer refuses them: the file was damaged)."""
+    return ValueError(f"the stored vectors of {which} are not finite, so {Path(index.path) / io.VECTORS_FILE} is "
+                      "corrupt — rebuild the index with indexer(mode='overwrite')")
+
+
+def check_scores(index: "DenseIndex", scores: np.ndarray, qids: Sequence[Any], docnos: Sequence[str]) -> None:
+    """Refuses NaN/infinite scores (the query vectors are checked finite, so a stored vector is corrupt).
+
+    The indexer refuses non-finite vectors, so only a damaged ``vectors.bin`` gets here; without this check a
+    NaN score would rank arbitrarily (retrievers) or fail in ``add_ranks`` (scorer).
+
+    Raises:
+        ValueError: naming the first (qid, docno) pairs and the index file.
+    """
+    bad = np.nonzero(~np.isfinite(scores))[0]
+    if len(bad):
+        pairs = [(qids[i], docnos[i]) for i in bad[:5]]
+        raise _corrupt_vectors(index, f"the documents of {len(bad)} NaN/infinite score(s), e.g. (qid, docno) {pairs},")
 
 
 def result_frame(index: "DenseIndex", inp: pd.DataFrame, scores: np.ndarray, ids: np.ndarray,
@@ -51,6 +80,7 @@ def result_frame(index: "DenseIndex", inp: pd.DataFrame, scores: np.ndarray, ids
             "score": scores[valid].astype(np.float32),
             "rank": np.arange(len(flat_ids)) - np.repeat(starts, counts),
         }
+        check_scores(index, columns["score"], inp["qid"].to_numpy()[columns["_index"]], columns["docno"])
         if len(flat_ids) == 1:  # DataFrameBuilder treats length-1 arrays as scalars; lists of 1 are fine
             columns = {k: v.tolist() for k, v in columns.items()}
         res.extend(columns)
@@ -75,10 +105,8 @@ class _VectorRetriever(pt.Transformer):
     """
 
     def __init__(self, index: "DenseIndex", *, num_results: int, drop_query_vec: bool):
-        if num_results < 1:
-            raise ValueError(f"num_results must be >= 1, got {num_results}")
         self.index = index
-        self.num_results = num_results
+        self.num_results = check_int(num_results, "num_results")
         self.drop_query_vec = drop_query_vec
 
     def _params(self) -> Tuple:
@@ -95,8 +123,8 @@ class _VectorRetriever(pt.Transformer):
         return hash((type(self).__name__,) + self._params())
 
     def fuse_rank_cutoff(self, k: int) -> Optional["_VectorRetriever"]:
-        """``retriever % k`` with ``k < num_results`` becomes this retriever computing only the top ``k``."""
-        if k < self.num_results:
+        """``retriever % k`` with ``1 <= k < num_results`` becomes this retriever computing only the top ``k``."""
+        if isinstance(k, (int, np.integer)) and 1 <= k < self.num_results:
             clone = copy.copy(self)
             clone.num_results = k
             return clone
@@ -126,8 +154,8 @@ class ExactRetriever(_VectorRetriever):
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
         self.backend = backend
         self.device = None if device is None else str(device)
-        self.block_size = block_size
-        self.query_batch_size = query_batch_size
+        self.block_size = _optional_int(block_size, "chunk_size" if backend == "torch" else "block_size")
+        self.query_batch_size = _optional_int(query_batch_size, "query_batch_size")
 
     def _params(self) -> Tuple:
         return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
@@ -157,8 +185,12 @@ class FaissRetriever(_VectorRetriever):
 
     The FAISS structure is built on first use from the stored vectors (added in blocks) and written to
     ``<index>/faiss/<name>.faiss`` with a ``.json`` fingerprint of the vectors; it is rebuilt when missing or
-    when the fingerprint no longer matches the index (stale).  With faiss-gpu and a visible GPU, flat and IVF
-    indexes are searched on the GPU (HNSW has no GPU implementation in FAISS and stays on the CPU).
+    when the fingerprint no longer matches the index (stale).  The structure held in memory is checked the same
+    way before each search: when the index files have changed since it was loaded (e.g. the index was rebuilt
+    with ``mode="overwrite"``) and the fingerprint differs, it is reloaded/rebuilt.  When the cache cannot be
+    written (a read-only index, a full disk), a warning is given once per directory and the structure is only
+    kept in memory.  With faiss-gpu and a visible GPU, flat and IVF indexes are searched on the GPU (HNSW has no
+    GPU implementation in FAISS and stays on the CPU).
     """
 
     def __init__(self, index: "DenseIndex", kind: str, *, num_results: int = 1000, neighbours: int = 32,
@@ -169,15 +201,16 @@ class FaissRetriever(_VectorRetriever):
             raise ValueError(f"kind must be one of {FAISS_KINDS}, got {kind!r}")
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
         self.kind = kind
-        self.neighbours = neighbours
-        self.ef_construction = ef_construction
-        self.ef_search = ef_search
-        self.n_list = n_list
-        self.n_probe = n_probe
-        self.pq_m = pq_m
+        self.neighbours = check_int(neighbours, "neighbours")
+        self.ef_construction = check_int(ef_construction, "ef_construction")
+        self.ef_search = check_int(ef_search, "ef_search")
+        self.n_list = _optional_int(n_list, "n_list")
+        self.n_probe = check_int(n_probe, "n_probe")
+        self.pq_m = _optional_int(pq_m, "pq_m")
         self.use_gpu = use_gpu
-        self.query_batch_size = query_batch_size
+        self.query_batch_size = check_int(query_batch_size, "query_batch_size")
         self._faiss_index = None
+        self._loaded: Optional[Tuple[Any, Dict[str, Any]]] = None  # (files stamp, fingerprint) of _faiss_index
 
     # -- identity --------------------------------------------------------------------------------------
     def _build_params(self) -> Dict[str, Any]:
@@ -214,6 +247,17 @@ class FaissRetriever(_VectorRetriever):
         return {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size,
                 "sha1_head_tail": digest.hexdigest()}
 
+    def _files_stamp(self) -> Optional[Tuple]:
+        """Cheap identity of the index files (inode, mtime, size of pt_meta.json and vectors.bin); None if absent."""
+        stamp = []
+        for name in (io.META_FILE, io.VECTORS_FILE):
+            try:
+                st = (Path(self.index.path) / name).stat()
+            except FileNotFoundError:
+                return None
+            stamp.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(stamp)
+
     def _make(self, faiss, dim: int, count: int):
         metric = faiss.METRIC_INNER_PRODUCT
         if self.kind == "flat":
@@ -248,13 +292,24 @@ class FaissRetriever(_VectorRetriever):
             idx.train(np.ascontiguousarray(vectors[sample], dtype=np.float32))
         block = 65536
         for start in range(0, count, block):
-            idx.add(np.ascontiguousarray(vectors[start:start + block], dtype=np.float32))
+            rows = np.ascontiguousarray(vectors[start:start + block], dtype=np.float32)
+            finite = np.isfinite(rows).all(axis=1)
+            if not finite.all():  # FAISS would silently never return these rows: refuse, as the exact search does
+                bad = start + np.nonzero(~finite)[0]
+                raise _corrupt_vectors(self.index, f"docno(s) {self.index._docnos_of(bad[:5]).tolist()}")
+            idx.add(rows)
         return idx
 
     def faiss_index(self):
-        """The FAISS index (loaded from the cache, or built and cached)."""
-        if self._faiss_index is not None:
-            return self._faiss_index
+        """The FAISS index (loaded from the cache, or built and cached); reloaded when the index was rebuilt."""
+        stamp = self._files_stamp()
+        if self._faiss_index is not None and stamp is not None:
+            if stamp == self._loaded[0]:
+                return self._faiss_index
+            if self._fingerprint() == self._loaded[1]:  # files touched/replaced, same vectors
+                self._loaded = (stamp, self._loaded[1])
+                return self._faiss_index
+        self._faiss_index = self._loaded = None  # not loaded yet, or the index was rebuilt since
         import faiss
 
         if self.index.meta().get("layout") == "sharded":
@@ -271,19 +326,38 @@ class FaissRetriever(_VectorRetriever):
                     info = json.load(fin)
                 if info.get("fingerprint") == fingerprint and info.get("params") == self._build_params():
                     idx = faiss.read_index(str(idx_path))
-            except (ValueError, RuntimeError):
-                idx = None  # unreadable cache: rebuild
+            except (OSError, ValueError, RuntimeError):
+                idx = None  # unreadable cache (corrupt, or no read permission): rebuild
         if idx is None:
             idx = self._build(faiss)
-            cache_dir.mkdir(exist_ok=True)
-            tmp = idx_path.with_name(f"{idx_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-            faiss.write_index(idx, str(tmp))
-            os.replace(tmp, idx_path)
-            io.write_json_atomic(info_path, {"params": self._build_params(), "fingerprint": fingerprint})
+            self._write_cache(faiss, idx, idx_path, info_path, fingerprint)
         if self._on_gpu(faiss):
             idx = faiss.index_cpu_to_all_gpus(idx)
-        self._faiss_index = idx
+        self._faiss_index, self._loaded = idx, (stamp, fingerprint)
         return idx
+
+    def _write_cache(self, faiss, idx, idx_path: Path, info_path: Path, fingerprint: Dict[str, Any]) -> None:
+        """Writes the FAISS structure and its fingerprint to the cache; a failure warns (once) and does not raise.
+
+        A read-only index directory (or a full disk) must not block search: the structure is then only kept in
+        this retriever's memory, and every new retriever builds it again.
+        """
+        tmp = idx_path.with_name(f"{idx_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            idx_path.parent.mkdir(exist_ok=True)
+            faiss.write_index(idx, str(tmp))  # RuntimeError when the file cannot be opened for writing
+            os.replace(tmp, idx_path)
+            io.write_json_atomic(info_path, {"params": self._build_params(), "fingerprint": fingerprint})
+        except (OSError, RuntimeError) as ex:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            if str(idx_path.parent) not in _UNCACHEABLE:
+                _UNCACHEABLE.add(str(idx_path.parent))
+                warnings.warn(f"could not cache the FAISS index in {idx_path.parent} ({ex}); searching with the copy "
+                              "in memory, which every new retriever builds again — make the directory writable "
+                              "to keep it", RuntimeWarning, stacklevel=2)
 
     def _on_gpu(self, faiss) -> bool:
         """Whether to search on the GPU: with ``use_gpu=None``, exactly when faiss-gpu sees a GPU (not HNSW).
@@ -331,7 +405,7 @@ class DenseScorer(pt.Transformer):
 
     def __init__(self, index: "DenseIndex", *, num_results: Optional[int] = None):
         self.index = index
-        self.num_results = num_results
+        self.num_results = _optional_int(num_results, "num_results")
 
     def __repr__(self) -> str:
         return f"DenseScorer({str(self.index.path)!r}, num_results={self.num_results})"
@@ -344,7 +418,9 @@ class DenseScorer(pt.Transformer):
         return hash((DenseScorer, str(self.index.path), self.num_results))
 
     def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
-        """A rank cutoff after the scorer is applied by the scorer itself."""
+        """A rank cutoff ``k >= 1`` after the scorer is applied by the scorer itself."""
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            return None
         if self.num_results is None or k < self.num_results:
             return DenseScorer(self.index, num_results=k)
         return None
@@ -365,6 +441,7 @@ class DenseScorer(pt.Transformer):
         doc_vecs = self.index._vectors_of(ids)
         query_vecs = query_matrix(out, self.index.dim)
         out = out.assign(docid=ids, score=np.einsum("ij,ij->i", query_vecs, doc_vecs).astype(np.float32))
+        check_scores(self.index, out["score"].to_numpy(), out["qid"].tolist(), docnos)
         out = pt.model.add_ranks(out)
         out = out.sort_values(["qid", "rank"], kind="stable").reset_index(drop=True)
         if self.num_results is not None:
