@@ -32,28 +32,13 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_cpdae._index_io import as_docno, temporary_files, write_json_atomic
-from pyterrier_cpdae._java import ensure_java
+from pyterrier_cpdae._java import autoclass
 
 __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever"]
 
 _LUCENE_DIR = "lucene"
 _META_FILE = "pt_meta.json"
 _RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
-
-
-def _quiet_anserini() -> None:
-    """Lower Anserini's log4j and Lucene's java.util.logging output from INFO to warnings."""
-    from jnius import autoclass
-
-    log4j_level = autoclass("org.apache.logging.log4j.Level")
-    autoclass("org.apache.logging.log4j.core.config.Configurator").setRootLevel(log4j_level.WARN)
-    # the root JUL logger is held by the LogManager, so this setting sticks
-    autoclass("java.util.logging.Logger").getLogger("").setLevel(autoclass("java.util.logging.Level").WARNING)
-
-
-def _java() -> None:
-    ensure_java()
-    _quiet_anserini()
 
 
 class BM25Index(pta.Artifact):
@@ -222,13 +207,11 @@ class BM25Indexer(pt.Indexer):
 
     def index(self, inp: Union[Iterable[dict], pd.DataFrame]) -> BM25Index:
         """Index the documents; returns the built :class:`BM25Index`."""
-        _java()
-        from jnius import autoclass
-
+        simple_indexer = autoclass("io.anserini.index.SimpleIndexer")  # sets up Java before touching the folder
         path = Path(self.index_ref.path)
         created = self._prepare_folder()
         lucene_path = path / _LUCENE_DIR
-        writer = autoclass("io.anserini.index.SimpleIndexer")(str(lucene_path), False, int(self.threads))
+        writer = simple_indexer(str(lucene_path), False, int(self.threads))
         seen: set[str] = set()
         num_docs = num_empty = 0
         batch: list[str] = []
@@ -341,11 +324,9 @@ class BM25Retriever(pt.Transformer):
         """Anserini's ``SimpleSearcher`` for this index, with this retriever's BM25 parameters."""
         if self._searcher is None:
             self.index._require_built()
-            _java()
-            from jnius import autoclass
-
+            simple_searcher = autoclass("io.anserini.search.SimpleSearcher")  # Java problems are not index problems
             try:
-                searcher = autoclass("io.anserini.search.SimpleSearcher")(str(self.index.lucene_path))
+                searcher = simple_searcher(str(self.index.lucene_path))
             except Exception as e:  # pyjnius' JavaException
                 raise ValueError(f"corrupt BM25 index {self.index.path}: Lucene cannot open {self.index.lucene_path} "
                                  f"({e}); rebuild it with indexer(mode='overwrite')") from e
@@ -366,8 +347,6 @@ class BM25Retriever(pt.Transformer):
                 if not isinstance(query, str):
                     raise ValueError(f"query for qid {qid!r} must be a str, got {query!r}")
                 queries.append(query)
-            from jnius import autoclass
-
             searcher = self.searcher()
             array_list = autoclass("java.util.ArrayList")
             jqueries, jkeys = array_list(), array_list()
