@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["ensure_java", "autoclass", "JAVA_MIN_VERSION"]
+__all__ = ["ensure_java", "autoclass", "detach_thread", "JAVA_MIN_VERSION"]
 
 #: The Java feature version Anserini 1.7.1 (Pyserini 1.6.0) is compiled for.
 JAVA_MIN_VERSION = 21
@@ -173,3 +173,11 @@ def autoclass(name: str) -> Any:
     from jnius import autoclass as jclass
 
     return jclass(name)
+
+
+def detach_thread() -> None:
+    """Detaches the calling (non-main) Python thread from the JVM; call it before such a thread ends."""
+    if _started:
+        import jnius
+
+        jnius.detach()

@@ -21,18 +21,23 @@ Example::
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import math
+import os
 import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
 
+import numpy as np
 import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_cpdae._index_io import as_docno, temporary_files, write_json_atomic
-from pyterrier_cpdae._java import autoclass
+from pyterrier_cpdae._java import autoclass, detach_thread
+from pyterrier_cpdae._locking import build_lock
 
 __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever"]
 
@@ -97,6 +102,11 @@ class BM25Index(pta.Artifact):
         """
         meta = self._read_meta()
         if meta is None:
+            path = Path(self.path)
+            if path.is_dir() and any(path.iterdir()):
+                raise FileNotFoundError(
+                    f"the BM25 index at {path} is incomplete: its build was interrupted or failed ({_META_FILE}, "
+                    "written last, is missing); rebuild it with BM25Index(path).indexer(mode='overwrite').index(corpus_iter)")
             raise FileNotFoundError(
                 f"No built BM25 index at {self.path} ({_META_FILE} is missing); build it with "
                 "BM25Index(path).indexer().index(corpus_iter)."
@@ -112,16 +122,19 @@ class BM25Index(pta.Artifact):
     def _require_built(self) -> None:
         self.metadata()
 
-    def indexer(self, mode: str = "create", threads: int = 1, batch_size: int = 1000) -> "BM25Indexer":
+    def indexer(self, mode: str = "create", threads: Optional[int] = None, batch_size: int = 2000,
+                store_text: bool = True) -> "BM25Indexer":
         """An indexer that builds this index from dicts with ``docno`` and ``text``.
 
         Args:
             mode: ``"create"`` (fail if the folder exists and is not empty) or ``"overwrite"``
                 (replace an existing BM25 index at this path).
-            threads: Lucene indexing threads.
-            batch_size: documents sent to Java per call.
+            threads: Lucene indexing threads (default: the machine's cores, ``os.cpu_count()``).
+            batch_size: documents sent to Java per call (Python prepares the next batch meanwhile).
+            store_text: keep each document's text in the index (Lucene stored field ``contents``, as
+                Anserini's ``-storeContents``), which :meth:`text_loader` reads.
         """
-        return BM25Indexer(self, mode=mode, threads=threads, batch_size=batch_size)
+        return BM25Indexer(self, mode=mode, threads=threads, batch_size=batch_size, store_text=store_text)
 
     def bm25(self, k1: float = 0.9, b: float = 0.4, num_results: int = 1000, threads: int = 1) -> "BM25Retriever":
         """A BM25 retriever (``qid, query`` → ``qid, query, docno, docid, score, rank``).
@@ -146,23 +159,36 @@ class BM25Indexer(pt.Indexer):
     * docnos follow the same rule as :class:`~pyterrier_cpdae.dense_index.DenseIndex`: strings are kept,
       integers are converted with ``str()`` (so ``7`` and ``"7"`` are the same document), anything else
       (floats, bytes, ...), empty docnos and docnos with line breaks raise ``ValueError``; a repeated docno
-      raises ``ValueError``. A failed build leaves no index behind.
+      raises ``ValueError``.
+    * Java cannot hold every Python string exactly: a NUL character (``"\\x00"``) or a lone surrogate
+      (e.g. ``"\\ud800"``) in a docno or a text raises ``ValueError`` naming the document, rather than being
+      truncated or replaced silently.
     * A document whose text is empty or whitespace cannot match any query; it is skipped with
-      one warning giving the count (Lucene would reject it anyway).
+      one warning giving the count (Lucene would reject it anyway). A corpus with no document to index
+      raises ``ValueError``.
+
+    A failed or interrupted build leaves no index behind that looks built (``pt_meta.json`` is written
+    last); one process at a time may build a given path (an OS lock held for the whole build: a second
+    writer gets :class:`~pyterrier_cpdae._locking.ConcurrentBuildError` at once).
     """
 
-    def __init__(self, index: BM25Index, mode: str = "create", threads: int = 1, batch_size: int = 1000):
+    def __init__(self, index: BM25Index, mode: str = "create", threads: Optional[int] = None, batch_size: int = 2000,
+                 store_text: bool = True):
         if mode not in ("create", "overwrite"):
             raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
-        if threads < 1 or batch_size < 1:
-            raise ValueError("threads and batch_size must be >= 1")
+        threads = (os.cpu_count() or 1) if threads is None else threads
+        if not _is_int(threads) or not _is_int(batch_size) or threads < 1 or batch_size < 1:
+            raise ValueError(f"threads and batch_size must be integers >= 1, got threads={threads!r}, "
+                             f"batch_size={batch_size!r}")
         self.index_ref = index
         self.mode = mode
-        self.threads = threads
-        self.batch_size = batch_size
+        self.threads = int(threads)
+        self.batch_size = int(batch_size)
+        self.store_text = bool(store_text)
 
     def __repr__(self) -> str:
-        return f"BM25Indexer({self.index_ref!r}, mode={self.mode!r}, threads={self.threads})"
+        return (f"BM25Indexer({self.index_ref!r}, mode={self.mode!r}, threads={self.threads}, "
+                f"store_text={self.store_text})")
 
     def index_inputs(self) -> list[list[str]]:
         return [["docno", "text"]]
@@ -178,11 +204,14 @@ class BM25Indexer(pt.Indexer):
         contents = list(path.iterdir())
         if not contents:
             return False
-        if self.mode == "create":
-            raise FileExistsError(f"{path} already exists and is not empty; use indexer(mode='overwrite') to replace it")
-        # overwrite: only delete what is recognisably (a possibly half-built) BM25 index of ours
         leftovers = temporary_files(path, _META_FILE)  # of a pt_meta.json write interrupted by a crash
         names = {p.name for p in contents} - {p.name for p in leftovers}
+        if self.mode == "create":
+            if names <= {_LUCENE_DIR} and not (path / _META_FILE).exists():
+                raise FileExistsError(f"{path} holds an unfinished BM25 index (an earlier build was interrupted or "
+                                      "failed); rebuild it with indexer(mode='overwrite')")
+            raise FileExistsError(f"{path} already exists and is not empty; use indexer(mode='overwrite') to replace it")
+        # overwrite: only delete what is recognisably (a possibly half-built) BM25 index of ours
         meta_ok = True
         if _META_FILE in names:
             try:
@@ -205,78 +234,148 @@ class BM25Indexer(pt.Indexer):
             return (row for row in inp.to_dict(orient="records"))
         return iter(inp)
 
+    def _java_args(self, lucene_path: Path) -> list[str]:
+        """Anserini's ``IndexCollection`` options: those of ``python -m pyserini.index.lucene`` for a JsonCollection."""
+        args = ["-input", "", "-index", str(lucene_path), "-collection", "JsonCollection", "-threads", str(self.threads)]
+        return args + (["-storeContents"] if self.store_text else [])
+
     def index(self, inp: Union[Iterable[dict], pd.DataFrame]) -> BM25Index:
-        """Index the documents; returns the built :class:`BM25Index`."""
+        """Index the documents; returns the built :class:`BM25Index`.
+
+        Raises:
+            ConcurrentBuildError: another process is building the same path.
+            ValueError: a document breaks the input rules above (the message names it), or nothing was indexed.
+        """
         simple_indexer = autoclass("io.anserini.index.SimpleIndexer")  # sets up Java before touching the folder
         path = Path(self.index_ref.path)
-        created = self._prepare_folder()
-        lucene_path = path / _LUCENE_DIR
-        writer = simple_indexer(str(lucene_path), False, int(self.threads))
+        with build_lock(path, "BM25 index"):
+            created = self._prepare_folder()
+            lucene_path = path / _LUCENE_DIR
+            try:
+                num_docs, num_empty = self._build(simple_indexer, lucene_path, inp)
+                if num_docs == 0:
+                    raise ValueError(f"no documents were indexed into {path} (empty input"
+                                     f"{f', or only the {num_empty} with empty text' if num_empty else ''}); "
+                                     "a BM25 index needs at least one document with text")
+            except BaseException:
+                if created:
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    shutil.rmtree(lucene_path, ignore_errors=True)
+                raise
+            if num_empty:
+                warnings.warn(f"{num_empty} document(s) with empty text were not indexed (they cannot match any "
+                              "query)", stacklevel=2)
+            meta = {
+                "type": BM25Index.ARTIFACT_TYPE,
+                "format": BM25Index.ARTIFACT_FORMAT,
+                "package_hint": BM25Index.ARTIFACT_PACKAGE_HINT,
+                "num_docs": num_docs,
+                "num_empty_skipped": num_empty,
+                "stored_fields": ["contents"] if self.store_text else [],
+                "analyzer": "anserini-default (Lucene standard tokenizer, English stop words, Porter stemmer)",
+            }
+            # written last: its presence is what built() checks
+            write_json_atomic(path / _META_FILE, meta)
+        return self.index_ref
+
+    def _build(self, simple_indexer: Any, lucene_path: Path, inp: Union[Iterable[dict], pd.DataFrame]) -> tuple[int, int]:
+        """Feeds the documents to Anserini in batches; returns (documents indexed, empty documents skipped).
+
+        One Python thread sends a batch to Java (``SimpleIndexer.addRawDocuments`` indexes it with ``threads``
+        Java threads; pyjnius releases the GIL meanwhile) while this thread checks and serialises the next one.
+        """
+        writer = simple_indexer(self._java_args(lucene_path))
         seen: set[str] = set()
         num_docs = num_empty = 0
         batch: list[str] = []
-        closed = False
+        pending: Optional[concurrent.futures.Future] = None
+        feeder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25-feeder")
         try:
             for i, doc in enumerate(self._records(inp)):
-                if not isinstance(doc, dict):
-                    raise TypeError(f"document #{i}: expected a dict with 'docno' and 'text', got {type(doc).__name__}")
-                missing = [c for c in ("docno", "text") if doc.get(c) is None]
-                if missing:
-                    raise ValueError(f"document #{i} (docno={doc.get('docno')!r}) has no {' / '.join(missing)} "
-                                     f"(keys: {sorted(doc)})")
-                try:
-                    docno = as_docno(doc["docno"])
-                except ValueError as e:
-                    raise ValueError(f"document #{i}: {e}") from None
-                text = doc["text"]
-                if not isinstance(text, str):
-                    raise ValueError(f"document {docno!r}: text must be a str, got {type(text).__name__}")
+                docno, text = _checked_document(i, doc)
                 if docno in seen:
                     raise ValueError(f"duplicate docno {docno!r} (document #{i}); docnos must be unique")
                 seen.add(docno)
-                if not text.strip():
+                if not text.strip() or not text.strip(_JAVA_WHITESPACE):
                     num_empty += 1
                     continue
                 batch.append(json.dumps({"id": docno, "contents": text}))
                 if len(batch) >= self.batch_size:
-                    num_docs += self._add(writer, batch)
+                    if pending is not None:
+                        num_docs += pending.result()
+                    pending = feeder.submit(_add_batch, writer, batch)
                     batch = []
+            if pending is not None:
+                num_docs += pending.result()
+                pending = None
             if batch:
-                num_docs += self._add(writer, batch)
-            writer.close()
-            closed = True
+                num_docs += _add_batch(writer, batch)
         except BaseException:
-            if not closed:
-                try:
-                    writer.close()
-                except Exception:  # pragma: no cover - best effort cleanup
-                    pass
-            if created:
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                shutil.rmtree(lucene_path, ignore_errors=True)
+            if pending is not None:
+                concurrent.futures.wait([pending])  # never close the writer under a running batch
+            try:
+                writer.close()
+            except Exception:  # pragma: no cover - best effort; the caller removes the folder
+                pass
             raise
-        if num_empty:
-            warnings.warn(f"{num_empty} document(s) with empty text were not indexed (they cannot match any query)",
-                          stacklevel=2)
-        meta = {
-            "type": BM25Index.ARTIFACT_TYPE,
-            "format": BM25Index.ARTIFACT_FORMAT,
-            "package_hint": BM25Index.ARTIFACT_PACKAGE_HINT,
-            "num_docs": num_docs,
-            "num_empty_skipped": num_empty,
-            "analyzer": "anserini-default (Lucene standard tokenizer, English stop words, Porter stemmer)",
-        }
-        # written last: its presence is what built() checks
-        write_json_atomic(path / _META_FILE, meta)
-        return self.index_ref
+        finally:
+            feeder.submit(detach_thread).result()
+            feeder.shutdown()
+        writer.close()  # commits
+        return num_docs, num_empty
 
-    @staticmethod
-    def _add(writer: Any, batch: list[str]) -> int:
-        added = int(writer.addRawDocuments(batch))
-        if added != len(batch):
-            raise RuntimeError(f"Lucene indexed {added} of {len(batch)} documents in a batch")
-        return added
+
+# what Java's String.trim() removes (Anserini rejects a document whose text trims to nothing)
+_JAVA_WHITESPACE = "".join(map(chr, range(33)))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _java_safe(value: str) -> Optional[str]:
+    """Why ``value`` cannot cross into Java unchanged (None when it can)."""
+    if "\x00" in value:
+        return "contains a NUL character ('\\x00'), which Java would truncate"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (f"contains a lone surrogate {value[e.start]!r} at position {e.start} (not valid Unicode text; "
+                    "decode the source with errors='replace' or fix it)")
+    return None
+
+
+def _checked_document(i: int, doc: Any) -> tuple[str, str]:
+    """(docno, text) of input document #i, or a ValueError/TypeError naming it."""
+    if not isinstance(doc, dict):
+        raise TypeError(f"document #{i}: expected a dict with 'docno' and 'text', got {type(doc).__name__}")
+    missing = [c for c in ("docno", "text") if doc.get(c) is None]
+    if missing:
+        raise ValueError(f"document #{i} (docno={doc.get('docno')!r}) has no {' / '.join(missing)} "
+                         f"(keys: {sorted(doc)})")
+    try:
+        docno = as_docno(doc["docno"])
+    except ValueError as e:
+        raise ValueError(f"document #{i}: {e}") from None
+    text = doc["text"]
+    if not isinstance(text, str):
+        raise ValueError(f"document #{i} ({docno!r}): text must be a str, got {type(text).__name__}")
+    problem = _java_safe(docno)
+    if problem:
+        raise ValueError(f"document #{i}: docno {docno!r} {problem}")
+    problem = _java_safe(text)
+    if problem:
+        raise ValueError(f"document #{i} ({docno!r}): text {problem}")
+    return docno, text
+
+
+def _add_batch(writer: Any, batch: list[str]) -> int:
+    added = int(writer.addRawDocuments(batch))
+    if added != len(batch):
+        raise RuntimeError(f"Lucene indexed {added} of {len(batch)} documents in a batch")
+    return added
 
 
 class BM25Retriever(pt.Transformer):
@@ -290,10 +389,15 @@ class BM25Retriever(pt.Transformer):
     """
 
     def __init__(self, index: BM25Index, k1: float = 0.9, b: float = 0.4, num_results: int = 1000, threads: int = 1):
-        if num_results < 1 or threads < 1:
-            raise ValueError("num_results and threads must be >= 1")
-        if k1 < 0 or not 0 <= b <= 1:
-            raise ValueError(f"need k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
+        if not _is_int(num_results) or not _is_int(threads) or num_results < 1 or threads < 1:
+            raise ValueError(f"num_results and threads must be integers >= 1, got num_results={num_results!r}, "
+                             f"threads={threads!r}")
+        try:
+            ok = math.isfinite(k1) and math.isfinite(b) and k1 >= 0 and 0 <= b <= 1  # NaN fails every comparison
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"BM25 needs finite k1 >= 0 and 0 <= b <= 1, got k1={k1!r}, b={b!r}")
         self.index = index
         self.k1 = float(k1)
         self.b = float(b)
