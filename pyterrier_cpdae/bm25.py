@@ -2,7 +2,9 @@
 
 :class:`BM25Index` is a PyTerrier artifact: a folder holding a Lucene index (``lucene/``)
 and ``pt_meta.json`` (type ``sparse_index``, format ``pyserini_lucene``), so
-``pt.Artifact.load(path)`` finds it through the ``pyterrier.artifact`` entry point.
+``pt.Artifact.load(path)`` finds it through the ``pyterrier.artifact`` entry point. The Lucene
+index also stores each document's text (stored field ``contents``, as Anserini's
+``-storeContents``), which :meth:`BM25Index.text_loader` adds to result frames for re-ranking.
 
 Indexing and search go through Anserini's ``SimpleIndexer`` / ``SimpleSearcher`` Java classes
 (the classes behind ``pyserini.index.lucene.LuceneIndexer`` and
@@ -16,8 +18,10 @@ syntax), so any string is a valid query.
 Example::
 
     index = BM25Index("vaswani.bm25")
-    index.indexer().index(dataset.get_corpus_iter())
+    if not index.built():  # a later run (a fresh process) searches the existing index
+        index.indexer().index(dataset.get_corpus_iter())
     run = index.bm25(num_results=100)(dataset.get_topics())
+    rerank = index.bm25(num_results=100) >> index.text_loader() >> encoder.text_scorer()
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ from pyterrier_cpdae._index_io import as_docno, temporary_files, write_json_atom
 from pyterrier_cpdae._java import autoclass, detach_thread
 from pyterrier_cpdae._locking import build_lock
 
-__all__ = ["BM25Index", "BM25Indexer", "BM25Retriever"]
+__all__ = ["BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader"]
 
 _LUCENE_DIR = "lucene"
 _META_FILE = "pt_meta.json"
@@ -122,6 +126,30 @@ class BM25Index(pta.Artifact):
     def _require_built(self) -> None:
         self.metadata()
 
+    def has_text(self) -> bool:
+        """Whether the index stores the documents' text (what :meth:`text_loader` reads).
+
+        Indexes built with ``store_text=False``, or by versions of this package before text was stored, do not.
+        """
+        return "contents" in self.metadata().get("stored_fields", [])
+
+    def _fingerprint(self) -> tuple:
+        """Identifies one build of the index: ``pt_meta.json`` is replaced (a new file) by every rebuild."""
+        st = (Path(self.path) / _META_FILE).stat()
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _open_searcher(self) -> tuple[Any, tuple]:
+        """A new Anserini ``SimpleSearcher`` on the built index, and the fingerprint of the build it sees."""
+        self._require_built()
+        fingerprint = self._fingerprint()
+        simple_searcher = autoclass("io.anserini.search.SimpleSearcher")  # Java problems are not index problems
+        try:
+            searcher = simple_searcher(str(self.lucene_path))
+        except Exception as e:  # pyjnius' JavaException
+            raise ValueError(f"corrupt BM25 index {self.path}: Lucene cannot open {self.lucene_path} "
+                             f"({e}); rebuild it with indexer(mode='overwrite')") from e
+        return searcher, fingerprint
+
     def indexer(self, mode: str = "create", threads: Optional[int] = None, batch_size: int = 2000,
                 store_text: bool = True) -> "BM25Indexer":
         """An indexer that builds this index from dicts with ``docno`` and ``text``.
@@ -145,8 +173,46 @@ class BM25Index(pta.Artifact):
 
     retriever = bm25
 
+    def text_loader(self, fields: Union[str, list[str]] = "*", *, verbose: bool = False) -> "BM25TextLoader":
+        """A transformer that adds each document's ``text`` (as it was indexed) for its ``docno``.
+
+        It follows PyTerrier's ``text_loader`` convention (``pt.text.get_text(index)`` works too), so that
+        ``index.bm25() >> index.text_loader() >> enc.text_scorer()`` re-ranks BM25's results with an encoder.
+
+        Args:
+            fields: ``"*"`` or ``"text"`` (the only stored field).
+            verbose: show a progress bar.
+        """
+        return BM25TextLoader(self, fields, verbose=verbose)
+
     def __repr__(self) -> str:
         return f"BM25Index({str(self.path)!r})"
+
+
+class _OpensSearcher:
+    """Keeps one ``SimpleSearcher`` on ``self.index`` and reopens it when the index has been rebuilt since."""
+
+    index: BM25Index
+    _searcher: Optional[Any] = None
+    _fingerprint: Optional[tuple] = None
+
+    def _configure(self, searcher: Any) -> None:
+        """Sets up a freshly opened searcher."""
+
+    def searcher(self) -> Any:
+        """Anserini's ``SimpleSearcher`` for the current build of the index (reopened after a rebuild)."""
+        self.index._require_built()
+        if self._searcher is None or self._fingerprint != self.index._fingerprint():
+            old = self._searcher
+            searcher, self._fingerprint = self.index._open_searcher()
+            self._configure(searcher)
+            self._searcher = searcher
+            if old is not None:
+                try:
+                    old.close()
+                except Exception:  # pragma: no cover - the old reader is dropped either way
+                    pass
+        return self._searcher
 
 
 class BM25Indexer(pt.Indexer):
@@ -378,7 +444,7 @@ def _add_batch(writer: Any, batch: list[str]) -> int:
     return added
 
 
-class BM25Retriever(pt.Transformer):
+class BM25Retriever(_OpensSearcher, pt.Transformer):
     """BM25 retrieval from a :class:`BM25Index` (``qid, query`` → ranked documents).
 
     Output: the input columns, then ``docno``, ``docid`` (Lucene's internal id), ``score``
@@ -403,7 +469,6 @@ class BM25Retriever(pt.Transformer):
         self.b = float(b)
         self.num_results = int(num_results)
         self.threads = int(threads)
-        self._searcher: Optional[Any] = None
 
     def _key(self) -> tuple:
         return (str(Path(self.index.path).resolve()), self.k1, self.b, self.num_results)
@@ -424,19 +489,8 @@ class BM25Retriever(pt.Transformer):
             return BM25Retriever(self.index, k1=self.k1, b=self.b, num_results=k, threads=self.threads)
         return None
 
-    def searcher(self) -> Any:
-        """Anserini's ``SimpleSearcher`` for this index, with this retriever's BM25 parameters."""
-        if self._searcher is None:
-            self.index._require_built()
-            simple_searcher = autoclass("io.anserini.search.SimpleSearcher")  # Java problems are not index problems
-            try:
-                searcher = simple_searcher(str(self.index.lucene_path))
-            except Exception as e:  # pyjnius' JavaException
-                raise ValueError(f"corrupt BM25 index {self.index.path}: Lucene cannot open {self.index.lucene_path} "
-                                 f"({e}); rebuild it with indexer(mode='overwrite')") from e
-            searcher.set_bm25(self.k1, self.b)
-            self._searcher = searcher
-        return self._searcher
+    def _configure(self, searcher: Any) -> None:
+        searcher.set_bm25(self.k1, self.b)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pta.validate.query_frame(inp, extra_columns=["query"])
@@ -474,3 +528,75 @@ class BM25Retriever(pt.Transformer):
         if not len(out):
             out = out.astype({"docno": str, "docid": "int64", "score": "float64", "rank": "int64"})
         return out
+
+
+class BM25TextLoader(_OpensSearcher, pt.Transformer):
+    """Adds ``text`` (the text stored at indexing) for each ``docno`` of the input: PyTerrier's text loader.
+
+    A docno that is not in the index (including documents skipped for having empty text) raises
+    ``ValueError`` naming it. An existing ``text`` column is replaced.
+    """
+
+    schematic = {"label": "TextLoader"}
+
+    def __init__(self, index: BM25Index, fields: Union[str, list[str]] = "*", *, verbose: bool = False):
+        wanted = ["text"] if fields == "*" else [fields] if isinstance(fields, str) else list(fields)
+        if wanted != ["text"]:
+            raise ValueError(f"a BM25Index stores one text field, 'text'; cannot load {wanted}")
+        self.index = index
+        self.verbose = verbose
+        if index.built():
+            self._require_text()
+
+    def __repr__(self) -> str:
+        return f"{self.index!r}.text_loader()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BM25TextLoader) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(("BM25TextLoader", self._key()))
+
+    def _key(self) -> str:
+        return str(Path(self.index.path).resolve())
+
+    def _require_text(self) -> None:
+        if not self.index.has_text():
+            raise ValueError(f"the BM25 index {self.index.path} does not store the documents' text (it was built with "
+                             "store_text=False, or by an earlier version of pyterrier-cpdae); rebuild it with "
+                             "indexer(mode='overwrite'), or load the text from the corpus (e.g. pt.text.get_text(dataset))")
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=["docno"])
+        self._require_text()
+        searcher = self.searcher()
+        texts: dict[str, str] = {}
+        docnos = []
+        for i, value in enumerate(inp["docno"]):
+            try:
+                docnos.append(as_docno(value))
+            except ValueError as e:
+                raise ValueError(f"row {i}: {e}") from None
+        unique = list(dict.fromkeys(docnos))
+        array_list = autoclass("java.util.ArrayList")
+        chunk = 10_000
+        with pt.tqdm(total=len(unique), desc="loading text", unit="doc", disable=not self.verbose) as progress:
+            for start in range(0, len(unique), chunk):
+                jdocnos = array_list()
+                for docno in unique[start:start + chunk]:
+                    jdocnos.add(docno)
+                found = searcher.batch_get_docs(jdocnos, os.cpu_count() or 1)  # looked up in parallel, in Java
+                for docno in unique[start:start + chunk]:
+                    doc = found.get(docno)
+                    if doc is not None:
+                        texts[docno] = doc.get("contents")
+                progress.update(len(jdocnos))
+        missing = [d for d in unique if d not in texts]
+        if missing:
+            raise ValueError(f"{len(missing)} docno(s) of the input are not in the BM25 index {self.index.path}, "
+                             f"e.g. {missing[:5]} (documents with empty text are not indexed)")
+        return inp.drop(columns=["text"], errors="ignore").assign(text=[texts[d] for d in docnos])
+
+    def fuse_rank_cutoff(self, k: int) -> pt.Transformer:
+        """``loader % k`` cuts the ranking before loading text (and so fuses into the retriever before it)."""
+        return pt.RankCutoff(k) >> self
