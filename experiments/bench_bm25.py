@@ -101,8 +101,8 @@ def write_passages(dest: Path, num_docs: int, num_files: int) -> int:
     sys.exit(f"the enwiki sample has only {n} passages; ask for --docs {n} or fewer")
 
 
-def run_child(cmd: list[str], env: dict) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of one child process, RSS from its own rusage."""
+def run_child(cmd: list[str], env: dict) -> tuple[float, float, str, float]:
+    """(wall seconds, peak RSS MiB, stdout, CPU seconds) of one child process, from its own rusage."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = _drain(proc)  # not communicate(): it would reap the child, and its rusage with it
@@ -111,7 +111,7 @@ def run_child(cmd: list[str], env: dict) -> tuple[float, float, str]:
     code = os.waitstatus_to_exitcode(status)
     if code:
         sys.exit(f"{' '.join(cmd[:5])} ... failed ({code}):\n{stderr[-3000:]}")
-    return wall, usage.ru_maxrss / 1024, stdout
+    return wall, usage.ru_maxrss / 1024, stdout, usage.ru_utime + usage.ru_stime
 
 
 def _drain(proc: subprocess.Popen) -> tuple[str, str]:
@@ -199,12 +199,16 @@ def main() -> None:
               f"{size:.0f} MiB JSONL in {args.files} files)")
 
         startup = {"ours": [], "pyserini": []}
+        startup_rss = {"ours": [], "pyserini": []}
         for _ in range(2):
-            startup["ours"].append(run_child([sys.executable, "-c", _OURS_STARTUP], env)[0])
-            startup["pyserini"].append(run_child([sys.executable, "-c", _PYSERINI_STARTUP], env)[0])
+            for who, code in (("ours", _OURS_STARTUP), ("pyserini", _PYSERINI_STARTUP)):
+                wall, peak, _, _ = run_child([sys.executable, "-c", code], env)
+                startup[who].append(wall)
+                startup_rss[who].append(peak)
 
         walls = {"ours": [], "pyserini": []}
         rss = {"ours": [], "pyserini": []}
+        cpu = {"ours": [], "pyserini": []}
         inner: list[float] = []
         for r in range(args.repeats):
             order = ("ours", "pyserini") if r % 2 == 0 else ("pyserini", "ours")
@@ -217,13 +221,14 @@ def main() -> None:
                            "--input", str(coll), "--index", str(out_dir), "--generator",
                            "DefaultLuceneDocumentGenerator", "--threads", str(args.threads)]
                     cmd += ["--storeContents"] if store else []
-                wall, peak, out = run_child(cmd, env)
+                wall, peak, out, cpu_s = run_child(cmd, env)
                 walls[who].append(wall)
                 rss[who].append(peak)
+                cpu[who].append(cpu_s)
                 if who == "ours":
                     inner.append(float(out.split("INDEX_SECONDS")[1].split()[0]))
                 print(f"  repeat {r + 1} {who:<8}: {wall:7.1f} s wall, {args.docs / wall:9,.0f} docs/s, "
-                      f"peak RSS {peak:7,.0f} MiB", flush=True)
+                      f"peak RSS {peak:7,.0f} MiB, CPU {cpu_s:6.1f} s", flush=True)
             if r < args.repeats - 1:  # keep disk use down: only the last repeat's indexes are compared
                 for who in ("ours", "pyserini"):
                     subprocess.run(["rm", "-rf", str(tmp / f"{who}{r}")], check=True)
@@ -235,8 +240,12 @@ def main() -> None:
         print(f"{'Pyserini: pyserini.index.lucene':<34} {summary(dps['pyserini']):>28} {summary(rss['pyserini']):>30}")
         print(f"ratio ours/Pyserini, paired by repeat: docs/s {ratio_summary(dps['ours'], dps['pyserini'])}; "
               f"peak RSS {ratio_summary(rss['ours'], rss['pyserini'])}")
-        print(f"start-up (import + JVM, no indexing), median of 2: ours {statistics.median(startup['ours']):.1f} s, "
-              f"Pyserini {statistics.median(startup['pyserini']):.1f} s; ours inside index(): "
+        dpc = {who: [args.docs / c for c in cpu[who]] for who in cpu}
+        print(f"docs per CPU-second (less sensitive to other jobs on a shared machine): ours {summary(dpc['ours'])}, "
+              f"Pyserini {summary(dpc['pyserini'])}; ratio {ratio_summary(dpc['ours'], dpc['pyserini'])}")
+        print(f"start-up (import + JVM, no indexing), median of 2: ours {statistics.median(startup['ours']):.1f} s "
+              f"{statistics.median(startup_rss['ours']):.0f} MiB, Pyserini {statistics.median(startup['pyserini']):.1f} s "
+              f"{statistics.median(startup_rss['pyserini']):.0f} MiB; ours inside index(): "
               f"{summary([args.docs / t for t in inner])} docs/s")
 
         queries = DATA / "msmarco-dev-sample" / "irds" / "msmarco-passage" / "dev" / "small" / "queries.tsv"
