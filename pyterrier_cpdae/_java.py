@@ -17,8 +17,13 @@ Two details matter:
   Pyserini is imported afterwards, its own class-path setup finds the JVM already running
   and (by design) skips it.
 
-Only :func:`ensure_java` is public; it is idempotent and is called lazily by
-:mod:`pyterrier_cpdae.bm25` before the first Java class is used.
+* ``import jnius`` itself starts the JVM (with whatever ``JAVA_HOME`` and class path are set at
+  that moment), so a single stray ``from jnius import ...`` that runs before :func:`ensure_java`
+  pins the process to the wrong Java for good. The package therefore never imports ``jnius``
+  anywhere but here: Java classes are reached only through :func:`autoclass`, which runs
+  :func:`ensure_java` first (a test checks that no other module imports ``jnius``).
+
+:func:`ensure_java` is idempotent; :func:`autoclass` is the one door to Java for the package.
 """
 from __future__ import annotations
 
@@ -26,9 +31,9 @@ import glob
 import importlib.util
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["ensure_java", "JAVA_MIN_VERSION"]
+__all__ = ["ensure_java", "autoclass", "detach_thread", "JAVA_MIN_VERSION"]
 
 #: The Java feature version Anserini 1.7.1 (Pyserini 1.6.0) is compiled for.
 JAVA_MIN_VERSION = 21
@@ -144,4 +149,35 @@ def ensure_java() -> None:
         except Exception as e:  # pyjnius raises plain Exceptions when libjvm cannot be loaded
             raise RuntimeError(f"Could not start Java from {java_home}: {e}. {_INSTALL_HINT}") from e
     _check_running_jvm()
+    _quiet_anserini()
     _started = True
+
+
+def _quiet_anserini() -> None:
+    """Lower Anserini's log4j and Lucene's java.util.logging output from INFO to warnings."""
+    from jnius import autoclass as jclass
+
+    log4j_level = jclass("org.apache.logging.log4j.Level")
+    jclass("org.apache.logging.log4j.core.config.Configurator").setRootLevel(log4j_level.WARN)
+    # the root JUL logger is held by the LogManager, so this setting sticks
+    jclass("java.util.logging.Logger").getLogger("").setLevel(jclass("java.util.logging.Level").WARNING)
+
+
+def autoclass(name: str) -> Any:
+    """The Java class ``name`` (pyjnius' ``autoclass``), after :func:`ensure_java` has set up the JVM.
+
+    This is the only way the package reaches Java: importing ``jnius`` directly would start a JVM
+    from whatever ``JAVA_HOME`` happens to be set, without Anserini's jar.
+    """
+    ensure_java()
+    from jnius import autoclass as jclass
+
+    return jclass(name)
+
+
+def detach_thread() -> None:
+    """Detaches the calling (non-main) Python thread from the JVM; call it before such a thread ends."""
+    if _started:
+        import jnius
+
+        jnius.detach()

@@ -2,7 +2,9 @@
 
 :class:`BM25Index` is a PyTerrier artifact: a folder holding a Lucene index (``lucene/``)
 and ``pt_meta.json`` (type ``sparse_index``, format ``pyserini_lucene``), so
-``pt.Artifact.load(path)`` finds it through the ``pyterrier.artifact`` entry point.
+``pt.Artifact.load(path)`` finds it through the ``pyterrier.artifact`` entry point. The Lucene
+index also stores each document's text (stored field ``contents``, as Anserini's
+``-storeContents``), which :meth:`BM25Index.text_loader` adds to result frames for re-ranking.
 
 Indexing and search go through Anserini's ``SimpleIndexer`` / ``SimpleSearcher`` Java classes
 (the classes behind ``pyserini.index.lucene.LuceneIndexer`` and
@@ -16,44 +18,36 @@ syntax), so any string is a valid query.
 Example::
 
     index = BM25Index("vaswani.bm25")
-    index.indexer().index(dataset.get_corpus_iter())
+    if not index.built():  # a later run (a fresh process) searches the existing index
+        index.indexer().index(dataset.get_corpus_iter())
     run = index.bm25(num_results=100)(dataset.get_topics())
+    rerank = index.bm25(num_results=100) >> index.text_loader() >> encoder.text_scorer()
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import math
+import os
 import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
 
+import numpy as np
 import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_cpdae._index_io import as_docno, temporary_files, write_json_atomic
-from pyterrier_cpdae._java import ensure_java
+from pyterrier_cpdae._java import autoclass, detach_thread
+from pyterrier_cpdae._locking import build_lock
 
-__all__ = ["BM25Index", "BM25Indexer", "BM25Retriever"]
+__all__ = ["BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader"]
 
 _LUCENE_DIR = "lucene"
 _META_FILE = "pt_meta.json"
 _RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
-
-
-def _quiet_anserini() -> None:
-    """Lower Anserini's log4j and Lucene's java.util.logging output from INFO to warnings."""
-    from jnius import autoclass
-
-    log4j_level = autoclass("org.apache.logging.log4j.Level")
-    autoclass("org.apache.logging.log4j.core.config.Configurator").setRootLevel(log4j_level.WARN)
-    # the root JUL logger is held by the LogManager, so this setting sticks
-    autoclass("java.util.logging.Logger").getLogger("").setLevel(autoclass("java.util.logging.Level").WARNING)
-
-
-def _java() -> None:
-    ensure_java()
-    _quiet_anserini()
 
 
 class BM25Index(pta.Artifact):
@@ -112,6 +106,11 @@ class BM25Index(pta.Artifact):
         """
         meta = self._read_meta()
         if meta is None:
+            path = Path(self.path)
+            if path.is_dir() and any(path.iterdir()):
+                raise FileNotFoundError(
+                    f"the BM25 index at {path} is incomplete: its build was interrupted or failed ({_META_FILE}, "
+                    "written last, is missing); rebuild it with BM25Index(path).indexer(mode='overwrite').index(corpus_iter)")
             raise FileNotFoundError(
                 f"No built BM25 index at {self.path} ({_META_FILE} is missing); build it with "
                 "BM25Index(path).indexer().index(corpus_iter)."
@@ -127,16 +126,43 @@ class BM25Index(pta.Artifact):
     def _require_built(self) -> None:
         self.metadata()
 
-    def indexer(self, mode: str = "create", threads: int = 1, batch_size: int = 1000) -> "BM25Indexer":
+    def has_text(self) -> bool:
+        """Whether the index stores the documents' text (what :meth:`text_loader` reads).
+
+        Indexes built with ``store_text=False``, or by versions of this package before text was stored, do not.
+        """
+        return "contents" in self.metadata().get("stored_fields", [])
+
+    def _fingerprint(self) -> tuple:
+        """Identifies one build of the index: ``pt_meta.json`` is replaced (a new file) by every rebuild."""
+        st = (Path(self.path) / _META_FILE).stat()
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _open_searcher(self) -> tuple[Any, tuple]:
+        """A new Anserini ``SimpleSearcher`` on the built index, and the fingerprint of the build it sees."""
+        self._require_built()
+        fingerprint = self._fingerprint()
+        simple_searcher = autoclass("io.anserini.search.SimpleSearcher")  # Java problems are not index problems
+        try:
+            searcher = simple_searcher(str(self.lucene_path))
+        except Exception as e:  # pyjnius' JavaException
+            raise ValueError(f"corrupt BM25 index {self.path}: Lucene cannot open {self.lucene_path} "
+                             f"({e}); rebuild it with indexer(mode='overwrite')") from e
+        return searcher, fingerprint
+
+    def indexer(self, mode: str = "create", threads: Optional[int] = None, batch_size: int = 2000,
+                store_text: bool = True) -> "BM25Indexer":
         """An indexer that builds this index from dicts with ``docno`` and ``text``.
 
         Args:
             mode: ``"create"`` (fail if the folder exists and is not empty) or ``"overwrite"``
                 (replace an existing BM25 index at this path).
-            threads: Lucene indexing threads.
-            batch_size: documents sent to Java per call.
+            threads: Lucene indexing threads (default: the machine's cores, ``os.cpu_count()``).
+            batch_size: documents sent to Java per call (Python prepares the next batch meanwhile).
+            store_text: keep each document's text in the index (Lucene stored field ``contents``, as
+                Anserini's ``-storeContents``), which :meth:`text_loader` reads.
         """
-        return BM25Indexer(self, mode=mode, threads=threads, batch_size=batch_size)
+        return BM25Indexer(self, mode=mode, threads=threads, batch_size=batch_size, store_text=store_text)
 
     def bm25(self, k1: float = 0.9, b: float = 0.4, num_results: int = 1000, threads: int = 1) -> "BM25Retriever":
         """A BM25 retriever (``qid, query`` → ``qid, query, docno, docid, score, rank``).
@@ -147,8 +173,46 @@ class BM25Index(pta.Artifact):
 
     retriever = bm25
 
+    def text_loader(self, fields: Union[str, list[str]] = "*", *, verbose: bool = False) -> "BM25TextLoader":
+        """A transformer that adds each document's ``text`` (as it was indexed) for its ``docno``.
+
+        It follows PyTerrier's ``text_loader`` convention (``pt.text.get_text(index)`` works too), so that
+        ``index.bm25() >> index.text_loader() >> enc.text_scorer()`` re-ranks BM25's results with an encoder.
+
+        Args:
+            fields: ``"*"`` or ``"text"`` (the only stored field).
+            verbose: show a progress bar.
+        """
+        return BM25TextLoader(self, fields, verbose=verbose)
+
     def __repr__(self) -> str:
         return f"BM25Index({str(self.path)!r})"
+
+
+class _OpensSearcher:
+    """Keeps one ``SimpleSearcher`` on ``self.index`` and reopens it when the index has been rebuilt since."""
+
+    index: BM25Index
+    _searcher: Optional[Any] = None
+    _fingerprint: Optional[tuple] = None
+
+    def _configure(self, searcher: Any) -> None:
+        """Sets up a freshly opened searcher."""
+
+    def searcher(self) -> Any:
+        """Anserini's ``SimpleSearcher`` for the current build of the index (reopened after a rebuild)."""
+        self.index._require_built()
+        if self._searcher is None or self._fingerprint != self.index._fingerprint():
+            old = self._searcher
+            searcher, self._fingerprint = self.index._open_searcher()
+            self._configure(searcher)
+            self._searcher = searcher
+            if old is not None:
+                try:
+                    old.close()
+                except Exception:  # pragma: no cover - the old reader is dropped either way
+                    pass
+        return self._searcher
 
 
 class BM25Indexer(pt.Indexer):
@@ -161,23 +225,36 @@ class BM25Indexer(pt.Indexer):
     * docnos follow the same rule as :class:`~pyterrier_cpdae.dense_index.DenseIndex`: strings are kept,
       integers are converted with ``str()`` (so ``7`` and ``"7"`` are the same document), anything else
       (floats, bytes, ...), empty docnos and docnos with line breaks raise ``ValueError``; a repeated docno
-      raises ``ValueError``. A failed build leaves no index behind.
+      raises ``ValueError``.
+    * Java cannot hold every Python string exactly: a NUL character (``"\\x00"``) or a lone surrogate
+      (e.g. ``"\\ud800"``) in a docno or a text raises ``ValueError`` naming the document, rather than being
+      truncated or replaced silently.
     * A document whose text is empty or whitespace cannot match any query; it is skipped with
-      one warning giving the count (Lucene would reject it anyway).
+      one warning giving the count (Lucene would reject it anyway). A corpus with no document to index
+      raises ``ValueError``.
+
+    A failed or interrupted build leaves no index behind that looks built (``pt_meta.json`` is written
+    last); one process at a time may build a given path (an OS lock held for the whole build: a second
+    writer gets :class:`~pyterrier_cpdae._locking.ConcurrentBuildError` at once).
     """
 
-    def __init__(self, index: BM25Index, mode: str = "create", threads: int = 1, batch_size: int = 1000):
+    def __init__(self, index: BM25Index, mode: str = "create", threads: Optional[int] = None, batch_size: int = 2000,
+                 store_text: bool = True):
         if mode not in ("create", "overwrite"):
             raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
-        if threads < 1 or batch_size < 1:
-            raise ValueError("threads and batch_size must be >= 1")
+        threads = (os.cpu_count() or 1) if threads is None else threads
+        if not _is_int(threads) or not _is_int(batch_size) or threads < 1 or batch_size < 1:
+            raise ValueError(f"threads and batch_size must be integers >= 1, got threads={threads!r}, "
+                             f"batch_size={batch_size!r}")
         self.index_ref = index
         self.mode = mode
-        self.threads = threads
-        self.batch_size = batch_size
+        self.threads = int(threads)
+        self.batch_size = int(batch_size)
+        self.store_text = bool(store_text)
 
     def __repr__(self) -> str:
-        return f"BM25Indexer({self.index_ref!r}, mode={self.mode!r}, threads={self.threads})"
+        return (f"BM25Indexer({self.index_ref!r}, mode={self.mode!r}, threads={self.threads}, "
+                f"store_text={self.store_text})")
 
     def index_inputs(self) -> list[list[str]]:
         return [["docno", "text"]]
@@ -193,11 +270,14 @@ class BM25Indexer(pt.Indexer):
         contents = list(path.iterdir())
         if not contents:
             return False
-        if self.mode == "create":
-            raise FileExistsError(f"{path} already exists and is not empty; use indexer(mode='overwrite') to replace it")
-        # overwrite: only delete what is recognisably (a possibly half-built) BM25 index of ours
         leftovers = temporary_files(path, _META_FILE)  # of a pt_meta.json write interrupted by a crash
         names = {p.name for p in contents} - {p.name for p in leftovers}
+        if self.mode == "create":
+            if names <= {_LUCENE_DIR} and not (path / _META_FILE).exists():
+                raise FileExistsError(f"{path} holds an unfinished BM25 index (an earlier build was interrupted or "
+                                      "failed); rebuild it with indexer(mode='overwrite')")
+            raise FileExistsError(f"{path} already exists and is not empty; use indexer(mode='overwrite') to replace it")
+        # overwrite: only delete what is recognisably (a possibly half-built) BM25 index of ours
         meta_ok = True
         if _META_FILE in names:
             try:
@@ -220,83 +300,151 @@ class BM25Indexer(pt.Indexer):
             return (row for row in inp.to_dict(orient="records"))
         return iter(inp)
 
-    def index(self, inp: Union[Iterable[dict], pd.DataFrame]) -> BM25Index:
-        """Index the documents; returns the built :class:`BM25Index`."""
-        _java()
-        from jnius import autoclass
+    def _java_args(self, lucene_path: Path) -> list[str]:
+        """Anserini's ``IndexCollection`` options: those of ``python -m pyserini.index.lucene`` for a JsonCollection."""
+        args = ["-input", "", "-index", str(lucene_path), "-collection", "JsonCollection", "-threads", str(self.threads)]
+        return args + (["-storeContents"] if self.store_text else [])
 
+    def index(self, inp: Union[Iterable[dict], pd.DataFrame]) -> BM25Index:
+        """Index the documents; returns the built :class:`BM25Index`.
+
+        Raises:
+            ConcurrentBuildError: another process is building the same path.
+            ValueError: a document breaks the input rules above (the message names it), or nothing was indexed.
+        """
+        simple_indexer = autoclass("io.anserini.index.SimpleIndexer")  # sets up Java before touching the folder
         path = Path(self.index_ref.path)
-        created = self._prepare_folder()
-        lucene_path = path / _LUCENE_DIR
-        writer = autoclass("io.anserini.index.SimpleIndexer")(str(lucene_path), False, int(self.threads))
+        with build_lock(path, "BM25 index"):
+            created = self._prepare_folder()
+            lucene_path = path / _LUCENE_DIR
+            try:
+                num_docs, num_empty = self._build(simple_indexer, lucene_path, inp)
+                if num_docs == 0:
+                    raise ValueError(f"no documents were indexed into {path} (empty input"
+                                     f"{f', or only the {num_empty} with empty text' if num_empty else ''}); "
+                                     "a BM25 index needs at least one document with text")
+            except BaseException:
+                if created:
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    shutil.rmtree(lucene_path, ignore_errors=True)
+                raise
+            if num_empty:
+                warnings.warn(f"{num_empty} document(s) with empty text were not indexed (they cannot match any "
+                              "query)", stacklevel=2)
+            meta = {
+                "type": BM25Index.ARTIFACT_TYPE,
+                "format": BM25Index.ARTIFACT_FORMAT,
+                "package_hint": BM25Index.ARTIFACT_PACKAGE_HINT,
+                "num_docs": num_docs,
+                "num_empty_skipped": num_empty,
+                "stored_fields": ["contents"] if self.store_text else [],
+                "analyzer": "anserini-default (Lucene standard tokenizer, English stop words, Porter stemmer)",
+            }
+            # written last: its presence is what built() checks
+            write_json_atomic(path / _META_FILE, meta)
+        return self.index_ref
+
+    def _build(self, simple_indexer: Any, lucene_path: Path, inp: Union[Iterable[dict], pd.DataFrame]) -> tuple[int, int]:
+        """Feeds the documents to Anserini in batches; returns (documents indexed, empty documents skipped).
+
+        One Python thread sends a batch to Java (``SimpleIndexer.addRawDocuments`` indexes it with ``threads``
+        Java threads; pyjnius releases the GIL meanwhile) while this thread checks and serialises the next one.
+        """
+        writer = simple_indexer(self._java_args(lucene_path))
         seen: set[str] = set()
         num_docs = num_empty = 0
         batch: list[str] = []
-        closed = False
+        pending: Optional[concurrent.futures.Future] = None
+        feeder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25-feeder")
         try:
             for i, doc in enumerate(self._records(inp)):
-                if not isinstance(doc, dict):
-                    raise TypeError(f"document #{i}: expected a dict with 'docno' and 'text', got {type(doc).__name__}")
-                missing = [c for c in ("docno", "text") if doc.get(c) is None]
-                if missing:
-                    raise ValueError(f"document #{i} (docno={doc.get('docno')!r}) has no {' / '.join(missing)} "
-                                     f"(keys: {sorted(doc)})")
-                try:
-                    docno = as_docno(doc["docno"])
-                except ValueError as e:
-                    raise ValueError(f"document #{i}: {e}") from None
-                text = doc["text"]
-                if not isinstance(text, str):
-                    raise ValueError(f"document {docno!r}: text must be a str, got {type(text).__name__}")
+                docno, text = _checked_document(i, doc)
                 if docno in seen:
                     raise ValueError(f"duplicate docno {docno!r} (document #{i}); docnos must be unique")
                 seen.add(docno)
-                if not text.strip():
+                if not text.strip() or not text.strip(_JAVA_WHITESPACE):
                     num_empty += 1
                     continue
                 batch.append(json.dumps({"id": docno, "contents": text}))
                 if len(batch) >= self.batch_size:
-                    num_docs += self._add(writer, batch)
+                    if pending is not None:
+                        num_docs += pending.result()
+                    pending = feeder.submit(_add_batch, writer, batch)
                     batch = []
+            if pending is not None:
+                num_docs += pending.result()
+                pending = None
             if batch:
-                num_docs += self._add(writer, batch)
-            writer.close()
-            closed = True
+                num_docs += _add_batch(writer, batch)
         except BaseException:
-            if not closed:
-                try:
-                    writer.close()
-                except Exception:  # pragma: no cover - best effort cleanup
-                    pass
-            if created:
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                shutil.rmtree(lucene_path, ignore_errors=True)
+            if pending is not None:
+                concurrent.futures.wait([pending])  # never close the writer under a running batch
+            try:
+                writer.close()
+            except Exception:  # pragma: no cover - best effort; the caller removes the folder
+                pass
             raise
-        if num_empty:
-            warnings.warn(f"{num_empty} document(s) with empty text were not indexed (they cannot match any query)",
-                          stacklevel=2)
-        meta = {
-            "type": BM25Index.ARTIFACT_TYPE,
-            "format": BM25Index.ARTIFACT_FORMAT,
-            "package_hint": BM25Index.ARTIFACT_PACKAGE_HINT,
-            "num_docs": num_docs,
-            "num_empty_skipped": num_empty,
-            "analyzer": "anserini-default (Lucene standard tokenizer, English stop words, Porter stemmer)",
-        }
-        # written last: its presence is what built() checks
-        write_json_atomic(path / _META_FILE, meta)
-        return self.index_ref
-
-    @staticmethod
-    def _add(writer: Any, batch: list[str]) -> int:
-        added = int(writer.addRawDocuments(batch))
-        if added != len(batch):
-            raise RuntimeError(f"Lucene indexed {added} of {len(batch)} documents in a batch")
-        return added
+        finally:
+            feeder.submit(detach_thread).result()
+            feeder.shutdown()
+        writer.close()  # commits
+        return num_docs, num_empty
 
 
-class BM25Retriever(pt.Transformer):
+# what Java's String.trim() removes (Anserini rejects a document whose text trims to nothing)
+_JAVA_WHITESPACE = "".join(map(chr, range(33)))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _java_safe(value: str) -> Optional[str]:
+    """Why ``value`` cannot cross into Java unchanged (None when it can)."""
+    if "\x00" in value:
+        return "contains a NUL character ('\\x00'), which Java would truncate"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (f"contains a lone surrogate {value[e.start]!r} at position {e.start} (not valid Unicode text; "
+                    "decode the source with errors='replace' or fix it)")
+    return None
+
+
+def _checked_document(i: int, doc: Any) -> tuple[str, str]:
+    """(docno, text) of input document #i, or a ValueError/TypeError naming it."""
+    if not isinstance(doc, dict):
+        raise TypeError(f"document #{i}: expected a dict with 'docno' and 'text', got {type(doc).__name__}")
+    missing = [c for c in ("docno", "text") if doc.get(c) is None]
+    if missing:
+        raise ValueError(f"document #{i} (docno={doc.get('docno')!r}) has no {' / '.join(missing)} "
+                         f"(keys: {sorted(doc)})")
+    try:
+        docno = as_docno(doc["docno"])
+    except ValueError as e:
+        raise ValueError(f"document #{i}: {e}") from None
+    text = doc["text"]
+    if not isinstance(text, str):
+        raise ValueError(f"document #{i} ({docno!r}): text must be a str, got {type(text).__name__}")
+    problem = _java_safe(docno)
+    if problem:
+        raise ValueError(f"document #{i}: docno {docno!r} {problem}")
+    problem = _java_safe(text)
+    if problem:
+        raise ValueError(f"document #{i} ({docno!r}): text {problem}")
+    return docno, text
+
+
+def _add_batch(writer: Any, batch: list[str]) -> int:
+    added = int(writer.addRawDocuments(batch))
+    if added != len(batch):
+        raise RuntimeError(f"Lucene indexed {added} of {len(batch)} documents in a batch")
+    return added
+
+
+class BM25Retriever(_OpensSearcher, pt.Transformer):
     """BM25 retrieval from a :class:`BM25Index` (``qid, query`` → ranked documents).
 
     Output: the input columns, then ``docno``, ``docid`` (Lucene's internal id), ``score``
@@ -307,16 +455,20 @@ class BM25Retriever(pt.Transformer):
     """
 
     def __init__(self, index: BM25Index, k1: float = 0.9, b: float = 0.4, num_results: int = 1000, threads: int = 1):
-        if num_results < 1 or threads < 1:
-            raise ValueError("num_results and threads must be >= 1")
-        if k1 < 0 or not 0 <= b <= 1:
-            raise ValueError(f"need k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
+        if not _is_int(num_results) or not _is_int(threads) or num_results < 1 or threads < 1:
+            raise ValueError(f"num_results and threads must be integers >= 1, got num_results={num_results!r}, "
+                             f"threads={threads!r}")
+        try:
+            ok = math.isfinite(k1) and math.isfinite(b) and k1 >= 0 and 0 <= b <= 1  # NaN fails every comparison
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"BM25 needs finite k1 >= 0 and 0 <= b <= 1, got k1={k1!r}, b={b!r}")
         self.index = index
         self.k1 = float(k1)
         self.b = float(b)
         self.num_results = int(num_results)
         self.threads = int(threads)
-        self._searcher: Optional[Any] = None
 
     def _key(self) -> tuple:
         return (str(Path(self.index.path).resolve()), self.k1, self.b, self.num_results)
@@ -337,21 +489,8 @@ class BM25Retriever(pt.Transformer):
             return BM25Retriever(self.index, k1=self.k1, b=self.b, num_results=k, threads=self.threads)
         return None
 
-    def searcher(self) -> Any:
-        """Anserini's ``SimpleSearcher`` for this index, with this retriever's BM25 parameters."""
-        if self._searcher is None:
-            self.index._require_built()
-            _java()
-            from jnius import autoclass
-
-            try:
-                searcher = autoclass("io.anserini.search.SimpleSearcher")(str(self.index.lucene_path))
-            except Exception as e:  # pyjnius' JavaException
-                raise ValueError(f"corrupt BM25 index {self.index.path}: Lucene cannot open {self.index.lucene_path} "
-                                 f"({e}); rebuild it with indexer(mode='overwrite')") from e
-            searcher.set_bm25(self.k1, self.b)
-            self._searcher = searcher
-        return self._searcher
+    def _configure(self, searcher: Any) -> None:
+        searcher.set_bm25(self.k1, self.b)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pta.validate.query_frame(inp, extra_columns=["query"])
@@ -366,8 +505,6 @@ class BM25Retriever(pt.Transformer):
                 if not isinstance(query, str):
                     raise ValueError(f"query for qid {qid!r} must be a str, got {query!r}")
                 queries.append(query)
-            from jnius import autoclass
-
             searcher = self.searcher()
             array_list = autoclass("java.util.ArrayList")
             jqueries, jkeys = array_list(), array_list()
@@ -391,3 +528,75 @@ class BM25Retriever(pt.Transformer):
         if not len(out):
             out = out.astype({"docno": str, "docid": "int64", "score": "float64", "rank": "int64"})
         return out
+
+
+class BM25TextLoader(_OpensSearcher, pt.Transformer):
+    """Adds ``text`` (the text stored at indexing) for each ``docno`` of the input: PyTerrier's text loader.
+
+    A docno that is not in the index (including documents skipped for having empty text) raises
+    ``ValueError`` naming it. An existing ``text`` column is replaced.
+    """
+
+    schematic = {"label": "TextLoader"}
+
+    def __init__(self, index: BM25Index, fields: Union[str, list[str]] = "*", *, verbose: bool = False):
+        wanted = ["text"] if fields == "*" else [fields] if isinstance(fields, str) else list(fields)
+        if wanted != ["text"]:
+            raise ValueError(f"a BM25Index stores one text field, 'text'; cannot load {wanted}")
+        self.index = index
+        self.verbose = verbose
+        if index.built():
+            self._require_text()
+
+    def __repr__(self) -> str:
+        return f"{self.index!r}.text_loader()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BM25TextLoader) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(("BM25TextLoader", self._key()))
+
+    def _key(self) -> str:
+        return str(Path(self.index.path).resolve())
+
+    def _require_text(self) -> None:
+        if not self.index.has_text():
+            raise ValueError(f"the BM25 index {self.index.path} does not store the documents' text (it was built with "
+                             "store_text=False, or by an earlier version of pyterrier-cpdae); rebuild it with "
+                             "indexer(mode='overwrite'), or load the text from the corpus (e.g. pt.text.get_text(dataset))")
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=["docno"])
+        self._require_text()
+        searcher = self.searcher()
+        texts: dict[str, str] = {}
+        docnos = []
+        for i, value in enumerate(inp["docno"]):
+            try:
+                docnos.append(as_docno(value))
+            except ValueError as e:
+                raise ValueError(f"row {i}: {e}") from None
+        unique = list(dict.fromkeys(docnos))
+        array_list = autoclass("java.util.ArrayList")
+        chunk = 10_000
+        with pt.tqdm(total=len(unique), desc="loading text", unit="doc", disable=not self.verbose) as progress:
+            for start in range(0, len(unique), chunk):
+                jdocnos = array_list()
+                for docno in unique[start:start + chunk]:
+                    jdocnos.add(docno)
+                found = searcher.batch_get_docs(jdocnos, os.cpu_count() or 1)  # looked up in parallel, in Java
+                for docno in unique[start:start + chunk]:
+                    doc = found.get(docno)
+                    if doc is not None:
+                        texts[docno] = doc.get("contents")
+                progress.update(len(jdocnos))
+        missing = [d for d in unique if d not in texts]
+        if missing:
+            raise ValueError(f"{len(missing)} docno(s) of the input are not in the BM25 index {self.index.path}, "
+                             f"e.g. {missing[:5]} (documents with empty text are not indexed)")
+        return inp.drop(columns=["text"], errors="ignore").assign(text=[texts[d] for d in docnos])
+
+    def fuse_rank_cutoff(self, k: int) -> pt.Transformer:
+        """``loader % k`` cuts the ranking before loading text (and so fuses into the retriever before it)."""
+        return pt.RankCutoff(k) >> self

@@ -317,3 +317,94 @@ def test_vaswani_map_matches_anserini(vaswani_dir: Path, tmp_path: Path) -> None
     res = pt.Experiment([index.bm25(k1=0.9, b=0.4, num_results=1000)], dataset.get_topics(), dataset.get_qrels(),
                         eval_metrics=[AP])
     assert res["AP"].iloc[0] == pytest.approx(0.2856, abs=0.002)
+
+
+# -- stored text and text_loader (issue 11 item 2) ----------------------------------------------------------
+
+ODD_TEXTS = [
+    {"docno": "w", "text": "  apple  pie \n\nsecond line\twith tab  "},
+    {"docno": "u", "text": "apple 😀 café naïve — “quotes” \\ back\\slash {\"json\": [1]} <b>&amp;</b>"},
+    {"docno": "l", "text": "banana " * 5000 + "apple"},
+    {"docno": "s", "text": "cherry"},
+]
+
+
+def test_text_loader_gives_the_exact_original_texts(tmp_path: Path) -> None:
+    import pyterrier as pt
+
+    index = BM25Index(tmp_path / "odd")
+    index.indexer(batch_size=2).index(ODD_TEXTS)
+    original = {d["docno"]: d["text"] for d in ODD_TEXTS}
+    topics = pd.DataFrame({"qid": ["1", "2"], "query": ["apple", "banana cherry"]})
+    run = (index.bm25() >> index.text_loader())(topics)
+    assert len(run) == 5 and set(run.docno) == set(original)
+    assert run["text"].tolist() == [original[d] for d in run["docno"]]  # byte-exact, row by row
+    assert list(run.columns) == ["qid", "query", "docno", "docid", "score", "rank", "text"]
+    # PyTerrier's convention: pt.text.get_text(index) finds the loader; an existing text column is replaced
+    stale = run.assign(text="stale")
+    assert pt.text.get_text(index)(stale)["text"].tolist() == run["text"].tolist()
+    # `% k` after the loader cuts the ranking before loading, and then fuses into the retriever
+    fused = ((index.bm25() >> index.text_loader()) % 1).compile()
+    assert fused == index.bm25(num_results=1) >> index.text_loader()
+    # a docno the index does not hold is an error naming it; so is a field other than text
+    with pytest.raises(ValueError, match=r"1 docno\(s\) of the input are not in the BM25 index .*\['nope'\]"):
+        index.text_loader()(pd.DataFrame({"qid": ["1", "1"], "docno": ["w", "nope"]}))
+    with pytest.raises(ValueError, match="stores one text field, 'text'"):
+        index.text_loader("title")
+    from pyterrier.validate import InputValidationError
+
+    with pytest.raises(InputValidationError, match="docno"):
+        index.text_loader()(pd.DataFrame({"qid": ["1"]}))
+
+
+def test_indexes_without_stored_text_still_search_and_say_so(tmp_path: Path, tiny_index: BM25Index) -> None:
+    topics = pd.DataFrame({"qid": ["1"], "query": ["apple"]})
+    expected = tiny_index.bm25()(topics)
+    # an index built before text was stored: same Lucene index, pt_meta.json without "stored_fields"
+    old = BM25Index(tmp_path / "old")
+    old.indexer(store_text=False).index(TINY)
+    meta = json.loads((Path(old.path) / "pt_meta.json").read_text())
+    del meta["stored_fields"]
+    (Path(old.path) / "pt_meta.json").write_text(json.dumps(meta))
+    for index in (old, BM25Index(tmp_path / "no-text")):
+        if not index.built():
+            index.indexer(store_text=False).index(TINY)
+        assert not index.has_text()
+        pd.testing.assert_frame_equal(index.bm25()(topics).drop(columns="docid"), expected.drop(columns="docid"))
+        with pytest.raises(ValueError, match=r"does not store the documents' text .*mode='overwrite'"):
+            index.text_loader()
+    assert tiny_index.has_text()
+
+
+def test_retriever_and_text_loader_notice_a_rebuild(tmp_path: Path) -> None:
+    """Like the exact dense retrievers: a retriever made before `mode="overwrite"` must not keep serving
+    the old Lucene files (still readable through its open reader on POSIX)."""
+    index = BM25Index(tmp_path / "idx")
+    index.indexer().index(_docs(("old1", "apple"), ("old2", "apple pie")))
+    bm25, loader = index.bm25(), index.text_loader()
+    topics = pd.DataFrame({"qid": ["1"], "query": ["apple"]})
+    assert set(bm25(topics).docno) == {"old1", "old2"}
+    index.indexer(mode="overwrite").index(_docs(("new", "apple crumble")))
+    run = bm25(topics)
+    assert run.docno.tolist() == ["new"]
+    assert loader(run)["text"].tolist() == ["apple crumble"]
+
+
+def test_bm25_then_text_loader_then_encoder_equals_rescoring_by_hand(tmp_path: Path, tiny_bert_dir: str) -> None:
+    import numpy as np
+
+    from pyterrier_cpdae import CPDAE
+
+    index = BM25Index(tmp_path / "idx")
+    index.indexer().index(ODD_TEXTS + TINY)
+    enc = CPDAE.from_pretrained(tiny_bert_dir)
+    topics = pd.DataFrame({"qid": ["1", "2"], "query": ["apple grape", "banana lemon"]})
+    out = (index.bm25() >> index.text_loader() >> enc.text_scorer())(topics)
+    first = index.bm25()(topics)
+    assert sorted(zip(out.qid, out.docno)) == sorted(zip(first.qid, first.docno))
+    texts = {d["docno"]: d["text"] for d in ODD_TEXTS + TINY}
+    q = enc.encode_queries(out["query"].tolist())
+    d = enc.encode_docs([texts[x] for x in out["docno"]])  # the original texts, not the loaded ones
+    np.testing.assert_allclose(out["score"].to_numpy(), np.einsum("ij,ij->i", q, d), rtol=1e-5, atol=1e-6)
+    for _, g in out.groupby("qid"):
+        assert list(g.sort_values("rank")["score"]) == sorted(g["score"], reverse=True)
