@@ -221,6 +221,14 @@ def remove_leftovers(path: Path) -> list:
     return removed
 
 
+def shard_dirs(path: Path) -> list:
+    """The shard directories ``<path>/shards/<i>`` (not the shards' lock files ``shards/.<i>.lock``)."""
+    shards = path / SHARDS_DIR
+    if not shards.is_dir():
+        return []
+    return sorted((p for p in shards.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
 def has_leftovers(path: Path) -> bool:
     """Whether :func:`remove_leftovers` may have something to do in ``path`` (cheap: no file is read)."""
     return any((path / name).exists() for name in (BUILD_FILE, BUILD_DOCNOS_FILE, MERGE_FILE)) or any(

@@ -144,7 +144,7 @@ class DenseIndexer(pt.Indexer):
             if meta.get("layout") != "sharded" and self.mode != "overwrite":
                 raise FileExistsError(f"{base} already holds a built (unsharded) dense index; use mode='overwrite'")
         target_meta = io.read_meta(target) if self.mode != "overwrite" else None
-        if (not self.num_shards and (base / io.SHARDS_DIR).exists() and self.mode != "overwrite"
+        if (not self.num_shards and io.shard_dirs(base) and self.mode != "overwrite"
                 and (target_meta is None or target_meta.get("layout") == "sharded")):
             raise FileExistsError(f"{base} holds a sharded dense index ({io.SHARDS_DIR}/); merge it with "
                                   "DenseIndex.merge_shards() or use mode='overwrite'")

@@ -66,9 +66,8 @@ class DenseIndex(pta.Artifact):
             return (f"the dense index at {path} is incomplete (indexing was interrupted); resume it with "
                     f"`(encoder >> DenseIndex({str(path)!r}).indexer(mode='resume')).index(<the same corpus>)` or "
                     "rebuild it with mode='overwrite'")
-        shard_dir = path / io.SHARDS_DIR
-        if shard_dir.exists():
-            shards = sorted(shard_dir.iterdir())
+        shards = io.shard_dirs(path)
+        if shards:
             status = ", ".join(f"{p.name}: {'built' if (p / io.META_FILE).exists() else 'incomplete'}" for p in shards)
             return (f"the sharded dense index at {path} is incomplete ({status}); finish the missing shards with "
                     "indexer(shard=i, num_shards=n, mode='resume')")
