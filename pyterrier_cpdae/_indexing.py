@@ -260,6 +260,9 @@ class DenseIndexer(pt.Indexer):
 
         state = self._prepare()
         if state is not None and state.get("complete"):
+            if self.num_shards and not (Path(self.index_obj.path) / io.META_FILE).exists():
+                # a kill between a shard's commit and the top-level pt_meta.json: write it now if all are built
+                write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards)
             warnings.warn(f"{self.target} is already completely built; mode='resume' has nothing to do")
             return DenseIndex(self.index_obj.path)
         target = self.target

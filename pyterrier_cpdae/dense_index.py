@@ -69,7 +69,10 @@ class DenseIndex(pta.Artifact):
         shards = io.shard_dirs(path)
         if shards:
             status = ", ".join(f"{p.name}: {'built' if (p / io.META_FILE).exists() else 'incomplete'}" for p in shards)
-            return (f"the sharded dense index at {path} is incomplete ({status}); finish the missing shards with "
+            todo = ("the top-level pt_meta.json is missing (the last shard's build was killed before writing it); "
+                    "write it by resuming any shard" if all((p / io.META_FILE).exists() for p in shards)
+                    else "finish the missing shards")
+            return (f"the sharded dense index at {path} is incomplete ({status}); {todo} with "
                     "indexer(shard=i, num_shards=n, mode='resume')")
         if not path.exists():
             return f"no dense index at {path} (the directory does not exist); build it with index.indexer()"

@@ -287,6 +287,20 @@ def test_merge_shards_killed_midway_is_finished_by_a_rerun(tmp_path, point):
 
 
 # ------------------------------------------------------------------------------------------------- concurrency
+def test_resuming_a_built_shard_writes_the_missing_top_level_metadata(tmp_path):
+    """A kill between the last shard's commit and the top-level pt_meta.json left every shard built but no view;
+    the advice "finish the missing shards with mode='resume'" then only answered "already built"."""
+    path = tmp_path / "ix"
+    sharded_view(path, n_docs=30)
+    (path / "pt_meta.json").unlink()  # the state that kill leaves
+    with pytest.raises(IncompleteIndexError, match=r"0: built, 1: built, 2: built.*mode='resume'"):
+        DenseIndex(path).meta()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        DenseIndex(path).indexer(shard=2, num_shards=3, mode="resume").index(synthetic_docs(30, DIM))
+    assert DenseIndex(path).num_shards == 3 and len(DenseIndex(path)) == 30
+
+
 _HOLD_LOCK = textwrap.dedent("""
     import sys, time
     from pyterrier_cpdae._locking import build_lock
