@@ -12,7 +12,9 @@ Layout of a built (single) index directory::
 While it is being built the directory additionally holds ``_docnos.txt`` (one docno per line, appended
 in step with ``vectors.bin``) and ``_build.json`` (the progress record: the number of records, and the
 byte lengths of both files, known to be durable on disk).  Both are removed once ``pt_meta.json`` has
-been written.
+been written.  While ``merge_shards()`` runs, ``_merge.json`` records that the merge is under way (and
+whether ``shards/`` is to be kept); it is removed last.  A crash can leave these files (and temporaries of
+atomic writes) behind: :func:`remove_leftovers` finishes the job once the index is known to be complete.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ VECTORS_FILE = "vectors.bin"
 DOCNOS_FILE = "docnos.npids"
 BUILD_FILE = "_build.json"
 BUILD_DOCNOS_FILE = "_docnos.txt"
+MERGE_FILE = "_merge.json"
 SHARDS_DIR = "shards"
 FAISS_DIR = "faiss"
 
@@ -63,7 +66,9 @@ def as_docno(value: Any) -> str:
     different docnos.
 
     Raises:
-        ValueError: for empty docnos, docnos containing a newline, or unsupported types.
+        ValueError: for empty docnos, docnos containing a line break or a NUL character (npids cannot store
+            them exactly), docnos that are not valid Unicode (lone surrogates such as ``"\\ud800"``), or
+            unsupported types.
     """
     if isinstance(value, str):
         docno = value
@@ -75,7 +80,29 @@ def as_docno(value: Any) -> str:
         raise ValueError("empty docno")
     if "\n" in docno or "\r" in docno:
         raise ValueError(f"docno {docno!r} contains a line break")
+    if "\x00" in docno:
+        raise ValueError(f"docno {docno!r} contains a NUL character")
+    try:
+        docno.encode("utf8")
+    except UnicodeEncodeError as ex:
+        raise ValueError(f"docno {docno!r} is not valid Unicode (a lone surrogate at position {ex.start}; "
+                         "was it decoded with errors='surrogateescape'?)") from None
     return docno
+
+
+def as_docnos(values: Sequence[Any], records: Sequence[int]) -> list:
+    """:func:`as_docno` of a batch, naming the failing record by its position in the input (``records``).
+
+    Raises:
+        ValueError: ``record <i> of the input: <reason>``.
+    """
+    out = []
+    for value, record in zip(values, records):
+        try:
+            out.append(as_docno(value))
+        except ValueError as ex:
+            raise ValueError(f"record {record} of the input: {ex}") from None
+    return out
 
 
 def fsync_dir(path: Path) -> None:
@@ -92,19 +119,48 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process umask (read without changing it where ``/proc`` tells it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fin:
+            for line in fin:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     """Writes JSON to ``path`` durably and atomically: readers (and a crash) never see a partial file.
 
-    ``pyterrier_alpha.io.finalized_open`` writes a uniquely named temporary file and renames it over ``path``
-    (so several shard processes may write the same top-level file at once); the file is fsynced before the
-    rename and the directory after it, so the new contents survive a crash (what ``mode="resume"`` relies on).
+    Like ``pyterrier_alpha.io.finalized_open`` it writes a uniquely named temporary ``.<stem>.*.tmp<suffix>``
+    and renames it over ``path`` (so several shard processes may write the same top-level file at once), but
+    the file gets the permissions of any new file (``0o666`` less the umask; ``finalized_open`` makes it
+    world-writable), it is fsynced before the rename and the directory after it, so the new contents survive a
+    crash (what ``mode="resume"`` relies on).
     """
-    import pyterrier_alpha as pta
+    import tempfile
 
-    with pta.io.finalized_open(str(path), "t") as fout:
-        json.dump(data, fout, indent=1, sort_keys=True)
-        fout.flush()
-        os.fsync(fout.fileno())
+    path = Path(path)
+    stem, suffix = os.path.splitext(path.name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=f".tmp{suffix}", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf8") as fout:
+            json.dump(data, fout, indent=1, sort_keys=True)
+            fout.flush()
+            if hasattr(os, "fchmod"):
+                os.fchmod(fout.fileno(), 0o666 & ~current_umask())
+            os.fsync(fout.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
     fsync_dir(path.parent)
 
 
@@ -112,6 +168,71 @@ def temporary_files(directory: Path, name: str) -> list:
     """Temporaries that an interrupted :func:`write_json_atomic` of ``directory / name`` may have left behind."""
     stem, suffix = os.path.splitext(name)
     return sorted(directory.glob(f".{stem}.*.tmp{suffix}"))
+
+
+def remove_leftovers(path: Path) -> list:
+    """Finishes what a build or merge killed after its commit left behind; returns the names it removed.
+
+    Only acts when ``pt_meta.json`` is complete and valid (``read_meta``), i.e. the commit happened: then the
+    progress record and docno text of the build (``_build.json``, ``_docnos.txt``), temporaries of
+    interrupted atomic writes, and the state of an interrupted ``merge_shards()`` (``_merge.json``: before
+    its commit the stray merged files, after it ``shards/`` unless it was to be kept) are removed.  The
+    caller must hold the build lock of ``path`` (another process could be starting a build there).
+    """
+    import shutil
+
+    try:
+        meta = read_meta(path)
+    except ValueError:
+        return []
+    if meta is None:
+        return []
+    removed = []
+
+    def remove(p: Path) -> None:
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+        else:
+            return
+        removed.append(p.name)
+
+    merge = path / MERGE_FILE
+    if merge.exists():
+        try:
+            keep = bool(json.loads(merge.read_text(encoding="utf8")).get("keep_shards"))
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            keep = True  # unreadable: never delete shards on a guess
+        if meta.get("layout") == "sharded":  # killed before the merged pt_meta.json: the view is still valid
+            for name in (VECTORS_FILE, DOCNOS_FILE):
+                remove(path / name)
+        elif not keep:
+            remove(path / SHARDS_DIR)
+    if meta.get("layout") == "single":
+        for name in (BUILD_FILE, BUILD_DOCNOS_FILE):
+            remove(path / name)
+    for name in (META_FILE, BUILD_FILE, MERGE_FILE):
+        for p in temporary_files(path, name):
+            remove(p)
+    remove(merge)
+    if removed:
+        fsync_dir(path)
+    return removed
+
+
+def shard_dirs(path: Path) -> list:
+    """The shard directories ``<path>/shards/<i>`` (not the shards' lock files ``shards/.<i>.lock``)."""
+    shards = path / SHARDS_DIR
+    if not shards.is_dir():
+        return []
+    return sorted((p for p in shards.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def has_leftovers(path: Path) -> bool:
+    """Whether :func:`remove_leftovers` may have something to do in ``path`` (cheap: no file is read)."""
+    return any((path / name).exists() for name in (BUILD_FILE, BUILD_DOCNOS_FILE, MERGE_FILE)) or any(
+        temporary_files(path, name) for name in (META_FILE, BUILD_FILE, MERGE_FILE))
 
 
 def read_meta(path: Path) -> Optional[dict]:
@@ -140,6 +261,10 @@ def read_meta(path: Path) -> Optional[dict]:
         raise ValueError(f"corrupt {meta_path}: missing field(s) {missing}")
     if layout not in ("single", "sharded"):
         raise ValueError(f"corrupt {meta_path}: unknown layout {layout!r}")
+    for key, low in (("dim", 1), ("count", 0), ("num_shards", 1)):
+        value = meta.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"corrupt {meta_path}: {key}={value!r} (must be an integer >= {low})")
     check_dtype(meta["dtype"])
     return meta
 
@@ -184,9 +309,13 @@ def open_vectors(path: Path, meta: dict) -> np.memmap:
 def open_docnos(path: Path, meta: dict):
     """Opens ``docnos.npids`` after checking its count.
 
+    The hash inverse (docno -> row) is the last block of the file and its size follows from its header, so
+    checking its length detects a truncated file wherever it was cut (npids itself opens one and fails only
+    on lookup).
+
     Raises:
         FileNotFoundError: when the file is missing.
-        ValueError: when it cannot be read or holds a different number of docnos.
+        ValueError: when it cannot be read, is truncated, or holds a different number of docnos.
     """
     import npids
 
@@ -198,8 +327,17 @@ def open_docnos(path: Path, meta: dict):
     except Exception as ex:  # npids raises various low-level errors on corrupt files
         raise ValueError(f"corrupt dense index {path}: cannot read {DOCNOS_FILE} ({type(ex).__name__}: {ex})") from ex
     if len(lookup) != int(meta["count"]):
+        lookup.close()
         raise ValueError(f"corrupt dense index {path}: {DOCNOS_FILE} holds {len(lookup)} docnos, "
                          f"pt_meta.json says count={meta['count']}")
+    inv = getattr(lookup.inv, "codec", None)
+    complete = (inv is not None and hasattr(inv, "hash_bits")
+                and len(inv.hash_offsets) == (1 << inv.hash_bits) + 1 and len(inv.dids) == len(lookup))
+    if not complete:
+        lookup.close()
+        raise ValueError(f"corrupt dense index {path}: {DOCNOS_FILE} ({docno_path.stat().st_size} bytes) is "
+                         "truncated (its docno -> row table is incomplete); rebuild the index with "
+                         "indexer(mode='overwrite')")
     return lookup
 
 
@@ -310,7 +448,8 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
         id_name: the identifier name (``"docno"`` or ``"qid"``), for error messages.
 
     Raises:
-        ValueError: naming the record whose vector is missing, not 1-d, of the wrong dimension or not finite.
+        ValueError: naming the record whose vector is missing, not 1-d, empty, of the wrong dimension or not
+            finite.
     """
     arrays = []
     for docno, v in zip(docnos, vecs):
@@ -319,6 +458,9 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
         a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
         if a.ndim != 1:
             raise ValueError(f"{what} of {id_name} {docno!r} must be a 1-d vector, got shape {a.shape}")
+        if a.shape[0] == 0:
+            raise ValueError(f"{what} of {id_name} {docno!r} is empty (dimension 0); vectors need at least one "
+                             "component")
         if dim is None:
             dim = a.shape[0]
         if a.shape[0] != dim:

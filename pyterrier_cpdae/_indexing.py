@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MODES = ("create", "overwrite", "resume")
 # files/directories an index directory may hold; ``overwrite`` deletes only these (never arbitrary content)
-_OWNED = [io.META_FILE, io.VECTORS_FILE, io.DOCNOS_FILE, io.BUILD_FILE, io.BUILD_DOCNOS_FILE, io.FAISS_DIR]
+_OWNED = [io.META_FILE, io.VECTORS_FILE, io.DOCNOS_FILE, io.BUILD_FILE, io.BUILD_DOCNOS_FILE, io.MERGE_FILE,
+          io.FAISS_DIR]
 
 
 def shard_from_env() -> Tuple[Optional[int], Optional[int]]:
@@ -130,14 +131,21 @@ class DenseIndexer(pt.Indexer):
 
     # -- preparing the directory -------------------------------------------------------------------------
     def _prepare(self) -> Optional[dict]:
-        """Checks/cleans the target directory for ``mode``; returns the progress record to resume from."""
+        """Checks/cleans the target directory for ``mode``; returns the progress record to resume from.
+
+        Called with the build lock of the target held.
+        """
         target = self.target
         base = Path(self.index_obj.path)
+        if self.mode != "overwrite":
+            io.remove_leftovers(target)  # of a build or merge killed after its commit
         if self.num_shards and (base / io.META_FILE).exists():
             meta = io.read_meta(base)
             if meta.get("layout") != "sharded" and self.mode != "overwrite":
                 raise FileExistsError(f"{base} already holds a built (unsharded) dense index; use mode='overwrite'")
-        if not self.num_shards and (base / io.SHARDS_DIR).exists() and self.mode != "overwrite":
+        target_meta = io.read_meta(target) if self.mode != "overwrite" else None
+        if (not self.num_shards and io.shard_dirs(base) and self.mode != "overwrite"
+                and (target_meta is None or target_meta.get("layout") == "sharded")):
             raise FileExistsError(f"{base} holds a sharded dense index ({io.SHARDS_DIR}/); merge it with "
                                   "DenseIndex.merge_shards() or use mode='overwrite'")
         state = None
@@ -155,7 +163,7 @@ class DenseIndexer(pt.Indexer):
                         shutil.rmtree(p)
                     elif p.exists():
                         p.unlink()
-                for name in (io.META_FILE, io.BUILD_FILE):  # temporaries of interrupted atomic writes
+                for name in (io.META_FILE, io.BUILD_FILE, io.MERGE_FILE):  # temporaries of interrupted atomic writes
                     for p in io.temporary_files(target, name):
                         p.unlink()
                 if not self.num_shards and (target / io.SHARDS_DIR).exists():
@@ -163,13 +171,37 @@ class DenseIndexer(pt.Indexer):
             if self.num_shards and (base / io.META_FILE).exists():
                 (base / io.META_FILE).unlink()  # the top-level (sharded or single) index is no longer valid
         elif self.mode == "resume":
-            if (target / io.META_FILE).exists():
-                io.read_meta(target)
+            if target_meta is not None:
                 return {"complete": True}
             if (target / io.BUILD_FILE).exists():
                 state = self._load_state()
+            elif target.exists():
+                for name in (io.META_FILE, io.BUILD_FILE):  # an interrupted first write of the progress record
+                    for p in io.temporary_files(target, name):
+                        p.unlink()
+                foreign = sorted(p.name for p in target.iterdir())
+                if foreign:
+                    raise FileExistsError(
+                        f"cannot resume {target}: it holds no progress record ({io.BUILD_FILE}) but is not empty "
+                        f"({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); resume continues only a "
+                        "build this indexer started. Use mode='overwrite' to replace this index's files, or an "
+                        "empty directory")
+        self._created = [d for d in (target, *target.parents) if not d.exists()]
         target.mkdir(parents=True, exist_ok=True)
         return state
+
+    def _discard_empty_build(self) -> None:
+        """Removes the files (and directories) of a build that this call started and that holds no record."""
+        target = self.target
+        for name in (io.VECTORS_FILE, io.BUILD_DOCNOS_FILE, io.BUILD_FILE):
+            (target / name).unlink(missing_ok=True)
+        for p in io.temporary_files(target, io.BUILD_FILE):
+            p.unlink(missing_ok=True)
+        for d in getattr(self, "_created", []):
+            try:
+                d.rmdir()  # only when empty
+            except OSError:
+                break
 
     def _load_state(self) -> dict:
         import json
@@ -179,7 +211,7 @@ class DenseIndexer(pt.Indexer):
                 state = json.load(fin)
             for key in ("count", "vec_bytes", "docno_bytes", "dtype"):
                 state[key]
-        except (ValueError, KeyError) as ex:
+        except (ValueError, KeyError, TypeError) as ex:
             raise ValueError(f"cannot resume {target}: corrupt progress record {io.BUILD_FILE} ({ex}); "
                              "rebuild with mode='overwrite'") from ex
         if self.dtype is not None and state["dtype"] != self.dtype:
@@ -189,6 +221,8 @@ class DenseIndexer(pt.Indexer):
                              f"num_shards={state.get('num_shards')}, not shard={self.shard}, num_shards={self.num_shards}")
         for name, key in ((io.VECTORS_FILE, "vec_bytes"), (io.BUILD_DOCNOS_FILE, "docno_bytes")):
             p = target / name
+            if not p.exists() and state[key] == 0:  # killed right after the first progress record
+                p.touch()
             size = p.stat().st_size if p.exists() else -1
             if size < state[key]:
                 raise ValueError(f"cannot resume {target}: {name} has {max(size, 0)} bytes but the progress record "
@@ -209,14 +243,26 @@ class DenseIndexer(pt.Indexer):
     def index(self, inp: Any) -> "DenseIndex":
         """Indexes ``inp`` (iterable of dicts or DataFrames with ``docno`` and ``doc_vec``, or a DataFrame).
 
+        The whole build holds the build lock of its directory: a second process building into the same path
+        gets :class:`~pyterrier_cpdae._locking.ConcurrentBuildError` at once.
+
         Returns:
             The built :class:`DenseIndex` (for a shard: the top-level index, which is a searchable sharded view
             once every shard is built).
         """
+        from ._locking import build_lock
+
+        with build_lock(self.target, "dense index"):
+            return self._index_locked(inp)
+
+    def _index_locked(self, inp: Any) -> "DenseIndex":
         from .dense_index import DenseIndex
 
         state = self._prepare()
         if state is not None and state.get("complete"):
+            if self.num_shards and not (Path(self.index_obj.path) / io.META_FILE).exists():
+                # a kill between a shard's commit and the top-level pt_meta.json: write it now if all are built
+                write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards)
             warnings.warn(f"{self.target} is already completely built; mode='resume' has nothing to do")
             return DenseIndex(self.index_obj.path)
         target = self.target
@@ -225,27 +271,42 @@ class DenseIndexer(pt.Indexer):
             state = {"format_version": io.FORMAT_VERSION, "dim": None, "dtype": self.dtype or "float32",
                      "count": 0, "vec_bytes": 0, "docno_bytes": 0, "shard": self.shard,
                      "num_shards": self.num_shards, "presharded": self.presharded}
+            # the progress record comes first: from now on the directory is a resumable build of this indexer
+            io.write_json_atomic(target / io.BUILD_FILE, state)
+        try:
+            self._write(inp, state, fresh)
+        except Exception:
+            if fresh and state["count"] == 0:
+                self._discard_empty_build()  # nothing was indexed: leave nothing behind
+            raise
+        self._finalise(state)
+        return DenseIndex(self.index_obj.path)
+
+    def _write(self, inp: Any, state: dict, fresh: bool) -> None:
+        """Appends the input's records (after the ``state["count"]`` already indexed ones) to the data files."""
+        target = self.target
         store_dtype = io.DTYPES[state["dtype"]]
         skip = int(state["count"])
         stored_prefix = io.iter_text_docnos(target / io.BUILD_DOCNOS_FILE, limit=skip) if skip else iter(())
+        prefix_check = _PrefixCheck(target, state, skip) if skip else None
 
         with open(target / io.VECTORS_FILE, "wb" if fresh else "ab") as vec_file, \
                 open(target / io.BUILD_DOCNOS_FILE, "wb" if fresh else "ab") as docno_file:
-            if fresh:
-                self._save_state(state, vec_file, docno_file)
             position = 0  # position in the (unfiltered) input
             seen = 0  # records of this shard seen (including the skipped prefix)
             since_checkpoint = 0
             for raw_docnos, raw_vecs in iter_batches(inp, self.batch_size):
+                records = range(position, position + len(raw_docnos))
+                position += len(raw_docnos)
                 if self.num_shards and not self.presharded:
-                    keep = [i for i in range(len(raw_docnos)) if (position + i) % self.num_shards == self.shard]
-                    position += len(raw_docnos)
+                    keep = [i for i, r in enumerate(records) if r % self.num_shards == self.shard]
+                    records = [records[i] for i in keep]
                     raw_docnos = [raw_docnos[i] for i in keep]
                     raw_vecs = [raw_vecs[i] for i in keep]
                 if not raw_docnos:
                     continue
-                docnos = [io.as_docno(d) for d in raw_docnos]
-                if seen < skip:  # the already indexed prefix: verify docnos, do not write
+                docnos = io.as_docnos(raw_docnos, records)
+                if seen < skip:  # the already indexed prefix: verify docnos and (a sample of) vectors, do not write
                     n_skip = min(skip - seen, len(docnos))
                     for i in range(n_skip):
                         stored = next(stored_prefix, None)
@@ -253,6 +314,7 @@ class DenseIndexer(pt.Indexer):
                             raise ValueError(
                                 f"cannot resume {target}: record {seen + i} of the input has docno {docnos[i]!r} but "
                                 f"the index holds {stored!r} there; resume needs the same input in the same order")
+                    prefix_check.check(seen, docnos[:n_skip], raw_vecs[:n_skip])
                     seen += n_skip
                     docnos, raw_vecs = docnos[n_skip:], raw_vecs[n_skip:]
                     if not docnos:
@@ -265,8 +327,8 @@ class DenseIndexer(pt.Indexer):
                 if store_dtype != np.float32 and not np.isfinite(stored_vecs).all():
                     bad = [docnos[i] for i in np.nonzero(~np.isfinite(stored_vecs).all(axis=1))[0][:5]]
                     raise ValueError(f"doc_vec of docno(s) {bad} overflow(s) {state['dtype']}")
+                text = ("\n".join(docnos) + "\n").encode("utf8")  # encoded before anything of the batch is written
                 vec_file.write(stored_vecs.tobytes())
-                text = ("\n".join(docnos) + "\n").encode("utf8")
                 docno_file.write(text)
                 seen += len(docnos)
                 state["count"] += len(docnos)
@@ -279,13 +341,10 @@ class DenseIndexer(pt.Indexer):
             if seen < skip:
                 raise ValueError(f"cannot resume {target}: the input has only {seen} documents but {skip} are already "
                                  "indexed; resume needs the same input in the same order")
+            if state["count"] == 0:
+                raise ValueError(f"no documents were indexed into {target} (empty input"
+                                 f"{' for this shard' if self.num_shards else ''})")
             self._save_state(state, vec_file, docno_file)
-
-        if state["count"] == 0:
-            raise ValueError(f"no documents were indexed into {target} (empty input"
-                             f"{' for this shard' if self.num_shards else ''})")
-        self._finalise(state)
-        return DenseIndex(self.index_obj.path)
 
     def _finalise(self, state: dict) -> None:
         target = self.target
@@ -295,10 +354,54 @@ class DenseIndexer(pt.Indexer):
             extra.update(shard=self.shard, num_shards=self.num_shards)
         io.write_json_atomic(target / io.META_FILE,
                              io.base_meta(dim=state["dim"], count=state["count"], dtype=state["dtype"], **extra))
-        for name in (io.BUILD_DOCNOS_FILE, io.BUILD_FILE):
-            (target / name).unlink(missing_ok=True)
+        io.remove_leftovers(target)  # _docnos.txt and _build.json (a crash before this is finished on resume/open)
         if self.num_shards:
             write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards)
+
+
+class _PrefixCheck:
+    """On resume, compares a sample of the re-fed prefix's vectors with the stored ones.
+
+    With an encoder in front of the indexer the skipped prefix is encoded again anyway, so a resume with
+    another model of the same dimension would silently mix two models' vectors.  Records ``0..31`` and then
+    about 256 records spread over the prefix are compared; a record matches when the cosine of the two vectors
+    is at least ``MIN_COSINE`` and their norms differ by at most ``NORM_TOLERANCE`` (relative).  Both bounds are
+    far looser than bf16/fp16 rounding or the batch-dependent noise of mixed-precision encoding (cosine > 0.999)
+    and far tighter than the agreement of two different models (typically cosine < 0.9).
+    """
+
+    MIN_COSINE = 0.99
+    NORM_TOLERANCE = 0.05
+
+    def __init__(self, target: Path, state: dict, skip: int):
+        self.target = target
+        self.dtype = io.DTYPES[state["dtype"]]
+        self.stored = np.memmap(target / io.VECTORS_FILE, dtype=self.dtype, mode="r", shape=(skip, int(state["dim"])))
+        self.dim = int(state["dim"])
+        self.stride = max(1, skip // 256)
+
+    def check(self, first: int, docnos: List[str], raw_vecs: List[Any]) -> None:
+        rows = [first + i for i in range(len(docnos)) if first + i < 32 or (first + i) % self.stride == 0]
+        if not rows:
+            return
+        picked = [r - first for r in rows]
+        fed = io.stack_vectors([raw_vecs[i] for i in picked], [docnos[i] for i in picked], self.dim)
+        with np.errstate(over="ignore"):
+            fed = fed.astype(self.dtype).astype(np.float32)
+        stored = np.asarray(self.stored[rows], dtype=np.float32)
+        fed_norm, stored_norm = np.linalg.norm(fed, axis=1), np.linalg.norm(stored, axis=1)
+        scale = np.maximum(fed_norm, stored_norm)
+        tiny = scale < 1e-12
+        cosine = np.where(tiny, 1.0, (fed * stored).sum(axis=1) / np.maximum(fed_norm * stored_norm, 1e-30))
+        norms_ok = np.abs(fed_norm - stored_norm) <= self.NORM_TOLERANCE * scale
+        bad = np.nonzero((cosine < self.MIN_COSINE) | ~norms_ok)[0]
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(
+                f"cannot resume {self.target}: the vector fed for record {rows[i]} (docno {docnos[picked[i]]!r}) differs "
+                f"from the stored one (cosine {cosine[i]:.4f}, norms {fed_norm[i]:.4g} vs {stored_norm[i]:.4g}); "
+                "the build was started with another encoder (or other encoder settings). Resume with the encoder "
+                "that started it, or rebuild with mode='overwrite'")
 
 
 def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:

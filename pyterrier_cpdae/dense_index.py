@@ -14,7 +14,6 @@ See ``_index_io`` for the directory format.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -60,15 +59,20 @@ class DenseIndex(pta.Artifact):
 
     def _incomplete_message(self) -> str:
         path = Path(self.path)
+        if (path / io.MERGE_FILE).exists():
+            return (f"the dense index at {path} is incomplete (DenseIndex.merge() into it was interrupted); run the "
+                    "merge again with mode='overwrite'")
         if (path / io.BUILD_FILE).exists():
             return (f"the dense index at {path} is incomplete (indexing was interrupted); resume it with "
                     f"`(encoder >> DenseIndex({str(path)!r}).indexer(mode='resume')).index(<the same corpus>)` or "
                     "rebuild it with mode='overwrite'")
-        shard_dir = path / io.SHARDS_DIR
-        if shard_dir.exists():
-            shards = sorted(shard_dir.iterdir())
+        shards = io.shard_dirs(path)
+        if shards:
             status = ", ".join(f"{p.name}: {'built' if (p / io.META_FILE).exists() else 'incomplete'}" for p in shards)
-            return (f"the sharded dense index at {path} is incomplete ({status}); finish the missing shards with "
+            todo = ("the top-level pt_meta.json is missing (the last shard's build was killed before writing it); "
+                    "write it by resuming any shard" if all((p / io.META_FILE).exists() for p in shards)
+                    else "finish the missing shards")
+            return (f"the sharded dense index at {path} is incomplete ({status}); {todo} with "
                     "indexer(shard=i, num_shards=n, mode='resume')")
         if not path.exists():
             return f"no dense index at {path} (the directory does not exist); build it with index.indexer()"
@@ -97,6 +101,10 @@ class DenseIndex(pta.Artifact):
             return self._cache[1], self._cache[2], self._cache[3]
         meta = self.meta()
         path = Path(self.path)
+        _remove_leftovers_if_idle(path)
+        if meta.get("layout") == "sharded":
+            for s in range(int(meta["num_shards"])):
+                _remove_leftovers_if_idle(path / io.SHARDS_DIR / str(s))
         if meta.get("layout") == "sharded":
             n = int(meta["num_shards"])
             metas = []
@@ -306,80 +314,111 @@ class DenseIndex(pta.Artifact):
               mode: str = "create", block_size: int = 65536) -> "DenseIndex":
         """Concatenates built single indexes (in the given order) into a new index at ``path``.
 
+        The destination's build lock is held throughout (a concurrent build or merge into ``path`` gets
+        ``ConcurrentBuildError``).  A merge killed midway leaves ``path`` clearly unbuilt (rerun it with
+        ``mode="overwrite"``).
+
         Raises:
-            ValueError: when the sources differ in dim/dtype or share docnos (the result is left unbuilt).
+            ValueError: when the sources differ in dim/dtype or share docnos (the result is left unbuilt), or
+                when ``path`` is one of the sources or contains one (``mode="overwrite"`` would delete it
+                before reading it).
         """
+        from ._locking import build_lock
+
         sources = [s if isinstance(s, DenseIndex) else DenseIndex(s) for s in sources]
         if not sources:
             raise ValueError("merge needs at least one source index")
-        metas = [s._open()[0] for s in sources]
-        for s, m in zip(sources, metas):
-            if m.get("layout") == "sharded":
-                raise ValueError(f"{s.path} is a sharded view; use its merge_shards()")
-            if (m["dim"], m["dtype"]) != (metas[0]["dim"], metas[0]["dtype"]):
-                raise ValueError(f"cannot merge {s.path} (dim={m['dim']}, dtype={m['dtype']}) with {sources[0].path} "
-                                 f"(dim={metas[0]['dim']}, dtype={metas[0]['dtype']})")
-        out = DenseIndex(path)
+        if mode not in ("create", "overwrite"):
+            raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
         target = Path(path)
-        _prepare_output(target, mode)
+        resolved = target.resolve()
+        for s in sources:
+            src = Path(s.path).resolve()
+            if src == resolved or resolved in src.parents:
+                raise ValueError(f"cannot merge into {target}: it {'is' if src == resolved else 'contains'} the "
+                                 f"source index {s.path} (which mode={mode!r} would destroy before it is read); "
+                                 "merge into another path")
+        with build_lock(target, "dense index"):
+            metas = [s._open()[0] for s in sources]
+            for s, m in zip(sources, metas):
+                if m.get("layout") == "sharded":
+                    raise ValueError(f"{s.path} is a sharded view; use its merge_shards()")
+                if (m["dim"], m["dtype"]) != (metas[0]["dim"], metas[0]["dtype"]):
+                    raise ValueError(f"cannot merge {s.path} (dim={m['dim']}, dtype={m['dtype']}) with "
+                                     f"{sources[0].path} (dim={metas[0]['dim']}, dtype={metas[0]['dtype']})")
+            _prepare_output(target, mode)
+            io.write_json_atomic(target / io.MERGE_FILE, {"sources": [str(s.path) for s in sources],
+                                                           "keep_shards": True})
 
-        def vector_blocks():
-            for s in sources:
-                vecs = s.vectors()
-                for start in range(0, len(vecs), block_size):
-                    yield np.asarray(vecs[start:start + block_size])
+            def vector_blocks():
+                for s in sources:
+                    vecs = s.vectors()
+                    for start in range(0, len(vecs), block_size):
+                        yield np.asarray(vecs[start:start + block_size])
 
-        def docnos():
-            for s in sources:
-                yield from s.docnos.fwd
+            def docnos():
+                for s in sources:
+                    yield from s.docnos.fwd
 
-        _write_merged(target, vector_blocks(), docnos(), metas[0], sum(int(m["count"]) for m in metas))
-        return out
+            _write_merged(target, vector_blocks(), docnos(), metas[0], sum(int(m["count"]) for m in metas))
+            io.remove_leftovers(target)
+        return DenseIndex(path)
 
     def merge_shards(self, *, keep_shards: bool = False, block_size: int = 65536) -> "DenseIndex":
         """Merges a sharded view in place into a single index (row ``j`` = shard ``j % n``, row ``j // n``).
 
-        The result is identical to indexing the same input without sharding.  The sharded view stays valid
-        until the merged ``pt_meta.json`` replaces it, so an interrupted merge can simply be rerun.
+        The result is identical to indexing the same input without sharding.  The build lock of the index is
+        held throughout.  ``_merge.json`` records the merge while it runs: the sharded view stays valid until
+        the merged ``pt_meta.json`` replaces it, and a merge killed at any point is finished (or its partial
+        files removed) by rerunning ``merge_shards()``, by ``indexer(mode="resume")`` or when the index is
+        next opened.
 
         Args:
             keep_shards: keep ``<path>/shards`` after merging (default: delete it).
         """
-        meta, parts, lookups = self._open()
-        if meta.get("layout") != "sharded":
-            raise ValueError(f"{self.path} is not a sharded view (nothing to merge)")
-        n = len(parts)
-        total = int(meta["count"])
-        rows = max(1, block_size // n)
-
-        def vector_blocks():
-            for start in range(0, len(parts[0][0]), rows):
-                # shard sizes differ by at most one (round-robin), the short shards being the last ones, so
-                # row i of shard s lands at merged row i * n + s
-                blocks = [np.asarray(p[0][start:start + rows]) for p in parts]
-                merged = np.empty((sum(len(b) for b in blocks), blocks[0].shape[1]), dtype=blocks[0].dtype)
-                for s, b in enumerate(blocks):
-                    merged[s::n] = b
-                yield merged
-
-        def docnos():
-            for start in range(0, len(lookups[0]), rows):
-                chunk = [lk.fwd.lookup(np.arange(start, min(start + rows, len(lk)))) for lk in lookups]
-                for i in range(len(chunk[0])):
-                    for s in range(n):
-                        if i < len(chunk[s]):
-                            yield str(chunk[s][i])
+        from ._locking import build_lock
 
         target = Path(self.path)
-        single = {k: v for k, v in meta.items() if k not in ("layout", "num_shards")}
-        for name in (io.VECTORS_FILE, io.DOCNOS_FILE):
-            (target / name).unlink(missing_ok=True)
-        _write_merged(target, vector_blocks(), docnos(), single, total)
-        self._cache = None
-        for lookup in lookups:
-            lookup.close()
-        if not keep_shards:
-            shutil.rmtree(target / io.SHARDS_DIR)
+        with build_lock(target, "dense index"):
+            finished = (target / io.MERGE_FILE).exists()
+            io.remove_leftovers(target)  # of a merge killed before or after its commit
+            self._cache = None
+            meta, parts, lookups = self._open()
+            if meta.get("layout") != "sharded":
+                if finished:  # an interrupted merge_shards() had committed; its cleanup is now complete
+                    return DenseIndex(self.path)
+                raise ValueError(f"{self.path} is not a sharded view (nothing to merge)")
+            n = len(parts)
+            total = int(meta["count"])
+            rows = max(1, block_size // n)
+
+            def vector_blocks():
+                for start in range(0, len(parts[0][0]), rows):
+                    # shard sizes differ by at most one (round-robin), the short shards being the last ones, so
+                    # row i of shard s lands at merged row i * n + s
+                    blocks = [np.asarray(p[0][start:start + rows]) for p in parts]
+                    merged = np.empty((sum(len(b) for b in blocks), blocks[0].shape[1]), dtype=blocks[0].dtype)
+                    for s, b in enumerate(blocks):
+                        merged[s::n] = b
+                    yield merged
+
+            def docnos():
+                for start in range(0, len(lookups[0]), rows):
+                    chunk = [lk.fwd.lookup(np.arange(start, min(start + rows, len(lk)))) for lk in lookups]
+                    for i in range(len(chunk[0])):
+                        for s in range(n):
+                            if i < len(chunk[s]):
+                                yield str(chunk[s][i])
+
+            single = {k: v for k, v in meta.items() if k not in ("layout", "num_shards")}
+            io.write_json_atomic(target / io.MERGE_FILE, {"keep_shards": bool(keep_shards)})
+            for name in (io.VECTORS_FILE, io.DOCNOS_FILE):
+                (target / name).unlink(missing_ok=True)
+            _write_merged(target, vector_blocks(), docnos(), single, total)
+            self._cache = None
+            for lookup in lookups:
+                lookup.close()
+            io.remove_leftovers(target)  # shards/ (unless kept), then _merge.json
         return DenseIndex(self.path)
 
 
@@ -391,13 +430,30 @@ def _auto_backend() -> str:
         return "numpy"
 
 
+def _remove_leftovers_if_idle(path: Path) -> None:
+    """Finishes a commit that a killed build/merge left unfinished, unless another process is building there.
+
+    Best effort: nothing happens when another process holds the build lock or the directory (or its parent,
+    where the lock lives) is not writable; the index is complete and searchable either way.
+    """
+    from ._locking import ConcurrentBuildError, build_lock
+
+    if not io.has_leftovers(path):
+        return
+    try:
+        with build_lock(path, "dense index"):
+            io.remove_leftovers(path)
+    except (ConcurrentBuildError, OSError):
+        pass
+
+
 def _prepare_output(target: Path, mode: str) -> None:
     if mode not in ("create", "overwrite"):
         raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
     if target.exists() and any(target.iterdir()):
         if mode == "create":
             raise FileExistsError(f"{target} already exists; use mode='overwrite' to replace it")
-        DenseIndexer(DenseIndex(target), mode="overwrite", shard=0, num_shards=1)._prepare()
+        DenseIndexer(DenseIndex(target), mode="overwrite", shard=0, num_shards=1)._prepare()  # caller holds the lock
     target.mkdir(parents=True, exist_ok=True)
 
 
