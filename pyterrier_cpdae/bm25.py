@@ -428,10 +428,7 @@ def _checked_document(i: int, doc: Any) -> tuple[str, str]:
     text = doc["text"]
     if not isinstance(text, str):
         raise ValueError(f"document #{i} ({docno!r}): text must be a str, got {type(text).__name__}")
-    problem = _java_safe(docno)
-    if problem:
-        raise ValueError(f"document #{i}: docno {docno!r} {problem}")
-    problem = _java_safe(text)
+    problem = _java_safe(text)  # docnos: as_docno already refuses NUL and lone surrogates
     if problem:
         raise ValueError(f"document #{i} ({docno!r}): text {problem}")
     return docno, text
