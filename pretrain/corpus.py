@@ -191,13 +191,42 @@ class TokenCache(torch.utils.data.Dataset):
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
             raise FileNotFoundError(f"no token cache at {self.path} (meta.json missing)")
-        with open(meta_path) as f:
-            self.meta: dict[str, Any] = json.load(f)
+        try:
+            with open(meta_path) as f:
+                self.meta: dict[str, Any] = json.load(f)
+            self.dtype = np.dtype(self.meta["dtype"])
+            num_tokens, num_blocks = int(self.meta["num_tokens"]), int(self.meta["num_blocks"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(self._damaged(meta_path, f"{type(e).__name__}: {e}")) from e
         if not self.meta.get("complete"):
             raise ValueError(f"token cache at {self.path} is incomplete")
-        self.dtype = np.dtype(self.meta["dtype"])
         self._tokens: Optional[np.ndarray] = None
         self._offsets: Optional[np.ndarray] = None
+        self._check_files(num_tokens, num_blocks)
+
+    def _damaged(self, path: Path, problem: str) -> str:
+        return (f"token cache file {path} is truncated or corrupt ({problem}); delete the cache directory {self.path} "
+                "and run again to rebuild it (TokenCache.build_or_load, used by python -m pretrain, rebuilds it "
+                "automatically)")
+
+    def _check_files(self, num_tokens: int, num_blocks: int) -> None:
+        """Sizes of the data files against ``meta.json`` and the ends of the offsets (cheap: no full read)."""
+        for name, want in (("tokens.bin", num_tokens * self.dtype.itemsize), ("offsets.bin", (num_blocks + 1) * 8)):
+            path = self.path / name
+            size = path.stat().st_size if path.is_file() else None
+            if size != want:
+                raise ValueError(self._damaged(path, "missing" if size is None else f"{size} bytes, {want} expected"))
+        off = self.offsets
+        if int(off[0]) != 0 or int(off[-1]) != num_tokens:
+            raise ValueError(self._damaged(self.path / "offsets.bin",
+                                           f"offsets run from {int(off[0])} to {int(off[-1])}, not 0 to {num_tokens}"))
+        df_path = self.path / "df.npy"
+        try:
+            df = np.load(df_path, mmap_mode="r")
+            if df.shape != (int(self.meta["vocab_size"]),):
+                raise ValueError(f"shape {df.shape}, ({self.meta['vocab_size']},) expected")
+        except (OSError, ValueError, EOFError) as e:
+            raise ValueError(self._damaged(df_path, str(e))) from e
 
     # memmaps are reopened lazily (also after pickling into DataLoader workers)
     def __getstate__(self) -> dict[str, Any]:
@@ -331,19 +360,21 @@ class TokenCache(torch.utils.data.Dataset):
         if not isinstance(max_length, int) or max_length < 3:
             raise ValueError(f"max_length must be an integer >= 3 (two special tokens + content), got {max_length!r}")
         path = cls.cache_path(spec, tokenizer, max_length, cache_dir, fields, max_docs)
-        if cls._complete(path):
-            return cls(path)
+        cache = cls._load_valid(path)
+        if cache is not None:
+            return cache
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(path) + ".lock")
         t0 = time.time()
         try:
             with lock.acquire(timeout=lock_timeout, poll_interval=0.5):
-                if cls._complete(path):
+                cache = cls._load_valid(path)
+                if cache is not None:
                     logger.info("token cache built by another process at %s (waited %.0fs)", path, time.time() - t0)
-                    return cls(path)
+                    return cache
                 for stale in path.parent.glob(path.name + ".tmp-*"):
                     shutil.rmtree(stale, ignore_errors=True)
-                if path.exists():  # not complete (e.g. an older layout): rebuild
+                if path.exists():  # not complete or damaged (e.g. an older layout, a truncated file): rebuild
                     shutil.rmtree(path)
                 tmp = path.parent / f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 tmp.mkdir()
@@ -359,6 +390,17 @@ class TokenCache(torch.utils.data.Dataset):
         except Timeout as e:
             raise TimeoutError(f"waited {lock_timeout}s for another process building the token cache {path}") from e
         return cls(path)
+
+    @classmethod
+    def _load_valid(cls, path: Path) -> Optional["TokenCache"]:
+        """The cache at ``path`` if it is complete and its files pass the size checks, else None (logged)."""
+        if not cls._complete(path):
+            return None
+        try:
+            return cls(path)
+        except (OSError, ValueError) as e:
+            logger.warning("%s; rebuilding it", e)
+            return None
 
     @staticmethod
     def _complete(path: Path) -> bool:
