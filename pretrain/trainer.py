@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 #: Options that may differ between a run and its resumption (they do not change what is learnt
 #: up to the checkpoint).
 RESUME_MUTABLE_FIELDS = frozenset({"resume", "overwrite", "max_steps", "epochs", "save_steps", "save_total_limit",
-                                   "logging_steps", "num_workers", "cpu", "cache_dir"})
+                                   "logging_steps", "num_workers", "cpu", "cache_dir", "report_to"})
 #: Files whose presence means an output directory holds an exported model.
 EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 RUN_CONFIG = "run_config.json"
@@ -264,6 +264,8 @@ class Trainer:
 
         if not config.output:
             raise ValueError("no output directory given (config.output / --output)")
+        from .logging_utils import parse_report_to
+        parse_report_to(config.report_to)
         if config.batch_size < 1 or config.grad_accum < 1:
             raise ValueError(f"batch_size ({config.batch_size}) and grad_accum ({config.grad_accum}) must be >= 1")
         if save_fn is None:
@@ -352,10 +354,12 @@ class Trainer:
             logger.info("resumed from %s (step %d, epoch %d, step in epoch %d)", resume[1], step, epoch, pos)
             self._on_step(model, step)
 
-        metrics = None
-        if self.is_main_process:
-            from .logging_utils import MetricsLogger
-            metrics = MetricsLogger(os.path.join(self.output, "logs"), resume_step=step if resume else None)
+        if self.is_main_process:  # --report-to, through accelerate's trackers
+            from .logging_utils import make_trackers
+            acc.log_with = make_trackers(cfg.report_to, os.path.join(self.output, "logs"),
+                                         resume_step=step if resume else None,
+                                         run_name=os.path.basename(os.path.abspath(self.output)))
+            acc.init_trackers("pretrain")
 
         from tqdm.auto import tqdm
         bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_local_main_process, desc="train",
@@ -394,8 +398,7 @@ class Trainer:
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
                     row = {"step": step, "epoch": epoch + pos / self.steps_per_epoch, "lr": lr, **row,
                            "seqs_per_s": cfg.batch_size * window_steps / elapsed}
-                    if metrics is not None:
-                        metrics.log(row)
+                    acc.log({f"train/{k}": v for k, v in row.items() if k != "step"}, step=step)
                     last = row
                     window, window_steps, window_start = {}, 0, time.perf_counter()
                 if (cfg.save_steps > 0 and step % cfg.save_steps == 0) or step == self.total_steps:
@@ -404,8 +407,10 @@ class Trainer:
                     break
         bar.close()
         runtime = time.perf_counter() - t0
-        if metrics is not None:
-            metrics.close()
+        if self.is_main_process:
+            for tracker in acc.trackers:  # (not acc.end_training(): it would end the process group)
+                tracker.finish()
+            acc.trackers = []
             from .logging_utils import plot_metrics
             csv_path = os.path.join(self.output, "logs", "metrics.csv")
             if os.path.exists(csv_path):
