@@ -329,8 +329,9 @@ class TokenCache(torch.utils.data.Dataset):
 
     @classmethod
     def build_or_load(cls, spec: str, tokenizer: Any, max_length: int, cache_dir: Union[str, os.PathLike],
-                      fields: Fields = None, max_docs: int = -1, *, batch_docs: int = 256,
-                      progress: Optional[bool] = None, lock_timeout: float = -1) -> "TokenCache":
+                      fields: Fields = None, max_docs: int = -1, *, batch_docs: int = 64,
+                      progress: Optional[bool] = None, lock_timeout: float = -1,
+                      num_proc: Optional[int] = None) -> "TokenCache":
         """Load the cache for these arguments, building it first if it does not exist yet.
 
         Safe to call from several processes at once: they serialise on
@@ -346,10 +347,14 @@ class TokenCache(torch.utils.data.Dataset):
             cache_dir: Directory holding caches (created if needed).
             fields: Text fields (see :func:`~pretrain.readers.iter_texts`).
             max_docs: Read at most this many documents (-1: all).
-            batch_docs: Documents tokenized per tokenizer call (bounds memory while building).
+            batch_docs: Documents tokenized per tokenizer call and per task of a worker process (bounds
+                memory while building; the files do not depend on it).
             progress: Show a tqdm progress bar (default: only on the process that builds,
                 and only on local rank 0).
             lock_timeout: Seconds to wait for another process's build (-1: forever).
+            num_proc: Processes that tokenize and pack (None: the cores this process may use,
+                ``os.sched_getaffinity``). The files are byte-identical for every value: the main
+                process reads the corpus and writes the batches in order.
 
         Raises:
             ValueError: on a bad ``max_length`` or a corpus without text (see :func:`iter_texts`).
@@ -382,7 +387,8 @@ class TokenCache(torch.utils.data.Dataset):
                     key = cls.cache_key(spec, tokenizer, max_length, fields, max_docs)
                     if progress is None:
                         progress = os.environ.get("LOCAL_RANK", "0") == "0"
-                    cls._build(tmp, key, spec, tokenizer, max_length, fields, max_docs, batch_docs, progress)
+                    cls._build(tmp, key, spec, tokenizer, max_length, fields, max_docs, batch_docs, progress,
+                               default_num_proc() if num_proc is None else num_proc)
                     os.replace(tmp, path)
                 except BaseException:
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -412,7 +418,7 @@ class TokenCache(torch.utils.data.Dataset):
 
     @staticmethod
     def _build(out: Path, key: dict[str, Any], spec: str, tokenizer: Any, max_length: int, fields: Fields,
-               max_docs: int, batch_docs: int, progress: bool) -> None:
+               max_docs: int, batch_docs: int, progress: bool, num_proc: int = 1) -> None:
         from tqdm.auto import tqdm
 
         vocab_size = len(tokenizer)
@@ -422,27 +428,20 @@ class TokenCache(torch.utils.data.Dataset):
         t0 = time.time()
         bar = tqdm(desc=f"tokenizing {spec}", unit=" docs", disable=not progress,
                    total=max_docs if max_docs > 0 else None)
+        batches = _batched(iter_texts(spec, fields=fields, max_docs=max_docs), batch_docs)
         with open(out / "tokens.bin", "wb") as ftok, open(out / "offsets.bin", "wb") as foff:
             foff.write(np.zeros(1, dtype=np.int64).tobytes())
-            for texts in _batched(iter_texts(spec, fields=fields, max_docs=max_docs), batch_docs):
-                packed = pack_texts(texts, tokenizer, max_length)
-                blocks = [b for doc in packed for b in doc]
-                n_docs += sum(1 for doc in packed if doc)
-                bar.update(len(texts))
-                if not blocks:
+            for n_texts, (docs, encoded) in _encode_batches(batches, tokenizer, max_length, num_proc):
+                n_docs += docs
+                bar.update(n_texts)
+                if encoded is None:
                     continue
-                flat = np.fromiter((t for b in blocks for t in b), dtype=np.int64, count=sum(map(len, blocks)))
-                if flat.min() < 0 or flat.max() >= vocab_size:
-                    raise ValueError(f"tokenizer produced id {int(flat.max())} outside its vocabulary of {vocab_size}")
-                ftok.write(flat.astype(dtype).tobytes())
-                lens = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
+                tokens, lens, ids, counts = encoded
+                ftok.write(tokens.tobytes())
                 foff.write((n_tokens + np.cumsum(lens)).tobytes())
-                # document frequency: count each id once per block
-                block_of = np.repeat(np.arange(len(blocks), dtype=np.int64), lens)
-                pairs = np.unique(block_of * vocab_size + flat)
-                df += np.bincount(pairs % vocab_size, minlength=vocab_size)
-                n_blocks += len(blocks)
-                n_tokens += int(flat.size)
+                df[ids] += counts
+                n_blocks += len(lens)
+                n_tokens += int(tokens.size)
         bar.close()
         if n_blocks == 0:
             raise ValueError(f"corpus {spec!r} holds no text that the tokenizer turns into tokens")
@@ -452,8 +451,102 @@ class TokenCache(torch.utils.data.Dataset):
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "complete": True}
         with open(out / "meta.json", "w") as f:
             json.dump(meta, f, indent=2)
-        logger.info("token cache: %d documents -> %d blocks, %d tokens in %.1fs", n_docs, n_blocks, n_tokens,
-                    time.time() - t0)
+        logger.info("token cache: %d documents -> %d blocks, %d tokens in %.1fs (%d process%s)", n_docs, n_blocks,
+                    n_tokens, time.time() - t0, num_proc, "" if num_proc == 1 else "es")
+
+
+def default_num_proc() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` elsewhere)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+Encoded = tuple[int, Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
+
+
+def encode_batch(texts: Sequence[str], tokenizer: Any, max_length: int) -> Encoded:
+    """Tokenize and pack a batch of documents into what the cache stores.
+
+    Returns:
+        ``(documents with at least one block, None)`` when the batch yields no block, else
+        ``(documents, (tokens, lengths, ids, counts))``: the flat token ids in the cache's dtype,
+        the block lengths (``int64``), and the token ids occurring in the blocks with the number
+        of blocks each occurs in (the batch's document-frequency contribution).
+
+    Raises:
+        ValueError: if the tokenizer produces an id outside its vocabulary.
+    """
+    vocab_size = len(tokenizer)
+    packed = pack_texts(texts, tokenizer, max_length)
+    blocks = [b for doc in packed for b in doc]
+    docs = sum(1 for doc in packed if doc)
+    if not blocks:
+        return docs, None
+    flat = np.fromiter((t for b in blocks for t in b), dtype=np.int64, count=sum(map(len, blocks)))
+    if flat.min() < 0 or flat.max() >= vocab_size:
+        raise ValueError(f"tokenizer produced id {int(flat.max())} outside its vocabulary of {vocab_size}")
+    lens = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
+    # document frequency: count each id once per block
+    block_of = np.repeat(np.arange(len(blocks), dtype=np.int64), lens)
+    ids, counts = np.unique(np.unique(block_of * vocab_size + flat) % vocab_size, return_counts=True)
+    return docs, (flat.astype(token_dtype(vocab_size)), lens, ids, counts)
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(tokenizer: Any, max_length: int) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one tokenizer thread per process
+    _WORKER.update(tokenizer=tokenizer, max_length=max_length)
+
+
+def _worker_encode(texts: list[str]) -> Encoded:
+    return encode_batch(texts, _WORKER["tokenizer"], _WORKER["max_length"])
+
+
+def _encode_batches(batches: Iterator[list[str]], tokenizer: Any, max_length: int,
+                    num_proc: int) -> Iterator[tuple[int, Encoded]]:
+    """``(len(texts), encode_batch(texts))`` for each batch, in order, on ``num_proc`` worker processes.
+
+    The main process keeps reading the corpus; at most ``2 * num_proc`` batches are in flight, so
+    memory stays bounded by the batch size. A corpus of a single batch is encoded in-process.
+    """
+    first = next(batches, None)
+    if first is None:
+        return
+    second = next(batches, None) if num_proc > 1 else None
+    if second is None:
+        yield len(first), encode_batch(first, tokenizer, max_length)
+        for texts in batches:
+            yield len(texts), encode_batch(texts, tokenizer, max_length)
+        return
+    import collections
+    import itertools
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    # a forked child whose parent used the tokenizer's thread pool would warn and disable it anyway
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        pool = ctx.Pool(num_proc, initializer=_worker_init, initargs=(tokenizer, max_length))
+    finally:
+        if previous is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
+    with pool:  # terminates the workers on any exit
+        pending: collections.deque = collections.deque()
+        for texts in itertools.chain([first, second], batches):
+            pending.append((len(texts), pool.apply_async(_worker_encode, (texts,))))
+            if len(pending) >= 2 * num_proc:
+                n, result = pending.popleft()
+                yield n, result.get()
+        while pending:
+            n, result = pending.popleft()
+            yield n, result.get()
 
 
 def _batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
@@ -529,5 +622,5 @@ def token_prior_logits(cache_or_df: Union[TokenCache, np.ndarray], num_texts: Op
     return torch.from_numpy(np.log(p / (1.0 - p)).astype(np.float32))
 
 
-__all__ = ["TokenCache", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
+__all__ = ["TokenCache", "encode_batch", "default_num_proc", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
            "token_dtype", "tokenizer_fingerprint"]
