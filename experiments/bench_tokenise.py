@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -54,16 +55,26 @@ def one_build(args: argparse.Namespace) -> None:
     tok = AutoTokenizer.from_pretrained(tokenizer_path(args.tokenizer))
     out = tempfile.mkdtemp(prefix="bench-tok-")
     try:
+        c0 = _cpu()
         t0 = time.perf_counter()
         cache = TokenCache.build_or_load(args.corpus, tok, args.max_length, out, max_docs=args.max_docs,
                                          progress=False, num_proc=args.one)
         seconds = time.perf_counter() - t0
+        c1 = _cpu()
         h = hashlib.sha256()
         for name in ("tokens.bin", "offsets.bin", "df.npy"):
             h.update((cache.path / name).read_bytes())
-        print(json.dumps({"seconds": seconds, "tokens": int(cache.meta["num_tokens"]), "digest": h.hexdigest()}))
+        print(json.dumps({"seconds": seconds, "tokens": int(cache.meta["num_tokens"]), "digest": h.hexdigest(),
+                          "cpu_main": c1[0] - c0[0], "cpu_workers": c1[1] - c0[1]}))
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds (user + system) of this process and of its finished children (the worker processes)."""
+    import resource
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime, b.ru_utime + b.ru_stime
 
 
 def read_only(args: argparse.Namespace) -> float:
@@ -96,6 +107,7 @@ def main() -> None:
         configs[f"{n} processes"] = (n, "false")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     results: dict[str, list[dict]] = {k: [] for k in configs}
+    load0 = os.getloadavg()[0]
     base_cmd = [sys.executable, __file__, "--corpus", args.corpus, "--max-docs", str(args.max_docs),
                 "--max-length", str(args.max_length)] + (["--tokenizer", args.tokenizer] if args.tokenizer else [])
     for r in range(args.repeats):
@@ -111,9 +123,10 @@ def main() -> None:
     tokens = results[next(iter(configs))][0]["tokens"]
     base = statistics.median(x["seconds"] for x in results["1 process, tokenizer threads off"])
     lines = [f"# Token-cache build: 1 vs N processes", "",
-             f"Command: `python experiments/bench_tokenise.py {' '.join(sys.argv[1:])}`",
+             f"Command: `python experiments/bench_tokenise.py {shlex.join(sys.argv[1:])}`",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
-             f"load average at start/end {os.getloadavg()[0]:.1f}" + (f"; {args.note}" if args.note else ""),
+             f"load average at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}"
+             + (f"; {args.note}" if args.note else ""),
              f"Corpus: `{args.corpus}`, first {args.max_docs} documents, max_length {args.max_length}: "
              f"{tokens:,} tokens; tokenizer: BERT uncased WordPiece (fast)",
              f"Byte-identical cache files in every run: {'yes' if len(digests) == 1 else 'NO'}", "",
@@ -125,19 +138,35 @@ def main() -> None:
         lines.append(f"| {name} | {med:.2f} | {min(secs):.2f}-{max(secs):.2f} | {tokens / med:,.0f} | "
                      f"{base / med:.2f}x |")
     read_med = statistics.median(reads)
-    lines += ["", f"Reading the slice alone (main process: bz2 + WikiExtractor parsing): median {read_med:.2f} s "
-              f"(range {min(reads):.2f}-{max(reads):.2f}), i.e. {tokens / read_med:,.0f} tokens/s: the ceiling "
-              "of the build rate whatever the number of processes."]
-    per_proc = tokens / base
+    lines += ["", "CPU seconds (median; user + system) of the main process and of the worker processes, and the "
+              "speed-up they allow with as many idle cores as processes: wall >= max(main CPU, total CPU / cores):", "",
+              "| configuration | main CPU s | workers CPU s | total CPU s | speed-up vs 1 process allowed on idle cores |",
+              "|---|---:|---:|---:|---:|"]
+    base_cpu = statistics.median(x["cpu_main"] + x["cpu_workers"] for x in results["1 process, tokenizer threads off"])
+    for name, rs in results.items():
+        n = configs[name][0]
+        main_cpu = statistics.median(x["cpu_main"] for x in rs)
+        work_cpu = statistics.median(x["cpu_workers"] for x in rs)
+        total = main_cpu + work_cpu
+        bound = base_cpu / max(main_cpu, total / n)  # n processes given n idle cores
+        lines.append(f"| {name} | {main_cpu:.2f} | {work_cpu:.2f} | {total:.2f} | {bound:.2f}x |")
+    lines += ["", f"Reading the slice alone (bz2 + WikiExtractor parsing, in the main process): median {read_med:.2f} s "
+              f"(range {min(reads):.2f}-{max(reads):.2f})."]
+    # projection from CPU time: (cores - 1) workers at the measured per-token worker cost, capped by the main process
     best_n, best_name = max((configs[k][0], k) for k in configs)
-    eff = (base / statistics.median(x["seconds"] for x in results[best_name])) / best_n
-    rate = min(args.project_cores * per_proc * eff, tokens / read_med)
+    main_cpu = statistics.median(x["cpu_main"] for x in results[best_name])
+    work_cpu = statistics.median(x["cpu_workers"] for x in results[best_name])
+    workers = args.project_cores - 1
+    if work_cpu <= 0:
+        raise SystemExit("the slice fits in one batch: no worker process ran; use a larger --max-docs")
+    rate = min(workers * tokens / work_cpu, tokens / main_cpu)
     hours = args.project_tokens / rate / 3600
+    single = args.project_tokens / (tokens / base) / 3600
     lines += ["", f"Projection, {args.project_tokens / 1e9:.1f} B tokens (full English Wikipedia) on "
-              f"{args.project_cores} cores: min({args.project_cores} x {per_proc:,.0f} tokens/s x {eff:.2f} "
-              f"(parallel efficiency at {best_n} processes), reader ceiling {tokens / read_med:,.0f}) = "
-              f"{rate:,.0f} tokens/s -> {hours:.1f} h (single process: "
-              f"{args.project_tokens / per_proc / 3600:.1f} h)."]
+              f"{args.project_cores} idle cores ({workers} workers + the reading/writing main process), from the CPU "
+              f"times at {best_n} processes: min({workers} x {tokens / work_cpu:,.0f}, main process "
+              f"{tokens / main_cpu:,.0f}) = {rate:,.0f} tokens/s -> {hours:.1f} h "
+              f"(single process at the measured {tokens / base:,.0f} tokens/s: {single:.1f} h)."]
     text = "\n".join(lines) + "\n"
     print(text)
     for name, rs in results.items():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -42,6 +43,8 @@ SCALER_FILE = "scaler.json"
 #: Version of the checkpoint layout recorded in ``trainer_state.json``.
 CHECKPOINT_FORMAT = 2
 _CKPT_RE = re.compile(r"^(checkpoint|step)-(\d+)$")
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -259,11 +262,13 @@ def _advice(output: str, step: int, path: str) -> str:
 
 
 def load_checkpoint(output: str, step: int, path: str, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-                    scaler: Any = None, rank: int = 0, device: Any = "cpu") -> dict[str, Any]:
+                    scaler: Any = None, rank: int = 0, world_size: int = 1, device: Any = "cpu") -> dict[str, Any]:
     """Verify and load the checkpoint ``(step, path)`` of the run at ``output`` into the given objects.
 
     Loads the model (safetensors), the optimizer (``torch.load(weights_only=True)``), the scheduler
-    and scaler (JSON) and this process's RNG states (safetensors); returns the trainer state.
+    and scaler (JSON) and this process's RNG states (safetensors); returns the trainer state. A run
+    resumed on another number of processes (``world_size``) is accepted with a warning: the ranks
+    without a saved RNG state keep their seeded one, so the losses differ from an uninterrupted run.
 
     Raises:
         CheckpointError: naming the bad file and offering the newest earlier intact checkpoint.
@@ -274,10 +279,13 @@ def load_checkpoint(output: str, step: int, path: str, model: torch.nn.Module, o
     try:
         state = verify_checkpoint(path)
         rng = rng_file(rank)
-        if rng not in state["files"]:
-            current = os.path.join(path, rng)
-            raise CheckpointError(f"{current} is missing: the checkpoint was written by {state.get('world_size')} "
-                                  f"process(es) and this is process {rank}")
+        saved_world = state.get("world_size")
+        if saved_world != world_size:
+            logger.warning("%s was written by %s process(es), resumed on %d: the RNG states are restored only for "
+                           "ranks that existed, so the losses will differ from an uninterrupted run", path,
+                           saved_world, world_size)
+        elif rng not in state["files"]:
+            raise CheckpointError(f"{os.path.join(path, rng)} is missing from the checkpoint's manifest")
         current = os.path.join(path, MODEL_FILE)
         load_model(model, current, strict=True, device=str(device))
         current = os.path.join(path, OPTIMIZER_FILE)
@@ -289,8 +297,9 @@ def load_checkpoint(output: str, step: int, path: str, model: torch.nn.Module, o
             current = os.path.join(path, SCALER_FILE)
             with open(current) as f:
                 scaler.load_state_dict(json.load(f))
-        current = os.path.join(path, rng)
-        load_rng_state(current)
+        if rng in state["files"]:
+            current = os.path.join(path, rng)
+            load_rng_state(current)
     except CheckpointError as e:
         raise CheckpointError(f"cannot resume from {path}: {e}.{_advice(output, step, path)}") from e
     except Exception as e:  # SafetensorError, pickle.UnpicklingError (refused pickle), RuntimeError, ...

@@ -348,7 +348,8 @@ class Trainer:
         if resume is not None:
             # safetensors / weights-only tensors / JSON, verified against the checkpoint's manifest
             state = load_checkpoint(self.output, resume[0], resume[1], acc.unwrap_model(model), optimizer, scheduler,
-                                    scaler=acc.scaler, rank=acc.process_index, device=acc.device)
+                                    scaler=acc.scaler, rank=acc.process_index, world_size=self.world_size,
+                                    device=acc.device)
             step, epoch, pos = state["step"], state["epoch"], state["step_in_epoch"]
             restored_window = state.get("log_window", {})
             logger.info("resumed from %s (step %d, epoch %d, step in epoch %d)", resume[1], step, epoch, pos)
