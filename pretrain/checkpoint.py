@@ -302,9 +302,12 @@ def load_checkpoint(output: str, step: int, path: str, model: torch.nn.Module, o
             load_rng_state(current)
     except CheckpointError as e:
         raise CheckpointError(f"cannot resume from {path}: {e}.{_advice(output, step, path)}") from e
-    except Exception as e:  # SafetensorError, pickle.UnpicklingError (refused pickle), RuntimeError, ...
-        raise CheckpointError(f"cannot resume from {path}: cannot load {current} ({type(e).__name__}: "
-                              f"{str(e).strip()[:500]}).{_advice(output, step, path)}") from e
+    except Exception as e:  # pickle.UnpicklingError (a refused pickle), RuntimeError (shape mismatch), ...
+        # the files match their recorded sha256: not damage, but a file that does not fit this run
+        raise CheckpointError(f"cannot resume from {path}: {current} matches the checksum recorded when it was "
+                              f"written but cannot be loaded into this run ({type(e).__name__}: "
+                              f"{str(e).strip()[:500]}). Resume with the code and options that wrote it, or start "
+                              "again with --overwrite") from e
     return state
 
 

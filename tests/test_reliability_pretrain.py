@@ -121,7 +121,7 @@ def test_crafted_optimizer_file_is_refused_not_executed(tmp_path):
     from pretrain.checkpoint import file_digest
     state["files"][opt.name] = {"bytes": opt.stat().st_size, "sha256": file_digest(str(opt))}
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
-    with pytest.raises(ValueError, match=re.escape(opt.name)):
+    with pytest.raises(ValueError, match=re.escape(opt.name) + ".*cannot be loaded into this run.*UnpicklingError"):
         resume(c)
     assert not marker.exists()
 
@@ -271,3 +271,23 @@ def test_truncated_token_cache_is_named_and_rebuilt(tmp_path, tok, victim, caplo
     assert again.document_frequency().shape == (len(tok),)
     if victim != "meta.json":
         assert victim in caplog.text and "rebuilding" in caplog.text
+
+
+def test_resume_on_another_number_of_processes_warns(tmp_path, caplog):
+    """A checkpoint of 1 process resumed as rank 1 of 2: loaded, with a warning that the RNG of rank 1 is not restored."""
+    from transformers import get_linear_schedule_with_warmup
+
+    from pretrain.checkpoint import load_checkpoint
+    c = crashed_run(tmp_path)
+    step, path = list_checkpoints(c.output)[-1]
+    module = TinyRegressor(seed=123)
+    from pretrain.trainer import parameter_groups
+    opt = torch.optim.AdamW(parameter_groups(module, 0.01), lr=0.05)
+    sched = get_linear_schedule_with_warmup(opt, 2, 14)
+    with caplog.at_level("WARNING"):
+        state = load_checkpoint(c.output, step, path, module, opt, sched, rank=1, world_size=2)
+    assert state["step"] == 8 and "written by 1 process(es), resumed on 2" in caplog.text
+    from safetensors.torch import load_file
+    saved = load_file(os.path.join(path, "model.safetensors"))
+    assert all(torch.equal(saved[k], v) for k, v in module.state_dict().items())
+    assert sched.last_epoch == 8
