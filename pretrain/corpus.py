@@ -28,6 +28,7 @@ together) serialise on a lock file, so one builds and the others wait and then l
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -511,35 +512,21 @@ def _encode_batches(batches: Iterator[list[str]], tokenizer: Any, max_length: in
     """``(len(texts), encode_batch(texts))`` for each batch, in order, on ``num_proc`` worker processes.
 
     The main process keeps reading the corpus; at most ``2 * num_proc`` batches are in flight, so
-    memory stays bounded by the batch size. A corpus of a single batch is encoded in-process.
+    memory stays bounded by the batch size. A corpus of at most ``2 * num_proc`` batches is encoded
+    in-process (starting workers would cost more). Workers are *spawned*, not forked: a fork of a
+    process with other threads (the tokenizer's pool, a JVM, ...) can deadlock in the child.
     """
-    first = next(batches, None)
-    if first is None:
-        return
-    second = next(batches, None) if num_proc > 1 else None
-    if second is None:
-        yield len(first), encode_batch(first, tokenizer, max_length)
-        for texts in batches:
+    head = list(itertools.islice(batches, 2 * num_proc + 1)) if num_proc > 1 else []
+    if len(head) <= 2 * num_proc:
+        for texts in itertools.chain(head, batches):
             yield len(texts), encode_batch(texts, tokenizer, max_length)
         return
     import collections
-    import itertools
     import multiprocessing as mp
 
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    # a forked child whose parent used the tokenizer's thread pool would warn and disable it anyway
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        pool = ctx.Pool(num_proc, initializer=_worker_init, initargs=(tokenizer, max_length))
-    finally:
-        if previous is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
-    with pool:  # terminates the workers on any exit
-        pending: collections.deque = collections.deque()
-        for texts in itertools.chain([first, second], batches):
+    with mp.get_context("spawn").Pool(num_proc, initializer=_worker_init, initargs=(tokenizer, max_length)) as pool:
+        pending: collections.deque = collections.deque()  # the pool is terminated on any exit
+        for texts in itertools.chain(head, batches):
             pending.append((len(texts), pool.apply_async(_worker_encode, (texts,))))
             if len(pending) >= 2 * num_proc:
                 n, result = pending.popleft()

@@ -385,19 +385,31 @@ def test_parallel_build_is_byte_identical_on_real_wikipedia(enwiki_dir, tok, tmp
     assert one.num_documents == 60
 
 
-@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(),
-                    reason="the failing stand-in reaches the workers by fork")
-def test_worker_failure_leaves_no_cache(jsonl, tok, tmp_path, monkeypatch):
-    real = corpus_mod.pack_texts
+class _PoisonTokenizer:
+    """A real tokenizer, except that a sentence containing "poison" gets an id outside the vocabulary
+    (picklable, so that it reaches the spawned worker processes)."""
 
-    def poisoned(texts, tokenizer, max_length):
-        if any("poison" in t for t in texts):
-            raise RuntimeError("worker failed")
-        return real(texts, tokenizer, max_length)
-    _write_jsonl(jsonl, DOCS + [{"_id": "p", "title": "", "text": "poison"}] + DOCS)
-    monkeypatch.setattr(corpus_mod, "pack_texts", poisoned)
-    with pytest.raises(RuntimeError, match="worker failed"):
-        TokenCache.build_or_load(str(jsonl), tok, 32, tmp_path / "c", batch_docs=1, progress=False, num_proc=2)
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __getattr__(self, name):
+        if name == "tok":
+            raise AttributeError(name)
+        return getattr(self.tok, name)
+
+    def __len__(self):
+        return len(self.tok)
+
+    def __call__(self, texts, **kw):
+        ids = self.tok(texts, **kw)["input_ids"]
+        return {"input_ids": [x + [len(self.tok)] if "poison" in t else x for t, x in zip(texts, ids)]}
+
+
+def test_worker_failure_leaves_no_cache(jsonl, tok, tmp_path):
+    _write_jsonl(jsonl, DOCS * 3 + [{"_id": "p", "title": "", "text": "poison"}] + DOCS * 3)
+    with pytest.raises(ValueError, match="outside its vocabulary"):
+        TokenCache.build_or_load(str(jsonl), _PoisonTokenizer(tok), 32, tmp_path / "c", batch_docs=1, progress=False,
+                                 num_proc=2)
     # neither the cache nor a .tmp- build is left (only the lock file)
     assert [p.suffix for p in (tmp_path / "c").iterdir()] == [".lock"]
 
