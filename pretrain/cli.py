@@ -72,6 +72,7 @@ def validate_config(config: PretrainConfig) -> None:
     Raises:
         ValueError: naming the offending option.
     """
+    from .logging_utils import parse_report_to
     from .objectives import objective_class
     from .trainer import check_output_dir
 
@@ -87,6 +88,7 @@ def validate_config(config: PretrainConfig) -> None:
         raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
                          f"{per_forward} text(s) (--batch-size {config.batch_size} / --grad-accum {config.grad_accum}); "
                          "use a batch of at least 2 texts per accumulation step")
+    parse_report_to(config.report_to)
     check_output_dir(config)
 
 

@@ -45,7 +45,8 @@ class TrainConfig:
     gradient_checkpointing: bool = opt(False, "Enable gradient checkpointing in the encoder.")
     save_steps: int = opt(1000, "Save a resumable checkpoint every N optimizer steps.")
     save_total_limit: int = opt(2, "Keep at most this many checkpoints.")
-    logging_steps: int = opt(10, "Log losses every N optimizer steps (CSV + TensorBoard).")
+    logging_steps: int = opt(10, "Log losses every N optimizer steps (to the --report-to trackers).")
+    report_to: str = opt("csv,tensorboard", "Where to log: comma-separated csv (logs/metrics.csv, plotted to logs/loss_curves.png), tensorboard (logs/tb), wandb (needs pip install wandb), or none.")
     num_workers: int = opt(0, "DataLoader workers.")
     cpu: bool = opt(False, "Force CPU even when CUDA is available.")
 

@@ -28,6 +28,7 @@ together) serialise on a lock file, so one builds and the others wait and then l
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -191,13 +192,42 @@ class TokenCache(torch.utils.data.Dataset):
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
             raise FileNotFoundError(f"no token cache at {self.path} (meta.json missing)")
-        with open(meta_path) as f:
-            self.meta: dict[str, Any] = json.load(f)
+        try:
+            with open(meta_path) as f:
+                self.meta: dict[str, Any] = json.load(f)
+            self.dtype = np.dtype(self.meta["dtype"])
+            num_tokens, num_blocks = int(self.meta["num_tokens"]), int(self.meta["num_blocks"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(self._damaged(meta_path, f"{type(e).__name__}: {e}")) from e
         if not self.meta.get("complete"):
             raise ValueError(f"token cache at {self.path} is incomplete")
-        self.dtype = np.dtype(self.meta["dtype"])
         self._tokens: Optional[np.ndarray] = None
         self._offsets: Optional[np.ndarray] = None
+        self._check_files(num_tokens, num_blocks)
+
+    def _damaged(self, path: Path, problem: str) -> str:
+        return (f"token cache file {path} is truncated or corrupt ({problem}); delete the cache directory {self.path} "
+                "and run again to rebuild it (TokenCache.build_or_load, used by python -m pretrain, rebuilds it "
+                "automatically)")
+
+    def _check_files(self, num_tokens: int, num_blocks: int) -> None:
+        """Sizes of the data files against ``meta.json`` and the ends of the offsets (cheap: no full read)."""
+        for name, want in (("tokens.bin", num_tokens * self.dtype.itemsize), ("offsets.bin", (num_blocks + 1) * 8)):
+            path = self.path / name
+            size = path.stat().st_size if path.is_file() else None
+            if size != want:
+                raise ValueError(self._damaged(path, "missing" if size is None else f"{size} bytes, {want} expected"))
+        off = self.offsets
+        if int(off[0]) != 0 or int(off[-1]) != num_tokens:
+            raise ValueError(self._damaged(self.path / "offsets.bin",
+                                           f"offsets run from {int(off[0])} to {int(off[-1])}, not 0 to {num_tokens}"))
+        df_path = self.path / "df.npy"
+        try:
+            df = np.load(df_path, mmap_mode="r")
+            if df.shape != (int(self.meta["vocab_size"]),):
+                raise ValueError(f"shape {df.shape}, ({self.meta['vocab_size']},) expected")
+        except (OSError, ValueError, EOFError) as e:
+            raise ValueError(self._damaged(df_path, str(e))) from e
 
     # memmaps are reopened lazily (also after pickling into DataLoader workers)
     def __getstate__(self) -> dict[str, Any]:
@@ -300,8 +330,9 @@ class TokenCache(torch.utils.data.Dataset):
 
     @classmethod
     def build_or_load(cls, spec: str, tokenizer: Any, max_length: int, cache_dir: Union[str, os.PathLike],
-                      fields: Fields = None, max_docs: int = -1, *, batch_docs: int = 256,
-                      progress: Optional[bool] = None, lock_timeout: float = -1) -> "TokenCache":
+                      fields: Fields = None, max_docs: int = -1, *, batch_docs: int = 64,
+                      progress: Optional[bool] = None, lock_timeout: float = -1,
+                      num_proc: Optional[int] = None) -> "TokenCache":
         """Load the cache for these arguments, building it first if it does not exist yet.
 
         Safe to call from several processes at once: they serialise on
@@ -317,10 +348,14 @@ class TokenCache(torch.utils.data.Dataset):
             cache_dir: Directory holding caches (created if needed).
             fields: Text fields (see :func:`~pretrain.readers.iter_texts`).
             max_docs: Read at most this many documents (-1: all).
-            batch_docs: Documents tokenized per tokenizer call (bounds memory while building).
+            batch_docs: Documents tokenized per tokenizer call and per task of a worker process (bounds
+                memory while building; the files do not depend on it).
             progress: Show a tqdm progress bar (default: only on the process that builds,
                 and only on local rank 0).
             lock_timeout: Seconds to wait for another process's build (-1: forever).
+            num_proc: Processes that tokenize and pack (None: the cores this process may use,
+                ``os.sched_getaffinity``). The files are byte-identical for every value: the main
+                process reads the corpus and writes the batches in order.
 
         Raises:
             ValueError: on a bad ``max_length`` or a corpus without text (see :func:`iter_texts`).
@@ -331,19 +366,21 @@ class TokenCache(torch.utils.data.Dataset):
         if not isinstance(max_length, int) or max_length < 3:
             raise ValueError(f"max_length must be an integer >= 3 (two special tokens + content), got {max_length!r}")
         path = cls.cache_path(spec, tokenizer, max_length, cache_dir, fields, max_docs)
-        if cls._complete(path):
-            return cls(path)
+        cache = cls._load_valid(path)
+        if cache is not None:
+            return cache
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(path) + ".lock")
         t0 = time.time()
         try:
             with lock.acquire(timeout=lock_timeout, poll_interval=0.5):
-                if cls._complete(path):
+                cache = cls._load_valid(path)
+                if cache is not None:
                     logger.info("token cache built by another process at %s (waited %.0fs)", path, time.time() - t0)
-                    return cls(path)
+                    return cache
                 for stale in path.parent.glob(path.name + ".tmp-*"):
                     shutil.rmtree(stale, ignore_errors=True)
-                if path.exists():  # not complete (e.g. an older layout): rebuild
+                if path.exists():  # not complete or damaged (e.g. an older layout, a truncated file): rebuild
                     shutil.rmtree(path)
                 tmp = path.parent / f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 tmp.mkdir()
@@ -351,7 +388,8 @@ class TokenCache(torch.utils.data.Dataset):
                     key = cls.cache_key(spec, tokenizer, max_length, fields, max_docs)
                     if progress is None:
                         progress = os.environ.get("LOCAL_RANK", "0") == "0"
-                    cls._build(tmp, key, spec, tokenizer, max_length, fields, max_docs, batch_docs, progress)
+                    cls._build(tmp, key, spec, tokenizer, max_length, fields, max_docs, batch_docs, progress,
+                               default_num_proc() if num_proc is None else num_proc)
                     os.replace(tmp, path)
                 except BaseException:
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -359,6 +397,17 @@ class TokenCache(torch.utils.data.Dataset):
         except Timeout as e:
             raise TimeoutError(f"waited {lock_timeout}s for another process building the token cache {path}") from e
         return cls(path)
+
+    @classmethod
+    def _load_valid(cls, path: Path) -> Optional["TokenCache"]:
+        """The cache at ``path`` if it is complete and its files pass the size checks, else None (logged)."""
+        if not cls._complete(path):
+            return None
+        try:
+            return cls(path)
+        except (OSError, ValueError) as e:
+            logger.warning("%s; rebuilding it", e)
+            return None
 
     @staticmethod
     def _complete(path: Path) -> bool:
@@ -370,7 +419,7 @@ class TokenCache(torch.utils.data.Dataset):
 
     @staticmethod
     def _build(out: Path, key: dict[str, Any], spec: str, tokenizer: Any, max_length: int, fields: Fields,
-               max_docs: int, batch_docs: int, progress: bool) -> None:
+               max_docs: int, batch_docs: int, progress: bool, num_proc: int = 1) -> None:
         from tqdm.auto import tqdm
 
         vocab_size = len(tokenizer)
@@ -380,27 +429,20 @@ class TokenCache(torch.utils.data.Dataset):
         t0 = time.time()
         bar = tqdm(desc=f"tokenizing {spec}", unit=" docs", disable=not progress,
                    total=max_docs if max_docs > 0 else None)
+        batches = _batched(iter_texts(spec, fields=fields, max_docs=max_docs), batch_docs)
         with open(out / "tokens.bin", "wb") as ftok, open(out / "offsets.bin", "wb") as foff:
             foff.write(np.zeros(1, dtype=np.int64).tobytes())
-            for texts in _batched(iter_texts(spec, fields=fields, max_docs=max_docs), batch_docs):
-                packed = pack_texts(texts, tokenizer, max_length)
-                blocks = [b for doc in packed for b in doc]
-                n_docs += sum(1 for doc in packed if doc)
-                bar.update(len(texts))
-                if not blocks:
+            for n_texts, (docs, encoded) in _encode_batches(batches, tokenizer, max_length, num_proc):
+                n_docs += docs
+                bar.update(n_texts)
+                if encoded is None:
                     continue
-                flat = np.fromiter((t for b in blocks for t in b), dtype=np.int64, count=sum(map(len, blocks)))
-                if flat.min() < 0 or flat.max() >= vocab_size:
-                    raise ValueError(f"tokenizer produced id {int(flat.max())} outside its vocabulary of {vocab_size}")
-                ftok.write(flat.astype(dtype).tobytes())
-                lens = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
+                tokens, lens, ids, counts = encoded
+                ftok.write(tokens.tobytes())
                 foff.write((n_tokens + np.cumsum(lens)).tobytes())
-                # document frequency: count each id once per block
-                block_of = np.repeat(np.arange(len(blocks), dtype=np.int64), lens)
-                pairs = np.unique(block_of * vocab_size + flat)
-                df += np.bincount(pairs % vocab_size, minlength=vocab_size)
-                n_blocks += len(blocks)
-                n_tokens += int(flat.size)
+                df[ids] += counts
+                n_blocks += len(lens)
+                n_tokens += int(tokens.size)
         bar.close()
         if n_blocks == 0:
             raise ValueError(f"corpus {spec!r} holds no text that the tokenizer turns into tokens")
@@ -410,8 +452,88 @@ class TokenCache(torch.utils.data.Dataset):
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "complete": True}
         with open(out / "meta.json", "w") as f:
             json.dump(meta, f, indent=2)
-        logger.info("token cache: %d documents -> %d blocks, %d tokens in %.1fs", n_docs, n_blocks, n_tokens,
-                    time.time() - t0)
+        logger.info("token cache: %d documents -> %d blocks, %d tokens in %.1fs (%d process%s)", n_docs, n_blocks,
+                    n_tokens, time.time() - t0, num_proc, "" if num_proc == 1 else "es")
+
+
+def default_num_proc() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` elsewhere)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+Encoded = tuple[int, Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
+
+
+def encode_batch(texts: Sequence[str], tokenizer: Any, max_length: int) -> Encoded:
+    """Tokenize and pack a batch of documents into what the cache stores.
+
+    Returns:
+        ``(documents with at least one block, None)`` when the batch yields no block, else
+        ``(documents, (tokens, lengths, ids, counts))``: the flat token ids in the cache's dtype,
+        the block lengths (``int64``), and the token ids occurring in the blocks with the number
+        of blocks each occurs in (the batch's document-frequency contribution).
+
+    Raises:
+        ValueError: if the tokenizer produces an id outside its vocabulary.
+    """
+    vocab_size = len(tokenizer)
+    packed = pack_texts(texts, tokenizer, max_length)
+    blocks = [b for doc in packed for b in doc]
+    docs = sum(1 for doc in packed if doc)
+    if not blocks:
+        return docs, None
+    flat = np.fromiter((t for b in blocks for t in b), dtype=np.int64, count=sum(map(len, blocks)))
+    if flat.min() < 0 or flat.max() >= vocab_size:
+        raise ValueError(f"tokenizer produced id {int(flat.max())} outside its vocabulary of {vocab_size}")
+    lens = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
+    # document frequency: count each id once per block
+    block_of = np.repeat(np.arange(len(blocks), dtype=np.int64), lens)
+    ids, counts = np.unique(np.unique(block_of * vocab_size + flat) % vocab_size, return_counts=True)
+    return docs, (flat.astype(token_dtype(vocab_size)), lens, ids, counts)
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(tokenizer: Any, max_length: int) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one tokenizer thread per process
+    _WORKER.update(tokenizer=tokenizer, max_length=max_length)
+
+
+def _worker_encode(texts: list[str]) -> Encoded:
+    return encode_batch(texts, _WORKER["tokenizer"], _WORKER["max_length"])
+
+
+def _encode_batches(batches: Iterator[list[str]], tokenizer: Any, max_length: int,
+                    num_proc: int) -> Iterator[tuple[int, Encoded]]:
+    """``(len(texts), encode_batch(texts))`` for each batch, in order, on ``num_proc`` worker processes.
+
+    The main process keeps reading the corpus; at most ``2 * num_proc`` batches are in flight, so
+    memory stays bounded by the batch size. A corpus of at most ``2 * num_proc`` batches is encoded
+    in-process (starting workers would cost more). Workers are *spawned*, not forked: a fork of a
+    process with other threads (the tokenizer's pool, a JVM, ...) can deadlock in the child.
+    """
+    head = list(itertools.islice(batches, 2 * num_proc + 1)) if num_proc > 1 else []
+    if len(head) <= 2 * num_proc:
+        for texts in itertools.chain(head, batches):
+            yield len(texts), encode_batch(texts, tokenizer, max_length)
+        return
+    import collections
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(num_proc, initializer=_worker_init, initargs=(tokenizer, max_length)) as pool:
+        pending: collections.deque = collections.deque()  # the pool is terminated on any exit
+        for texts in itertools.chain(head, batches):
+            pending.append((len(texts), pool.apply_async(_worker_encode, (texts,))))
+            if len(pending) >= 2 * num_proc:
+                n, result = pending.popleft()
+                yield n, result.get()
+        while pending:
+            n, result = pending.popleft()
+            yield n, result.get()
 
 
 def _batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
@@ -487,5 +609,5 @@ def token_prior_logits(cache_or_df: Union[TokenCache, np.ndarray], num_texts: Op
     return torch.from_numpy(np.log(p / (1.0 - p)).astype(np.float32))
 
 
-__all__ = ["TokenCache", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
+__all__ = ["TokenCache", "encode_batch", "default_num_proc", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
            "token_dtype", "tokenizer_fingerprint"]

@@ -52,7 +52,7 @@ logger = logging.getLogger("pretrain.finetune")
 TRAINING_ARGS = "training_args.json"
 #: Options that may change between a run and its resumption.
 MUTABLE = frozenset({"resume", "overwrite", "mining_rounds", "save_steps", "save_total_limit", "logging_steps",
-                     "num_workers", "cpu"})
+                     "num_workers", "cpu", "report_to"})
 #: Files of a Trainer output directory that are not part of the exported model.
 _TRAINER_FILES = {"checkpoints", "logs", "run_config.json", ".export-tmp"}
 
@@ -316,6 +316,8 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         raise ValueError("no training data given (--train <dataset spec> or --train groups:<file.jsonl>)")
     if cfg.num_negatives < 1 and cfg.loss == "pairwise":
         raise ValueError("--loss pairwise needs --num-negatives >= 1")
+    from .logging_utils import parse_report_to
+    parse_report_to(cfg.report_to)  # before any mining
     if cfg.mining_rounds < 0:
         raise ValueError(f"--mining-rounds must be >= 0, got {cfg.mining_rounds}")
     if not (cfg.negatives in ("bm25", "model") or cfg.negatives.startswith(("file:", "model:"))):

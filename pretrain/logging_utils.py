@@ -1,18 +1,76 @@
-"""Training logs: a CSV of metrics, TensorBoard scalars and a PNG of the loss curves.
+"""Training logs through accelerate's trackers (``--report-to``), a CSV tracker and loss-curve plots.
 
-:class:`MetricsLogger` is used by :class:`pretrain.trainer.Trainer` on the main process;
-:func:`read_metrics`, :func:`plot_metrics` and :func:`summarize_metrics` also work on a
-finished run's ``logs/metrics.csv`` (e.g. to compare runs or write a summary table).
+:func:`make_trackers` turns ``--report-to tensorboard,wandb,csv`` (or ``none``) into
+accelerate trackers (``accelerate.tracking``): TensorBoard under ``logs/tb``, Weights & Biases
+(imported only when asked for) and :class:`CSVTracker`, which writes ``logs/metrics.csv``.
+:class:`pretrain.trainer.Trainer` logs through them on the main process. :func:`read_metrics`,
+:func:`plot_metrics` and :func:`summarize_metrics` also work on a finished run's
+``logs/metrics.csv`` (e.g. to compare runs or write a summary table).
 """
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
 import os
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
+
+from accelerate.tracking import GeneralTracker, on_main_process
 
 #: Columns of ``metrics.csv`` that are not loss components.
 NON_LOSS_COLUMNS = ("step", "epoch", "lr", "seqs_per_s")
+#: Trackers accepted by ``--report-to`` (and ``none``).
+REPORT_TO_CHOICES = ("tensorboard", "wandb", "csv")
+#: Prefix of the logged names (``train/loss``: the Hugging Face Trainer's convention); the CSV drops it.
+LOG_PREFIX = "train/"
+
+
+def parse_report_to(value: Optional[str]) -> list[str]:
+    """``--report-to``: a comma-separated list of ``tensorboard``, ``wandb``, ``csv``, or ``none``.
+
+    Raises:
+        ValueError: naming the option for an unknown name, ``none`` combined with others, or a
+            tracker whose package is not installed.
+    """
+    names = [n.strip().lower() for n in str(value if value is not None else "none").split(",") if n.strip()]
+    if not names:
+        raise ValueError("--report-to is empty; give tensorboard, wandb, csv (comma-separated) or none")
+    unknown = [n for n in names if n not in REPORT_TO_CHOICES + ("none",)]
+    if unknown:
+        raise ValueError(f"--report-to: unknown tracker(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(REPORT_TO_CHOICES)} (comma-separated) or none")
+    if "none" in names:
+        if len(names) > 1:
+            raise ValueError(f"--report-to {value}: 'none' cannot be combined with other trackers")
+        return []
+    for name, package in (("wandb", "wandb"), ("tensorboard", "tensorboard")):
+        if name in names and importlib.util.find_spec(package) is None:
+            raise ValueError(f"--report-to {name} needs the {package} package: pip install {package} "
+                             "(or leave it out of --report-to)")
+    return list(dict.fromkeys(names))
+
+
+def make_trackers(report_to: Optional[str], log_dir: str, resume_step: Optional[int] = None,
+                  run_name: str = "pretrain") -> list[GeneralTracker]:
+    """accelerate trackers for ``--report-to`` writing under ``log_dir``.
+
+    When resuming at ``resume_step``, the CSV rows and TensorBoard events logged after it (by the run
+    that was interrupted) are dropped, so the logs equal those of an uninterrupted run. W&B starts a
+    new run named ``run_name`` in the project ``$WANDB_PROJECT`` (default ``pretrain``).
+    """
+    from accelerate.tracking import TensorBoardTracker
+
+    trackers: list[GeneralTracker] = []
+    for name in parse_report_to(report_to):
+        if name == "csv":
+            trackers.append(CSVTracker(log_dir, resume_step))
+        elif name == "tensorboard":
+            trackers.append(TensorBoardTracker("tb", log_dir,
+                                               purge_step=None if resume_step is None else resume_step + 1))
+        elif name == "wandb":
+            from accelerate.tracking import WandBTracker
+            trackers.append(WandBTracker(os.environ.get("WANDB_PROJECT", "pretrain"), name=run_name, dir=log_dir))
+    return trackers
 
 
 def read_metrics(path: str) -> list[dict[str, float]]:
@@ -52,41 +110,52 @@ def truncate_metrics(path: str, max_step: int) -> None:
     os.replace(tmp, path)
 
 
-class MetricsLogger:
-    """Append metrics rows to ``<log_dir>/metrics.csv`` and TensorBoard (``<log_dir>/tb``).
+class CSVTracker(GeneralTracker):
+    """An accelerate tracker appending metrics rows to ``<log_dir>/metrics.csv``.
+
+    The columns are fixed by the first row (``step, epoch, lr, loss``, the other components,
+    ``seqs_per_s``); names logged as ``train/<name>`` are written as ``<name>``.
 
     Args:
-        log_dir: Directory of the logs (created if needed).
-        resume_step: When resuming from a checkpoint at this step, rows after it are
-            dropped from the CSV and TensorBoard events after it are purged.
-        tensorboard: Write TensorBoard event files too.
+        log_dir: Directory of the logs (created when the tracker starts).
+        resume_step: When resuming from a checkpoint at this step, rows after it are dropped;
+            otherwise an existing ``metrics.csv`` is replaced.
     """
 
-    def __init__(self, log_dir: str, resume_step: Optional[int] = None, tensorboard: bool = True):
-        os.makedirs(log_dir, exist_ok=True)
+    name = "csv"
+    requires_logging_directory = True
+    main_process_only = True
+
+    def __init__(self, log_dir: str, resume_step: Optional[int] = None):
+        super().__init__()
         self.log_dir = log_dir
+        self.resume_step = resume_step
         self.csv_path = os.path.join(log_dir, "metrics.csv")
         self._columns: Optional[list[str]] = None
-        if resume_step is None:
+
+    @on_main_process
+    def start(self) -> None:
+        os.makedirs(self.log_dir, exist_ok=True)
+        if self.resume_step is None:
             if os.path.exists(self.csv_path):
                 os.remove(self.csv_path)
         else:
-            truncate_metrics(self.csv_path, resume_step)
+            truncate_metrics(self.csv_path, self.resume_step)
             if os.path.exists(self.csv_path):
                 with open(self.csv_path, newline="") as f:
                     self._columns = next(csv.reader(f), None)
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # pragma: no cover - tensorboard is a dependency
-                SummaryWriter = None
-            if SummaryWriter is not None:
-                purge = None if resume_step is None else resume_step + 1
-                self._tb = SummaryWriter(os.path.join(log_dir, "tb"), purge_step=purge)
 
-    def log(self, row: dict[str, float]) -> None:
-        """Write one row (must contain ``step``); the CSV columns are fixed by the first row."""
+    @property
+    def tracker(self) -> str:
+        return self.csv_path
+
+    def store_init_configuration(self, values: dict) -> None:
+        """Nothing to do: the run's options are in ``run_config.json``."""
+
+    @on_main_process
+    def log(self, values: dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        """Write one row: ``step`` and ``values`` (the CSV columns are fixed by the first row)."""
+        row = {"step": step, **{k[len(LOG_PREFIX):] if k.startswith(LOG_PREFIX) else k: v for k, v in values.items()}}
         if self._columns is None:
             first = ["step", "epoch", "lr", "loss"]
             rest = [k for k in row if k not in first and k != "seqs_per_s"]
@@ -95,18 +164,6 @@ class MetricsLogger:
                 csv.writer(f).writerow(self._columns)
         with open(self.csv_path, "a", newline="") as f:
             csv.writer(f).writerow([_fmt(row.get(c, math.nan)) for c in self._columns])
-        if self._tb is not None:
-            step = int(row["step"])
-            for k, v in row.items():
-                if k != "step":
-                    self._tb.add_scalar(f"train/{k}", float(v), step)
-
-    def close(self) -> None:
-        """Flush and close TensorBoard."""
-        if self._tb is not None:
-            self._tb.flush()
-            self._tb.close()
-            self._tb = None
 
 
 def _fmt(v: float) -> str:

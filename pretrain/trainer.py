@@ -8,9 +8,10 @@ fine-tuning (``python -m pretrain finetune``).
 Features: AdamW (no weight decay on biases and LayerNorm weights), linear warm-up then
 linear decay, gradient clipping and accumulation, bf16/fp16 autocast on CUDA, gradient
 checkpointing, DDP under ``torchrun``/``accelerate launch`` with a *global* batch size,
-a seeded deterministic data order, atomic resumable checkpoints (model, optimizer,
-scheduler, RNG states and data position: a run killed and resumed reproduces the loss
-sequence of an uninterrupted run), CSV/TensorBoard logs and a loss-curve plot.
+a seeded deterministic data order, atomic resumable checkpoints ``checkpoint-N`` (model,
+optimizer, scheduler, RNG states and data position, stored as safetensors/JSON and never
+unpickled, see :mod:`pretrain.checkpoint`: a run killed and resumed reproduces the loss
+sequence of an uninterrupted run), CSV/TensorBoard/W&B logs and a loss-curve plot.
 
 Data order: epoch ``e`` uses the permutation ``torch.randperm(len(dataset))`` drawn from a
 generator seeded with ``seed + e``. Optimizer step ``s`` of the epoch consumes the global
@@ -27,7 +28,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -36,6 +36,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .checkpoint import (TRAINER_STATE, checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
+                         save_rng_state, save_train_state, write_trainer_state)
 from .config import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -43,12 +45,10 @@ logger = logging.getLogger(__name__)
 #: Options that may differ between a run and its resumption (they do not change what is learnt
 #: up to the checkpoint).
 RESUME_MUTABLE_FIELDS = frozenset({"resume", "overwrite", "max_steps", "epochs", "save_steps", "save_total_limit",
-                                   "logging_steps", "num_workers", "cpu", "cache_dir"})
+                                   "logging_steps", "num_workers", "cpu", "cache_dir", "report_to"})
 #: Files whose presence means an output directory holds an exported model.
 EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 RUN_CONFIG = "run_config.json"
-TRAINER_STATE = "trainer_state.json"
-_CKPT_RE = re.compile(r"^step-(\d+)$")
 
 
 # ----------------------------------------------------------------------------- data order
@@ -118,20 +118,6 @@ def config_differences(previous: dict[str, Any], current: dict[str, Any],
     """Names of options that differ between two runs' configs, ignoring the ``mutable`` ones."""
     keys = (set(previous) | set(current)) - set(mutable)
     return sorted(k for k in keys if previous.get(k) != current.get(k))
-
-
-def list_checkpoints(output: str) -> list[tuple[int, str]]:
-    """Complete checkpoints under ``<output>/checkpoints`` as ``(step, path)``, oldest first."""
-    root = os.path.join(output, "checkpoints")
-    if not os.path.isdir(root):
-        return []
-    found = []
-    for name in os.listdir(root):
-        m = _CKPT_RE.match(name)
-        path = os.path.join(root, name)
-        if m and os.path.isfile(os.path.join(path, TRAINER_STATE)):
-            found.append((int(m.group(1)), path))
-    return sorted(found)
 
 
 def check_output_dir(config: Any) -> None:
@@ -278,6 +264,8 @@ class Trainer:
 
         if not config.output:
             raise ValueError("no output directory given (config.output / --output)")
+        from .logging_utils import parse_report_to
+        parse_report_to(config.report_to)
         if config.batch_size < 1 or config.grad_accum < 1:
             raise ValueError(f"batch_size ({config.batch_size}) and grad_accum ({config.grad_accum}) must be >= 1")
         if save_fn is None:
@@ -352,25 +340,27 @@ class Trainer:
             enable_gradient_checkpointing(module)
         optimizer = torch.optim.AdamW(parameter_groups(module, cfg.weight_decay), lr=cfg.learning_rate)
         scheduler = get_linear_schedule_with_warmup(optimizer, self.warmup_steps, self.total_steps)
+        # the scheduler is not prepared: accelerate would step it once per process
         model, optimizer = acc.prepare(module, optimizer)
-        # not prepared: accelerate would step it once per process; registered so it is checkpointed
-        acc.register_for_checkpointing(scheduler)
 
         step, epoch, pos = 0, 0, 0
         restored_window: dict[str, Any] = {}
         if resume is not None:
-            acc.load_state(resume[1])
-            with open(os.path.join(resume[1], TRAINER_STATE)) as f:
-                state = json.load(f)
+            # safetensors / weights-only tensors / JSON, verified against the checkpoint's manifest
+            state = load_checkpoint(self.output, resume[0], resume[1], acc.unwrap_model(model), optimizer, scheduler,
+                                    scaler=acc.scaler, rank=acc.process_index, world_size=self.world_size,
+                                    device=acc.device)
             step, epoch, pos = state["step"], state["epoch"], state["step_in_epoch"]
             restored_window = state.get("log_window", {})
             logger.info("resumed from %s (step %d, epoch %d, step in epoch %d)", resume[1], step, epoch, pos)
             self._on_step(model, step)
 
-        metrics = None
-        if self.is_main_process:
-            from .logging_utils import MetricsLogger
-            metrics = MetricsLogger(os.path.join(self.output, "logs"), resume_step=step if resume else None)
+        if self.is_main_process:  # --report-to, through accelerate's trackers
+            from .logging_utils import make_trackers
+            acc.log_with = make_trackers(cfg.report_to, os.path.join(self.output, "logs"),
+                                         resume_step=step if resume else None,
+                                         run_name=os.path.basename(os.path.abspath(self.output)))
+            acc.init_trackers("pretrain")
 
         from tqdm.auto import tqdm
         bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_local_main_process, desc="train",
@@ -409,18 +399,19 @@ class Trainer:
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
                     row = {"step": step, "epoch": epoch + pos / self.steps_per_epoch, "lr": lr, **row,
                            "seqs_per_s": cfg.batch_size * window_steps / elapsed}
-                    if metrics is not None:
-                        metrics.log(row)
+                    acc.log({f"train/{k}": v for k, v in row.items() if k != "step"}, step=step)
                     last = row
                     window, window_steps, window_start = {}, 0, time.perf_counter()
                 if (cfg.save_steps > 0 and step % cfg.save_steps == 0) or step == self.total_steps:
-                    self._save_checkpoint(step, epoch, pos, window, window_steps)
+                    self._save_checkpoint(model, optimizer, scheduler, step, epoch, pos, window, window_steps)
                 if pos == 0:  # epoch finished: new permutation
                     break
         bar.close()
         runtime = time.perf_counter() - t0
-        if metrics is not None:
-            metrics.close()
+        if self.is_main_process:
+            for tracker in acc.trackers:  # (not acc.end_training(): it would end the process group)
+                tracker.finish()
+            acc.trackers = []
             from .logging_utils import plot_metrics
             csv_path = os.path.join(self.output, "logs", "metrics.csv")
             if os.path.exists(csv_path):
@@ -483,30 +474,40 @@ class Trainer:
         if callable(fn):
             fn(step, self.total_steps)
 
-    def _save_checkpoint(self, step: int, epoch: int, pos: int, window: dict[str, torch.Tensor],
-                         window_steps: int) -> None:
-        """Write ``<output>/checkpoints/step-N`` atomically (temp dir, then rename) and prune old ones."""
+    def _save_checkpoint(self, model: nn.Module, optimizer: Any, scheduler: Any, step: int, epoch: int, pos: int,
+                         window: dict[str, torch.Tensor], window_steps: int) -> None:
+        """Write ``<output>/checkpoints/checkpoint-N`` atomically (temp dir, then rename) and prune old ones.
+
+        Every process writes its RNG states; the main process writes the model, optimizer and scheduler
+        and, last, ``trainer_state.json`` with the manifest of the files (see :mod:`pretrain.checkpoint`).
+        """
         acc = self.accelerator
         # unlogged loss sums, averaged over processes (mean(saved + local) = saved + mean(local) on resume)
         log_window = {"steps": window_steps, "sums": self._reduce_window(window, 1) if window_steps else {}}
         root = os.path.join(self.output, "checkpoints")
-        final = os.path.join(root, f"step-{step}")
-        tmp = os.path.join(root, f".tmp-step-{step}")
+        final = os.path.join(root, checkpoint_name(step))
+        tmp = os.path.join(root, f".tmp-{checkpoint_name(step)}")
         if self.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
         acc.wait_for_everyone()
-        acc.save_state(tmp)
+        save_rng_state(os.path.join(tmp, rng_file(acc.process_index)))
+        if self.is_main_process:
+            save_train_state(tmp, acc.unwrap_model(model), optimizer, scheduler, acc.scaler)
         acc.wait_for_everyone()
         if self.is_main_process:
-            write_json_atomic(os.path.join(tmp, TRAINER_STATE),
-                               {"step": step, "epoch": epoch, "step_in_epoch": pos, "total_steps": self.total_steps,
-                                "world_size": self.world_size, "batch_size": self.config.batch_size,
-                                "grad_accum": self.config.grad_accum, "seed": self.config.seed,
-                                "log_window": log_window})
-            if os.path.exists(final):
-                shutil.rmtree(final)
+            write_trainer_state(tmp, {"step": step, "epoch": epoch, "step_in_epoch": pos,
+                                      "total_steps": self.total_steps, "world_size": self.world_size,
+                                      "batch_size": self.config.batch_size, "grad_accum": self.config.grad_accum,
+                                      "seed": self.config.seed, "log_window": log_window})
+            old = None
+            if os.path.exists(final):  # e.g. a resumed run saving the same step again
+                old = os.path.join(root, f".tmp-replaced-{checkpoint_name(step)}")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
             os.replace(tmp, final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
             limit = self.config.save_total_limit
             if limit and limit > 0:
                 for _, path in list_checkpoints(self.output)[:-limit]:

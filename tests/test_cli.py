@@ -268,7 +268,7 @@ def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_bert_dir, tiny_
                                                               **common)]
     ref = subprocess.Popen(ref_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     victim = subprocess.Popen(kill_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    target = tmp_path / "killed" / "checkpoints" / "step-8" / "trainer_state.json"
+    target = tmp_path / "killed" / "checkpoints" / "checkpoint-8" / "trainer_state.json"
     deadline = time.time() + 240
     while not target.exists() and victim.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -280,7 +280,7 @@ def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_bert_dir, tiny_
     assert ref.returncode == 0, err[-3000:]
     resumed = subprocess.run(kill_cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stderr and "checkpoints/step-" in resumed.stderr
+    assert "resumed from" in resumed.stderr and "checkpoints/checkpoint-" in resumed.stderr
     a = read_metrics(str(tmp_path / "ref" / "logs" / "metrics.csv"))
     b = read_metrics(str(tmp_path / "killed" / "logs" / "metrics.csv"))
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(2, 25, 2))

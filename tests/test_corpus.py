@@ -340,7 +340,7 @@ def test_crash_mid_build_leaves_no_complete_cache(jsonl, tok, tmp_path, monkeypa
         return real(texts, tokenizer, max_length)
     monkeypatch.setattr(corpus_mod, "pack_texts", flaky)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        TokenCache.build_or_load(str(jsonl), tok, 32, cdir, batch_docs=1, progress=False)
+        TokenCache.build_or_load(str(jsonl), tok, 32, cdir, batch_docs=1, progress=False, num_proc=1)
     path = TokenCache.cache_path(str(jsonl), tok, 32, cdir)
     assert not path.exists()
     assert not list(cdir.glob("*.tmp-*"))
@@ -353,6 +353,65 @@ def test_crash_mid_build_leaves_no_complete_cache(jsonl, tok, tmp_path, monkeypa
     (stale / "meta.json").write_text('{"complete": true}')
     cache = TokenCache.build_or_load(str(jsonl), tok, 32, cdir, progress=False)
     assert cache.path == path and not stale.exists() and len(cache) > 0
+
+
+def _cache_files(cache: TokenCache) -> dict[str, bytes]:
+    files = {name: (cache.path / name).read_bytes() for name in ("tokens.bin", "offsets.bin", "df.npy")}
+    meta = {k: v for k, v in cache.meta.items() if k not in ("build_seconds", "created")}
+    return {**files, "meta.json": json.dumps(meta, sort_keys=True).encode()}
+
+
+@pytest.mark.parametrize("num_proc", [2, 3])
+def test_parallel_build_is_byte_identical(jsonl, tok, tmp_path, num_proc):
+    """Several tokenizing processes write the same bytes as the single-process build."""
+    docs = DOCS + [{"_id": f"x{i}", "title": f"T{i}", "text": f"Sentence {i} about rivers. And mountains {i}! " * (i % 7)}
+                   for i in range(40)]
+    _write_jsonl(jsonl, docs)
+    one = TokenCache.build_or_load(str(jsonl), tok, 24, tmp_path / "one", batch_docs=3, progress=False, num_proc=1)
+    many = TokenCache.build_or_load(str(jsonl), tok, 24, tmp_path / "many", batch_docs=3, progress=False,
+                                    num_proc=num_proc)
+    assert _cache_files(one) == _cache_files(many)
+    assert len(one) > 40
+
+
+@pytest.mark.slow
+def test_parallel_build_is_byte_identical_on_real_wikipedia(enwiki_dir, tok, tmp_path):
+    spec = f"wiki:{enwiki_dir}"
+    one = TokenCache.build_or_load(spec, tok, 128, tmp_path / "one", max_docs=60, batch_docs=8, progress=False,
+                                   num_proc=1)
+    two = TokenCache.build_or_load(spec, tok, 128, tmp_path / "two", max_docs=60, batch_docs=8, progress=False,
+                                   num_proc=2)
+    assert _cache_files(one) == _cache_files(two)
+    assert one.num_documents == 60
+
+
+class _PoisonTokenizer:
+    """A real tokenizer, except that a sentence containing "poison" gets an id outside the vocabulary
+    (picklable, so that it reaches the spawned worker processes)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __getattr__(self, name):
+        if name == "tok":
+            raise AttributeError(name)
+        return getattr(self.tok, name)
+
+    def __len__(self):
+        return len(self.tok)
+
+    def __call__(self, texts, **kw):
+        ids = self.tok(texts, **kw)["input_ids"]
+        return {"input_ids": [x + [len(self.tok)] if "poison" in t else x for t, x in zip(texts, ids)]}
+
+
+def test_worker_failure_leaves_no_cache(jsonl, tok, tmp_path):
+    _write_jsonl(jsonl, DOCS * 3 + [{"_id": "p", "title": "", "text": "poison"}] + DOCS * 3)
+    with pytest.raises(ValueError, match="outside its vocabulary"):
+        TokenCache.build_or_load(str(jsonl), _PoisonTokenizer(tok), 32, tmp_path / "c", batch_docs=1, progress=False,
+                                 num_proc=2)
+    # neither the cache nor a .tmp- build is left (only the lock file)
+    assert [p.suffix for p in (tmp_path / "c").iterdir()] == [".lock"]
 
 
 def test_document_frequency_and_idf(jsonl, tok, tmp_path):

@@ -49,7 +49,7 @@ def test_loss_falls_and_outputs(tmp_path):
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     assert not (out / ".export-tmp").exists()
     assert (out / "logs" / "loss_curves.png").stat().st_size > 1000
-    assert any((out / "logs" / "tb").iterdir())
+    assert any((out / "logs" / "tb").iterdir())  # the default --report-to: csv,tensorboard
     run = json.loads((out / "run_config.json").read_text())
     assert run["config"]["batch_size"] == 8 and run["trainer"]["total_steps"] == 40
     # save_total_limit=2: only the two newest checkpoints remain (the last one is the final step)
@@ -134,9 +134,10 @@ def test_resume_after_crash_reproduces_loss_sequence(tmp_path):
     Trainer(module, RegressionData(64), collate, resumed).train()
     assert module.steps_seen[0] == (8, 14)
     assert_same_losses(losses(full.output), losses(crash.output))
-    a = torch.load(os.path.join(full.output, "checkpoints", "step-14", "random_states_0.pkl"), weights_only=False)
-    b = torch.load(os.path.join(crash.output, "checkpoints", "step-14", "random_states_0.pkl"), weights_only=False)
-    assert torch.equal(a["torch_manual_seed"], b["torch_manual_seed"])
+    from safetensors.torch import load_file
+    a = load_file(os.path.join(full.output, "checkpoints", "checkpoint-14", "rng_state_0.safetensors"))
+    b = load_file(os.path.join(crash.output, "checkpoints", "checkpoint-14", "rng_state_0.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_output_dir_protection(tmp_path):
@@ -232,15 +233,89 @@ def test_ddp_two_processes_match_single_process(tmp_path):
 
 
 def test_summarize_metrics_hand_computed(tmp_path):
-    from pretrain.logging_utils import MetricsLogger
-    log = MetricsLogger(str(tmp_path / "logs"), tensorboard=False)
+    from pretrain.logging_utils import CSVTracker
+    log = CSVTracker(str(tmp_path / "logs"))
+    log.start()
     for s, (a, b) in enumerate([(4.0, 1.0), (2.0, 3.0), (1.0, 5.0), (1.0, 7.0)], start=1):
-        log.log({"step": s, "epoch": 0.0, "lr": 0.1, "loss": a + b, "rec": a, "cl": b, "seqs_per_s": 10.0})
-    log.close()
+        log.log({"train/epoch": 0.0, "train/lr": 0.1, "train/loss": a + b, "train/rec": a, "train/cl": b,
+                 "train/seqs_per_s": 10.0}, step=s)
     summary = {r["name"]: r for r in summarize_metrics(str(tmp_path / "logs" / "metrics.csv"), window=2)}
     assert list(summary) == ["loss", "rec", "cl"]
     assert (summary["rec"]["first"], summary["rec"]["last"], summary["rec"]["fell"]) == (3.0, 1.0, True)
     assert (summary["cl"]["first"], summary["cl"]["last"], summary["cl"]["fell"]) == (2.0, 6.0, False)
     # resuming at step 2 drops the rows logged after it
-    MetricsLogger(str(tmp_path / "logs"), resume_step=2, tensorboard=False).close()
+    CSVTracker(str(tmp_path / "logs"), resume_step=2).start()
     assert [r["step"] for r in read_metrics(str(tmp_path / "logs" / "metrics.csv"))] == [1, 2]
+
+
+def _tb_scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_report_to_selects_trackers(tmp_path):
+    """--report-to: csv only, none, and TensorBoard scalars equal to the CSV rows, also across a resume."""
+    c = cfg(tmp_path, "csv", max_steps=4, report_to="csv")
+    Trainer(TinyRegressor(), RegressionData(64), collate, c).train()
+    logs = Path(c.output) / "logs"
+    assert (logs / "metrics.csv").is_file() and not (logs / "tb").exists()
+    c = cfg(tmp_path, "none", max_steps=4, report_to="none")
+    Trainer(TinyRegressor(), RegressionData(64), collate, c).train()
+    assert not (Path(c.output) / "logs").exists() or not any((Path(c.output) / "logs").iterdir())
+    # both, with a crash after the step-8 checkpoint and a resume: TensorBoard holds each step once
+    kw = dict(max_steps=12, save_steps=4, logging_steps=1, report_to="tensorboard,csv")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Trainer(TinyRegressor(fail_after=10), RegressionData(64), collate, cfg(tmp_path, "both", **kw)).train()
+    Trainer(TinyRegressor(), RegressionData(64), collate, cfg(tmp_path, "both", resume=True, **kw)).train()
+    out = tmp_path / "both"
+    rows = read_metrics(str(out / "logs" / "metrics.csv"))
+    tb = _tb_scalars(out / "logs" / "tb", "train/loss")
+    assert [s for s, _ in tb] == [r["step"] for r in rows] == list(range(1, 13))
+    for (_, v), r in zip(tb, rows):
+        assert v == pytest.approx(r["loss"], rel=1e-6)
+
+
+def test_report_to_wandb_is_imported_only_when_asked(tmp_path, monkeypatch):
+    """A stand-in ``wandb`` package records what it receives; it is not imported unless asked for."""
+    import sys
+    pkg = tmp_path / "stub"
+    pkg.mkdir()
+    (pkg / "wandb.py").write_text(
+        "calls = []\n"
+        "class _Run:\n"
+        "    def log(self, values, step=None, **kw):\n"
+        "        calls.append(('log', step, dict(values)))\n"
+        "    def finish(self):\n"
+        "        calls.append(('finish',))\n"
+        "def init(**kw):\n"
+        "    calls.append(('init', kw))\n"
+        "    return _Run()\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    Trainer(TinyRegressor(), RegressionData(64), collate, cfg(tmp_path, "plain", max_steps=2)).train()
+    assert "wandb" not in sys.modules
+    c = cfg(tmp_path, "wb", max_steps=3, report_to="csv,wandb")
+    Trainer(TinyRegressor(), RegressionData(64), collate, c).train()
+    calls = sys.modules["wandb"].calls
+    assert calls[0][0] == "init" and calls[0][1]["name"] == "wb" and calls[-1] == ("finish",)
+    rows = read_metrics(os.path.join(c.output, "logs", "metrics.csv"))
+    logged = [c for c in calls if c[0] == "log"]
+    assert [c[1] for c in logged] == [r["step"] for r in rows] == [1, 2, 3]
+    for (_, _, values), r in zip(logged, rows):
+        assert values["train/loss"] == pytest.approx(r["loss"]) and values["train/lr"] == pytest.approx(r["lr"])
+
+
+def test_report_to_errors(tmp_path, monkeypatch):
+    from pretrain.logging_utils import parse_report_to
+    assert parse_report_to("TensorBoard, csv,csv") == ["tensorboard", "csv"] and parse_report_to("none") == []
+    with pytest.raises(ValueError, match="--report-to.*unknown tracker.*mlflow"):
+        Trainer(TinyRegressor(), RegressionData(64), collate, cfg(tmp_path, report_to="csv,mlflow"))
+    with pytest.raises(ValueError, match="'none' cannot be combined"):
+        parse_report_to("none,csv")
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ValueError, match="pip install wandb"):
+        parse_report_to("csv,wandb")
