@@ -55,14 +55,24 @@ examples:
 logger = logging.getLogger(__name__)
 
 
-def build_argument_parser() -> argparse.ArgumentParser:
-    """The parser of the pre-training command (for ``--help`` and docs)."""
-    from .config import build_parser
-    return build_parser(PretrainConfig, **_parser_kw())
+def build_argument_parser(objective: Optional[str] = None) -> argparse.ArgumentParser:
+    """The parser of the pre-training command with the options of ``objective`` (default: the default objective)."""
+    from .config import build_parser, pretrain_config_class
+    name = objective or PretrainConfig.__dataclass_fields__["objective"].default
+    return build_parser(pretrain_config_class(name), **_parser_kw())
+
+
+def objectives_help() -> str:
+    """The ``objectives:`` section of ``--help``: every registered objective with its one-line summary."""
+    from .objectives import available_objectives
+    found = available_objectives()
+    width = max(map(len, found), default=0)
+    return "objectives (--objective; `python -m pretrain --objective X --help` lists X's own options):\n" + \
+        "\n".join(f"  {name:<{width}}  {cls.summary()}" for name, cls in found.items())
 
 
 def _parser_kw() -> dict[str, Any]:
-    return {"prog": "python -m pretrain", "description": DESCRIPTION, "epilog": EPILOG,
+    return {"prog": "python -m pretrain", "description": DESCRIPTION + "\n\n" + objectives_help(), "epilog": EPILOG,
             "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
@@ -128,9 +138,8 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     """Run the pre-training pipeline for ``config`` and return the trainer's final metrics."""
     from accelerate.utils import set_seed
 
-    from .corpus import TokenCache, idf_weights, token_prior_logits
+    from .corpus import TokenCache
     from .objectives import build_objective, objective_class
-    from .objectives.cpdae import CPDAEObjective
     from .trainer import Trainer
 
     validate_config(config)
@@ -140,11 +149,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
                                      fields=config.corpus_fields, max_docs=config.max_docs)
     if len(cache) == 0:
         raise ValueError(f"corpus {config.corpus!r} produced no training text")
-    extra: dict[str, Any] = {}
-    if config.objective == "cpdae_idfrec":
-        extra["idf"] = idf_weights(cache)
-    if config.decoder_bias_init == "prior" and issubclass(objective_class(config.objective), CPDAEObjective):
-        extra["bias_prior"] = token_prior_logits(cache)  # (the other objectives have no CPDAE decoder)
+    extra = objective_class(config.objective).prepare(cache, config)  # e.g. IDF weights, the decoder-bias prior
     objective = build_objective(config.objective, model, tokenizer, config, **extra)
     logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
                 config.max_length)

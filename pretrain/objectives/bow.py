@@ -17,21 +17,31 @@ The batch and the MLM term are the shared ones of :class:`~pretrain.objectives.m
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
 from ..masking import bag_of_words
 from ..modeling import mlm_head
-from .base import Objective
-from .mlm import MaskedViewsMixin
+from . import register_objective
+from .base import MaskedViewsMixin, MLMOptions, Objective
 
-__all__ = ["BOW_SCHEDULES", "BoWObjective", "bow_loss", "bow_weight_at"]
+__all__ = ["BOW_SCHEDULES", "BoWObjective", "BoWOptions", "bow_loss", "bow_weight_at"]
 
 BOW_SCHEDULES = ("constant", "linear_decay")
+
+
+@dataclass
+class BoWOptions(MLMOptions):
+    """Options of the bag-of-words prediction objective."""
+
+    bow_weight: float = opt(1.0, "BoW: weight of the bag-of-words loss.")
+    bow_weight_schedule: str = opt("constant", "BoW: schedule of the BoW weight over optimizer steps.",
+                                   choices=list(BOW_SCHEDULES))
 
 
 def bow_weight_at(weight: float, schedule: str, step: int, total_steps: int) -> float:
@@ -75,6 +85,7 @@ def bow_loss(logits: torch.Tensor, bow: torch.Tensor) -> torch.Tensor:
     return per_text.mean()
 
 
+@register_objective
 class BoWObjective(MaskedViewsMixin, Objective):
     """MLM + ``w`` x bag-of-words prediction from the [CLS] vector through the MLM head.
 
@@ -86,6 +97,7 @@ class BoWObjective(MaskedViewsMixin, Objective):
     """
 
     name = "bow"
+    Options = BoWOptions
     loss_names = ("mlm", "bow")
     num_views = 1
     ddp_find_unused_parameters = False

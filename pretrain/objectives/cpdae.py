@@ -19,20 +19,55 @@ Variants: ``cpdae_r`` (InfoNCE on the [CLS] vectors), ``cpdae_nocl`` (no ``L_CL`
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
 from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
 from ..losses import info_nce, pairwise_js, rec_loss, word_distribution
 from ..masking import bag_of_words
 from ..modeling import CPDAEDecoder
-from .base import Objective
-from .mlm import MaskedViewsMixin
+from . import register_objective
+from .base import MaskedViewsMixin, MLMOptions, Objective
 
-__all__ = ["CPDAEObjective", "CPDAERObjective", "CPDAENoCLObjective", "CPDAEIDFRecObjective", "twin_contrastive_loss"]
+__all__ = ["CPDAEObjective", "CPDAERObjective", "CPDAENoCLObjective", "CPDAEIDFRecObjective", "twin_contrastive_loss",
+           "CPDAEAutoencoderOptions", "CPDAEContrastOptions", "CPDAEOptions"]
+
+
+@dataclass
+class CPDAEAutoencoderOptions(MLMOptions):
+    """Options of the CPDAE autoencoder (``L_REC + L_MLM``), shared by the four CPDAE objectives."""
+
+    rec_reduction: str = opt("sum", "Reduction of L_REC over the vocabulary: sum (Eq. 4) or mean. Averaged over texts either way.",
+                             choices=["sum", "mean"])
+    decoder_init: str = opt("random", "Initialise the CPDAE MLP decoder randomly or from the checkpoint's MLM head transform + decoder.",
+                            choices=["random", "mlm_head"])
+    decoder_bias_init: str = opt("prior", "Output bias of the CPDAE decoder at initialisation: prior (the log-odds of "
+                                 "each token's block frequency in the training corpus, so that L_REC starts at the "
+                                 "corpus prior instead of first pulling every [CLS] vector towards it; chosen by "
+                                 "experiments/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
+                                 "bias with --decoder-init mlm_head).",
+                                 choices=["zero", "prior"])
+
+
+@dataclass
+class CPDAEContrastOptions(CPDAEAutoencoderOptions):
+    """Options of the contrastive CPDAE objectives (``cpdae_r``; ``cpdae`` adds the JS options)."""
+
+    cl_weight: float = opt(0.1, "Weight λ of the contrastive loss: L = L_REC + L_MLM + λ·L_CL.")
+    temperature: float = opt(1.0, "InfoNCE temperature τ (the paper's Eq. 5 has none, i.e. τ=1).")
+
+
+@dataclass
+class CPDAEOptions(CPDAEContrastOptions):
+    """Options of ``cpdae``: the contrast of decoded word distributions by JS divergence."""
+
+    cl_distribution: str = opt("sigmoid", "How logits become word distributions ž for JS: sigmoid outputs normalised to sum 1 (paper) or softmax.",
+                               choices=["sigmoid", "softmax"])
+    js_chunk_size: int = opt(8, "Rows per chunk in the memory-efficient pairwise JS divergence.")
 
 
 def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0) -> torch.Tensor:
@@ -63,6 +98,7 @@ def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float =
     return info_nce(similarity(x, None), pos, temperature=temperature)
 
 
+@register_objective
 class CPDAEObjective(MaskedViewsMixin, Objective):
     """CPDAE: ``L = L_REC + L_MLM + λ·L_CL`` with the JS-divergence contrast of decoded word distributions.
 
@@ -77,6 +113,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     """
 
     name = "cpdae"
+    Options = CPDAEOptions
     loss_names = ("mlm", "rec", "cl")
     num_views = 2
     contrastive = True
@@ -110,11 +147,20 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
                 bias.copy_(bias_prior)
         if config.rec_reduction not in ("sum", "mean"):
             raise ValueError(f"rec_reduction must be 'sum' or 'mean', got {config.rec_reduction!r}")
-        if config.cl_distribution not in ("sigmoid", "softmax"):
+        if getattr(config, "cl_distribution", "sigmoid") not in ("sigmoid", "softmax"):
             raise ValueError(f"cl_distribution must be 'sigmoid' or 'softmax', got {config.cl_distribution!r}")
-        if not float(config.temperature) > 0:
+        if self.use_cl and not float(config.temperature) > 0:
             raise ValueError(f"temperature must be > 0, got {config.temperature!r}")
         self._set_idf(idf, vocab)
+
+    @classmethod
+    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
+        """``bias_prior`` (the corpus log-odds of every token, :func:`pretrain.corpus.token_prior_logits`)
+        with ``--decoder-bias-init prior``."""
+        if config.decoder_bias_init != "prior":
+            return {}
+        from ..corpus import token_prior_logits
+        return {"bias_prior": token_prior_logits(corpus)}
 
     def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
         if idf is not None:
@@ -177,11 +223,12 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     def decoder_config(self) -> dict[str, Any]:
         cfg = super().decoder_config()
         cfg.update(self.decoder.config_dict())
-        cfg.update({"cl_distribution": self.config.cl_distribution, "rec_reduction": self.config.rec_reduction,
-                    "decoder_init": self.config.decoder_init})
+        cfg.update({k: getattr(self.config, k) for k in ("cl_distribution", "rec_reduction", "decoder_init")
+                    if hasattr(self.config, k)})
         return cfg
 
 
+@register_objective
 class CPDAERObjective(CPDAEObjective):
     """CPDAE-R: the contrast acts on the [CLS] vectors instead of the word distributions.
 
@@ -191,6 +238,7 @@ class CPDAERObjective(CPDAEObjective):
     """
 
     name = "cpdae_r"
+    Options = CPDAEContrastOptions
 
     def contrastive_loss(self, cls: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """``L_CL`` with similarity ``h_i·h_j/τ`` (float32)."""
@@ -202,16 +250,19 @@ class CPDAERObjective(CPDAEObjective):
         return twin_contrastive_loss(h, dot, temperature=float(self.config.temperature))
 
 
+@register_objective
 class CPDAENoCLObjective(CPDAEObjective):
     """Ablation without contrast: ``L = L_REC + L_MLM`` on the same two masked views per text
     (so that only the ``L_CL`` term differs from ``cpdae``)."""
 
     name = "cpdae_nocl"
+    Options = CPDAEAutoencoderOptions
     loss_names = ("mlm", "rec")
     contrastive = False
     use_cl = False
 
 
+@register_objective
 class CPDAEIDFRecObjective(CPDAENoCLObjective):
     """``L = L_REC^IDF + L_MLM``: the BCE of token ``v`` is weighted by ``idf[v]`` (no ``L_CL``).
 
@@ -220,6 +271,13 @@ class CPDAEIDFRecObjective(CPDAENoCLObjective):
     """
 
     name = "cpdae_idfrec"
+
+    @classmethod
+    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
+        """The decoder-bias prior (see :meth:`CPDAEObjective.prepare`) and ``idf``
+        (:func:`pretrain.corpus.idf_weights` of the corpus)."""
+        from ..corpus import idf_weights
+        return {**super().prepare(corpus, config), "idf": idf_weights(corpus)}
 
     def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
         if idf is None:

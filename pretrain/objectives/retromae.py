@@ -27,8 +27,8 @@ per token, not per whole word.
 Departures from the reference code, kept deliberately: the query stream is ``h + p_i`` as in
 the paper's equation (the reference code passes it through the embedding LayerNorm too);
 the encoder view uses BERT token masking (``--whole-word-mask`` for whole words) and the
-decoder masks are per token. The encoder's masking ratio is ``encoder_mask_ratio``;
-``mlm_probability`` is not used by this objective.
+decoder masks are per token. The encoder's masking ratio is ``encoder_mask_ratio``
+(this objective has no ``mlm_probability`` option).
 
 Cost: the reconstruction projects *every* text position through the MLM head, and the
 encoder's MLM term covers 30% of the positions instead of 15%; see
@@ -36,6 +36,7 @@ the README (rivals section, "Training cost") for the arithmetic.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -43,14 +44,23 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..modeling import mlm_head
-from .base import Objective
-from .mlm import MaskedViewsMixin
+from . import register_objective
+from .base import MaskedViewsMixin, MaskedViewsOptions, Objective
 
-__all__ = ["EnhancedDecoderLayer", "RetroMAEObjective", "retromae_decoder_mask", "retromae_hidden_counts"]
+__all__ = ["EnhancedDecoderLayer", "RetroMAEObjective", "RetroMAEOptions", "retromae_decoder_mask",
+           "retromae_hidden_counts"]
+
+
+@dataclass
+class RetroMAEOptions(MaskedViewsOptions):
+    """Options of RetroMAE (its encoder view is masked at ``encoder_mask_ratio``; no ``mlm_probability``)."""
+
+    encoder_mask_ratio: float = opt(0.3, "RetroMAE: encoder masking ratio.")
+    decoder_mask_ratio: float = opt(0.5, "RetroMAE: share of positions hidden in each row of the enhanced-decoding mask.")
 
 
 def _check_ratio(ratio: float, name: str) -> None:
@@ -168,6 +178,7 @@ class EnhancedDecoderLayer(nn.Module):
         return self.ffn_norm(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
 
 
+@register_objective
 class RetroMAEObjective(MaskedViewsMixin, Objective):
     """Encoder MLM (ratio ``encoder_mask_ratio``) + enhanced-decoding reconstruction of all tokens.
 
@@ -181,6 +192,7 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
     """
 
     name = "retromae"
+    Options = RetroMAEOptions
     loss_names = ("mlm", "rec")
     num_views = 1
     ddp_find_unused_parameters = False

@@ -31,6 +31,7 @@ the README (rivals section, "Training cost") for the arithmetic.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -38,13 +39,21 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
-from .base import Objective
-from .mlm import MaskedViewsMixin
+from . import register_objective
+from .base import MaskedViewsMixin, MLMOptions, Objective
 
-__all__ = ["SEEDDecoder", "SEEDObjective", "seed_attention_mask", "seed_decoder_targets"]
+__all__ = ["SEEDDecoder", "SEEDObjective", "SEEDOptions", "seed_attention_mask", "seed_decoder_targets"]
+
+
+@dataclass
+class SEEDOptions(MLMOptions):
+    """Options of the SEED-Encoder objective."""
+
+    seed_decoder_layers: int = opt(3, "SEED-Encoder: decoder layers.")
+    seed_attention_span: int = opt(2, "SEED-Encoder: each decoder position attends to the previous k tokens plus [CLS].")
 
 
 def seed_attention_mask(seq_len: int, span: int, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -136,6 +145,7 @@ class SEEDDecoder(nn.Module):
         return F.linear(hidden, output_weight, self.output_bias)
 
 
+@register_objective
 class SEEDObjective(MaskedViewsMixin, Objective):
     """MLM on a masked view + auto-regressive reconstruction of the unmasked text from [CLS].
 
@@ -148,6 +158,7 @@ class SEEDObjective(MaskedViewsMixin, Objective):
     """
 
     name = "seed"
+    Options = SEEDOptions
     loss_names = ("mlm", "rec")
     num_views = 1
     ddp_find_unused_parameters = False
