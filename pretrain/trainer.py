@@ -115,8 +115,9 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 def config_differences(previous: dict[str, Any], current: dict[str, Any],
                        mutable: Iterable[str] = RESUME_MUTABLE_FIELDS) -> list[str]:
-    """Names of options that differ between two runs' configs, ignoring the ``mutable`` ones."""
-    keys = (set(previous) | set(current)) - set(mutable)
+    """Names of options that differ between two runs' configs, ignoring the ``mutable`` ones and options
+    only one side has (each objective has its own options; a run recorded before an option existed)."""
+    keys = (set(previous) & set(current)) - set(mutable)
     return sorted(k for k in keys if previous.get(k) != current.get(k))
 
 

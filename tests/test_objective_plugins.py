@@ -201,3 +201,19 @@ def test_config_files_and_flags_of_other_objectives(tmp_path, monkeypatch, caplo
         cli.main(["--objective", "mlm", "--seed-attention-span", "3"])
     with pytest.raises(SystemExit):
         cli.main(["--objective", "mlm", "--no-such-flag", "3"])
+
+
+def test_resume_accepts_a_run_recorded_with_the_former_flat_options(tmp_path):
+    """A run started before the options were split per objective recorded every objective's options
+    (e.g. seed_decoder_layers in a cpdae run): resuming it is accepted; a real difference is not."""
+    from pretrain.trainer import check_output_dir, config_dict
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = PretrainConfig(objective="cpdae", output=str(out), resume=True)
+    legacy = {**config_dict(cfg), "seed_decoder_layers": 3, "encoder_mask_ratio": 0.3, "bow_weight": 1.0}
+    (out / "run_config.json").write_text(json.dumps({"config": legacy}))
+    check_output_dir(cfg)
+    (out / "run_config.json").write_text(json.dumps({"config": {**legacy, "cl_weight": 0.5}}))
+    with pytest.raises(ValueError, match="cl_weight"):
+        check_output_dir(cfg)
