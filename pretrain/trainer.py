@@ -351,7 +351,8 @@ class Trainer:
         module = self.module
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(module)
-        optimizer = torch.optim.AdamW(parameter_groups(module, cfg.weight_decay), lr=cfg.learning_rate)
+        optimizer = torch.optim.AdamW(parameter_groups(module, cfg.weight_decay), lr=cfg.learning_rate,
+                                      betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon)
         scheduler = get_linear_schedule_with_warmup(optimizer, self.warmup_steps, self.total_steps)
         model, optimizer = acc.prepare(module, optimizer)
         # not prepared: accelerate would step it once per process; registered so it is checkpointed

@@ -173,7 +173,7 @@ def test_config_of_an_objective_holds_its_options_only():
     assert pickle.loads(pickle.dumps(c)) == c and dataclasses.replace(c, seed_decoder_layers=1).seed_decoder_layers == 1
     assert type(PretrainConfig(objective="seed")) is type(c)
     # an objective refuses a config without its options, before reading any
-    with pytest.raises(ValueError, match="objective 'seed' needs the option\\(s\\) seed_decoder_layers"):
+    with pytest.raises(ValueError, match="objective 'seed' needs the option\\(s\\) .*seed_decoder_layers.*PretrainConfig_mlm"):
         objective_class("seed")(None, None, PretrainConfig(objective="mlm"))
 
 

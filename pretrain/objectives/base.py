@@ -54,6 +54,14 @@ class MaskedViewsOptions(ObjectiveOptions):
 
 
 @dataclass
+class ReconstructionWeightsOptions(ObjectiveOptions):
+    """Loss weights of the autoencoders with an auxiliary decoder: ``L = w_mlm·L_MLM + w_rec·L_REC``."""
+
+    mlm_weight: float = opt(1.0, "Weight of the encoder's MLM loss (the papers: 1).")
+    rec_weight: float = opt(1.0, "Weight of the decoder's reconstruction loss (the papers: 1).")
+
+
+@dataclass
 class MLMOptions(MaskedViewsOptions):
     """Masked views at BERT's masking ratio (objectives whose encoder is trained with BERT's MLM)."""
 

@@ -15,7 +15,9 @@ into vocabulary logits ``z``. The loss is
   other views are negatives.
 
 Variants: ``cpdae_r`` (InfoNCE on the [CLS] vectors), ``cpdae_nocl`` (no ``L_CL``) and
-``cpdae_idfrec`` (IDF-weighted ``L_REC``, no ``L_CL``).
+``cpdae_idfrec`` (IDF-weighted ``L_REC``, no ``L_CL``). ``--rec-weighting idf`` weights ``L_REC``
+by IDF in any of them (with the contrastive loss too); ``--cl-reduction sum`` reads Eq. 5
+literally (a sum over the ``m`` anchors instead of the mean over the ``2m`` views).
 """
 from __future__ import annotations
 
@@ -51,6 +53,9 @@ class CPDAEAutoencoderOptions(MLMOptions):
                                  "experiments/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
                                  "bias with --decoder-init mlm_head).",
                                  choices=["zero", "prior"])
+    rec_weighting: str = opt("none", "Weighting of L_REC over the vocabulary: none (Eq. 4) or idf (the BCE of token v times "
+                             "its IDF on the training corpus; with the contrastive objectives too).",
+                             choices=["none", "idf"])
 
 
 @dataclass
@@ -59,6 +64,9 @@ class CPDAEContrastOptions(CPDAEAutoencoderOptions):
 
     cl_weight: float = opt(0.1, "Weight λ of the contrastive loss: L = L_REC + L_MLM + λ·L_CL.")
     temperature: float = opt(1.0, "InfoNCE temperature τ (the paper's Eq. 5 has none, i.e. τ=1).")
+    cl_reduction: str = opt("mean", "Reduction of L_CL: mean over all 2m views as anchors (default), or sum over the "
+                            "m anchors (Eq. 5 literally: the first view of each text; scales the effective λ by about m).",
+                            choices=["mean", "sum"])
 
 
 @dataclass
@@ -70,32 +78,47 @@ class CPDAEOptions(CPDAEContrastOptions):
     js_chunk_size: int = opt(8, "Rows per chunk in the memory-efficient pairwise JS divergence.")
 
 
-def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0) -> torch.Tensor:
+def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0,
+                          reduction: str = "mean") -> torch.Tensor:
     """InfoNCE over the views of a data-parallel batch.
 
     ``x`` holds this process's ``2m`` views, view-major (row ``i`` and ``i+m`` are twins).
-    The views of all processes are gathered (with gradients), the similarity of each local
-    view against every global view is computed with ``similarity(local, global) -> (2m, N)``
-    (``global`` is ``None`` in a single process, meaning "local"), and the loss is the mean
-    over local rows. With DDP's gradient averaging this equals the global-batch mean.
+    The views of all processes are gathered (with gradients), the similarity of local views
+    against every global view is computed with ``similarity(local, global) -> (rows, N)``
+    (``global`` is ``None`` in a single process, meaning "local").
+
+    ``reduction="mean"``: every view is an anchor; the loss is the mean over the local rows
+    (with DDP's gradient averaging, the global-batch mean). ``"sum"``: CPDAE's Eq. 5 read
+    literally, a sum over the ``m`` anchors, the first view of each text (its positive is the
+    twin, all other ``2m - 2`` views of the global batch are negatives); each process returns
+    ``world_size`` times its local sum, so that DDP's averaging gives the global sum.
     """
     n = x.shape[0]
     if n % 2:
         raise ValueError(f"expected an even number of views (2 per text), got {n}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"cl_reduction must be 'mean' or 'sum', got {reduction!r}")
     m = n // 2
     local = torch.arange(n, device=x.device)
     pos = (local + m) % n
+    offset, scale, columns = 0, 1, None
     if is_distributed():
         sizes = gather_sizes(n, device=x.device)
         offset = sum(sizes[:rank()])
         if sum(sizes) < 4:
             raise ValueError("contrastive objectives need at least 2 texts per (global) batch")
-        sim = similarity(x, gather_with_grad(x))
-        return info_nce(sim, pos + offset, self_index=local + offset, temperature=temperature)
-    if m < 2:
+        columns, scale = gather_with_grad(x), world_size()
+    elif m < 2:
         raise ValueError("contrastive objectives need at least 2 texts per batch (got 1): "
                          "the other texts' views are the negatives")
-    return info_nce(similarity(x, None), pos, temperature=temperature)
+    if reduction == "mean":
+        sim = similarity(x, columns)
+        return info_nce(sim, pos + offset, self_index=local + offset if columns is not None else None,
+                        temperature=temperature)
+    anchors = local[:m]
+    sim = similarity(x[:m], x if columns is None else columns)
+    return scale * info_nce(sim, pos[:m] + offset, self_index=anchors + offset, temperature=temperature,
+                            reduction="sum")
 
 
 @register_objective
@@ -157,15 +180,32 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
         """``bias_prior`` (the corpus log-odds of every token, :func:`pretrain.corpus.token_prior_logits`)
         with ``--decoder-bias-init prior``."""
-        if config.decoder_bias_init != "prior":
-            return {}
-        from ..corpus import token_prior_logits
-        return {"bias_prior": token_prior_logits(corpus)}
+        from ..corpus import idf_weights, token_prior_logits
+        extra: dict[str, Any] = {}
+        if config.decoder_bias_init == "prior":
+            extra["bias_prior"] = token_prior_logits(corpus)
+        if config.rec_weighting == "idf":
+            extra["idf"] = idf_weights(corpus)
+        return extra
 
     def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
-        if idf is not None:
-            raise ValueError(f"objective {self.name!r} takes no idf weights (use cpdae_idfrec)")
-        self.idf = None
+        if self.config.rec_weighting not in ("none", "idf"):
+            raise ValueError(f"rec_weighting must be 'none' or 'idf', got {self.config.rec_weighting!r}")
+        if self.config.rec_weighting == "none":
+            if idf is not None:
+                raise ValueError(f"objective {self.name!r} got idf weights but rec_weighting is 'none' "
+                                 "(use --rec-weighting idf)")
+            self.idf = None
+            return
+        if idf is None:
+            raise ValueError(f"objective {self.name!r} with rec_weighting 'idf' needs idf weights: "
+                             "build_objective(..., idf=tensor of shape (|V|,)), e.g. pretrain.corpus.idf_weights")
+        idf = torch.as_tensor(idf, dtype=torch.float32)
+        if idf.shape != (vocab,):
+            raise ValueError(f"idf must have shape ({vocab},) (the vocabulary size), got {tuple(idf.shape)}")
+        if not bool(torch.isfinite(idf).all()) or bool((idf < 0).any()):
+            raise ValueError("idf weights must be finite and non-negative")
+        self.register_buffer("idf", idf, persistent=False)
 
     def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
         """Two independently masked views per text (see :class:`~pretrain.objectives.mlm.MaskedViewsMixin`).
@@ -184,7 +224,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
         p = word_distribution(logits, self.config.cl_distribution)
         chunk = int(self.config.js_chunk_size)
         return twin_contrastive_loss(p, lambda a, b: -pairwise_js(a, b, chunk_size=chunk),
-                                     temperature=float(self.config.temperature))
+                                     temperature=float(self.config.temperature), reduction=self.config.cl_reduction)
 
     def compute_losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The loss components of a batch, still attached to the autograd graph.
@@ -223,7 +263,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     def decoder_config(self) -> dict[str, Any]:
         cfg = super().decoder_config()
         cfg.update(self.decoder.config_dict())
-        cfg.update({k: getattr(self.config, k) for k in ("cl_distribution", "rec_reduction", "decoder_init")
+        cfg.update({k: getattr(self.config, k) for k in ("cl_distribution", "rec_reduction", "decoder_init", "rec_weighting", "cl_reduction")
                     if hasattr(self.config, k)})
         return cfg
 
@@ -247,7 +287,8 @@ class CPDAERObjective(CPDAEObjective):
         def dot(a: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
             with torch.autocast(device_type=a.device.type, enabled=False):
                 return a @ (a if b is None else b).T
-        return twin_contrastive_loss(h, dot, temperature=float(self.config.temperature))
+        return twin_contrastive_loss(h, dot, temperature=float(self.config.temperature),
+                                     reduction=self.config.cl_reduction)
 
 
 @register_objective
@@ -262,6 +303,13 @@ class CPDAENoCLObjective(CPDAEObjective):
     use_cl = False
 
 
+@dataclass
+class CPDAEIDFRecOptions(CPDAEAutoencoderOptions):
+    """Options of ``cpdae_idfrec`` (``cpdae_nocl`` with ``rec_weighting = "idf"``)."""
+
+    rec_weighting: str = opt("idf", "Weighting of L_REC: idf (this objective's definition).", choices=["idf"])
+
+
 @register_objective
 class CPDAEIDFRecObjective(CPDAENoCLObjective):
     """``L = L_REC^IDF + L_MLM``: the BCE of token ``v`` is weighted by ``idf[v]`` (no ``L_CL``).
@@ -271,20 +319,10 @@ class CPDAEIDFRecObjective(CPDAENoCLObjective):
     """
 
     name = "cpdae_idfrec"
-
-    @classmethod
-    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
-        """The decoder-bias prior (see :meth:`CPDAEObjective.prepare`) and ``idf``
-        (:func:`pretrain.corpus.idf_weights` of the corpus)."""
-        from ..corpus import idf_weights
-        return {**super().prepare(corpus, config), "idf": idf_weights(corpus)}
+    Options = CPDAEIDFRecOptions
 
     def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
-        if idf is None:
-            raise ValueError("objective 'cpdae_idfrec' needs idf weights: build_objective(..., idf=tensor of shape (|V|,))")
-        idf = torch.as_tensor(idf, dtype=torch.float32)
-        if idf.shape != (vocab,):
-            raise ValueError(f"idf must have shape ({vocab},) (the vocabulary size), got {tuple(idf.shape)}")
-        if not bool(torch.isfinite(idf).all()) or bool((idf < 0).any()):
-            raise ValueError("idf weights must be finite and non-negative")
-        self.register_buffer("idf", idf, persistent=False)
+        if self.config.rec_weighting != "idf":
+            raise ValueError("objective 'cpdae_idfrec' weights L_REC by IDF (rec_weighting 'idf'); "
+                             "for the unweighted ablation use cpdae_nocl")
+        super()._set_idf(idf, vocab)
