@@ -91,6 +91,8 @@ def validate_config(config: PretrainConfig) -> None:
         raise ValueError("--corpus is required (irds:<id>, a .jsonl/.txt file, or wiki:<dir>)")
     if config.max_length < 3:
         raise ValueError(f"--max-length must be >= 3 (two special tokens + content), got {config.max_length}")
+    if config.decoder_from and not os.path.isdir(config.decoder_from):
+        raise FileNotFoundError(f"--decoder-from {config.decoder_from}: no such directory (the stage-1 run to continue)")
     cls = objective_class(config.objective)
     per_forward = config.batch_size // max(1, config.grad_accum)
     if getattr(cls, "contrastive", False) and per_forward < 2:
@@ -151,6 +153,8 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         raise ValueError(f"corpus {config.corpus!r} produced no training text")
     extra = objective_class(config.objective).prepare(cache, config)  # e.g. IDF weights, the decoder-bias prior
     objective = build_objective(config.objective, model, tokenizer, config, **extra)
+    if config.decoder_from:  # two-stage pre-training: stage 2 continues stage 1's decoder
+        objective.load_decoder(config.decoder_from)
     logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
                 config.max_length)
     return Trainer(objective, cache, objective.collate, config).train()

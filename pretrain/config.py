@@ -72,6 +72,9 @@ class PretrainConfig(TrainConfig):
     max_docs: int = opt(-1, "Read at most this many documents from the corpus (-1: all).")
     max_length: int = opt(512, "Maximum tokens per block, special tokens included; documents are packed into blocks at sentence boundaries.")
     cache_dir: Optional[str] = opt(None, "Where the tokenized corpus cache lives (None: <output>/../.token_cache, shared by runs beside it).")
+    decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the objective's decoder from this exported run "
+                                      "(its <dir>/decoder) instead of initialising a new one; pass the stage-1 run "
+                                      "directory here and as --model.")
 
     #: Set on the classes made by :func:`pretrain_config_class`: the objective whose options they hold.
     _objective_name: ClassVar[Optional[str]] = None

@@ -62,6 +62,16 @@ class ReconstructionWeightsOptions(ObjectiveOptions):
 
 
 @dataclass
+class RepresentationOptions(ObjectiveOptions):
+    """The text representation the objective decodes or contrasts (and the exported model is meant to be used with)."""
+
+    representation: str = opt("cls", "Text vector that the decoder / contrast / BoW head reads: cls (the last layer's "
+                              "[CLS] vector, the papers') or mean (mean of the last layer over the real tokens, e.g. "
+                              "to adapt a mean-pooled model such as MiniLM). Recorded in the exported config.json "
+                              "as \"pooling\".", choices=["cls", "mean"])
+
+
+@dataclass
 class MLMOptions(MaskedViewsOptions):
     """Masked views at BERT's masking ratio (objectives whose encoder is trained with BERT's MLM)."""
 
@@ -128,6 +138,52 @@ class Objective(nn.Module):
         self.tokenizer = tokenizer
         self.config = config
 
+    def text_vectors(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``(B, L, H)`` last hidden states → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""
+        from ..biencoder import pool
+        return pool(hidden, attention_mask, getattr(self.config, "representation", "cls"))
+
+    def load_decoder(self, path: str) -> None:
+        """Continue the decoder of an exported run (``<path>/decoder``, written by :meth:`save_pretrained`).
+
+        Raises:
+            FileNotFoundError: if ``path`` holds no decoder.
+            ValueError: if this objective has no decoder, or the saved decoder does not fit it
+                (other modules, other shapes).
+        """
+        import logging
+
+        from safetensors.torch import load_file
+
+        from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS
+
+        modules = self.decoder_modules()
+        if not modules:
+            raise ValueError(f"objective {self.name!r} has no decoder to continue; drop --decoder-from {path}")
+        ddir = os.path.join(path, "decoder") if os.path.isdir(os.path.join(path, "decoder")) else path
+        cfg_path, w_path = os.path.join(ddir, DECODER_CONFIG), os.path.join(ddir, DECODER_WEIGHTS)
+        for p in (cfg_path, w_path):
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"--decoder-from {path}: {p} not found; pass the directory of a finished "
+                                        f"`python -m pretrain --objective {self.name}` run")
+        with open(cfg_path) as f:
+            saved = json.load(f)
+        state = load_file(w_path)
+        saved_modules = sorted({k.split(".", 1)[0] for k in state})
+        if set(saved_modules) != set(modules):
+            raise ValueError(f"--decoder-from {path} holds the decoder modules {saved_modules} of objective "
+                             f"{saved.get('objective')!r}; objective {self.name!r} needs {sorted(modules)}")
+        if saved.get("objective") != self.name:
+            logging.getLogger(__name__).warning("continuing the decoder of objective %r (%s) in objective %r",
+                                                saved.get("objective"), path, self.name)
+        for key, module in modules.items():
+            sub = {n[len(key) + 1:]: t for n, t in state.items() if n.startswith(key + ".")}
+            try:
+                module.load_state_dict(sub, strict=True)
+            except RuntimeError as e:
+                raise ValueError(f"--decoder-from {path}: the saved {key!r} does not fit objective {self.name!r} "
+                                 f"with this run's options (saved: {saved}): {e}") from e
+
     @property
     def encoder(self) -> PreTrainedModel:
         """The bare encoder (e.g. ``BertModel``) inside the masked-LM model."""
@@ -151,6 +207,8 @@ class Objective(nn.Module):
     def save_pretrained(self, path: str) -> None:
         """Save the encoder (+ MLM head) and tokenizer at ``path``, the decoder under ``path/decoder``."""
         os.makedirs(path, exist_ok=True)
+        if hasattr(self.config, "representation"):  # recorded for the users of the exported encoder
+            self.mlm_model.config.pooling = self.config.representation
         self.mlm_model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         decoders = self.decoder_modules()
@@ -165,8 +223,11 @@ class Objective(nn.Module):
 
     def decoder_config(self) -> dict[str, Any]:
         """JSON-serialisable description of the decoder (objective name, sizes, options)."""
-        return {"objective": self.name, "hidden_size": self.mlm_model.config.hidden_size,
-                "vocab_size": self.mlm_model.config.vocab_size}
+        cfg = {"objective": self.name, "hidden_size": self.mlm_model.config.hidden_size,
+               "vocab_size": self.mlm_model.config.vocab_size}
+        if hasattr(self.config, "representation"):
+            cfg["representation"] = self.config.representation
+        return cfg
 
 
 class MaskedViewsMixin:

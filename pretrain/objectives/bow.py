@@ -30,7 +30,7 @@ from ..config import PretrainConfig, opt
 from ..masking import bag_of_words
 from ..modeling import mlm_head
 from . import register_objective
-from .base import MaskedViewsMixin, MLMOptions, Objective
+from .base import MaskedViewsMixin, MLMOptions, Objective, RepresentationOptions
 
 __all__ = ["BOW_SCHEDULES", "BoWObjective", "BoWOptions", "bow_loss", "bow_weight_at"]
 
@@ -38,7 +38,7 @@ BOW_SCHEDULES = ("constant", "linear_decay")
 
 
 @dataclass
-class BoWOptions(MLMOptions):
+class BoWOptions(RepresentationOptions, MLMOptions):
     """Options of the bag-of-words prediction objective."""
 
     bow_weight: float = opt(1.0, "BoW: weight of the bag-of-words loss.")
@@ -134,5 +134,5 @@ class BoWObjective(MaskedViewsMixin, Objective):
         l_mlm = self.masked_lm_loss(hidden, labels)
         special = batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool()
         bow = bag_of_words(batch["input_ids"], special, self.mlm_model.config.vocab_size)
-        l_bow = bow_loss(self.vocabulary_logits(hidden[:, 0]), bow)
+        l_bow = bow_loss(self.vocabulary_logits(self.text_vectors(hidden, batch["attention_mask"])), bow)
         return {"loss": l_mlm + self.bow_weight * l_bow, "mlm": l_mlm.detach(), "bow": l_bow.detach()}

@@ -33,14 +33,14 @@ from ..losses import info_nce, pairwise_js, rec_loss, word_distribution
 from ..masking import bag_of_words
 from ..modeling import CPDAEDecoder
 from . import register_objective
-from .base import MaskedViewsMixin, MLMOptions, Objective
+from .base import MaskedViewsMixin, MLMOptions, Objective, RepresentationOptions
 
 __all__ = ["CPDAEObjective", "CPDAERObjective", "CPDAENoCLObjective", "CPDAEIDFRecObjective", "twin_contrastive_loss",
            "CPDAEAutoencoderOptions", "CPDAEContrastOptions", "CPDAEOptions"]
 
 
 @dataclass
-class CPDAEAutoencoderOptions(MLMOptions):
+class CPDAEAutoencoderOptions(RepresentationOptions, MLMOptions):
     """Options of the CPDAE autoencoder (``L_REC + L_MLM``), shared by the four CPDAE objectives."""
 
     rec_reduction: str = opt("sum", "Reduction of L_REC over the vocabulary: sum (Eq. 4) or mean. Averaged over texts either way.",
@@ -234,9 +234,9 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
             (unweighted; :meth:`forward` applies ``λ``).
         """
         hidden, labels = self.encode_views(batch)
-        cls = hidden[:, 0]
-        logits = self.decoder(cls)
         k = batch["masked_input_ids"].shape[1]
+        cls = self.text_vectors(hidden, batch["attention_mask"].repeat(k, 1))  # [CLS] (or mean) of every view
+        logits = self.decoder(cls)
         # targets: the token set of the *unmasked* text, special tokens and padding excluded; one row per view
         targets = bag_of_words(batch["input_ids"], batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool(),
                                logits.shape[-1]).repeat(k, 1)

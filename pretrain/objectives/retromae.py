@@ -49,14 +49,15 @@ from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..modeling import mlm_head
 from . import register_objective
-from .base import MaskedViewsMixin, MaskedViewsOptions, Objective, ReconstructionWeightsOptions
+from .base import (MaskedViewsMixin, MaskedViewsOptions, Objective, ReconstructionWeightsOptions,
+                   RepresentationOptions)
 
 __all__ = ["EnhancedDecoderLayer", "RetroMAEObjective", "RetroMAEOptions", "retromae_decoder_mask",
            "retromae_hidden_counts"]
 
 
 @dataclass
-class RetroMAEOptions(ReconstructionWeightsOptions, MaskedViewsOptions):
+class RetroMAEOptions(RepresentationOptions, ReconstructionWeightsOptions, MaskedViewsOptions):
     """Options of RetroMAE (its encoder view is masked at ``encoder_mask_ratio``; no ``mlm_probability``)."""
 
     encoder_mask_ratio: float = opt(0.3, "RetroMAE: encoder masking ratio.")
@@ -229,7 +230,7 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
 
         ids, am = batch["input_ids"], batch["attention_mask"]
         special = batch["special_tokens_mask"].bool()
-        cls = hidden[:, :1]  # (B, 1, H)
+        cls = self.text_vectors(hidden, am).unsqueeze(1)  # (B, 1, H): h, the [CLS] (or mean) vector
         emb = self.encoder.embeddings
         content = torch.cat([cls, emb(input_ids=ids)[:, 1:]], dim=1)  # H2: [h; e(t1) ... e(SEP)]
         positions = torch.arange(ids.shape[1], device=ids.device)

@@ -47,7 +47,7 @@ from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from . import register_objective
-from .base import MaskedViewsMixin, MLMOptions, Objective, ReconstructionWeightsOptions
+from .base import MaskedViewsMixin, MLMOptions, Objective, ReconstructionWeightsOptions, RepresentationOptions
 
 __all__ = ["SEEDDecoder", "SEEDObjective", "SEEDOptions", "seed_attention_mask", "seed_decoder_targets"]
 
@@ -56,7 +56,7 @@ SEED_WINDOWS = ("per_layer", "exact")
 
 
 @dataclass
-class SEEDOptions(ReconstructionWeightsOptions, MLMOptions):
+class SEEDOptions(RepresentationOptions, ReconstructionWeightsOptions, MLMOptions):
     """Options of the SEED-Encoder objective."""
 
     seed_decoder_layers: int = opt(3, "SEED-Encoder: decoder layers.")
@@ -201,7 +201,7 @@ class SEEDObjective(MaskedViewsMixin, Objective):
 
         ids, am = batch["input_ids"], batch["attention_mask"]
         emb = self.encoder.embeddings(input_ids=ids)  # word + position (+ type) + LayerNorm of the original text
-        dec_h = self.decoder(torch.cat([hidden[:, :1], emb[:, 1:]], dim=1), am)
+        dec_h = self.decoder(torch.cat([self.text_vectors(hidden, am).unsqueeze(1), emb[:, 1:]], dim=1), am)
         targets = seed_decoder_targets(ids, batch["special_tokens_mask"], am)
         word_embeddings = self.mlm_model.get_input_embeddings().weight
         n = global_mean_count(int((targets != -100).sum()), device=targets.device)
