@@ -155,6 +155,11 @@ def test_registration_is_checked():
         Options = dict
     with pytest.raises(ValueError, match="Options must be a @dataclass"):
         register_objective(NoOptions)
+    @dataclass
+    class Clashing(MLMOptions):
+        seed: int = opt(1, "clashes with the shared --seed")
+    with pytest.raises(ValueError, match="redefines the shared option\\(s\\) seed"):
+        register_objective(type("Clash", (Objective,), {"name": "clash", "Options": Clashing}))
     with pytest.raises(ValueError, match="needs a `name`"):
         register_objective(type("Nameless", (Objective,), {}))
     assert "no_options" not in available_objectives()

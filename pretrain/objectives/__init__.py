@@ -96,6 +96,11 @@ def register_objective(cls: Optional[type[Objective]] = None, *, name: Optional[
             raise ValueError(f"{c.__qualname__} needs a `name` (the value of --objective)")
         if not (dataclasses.is_dataclass(c.Options) and issubclass(c.Options, ObjectiveOptions)):
             raise ValueError(f"{c.__qualname__}.Options must be a @dataclass subclass of ObjectiveOptions")
+        from ..config import PretrainConfig
+        clash = sorted({f.name for f in dataclasses.fields(c.Options)} & {f.name for f in dataclasses.fields(PretrainConfig)})
+        if clash:
+            raise ValueError(f"{c.__qualname__}.Options redefines the shared option(s) {', '.join(clash)}; "
+                             "choose other names")
         _discover()  # the built-ins first (listing order), whoever registers first
         old = _REGISTRY.get(key)
         if old is not None and (old.__module__, old.__qualname__) != (c.__module__, c.__qualname__):
