@@ -55,14 +55,24 @@ examples:
 logger = logging.getLogger(__name__)
 
 
-def build_argument_parser() -> argparse.ArgumentParser:
-    """The parser of the pre-training command (for ``--help`` and docs)."""
-    from .config import build_parser
-    return build_parser(PretrainConfig, **_parser_kw())
+def build_argument_parser(objective: Optional[str] = None) -> argparse.ArgumentParser:
+    """The parser of the pre-training command with the options of ``objective`` (default: the default objective)."""
+    from .config import build_parser, pretrain_config_class
+    name = objective or PretrainConfig.__dataclass_fields__["objective"].default
+    return build_parser(pretrain_config_class(name), **_parser_kw())
+
+
+def objectives_help() -> str:
+    """The ``objectives:`` section of ``--help``: every registered objective with its one-line summary."""
+    from .objectives import available_objectives
+    found = available_objectives()
+    width = max(map(len, found), default=0)
+    return "objectives (--objective; `python -m pretrain --objective X --help` lists X's own options):\n" + \
+        "\n".join(f"  {name:<{width}}  {cls.summary()}" for name, cls in found.items())
 
 
 def _parser_kw() -> dict[str, Any]:
-    return {"prog": "python -m pretrain", "description": DESCRIPTION, "epilog": EPILOG,
+    return {"prog": "python -m pretrain", "description": DESCRIPTION + "\n\n" + objectives_help(), "epilog": EPILOG,
             "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
@@ -82,6 +92,8 @@ def validate_config(config: PretrainConfig) -> None:
         raise ValueError("--corpus is required (irds:<id>, a .jsonl/.txt file, or wiki:<dir>)")
     if config.max_length < 3:
         raise ValueError(f"--max-length must be >= 3 (two special tokens + content), got {config.max_length}")
+    if config.decoder_from and not os.path.isdir(config.decoder_from):
+        raise FileNotFoundError(f"--decoder-from {config.decoder_from}: no such directory (the stage-1 run to continue)")
     cls = objective_class(config.objective)
     per_forward = config.batch_size // max(1, config.grad_accum)
     if getattr(cls, "contrastive", False) and per_forward < 2:
@@ -130,9 +142,8 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     """Run the pre-training pipeline for ``config`` and return the trainer's final metrics."""
     from accelerate.utils import set_seed
 
-    from .corpus import TokenCache, idf_weights, token_prior_logits
+    from .corpus import TokenCache
     from .objectives import build_objective, objective_class
-    from .objectives.cpdae import CPDAEObjective
     from .trainer import Trainer
 
     validate_config(config)
@@ -142,12 +153,10 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
                                      fields=config.corpus_fields, max_docs=config.max_docs)
     if len(cache) == 0:
         raise ValueError(f"corpus {config.corpus!r} produced no training text")
-    extra: dict[str, Any] = {}
-    if config.objective == "cpdae_idfrec":
-        extra["idf"] = idf_weights(cache)
-    if config.decoder_bias_init == "prior" and issubclass(objective_class(config.objective), CPDAEObjective):
-        extra["bias_prior"] = token_prior_logits(cache)  # (the other objectives have no CPDAE decoder)
+    extra = objective_class(config.objective).prepare(cache, config)  # e.g. IDF weights, the decoder-bias prior
     objective = build_objective(config.objective, model, tokenizer, config, **extra)
+    if config.decoder_from:  # two-stage pre-training: stage 2 continues stage 1's decoder
+        objective.load_decoder(config.decoder_from)
     logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
                 config.max_length)
     return Trainer(objective, cache, objective.collate, config).train()

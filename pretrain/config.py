@@ -34,6 +34,9 @@ class TrainConfig:
     seed: int = opt(42, "Random seed.")
     learning_rate: float = opt(5e-5, "Peak AdamW learning rate.")
     weight_decay: float = opt(0.01, "AdamW weight decay.")
+    adam_beta1: float = opt(0.9, "AdamW β1.")
+    adam_beta2: float = opt(0.999, "AdamW β2.")
+    adam_epsilon: float = opt(1e-8, "AdamW ε.")
     warmup_ratio: float = opt(0.1, "Fraction of optimizer steps used for linear warm-up (then linear decay).")
     batch_size: int = opt(64, "Global batch size in texts (queries when fine-tuning), split across processes.")
     grad_accum: int = opt(1, "Gradient accumulation steps (the global batch is reached over this many micro-batches).")
@@ -53,10 +56,18 @@ class TrainConfig:
 
 @dataclass
 class PretrainConfig(TrainConfig):
-    """Options of ``python -m pretrain`` (pre-training)."""
+    """Options of ``python -m pretrain`` (pre-training) shared by every objective.
 
-    objective: str = opt("cpdae", "Pre-training objective.",
-                         choices=["cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "mlm", "seed", "retromae", "bow"])
+    Each objective declares its own options (a dataclass, ``Objective.Options``; see
+    :mod:`pretrain.objectives`). ``PretrainConfig(objective="X", ...)`` therefore returns an
+    instance of the config class of ``X`` (:func:`pretrain_config_class`): a subclass of
+    ``PretrainConfig`` whose fields are the shared ones plus ``X``'s, so that every option is
+    still an attribute (``config.cl_weight``) and a run's options stay one flat dict
+    (``run_config.json``, ``--config`` files).
+    """
+
+    objective: str = opt("cpdae", "Pre-training objective (one of the registry's; `python -m pretrain --objective X --help` "
+                         "lists X's own options).")
     model: str = opt("bert-base-uncased", "Hugging Face id or directory of a BERT-like masked-LM checkpoint (its tokenizer too).")
     from_config: Optional[str] = opt(None, "Start from random weights with this HF config (file/dir/id) instead of --model's weights; the tokenizer still comes from --model.")
     new_mlm_head: bool = opt(False, "Accept a checkpoint without trained MLM-head weights (e.g. sentence-transformers' MiniLM): the head's transform is initialised randomly, its decoder tied to the word embeddings. Without this flag such a checkpoint is refused for objectives that need the head.")
@@ -65,33 +76,85 @@ class PretrainConfig(TrainConfig):
     max_docs: int = opt(-1, "Read at most this many documents from the corpus (-1: all).")
     max_length: int = opt(512, "Maximum tokens per block, special tokens included; documents are packed into blocks at sentence boundaries.")
     cache_dir: Optional[str] = opt(None, "Where the tokenized corpus cache lives (None: <output>/../.token_cache, shared by runs beside it).")
-    mlm_probability: float = opt(0.15, "Masking ratio (BERT 80/10/10) for the encoder's views.")
-    whole_word_mask: bool = opt(False, "Mask whole words instead of single WordPiece tokens.")
-    # CPDAE
-    cl_weight: float = opt(0.1, "Weight λ of the contrastive loss: L = L_REC + L_MLM + λ·L_CL.")
-    temperature: float = opt(1.0, "InfoNCE temperature τ (the paper's Eq. 5 has none, i.e. τ=1).")
-    cl_distribution: str = opt("sigmoid", "How logits become word distributions ž for JS: sigmoid outputs normalised to sum 1 (paper) or softmax.",
-                               choices=["sigmoid", "softmax"])
-    rec_reduction: str = opt("sum", "Reduction of L_REC over the vocabulary: sum (Eq. 4) or mean. Averaged over texts either way.",
-                             choices=["sum", "mean"])
-    decoder_init: str = opt("random", "Initialise the CPDAE MLP decoder randomly or from the checkpoint's MLM head transform + decoder.",
-                            choices=["random", "mlm_head"])
-    decoder_bias_init: str = opt("prior", "Output bias of the CPDAE decoder at initialisation: prior (the log-odds of "
-                                 "each token's block frequency in the training corpus, so that L_REC starts at the "
-                                 "corpus prior instead of first pulling every [CLS] vector towards it; chosen by "
-                                 "experiments/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
-                                 "bias with --decoder-init mlm_head). Only for the cpdae objectives.",
-                                 choices=["zero", "prior"])
-    js_chunk_size: int = opt(8, "Rows per chunk in the memory-efficient pairwise JS divergence.")
-    # SEED-Encoder
-    seed_decoder_layers: int = opt(3, "SEED-Encoder: decoder layers.")
-    seed_attention_span: int = opt(2, "SEED-Encoder: each decoder position attends to the previous k tokens plus [CLS].")
-    # RetroMAE
-    encoder_mask_ratio: float = opt(0.3, "RetroMAE: encoder masking ratio.")
-    decoder_mask_ratio: float = opt(0.5, "RetroMAE: share of positions hidden in each row of the enhanced-decoding mask.")
-    # Bag-of-words prediction
-    bow_weight: float = opt(1.0, "BoW: weight of the bag-of-words loss.")
-    bow_weight_schedule: str = opt("constant", "BoW: schedule of the BoW weight over optimizer steps.", choices=["constant", "linear_decay"])
+    decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the objective's decoder from this exported run "
+                                      "(its <dir>/decoder) instead of initialising a new one; pass the stage-1 run "
+                                      "directory here and as --model.")
+
+    #: Set on the classes made by :func:`pretrain_config_class`: the objective whose options they hold.
+    _objective_name: ClassVar[Optional[str]] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "PretrainConfig":
+        if cls.__dict__.get("_objective_name") is None:  # PretrainConfig (or a subclass) itself: add the objective's options
+            name = kwargs.get("objective", cls.__dataclass_fields__["objective"].default)
+            cls = pretrain_config_class(name, base=cls)
+            unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise ValueError(_not_an_option_message(unknown, name))
+        return object.__new__(cls)
+
+    def __post_init__(self) -> None:
+        expected = type(self).__dict__.get("_objective_name")
+        if expected is not None and self.objective != expected:
+            raise ValueError(f"{type(self).__name__} holds the options of objective {expected!r}, not {self.objective!r}; "
+                             f"build the config with PretrainConfig(objective={self.objective!r}, ...)")
+
+    def __reduce__(self) -> Any:  # the classes are made at run time: pickle by value
+        return (_restore_pretrain_config, (_config_base(type(self)), dataclasses.asdict(self)))
+
+
+def _config_base(cls: type) -> type:
+    """The class that :func:`pretrain_config_class` composed ``cls`` from (``PretrainConfig`` or a subclass)."""
+    return getattr(cls, "_config_base", cls)
+
+
+def _restore_pretrain_config(base: type, values: dict[str, Any]) -> PretrainConfig:
+    return base(**values)
+
+
+_CONFIG_CLASSES: dict[tuple[type, str, type], type] = {}
+
+
+def pretrain_config_class(objective: str, base: type = PretrainConfig) -> type:
+    """The config class of objective ``objective``: ``base``'s fields plus the objective's ``Options``.
+
+    Raises:
+        ValueError: if ``objective`` is not a registered objective.
+    """
+    from .objectives import objective_class
+
+    options = objective_class(objective).Options
+    key = (base, objective, options)
+    if key not in _CONFIG_CLASSES:
+        cls = dataclasses.make_dataclass(f"PretrainConfig_{objective}", [], bases=(options, base))  # shared fields first
+        cls._objective_name = objective
+        cls._config_base = base
+        cls.__module__ = __name__
+        cls.__doc__ = f"Options of ``python -m pretrain --objective {objective}`` (shared ones + {options.__name__})."
+        _CONFIG_CLASSES[key] = cls
+    return _CONFIG_CLASSES[key]
+
+
+def objective_option_names(cls: type) -> list[str]:
+    """Fields of config class ``cls`` that belong to its objective (not to the shared :class:`PretrainConfig`)."""
+    shared = {f.name for f in dataclasses.fields(_config_base(cls))}
+    return [f.name for f in dataclasses.fields(cls) if f.name not in shared]
+
+
+def objectives_with_option(name: str) -> list[str]:
+    """Registered objectives that have an option called ``name``."""
+    from .objectives import available_objectives
+
+    return [obj for obj, cls in available_objectives().items()
+            if name in {f.name for f in dataclasses.fields(cls.Options)}]
+
+
+def _not_an_option_message(names: list[str], objective: str, source: str = "") -> str:
+    parts = []
+    for n in names:
+        owners = objectives_with_option(n)
+        parts.append(f"{n!r} (an option of {', '.join(owners)})" if owners else f"{n!r} (no objective has it)")
+    return (f"option(s) {', '.join(parts)}{source} do not apply to objective {objective!r}; "
+            f"`python -m pretrain --objective {objective} --help` lists its options")
 
 
 #: Named fine-tuning recipes (``--preset NAME``): option values applied on top of the defaults
@@ -204,17 +267,34 @@ def coerce_value(f: dataclasses.Field, value: Any, source: str = "config file") 
     return value
 
 
+def _choices(cls: type, f: dataclasses.Field) -> Optional[list[str]]:
+    """The allowed values of field ``f`` (``--objective``: the registered objectives)."""
+    if f.name == "objective" and isinstance(cls, type) and issubclass(cls, PretrainConfig):
+        from .objectives import available_objectives
+        return list(available_objectives())
+    return f.metadata.get("choices")
+
+
 def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, **parser_kw: Any) -> "argparse.ArgumentParser":
     """An argparse parser with one ``--flag`` per field of config class ``cls``.
 
     Flags default to ``argparse.SUPPRESS`` so that only options given on the command line
-    override the config file (see :func:`parse_config`).
+    override the config file (see :func:`parse_config`). For the config class of an objective
+    (:func:`pretrain_config_class`) the objective's own options form a separate group.
     """
     import argparse
 
     parser = parser or argparse.ArgumentParser(**parser_kw)
     parser.add_argument("--config", default=argparse.SUPPRESS,
                         help="YAML or JSON file holding options (field names as keys); command-line flags override it.")
+    own: set[str] = set()
+    group: Any = parser
+    objective = getattr(cls, "_objective_name", None)
+    if objective is not None:
+        from .objectives import objective_class
+        own = set(objective_option_names(cls))
+        obj_cls = objective_class(objective)
+        group = parser.add_argument_group(f"options of objective {objective!r}", obj_cls.summary())
     for f in config_fields(cls):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata.get('help', '')} (default: {f.default})"
@@ -223,9 +303,10 @@ def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, 
             kw["action"] = argparse.BooleanOptionalAction
         else:
             kw["type"] = {"int": int, "float": float}.get(_base_type(f), str)
-            if "choices" in f.metadata:
-                kw["choices"] = f.metadata["choices"]
-        parser.add_argument(flag, **kw)
+            choices = _choices(cls, f)
+            if choices:
+                kw["choices"] = choices
+        (group if f.name in own else parser).add_argument(flag, **kw)
     return parser
 
 
@@ -253,22 +334,67 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
     Precedence: defaults < ``--preset`` (for classes with a ``PRESETS`` table and a ``preset``
     option, given as a flag or in the file) < ``--config`` file < flags.
 
+    For :class:`PretrainConfig` the objective is read first (``--objective``, else the config
+    file's ``objective``, else the default), and the parser is that of the objective's config
+    class, so that ``--objective X --help`` lists X's options. A config-file key that is an
+    option of *another* objective is ignored with a warning (one file can serve several
+    objectives); on the command line it is refused.
+
     Raises:
-        ValueError: if the config file names an option that ``cls`` does not have, or gives
-            a value of the wrong type or outside the option's choices.
+        ValueError: if the config file names an option that no objective has, an option is
+            given on the command line that the objective does not have, or a value has the
+            wrong type or is outside the option's choices.
     """
+    import argparse
+    import logging
+
+    from_file: dict[str, Any] = {}
+    path = None
+    if issubclass(cls, PretrainConfig) and cls.__dict__.get("_objective_name") is None:
+        pre = argparse.ArgumentParser(add_help=False)
+        pre.add_argument("--config", default=None)
+        pre.add_argument("--objective", default=None)
+        known, _ = pre.parse_known_args(argv)
+        path = known.config
+        if path:
+            from_file = load_config_file(path)
+        objective = known.objective or from_file.get("objective") or cls.__dataclass_fields__["objective"].default
+        from .objectives import available_objectives
+        if objective not in available_objectives():
+            where = "--objective" if known.objective else f"option 'objective' in the config file {path}"
+            if known.objective:  # argparse names the flag and lists the choices
+                build_parser(cls, **parser_kw).parse_args(argv)
+            raise ValueError(f"{where} must be one of {', '.join(available_objectives())}; got {objective!r}")
+        cls = pretrain_config_class(str(objective), base=cls)
     parser = build_parser(cls, **parser_kw)
-    ns = vars(parser.parse_args(argv))
+    ns, rest = parser.parse_known_args(argv)
+    ns = vars(ns)
+    if rest:
+        flags = [a for a in rest if a.startswith("--")]
+        names = [a[2:].split("=")[0].replace("-", "_") for a in flags]
+        objective = getattr(cls, "_objective_name", None)
+        if objective is not None and names and all(objectives_with_option(n) for n in names):
+            raise ValueError(_not_an_option_message(names, objective, " given on the command line"))
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     values: dict[str, Any] = {}
     fields = {f.name: f for f in config_fields(cls)}
     if "config" in ns:
         path = ns.pop("config")
-        from_file = load_config_file(path)
+        if not from_file:
+            from_file = load_config_file(path)
+    if path:
         unknown = sorted(set(from_file) - set(fields))
+        objective = getattr(cls, "_objective_name", None)
+        elsewhere = [k for k in unknown if objective is not None and objectives_with_option(k)]
+        unknown = [k for k in unknown if k not in elsewhere]
         if unknown:
             raise ValueError(f"unknown option(s) in config file {path}: {', '.join(unknown)}; "
                              f"known options: {', '.join(sorted(fields))}")
-        values.update({k: coerce_value(fields[k], v, f"config file {path}") for k, v in from_file.items()})
+        if elsewhere:
+            logging.getLogger(__name__).warning(
+                "config file %s: ignoring %s", path, _not_an_option_message(elsewhere, str(objective)))
+        values.update({k: coerce_value(fields[k], v, f"config file {path}")
+                       for k, v in from_file.items() if k in fields})
     values.update(ns)  # command-line flags (already typed by argparse) override the file
     preset = values.get("preset")
     if preset is not None:  # the preset's values sit under the file and the flags

@@ -213,7 +213,7 @@ def pairwise_js(p: torch.Tensor, q: Optional[torch.Tensor] = None, chunk_size: i
 
 
 def info_nce(sim: torch.Tensor, pos_index: torch.Tensor, self_index: Optional[torch.Tensor] = None,
-             temperature: float = 1.0) -> torch.Tensor:
+             temperature: float = 1.0, reduction: str = "mean") -> torch.Tensor:
     """InfoNCE: cross-entropy of each row's positive against every other column.
 
     Row ``i`` scores ``sim[i] / temperature``; its own column (``self_index[i]``) is excluded,
@@ -225,10 +225,13 @@ def info_nce(sim: torch.Tensor, pos_index: torch.Tensor, self_index: Optional[to
         self_index: ``(N,)`` column holding the row itself (excluded); default ``arange(N)``
             for a square ``sim``; pass ``-1`` entries to exclude nothing for that row.
         temperature: Divides the similarities.
+        reduction: ``"mean"`` or ``"sum"`` over rows, or ``"none"`` (one loss per row).
 
     Returns:
-        Scalar mean loss over rows (float32).
+        The loss of every row reduced over rows (float32).
     """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if sim.dim() != 2 or pos_index.shape != (sim.shape[0],):
         raise ValueError(f"info_nce needs sim (N, M) and pos_index (N,), got {tuple(sim.shape)} and {tuple(pos_index.shape)}")
     n, m = sim.shape
@@ -245,4 +248,4 @@ def info_nce(sim: torch.Tensor, pos_index: torch.Tensor, self_index: Optional[to
     has_self = self_index >= 0
     logits = logits.index_put((rows[has_self], self_index[has_self]),
                               torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
-    return F.cross_entropy(logits, pos_index.to(sim.device))
+    return F.cross_entropy(logits, pos_index.to(sim.device), reduction=reduction)

@@ -115,8 +115,9 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 def config_differences(previous: dict[str, Any], current: dict[str, Any],
                        mutable: Iterable[str] = RESUME_MUTABLE_FIELDS) -> list[str]:
-    """Names of options that differ between two runs' configs, ignoring the ``mutable`` ones."""
-    keys = (set(previous) | set(current)) - set(mutable)
+    """Names of options that differ between two runs' configs, ignoring the ``mutable`` ones and options
+    only one side has (each objective has its own options; a run recorded before an option existed)."""
+    keys = (set(previous) & set(current)) - set(mutable)
     return sorted(k for k in keys if previous.get(k) != current.get(k))
 
 
@@ -338,7 +339,8 @@ class Trainer:
         module = self.module
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(module)
-        optimizer = torch.optim.AdamW(parameter_groups(module, cfg.weight_decay), lr=cfg.learning_rate)
+        optimizer = torch.optim.AdamW(parameter_groups(module, cfg.weight_decay), lr=cfg.learning_rate,
+                                      betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon)
         scheduler = get_linear_schedule_with_warmup(optimizer, self.warmup_steps, self.total_steps)
         # the scheduler is not prepared: accelerate would step it once per process
         model, optimizer = acc.prepare(module, optimizer)

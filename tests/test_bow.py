@@ -19,7 +19,7 @@ def _load(tiny_bert_dir: str, **cfg):
     torch.manual_seed(0)
     model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    return model, tok, PretrainConfig(model=tiny_bert_dir, **cfg)
+    return model, tok, PretrainConfig(objective="bow", model=tiny_bert_dir, **cfg)
 
 
 def test_bow_loss_hand_computed():

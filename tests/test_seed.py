@@ -112,7 +112,7 @@ def test_decoder_matches_naive_per_position_reference(span):
 
 
 def test_targets_are_next_tokens(tiny_bert_dir):
-    model, tok, cfg = load_tiny(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed")
     obj = build_objective("seed", model, tok, cfg)
     batch = obj.collate([[2000, 2001, 2002], [2003]])
     t = obj.decoder_targets(batch["input_ids"], batch["special_tokens_mask"], batch["attention_mask"])
@@ -121,7 +121,7 @@ def test_targets_are_next_tokens(tiny_bert_dir):
 
 
 def test_rec_loss_matches_naive_reference(tiny_bert_dir):
-    model, tok, cfg = load_tiny(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed")
     obj = build_objective("seed", model, tok, cfg).eval()
     sharpen(obj)
     examples = _examples(tok)
@@ -144,7 +144,7 @@ def test_rec_loss_matches_naive_reference(tiny_bert_dir):
 
 
 def test_output_layer_is_the_word_embedding_matrix(tiny_bert_dir):
-    model, tok, cfg = load_tiny(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed")
     obj = build_objective("seed", model, tok, cfg)
     own = {n for n, _ in obj.named_parameters()} - {"mlm_model." + n for n, _ in model.named_parameters()}
     assert own == {"decoder." + n for n, _ in obj.decoder.named_parameters()}
@@ -161,7 +161,7 @@ def test_output_layer_is_the_word_embedding_matrix(tiny_bert_dir):
 
 
 def test_loss_components_and_training(tiny_bert_dir, tmp_path):
-    model, tok, cfg = load_tiny(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed")
     obj = build_objective("seed", model, tok, cfg)
     assert len(obj.decoder.layers) == cfg.seed_decoder_layers == 3
     examples = _examples(tok)
@@ -178,7 +178,7 @@ def test_loss_components_and_training(tiny_bert_dir, tmp_path):
 
 
 def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):
-    model, tok, cfg = load_tiny(tiny_bert_dir)
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed")
     tok.mask_token = None
     with pytest.raises(ValueError, match="mask token"):
         build_objective("seed", model, tok, cfg)
@@ -186,6 +186,6 @@ def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):
 
 @pytest.mark.parametrize("option", [{"seed_attention_span": 0}, {"seed_decoder_layers": 0}])
 def test_refuses_bad_decoder_options(tiny_bert_dir, option):
-    model, tok, cfg = load_tiny(tiny_bert_dir, **option)
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed", **option)
     with pytest.raises(ValueError, match=next(iter(option))):
         build_objective("seed", model, tok, cfg)

@@ -1,25 +1,152 @@
-"""Registry of pre-training objectives (``--objective NAME``).
+"""Registry of pre-training objectives (``python -m pretrain --objective NAME``).
 
-Each entry maps a name to ``"module:Class"``; classes are imported lazily so that a
-missing optional dependency of one objective does not break the others.
+Every objective is a plugin: one module that defines an :class:`~pretrain.objectives.base.Objective`
+subclass and registers it with :func:`register_objective`. The registry is filled by importing
+every module of this package (so a new file here is found without editing any other file) and
+the modules named by the ``pretrain.objectives`` entry-point group of installed packages.
+
+How to add an objective
+-----------------------
+1. Create ``pretrain/objectives/<name>.py`` (or a module in your own package, listed under the
+   ``pretrain.objectives`` entry-point group in its ``pyproject.toml``)::
+
+       from dataclasses import dataclass
+
+       from ..config import opt
+       from .base import MLMOptions, MaskedViewsMixin, Objective
+       from . import register_objective
+
+       @dataclass
+       class MyOptions(MLMOptions):          # MLMOptions: --mlm-probability, --whole-word-mask
+           my_weight: float = opt(1.0, "Weight of my term.")   # becomes --my-weight
+
+       @register_objective
+       class MyObjective(MaskedViewsMixin, Objective):
+           \"\"\"One line shown in `python -m pretrain --help`.\"\"\"
+           name = "mine"                      # --objective mine
+           Options = MyOptions                # its options (shown by --objective mine --help)
+           loss_names = ("mlm", "mine")
+           num_views = 1                      # masked views per text built by collate
+
+           @classmethod
+           def prepare(cls, corpus, config):  # optional: statistics of the tokenised corpus
+               return {}                      # passed as keyword arguments to __init__
+
+           def forward(self, batch):
+               hidden, labels = self.encode_views(batch)
+               l_mlm = self.masked_lm_loss(hidden, labels)
+               ...
+               return {"loss": l_mlm + self.config.my_weight * l_mine, "mlm": l_mlm.detach(), ...}
+
+2. Options are dataclass fields made with :func:`pretrain.config.opt` (default + help text,
+   optional ``choices``); they are flags (``--my-weight``), config-file keys (``my_weight``)
+   and attributes of the run's config (``self.config.my_weight``). Inherit the option
+   dataclasses of the parts you reuse (:class:`~pretrain.objectives.base.MaskedViewsOptions`,
+   :class:`~pretrain.objectives.base.MLMOptions`, ``CPDAEAutoencoderOptions``...); an option
+   name must mean the same thing in every objective that has it.
+3. Shared parts live in :mod:`pretrain.objectives.base`: :class:`MaskedViewsMixin` (collate into
+   ``num_views`` independently masked views, :meth:`encode_views`, the MLM term
+   :meth:`masked_lm_loss`), :meth:`Objective.save_pretrained` (encoder + ``decoder_modules()``).
+   Class flags: ``contrastive = True`` if the loss compares the texts of a batch (needs >= 2
+   per forward pass), ``needs_mask_token``.
+4. What the objective needs from the corpus (IDF weights, a decoder-bias prior, ...) is
+   computed in the classmethod :meth:`Objective.prepare` from the tokenised corpus
+   (:class:`pretrain.corpus.TokenCache`); the CLI passes the returned dict to the constructor.
+5. Add ``tests/test_<name>.py``: a reference for its loss written from the paper's equation,
+   and a short run (``tests/test_objective_plugins.py`` shows a toy objective trained for two
+   steps through ``python -m pretrain``).
 """
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import logging
+import pkgutil
+from typing import Any, Optional
 
-from .base import Objective
+from .base import MaskedViewsMixin, MaskedViewsOptions, MLMOptions, Objective, ObjectiveOptions
 
-OBJECTIVES: dict[str, str] = {
-    "mlm": "pretrain.objectives.mlm:MLMObjective",
-    "cpdae": "pretrain.objectives.cpdae:CPDAEObjective",
-    "cpdae_r": "pretrain.objectives.cpdae:CPDAERObjective",
-    "cpdae_nocl": "pretrain.objectives.cpdae:CPDAENoCLObjective",
-    "cpdae_idfrec": "pretrain.objectives.cpdae:CPDAEIDFRecObjective",
-    "seed": "pretrain.objectives.seed:SEEDObjective",
-    "retromae": "pretrain.objectives.retromae:RetroMAEObjective",
-    "bow": "pretrain.objectives.bow:BoWObjective",
-}
+logger = logging.getLogger(__name__)
+
+#: name -> objective class, in registration order.
+_REGISTRY: dict[str, type[Objective]] = {}
+#: modules that failed to import: module name -> error text (named when an objective is not found).
+_FAILED: dict[str, str] = {}
+_DISCOVERED = False
+ENTRY_POINT_GROUP = "pretrain.objectives"
+#: modules of this package that hold no objective.
+_NOT_PLUGINS = {"base"}
+#: listing order of the built-in modules in ``--help`` (other modules follow, alphabetically).
+_BUILTIN_ORDER = ("mlm", "cpdae", "seed", "retromae", "bow")
+
+
+def register_objective(cls: Optional[type[Objective]] = None, *, name: Optional[str] = None) -> Any:
+    """Class decorator: register an :class:`Objective` subclass under ``name`` (default: ``cls.name``).
+
+    Raises:
+        ValueError: if another class is already registered under the name, or the class's
+            ``Options`` is not a dataclass of :class:`ObjectiveOptions`.
+    """
+    def register(c: type[Objective]) -> type[Objective]:
+        import dataclasses
+
+        key = name or c.name
+        if not isinstance(c, type) or not issubclass(c, Objective):
+            raise ValueError(f"register_objective expects an Objective subclass, got {c!r}")
+        if not key or key == Objective.name:
+            raise ValueError(f"{c.__qualname__} needs a `name` (the value of --objective)")
+        if not (dataclasses.is_dataclass(c.Options) and issubclass(c.Options, ObjectiveOptions)):
+            raise ValueError(f"{c.__qualname__}.Options must be a @dataclass subclass of ObjectiveOptions")
+        from ..config import PretrainConfig
+        clash = sorted({f.name for f in dataclasses.fields(c.Options)} & {f.name for f in dataclasses.fields(PretrainConfig)})
+        if clash:
+            raise ValueError(f"{c.__qualname__}.Options redefines the shared option(s) {', '.join(clash)}; "
+                             "choose other names")
+        _discover()  # the built-ins first (listing order), whoever registers first
+        old = _REGISTRY.get(key)
+        if old is not None and (old.__module__, old.__qualname__) != (c.__module__, c.__qualname__):
+            raise ValueError(f"objective {key!r} is already registered by {old.__module__}.{old.__qualname__}; "
+                             f"cannot register {c.__module__}.{c.__qualname__} under the same name")
+        _REGISTRY[key] = c
+        return c
+
+    return register(cls) if cls is not None else register
+
+
+def unregister_objective(name: str) -> None:
+    """Remove ``name`` from the registry (tests)."""
+    _REGISTRY.pop(name, None)
+
+
+def _discover() -> None:
+    """Import this package's modules and the ``pretrain.objectives`` entry points (once)."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    order = {n: i for i, n in enumerate(_BUILTIN_ORDER)}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: (order.get(i.name, len(order)), i.name)):
+        if info.name.startswith("_") or info.name in _NOT_PLUGINS:
+            continue
+        module = f"{__name__}.{info.name}"
+        try:
+            importlib.import_module(module)
+        except ImportError as e:  # a missing optional dependency of one objective must not break the others
+            _FAILED[module] = f"{type(e).__name__}: {e}"
+            logger.warning("objective module %s not loaded: %s", module, e)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken third-party plugin is reported, not fatal
+            _FAILED[ep.value] = f"{type(e).__name__}: {e}"
+            logger.warning("objective plugin %s (%s) not loaded: %s", ep.name, ep.value, e)
+
+
+def available_objectives() -> dict[str, type[Objective]]:
+    """All registered objectives, ``name -> class`` (built-in ones first)."""
+    _discover()
+    return dict(_REGISTRY)
 
 
 def objective_class(name: str) -> type[Objective]:
@@ -28,15 +155,25 @@ def objective_class(name: str) -> type[Objective]:
     Raises:
         ValueError: if ``name`` is not a registered objective.
     """
-    if name not in OBJECTIVES:
-        raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(OBJECTIVES)}")
-    module, cls = OBJECTIVES[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    found = available_objectives()
+    if name not in found:
+        failed = f" (modules that failed to import: {'; '.join(f'{k}: {v}' for k, v in _FAILED.items())})" if _FAILED else ""
+        raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(found)}{failed}")
+    return found[name]
 
 
 def build_objective(name: str, mlm_model: Any, tokenizer: Any, config: Any, **extra: Any) -> Objective:
-    """Instantiate objective ``name`` (``extra`` carries e.g. ``idf=`` for ``cpdae_idfrec``)."""
+    """Instantiate objective ``name``; ``extra`` are what its :meth:`~Objective.prepare` returns
+    (e.g. ``idf=`` for ``cpdae_idfrec``, ``bias_prior=`` for the CPDAE decoders)."""
     return objective_class(name)(mlm_model, tokenizer, config, **extra)
 
 
-__all__ = ["OBJECTIVES", "Objective", "build_objective", "objective_class"]
+def __getattr__(attr: str) -> Any:
+    if attr == "OBJECTIVES":  # name -> "module:Class" (kept for callers of the former static table)
+        return {k: f"{c.__module__}:{c.__qualname__}" for k, c in available_objectives().items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+__all__ = ["Objective", "ObjectiveOptions", "MaskedViewsOptions", "MLMOptions", "MaskedViewsMixin",
+           "register_objective", "unregister_objective", "available_objectives", "build_objective",
+           "objective_class", "ENTRY_POINT_GROUP"]

@@ -12,18 +12,70 @@ trainable parameters in one DDP module. The trainer only ever calls:
 * ``objective.save_pretrained(path)``: write the encoder as a standard Hugging Face
   directory (config, safetensors, tokenizer) at ``path`` and any decoder under
   ``path/decoder``.
+
+The pipeline (:func:`pretrain.cli.pretrain`) also calls the classmethod
+``Objective.prepare(corpus, config)`` once, before construction, for what the objective
+needs from the tokenised corpus. Each objective declares its options as a dataclass
+(``Objective.Options``, a subclass of :class:`ObjectiveOptions`); the run's config
+(:class:`~pretrain.config.PretrainConfig` of that objective) carries them as attributes.
+
+Shared parts: :class:`MaskedViewsMixin` builds independently masked views of every text
+and computes the MLM term; its options are :class:`MaskedViewsOptions` / :class:`MLMOptions`.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 import json
 import os
-from typing import Any
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
+from ..distributed import global_mean_count
+from ..losses import mlm_loss
+from ..masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
+from ..modeling import mlm_head
+
+
+@dataclass
+class ObjectiveOptions:
+    """Base of every objective's options (a dataclass of :func:`pretrain.config.opt` fields)."""
+
+
+@dataclass
+class MaskedViewsOptions(ObjectiveOptions):
+    """Options of the masked views built by :class:`MaskedViewsMixin`."""
+
+    whole_word_mask: bool = opt(False, "Mask whole words instead of single WordPiece tokens.")
+
+
+@dataclass
+class ReconstructionWeightsOptions(ObjectiveOptions):
+    """Loss weights of the autoencoders with an auxiliary decoder: ``L = w_mlm·L_MLM + w_rec·L_REC``."""
+
+    mlm_weight: float = opt(1.0, "Weight of the encoder's MLM loss (the papers: 1).")
+    rec_weight: float = opt(1.0, "Weight of the decoder's reconstruction loss (the papers: 1).")
+
+
+@dataclass
+class RepresentationOptions(ObjectiveOptions):
+    """The text representation the objective decodes or contrasts (and the exported model is meant to be used with)."""
+
+    representation: str = opt("cls", "Text vector that the decoder / contrast / BoW head reads: cls (the last layer's "
+                              "[CLS] vector, the papers') or mean (mean of the last layer over the real tokens, e.g. "
+                              "to adapt a mean-pooled model such as MiniLM). Recorded in the exported config.json "
+                              "as \"pooling\".", choices=["cls", "mean"])
+
+
+@dataclass
+class MLMOptions(MaskedViewsOptions):
+    """Masked views at BERT's masking ratio (objectives whose encoder is trained with BERT's MLM)."""
+
+    mlm_probability: float = opt(0.15, "Masking ratio (BERT 80/10/10) for the encoder's views.")
 
 
 class Objective(nn.Module):
@@ -43,6 +95,34 @@ class Objective(nn.Module):
     needs_mask_token: bool = True
     #: Whether the objective compares texts within a batch (needs >= 2 texts per batch).
     contrastive: bool = False
+    #: The objective's options (a dataclass subclass of :class:`ObjectiveOptions`).
+    Options: ClassVar[type] = ObjectiveOptions
+
+    @classmethod
+    def summary(cls) -> str:
+        """One line describing the objective (the first paragraph of its docstring, without reST markup)."""
+        para = (cls.__doc__ or cls.name).strip().split("\n\n")[0]
+        return " ".join(para.split()).replace("``", "")
+
+    @classmethod
+    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
+        """What the objective needs from the tokenised corpus, as keyword arguments of its constructor.
+
+        Args:
+            corpus: The training corpus (:class:`pretrain.corpus.TokenCache`).
+            config: The run's config.
+        """
+        return {}
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Objective":
+        # before any constructor reads an option: the config must hold this objective's options
+        config = args[2] if len(args) > 2 else kwargs.get("config")
+        missing = [f.name for f in dataclasses.fields(cls.Options) if not hasattr(config, f.name)]
+        if missing:
+            raise ValueError(f"objective {cls.name!r} needs the option(s) {', '.join(missing)}, which the given "
+                             f"config ({type(config).__name__}) lacks; build it with "
+                             f"PretrainConfig(objective={cls.name!r}, ...)")
+        return super().__new__(cls)
 
     def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
                  **extra: Any):
@@ -57,6 +137,52 @@ class Objective(nn.Module):
         self.mlm_model = mlm_model
         self.tokenizer = tokenizer
         self.config = config
+
+    def text_vectors(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``(B, L, H)`` last hidden states → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""
+        from ..biencoder import pool
+        return pool(hidden, attention_mask, getattr(self.config, "representation", "cls"))
+
+    def load_decoder(self, path: str) -> None:
+        """Continue the decoder of an exported run (``<path>/decoder``, written by :meth:`save_pretrained`).
+
+        Raises:
+            FileNotFoundError: if ``path`` holds no decoder.
+            ValueError: if this objective has no decoder, or the saved decoder does not fit it
+                (other modules, other shapes).
+        """
+        import logging
+
+        from safetensors.torch import load_file
+
+        from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS
+
+        modules = self.decoder_modules()
+        if not modules:
+            raise ValueError(f"objective {self.name!r} has no decoder to continue; drop --decoder-from {path}")
+        ddir = os.path.join(path, "decoder") if os.path.isdir(os.path.join(path, "decoder")) else path
+        cfg_path, w_path = os.path.join(ddir, DECODER_CONFIG), os.path.join(ddir, DECODER_WEIGHTS)
+        for p in (cfg_path, w_path):
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"--decoder-from {path}: {p} not found; pass the directory of a finished "
+                                        f"`python -m pretrain --objective {self.name}` run")
+        with open(cfg_path) as f:
+            saved = json.load(f)
+        state = load_file(w_path)
+        saved_modules = sorted({k.split(".", 1)[0] for k in state})
+        if set(saved_modules) != set(modules):
+            raise ValueError(f"--decoder-from {path} holds the decoder modules {saved_modules} of objective "
+                             f"{saved.get('objective')!r}; objective {self.name!r} needs {sorted(modules)}")
+        if saved.get("objective") != self.name:
+            logging.getLogger(__name__).warning("continuing the decoder of objective %r (%s) in objective %r",
+                                                saved.get("objective"), path, self.name)
+        for key, module in modules.items():
+            sub = {n[len(key) + 1:]: t for n, t in state.items() if n.startswith(key + ".")}
+            try:
+                module.load_state_dict(sub, strict=True)
+            except RuntimeError as e:
+                raise ValueError(f"--decoder-from {path}: the saved {key!r} does not fit objective {self.name!r} "
+                                 f"with this run's options (saved: {saved}): {e}") from e
 
     @property
     def encoder(self) -> PreTrainedModel:
@@ -81,6 +207,8 @@ class Objective(nn.Module):
     def save_pretrained(self, path: str) -> None:
         """Save the encoder (+ MLM head) and tokenizer at ``path``, the decoder under ``path/decoder``."""
         os.makedirs(path, exist_ok=True)
+        if hasattr(self.config, "representation"):  # recorded for the users of the exported encoder
+            self.mlm_model.config.pooling = self.config.representation
         self.mlm_model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         decoders = self.decoder_modules()
@@ -95,5 +223,70 @@ class Objective(nn.Module):
 
     def decoder_config(self) -> dict[str, Any]:
         """JSON-serialisable description of the decoder (objective name, sizes, options)."""
-        return {"objective": self.name, "hidden_size": self.mlm_model.config.hidden_size,
-                "vocab_size": self.mlm_model.config.vocab_size}
+        cfg = {"objective": self.name, "hidden_size": self.mlm_model.config.hidden_size,
+               "vocab_size": self.mlm_model.config.vocab_size}
+        if hasattr(self.config, "representation"):
+            cfg["representation"] = self.config.representation
+        return cfg
+
+
+class MaskedViewsMixin:
+    """Builds ``num_views`` independently masked views of every text in ``collate``.
+
+    Batch layout (every tensor has the texts on dim 0, so a batch can be split across
+    processes along dim 0): ``input_ids``, ``attention_mask``, ``special_tokens_mask``
+    ``(m, L)`` for the unmasked texts (with [CLS]/[SEP], padded; the special-token mask is
+    True at padding too) and ``masked_input_ids``, ``mlm_labels`` ``(m, num_views, L)``.
+    :meth:`views` flattens the views view-major: rows ``i``, ``i + m``, ``i + 2m``... are
+    the views of text ``i``.
+    """
+
+    num_views: int = 1
+    #: Optional generator used for masking (reproducible batches); default: torch's global RNG.
+    mask_generator: Optional[torch.Generator] = None
+
+    @property
+    def mask_probability(self) -> float:
+        """Share of the text tokens masked in each view (BERT masking: ``config.mlm_probability``)."""
+        return self.config.mlm_probability
+
+    def _mask_setup(self) -> None:
+        self._continuation = None
+        if self.config.whole_word_mask:
+            self._continuation = continuation_table(self.tokenizer, self.mlm_model.config.vocab_size)
+
+    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
+        """Add [CLS]/[SEP], pad and mask every text ``num_views`` times independently."""
+        input_ids, attention_mask, special = pad_and_add_special(examples, self.tokenizer)
+        word_ids = None
+        if self._continuation is not None:
+            word_ids = wordpiece_word_ids(input_ids, special, self._continuation)
+        masked, labels = [], []
+        for _ in range(self.num_views):
+            x, y = mask_tokens(input_ids, special, mask_token_id=self.tokenizer.mask_token_id,
+                               vocab_size=self.mlm_model.config.vocab_size,
+                               mlm_probability=self.mask_probability, generator=self.mask_generator,
+                               word_ids=word_ids)
+            masked.append(x)
+            labels.append(y)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special,
+                "masked_input_ids": torch.stack(masked, 1), "mlm_labels": torch.stack(labels, 1)}
+
+    @staticmethod
+    def views(t: torch.Tensor) -> torch.Tensor:
+        """``(m, k, L)`` → ``(k·m, L)``, view-major (rows ``i + v·m`` belong to text ``i``)."""
+        return t.transpose(0, 1).reshape(-1, t.shape[-1])
+
+    def encode_views(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the encoder on all masked views; returns ``(last_hidden_state (k·m, L, H), labels (k·m, L))``."""
+        k = batch["masked_input_ids"].shape[1]
+        ids = self.views(batch["masked_input_ids"])
+        am = batch["attention_mask"].repeat(k, 1)
+        hidden = self.encoder(input_ids=ids, attention_mask=am).last_hidden_state
+        return hidden, self.views(batch["mlm_labels"])
+
+    def masked_lm_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """MLM loss, normalised by the global mean number of masked tokens per process, so that
+        DDP's gradient averaging gives exactly the gradient of the global-batch mean."""
+        n = global_mean_count(int((labels != -100).sum()), device=labels.device)
+        return mlm_loss(hidden, labels, mlm_head(self.mlm_model), num_items=n)

@@ -2,8 +2,10 @@
 
 Ma et al., "Drop your Decoder: Pre-training with Bag-of-Word Prediction for Dense Passage
 Retrieval" (SIGIR 2024). No decoder: the encoder's [CLS] vector of the masked view is
-projected to the vocabulary through the checkpoint's own (tied) MLM head, ``z = head(h_cls)``,
-and trained to put its probability mass on the tokens of the input,
+projected to the vocabulary through the checkpoint's own (tied) MLM head, ``z = head(h_cls)``
+(default), or, with ``--bow-projection embeddings``, through the word-embedding matrix alone,
+``z = E h_cls`` (Eq. 11's literal "LM head, i.e. its embedding matrix"), and trained
+to put its probability mass on the tokens of the input,
 
     L_BoW = -(1/|S|) * sum_{t in S} log softmax(z)_t,
 
@@ -17,21 +19,34 @@ The batch and the MLM term are the shared ones of :class:`~pretrain.objectives.m
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
 from ..masking import bag_of_words
 from ..modeling import mlm_head
-from .base import Objective
-from .mlm import MaskedViewsMixin
+from . import register_objective
+from .base import MaskedViewsMixin, MLMOptions, Objective, RepresentationOptions
 
-__all__ = ["BOW_SCHEDULES", "BoWObjective", "bow_loss", "bow_weight_at"]
+__all__ = ["BOW_SCHEDULES", "BoWObjective", "BoWOptions", "bow_loss", "bow_weight_at"]
 
 BOW_SCHEDULES = ("constant", "linear_decay")
+
+
+@dataclass
+class BoWOptions(RepresentationOptions, MLMOptions):
+    """Options of the bag-of-words prediction objective."""
+
+    bow_weight: float = opt(1.0, "BoW: weight of the bag-of-words loss.")
+    bow_weight_schedule: str = opt("constant", "BoW: schedule of the BoW weight over optimizer steps.",
+                                   choices=list(BOW_SCHEDULES))
+    bow_projection: str = opt("mlm_head", "BoW: how [CLS] becomes vocabulary logits: mlm_head (the checkpoint's full "
+                              "MLM head: transform, tied embeddings, bias) or embeddings (Eq. 11 literally, the "
+                              "embedding matrix alone: z = E h).", choices=["mlm_head", "embeddings"])
 
 
 def bow_weight_at(weight: float, schedule: str, step: int, total_steps: int) -> float:
@@ -75,6 +90,7 @@ def bow_loss(logits: torch.Tensor, bow: torch.Tensor) -> torch.Tensor:
     return per_text.mean()
 
 
+@register_objective
 class BoWObjective(MaskedViewsMixin, Objective):
     """MLM + ``w`` x bag-of-words prediction from the [CLS] vector through the MLM head.
 
@@ -86,6 +102,7 @@ class BoWObjective(MaskedViewsMixin, Objective):
     """
 
     name = "bow"
+    Options = BoWOptions
     loss_names = ("mlm", "bow")
     num_views = 1
     ddp_find_unused_parameters = False
@@ -96,9 +113,17 @@ class BoWObjective(MaskedViewsMixin, Objective):
             raise ValueError(f"unknown bow_weight_schedule {config.bow_weight_schedule!r}; choose one of {BOW_SCHEDULES}")
         if config.bow_weight < 0:
             raise ValueError(f"bow_weight must be >= 0, got {config.bow_weight}")
+        if config.bow_projection not in ("mlm_head", "embeddings"):
+            raise ValueError(f"bow_projection must be 'mlm_head' or 'embeddings', got {config.bow_projection!r}")
         super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()
         self.bow_weight = float(config.bow_weight)
+
+    def vocabulary_logits(self, cls: torch.Tensor) -> torch.Tensor:
+        """``(B, H)`` [CLS] vectors → ``(B, |V|)`` logits (``--bow-projection``)."""
+        if self.config.bow_projection == "embeddings":
+            return cls @ self.mlm_model.get_input_embeddings().weight.T
+        return mlm_head(self.mlm_model)(cls)
 
     def on_step(self, step: int, total_steps: int) -> None:
         """Set the BoW weight for the next update; the trainer calls this after every optimizer step."""
@@ -109,5 +134,5 @@ class BoWObjective(MaskedViewsMixin, Objective):
         l_mlm = self.masked_lm_loss(hidden, labels)
         special = batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool()
         bow = bag_of_words(batch["input_ids"], special, self.mlm_model.config.vocab_size)
-        l_bow = bow_loss(mlm_head(self.mlm_model)(hidden[:, 0]), bow)
+        l_bow = bow_loss(self.vocabulary_logits(self.text_vectors(hidden, batch["attention_mask"])), bow)
         return {"loss": l_mlm + self.bow_weight * l_bow, "mlm": l_mlm.detach(), "bow": l_bow.detach()}

@@ -15,54 +15,113 @@ into vocabulary logits ``z``. The loss is
   other views are negatives.
 
 Variants: ``cpdae_r`` (InfoNCE on the [CLS] vectors), ``cpdae_nocl`` (no ``L_CL``) and
-``cpdae_idfrec`` (IDF-weighted ``L_REC``, no ``L_CL``).
+``cpdae_idfrec`` (IDF-weighted ``L_REC``, no ``L_CL``). ``--rec-weighting idf`` weights ``L_REC``
+by IDF in any of them (with the contrastive loss too); ``--cl-reduction sum`` reads Eq. 5
+literally (a sum over the ``m`` anchors instead of the mean over the ``2m`` views).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
 from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
 from ..losses import info_nce, pairwise_js, rec_loss, word_distribution
 from ..masking import bag_of_words
 from ..modeling import CPDAEDecoder
-from .base import Objective
-from .mlm import MaskedViewsMixin
+from . import register_objective
+from .base import MaskedViewsMixin, MLMOptions, Objective, RepresentationOptions
 
-__all__ = ["CPDAEObjective", "CPDAERObjective", "CPDAENoCLObjective", "CPDAEIDFRecObjective", "twin_contrastive_loss"]
+__all__ = ["CPDAEObjective", "CPDAERObjective", "CPDAENoCLObjective", "CPDAEIDFRecObjective", "twin_contrastive_loss",
+           "CPDAEAutoencoderOptions", "CPDAEContrastOptions", "CPDAEOptions"]
 
 
-def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0) -> torch.Tensor:
+@dataclass
+class CPDAEAutoencoderOptions(RepresentationOptions, MLMOptions):
+    """Options of the CPDAE autoencoder (``L_REC + L_MLM``), shared by the four CPDAE objectives."""
+
+    rec_reduction: str = opt("sum", "Reduction of L_REC over the vocabulary: sum (Eq. 4) or mean. Averaged over texts either way.",
+                             choices=["sum", "mean"])
+    decoder_init: str = opt("random", "Initialise the CPDAE MLP decoder randomly or from the checkpoint's MLM head transform + decoder.",
+                            choices=["random", "mlm_head"])
+    decoder_bias_init: str = opt("prior", "Output bias of the CPDAE decoder at initialisation: prior (the log-odds of "
+                                 "each token's block frequency in the training corpus, so that L_REC starts at the "
+                                 "corpus prior instead of first pulling every [CLS] vector towards it; chosen by "
+                                 "experiments/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
+                                 "bias with --decoder-init mlm_head).",
+                                 choices=["zero", "prior"])
+    rec_weighting: str = opt("none", "Weighting of L_REC over the vocabulary: none (Eq. 4) or idf (the BCE of token v times "
+                             "its IDF on the training corpus; with the contrastive objectives too).",
+                             choices=["none", "idf"])
+
+
+@dataclass
+class CPDAEContrastOptions(CPDAEAutoencoderOptions):
+    """Options of the contrastive CPDAE objectives (``cpdae_r``; ``cpdae`` adds the JS options)."""
+
+    cl_weight: float = opt(0.1, "Weight λ of the contrastive loss: L = L_REC + L_MLM + λ·L_CL.")
+    temperature: float = opt(1.0, "InfoNCE temperature τ (the paper's Eq. 5 has none, i.e. τ=1).")
+    cl_reduction: str = opt("mean", "Reduction of L_CL: mean over all 2m views as anchors (default), or sum over the "
+                            "m anchors (Eq. 5 literally: the first view of each text; scales the effective λ by about m).",
+                            choices=["mean", "sum"])
+
+
+@dataclass
+class CPDAEOptions(CPDAEContrastOptions):
+    """Options of ``cpdae``: the contrast of decoded word distributions by JS divergence."""
+
+    cl_distribution: str = opt("sigmoid", "How logits become word distributions ž for JS: sigmoid outputs normalised to sum 1 (paper) or softmax.",
+                               choices=["sigmoid", "softmax"])
+    js_chunk_size: int = opt(8, "Rows per chunk in the memory-efficient pairwise JS divergence.")
+
+
+def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0,
+                          reduction: str = "mean") -> torch.Tensor:
     """InfoNCE over the views of a data-parallel batch.
 
     ``x`` holds this process's ``2m`` views, view-major (row ``i`` and ``i+m`` are twins).
-    The views of all processes are gathered (with gradients), the similarity of each local
-    view against every global view is computed with ``similarity(local, global) -> (2m, N)``
-    (``global`` is ``None`` in a single process, meaning "local"), and the loss is the mean
-    over local rows. With DDP's gradient averaging this equals the global-batch mean.
+    The views of all processes are gathered (with gradients), the similarity of local views
+    against every global view is computed with ``similarity(local, global) -> (rows, N)``
+    (``global`` is ``None`` in a single process, meaning "local").
+
+    ``reduction="mean"``: every view is an anchor; the loss is the mean over the local rows
+    (with DDP's gradient averaging, the global-batch mean). ``"sum"``: CPDAE's Eq. 5 read
+    literally, a sum over the ``m`` anchors, the first view of each text (its positive is the
+    twin, all other ``2m - 2`` views of the global batch are negatives); each process returns
+    ``world_size`` times its local sum, so that DDP's averaging gives the global sum.
     """
     n = x.shape[0]
     if n % 2:
         raise ValueError(f"expected an even number of views (2 per text), got {n}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"cl_reduction must be 'mean' or 'sum', got {reduction!r}")
     m = n // 2
     local = torch.arange(n, device=x.device)
     pos = (local + m) % n
+    offset, scale, columns = 0, 1, None
     if is_distributed():
         sizes = gather_sizes(n, device=x.device)
         offset = sum(sizes[:rank()])
         if sum(sizes) < 4:
             raise ValueError("contrastive objectives need at least 2 texts per (global) batch")
-        sim = similarity(x, gather_with_grad(x))
-        return info_nce(sim, pos + offset, self_index=local + offset, temperature=temperature)
-    if m < 2:
+        columns, scale = gather_with_grad(x), world_size()
+    elif m < 2:
         raise ValueError("contrastive objectives need at least 2 texts per batch (got 1): "
                          "the other texts' views are the negatives")
-    return info_nce(similarity(x, None), pos, temperature=temperature)
+    if reduction == "mean":
+        sim = similarity(x, columns)
+        return info_nce(sim, pos + offset, self_index=local + offset if columns is not None else None,
+                        temperature=temperature)
+    anchors = local[:m]
+    sim = similarity(x[:m], x if columns is None else columns)
+    return scale * info_nce(sim, pos[:m] + offset, self_index=anchors + offset, temperature=temperature,
+                            reduction="sum")
 
 
+@register_objective
 class CPDAEObjective(MaskedViewsMixin, Objective):
     """CPDAE: ``L = L_REC + L_MLM + λ·L_CL`` with the JS-divergence contrast of decoded word distributions.
 
@@ -77,6 +136,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     """
 
     name = "cpdae"
+    Options = CPDAEOptions
     loss_names = ("mlm", "rec", "cl")
     num_views = 2
     contrastive = True
@@ -110,16 +170,42 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
                 bias.copy_(bias_prior)
         if config.rec_reduction not in ("sum", "mean"):
             raise ValueError(f"rec_reduction must be 'sum' or 'mean', got {config.rec_reduction!r}")
-        if config.cl_distribution not in ("sigmoid", "softmax"):
+        if getattr(config, "cl_distribution", "sigmoid") not in ("sigmoid", "softmax"):
             raise ValueError(f"cl_distribution must be 'sigmoid' or 'softmax', got {config.cl_distribution!r}")
-        if not float(config.temperature) > 0:
+        if self.use_cl and not float(config.temperature) > 0:
             raise ValueError(f"temperature must be > 0, got {config.temperature!r}")
         self._set_idf(idf, vocab)
 
+    @classmethod
+    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
+        """``bias_prior`` (the corpus log-odds of every token, :func:`pretrain.corpus.token_prior_logits`)
+        with ``--decoder-bias-init prior``."""
+        from ..corpus import idf_weights, token_prior_logits
+        extra: dict[str, Any] = {}
+        if config.decoder_bias_init == "prior":
+            extra["bias_prior"] = token_prior_logits(corpus)
+        if config.rec_weighting == "idf":
+            extra["idf"] = idf_weights(corpus)
+        return extra
+
     def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
-        if idf is not None:
-            raise ValueError(f"objective {self.name!r} takes no idf weights (use cpdae_idfrec)")
-        self.idf = None
+        if self.config.rec_weighting not in ("none", "idf"):
+            raise ValueError(f"rec_weighting must be 'none' or 'idf', got {self.config.rec_weighting!r}")
+        if self.config.rec_weighting == "none":
+            if idf is not None:
+                raise ValueError(f"objective {self.name!r} got idf weights but rec_weighting is 'none' "
+                                 "(use --rec-weighting idf)")
+            self.idf = None
+            return
+        if idf is None:
+            raise ValueError(f"objective {self.name!r} with rec_weighting 'idf' needs idf weights: "
+                             "build_objective(..., idf=tensor of shape (|V|,)), e.g. pretrain.corpus.idf_weights")
+        idf = torch.as_tensor(idf, dtype=torch.float32)
+        if idf.shape != (vocab,):
+            raise ValueError(f"idf must have shape ({vocab},) (the vocabulary size), got {tuple(idf.shape)}")
+        if not bool(torch.isfinite(idf).all()) or bool((idf < 0).any()):
+            raise ValueError("idf weights must be finite and non-negative")
+        self.register_buffer("idf", idf, persistent=False)
 
     def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
         """Two independently masked views per text (see :class:`~pretrain.objectives.mlm.MaskedViewsMixin`).
@@ -138,7 +224,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
         p = word_distribution(logits, self.config.cl_distribution)
         chunk = int(self.config.js_chunk_size)
         return twin_contrastive_loss(p, lambda a, b: -pairwise_js(a, b, chunk_size=chunk),
-                                     temperature=float(self.config.temperature))
+                                     temperature=float(self.config.temperature), reduction=self.config.cl_reduction)
 
     def compute_losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The loss components of a batch, still attached to the autograd graph.
@@ -148,9 +234,9 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
             (unweighted; :meth:`forward` applies ``λ``).
         """
         hidden, labels = self.encode_views(batch)
-        cls = hidden[:, 0]
-        logits = self.decoder(cls)
         k = batch["masked_input_ids"].shape[1]
+        cls = self.text_vectors(hidden, batch["attention_mask"].repeat(k, 1))  # [CLS] (or mean) of every view
+        logits = self.decoder(cls)
         # targets: the token set of the *unmasked* text, special tokens and padding excluded; one row per view
         targets = bag_of_words(batch["input_ids"], batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool(),
                                logits.shape[-1]).repeat(k, 1)
@@ -177,11 +263,12 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     def decoder_config(self) -> dict[str, Any]:
         cfg = super().decoder_config()
         cfg.update(self.decoder.config_dict())
-        cfg.update({"cl_distribution": self.config.cl_distribution, "rec_reduction": self.config.rec_reduction,
-                    "decoder_init": self.config.decoder_init})
+        cfg.update({k: getattr(self.config, k) for k in ("cl_distribution", "rec_reduction", "decoder_init", "rec_weighting", "cl_reduction")
+                    if hasattr(self.config, k)})
         return cfg
 
 
+@register_objective
 class CPDAERObjective(CPDAEObjective):
     """CPDAE-R: the contrast acts on the [CLS] vectors instead of the word distributions.
 
@@ -191,6 +278,7 @@ class CPDAERObjective(CPDAEObjective):
     """
 
     name = "cpdae_r"
+    Options = CPDAEContrastOptions
 
     def contrastive_loss(self, cls: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """``L_CL`` with similarity ``h_i·h_j/τ`` (float32)."""
@@ -199,19 +287,30 @@ class CPDAERObjective(CPDAEObjective):
         def dot(a: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
             with torch.autocast(device_type=a.device.type, enabled=False):
                 return a @ (a if b is None else b).T
-        return twin_contrastive_loss(h, dot, temperature=float(self.config.temperature))
+        return twin_contrastive_loss(h, dot, temperature=float(self.config.temperature),
+                                     reduction=self.config.cl_reduction)
 
 
+@register_objective
 class CPDAENoCLObjective(CPDAEObjective):
     """Ablation without contrast: ``L = L_REC + L_MLM`` on the same two masked views per text
     (so that only the ``L_CL`` term differs from ``cpdae``)."""
 
     name = "cpdae_nocl"
+    Options = CPDAEAutoencoderOptions
     loss_names = ("mlm", "rec")
     contrastive = False
     use_cl = False
 
 
+@dataclass
+class CPDAEIDFRecOptions(CPDAEAutoencoderOptions):
+    """Options of ``cpdae_idfrec`` (``cpdae_nocl`` with ``rec_weighting = "idf"``)."""
+
+    rec_weighting: str = opt("idf", "Weighting of L_REC: idf (this objective's definition).", choices=["idf"])
+
+
+@register_objective
 class CPDAEIDFRecObjective(CPDAENoCLObjective):
     """``L = L_REC^IDF + L_MLM``: the BCE of token ``v`` is weighted by ``idf[v]`` (no ``L_CL``).
 
@@ -220,13 +319,10 @@ class CPDAEIDFRecObjective(CPDAENoCLObjective):
     """
 
     name = "cpdae_idfrec"
+    Options = CPDAEIDFRecOptions
 
     def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
-        if idf is None:
-            raise ValueError("objective 'cpdae_idfrec' needs idf weights: build_objective(..., idf=tensor of shape (|V|,))")
-        idf = torch.as_tensor(idf, dtype=torch.float32)
-        if idf.shape != (vocab,):
-            raise ValueError(f"idf must have shape ({vocab},) (the vocabulary size), got {tuple(idf.shape)}")
-        if not bool(torch.isfinite(idf).all()) or bool((idf < 0).any()):
-            raise ValueError("idf weights must be finite and non-negative")
-        self.register_buffer("idf", idf, persistent=False)
+        if self.config.rec_weighting != "idf":
+            raise ValueError("objective 'cpdae_idfrec' weights L_REC by IDF (rec_weighting 'idf'); "
+                             "for the unweighted ablation use cpdae_nocl")
+        super()._set_idf(idf, vocab)

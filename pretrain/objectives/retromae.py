@@ -27,8 +27,8 @@ per token, not per whole word.
 Departures from the reference code, kept deliberately: the query stream is ``h + p_i`` as in
 the paper's equation (the reference code passes it through the embedding LayerNorm too);
 the encoder view uses BERT token masking (``--whole-word-mask`` for whole words) and the
-decoder masks are per token. The encoder's masking ratio is ``encoder_mask_ratio``;
-``mlm_probability`` is not used by this objective.
+decoder masks are per token. The encoder's masking ratio is ``encoder_mask_ratio``
+(this objective has no ``mlm_probability`` option).
 
 Cost: the reconstruction projects *every* text position through the MLM head, and the
 encoder's MLM term covers 30% of the positions instead of 15%; see
@@ -36,6 +36,7 @@ the README (rivals section, "Training cost") for the arithmetic.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -43,14 +44,27 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..modeling import mlm_head
-from .base import Objective
-from .mlm import MaskedViewsMixin
+from . import register_objective
+from .base import (MaskedViewsMixin, MaskedViewsOptions, Objective, ReconstructionWeightsOptions,
+                   RepresentationOptions)
 
-__all__ = ["EnhancedDecoderLayer", "RetroMAEObjective", "retromae_decoder_mask", "retromae_hidden_counts"]
+__all__ = ["EnhancedDecoderLayer", "RetroMAEObjective", "RetroMAEOptions", "retromae_decoder_mask",
+           "retromae_hidden_counts"]
+
+
+@dataclass
+class RetroMAEOptions(RepresentationOptions, ReconstructionWeightsOptions, MaskedViewsOptions):
+    """Options of RetroMAE (its encoder view is masked at ``encoder_mask_ratio``; no ``mlm_probability``)."""
+
+    encoder_mask_ratio: float = opt(0.3, "RetroMAE: encoder masking ratio.")
+    decoder_mask_ratio: float = opt(0.5, "RetroMAE: share of positions hidden in each row of the enhanced-decoding mask.")
+    retromae_decoder_layers: int = opt(1, "RetroMAE: enhanced-decoding layers (the paper: 1). Each further layer takes the "
+                                       "previous layer's output as its query stream; keys/values stay H2 and the "
+                                       "attention mask is the same.")
 
 
 def _check_ratio(ratio: float, name: str) -> None:
@@ -168,10 +182,11 @@ class EnhancedDecoderLayer(nn.Module):
         return self.ffn_norm(h + self.dropout(self.ffn_out(F.gelu(self.ffn_in(h)))))
 
 
+@register_objective
 class RetroMAEObjective(MaskedViewsMixin, Objective):
     """Encoder MLM (ratio ``encoder_mask_ratio``) + enhanced-decoding reconstruction of all tokens.
 
-    ``loss = mlm + rec``; ``rec`` is averaged over the reconstructed tokens of the (global)
+    ``loss = mlm_weight·mlm + rec_weight·rec`` (both 1 by default); ``rec`` is averaged over the reconstructed tokens of the (global)
     batch. Set :attr:`decoder_mask_generator` (a generator on the training device) for
     reproducible decoder masks.
 
@@ -181,6 +196,7 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
     """
 
     name = "retromae"
+    Options = RetroMAEOptions
     loss_names = ("mlm", "rec")
     num_views = 1
     ddp_find_unused_parameters = False
@@ -194,8 +210,14 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
         super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()
         cfg = mlm_model.config
-        self.decoder = EnhancedDecoderLayer(cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size,
-                                            dropout=cfg.hidden_dropout_prob, layer_norm_eps=cfg.layer_norm_eps)
+        if int(config.retromae_decoder_layers) < 1:
+            raise ValueError(f"retromae_decoder_layers must be >= 1, got {config.retromae_decoder_layers}")
+
+        def layer() -> EnhancedDecoderLayer:
+            return EnhancedDecoderLayer(cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size,
+                                        dropout=cfg.hidden_dropout_prob, layer_norm_eps=cfg.layer_norm_eps)
+        self.decoder = layer()  # the first (the paper's only) layer: saved as "retromae_decoder"
+        self.extra_decoder_layers = nn.ModuleList([layer() for _ in range(int(config.retromae_decoder_layers) - 1)])
 
     @property
     def mask_probability(self) -> float:
@@ -208,7 +230,7 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
 
         ids, am = batch["input_ids"], batch["attention_mask"]
         special = batch["special_tokens_mask"].bool()
-        cls = hidden[:, :1]  # (B, 1, H)
+        cls = self.text_vectors(hidden, am).unsqueeze(1)  # (B, 1, H): h, the [CLS] (or mean) vector
         emb = self.encoder.embeddings
         content = torch.cat([cls, emb(input_ids=ids)[:, 1:]], dim=1)  # H2: [h; e(t1) ... e(SEP)]
         positions = torch.arange(ids.shape[1], device=ids.device)
@@ -216,18 +238,24 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
         visible = retromae_decoder_mask(am, special, self.config.decoder_mask_ratio,
                                         generator=self.decoder_mask_generator)
         dec = self.decoder(query, content, visible)
+        for extra in self.extra_decoder_layers:  # the query stream goes on; content and mask stay
+            dec = extra(dec, content, visible)
 
         targets = ids.masked_fill(~am.bool() | special, -100)  # every text token, no [CLS]/[SEP]/pad
         n = global_mean_count(int((targets != -100).sum()), device=targets.device)
         l_rec = mlm_loss(dec, targets, mlm_head(self.mlm_model), num_items=n)  # the encoder's own MLM head
-        return {"loss": l_mlm + l_rec, "mlm": l_mlm.detach(), "rec": l_rec.detach()}
+        loss = float(self.config.mlm_weight) * l_mlm + float(self.config.rec_weight) * l_rec
+        return {"loss": loss, "mlm": l_mlm.detach(), "rec": l_rec.detach()}
 
     def decoder_modules(self) -> dict[str, nn.Module]:
-        return {"retromae_decoder": self.decoder}
+        modules: dict[str, nn.Module] = {"retromae_decoder": self.decoder}
+        if len(self.extra_decoder_layers):
+            modules["retromae_decoder_extra"] = self.extra_decoder_layers
+        return modules
 
     def decoder_config(self) -> dict[str, Any]:
         cfg = super().decoder_config()
-        cfg.update(num_layers=1, encoder_mask_ratio=self.config.encoder_mask_ratio,
+        cfg.update(num_layers=1 + len(self.extra_decoder_layers), encoder_mask_ratio=self.config.encoder_mask_ratio,
                    decoder_mask_ratio=self.config.decoder_mask_ratio,
                    shared="embeddings and MLM head are the encoder's")
         return cfg

@@ -17,7 +17,11 @@ Layout of the decoder input (length ``L``, same as the encoder's input)::
 ``h_cls`` is the encoder's last-layer [CLS] vector of the masked view; ``e(.)`` are the
 encoder's embeddings (shared word + position embeddings and their LayerNorm) of the
 *original* tokens. Position ``j`` predicts token ``j + 1`` and sees positions
-``{0} ∪ {j-k+1, ..., j}``, i.e. the ``k`` tokens preceding its target plus [CLS]. Targets
+``{0} ∪ {j-k+1, ..., j}``, i.e. the ``k`` tokens preceding its target plus [CLS]. With the
+window in every layer (``--seed-window per_layer``, default) the receptive field of an output
+grows to ``n·(k-1)+1`` tokens after ``n`` layers (3 layers, k=2: 4 tokens); ``--seed-window
+exact`` keeps it at exactly ``k`` (Eq. 9 read literally): the window acts in the first layer, the
+later layers let a position attend only to itself and [CLS]. Targets
 are the non-special tokens ``t1 ... tn`` ([SEP] and padding are not predicted).
 [CLS] enters as the first position of the decoder's self-attention (not via
 cross-attention). The decoder's output layer is tied to the encoder's word embeddings
@@ -31,6 +35,7 @@ the README (rivals section, "Training cost") for the arithmetic.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -38,13 +43,28 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
-from .base import Objective
-from .mlm import MaskedViewsMixin
+from . import register_objective
+from .base import MaskedViewsMixin, MLMOptions, Objective, ReconstructionWeightsOptions, RepresentationOptions
 
-__all__ = ["SEEDDecoder", "SEEDObjective", "seed_attention_mask", "seed_decoder_targets"]
+__all__ = ["SEEDDecoder", "SEEDObjective", "SEEDOptions", "seed_attention_mask", "seed_decoder_targets"]
+
+
+SEED_WINDOWS = ("per_layer", "exact")
+
+
+@dataclass
+class SEEDOptions(RepresentationOptions, ReconstructionWeightsOptions, MLMOptions):
+    """Options of the SEED-Encoder objective."""
+
+    seed_decoder_layers: int = opt(3, "SEED-Encoder: decoder layers.")
+    seed_attention_span: int = opt(2, "SEED-Encoder: each decoder position attends to the previous k tokens plus [CLS].")
+    seed_window: str = opt("per_layer", "SEED-Encoder: per_layer applies the k-token window in every decoder layer (so "
+                           "after n layers a position depends on up to n·(k-1)+1 tokens); exact makes the receptive "
+                           "field exactly the k tokens of Eq. 9 (window in the first layer, then only the position "
+                           "itself and [CLS]).", choices=list(SEED_WINDOWS))
 
 
 def seed_attention_mask(seq_len: int, span: int, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -98,8 +118,12 @@ class SEEDDecoder(nn.Module):
     """
 
     def __init__(self, hidden_size: int, vocab_size: int, num_layers: int = 3, num_heads: int = 12,
-                 intermediate_size: int = 3072, span: int = 2, dropout: float = 0.1, layer_norm_eps: float = 1e-12):
+                 intermediate_size: int = 3072, span: int = 2, dropout: float = 0.1, layer_norm_eps: float = 1e-12,
+                 window: str = "per_layer"):
         super().__init__()
+        if window not in SEED_WINDOWS:
+            raise ValueError(f"seed_window must be one of {', '.join(SEED_WINDOWS)}, got {window!r}")
+        self.window = window
         if num_layers < 1:
             raise ValueError(f"seed_decoder_layers must be >= 1, got {num_layers}")
         if span < 1:
@@ -125,10 +149,12 @@ class SEEDDecoder(nn.Module):
         L = inputs.shape[1]
         # nn.TransformerEncoderLayer takes True = "may NOT attend"
         blocked = ~seed_attention_mask(L, self.span, inputs.device)
+        # exact: later layers see only the position itself and [CLS], so the receptive field stays k tokens
+        later = ~seed_attention_mask(L, 1, inputs.device) if self.window == "exact" else blocked
         pad = attention_mask == 0
         h = inputs
-        for layer in self.layers:
-            h = layer(h, src_mask=blocked, src_key_padding_mask=pad)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, src_mask=blocked if i == 0 else later, src_key_padding_mask=pad)
         return self.output_norm(h)
 
     def logits(self, hidden: torch.Tensor, output_weight: torch.Tensor) -> torch.Tensor:
@@ -136,10 +162,11 @@ class SEEDDecoder(nn.Module):
         return F.linear(hidden, output_weight, self.output_bias)
 
 
+@register_objective
 class SEEDObjective(MaskedViewsMixin, Objective):
     """MLM on a masked view + auto-regressive reconstruction of the unmasked text from [CLS].
 
-    ``loss = mlm + rec``; ``rec`` is the token-level cross-entropy of the weak decoder,
+    ``loss = mlm_weight·mlm + rec_weight·rec`` (both weights 1 by default); ``rec`` is the token-level cross-entropy of the weak decoder,
     averaged over the predicted tokens of the (global) batch.
 
     Raises:
@@ -148,6 +175,7 @@ class SEEDObjective(MaskedViewsMixin, Objective):
     """
 
     name = "seed"
+    Options = SEEDOptions
     loss_names = ("mlm", "rec")
     num_views = 1
     ddp_find_unused_parameters = False
@@ -160,7 +188,7 @@ class SEEDObjective(MaskedViewsMixin, Objective):
         self.decoder = SEEDDecoder(cfg.hidden_size, cfg.vocab_size, num_layers=config.seed_decoder_layers,
                                    num_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
                                    span=config.seed_attention_span, dropout=cfg.hidden_dropout_prob,
-                                   layer_norm_eps=cfg.layer_norm_eps)
+                                   layer_norm_eps=cfg.layer_norm_eps, window=config.seed_window)
 
     def decoder_targets(self, input_ids: torch.Tensor, special_tokens_mask: torch.Tensor,
                         attention_mask: torch.Tensor) -> torch.Tensor:
@@ -173,13 +201,14 @@ class SEEDObjective(MaskedViewsMixin, Objective):
 
         ids, am = batch["input_ids"], batch["attention_mask"]
         emb = self.encoder.embeddings(input_ids=ids)  # word + position (+ type) + LayerNorm of the original text
-        dec_h = self.decoder(torch.cat([hidden[:, :1], emb[:, 1:]], dim=1), am)
+        dec_h = self.decoder(torch.cat([self.text_vectors(hidden, am).unsqueeze(1), emb[:, 1:]], dim=1), am)
         targets = seed_decoder_targets(ids, batch["special_tokens_mask"], am)
         word_embeddings = self.mlm_model.get_input_embeddings().weight
         n = global_mean_count(int((targets != -100).sum()), device=targets.device)
         # logits only at the positions that carry a target (mlm_loss gathers them first)
         l_rec = mlm_loss(dec_h, targets, lambda h: self.decoder.logits(h, word_embeddings), num_items=n)
-        return {"loss": l_mlm + l_rec, "mlm": l_mlm.detach(), "rec": l_rec.detach()}
+        loss = float(self.config.mlm_weight) * l_mlm + float(self.config.rec_weight) * l_rec
+        return {"loss": loss, "mlm": l_mlm.detach(), "rec": l_rec.detach()}
 
     def decoder_modules(self) -> dict[str, nn.Module]:
         return {"seed_decoder": self.decoder}
@@ -187,6 +216,7 @@ class SEEDObjective(MaskedViewsMixin, Objective):
     def decoder_config(self) -> dict[str, Any]:
         cfg = super().decoder_config()
         cfg.update(num_layers=self.config.seed_decoder_layers, attention_span=self.config.seed_attention_span,
+                   window=self.config.seed_window,
                    output_weight="tied to the encoder's word embeddings",
                    decoder_input="[CLS] vector of the masked view at position 0, encoder embeddings of the original tokens after it")
         return cfg
