@@ -15,6 +15,7 @@ DOCS = [f"Document {i} is about dense retrieval. It has a second sentence about 
 
 CASES = {
     "simcse": (["--temperature", "0.05"], ("cl",), lambda r: r["cl"]),
+    "ict": (["--ict-keep-probability", "0.2"], ("cl",), lambda r: r["cl"]),
     "mlm_span": (["--span-contrast-weight", "0.5", "--span-contrast-temperature", "2.0"], ("mlm", "span"),
                  lambda r: r["mlm"] + 0.5 * r["span"]),
 }
