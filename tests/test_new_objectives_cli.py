@@ -16,6 +16,7 @@ DOCS = [f"Document {i} is about dense retrieval. It has a second sentence about 
 CASES = {
     "simcse": (["--temperature", "0.05"], ("cl",), lambda r: r["cl"]),
     "ict": (["--ict-keep-probability", "0.2"], ("cl",), lambda r: r["cl"]),
+    "prop": (["--prop-poisson-lambda", "2"], ("mlm", "rop"), lambda r: r["mlm"] + r["rop"]),
     "mlm_span": (["--span-contrast-weight", "0.5", "--span-contrast-temperature", "2.0"], ("mlm", "span"),
                  lambda r: r["mlm"] + 0.5 * r["span"]),
 }
@@ -47,3 +48,5 @@ def test_new_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir,
     assert saved["objective"] == objective
     from transformers import AutoModel
     assert AutoModel.from_pretrained(str(out)).config.hidden_size == 32
+    if objective == "prop":  # the score head is saved beside the encoder
+        assert (out / "decoder" / "decoder.safetensors").is_file()
