@@ -133,3 +133,23 @@ def test_prop_needs_corpus_statistics(tiny_bert_dir):
     bad["collection_prob"] = bad["collection_prob"][:10]
     with pytest.raises(ValueError, match="collection_prob must have shape"):
         build_objective("prop", model, tok, cfg, **bad)
+
+
+def test_corpus_statistics_from_the_token_cache():
+    import numpy as np
+
+    from pretrain.objectives.prop import prop_corpus_statistics
+
+    class Cache:  # the TokenCache interface prepare() reads: blocks [1, 1, 2] and [2, 3]
+        tokens = np.array([1, 1, 2, 2, 3], dtype=np.uint16)
+
+        def document_frequency(self):
+            return np.array([0, 1, 2, 1, 0])
+
+        def lengths(self):
+            return np.array([3, 2])
+
+    s = prop_corpus_statistics(Cache())
+    assert s["collection_prob"].tolist() == pytest.approx([0, 0.25, 0.5, 0.25, 0])  # df / sum df
+    assert s["mu"] == 2.5  # average text length
+    assert s["token_frequency"].tolist() == pytest.approx([0, 0.4, 0.4, 0.2, 0])

@@ -68,7 +68,9 @@ def prop_corpus_statistics(corpus: Any) -> dict[str, Any]:
     df = np.asarray(corpus.document_frequency(), dtype=np.float64)
     if df.sum() <= 0:
         raise ValueError("PROP needs corpus statistics, but the corpus's document frequencies are all 0")
-    tf = np.bincount(np.asarray(corpus.tokens), minlength=len(df)).astype(np.float64)[:len(df)]
+    tokens, tf = corpus.tokens, np.zeros(len(df), dtype=np.float64)
+    for start in range(0, len(tokens), 1 << 24):  # chunks: bincount copies its input as int64
+        tf += np.bincount(np.asarray(tokens[start:start + (1 << 24)]), minlength=len(df))[:len(df)]
     return {"collection_prob": torch.from_numpy(df / df.sum()).float(),
             "mu": float(np.asarray(corpus.lengths()).mean()),
             "token_frequency": torch.from_numpy(tf / max(tf.sum(), 1.0)).float()}
