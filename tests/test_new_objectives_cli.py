@@ -50,3 +50,17 @@ def test_new_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir,
     assert AutoModel.from_pretrained(str(out)).config.hidden_size == 32
     if objective == "prop":  # the score head is saved beside the encoder
         assert (out / "decoder" / "decoder.safetensors").is_file()
+
+
+def test_listing_order_does_not_depend_on_which_module_is_imported_first():
+    """Regression: a built-in module imported directly (as tests/test_bow.py does) registered itself after
+    the modules that discovery imported meanwhile (the new simcse/ict/prop), so it dropped out of its place."""
+    import subprocess
+    import sys
+    code = ("import pretrain.objectives.{} as _\nfrom pretrain.objectives import available_objectives\n"
+            "print(','.join(available_objectives()))")
+    orders = {m: subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True, check=True
+                                ).stdout.strip() for m in ("bow", "ict", "base")}
+    assert len(set(orders.values())) == 1, orders
+    assert orders["base"].split(",") == ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae",
+                                         "bow", "ict", "prop", "simcse"]
