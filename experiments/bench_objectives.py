@@ -10,7 +10,12 @@ Fairness: CPDAE encodes two masked views of every text. The script gives every o
 the same number of *encoder sequences* per step (``--sequences``, default 16): CPDAE
 variants get ``sequences / 2`` texts (two views each), the others ``sequences`` texts.
 It reports time per sequence (the issue's "step time per sequence") and time per text
-(CPDAE's per-text cost is about twice its per-sequence cost).
+(CPDAE's per-text cost is about twice its per-sequence cost). Two sequences per text also
+for ``simcse`` (two dropout passes), ``ict`` (the pseudo-query sentence and its passage;
+the query is shorter: on the random data below, with almost no sentence-end tokens, it is
+half the text) and ``prop`` (the two ``[CLS] word set [SEP] text [SEP]`` pairs). ``X+span``
+is objective ``X`` with the span-contrast add-on (``--span-contrast-weight 1``): two more
+sequences per text, each about half the text long (``retromae+span`` is "SentMAE co").
 
 Data: every text is ``length - 2`` token ids drawn uniformly from the non-special part of
 the vocabulary (fixed seed), so all sequences are full length and identical across objectives.
@@ -47,7 +52,19 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALL = ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae", "bow"]
+ALL = ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae", "bow", "simcse", "ict", "prop",
+       "retromae+span"]
+#: Encoder sequences per text of the objectives whose collate builds no ``num_views`` masked views.
+SEQUENCES_PER_TEXT = {"simcse": 2, "ict": 2, "prop": 2}
+
+
+def sequences_per_text(name: str) -> int:
+    """Encoder sequences per text of objective ``name`` (``X+span``: two span sequences more)."""
+    from pretrain.objectives import objective_class
+
+    base, span = name.split("+")[0], name.endswith("+span")
+    n = SEQUENCES_PER_TEXT.get(base, getattr(objective_class(base), "num_views", 1))
+    return n + 2 * span
 
 
 def forward_macs(objective: str, hidden: int, intermediate: int, layers: int, vocab: int, length: int, *,
@@ -70,6 +87,22 @@ def forward_macs(objective: str, hidden: int, intermediate: int, layers: int, vo
     layer = 4 * hidden * hidden + 2 * hidden * intermediate + 2 * length * hidden
     head = hidden * hidden + hidden * vocab
     encoder = layers * layer * length
+    if objective.endswith("+span"):  # per sequence: X's sequences plus two half-length span sequences per text
+        base_name = objective[:-len("+span")]
+        k = 2 if base_name in ("simcse", "ict", "prop") or base_name.startswith("cpdae") else 1
+        span_len = n // 2 + 2
+        span = layers * (4 * hidden * hidden + 2 * hidden * intermediate + 2 * span_len * hidden) * span_len
+        own = forward_macs(base_name, hidden, intermediate, layers, vocab, length, mlm_probability=mlm_probability,
+                           encoder_mask_ratio=encoder_mask_ratio, seed_layers=seed_layers)
+        return (k * own + 2 * span) / (k + 2)
+    if objective == "simcse":
+        return encoder
+    if objective == "ict":  # query (half the text here) and passage, averaged per sequence
+        q_len = n // 2 + 2
+        query = layers * (4 * hidden * hidden + 2 * hidden * intermediate + 2 * q_len * hidden) * q_len
+        return (encoder + query) / 2
+    if objective == "prop":  # the pair's text part is masked; one score head per sequence
+        return encoder + mlm_probability * n * head + hidden
     if objective == "retromae":
         return encoder + encoder_mask_ratio * n * head + layer * length + n * head
     base = encoder + mlm_probability * n * head
@@ -107,15 +140,20 @@ def worker(args: argparse.Namespace) -> None:
         mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), max_position_embeddings=max(512, args.length)))
     else:
         mlm = load_mlm_model(args.model, new_mlm_head=True)
-    cls = objective_class(args.objective)
-    views = getattr(cls, "num_views", 1)
-    n_texts = args.sequences // views
-    config = PretrainConfig(objective=args.objective, model=args.model, batch_size=n_texts, max_length=args.length)
-    extra = {"idf": torch.ones(mlm.config.vocab_size)} if args.objective == "cpdae_idfrec" else {}
-    obj = build_objective(args.objective, mlm, tok, config, **extra).to(dev).train()
-    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5)
+    name = args.objective.split("+")[0]
+    views = sequences_per_text(args.objective)
+    n_texts = max(2, args.sequences // views)
+    span = {"span_contrast_weight": 1.0} if args.objective.endswith("+span") else {}
+    config = PretrainConfig(objective=name, model=args.model, batch_size=n_texts, max_length=args.length, **span)
     g = torch.Generator().manual_seed(1234)
     texts = torch.randint(1000, mlm.config.vocab_size, (n_texts, args.length - 2), generator=g).tolist()
+    extra = {"idf": torch.ones(mlm.config.vocab_size)} if name == "cpdae_idfrec" else {}
+    if name == "prop":  # corpus statistics of the benchmark texts
+        counts = torch.bincount(torch.tensor(texts).flatten(), minlength=mlm.config.vocab_size).float()
+        extra = {"collection_prob": (counts > 0).float() / float((counts > 0).sum()), "mu": float(args.length - 2),
+                 "token_frequency": counts / counts.sum()}
+    obj = build_objective(name, mlm, tok, config, **extra).to(dev).train()
+    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5)
     torch.manual_seed(1)
     batches = [{k: v.to(dev) for k, v in obj.collate(texts).items()} for _ in range(args.warmup + args.steps)]
     amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.bf16)
@@ -146,12 +184,13 @@ def worker(args: argparse.Namespace) -> None:
     step = statistics.median(times)
     mc = mlm.config
     macs = forward_macs(args.objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size,
-                        args.length, mlm_probability=config.mlm_probability,
-                        encoder_mask_ratio=config.encoder_mask_ratio, seed_layers=config.seed_decoder_layers)
+                        args.length, mlm_probability=getattr(config, "mlm_probability", 0.15),
+                        encoder_mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
+                        seed_layers=getattr(config, "seed_decoder_layers", 3))
     print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": n_texts, "sequences": n_texts * views,
                       "step_s": step, "times_s": times, "peak_mib": peak,
                       "per_seq_ms": 1000 * step / (n_texts * views), "per_text_ms": 1000 * step / n_texts,
-                      "final_loss": float(out["loss"])}))
+                      "final_loss": float(out["loss"].detach())}))
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict:

@@ -143,10 +143,21 @@ def _discover() -> None:
             logger.warning("objective plugin %s (%s) not loaded: %s", ep.name, ep.value, e)
 
 
+def _listing_rank(cls: type[Objective]) -> tuple[int, int, str]:
+    """Listing position of an objective's module: the built-ins in ``_BUILTIN_ORDER``, then this
+    package's other modules alphabetically, then plugins from elsewhere (in registration order)."""
+    mod = cls.__module__
+    short = mod[len(__name__) + 1:] if mod.startswith(__name__ + ".") else None
+    if short is None:
+        return (2, 0, "")
+    return (0, _BUILTIN_ORDER.index(short), "") if short in _BUILTIN_ORDER else (1, 0, short)
+
+
 def available_objectives() -> dict[str, type[Objective]]:
-    """All registered objectives, ``name -> class`` (built-in ones first)."""
+    """All registered objectives, ``name -> class`` (built-in ones first; the order does not depend on
+    which objective module was imported first)."""
     _discover()
-    return dict(_REGISTRY)
+    return dict(sorted(_REGISTRY.items(), key=lambda kv: _listing_rank(kv[1])))  # stable: a module's classes keep their order
 
 
 def objective_class(name: str) -> type[Objective]:

@@ -21,6 +21,8 @@ needs from the tokenised corpus. Each objective declares its options as a datacl
 
 Shared parts: :class:`MaskedViewsMixin` builds independently masked views of every text
 and computes the MLM term; its options are :class:`MaskedViewsOptions` / :class:`MLMOptions`.
+Add-on terms for every objective (options on :class:`ObjectiveOptions`): span contrast
+(``--span-contrast-weight``, :mod:`pretrain.objectives.contrast`).
 """
 from __future__ import annotations
 
@@ -43,7 +45,15 @@ from ..modeling import mlm_head
 
 @dataclass
 class ObjectiveOptions:
-    """Base of every objective's options (a dataclass of :func:`pretrain.config.opt` fields)."""
+    """Base of every objective's options (a dataclass of :func:`pretrain.config.opt` fields).
+
+    Holds the options of the add-on terms available to every objective
+    (:mod:`pretrain.objectives.contrast`: span contrast, coCondenser-style)."""
+
+    span_contrast_weight: float = opt(0.0, "Weight w of the span-contrast add-on term (coCondenser; the RetroMAE "
+                                      "extension's second stage): L = L_objective + w*L_span; 0 = off.")
+    span_contrast_temperature: float = opt(1.0, "Temperature of the span-contrast InfoNCE over dot products "
+                                           "(coCondenser: none, i.e. 1).")
 
 
 @dataclass
@@ -137,6 +147,8 @@ class Objective(nn.Module):
         self.mlm_model = mlm_model
         self.tokenizer = tokenizer
         self.config = config
+        from .contrast import attach_span_contrast
+        attach_span_contrast(self)  # the add-on term of --span-contrast-weight (no-op at 0)
 
     def text_vectors(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``(B, L, H)`` last hidden states → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""

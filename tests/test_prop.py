@@ -1,0 +1,155 @@
+"""PROP (Ma et al., WSDM 2021): the Dirichlet-smoothed document LM, word-set sampling (Poisson sizes,
+the more likely set is the positive), the input layout, and the loss L_ROP + L_MLM against the paper's
+equations written out term by term."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from _objective_helpers import load_tiny, sharpen
+from pretrain.objectives import build_objective
+from pretrain.objectives.prop import document_language_model, sample_word_sets
+
+TEXTS = ["the quick brown fox jumps over the lazy dog and the fox runs", "dense retrieval with a masked auto encoder",
+         "information retrieval evaluation campaigns measure retrieval", "pre-training language models for search"]
+
+
+def _stats(vocab: int):
+    g = torch.Generator().manual_seed(0)
+    pc = torch.rand(vocab, generator=g) ** 4
+    return {"collection_prob": pc / pc.sum(), "mu": 7.5, "token_frequency": pc / pc.sum()}
+
+
+def test_document_language_model_is_dirichlet_smoothing():
+    pc = torch.tensor([0.5, 0.25, 0.125, 0.125])
+    ids, mu = [1, 1, 3], 2.0
+    lm = document_language_model(ids, pc, mu)
+    # hand-computed: (tf + mu * P(w|C)) / (|d| + mu), |d| = 3
+    assert lm.tolist() == pytest.approx([(0 + 1.0) / 5, (2 + 0.5) / 5, (0 + 0.25) / 5, (1 + 0.25) / 5])
+    assert float(lm.sum()) == pytest.approx(1.0)
+
+
+def test_word_sets_follow_the_document_lm_and_poisson_sizes():
+    pc = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    ids, mu, lam = [0, 0, 2], 3.0, 3.0
+    weights = torch.tensor([1.0, 0.0, 1.0, 0.5])  # word 1 not a word; word 3 subsampled by half
+    g = torch.Generator().manual_seed(0)
+    counts, sizes = Counter(), []
+    for _ in range(3000):
+        pos, neg, lp, ln = sample_word_sets(ids, pc, mu, weights, lam, g)
+        lm = [(ids.count(w) + mu * float(pc[w])) / (len(ids) + mu) for w in range(4)]
+        assert lp == pytest.approx(sum(math.log(lm[w]) for w in pos)) and ln == pytest.approx(sum(math.log(lm[w]) for w in neg))
+        assert lp >= ln  # the positive is the set with the higher query likelihood
+        counts.update(pos + neg)
+        sizes += [len(pos), len(neg)]
+    assert 1 not in counts and min(sizes) >= 1
+    # words ~ P(w|d) * weight, renormalised
+    lm = [(ids.count(w) + mu * float(pc[w])) / (len(ids) + mu) for w in range(4)]
+    q = [lm[w] * float(weights[w]) for w in range(4)]
+    total = sum(counts.values())
+    for w in (0, 2, 3):
+        assert counts[w] / total == pytest.approx(q[w] / sum(q), abs=0.015)
+    # zero-truncated Poisson(3): mean lam / (1 - e^-lam)
+    assert sum(sizes) / len(sizes) == pytest.approx(lam / (1 - math.exp(-lam)), abs=0.08)
+
+
+def test_inputs_are_set_then_document_and_only_the_document_is_masked(tiny_bert_dir):
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="prop", batch_size=4, mlm_probability=0.5)
+    obj = build_objective("prop", model, tok, cfg, **_stats(model.config.vocab_size))
+    obj.mask_generator = torch.Generator().manual_seed(0)
+    examples = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    b = obj.collate(examples)
+    assert b["input_ids"].shape[:2] == (4, 2)
+    for i, e in enumerate(examples):
+        for v in range(2):
+            row = b["input_ids"][i, v][b["attention_mask"][i, v].bool()].tolist()
+            tt = b["token_type_ids"][i, v][b["attention_mask"][i, v].bool()].tolist()
+            n_set = len(row) - len(e) - 3
+            assert n_set >= 1 and row[0] == tok.cls_token_id and row[n_set + 1] == tok.sep_token_id
+            assert row[n_set + 2:-1] == e and row[-1] == tok.sep_token_id
+            assert tt == [0] * (n_set + 2) + [1] * (len(e) + 1)
+            masked = (b["mlm_labels"][i, v] != -100).nonzero().flatten().tolist()
+            assert masked and all(n_set + 2 <= p < len(row) - 1 for p in masked)  # document tokens only
+            words = tok.convert_ids_to_tokens(row[1:n_set + 1])
+            assert all(w.isalnum() and not w.startswith("##") for w in words)
+
+
+def _reference_loss(model, head, batch, margin):
+    """L = mean_d max(0, margin - p+ + p-) with (p+, p-) = softmax(s+, s-), s = w.h_CLS + b; plus
+    L_MLM = mean over masked document tokens of -log softmax(MLM logits)[label]."""
+    m, _, L = batch["masked_input_ids"].shape
+    flat = lambda k: batch[k].reshape(-1, L)  # noqa: E731
+    out = model.bert(input_ids=flat("masked_input_ids"), attention_mask=flat("attention_mask"),
+                     token_type_ids=flat("token_type_ids")).last_hidden_state.detach().double()
+    w, b0 = head.weight.detach().double()[0], float(head.bias.detach()[0])
+    rop = 0.0
+    for i in range(m):
+        s_pos = float(out[2 * i, 0] @ w) + b0
+        s_neg = float(out[2 * i + 1, 0] @ w) + b0
+        p_pos = math.exp(s_pos) / (math.exp(s_pos) + math.exp(s_neg))
+        rop += max(0.0, margin - p_pos + (1 - p_pos))
+    rop /= m
+    labels = flat("mlm_labels")
+    nll, count = 0.0, 0
+    for r in range(labels.shape[0]):
+        for p in range(L):
+            y = int(labels[r, p])
+            if y == -100:
+                continue
+            with torch.no_grad():
+                logits = model.cls(out[r, p].float()[None])[0].double()
+            nll += float(torch.logsumexp(logits, 0) - logits[y])
+            count += 1
+    return rop, nll / count
+
+
+@pytest.mark.parametrize("margin", [1.0, 0.2])
+def test_prop_loss_matches_the_papers_equations(tiny_bert_dir, margin):
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="prop", batch_size=4, prop_margin=margin)
+    sharpen(model)
+    obj = build_objective("prop", model, tok, cfg, **_stats(model.config.vocab_size))
+    with torch.no_grad():
+        obj.score_head.weight.normal_(0, 1.0)
+    obj.mask_generator = torch.Generator().manual_seed(1)
+    batch = obj.collate([tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS])
+    obj.eval()
+    out = obj(batch)
+    rop, mlm = _reference_loss(model, obj.score_head, batch, margin)
+    assert float(out["rop"]) == pytest.approx(rop, rel=1e-5)
+    assert float(out["mlm"]) == pytest.approx(mlm, rel=1e-5)
+    assert float(out["loss"].detach()) == pytest.approx(rop + mlm, rel=1e-5)
+    out["loss"].backward()
+    assert obj.score_head.weight.grad.abs().sum() > 0
+
+
+def test_prop_needs_corpus_statistics(tiny_bert_dir):
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="prop")
+    with pytest.raises(ValueError, match="needs corpus statistics"):
+        build_objective("prop", model, tok, cfg)
+    bad = _stats(model.config.vocab_size)
+    bad["collection_prob"] = bad["collection_prob"][:10]
+    with pytest.raises(ValueError, match="collection_prob must have shape"):
+        build_objective("prop", model, tok, cfg, **bad)
+
+
+def test_corpus_statistics_from_the_token_cache():
+    import numpy as np
+
+    from pretrain.objectives.prop import prop_corpus_statistics
+
+    class Cache:  # the TokenCache interface prepare() reads: blocks [1, 1, 2] and [2, 3]
+        tokens = np.array([1, 1, 2, 2, 3], dtype=np.uint16)
+
+        def document_frequency(self):
+            return np.array([0, 1, 2, 1, 0])
+
+        def lengths(self):
+            return np.array([3, 2])
+
+    s = prop_corpus_statistics(Cache())
+    assert s["collection_prob"].tolist() == pytest.approx([0, 0.25, 0.5, 0.25, 0])  # df / sum df
+    assert s["mu"] == 2.5  # average text length
+    assert s["token_frequency"].tolist() == pytest.approx([0, 0.4, 0.4, 0.2, 0])
