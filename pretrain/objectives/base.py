@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from pyterrier_cpdae._st_config import write_st_config
+
 from ..config import PretrainConfig
 
 
@@ -83,6 +85,7 @@ class Objective(nn.Module):
         os.makedirs(path, exist_ok=True)
         self.mlm_model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+        write_st_config(path, pooling="cls", max_seq_length=self.config.max_length, hidden_size=self.mlm_model.config.hidden_size)
         decoders = self.decoder_modules()
         if decoders:
             from safetensors.torch import save_file
