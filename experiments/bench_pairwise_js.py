@@ -34,7 +34,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    sys.path.insert(0, ROOT)
     from pretrain.losses import pairwise_js, pairwise_js_naive
 
     torch.set_num_threads(args.threads) if args.threads else None

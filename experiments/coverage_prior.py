@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
-import sys
 from typing import Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from pretrain.coverage import DEFAULT_KS  # noqa: E402
-from pretrain.readers import iter_texts  # noqa: E402
+from pretrain.coverage import DEFAULT_KS
+from pretrain.readers import iter_texts
 
 
 def main(argv: Optional[list[str]] = None) -> dict[int, float]:

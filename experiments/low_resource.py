@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Optional, Sequence
 if TYPE_CHECKING:
     import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-sys.path.insert(0, str(ROOT))
-
-import scifact_finetune as sf  # noqa: E402
+try:  # python -m experiments.low_resource, or imported with the repository root on the path
+    from experiments import scifact_finetune as sf
+except ImportError:  # python experiments/low_resource.py: the script's own directory is on the path
+    import scifact_finetune as sf
 
 
 def average_over_seeds(per_run: "pd.DataFrame", metrics: Sequence[str] = ("nDCG@10", "R@100")) -> "pd.DataFrame":
@@ -115,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     models.update({f"n{n}_s{seed}": (str(out), a.pooling) for n, seed, out in grid})
     pipes, _ = sf.build_retrievers(models, corpus_spec, doc_max_length=a.doc_max_length,
                                    index_root=work / "indices")
-    res = sf.experiment(pipes, dev_spec).set_index("name")
+    res = sf.experiment(pipes, dev_spec, save_dir=work / "indices" / "runs").set_index("name")
     for name in models:
         n, seed = (0, "-") if name == "baseline" else (int(name[1:].split("_")[0]), int(name.split("_s")[1]))
         rows.append({"N": n, "seed": seed, "nDCG@10": float(res.loc[name, "nDCG@10"]),

@@ -46,18 +46,16 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from pretrain.cli import load_model_and_tokenizer, pretrain  # noqa: E402
-from pretrain.config import PretrainConfig  # noqa: E402
-from pretrain.corpus import TokenCache, iter_texts, pack_texts  # noqa: E402
-from pretrain.logging_utils import plot_metrics, summarize_metrics  # noqa: E402
-from pretrain.losses import info_nce, pairwise_js, rec_loss, word_distribution  # noqa: E402
-from pretrain.masking import bag_of_words  # noqa: E402
-from pretrain.modeling import CPDAEDecoder, load_mlm_model, mlm_head  # noqa: E402
-from pretrain.objectives import build_objective  # noqa: E402
-from pretrain.objectives.cpdae import CPDAEObjective  # noqa: E402
-from pretrain.trainer import GlobalBatchSampler  # noqa: E402
+from pretrain.cli import load_model_and_tokenizer, pretrain
+from pretrain.config import PretrainConfig
+from pretrain.corpus import TokenCache, iter_texts, pack_texts
+from pretrain.logging_utils import plot_metrics, summarize_metrics
+from pretrain.losses import info_nce, pairwise_js, rec_loss, word_distribution
+from pretrain.masking import bag_of_words
+from pretrain.modeling import CPDAEDecoder, load_mlm_model, mlm_head
+from pretrain.objectives import build_objective
+from pretrain.objectives.cpdae import CPDAEObjective
+from pretrain.trainer import GlobalBatchSampler
 
 COMPONENTS = ("rec", "mlm", "cl")
 

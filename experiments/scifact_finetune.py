@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "scifact"
 WORK = ROOT / "experiments" / "work" / "scifact"
 RESULTS = ROOT / "experiments" / "results"
@@ -98,15 +97,26 @@ def run_finetune(args: list[str], log: list[dict[str, Any]]) -> float:
     return wall
 
 
+def _newer_than_model(index_path: Path, model: str) -> bool:
+    """Whether the index was finished after the model's weights were written (a re-trained model re-indexes)."""
+    weights = [p for p in (Path(model) / "model.safetensors", Path(model) / "config.json") if p.exists()]
+    meta = index_path / "pt_meta.json"
+    return meta.exists() and all(meta.stat().st_mtime >= p.stat().st_mtime for p in weights)
+
+
 def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, doc_max_length: int = 192,
                      query_max_length: int = 32, index_root: Path = WORK / "indices", num_results: int = 100,
                      batch_size: int = 64, reuse: bool = False) -> tuple[dict[str, Any], dict[str, float]]:
     """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
 
+    An index already built under ``index_root`` (same model name) after the model was last written is loaded,
+    not rebuilt; when an index is (re)built, the run :func:`experiment` saved for that name under
+    ``index_root / "runs"`` is deleted, so that it is recomputed.
+
     Args:
         models: name -> (checkpoint directory, pooling).
         corpus_spec: Dataset spec whose corpus is indexed (all 5,183 SciFact documents).
-        reuse: Keep an index that is already built under ``index_root`` (same model name) instead of re-encoding.
+        reuse: Keep any built index, even one older than its model (``--skip-train``).
     """
     from pyterrier_cpdae.datasets import load_dataset
     from pyterrier_cpdae.dense_index import DenseIndex
@@ -117,10 +127,12 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     for name, (path, pooling) in models.items():
         enc = CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
                                     doc_max_length=doc_max_length, batch_size=batch_size)
-        index = DenseIndex(str(index_root / name.split(" ")[0]))
-        if reuse and index.built():
-            print(f"reusing the index {index_root / name.split(' ')[0]} ({len(index)} docs)", flush=True)
+        index_path = index_root / name.split(" ")[0]
+        index = DenseIndex(str(index_path))
+        if index.built() and (reuse or _newer_than_model(index_path, path)):
+            print(f"reusing the index {index_path} ({len(index)} docs)", flush=True)
         else:
+            (index_root / "runs" / f"{name}.res.gz").unlink(missing_ok=True)
             t0 = time.perf_counter()
             (enc.doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
             timings[name] = round(time.perf_counter() - t0, 1)
@@ -129,8 +141,12 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     return pipelines, timings
 
 
-def experiment(pipelines: dict[str, Any], dev_spec: str, baseline: int = 0):
-    """``pt.Experiment`` on the dev queries: nDCG@10, R@100, paired t-test against ``pipelines[baseline]``."""
+def experiment(pipelines: dict[str, Any], dev_spec: str, baseline: int = 0, save_dir: Optional[Path] = None):
+    """``pt.Experiment`` on the dev queries: nDCG@10, R@100, paired t-test against ``pipelines[baseline]``.
+
+    With ``save_dir`` (e.g. ``index_root / "runs"``, which :func:`build_retrievers` keeps in step with its
+    indexes) each system's run is saved there and reused by later calls instead of retrieving again.
+    """
     import pyterrier as pt
     from ir_measures import R, nDCG
     from pyterrier_cpdae.datasets import load_dataset
@@ -138,8 +154,11 @@ def experiment(pipelines: dict[str, Any], dev_spec: str, baseline: int = 0):
     dev = load_dataset(dev_spec)
     topics, qrels = dev.get_topics(), dev.get_qrels()
     topics = topics[topics["qid"].isin(set(qrels[qrels["label"] > 0]["qid"]))]
+    if save_dir is not None:
+        Path(save_dir).mkdir(parents=True, exist_ok=True)
     return pt.Experiment(list(pipelines.values()), topics, qrels, eval_metrics=[nDCG @ 10, R @ 100],
-                         names=list(pipelines), baseline=baseline)
+                         names=list(pipelines), baseline=baseline,
+                         save_dir=None if save_dir is None else str(save_dir), save_mode="reuse")
 
 
 def write_sub_corpus(data: Path, dev_spec: str, size: int, out: Path, seed: int = 0) -> str:
@@ -218,17 +237,17 @@ def main(argv: Optional[list[str]] = None) -> None:
         if (out / "config.json").exists():
             models[f"ft_bm25_{pooling}"] = (str(out), pooling)
     if (mined / "config.json").exists():
-        models[f"ft_mined_{mine_pooling} (model: negatives)"] = (str(mined), mine_pooling)
+        models[f"ft_mined_{mine_pooling} (model negatives)"] = (str(mined), mine_pooling)
     corpus_spec, index_root = f"beir:{data}:train", work / "indices"
     if a.eval_corpus_size > 0:
         corpus_spec = write_sub_corpus(data, dev_spec, a.eval_corpus_size, work / f"eval_corpus_{a.eval_corpus_size}")
         index_root = work / f"indices_{a.eval_corpus_size}"
     pipelines, timings = build_retrievers(models, corpus_spec, doc_max_length=a.doc_max_length,
                                           index_root=index_root, reuse=a.skip_train)
-    res = experiment(pipelines, dev_spec, baseline=0)
+    res = experiment(pipelines, dev_spec, baseline=0, save_dir=index_root / "runs")
     print(res.to_string(), flush=True)
-    # the same runs with the mean-pooled (MiniLM's native) baseline as the t-test baseline
-    res_mean = experiment(pipelines, dev_spec, baseline=1) if len(pipelines) > 2 else None
+    # the same (saved) runs with the mean-pooled (MiniLM's native) baseline as the t-test baseline
+    res_mean = experiment(pipelines, dev_spec, baseline=1, save_dir=index_root / "runs") if len(pipelines) > 2 else None
     train_logs = {}
     for name, out in list(runs.items()) + [(f"mined_{mine_pooling}", mined)]:
         f = out / "training_args.json"

@@ -44,7 +44,8 @@ def duplicate_groups(vectors: np.ndarray) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default=f"trec:{VASWANI}", help="load_dataset spec")
-    parser.add_argument("--index", default=None, help="an existing DenseIndex of the same encoder to reuse")
+    parser.add_argument("--index", default=None, help="a DenseIndex of the same encoder to reuse (built there first "
+                        "when it does not exist yet); it is copied, so its FAISS caches stay out of it")
     parser.add_argument("--k", type=int, default=10)
     args = parser.parse_args()
 
@@ -61,6 +62,9 @@ def main() -> None:
           f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}")
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
+        if args.index and not DenseIndex(args.index).built():
+            (enc >> DenseIndex(args.index).indexer()).index(dataset.get_corpus_iter())
+            print(f"index: {args.index} built in {time.perf_counter() - t0:.0f} s")
         if args.index:
             index = DenseIndex.merge([args.index], Path(tmp) / "index")
             sample = list(islice(dataset.get_corpus_iter(), 50))

@@ -26,29 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pyterrier_cpdae._pooling import POOLINGS, pool
+from pyterrier_cpdae._st_config import write_st_config
+
 from . import distributed
 
 if TYPE_CHECKING:  # transformers is imported lazily (the losses do not need it)
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-POOLINGS = ("cls", "mean")
 LOSSES = ("listwise", "pairwise")
-
-
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "cls") -> torch.Tensor:
-    """Turn token outputs ``(B, L, H)`` into text vectors ``(B, H)``.
-
-    Args:
-        hidden: Last hidden states.
-        attention_mask: ``(B, L)`` 1 for real tokens, 0 for padding.
-        pooling: ``"cls"`` (first token) or ``"mean"`` (mean over real tokens).
-    """
-    if pooling == "cls":
-        return hidden[:, 0]
-    if pooling == "mean":
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-    raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
 
 
 def group_scores(q: torch.Tensor, p: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -141,7 +127,8 @@ class BiEncoder(nn.Module):
     Args:
         encoder: A Hugging Face encoder (``AutoModel``; e.g. ``BertModel``).
         tokenizer: Its tokenizer.
-        pooling: ``"cls"`` or ``"mean"``.
+        pooling: ``"cls"`` or ``"mean"`` (:func:`pyterrier_cpdae._pooling.pool`, shared with ``CPDAE``).
+        normalize: L2-normalise the vectors (scores are then cosine similarities).
         loss: ``"listwise"`` or ``"pairwise"``.
         in_batch_negatives: Listwise only: add the other queries' passages (of all processes)
             as negatives.
@@ -151,7 +138,7 @@ class BiEncoder(nn.Module):
 
     def __init__(self, encoder: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase", *, pooling: str = "cls",
                  loss: str = "listwise", in_batch_negatives: bool = True, query_max_length: int = 32,
-                 doc_max_length: int = 256):
+                 doc_max_length: int = 256, normalize: bool = False):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
@@ -160,6 +147,7 @@ class BiEncoder(nn.Module):
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.pooling = pooling
+        self.normalize = normalize
         self.loss_name = loss
         self.in_batch_negatives = in_batch_negatives
         self.query_max_length = query_max_length
@@ -188,7 +176,7 @@ class BiEncoder(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Text vectors ``(B, H)`` of a tokenised batch."""
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
-        return pool(out.last_hidden_state, attention_mask, self.pooling)
+        return pool(out.last_hidden_state, attention_mask, self.pooling, self.normalize)
 
     def collate(self, examples: Sequence[tuple[str, Sequence[str]]]) -> dict[str, torch.Tensor]:
         """Tokenise training examples ``(query, [positive, negative_1, ..., negative_n])``.
@@ -225,8 +213,11 @@ class BiEncoder(nn.Module):
         return {"loss": loss, "listwise": loss.detach()}
 
     def save_pretrained(self, path: str) -> None:
-        """Write the encoder and tokenizer as a Hugging Face directory at ``path``."""
+        """Write the encoder and tokenizer as a Hugging Face directory at ``path``, described for
+        sentence-transformers and ``CPDAE.from_pretrained`` (pooling, normalisation, ``doc_max_length``)."""
         os.makedirs(path, exist_ok=True)
         self.encoder.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+        write_st_config(path, pooling=self.pooling, normalize=self.normalize, max_seq_length=self.doc_max_length,
+                        hidden_size=self.encoder.config.hidden_size)
 

@@ -165,12 +165,10 @@ def _pools_bm25(cfg: FinetuneConfig, data: TrainingData) -> dict[str, list[str]]
 
 
 def _model_pooling(checkpoint: str, default: str) -> str:
-    """The pooling a fine-tuned checkpoint was trained with (its training_args.json), else ``default``."""
-    path = os.path.join(checkpoint, TRAINING_ARGS)
-    if os.path.isfile(path):
-        with open(path) as f:
-            return json.load(f).get("config", {}).get("pooling", default)
-    return default
+    """The pooling a checkpoint declares (sentence-transformers files or training_args.json), else ``default``."""
+    from pyterrier_cpdae._st_config import read_encoder_settings
+
+    return read_encoder_settings(checkpoint).get("pooling", (default,))[0]
 
 
 def _pools_dense(cfg: FinetuneConfig, data: TrainingData, checkpoint: str, round_: int) -> dict[str, list[str]]:

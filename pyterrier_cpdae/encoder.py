@@ -32,12 +32,12 @@ import torch
 
 from . import _index_io as io
 from ._batching import check_texts, chunked, dedup, length_sorted_batches, pad
+from ._pooling import POOLINGS, pool
 
 __all__ = ["CPDAE"]
 
 logger = logging.getLogger(__name__)
 
-POOLINGS = ("cls", "mean")
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
@@ -226,22 +226,31 @@ class CPDAE(pt.Transformer):
 
     # -- construction --------------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, name_or_path: Union[str, os.PathLike], *, pooling: str = "cls",
-                        normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
-                        batch_size: int = 32, device: Union[None, str, torch.device] = None,
-                        dtype: Union[None, str, torch.dtype] = None, verbose: bool = False,
-                        sort_window: int = 64) -> "CPDAE":
+    def from_pretrained(cls, name_or_path: Union[str, os.PathLike], *, pooling: Optional[str] = None,
+                        normalize: Optional[bool] = None, query_max_length: Optional[int] = None,
+                        doc_max_length: Optional[int] = None, batch_size: int = 32,
+                        device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
+                        verbose: bool = False, sort_window: int = 64) -> "CPDAE":
         """An encoder from a Hugging Face model directory or Hub name.
 
         Works for a ``python -m pretrain`` / ``finetune`` output (a ``BertForMaskedLM`` checkpoint: its MLM
         head is ignored) and for plain encoders such as sentence-transformers model directories.  The config
         and tokenizer are loaded (and checked) now; the weights on first use.
 
+        ``pooling``, ``normalize``, ``query_max_length`` and ``doc_max_length`` left as ``None`` are taken from
+        the directory: its sentence-transformers files (``1_Pooling``, a ``Normalize`` module,
+        ``sentence_bert_config.json``'s ``max_seq_length`` for documents), else a fine-tuning run's
+        ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
+        a warning when it contradicts the stored one.
+
         Raises:
             OSError: when the directory/name holds no config or tokenizer (naming the missing ``config.json``
                 or tokenizer files of a local directory).
+            ValueError: when its sentence-transformers files are unreadable or use a pooling CPDAE lacks.
         """
         from transformers import AutoConfig, AutoTokenizer
+
+        from ._st_config import read_encoder_settings
 
         name = os.fspath(name_or_path)
         local = os.path.isdir(name)
@@ -252,9 +261,23 @@ class CPDAE(pt.Transformer):
         tokenizer = AutoTokenizer.from_pretrained(name)
         if local:
             _check_tokenizer_files(name, tokenizer)
-        return cls(None, tokenizer, pooling=pooling, normalize=normalize, query_max_length=query_max_length,
-                   doc_max_length=doc_max_length, batch_size=batch_size, device=device, dtype=dtype,
-                   verbose=verbose, sort_window=sort_window, name_or_path=name, config=config)
+        stored = read_encoder_settings(name)
+        if stored.get("do_lower_case", (False,))[0]:
+            logger.warning("%s: do_lower_case is true in %s, but CPDAE does not lower-case texts; lower-case "
+                           "them before encoding to match sentence-transformers", name, stored["do_lower_case"][1])
+        given = {"pooling": pooling, "normalize": normalize, "query_max_length": query_max_length,
+                 "doc_max_length": doc_max_length}
+        defaults = {"pooling": "cls", "normalize": False, "query_max_length": 32, "doc_max_length": 256}
+        settings = {}
+        for key, value in given.items():
+            if value is None:
+                settings[key] = stored[key][0] if key in stored else defaults[key]
+                continue
+            if key in stored and stored[key][0] != value:
+                logger.warning("%s=%r overrides %r stored in %s", key, value, stored[key][0], stored[key][1])
+            settings[key] = value
+        return cls(None, tokenizer, batch_size=batch_size, device=device, dtype=dtype, verbose=verbose,
+                   sort_window=sort_window, name_or_path=name, config=config, **settings)
 
     def _clamp_length(self, length: int, name: str) -> int:
         limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
@@ -323,14 +346,7 @@ class CPDAE(pt.Transformer):
                 model.train()
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.pooling == "cls":
-            vecs = hidden[:, 0].float()
-        else:
-            m = mask.unsqueeze(-1).to(torch.float32)
-            vecs = (hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
-        if self.normalize:
-            vecs = torch.nn.functional.normalize(vecs, p=2, dim=-1)
-        return vecs
+        return pool(hidden, mask, self.pooling, self.normalize)
 
     def _encode(self, texts: Sequence[str], max_length: int, unique: bool) -> np.ndarray:
         """Encodes checked texts into a float32 ``(len(texts), dim)`` matrix (rows in input order)."""

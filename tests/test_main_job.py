@@ -68,3 +68,32 @@ def test_main_job_on_the_builtin_sample(tmp_path, minilm_path):
     b = [ref_dense[x] for x in qids]
     assert table.iloc[0]["nDCG@10"] == pytest.approx(np.mean(a), abs=1e-3)
     assert dense_row["nDCG@10 p-value"] == pytest.approx(ttest_rel(a, b).pvalue, rel=0.05)
+
+
+def _fail(*args, **kwargs):
+    raise AssertionError("recomputed what an earlier run saved")
+
+
+def test_main_job_second_run_reuses_indexes_and_saved_runs(tmp_path, minilm_path, monkeypatch):
+    from pyterrier_cpdae import BM25Index, CPDAE, DenseIndex
+
+    work, results = tmp_path / "work", tmp_path / "results"
+    argv = ["--work-dir", str(work), "--results-dir", str(results), "--max-topics", "5"]
+    main = _load_main().main
+    first = main(argv)
+    runs = sorted((work / "runs").rglob("*.res.gz"))
+    assert len(runs) == 2
+    files = [p for p in work.rglob("*") if p.is_file() and "runs" not in p.parts]
+    stamps = {p: p.stat().st_mtime_ns for p in files + runs}
+    # a second run may neither index nor encode (the dense run and the dense index are saved) nor rewrite a run
+    monkeypatch.setattr(BM25Index, "indexer", _fail)
+    monkeypatch.setattr(DenseIndex, "indexer", _fail)
+    monkeypatch.setattr(CPDAE, "_encode", _fail)
+    second = main(argv)
+    pd.testing.assert_frame_equal(first, second)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert "2 of 2 reused" in (results / "table.md").read_text()
+    # another topic set is another run directory, not a stale reuse
+    monkeypatch.undo()
+    main(argv[:-1] + ["3"])
+    assert len(sorted((work / "runs").rglob("*.res.gz"))) == 4

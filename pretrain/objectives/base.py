@@ -36,6 +36,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from pyterrier_cpdae._pooling import pool
+from pyterrier_cpdae._st_config import write_st_config
+
 from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
@@ -152,7 +155,6 @@ class Objective(nn.Module):
 
     def text_vectors(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``(B, L, H)`` last hidden states → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""
-        from ..biencoder import pool
         return pool(hidden, attention_mask, getattr(self.config, "representation", "cls"))
 
     def load_decoder(self, path: str) -> None:
@@ -223,6 +225,8 @@ class Objective(nn.Module):
             self.mlm_model.config.pooling = self.config.representation
         self.mlm_model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+        write_st_config(path, pooling=getattr(self.config, "representation", "cls"), max_seq_length=self.config.max_length,
+                        hidden_size=self.mlm_model.config.hidden_size)
         decoders = self.decoder_modules()
         if decoders:
             from safetensors.torch import save_file

@@ -1,0 +1,1 @@
+"""Experiment scripts: run as ``python experiments/<name>.py`` or ``python -m experiments.<name>``."""
