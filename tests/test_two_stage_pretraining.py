@@ -115,5 +115,9 @@ def test_representation_mean_feeds_the_masked_mean(tiny_bert_dir, objective, tmp
     torch.testing.assert_close(seen[0], torch.stack(ref), rtol=1e-5, atol=1e-5)
     obj.save_pretrained(str(tmp_path / "m"))
     assert json.loads((tmp_path / "m" / "config.json").read_text())["pooling"] == "mean"
+    # the sentence-transformers description and CPDAE's loader pool as the model was trained
+    assert json.loads((tmp_path / "m" / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"] is True
+    from pyterrier_cpdae import CPDAE
+    assert CPDAE.from_pretrained(str(tmp_path / "m")).pooling == "mean"
     if objective != "bow":  # (bow has no decoder)
         assert json.loads((tmp_path / "m" / "decoder" / "decoder_config.json").read_text())["representation"] == "mean"
