@@ -11,7 +11,7 @@ POOLINGS = ("cls", "mean")
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "cls",
          normalize: bool = False) -> torch.Tensor:
-    """Turns token outputs ``(B, L, H)`` into float32 text vectors ``(B, H)``.
+    """Turns token outputs ``(B, L, H)`` into text vectors ``(B, H)``, float32 (float64 for float64 input).
 
     The pooling is computed in float32 whatever the dtype of ``hidden`` (under bf16/fp16 autocast a
     low-precision masked mean would lose digits), so that training and inference give the same vectors.
@@ -25,11 +25,13 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "cls
     Raises:
         ValueError: for an unknown pooling.
     """
+    if hidden.dtype not in (torch.float32, torch.float64):  # half precision is widened; float64 stays float64
+        hidden = hidden.float()
     if pooling == "cls":
-        vecs = hidden[:, 0].float()
+        vecs = hidden[:, 0]
     elif pooling == "mean":
-        mask = attention_mask.unsqueeze(-1).to(torch.float32)
-        vecs = (hidden.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        vecs = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
     else:
         raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
     if normalize:

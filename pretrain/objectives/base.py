@@ -129,6 +129,8 @@ class Objective(nn.Module):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Objective":
         # before any constructor reads an option: the config must hold this objective's options
+        if not args and not kwargs:  # copy.deepcopy / unpickling: the state (config included) is restored after
+            return super().__new__(cls)
         config = args[2] if len(args) > 2 else kwargs.get("config")
         missing = [f.name for f in dataclasses.fields(cls.Options) if not hasattr(config, f.name)]
         if missing:
