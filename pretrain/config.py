@@ -2,15 +2,18 @@
 
 Every option is a dataclass field with a default and a ``help`` string; the CLI
 (:mod:`pretrain.cli`) builds its argparse parser from these fields, loads YAML/JSON
-config files into them and lets command-line flags override the file. Where the
-CPDAE paper (Ma et al., CIKM 2022) gives a setting, it is the default.
+config files into them and lets command-line flags override the file. Pre-training
+defaults follow the CPDAE paper (Ma et al., CIKM 2022) where it gives a setting. Fine-tuning
+defaults share the paper's numbers (lr 5e-6, 64 queries, 1 positive + 7 negatives, [CLS]) but
+not its loss or mining schedule: ``--preset paper`` / ``paper-document``
+(:data:`FINETUNE_PRESETS`) select the paper's recipe exactly.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 import argparse
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 
 def opt(default: Any, help: str, **kw: Any) -> Any:
@@ -90,23 +93,57 @@ class PretrainConfig(TrainConfig):
     bow_weight_schedule: str = opt("constant", "BoW: schedule of the BoW weight over optimizer steps.", choices=["constant", "linear_decay"])
 
 
+#: Named fine-tuning recipes (``--preset NAME``): option values applied on top of the defaults
+#: and under a ``--config`` file and command-line flags. The CPDAE paper (Ma et al., CIKM 2022)
+#: fine-tunes with a pairwise loss, 1 positive + 7 BM25 negatives per query, lr 5e-6
+#: and batch 64; for documents it starts from the passage model (the warm-up model) and
+#: "iteratively mine[s] the static hard negatives using the current model twice and
+#: fine-tune[s] the model for 1 epoch in each iteration" (STAR-style).
+FINETUNE_PRESETS: dict[str, dict[str, Any]] = {
+    # passages: one round on BM25 negatives from --model (the pre-trained checkpoint)
+    "paper": {"loss": "pairwise", "in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7,
+              "learning_rate": 5e-6, "batch_size": 64, "epochs": 1.0, "pooling": "cls", "mining_rounds": 0,
+              "round_init": "previous"},
+    # documents: --model is the warm-up (passage) model; it mines round 0's negatives, round 0's
+    # model mines round 1's; each round trains 1 epoch continuing from the model that mined
+    "paper-document": {"loss": "pairwise", "in_batch_negatives": False, "negatives": "model", "num_negatives": 7,
+                       "learning_rate": 5e-6, "batch_size": 64, "epochs": 1.0, "pooling": "cls",
+                       "mining_rounds": 1, "round_init": "previous"},
+}
+
+
 @dataclass
 class FinetuneConfig(TrainConfig):
-    """Options of ``python -m pretrain finetune`` (bi-encoder fine-tuning)."""
+    """Options of ``python -m pretrain finetune`` (bi-encoder fine-tuning).
 
+    The defaults are a Tevatron-style recipe (listwise loss with in-batch negatives, every
+    mining round restarting from ``--model``); ``--preset paper`` / ``paper-document`` is the
+    CPDAE paper's recipe (:data:`FINETUNE_PRESETS`).
+    """
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = FINETUNE_PRESETS
+
+    preset: Optional[str] = opt(None, "A named recipe whose values replace the defaults (a --config file and flags "
+                                "still override it): paper = the CPDAE paper's passage recipe (pairwise loss, 1 pos "
+                                "+ 7 BM25 negatives, lr 5e-6, batch 64, 1 epoch, [CLS]); paper-document = its "
+                                "document recipe (from the warm-up --model, mine with the current model twice, 1 "
+                                "epoch per round, each round continuing from the previous one).",
+                                choices=sorted(FINETUNE_PRESETS))
     learning_rate: float = opt(5e-6, "Peak AdamW learning rate (the paper: 5e-6).")
-    epochs: float = opt(1.0, "Number of passes over the training queries.")
+    epochs: float = opt(1.0, "Number of passes over the training queries (per round).")
     model: str = opt("bert-base-uncased", "Checkpoint to fine-tune: a `python -m pretrain` output or any HF encoder.")
     train: Optional[str] = opt(None, "Training data: a pyterrier_cpdae.load_dataset spec (topics, qrels, corpus) or groups:<file.jsonl> of (qid, query, pos, negs).")
-    negatives: str = opt("bm25", "Negatives: bm25, file:<path> (JSONL groups or irds docpairs id), or model:<checkpoint> (dense hard negatives).")
+    negatives: str = opt("bm25", "Round-0 negatives: bm25, file:<path> (JSONL groups or irds docpairs id), model:<checkpoint> (dense hard negatives of that checkpoint) or model (dense hard negatives of --model itself).")
     num_negatives: int = opt(7, "Negatives per query in each group (the paper: 7).")
     negatives_depth: int = opt(200, "Mine negatives from this many top-ranked documents.")
     few_negatives: str = opt("replace", "When fewer than --num-negatives are available: sample with replacement or drop the query.",
                              choices=["replace", "drop"])
-    mining_rounds: int = opt(0, "Fine-tune → encode → retrieve → re-mine this many extra times (the paper mines twice for documents).")
-    loss: str = opt("listwise", "listwise: softmax CE over the group plus in-batch negatives (Tevatron); pairwise: RankNet over (pos, neg) pairs.",
+    mining_rounds: int = opt(0, "Fine-tune → encode → retrieve → re-mine this many extra times (the paper's document recipe mines twice: --negatives model plus 1 round).")
+    round_init: str = opt("base", "Where each mining round's fine-tuning starts: base = --model every round (the coCondenser/Tevatron recipe); previous = the model of the previous round (the paper's STAR-style iterations). Round 0 always starts from --model.",
+                          choices=["base", "previous"])
+    loss: str = opt("listwise", "listwise (default): softmax CE over the group plus in-batch negatives (Tevatron); pairwise: RankNet over (pos, neg) pairs, the paper's loss (--preset paper).",
                     choices=["listwise", "pairwise"])
-    in_batch_negatives: bool = opt(True, "Use other queries' passages (gathered across devices) as extra negatives (listwise).")
+    in_batch_negatives: bool = opt(True, "Use other queries' passages (gathered across devices) as extra negatives (listwise only).")
     query_max_length: int = opt(32, "Query max length in tokens.")
     doc_max_length: int = opt(256, "Passage max length in tokens.")
     max_train_queries: int = opt(-1, "Low-resource setting: sample this many training queries (-1: all).")
@@ -210,7 +247,10 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 
 def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) -> Any:
-    """Parse ``argv`` into an instance of config class ``cls``: defaults < ``--config`` file < flags.
+    """Parse ``argv`` into an instance of config class ``cls``.
+
+    Precedence: defaults < ``--preset`` (for classes with a ``PRESETS`` table and a ``preset``
+    option, given as a flag or in the file) < ``--config`` file < flags.
 
     Raises:
         ValueError: if the config file names an option that ``cls`` does not have, or gives
@@ -219,14 +259,18 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
     parser = build_parser(cls, **parser_kw)
     ns = vars(parser.parse_args(argv))
     values: dict[str, Any] = {}
+    fields = {f.name: f for f in config_fields(cls)}
     if "config" in ns:
         path = ns.pop("config")
         from_file = load_config_file(path)
-        fields = {f.name: f for f in config_fields(cls)}
         unknown = sorted(set(from_file) - set(fields))
         if unknown:
             raise ValueError(f"unknown option(s) in config file {path}: {', '.join(unknown)}; "
                              f"known options: {', '.join(sorted(fields))}")
         values.update({k: coerce_value(fields[k], v, f"config file {path}") for k, v in from_file.items()})
     values.update(ns)  # command-line flags (already typed by argparse) override the file
+    preset = values.get("preset")
+    if preset is not None:  # the preset's values sit under the file and the flags
+        values = {**{k: coerce_value(fields[k], v, f"preset {preset!r}") for k, v in cls.PRESETS[preset].items()},
+                  **values}
     return cls(**values)

@@ -1,13 +1,17 @@
 """Input-token coverage of [CLS] vectors ("Drop your Decoder", Ma et al. 2024, Algorithm 1).
 
-For a text ``x`` with token set ``S(x)`` (special tokens excluded), the encoder's
-last-layer [CLS] vector ``h`` is projected onto the vocabulary, ``z = proj(h)``; the
-*input token coverage* at ``k`` is the share of the ``k`` highest-scoring tokens of ``z``
-that occur in ``S(x)``::
+For a text ``x`` with token set ``T(x)`` (the distinct tokens of the truncated input, special
+tokens excluded), the encoder's last-layer [CLS] vector ``h`` is projected onto the
+vocabulary, ``z = proj(h)``, and the ``k`` highest-scoring tokens are compared with ``T(x)``.
+Two normalisations are offered (``measure``), each averaged over texts::
 
-    coverage@k(x) = |topk(z) ∩ S(x)| / k
+    precision@k(x) = |topk(z) ∩ T(x)| / k        share of the top-k tokens found in the input
+    recall@k(x)    = |topk(z) ∩ T(x)| / |T(x)|   share of the input's tokens found in the top k
 
-averaged over texts. Special tokens ([CLS], [SEP], [PAD], [MASK], [UNK]) are removed from
+``recall`` is Algorithm 1 of the paper read literally (it divides by ``|T|``, the size of the
+input's token set); ``precision`` is this toolkit's earlier (and still the Python API's
+default) reading. Both come from the same top-k, so ``python -m pretrain coverage`` reports
+both unless ``--measure`` picks one. Special tokens ([CLS], [SEP], [PAD], [MASK], [UNK]) are removed from
 both the ranking and ``S(x)``. Three projections are offered:
 
 * ``"mlm_head"``: the checkpoint's masked-LM head (transform + tied decoder), as in the
@@ -23,7 +27,7 @@ both the ranking and ``S(x)``. Three projections are offered:
 Usage::
 
     python -m pretrain coverage --model runs/bow --model runs/cpdae --corpus wiki:../shared/data/enwiki-sample \\
-        --num-texts 500 --k 1 5 10 20 50 100 --csv coverage.csv --plot coverage.png
+        --num-texts 500 --k 1 5 10 20 50 100 [--measure precision|recall|both] --csv coverage.csv --plot coverage.png
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ import torch
 from torch import nn
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
+#: ``precision``: |top-k ∩ T| / k; ``recall``: |top-k ∩ T| / |T| (Algorithm 1 of Drop your Decoder).
+MEASURES = ("precision", "recall")
 PROJECTIONS = ("auto", "mlm_head", "embeddings", "decoder")
 
 
@@ -83,11 +89,24 @@ def _project(mlm_model: nn.Module, cls: torch.Tensor, projection: str) -> torch.
     raise ValueError(f"unknown projection {projection!r}; choose mlm_head, embeddings or decoder")
 
 
-@torch.no_grad()
 def token_coverage(model: Union[str, nn.Module], tokenizer: Any, texts: Iterable[str],
-                   ks: Sequence[int] = DEFAULT_KS, *, projection: str = "auto", max_length: int = 512,
-                   batch_size: int = 32, device: Optional[Union[str, torch.device]] = None) -> dict[int, float]:
-    """Mean input-token coverage at each ``k`` of the [CLS] vectors of ``texts``.
+                   ks: Sequence[int] = DEFAULT_KS, *, projection: str = "auto", measure: str = "precision",
+                   max_length: int = 512, batch_size: int = 32,
+                   device: Optional[Union[str, torch.device]] = None) -> dict[int, float]:
+    """Mean input-token coverage at each ``k`` in one ``measure`` (``"precision"`` or ``"recall"``):
+    ``{k: coverage}``. See :func:`token_coverages` for the arguments."""
+    if measure not in MEASURES:
+        raise ValueError(f"unknown coverage measure {measure!r}; choose one of {MEASURES}")
+    return token_coverages(model, tokenizer, texts, ks, projection=projection, measures=(measure,),
+                           max_length=max_length, batch_size=batch_size, device=device)[measure]
+
+
+@torch.no_grad()
+def token_coverages(model: Union[str, nn.Module], tokenizer: Any, texts: Iterable[str],
+                    ks: Sequence[int] = DEFAULT_KS, *, projection: str = "auto", measures: Sequence[str] = MEASURES,
+                    max_length: int = 512, batch_size: int = 32,
+                    device: Optional[Union[str, torch.device]] = None) -> dict[str, dict[int, float]]:
+    """Mean input-token coverage at each ``k`` of the [CLS] vectors of ``texts``, in each measure.
 
     Args:
         model: A directory / HF id (loaded with :func:`load_for_coverage`; ``tokenizer`` may
@@ -98,16 +117,22 @@ def token_coverage(model: Union[str, nn.Module], tokenizer: Any, texts: Iterable
         projection: ``"auto"``, ``"mlm_head"``, ``"embeddings"`` or ``"decoder"`` (see module docs).
             For an in-memory model, ``"auto"`` means ``"mlm_head"`` if it has an MLM head, and
             ``"decoder"`` needs the decoder set as ``model.cpdae_decoder``.
+        measures: Any of :data:`MEASURES`: ``"precision"`` divides the hits among the top k by
+            ``k``, ``"recall"`` by the number of distinct non-special tokens of the text.
         max_length: Truncation length in tokens (special tokens included).
         batch_size: Texts per forward pass.
         device: Where to run (default: the model's device).
 
     Returns:
-        ``{k: coverage}``, averaged over the texts that have at least one non-special token.
+        ``{measure: {k: coverage}}``, averaged over the texts that have at least one non-special token.
 
     Raises:
-        ValueError: on an empty text list, or a ``k`` < 1 or > the number of candidate tokens.
+        ValueError: on an empty text list, an unknown measure, or a ``k`` < 1 or > the number of
+            candidate tokens.
     """
+    measures = list(dict.fromkeys(measures))
+    if not measures or any(m not in MEASURES for m in measures):
+        raise ValueError(f"unknown coverage measure(s) {measures}; choose from {MEASURES}")
     if isinstance(model, (str, os.PathLike)):
         model, loaded_tok, projection = load_for_coverage(str(model), projection)
         tokenizer = tokenizer or loaded_tok
@@ -126,7 +151,7 @@ def token_coverage(model: Union[str, nn.Module], tokenizer: Any, texts: Iterable
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.to(device).eval()
-    hits = torch.zeros(len(ks), dtype=torch.float64)
+    hits = {m: torch.zeros(len(ks), dtype=torch.float64) for m in measures}
     n = 0
     texts = list(texts)
     if not texts:
@@ -139,56 +164,75 @@ def token_coverage(model: Union[str, nn.Module], tokenizer: Any, texts: Iterable
             ids, am = enc["input_ids"].to(device), enc["attention_mask"].to(device)
             cls = encoder(input_ids=ids, attention_mask=am).last_hidden_state[:, 0]
             scores = _project(model, cls, projection).float()
-            scores[:, special_ids.to(device)] = float("-inf")
+            scores = scores.index_fill(1, special_ids.to(device), float("-inf"))  # (not in place: z may be a view)
             top = scores.topk(kmax, dim=-1).indices  # (b, kmax), best first
             in_text = torch.zeros_like(scores, dtype=torch.bool)
             content = am.bool() & ~enc["special_tokens_mask"].to(device).bool()
             in_text[torch.arange(ids.shape[0], device=device).unsqueeze(1).expand_as(ids)[content], ids[content]] = True
             in_text[:, special_ids.to(device)] = False
             has = in_text.any(-1)
-            hit = in_text.gather(1, top).cumsum(-1)[has]  # hits among the first j+1
-            for i, k in enumerate(ks):
-                hits[i] += (hit[:, k - 1].double() / k).sum().cpu()
+            hit = in_text.gather(1, top).cumsum(-1)[has].double()  # hits among the first j+1
+            size = in_text[has].sum(-1, keepdim=True).double()     # |T|: distinct non-special input tokens
+            k_t = torch.tensor(ks, device=device)
+            per_k = hit[:, k_t - 1]                                 # (texts, len(ks))
+            if "precision" in hits:
+                hits["precision"] += (per_k / k_t.double()).sum(0).cpu()
+            if "recall" in hits:
+                hits["recall"] += (per_k / size).sum(0).cpu()
             n += int(has.sum())
     finally:
         model.train(was_training)
     if n == 0:
         raise ValueError("no text has a non-special token")
-    return {k: float(hits[i] / n) for i, k in enumerate(ks)}
+    return {m: {k: float(h[i] / n) for i, k in enumerate(ks)} for m, h in hits.items()}
 
 
-def plot_coverage(results: dict[str, dict[int, float]], path: str, title: str = "Input token coverage of [CLS]") -> None:
-    """Line plot of coverage against k (log-scaled x axis), one line per checkpoint."""
+_YLABELS = {"precision": "share of the top-k tokens found in the input (÷k)",
+            "recall": "share of the input's tokens in the top k (÷|T|)"}
+
+
+def plot_coverage(results: dict[str, dict[str, dict[int, float]]], path: str,
+                  title: str = "Input token coverage of [CLS]") -> None:
+    """Coverage against k (log-scaled x axis): one panel per measure, one line per checkpoint.
+
+    Args:
+        results: ``{model name: {measure: {k: coverage}}}`` (as :func:`main` returns).
+    """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, cov in results.items():
-        ks = sorted(cov)
-        ax.plot(ks, [cov[k] for k in ks], marker="o", label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("k (top-k tokens of the [CLS] projection)")
-    ax.set_ylabel("share of top-k tokens found in the input")
-    ax.set_ylim(0, 1)
-    ax.grid(True, alpha=0.3)
-    ax.set_title(title)
-    ax.legend(fontsize=8)
+    measures = [m for m in MEASURES if any(m in per for per in results.values())]
+    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 4), squeeze=False)
+    for ax, measure in zip(axes[0], measures):
+        for name, per in results.items():
+            if measure in per:
+                ks = sorted(per[measure])
+                ax.plot(ks, [per[measure][k] for k in ks], marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("k (top-k tokens of the [CLS] projection)")
+        ax.set_ylabel(_YLABELS[measure])
+        ax.set_ylim(0, 1)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(f"{title}: {measure}@k")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def write_csv(results: dict[str, dict[int, float]], path: str, projections: Optional[dict[str, str]] = None) -> None:
-    """Write ``model,projection,k,coverage`` rows."""
+def write_csv(results: dict[str, dict[str, dict[int, float]]], path: str,
+              projections: Optional[dict[str, str]] = None) -> None:
+    """Write ``model,projection,measure,k,coverage`` rows from ``{model name: {measure: {k: coverage}}}``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["model", "projection", "k", "coverage"])
-        for name, cov in results.items():
-            for k in sorted(cov):
-                w.writerow([name, (projections or {}).get(name, ""), k, f"{cov[k]:.6f}"])
+        w.writerow(["model", "projection", "measure", "k", "coverage"])
+        for name, per in results.items():
+            for measure, cov in per.items():
+                for k in sorted(cov):
+                    w.writerow([name, (projections or {}).get(name, ""), measure, k, f"{cov[k]:.6f}"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,16 +248,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"One of {', '.join(PROJECTIONS)}, for every model or (NAME=PROJECTION, repeatable) for one. "
                         "auto: the MLM head when the checkpoint has trained head weights, else [CLS]·Eᵀ; decoder: a "
                         "CPDAE checkpoint's own decoder (default: auto).")
+    p.add_argument("--measure", choices=[*MEASURES, "both"], default="both",
+                   help="precision: |top-k ∩ T| / k; recall: |top-k ∩ T| / |T| with T the text's distinct non-special "
+                        "tokens (Algorithm 1 read literally); both (default; one forward pass serves both).")
     p.add_argument("--max-length", type=int, default=512, help="Truncate texts to this many tokens (default: 512).")
     p.add_argument("--batch-size", type=int, default=32, help="Texts per forward pass (default: 32).")
     p.add_argument("--device", default=None, help="Device (default: cuda if available, else cpu).")
-    p.add_argument("--csv", default=None, help="Write model,projection,k,coverage rows here.")
-    p.add_argument("--plot", default=None, help="Write a PNG plot of coverage against k here.")
+    p.add_argument("--csv", default=None, help="Write model,projection,measure,k,coverage rows here.")
+    p.add_argument("--plot", default=None, help="Write a PNG plot of coverage against k here (one panel per measure).")
     return p
 
 
-def main(argv: Optional[list[str]] = None) -> dict[str, dict[int, float]]:
-    """CLI entry point of ``python -m pretrain coverage``."""
+def main(argv: Optional[list[str]] = None) -> dict[str, dict[str, dict[int, float]]]:
+    """CLI entry point of ``python -m pretrain coverage``: ``{model name: {measure: {k: coverage}}}``."""
     from .readers import iter_texts
 
     args = build_parser().parse_args(argv)
@@ -237,14 +284,17 @@ def main(argv: Optional[list[str]] = None) -> dict[str, dict[int, float]]:
     unknown = sorted(set(per_model) - {name for name, _ in models})
     if unknown:
         raise ValueError(f"--projection names model(s) {unknown} that no --model NAME=PATH defines")
-    results: dict[str, dict[int, float]] = {}
+    measures = MEASURES if args.measure == "both" else (args.measure,)
+    results: dict[str, dict[str, dict[int, float]]] = {}
     projections: dict[str, str] = {}
     for name, path in models:
         model, tokenizer, proj = load_for_coverage(path, per_model.get(name, default_projection))
-        results[name] = token_coverage(model, tokenizer, texts, args.k, projection=proj, max_length=args.max_length,
-                                       batch_size=args.batch_size, device=device)
+        results[name] = token_coverages(model, tokenizer, texts, args.k, projection=proj, measures=measures,
+                                        max_length=args.max_length, batch_size=args.batch_size, device=device)
         projections[name] = proj
-        print(f"{name} ({proj}, {len(texts)} texts): " + "  ".join(f"@{k}={v:.4f}" for k, v in results[name].items()), flush=True)
+        for measure, cov in results[name].items():
+            print(f"{name} ({proj}, {measure}, {len(texts)} texts): "
+                  + "  ".join(f"@{k}={v:.4f}" for k, v in cov.items()), flush=True)
     if args.csv:
         write_csv(results, args.csv, projections)
     if args.plot:

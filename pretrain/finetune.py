@@ -3,13 +3,15 @@
 Pipeline (see :class:`~pretrain.config.FinetuneConfig` for every option)::
 
     training data (--train) ──► queries with a judged positive ──► (--max-train-queries sample)
-        ──► round 0 negatives (--negatives bm25 | file:... | model:...) ──► groups/round-0.jsonl
+        ──► round 0 negatives (--negatives bm25 | file:... | model:... | model) ──► groups/round-0.jsonl
         ──► fine-tune (rounds/round-0) ──► [encode corpus ► retrieve ► groups/round-1.jsonl
         ──► fine-tune (rounds/round-1)] x --mining-rounds ──► final model at --output
 
-Every round fine-tunes from ``--model`` (the coCondenser / Tevatron recipe: the second
-stage restarts from the pre-trained checkpoint with negatives mined by the first-stage
-model). Mined groups are saved and reused, and a finished round is not trained again, so
+Round 0 fine-tunes ``--model``. Round ``r > 0`` mines with round ``r-1``'s model and, with
+``--round-init base`` (default), fine-tunes ``--model`` again (the coCondenser / Tevatron
+recipe: the second stage restarts from the pre-trained checkpoint), with ``--round-init
+previous`` continues from round ``r-1``'s model (STAR-style iterations, the CPDAE paper's
+document recipe, ``--preset paper-document``). Mined groups are saved and reused, and a finished round is not trained again, so
 ``--resume`` continues an interrupted run where it stopped (inside a round, the shared
 :class:`~pretrain.trainer.Trainer` resumes from its last checkpoint). Passage texts are
 read from the corpus after sampling (:func:`pretrain.negatives.build_examples`), so whole
@@ -215,6 +217,8 @@ def mine_round(cfg: FinetuneConfig, data: TrainingData, round_: int) -> list[neg
                          "(use a dataset spec for --train, or --mining-rounds 0)")
     if round_ > 0:
         pools = _pools_dense(cfg, data, _round_dir(cfg, round_ - 1), round_)
+    elif cfg.negatives == "model":
+        pools = _pools_dense(cfg, data, cfg.model, round_)
     elif cfg.negatives == "bm25":
         pools = _pools_bm25(cfg, data)
     elif cfg.negatives.startswith("model:"):
@@ -222,8 +226,8 @@ def mine_round(cfg: FinetuneConfig, data: TrainingData, round_: int) -> list[neg
     elif cfg.negatives.startswith("file:"):
         pools = _pools_file(cfg, data, cfg.negatives[len("file:"):])
     else:
-        raise ValueError(f"unknown --negatives {cfg.negatives!r}; use bm25, file:<path>, file:irds:<id> or "
-                         "model:<checkpoint>")
+        raise ValueError(f"unknown --negatives {cfg.negatives!r}; use bm25, file:<path>, file:irds:<id>, "
+                         "model:<checkpoint> or model")
     return neg.make_groups(data.topics, data.positives, pools)
 
 
@@ -275,23 +279,32 @@ def _copy_export(src: str, dst: str) -> None:
 
 
 # ----------------------------------------------------------------------------- training
+def round_start(cfg: FinetuneConfig, round_: int) -> str:
+    """The checkpoint round ``round_`` fine-tunes: ``--model``, or with ``--round-init previous``
+    the model of round ``round_ - 1`` (round 0 always starts from ``--model``)."""
+    if round_ == 0 or cfg.round_init == "base":
+        return cfg.model
+    return _round_dir(cfg, round_ - 1)
+
+
 def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], round_: int) -> dict[str, Any]:
-    """Fine-tune ``--model`` on ``examples`` with the shared Trainer into ``rounds/round-<r>``."""
+    """Fine-tune :func:`round_start` on ``examples`` with the shared Trainer into ``rounds/round-<r>``."""
     from .biencoder import BiEncoder
     from .trainer import Trainer
 
     out = _round_dir(cfg, round_)
-    module = BiEncoder.from_pretrained(cfg.model, pooling=cfg.pooling, loss=cfg.loss,
+    start = round_start(cfg, round_)
+    module = BiEncoder.from_pretrained(start, pooling=cfg.pooling, loss=cfg.loss,
                                        in_batch_negatives=cfg.in_batch_negatives,
                                        query_max_length=cfg.query_max_length, doc_max_length=cfg.doc_max_length)
     round_cfg = dataclasses.replace(cfg, output=out)
-    args = {"config": config_dict(cfg), "round": round_, "num_examples": len(examples)}
+    args = {"config": config_dict(cfg), "round": round_, "init": start, "num_examples": len(examples)}
 
     def save_fn(m: BiEncoder, path: str) -> None:
         m.save_pretrained(path)
         write_json_atomic(os.path.join(path, TRAINING_ARGS), args)
 
-    logger.info("round %d: fine-tuning %s on %d groups into %s", round_, cfg.model, len(examples), out)
+    logger.info("round %d: fine-tuning %s on %d groups into %s", round_, start, len(examples), out)
     return Trainer(module, list(examples), module.collate, round_cfg, save_fn=save_fn).train()
 
 
@@ -305,9 +318,11 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         raise ValueError("--loss pairwise needs --num-negatives >= 1")
     if cfg.mining_rounds < 0:
         raise ValueError(f"--mining-rounds must be >= 0, got {cfg.mining_rounds}")
-    if not (cfg.negatives == "bm25" or cfg.negatives.startswith(("file:", "model:"))):
-        raise ValueError(f"unknown --negatives {cfg.negatives!r}; use bm25, file:<path>, file:irds:<id> or "
-                         "model:<checkpoint>")
+    if not (cfg.negatives in ("bm25", "model") or cfg.negatives.startswith(("file:", "model:"))):
+        raise ValueError(f"unknown --negatives {cfg.negatives!r}; use bm25, file:<path>, file:irds:<id>, "
+                         "model:<checkpoint> or model (dense negatives of --model)")
+    if cfg.round_init not in ("base", "previous"):
+        raise ValueError(f"unknown --round-init {cfg.round_init!r}; use base or previous")
     procs = Processes(cpu=cfg.cpu)
     if not procs.is_main:
         procs.barrier()  # rank 0 checks and prepares --output first

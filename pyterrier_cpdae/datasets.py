@@ -29,13 +29,18 @@ import gzip
 import importlib.resources
 import io
 import json
+import lzma
+import math
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import IO, Any, Callable, Iterator, Optional
 
 import pandas as pd
 import pyterrier as pt
+
+from pyterrier_cpdae._index_io import as_docno
 
 __all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "SMART_LAYOUTS"]
 
@@ -97,11 +102,18 @@ class LocalDataset(pt.datasets.Dataset):
 
     def get_topics(self, variant: Optional[str] = None) -> pd.DataFrame:
         """Topics: DataFrame ``qid, query`` (str)."""
+        self._no_variant(variant)
         return self._topics()
 
     def get_qrels(self, variant: Optional[str] = None) -> pd.DataFrame:
         """Relevance judgements: DataFrame ``qid, docno, label`` (ids str, label int)."""
+        self._no_variant(variant)
         return self._qrels()
+
+    def _no_variant(self, variant: Optional[str]) -> None:
+        if variant is not None:  # silently answering with the one set there is would be wrong data
+            raise ValueError(f"{self.name} has one set of topics and qrels, no variant {variant!r}; call without "
+                             "a variant (a BEIR split is chosen in the spec: beir:<folder>:<split>)")
 
     def get_corpus_lang(self) -> str:
         return "en"
@@ -114,18 +126,82 @@ class LocalDataset(pt.datasets.Dataset):
 
 
 # --------------------------------------------------------------------------- helpers
+#
+# Every parser below yields exactly what its file holds or raises a ValueError that starts with
+# ``<file>:<line>:`` (or ``<file>:`` where no line applies) and says what is wrong.
 
-def _open_text(path: Path) -> io.TextIOBase:
-    """Open a text file, transparently decompressing .gz / .bz2."""
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    if path.suffix == ".bz2":
-        return io.TextIOWrapper(bz2.open(path, "rb"), encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+#: compressed formats read transparently, chosen by the file's suffix
+_DECOMPRESSORS: dict[str, Callable[[Path], IO[bytes]]] = {
+    ".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
+# what gzip / bz2 / lzma raise on data that is not theirs or is truncated
+_CORRUPT = (OSError, EOFError, lzma.LZMAError)
+
+# compressed data under a name that does not say so (e.g. TREC disks' ``.0z`` files) would be read as
+# text and silently skipped or garbled: recognised by its magic bytes and refused
+_MAGIC = re.compile(rb"^(?:(\x1f\x8b)|(BZh[1-9]1AY&SY)|(\xfd7zXZ\x00)|(\x28\xb5\x2f\xfd)|(\x1f\x9d)|(PK\x03\x04))")
+_MAGIC_NAMES = ("gzip", "bzip2", "xz", "zstd", "Unix compress (.Z)", "zip")
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    opener = _DECOMPRESSORS.get(path.suffix.lower())
+    if opener is not None:
+        return opener(path, "rb")
+    f = open(path, "rb")
+    m = _MAGIC.match(f.peek(16)[:16])
+    if m is not None:
+        f.close()
+        kind = _MAGIC_NAMES[m.lastindex - 1]
+        raise ValueError(f"{path}: holds {kind}-compressed data, but only files named *.gz, *.bz2, *.xz or *.lzma are "
+                         "decompressed; decompress it, give it the suffix of its format, or move it out of the folder")
+    return f
+
+
+@contextmanager
+def _reading(path: Path, errors: str = "strict") -> Iterator[io.TextIOBase]:
+    """``path`` as UTF-8 text (decompressed by suffix); corrupt compressed data or bytes that are not
+    UTF-8 raise a ValueError naming the file (and, for bad bytes, the line)."""
+    f = io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors=errors)
+    compressed = path.suffix.lower() in _DECOMPRESSORS
+    try:
+        with f:
+            yield f
+    except UnicodeDecodeError:
+        raise _undecodable(path) from None
+    except _CORRUPT as e:
+        if not compressed:
+            raise
+        kind = path.suffix.lower().lstrip(".")
+        raise ValueError(f"{path}: cannot be read as {kind} data ({type(e).__name__}: {e}); the file is corrupt, "
+                         f"truncated or not a {kind} file despite its name") from e
+
+
+def _undecodable(path: Path) -> ValueError:
+    """The error for a file that is not UTF-8, naming the first bad line (found by a second, binary pass)."""
+    with _open_binary(path) as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return ValueError(f"{path}:{line_no}: not valid UTF-8 ({e.reason}: bytes {raw[e.start:e.end + 2]!r} "
+                                  f"at byte {e.start + 1} of the line); convert the file to UTF-8, e.g. "
+                                  "`iconv -f latin1 -t utf-8`")
+    return ValueError(f"{path}: not valid UTF-8; convert the file to UTF-8")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 text file, counted from 1 (see :func:`_reading`)."""
+    with _reading(path) as f:
+        yield from enumerate(f, 1)
+
+
+def _read(path: Path) -> str:
+    with _reading(path) as f:
+        return f.read()
 
 
 def _head(path: Path, n: int = 4096) -> str:
-    with _open_text(path) as f:
+    """The first characters of a file, to tell its kind (undecodable bytes replaced: only a guess)."""
+    with _reading(path, errors="replace") as f:
         return f.read(n)
 
 
@@ -137,84 +213,211 @@ def _qrels_frame(rows: list[tuple[str, str, int]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_QRELS_COLUMNS).astype({"qid": str, "docno": str, "label": "int64"})
 
 
+def _label(text: str) -> int:
+    """A relevance label: an integer, also written as an integral float (``2.0``); anything else is refused
+    rather than truncated."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"relevance label {text!r} is not an integer")
+    return int(value)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: Any, what: str, where: str) -> str:
+    """``value`` if it is a str holding real text; lone surrogates (e.g. a JSON ``"\\ud800"``) are refused."""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {what} must be a string, got {type(value).__name__} {value!r}")
+    m = None if value.isascii() else _LONE_SURROGATE.search(value)
+    if m is not None:
+        raise ValueError(f"{where}: {what} holds a lone surrogate {m.group()!r} at character {m.start()}, which is "
+                         "not text (a broken \\uD8xx-\\uDFxx escape); fix or drop it in the source")
+    return value
+
+
 _WS = re.compile(r"\s+")
-_TAG = re.compile(r"<[^>]+>")
+# markup: a start or end tag (``<P>``, ``</TEXT>``, ``<F P=1>``) or a comment; a bare ``<`` is text
+_TAG = re.compile(r"</?[A-Za-z][^<>]*>|<!--.*?-->", re.DOTALL)
 
 
 def _clean(text: str) -> str:
     return _WS.sub(" ", text).strip()
 
 
+def _id(value: Any, what: str, where: str) -> str:
+    """A document or query id, by the indexes' rules (:func:`as_docno`: a non-empty str or int, no line
+    break), with no lone surrogate."""
+    try:
+        docno = as_docno(value)
+    except ValueError as e:
+        raise ValueError(f"{where}: bad {what}: {e}") from None
+    return _text(docno, what, where)
+
+
+def _line_of(content: str, pos: int) -> int:
+    return content.count("\n", 0, pos) + 1
+
+
+def _no_records(path: Path, what: str) -> ValueError:
+    return ValueError(f"{path}: no {what} found (the file is empty or holds none); check the file")
+
+
 # --------------------------------------------------------------------------- TREC
 
+_DOC_TAG = re.compile(r"<(/?)DOC(?:\s[^<>]*)?>", re.IGNORECASE)
+_DOCNO_OPEN = re.compile(r"<DOCNO>", re.IGNORECASE)
 _DOCNO = re.compile(r"<DOCNO>\s*(.*?)\s*</DOCNO>", re.IGNORECASE | re.DOTALL)
 
 
 def _trec_docs(files: list[Path]) -> Iterator[dict]:
-    """Stream ``<DOC>`` records: docno from ``<DOCNO>``, text = everything else without tags."""
+    """Stream ``<DOC>`` records: docno from ``<DOCNO>``, text = everything else without tags.
+
+    ``<DOC>`` and ``</DOC>`` may stand anywhere on a line (one document per line works); a
+    ``<DOC>`` that is never closed, text outside ``<DOC>…</DOC>``, or a document with no, an empty
+    or two ``<DOCNO>`` raise a ValueError naming the file and line.
+    """
     for path in files:
-        with _open_text(path) as f:
-            buf: Optional[list[str]] = None
-            for line_no, line in enumerate(f, 1):
-                upper = line.lstrip().upper()
-                if upper.startswith("<DOC>"):
-                    buf = [line.lstrip()[5:]]
-                elif upper.startswith("</DOC>"):
+        buf: Optional[list[str]] = None
+        start = 0
+        for line_no, line in _lines(path):
+            pos = 0
+            for m in (_DOC_TAG.finditer(line) if "<" in line else ()):
+                if buf is not None:
+                    buf.append(line[pos:m.start()])
+                else:
+                    _outside_docs(path, line_no, line[pos:m.start()])
+                if not m.group(1):  # <DOC>
+                    if buf is not None:
+                        raise ValueError(f"{path}:{line_no}: <DOC> opens while the document opened at line {start} "
+                                         "has no </DOC>; add the missing </DOC>")
+                    buf, start = [], line_no
+                else:
                     if buf is None:
                         raise ValueError(f"{path}:{line_no}: </DOC> without <DOC>")
-                    raw = "".join(buf)
-                    m = _DOCNO.search(raw)
-                    if m is None:
-                        raise ValueError(f"{path}:{line_no}: document without <DOCNO>")
-                    yield {"docno": m.group(1), "text": _clean(_TAG.sub(" ", raw[:m.start()] + raw[m.end():]))}
+                    yield _trec_doc(path, start, "".join(buf))
                     buf = None
-                elif buf is not None:
-                    buf.append(line)
+                pos = m.end()
+            if buf is not None:
+                buf.append(line[pos:])
+            else:
+                _outside_docs(path, line_no, line[pos:])
+        if buf is not None:
+            raise ValueError(f"{path}:{start}: <DOC> is never closed: no </DOC> before the end of the file "
+                             "(truncated file?)")
 
 
-_TOP = re.compile(r"<top>(.*?)</top>", re.IGNORECASE | re.DOTALL)
+def _outside_docs(path: Path, line_no: int, text: str) -> None:
+    if text.strip():
+        raise ValueError(f"{path}:{line_no}: text outside <DOC>…</DOC>: {text.strip()[:80]!r}")
+
+
+def _trec_doc(path: Path, line_no: int, raw: str) -> dict:
+    opened = len(_DOCNO_OPEN.findall(raw))
+    if opened != 1:
+        raise ValueError(f"{path}:{line_no}: the document has {opened} <DOCNO> tags; each <DOC> needs exactly one")
+    m = _DOCNO.search(raw)
+    if m is None:
+        raise ValueError(f"{path}:{line_no}: the document's <DOCNO> is not closed by </DOCNO>")
+    if not m.group(1):
+        raise ValueError(f"{path}:{line_no}: empty <DOCNO>")
+    docno = _id(m.group(1), "<DOCNO>", f"{path}:{line_no}")
+    return {"docno": docno, "text": _clean(_TAG.sub(" ", raw[:m.start()] + raw[m.end():]))}
+
+
+_TOP_TAG = re.compile(r"<(/?)top>", re.IGNORECASE)
 
 
 def _trec_field(block: str, tag: str) -> Optional[str]:
-    """Content of ``<tag>`` up to its closing tag or the next tag (old TREC topics leave tags open)."""
-    m = re.search(rf"<{tag}>(.*?)(?=<)", block + "<", re.IGNORECASE | re.DOTALL)
+    """Content of ``<tag>`` up to the next tag (old TREC topics leave tags open)."""
+    m = re.search(rf"<{tag}>(.*?)(?={_TAG.pattern}|$)", block, re.IGNORECASE | re.DOTALL)
     return None if m is None else _clean(m.group(1))
 
 
 def _trec_topics(path: Path) -> pd.DataFrame:
-    with _open_text(path) as f:
-        content = f.read()
-    rows = []
-    for block in _TOP.findall(content):
-        num, title = _trec_field(block, "num"), _trec_field(block, "title")
-        if not num or title is None:
-            raise ValueError(f"{path}: topic without <num> or <title>: {block[:80]!r}")
-        num = re.sub(r"^Number:\s*", "", num, flags=re.IGNORECASE)
-        title = re.sub(r"^Topic:\s*", "", title, flags=re.IGNORECASE)
-        rows.append((num, title))
+    """``<top>`` topics; ``<top>`` must be closed by ``</top>``, with nothing but space between topics."""
+    content = _read(path)
+    rows: list[tuple[str, str]] = []
+    opened: Optional[re.Match] = None
+    pos = 0
+    for m in _TOP_TAG.finditer(content):
+        if opened is None:
+            if m.group(1):
+                raise ValueError(f"{path}:{_line_of(content, m.start())}: </top> without <top>")
+            _outside_topics(path, content, pos, m.start())
+            opened = m
+        else:
+            if not m.group(1):
+                raise ValueError(f"{path}:{_line_of(content, opened.start())}: <top> is not closed: the next <top> "
+                                 f"(line {_line_of(content, m.start())}) comes before its </top>")
+            rows.append(_trec_topic(path, _line_of(content, opened.start()), content[opened.end():m.start()]))
+            opened = None
+        pos = m.end()
+    if opened is not None:
+        raise ValueError(f"{path}:{_line_of(content, opened.start())}: <top> is never closed: no </top> before the "
+                         "end of the file (truncated file?)")
+    _outside_topics(path, content, pos, len(content))
     if not rows:
         raise ValueError(f"{path}: no <top> topics found")
     return _topics_frame(rows)
 
 
-def _read_qrels(path: Path, parse: Callable[[list[str]], tuple[str, str, int]]) -> pd.DataFrame:
+def _outside_topics(path: Path, content: str, start: int, end: int) -> None:
+    text = content[start:end]
+    if text.strip():
+        at = start + len(text) - len(text.lstrip())
+        raise ValueError(f"{path}:{_line_of(content, at)}: text outside <top>…</top>: {text.strip()[:80]!r}")
+
+
+def _trec_topic(path: Path, line_no: int, block: str) -> tuple[str, str]:
+    for tag in ("num", "title"):
+        n = len(re.findall(rf"<{tag}>", block, re.IGNORECASE))
+        if n > 1:
+            raise ValueError(f"{path}:{line_no}: the topic has {n} <{tag}> tags; expected one")
+    num, title = _trec_field(block, "num"), _trec_field(block, "title")
+    if not num or title is None:
+        raise ValueError(f"{path}:{line_no}: topic without <num> or <title>: {block[:80]!r}")
+    num = re.sub(r"^Number:\s*", "", num, flags=re.IGNORECASE)
+    title = re.sub(r"^Topic:\s*", "", title, flags=re.IGNORECASE)
+    return num, title
+
+
+def _read_qrels(path: Path, parse: Callable[[list[str]], tuple[str, str, int]], sep: Optional[str] = None,
+                header: Optional[str] = None) -> pd.DataFrame:
+    """Judgements, one per non-blank line split on ``sep`` (default: whitespace); a first line whose
+    first column is ``header`` is skipped."""
     rows = []
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            cols = line.split()
-            if not cols:
-                continue
-            try:
-                rows.append(parse(cols))
-            except (ValueError, IndexError) as e:
-                raise ValueError(f"{path}:{line_no}: cannot parse qrels line {line.rstrip()!r}: {e}") from None
+    for line_no, line in _lines(path):
+        if not line.strip():
+            continue
+        cols = line.rstrip("\n").split(sep) if sep else line.split()
+        if line_no == 1 and header is not None and cols[0] == header:
+            continue
+        try:
+            rows.append(parse(cols))
+        except (ValueError, IndexError) as e:
+            raise ValueError(f"{path}:{line_no}: cannot parse qrels line {line.rstrip()!r}: {e}") from None
+    if not rows:
+        raise _no_records(path, "judgements")
     return _qrels_frame(rows)
 
 
+def _columns(cols: list[str], n: int, names: str) -> list[str]:
+    if len(cols) != n:
+        raise ValueError(f"expected {n} columns ({names}), got {len(cols)}")
+    return cols
+
+
 def _trec_qrel(cols: list[str]) -> tuple[str, str, int]:
-    if len(cols) != 4:
-        raise ValueError(f"expected 4 columns (qid iter docno label), got {len(cols)}")
-    return cols[0], cols[2], int(float(cols[3]))
+    qid, _, docno, label = _columns(cols, 4, "qid iter docno label")
+    return qid, docno, _label(label)
 
 
 def _trec(folder: Path) -> LocalDataset:
@@ -222,7 +425,7 @@ def _trec(folder: Path) -> LocalDataset:
     qrels = [p for p in files if p.name.lower().startswith("qrels")]
     heads = {p: _head(p).lower() for p in files if p not in qrels}
     topics = [p for p, h in heads.items() if "<top>" in h]
-    docs = [p for p, h in heads.items() if "<doc>" in h and p not in topics]
+    docs = [p for p, h in heads.items() if re.search(r"<doc[\s>]", h) and p not in topics]
     for what, found, hint in (("documents", docs, "files with <DOC> records"),
                               ("topics", topics, "a file with <top> topics, e.g. query-text.trec"),
                               ("qrels", qrels, "a file named qrels*")):
@@ -236,38 +439,68 @@ def _trec(folder: Path) -> LocalDataset:
 
 # --------------------------------------------------------------------------- BEIR
 
-def _jsonl(path: Path) -> Iterator[dict]:
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{line_no}: invalid JSON: {e}") from None
+def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
+    """``("<file>:<line>", object)`` for each non-blank line of a JSON-lines file; every line must be an object."""
+    for line_no, line in _lines(path):
+        if line.strip():
+            where = f"{path}:{line_no}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON: {e}") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{where}: not a JSON object but a {type(obj).__name__}: {line.strip()[:80]!r}")
+            yield where, obj
+
+
+def _json_field(obj: dict, key: str, where: str, is_id: bool = False, nullable: bool = False) -> str:
+    """A required string field of a BEIR line (an id may also be an int; ``null`` is ``""`` where
+    ``nullable``); checked by :func:`_text`."""
+    if key not in obj:
+        raise ValueError(f"{where}: no {key!r} field (BEIR lines need '_id' and 'text'); fields present: {list(obj)}")
+    value = obj[key]
+    if is_id:
+        return _id(value, repr(key), where)
+    return "" if value is None and nullable else _text(value, repr(key), where)
 
 
 def _beir_docs(path: Path) -> Iterator[dict]:
-    for doc in _jsonl(path):
-        title, text = doc.get("title") or "", doc.get("text") or ""
-        yield {"docno": str(doc["_id"]), "text": f"{title} {text}".strip(), "title": title}
+    n = 0
+    for where, doc in _jsonl(path):
+        docno, text = _json_field(doc, "_id", where, is_id=True), _json_field(doc, "text", where, nullable=True)
+        title = _text(doc.get("title") or "", "'title'", where)
+        n += 1
+        yield {"docno": docno, "text": f"{title} {text}".strip(), "title": title}
+    if not n:
+        raise _no_records(path, "documents")
+
+
+def _beir_qrel(cols: list[str]) -> tuple[str, str, int]:
+    qid, docno, score = _columns(cols, 3, "query-id corpus-id score, tab-separated")
+    if not qid or not docno:
+        raise ValueError("empty query-id or corpus-id")
+    return qid, docno, _label(score)
 
 
 def _beir_qrels(path: Path) -> pd.DataFrame:
-    rows = []
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            cols = line.rstrip("\n").split("\t")
-            if (line_no == 1 and cols[0] == "query-id") or not line.strip():
-                continue
-            if len(cols) != 3:
-                raise ValueError(f"{path}:{line_no}: expected query-id, corpus-id, score; got {line.rstrip()!r}")
-            rows.append((cols[0], cols[1], int(float(cols[2]))))
-    return _qrels_frame(rows)
+    return _read_qrels(path, _beir_qrel, sep="\t", header="query-id")
 
 
 def _beir_topics(queries: Path, qrels: Path) -> pd.DataFrame:
-    judged = set(_beir_qrels(qrels)["qid"])
-    rows = [(str(q["_id"]), q["text"]) for q in _jsonl(queries) if str(q["_id"]) in judged]
+    judged = dict.fromkeys(_beir_qrels(qrels)["qid"])
+    rows, found = [], set()
+    for where, q in _jsonl(queries):
+        qid = _json_field(q, "_id", where, is_id=True)
+        text = _json_field(q, "text", where)
+        found.add(qid)
+        if qid in judged:
+            rows.append((qid, text))
+    if not found:
+        raise _no_records(queries, "queries")
+    missing = [qid for qid in judged if qid not in found]
+    if missing:
+        raise ValueError(f"{queries}: {len(missing)} queries judged in {qrels} are missing, e.g. {missing[:5]}; "
+                         "every judged query needs a line in queries.jsonl")
     return _topics_frame(rows)
 
 
@@ -307,18 +540,21 @@ class SmartLayout:
 def _cranfield_qrel(cols: list[str]) -> tuple[str, str, int]:
     # Cleverdon's codes (cranqrel.readme): 1 = complete answer ... 4 = minimum interest, -1 = no interest.
     # Converted to gains where larger is better: 1->4, 2->3, 3->2, 4->1, -1->0.
-    qid, docno, code = cols[0], cols[1], int(cols[2])
+    qid, docno, code = _columns(cols, 3, "qid docid code")
+    code = int(code)
     if code not in (-1, 1, 2, 3, 4):
         raise ValueError(f"unknown Cranfield relevance code {code}")
     return qid, docno, 0 if code == -1 else 5 - code
 
 
 def _cisi_qrel(cols: list[str]) -> tuple[str, str, int]:
-    return cols[0], cols[1], 1  # "qid docno 0 0.000000": every listed pair is relevant
+    qid, docno, _, _ = _columns(cols, 4, "qid docno 0 0.000000")
+    return qid, docno, 1  # every listed pair is relevant
 
 
 def _medline_qrel(cols: list[str]) -> tuple[str, str, int]:
-    return cols[0], cols[2], int(float(cols[3]))  # "qid 0 docno rel"
+    qid, _, docno, label = _columns(cols, 4, "qid 0 docno rel")
+    return qid, docno, _label(label)
 
 
 SMART_LAYOUTS: dict[str, SmartLayout] = {
@@ -328,44 +564,47 @@ SMART_LAYOUTS: dict[str, SmartLayout] = {
 }
 
 _SMART_FIELD = re.compile(r"^\.([A-Z])\s*$")
+_SMART_ID = re.compile(r"^\.I(?:\s+(.*?))?\s*$", re.DOTALL)
 
 
-def _smart_records(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """``(id, {field letter: text})`` for each ``.I <id>`` record of a SMART file."""
+def _smart_records(path: Path, what: str) -> Iterator[tuple[int, str, dict[str, str]]]:
+    """``(line, id, {field letter: text})`` for each ``.I <id>`` record of a SMART file."""
     rid: Optional[str] = None
+    start = 0
     fields: dict[str, list[str]] = {}
     field = None
-    with _open_text(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if line.startswith(".I ") or line.rstrip() == ".I":
-                if rid is not None:
-                    yield rid, {k: _clean(" ".join(v)) for k, v in fields.items()}
-                rid = line[2:].strip()
-                if not rid:
-                    raise ValueError(f"{path}:{line_no}: .I without an id")
-                fields, field = {}, None
-                continue
-            m = _SMART_FIELD.match(line)
-            if m:
-                field = m.group(1)
-                fields.setdefault(field, [])
-            elif field is not None:
-                fields[field].append(line)
-            elif line.strip():
-                raise ValueError(f"{path}:{line_no}: text outside a .I record field: {line.rstrip()!r}")
-    if rid is not None:
-        yield rid, {k: _clean(" ".join(v)) for k, v in fields.items()}
+    for line_no, line in _lines(path):
+        m = _SMART_ID.match(line)
+        if m:
+            if rid is not None:
+                yield start, rid, {k: _clean(" ".join(v)) for k, v in fields.items()}
+            rid, start = m.group(1) or "", line_no
+            if not rid or len(rid.split()) != 1:
+                raise ValueError(f"{path}:{line_no}: a .I line needs exactly one record id, got {line.rstrip()!r}")
+            fields, field = {}, None
+            continue
+        m = _SMART_FIELD.match(line)
+        if m:
+            field = m.group(1)
+            fields.setdefault(field, [])
+        elif field is not None:
+            fields[field].append(line)
+        elif line.strip():
+            raise ValueError(f"{path}:{line_no}: text outside a .I record field: {line.rstrip()!r}")
+    if rid is None:
+        raise _no_records(path, f"{what} (.I records)")
+    yield start, rid, {k: _clean(" ".join(v)) for k, v in fields.items()}
 
 
 def _smart_docs(path: Path) -> Iterator[dict]:
-    for rid, fields in _smart_records(path):
+    for _, rid, fields in _smart_records(path, "documents"):
         title, body = fields.get("T", ""), fields.get("W", "")
         yield {"docno": rid.lstrip("0") or "0", "text": f"{title} {body}".strip(), "title": title}
 
 
 def _smart_topics(path: Path, sequential: bool) -> pd.DataFrame:
     rows = []
-    for position, (rid, fields) in enumerate(_smart_records(path), 1):
+    for position, (_, rid, fields) in enumerate(_smart_records(path, "queries"), 1):
         query = " ".join(x for x in (fields.get("T", ""), fields.get("W", "")) if x)
         rows.append((str(position) if sequential else (rid.lstrip("0") or "0"), query))
     return _topics_frame(rows)
@@ -430,10 +669,12 @@ class IRDSWrapper(pt.datasets.Dataset):
         it = ds.docs_iter()
         if verbose:
             it = pt.tqdm(it, desc=f"irds:{self.irds_id} documents", total=ds.docs_count())
-        for doc in it:
+        for position, doc in enumerate(it, 1):
             fields = {k: v for k, v in doc._asdict().items() if k != "doc_id" and isinstance(v, str)}
             text = doc.default_text() if hasattr(doc, "default_text") else fields.get("text", "")
-            yield {"docno": str(doc.doc_id), **fields, "text": text}
+            where = f"irds:{self.irds_id} document {position}"
+            docno = _id(doc.doc_id, "doc_id", where)
+            yield {"docno": docno, **fields, "text": _text(text, f"the text of {docno!r}", where)}
 
     def get_topics(self, variant: Optional[str] = None) -> pd.DataFrame:
         if variant is not None:

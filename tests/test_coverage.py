@@ -1,4 +1,5 @@
-"""Input-token coverage (Drop your Decoder, Algorithm 1) vs a naive per-text computation; CLI."""
+"""Input-token coverage (Drop your Decoder, Algorithm 1): precision (÷k) and recall (÷|T|) vs a naive
+per-text computation and a hand-computed example; CLI."""
 from __future__ import annotations
 
 import csv
@@ -7,14 +8,14 @@ import os
 import pytest
 import torch
 
-from pretrain.coverage import load_for_coverage, main, token_coverage
+from pretrain.coverage import load_for_coverage, main, token_coverage, token_coverages
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "a b c",
          "information retrieval evaluation campaigns at trec and clef",
          "pre-training language models for search; dense retrieval with the cls vector", "retrieval retrieval retrieval"]
 
 
-def _naive(model, tok, texts, ks, projection):
+def _naive(model, tok, texts, ks, projection, measure="precision"):
     special = set(tok.all_special_ids)
     out = {k: 0.0 for k in ks}
     with torch.no_grad():
@@ -25,7 +26,7 @@ def _naive(model, tok, texts, ks, projection):
             ranked = [t for t in torch.argsort(z, descending=True).tolist() if t not in special]
             in_text = {t for t in ids if t not in special}
             for k in ks:
-                out[k] += len([t for t in ranked[:k] if t in in_text]) / k
+                out[k] += len([t for t in ranked[:k] if t in in_text]) / (k if measure == "precision" else len(in_text))
     return {k: v / len(texts) for k, v in out.items()}
 
 
@@ -39,6 +40,42 @@ def test_matches_naive(tiny_bert_dir, projection):
     assert got.keys() == ref.keys()
     for k in ks:
         assert got[k] == pytest.approx(ref[k], abs=1e-9), k
+    both = token_coverages(model, tok, TEXTS, ks, projection=projection, batch_size=2)
+    assert both["precision"] == got
+    assert both["recall"] == pytest.approx(_naive(model, tok, TEXTS, ks, projection, "recall"), abs=1e-9)
+    assert token_coverage(model, tok, TEXTS, ks, projection=projection, measure="recall") == both["recall"]
+
+
+class _FixedRanking(torch.nn.Module):
+    """A stand-in 'decoder' that gives every text the same vocabulary scores."""
+
+    def __init__(self, scores):
+        super().__init__()
+        self.register_buffer("scores", scores)
+
+    def forward(self, cls):
+        return self.scores.expand(cls.shape[0], -1)
+
+
+def test_precision_and_recall_hand_computed(tiny_bert_dir):
+    """Ranking apple > ocean > river > cat > moon > the rest, for every text:
+
+    "apple river apple"   T = {apple, river}            hits@1,2,3,5 = 1, 1, 2, 2
+    "ocean cat dog bird"  T = {ocean, cat, dog, bird}   hits@1,2,3,5 = 0, 1, 1, 2
+    precision@k = mean(hits/k):   @1 (1+0)/2, @2 (1/2+1/2)/2, @3 (2/3+1/3)/2, @5 (2/5+2/5)/2
+    recall@k = mean(hits/|T|):    @1 (1/2+0)/2, @2 (1/2+1/4)/2, @3 (1+1/4)/2, @5 (1+2/4)/2
+    (|T| counts "apple" once: the token *set*.)
+    """
+    model, tok, _ = load_for_coverage(tiny_bert_dir, "mlm_head")
+    vocab = model.get_input_embeddings().weight.shape[0]
+    scores = torch.full((vocab,), -1.0)
+    for rank, word in enumerate(["apple", "ocean", "river", "cat", "moon"]):
+        (token_id,) = tok(word, add_special_tokens=False)["input_ids"]
+        scores[token_id] = 10.0 - rank
+    model.cpdae_decoder = _FixedRanking(scores)
+    got = token_coverages(model, tok, ["apple river apple", "ocean cat dog bird"], (1, 2, 3, 5), projection="decoder")
+    assert got["precision"] == pytest.approx({1: 0.5, 2: 0.5, 3: 0.5, 5: 0.4}, abs=1e-12)
+    assert got["recall"] == pytest.approx({1: 0.25, 2: 0.375, 3: 0.625, 5: 0.75}, abs=1e-12)
 
 
 def test_auto_projection(tiny_bert_dir, minilm_path):
@@ -54,6 +91,10 @@ def test_bad_input(tiny_bert_dir, tmp_path):
         token_coverage(model, tok, TEXTS, [0])
     with pytest.raises(ValueError, match="at least one text"):
         token_coverage(model, tok, [], [1])
+    with pytest.raises(ValueError, match="unknown coverage measure"):
+        token_coverage(model, tok, TEXTS, [1], measure="f1")
+    with pytest.raises(ValueError, match="unknown coverage measure"):
+        token_coverages(model, tok, TEXTS, [1], measures=["precision", "ndcg"])
     with pytest.raises(FileNotFoundError):
         load_for_coverage(str(tmp_path / "missing"))
 
@@ -66,11 +107,18 @@ def test_cli_writes_csv_and_plot(tiny_bert_dir, tmp_path):
                 "--corpus", str(corpus), "--num-texts", "3", "--k", "1", "5", "--csv", str(csv_path), "--plot", str(png)])
     model, tok, _ = load_for_coverage(tiny_bert_dir)
     ref = _naive(model, tok, TEXTS[:3], (1, 5), "embeddings")
-    assert res["tiny"] == pytest.approx(ref)
+    ref_recall = _naive(model, tok, TEXTS[:3], (1, 5), "embeddings", "recall")
+    assert res["tiny"]["precision"] == pytest.approx(ref)   # both measures by default
+    assert res["tiny"]["recall"] == pytest.approx(ref_recall)
     rows = list(csv.DictReader(open(csv_path)))
-    assert [(r["model"], r["k"]) for r in rows] == [("tiny", "1"), ("tiny", "5"), (tiny_bert_dir, "1"), (tiny_bert_dir, "5")]
+    assert [(r["model"], r["measure"], r["k"]) for r in rows] == [
+        (name, m, k) for name in ("tiny", tiny_bert_dir) for m in ("precision", "recall") for k in ("1", "5")]
     assert float(rows[1]["coverage"]) == pytest.approx(ref[5], abs=1e-6)
+    assert float(rows[3]["coverage"]) == pytest.approx(ref_recall[5], abs=1e-6)
     assert os.path.getsize(png) > 1000
+    one = main(["--model", f"tiny={tiny_bert_dir}", "--projection", "embeddings", "--corpus", str(corpus),
+                "--num-texts", "3", "--k", "1", "5", "--measure", "recall"])
+    assert list(one["tiny"]) == ["recall"] and one["tiny"]["recall"] == pytest.approx(ref_recall)
 
 
 def test_cpdae_decoder_projection_matches_naive(tiny_bert_dir, tmp_path):
@@ -117,7 +165,7 @@ def test_cpdae_decoder_projection_matches_naive(tiny_bert_dir, tmp_path):
     corpus.write_text("\n".join(TEXTS) + "\n")
     res = main(["--model", f"cpdae={run}", "--model", f"tiny={tiny_bert_dir}", "--projection", "cpdae=decoder",
                 "--corpus", str(corpus), "--num-texts", "5", "--k", "1", "5"])
-    assert res["cpdae"] == pytest.approx({1: ref[1], 5: ref[5]}, abs=1e-9)
+    assert res["cpdae"]["precision"] == pytest.approx({1: ref[1], 5: ref[5]}, abs=1e-9)
     with pytest.raises(FileNotFoundError, match="CPDAE decoder"):
         main(["--model", f"tiny={tiny_bert_dir}", "--projection", "decoder", "--corpus", str(corpus)])
     with pytest.raises(ValueError, match="no --model"):

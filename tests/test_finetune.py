@@ -167,10 +167,11 @@ def test_config_parses_finetune_flags():
                                         "--no-in-batch-negatives", "--max-train-queries", "100"])
     assert cfg.negatives == "model:/m" and cfg.mining_rounds == 2 and not cfg.in_batch_negatives
     assert cfg.max_train_queries == 100 and cfg.learning_rate == 5e-6 and cfg.num_negatives == 7
-    # the paper's settings are the defaults: lr 5e-6, 64 queries per batch, 1 positive + 7 negatives, [CLS]
+    # the defaults share the paper's numbers (lr 5e-6, 64 queries per batch, 1 positive + 7 negatives, [CLS])
+    # but not its loss or schedule (listwise, rounds restart from --model); --preset paper is the paper's recipe
     cfg = parse_config(FinetuneConfig, [])
-    assert (cfg.learning_rate, cfg.batch_size, cfg.num_negatives, cfg.pooling, cfg.loss) == \
-        (5e-6, 64, 7, "cls", "listwise")
+    assert (cfg.learning_rate, cfg.batch_size, cfg.num_negatives, cfg.pooling, cfg.loss, cfg.round_init) == \
+        (5e-6, 64, 7, "cls", "listwise", "base")
 
 
 @pytest.mark.multiproc
