@@ -102,8 +102,8 @@ def default_dtype(device: Union[str, torch.device]) -> torch.dtype:
     GPU lacks bf16) and float32 on the CPU.
 
     The CPU stays in float32 even where bf16 is native (:func:`cpu_has_native_bf16`): bf16 autocast is ~1.8x
-    faster there and its vectors keep a cosine >= 0.99997 to float32, but the order of the exact top-10 changes
-    for ~20% of Vaswani and SciFact queries (``experiments/results/encode_equivalence.md``); opt in with
+    faster there and its vectors keep a cosine >= 0.99996 to float32, but the order of the exact top-10 changes
+    for 20-25% of Vaswani and SciFact queries (``experiments/results/encode_equivalence.md``); opt in with
     ``dtype="bf16"`` or ``PYTERRIER_CPDAE_DTYPE=bf16``.
 
     Raises:
