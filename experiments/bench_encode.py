@@ -74,7 +74,7 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     common = dict(pooling="mean", normalize=True, doc_max_length=ml, batch_size=bs, device="cpu")
     auto = CPDAE.from_pretrained(args.model, **common)
     auto_dtype = str(auto._autocast_dtype()).replace("torch.", "")
-    cpdae: Dict[str, pt_stage] = {}
+    cpdae: Dict[str, Any] = {}
     if auto_dtype == "float32":
         cpdae["CPDAE dtype=None (auto -> float32) = dtype='float32'"] = auto.doc_encoder()
     else:
@@ -145,7 +145,6 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
         print(f"  {name}: max |diff| {np.abs(out - ref).max():.2e}, min cosine {cos.min():.6f}")
 
 
-pt_stage = Any
 
 
 def main(argv: List[str] | None = None) -> None:
