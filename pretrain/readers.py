@@ -22,14 +22,13 @@ Documents whose chosen fields are all empty are skipped.
 """
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+from pyterrier_cpdae.datasets import read_lines
 
 #: Default fields of JSONL and ir_datasets corpora, in the order they are joined.
 DEFAULT_FIELDS: tuple[str, ...] = ("title", "text")
@@ -61,24 +60,17 @@ def parse_fields(fields: Fields) -> Optional[list[str]]:
     return out
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    """Open a plain, ``.gz`` or ``.bz2`` file for reading text (UTF-8)."""
-    name = path.name
-    if name.endswith(".bz2"):
-        return bz2.open(path, "rt", encoding="utf-8")
-    if name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, "rt", encoding="utf-8")
-
-
 def _read_lines(path: Path) -> Iterator[str]:
-    """Lines of ``path`` (decompressed); a corrupt or undecodable file raises a ``ValueError`` naming it."""
+    """Lines of ``path``, decompressed by suffix (``.gz``, ``.bz2``, ``.xz``, ``.lzma``) through the plugin's one
+    opener (:func:`pyterrier_cpdae.datasets.read_lines`); a corrupt, misnamed-compressed or undecodable file raises
+    a ``ValueError`` naming it."""
     try:
-        with _open_text(path) as f:
-            yield from f
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        # bz2/gzip raise OSError/EOFError on corrupt or truncated data
+        for _, line in read_lines(path):
+            yield line
+    except OSError as e:
         raise ValueError(f"cannot read corpus file {path}: {type(e).__name__}: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"cannot read corpus file {path}: {e}") from None
 
 
 def _join(values: Sequence[Any]) -> str:

@@ -194,6 +194,9 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         yield from enumerate(f, 1)
 
 
+read_lines = _lines  # the one opener of text files, shared with ``python -m pretrain``'s corpus readers
+
+
 def _read(path: Path) -> str:
     with _reading(path) as f:
         return f.read()
