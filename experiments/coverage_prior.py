@@ -3,8 +3,10 @@
 Ranks the vocabulary once by document frequency in a training sample (the same ranking for
 every text, as a decoder that has learnt only the unigram prior would) and reports its input
 token coverage on the evaluation texts, with the same definition as ``python -m pretrain
-coverage`` (special tokens excluded from the ranking and from the text's token set). A
-checkpoint's curve means something about its [CLS] vectors only where it rises above this line.
+coverage`` (special tokens excluded from the ranking and from the text's token set; ties
+in frequency ranked by token id). A checkpoint's curve means something about its [CLS] vectors
+only where it rises above this line. The functions are :func:`pretrain.coverage.token_counts`,
+:func:`~pretrain.coverage.frequency_ranking` and :func:`~pretrain.coverage.ranking_coverages`.
 
 Usage::
 
@@ -14,10 +16,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import collections
 from typing import Optional
 
-from pretrain.coverage import DEFAULT_KS
+from pretrain.coverage import DEFAULT_KS, frequency_ranking, ranking_coverages, token_counts
 from pretrain.readers import iter_texts
 
 
@@ -37,21 +38,16 @@ def main(argv: Optional[list[str]] = None) -> dict[int, float]:
     args = p.parse_args(argv)
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
-    special = set(tok.all_special_ids)
-    df: collections.Counter = collections.Counter()
-    for text in iter_texts(args.fit_corpus, max_docs=args.fit_docs):
-        df.update(set(tok(text, add_special_tokens=False, truncation=True, max_length=args.fit_max_length - 2)["input_ids"]))
-    ranked = [t for t, _ in df.most_common() if t not in special]
+    df = token_counts(tok, iter_texts(args.fit_corpus, max_docs=args.fit_docs), unit="text",
+                      max_length=args.fit_max_length)
+    ranked = frequency_ranking(df, tok)
     texts = list(iter_texts(args.corpus, max_docs=args.num_texts))
-    coverage = {k: 0.0 for k in sorted(args.k)}
-    for text in texts:
-        ids = set(tok(text, truncation=True, max_length=args.max_length)["input_ids"]) - special
-        for k in coverage:
-            coverage[k] += sum(t in ids for t in ranked[:k]) / k / len(texts)
-    print(f"document-frequency prior ({args.fit_docs} docs of {args.fit_corpus}; {len(texts)} texts): "
-          + "  ".join(f"@{k}={v:.4f}" for k, v in coverage.items()))
-    print("its top-10 tokens:", " ".join(tok.convert_ids_to_tokens(ranked[:10])))
-    return coverage
+    both = ranking_coverages(ranked, tok, texts, args.k, max_length=args.max_length)
+    for measure, coverage in both.items():
+        print(f"document-frequency prior ({args.fit_docs} docs of {args.fit_corpus}; {len(texts)} texts), {measure}: "
+              + "  ".join(f"@{k}={v:.4f}" for k, v in coverage.items()))
+    print("its top-10 tokens:", " ".join(tok.convert_ids_to_tokens(ranked[:10].tolist())))
+    return both["precision"]
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -142,49 +143,136 @@ def token_coverages(model: Union[str, nn.Module], tokenizer: Any, texts: Iterabl
         raise ValueError("projection 'decoder' needs a CPDAE decoder (model.cpdae_decoder)")
     if projection not in ("mlm_head", "embeddings", "decoder"):
         raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
-    ks = sorted({int(k) for k in ks})
     encoder = getattr(model, "base_model", model)
     vocab_size = model.get_input_embeddings().weight.shape[0]
-    special_ids = torch.tensor(sorted(i for i in tokenizer.all_special_ids if i is not None and i < vocab_size), dtype=torch.long)
-    if not ks or ks[0] < 1 or ks[-1] > vocab_size - len(special_ids):
-        raise ValueError(f"k must be between 1 and {vocab_size - len(special_ids)}, got {ks}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.to(device).eval()
+
+    def scores(ids: torch.Tensor, am: torch.Tensor) -> torch.Tensor:
+        cls = encoder(input_ids=ids, attention_mask=am).last_hidden_state[:, 0]
+        return _project(model, cls, projection).float()
+
+    try:
+        return _mean_coverages(scores, tokenizer, texts, ks, measures, vocab_size=vocab_size, max_length=max_length,
+                               batch_size=batch_size, device=device)
+    finally:
+        model.train(was_training)
+
+
+def _mean_coverages(score_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], tokenizer: Any,
+                    texts: Iterable[str], ks: Sequence[int], measures: Sequence[str], *, vocab_size: int,
+                    max_length: int, batch_size: int, device: torch.device) -> dict[str, dict[int, float]]:
+    """The coverage loop shared by :func:`token_coverages` and :func:`ranking_coverages`.
+
+    ``score_fn(input_ids, attention_mask) -> (b, |V|)`` scores each batch's vocabulary; the
+    ``k`` best non-special tokens are compared with each text's distinct non-special tokens.
+    """
+    ks = sorted({int(k) for k in ks})
+    special_ids = torch.tensor(sorted(i for i in tokenizer.all_special_ids if i is not None and i < vocab_size), dtype=torch.long)
+    if not ks or ks[0] < 1 or ks[-1] > vocab_size - len(special_ids):
+        raise ValueError(f"k must be between 1 and {vocab_size - len(special_ids)}, got {ks}")
     hits = {m: torch.zeros(len(ks), dtype=torch.float64) for m in measures}
     n = 0
     texts = list(texts)
     if not texts:
         raise ValueError("token_coverage needs at least one text")
     kmax = ks[-1]
-    try:
-        for start in range(0, len(texts), batch_size):
-            enc = tokenizer(texts[start:start + batch_size], truncation=True, max_length=max_length, padding=True,
-                            return_tensors="pt", return_special_tokens_mask=True)
-            ids, am = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-            cls = encoder(input_ids=ids, attention_mask=am).last_hidden_state[:, 0]
-            scores = _project(model, cls, projection).float()
-            scores = scores.index_fill(1, special_ids.to(device), float("-inf"))  # (not in place: z may be a view)
-            top = scores.topk(kmax, dim=-1).indices  # (b, kmax), best first
-            in_text = torch.zeros_like(scores, dtype=torch.bool)
-            content = am.bool() & ~enc["special_tokens_mask"].to(device).bool()
-            in_text[torch.arange(ids.shape[0], device=device).unsqueeze(1).expand_as(ids)[content], ids[content]] = True
-            in_text[:, special_ids.to(device)] = False
-            has = in_text.any(-1)
-            hit = in_text.gather(1, top).cumsum(-1)[has].double()  # hits among the first j+1
-            size = in_text[has].sum(-1, keepdim=True).double()     # |T|: distinct non-special input tokens
-            k_t = torch.tensor(ks, device=device)
-            per_k = hit[:, k_t - 1]                                 # (texts, len(ks))
-            if "precision" in hits:
-                hits["precision"] += (per_k / k_t.double()).sum(0).cpu()
-            if "recall" in hits:
-                hits["recall"] += (per_k / size).sum(0).cpu()
-            n += int(has.sum())
-    finally:
-        model.train(was_training)
+    for start in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[start:start + batch_size], truncation=True, max_length=max_length, padding=True,
+                        return_tensors="pt", return_special_tokens_mask=True)
+        ids, am = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        scores = score_fn(ids, am)
+        scores = scores.index_fill(1, special_ids.to(device), float("-inf"))  # (not in place: z may be a view)
+        top = scores.topk(kmax, dim=-1).indices  # (b, kmax), best first
+        in_text = torch.zeros_like(scores, dtype=torch.bool)
+        content = am.bool() & ~enc["special_tokens_mask"].to(device).bool()
+        in_text[torch.arange(ids.shape[0], device=device).unsqueeze(1).expand_as(ids)[content], ids[content]] = True
+        in_text[:, special_ids.to(device)] = False
+        has = in_text.any(-1)
+        hit = in_text.gather(1, top).cumsum(-1)[has].double()  # hits among the first j+1
+        size = in_text[has].sum(-1, keepdim=True).double()     # |T|: distinct non-special input tokens
+        k_t = torch.tensor(ks, device=device)
+        per_k = hit[:, k_t - 1]                                 # (texts, len(ks))
+        if "precision" in hits:
+            hits["precision"] += (per_k / k_t.double()).sum(0).cpu()
+        if "recall" in hits:
+            hits["recall"] += (per_k / size).sum(0).cpu()
+        n += int(has.sum())
     if n == 0:
         raise ValueError("no text has a non-special token")
     return {m: {k: float(h[i] / n) for i, k in enumerate(ks)} for m, h in hits.items()}
+
+
+def token_counts(tokenizer: Any, texts: Iterable[str], *, unit: str = "text", max_length: Optional[int] = None,
+                 vocab_size: Optional[int] = None, batch_size: int = 256) -> np.ndarray:
+    """How often each vocabulary token occurs in ``texts``, special tokens excluded (their count is 0).
+
+    Args:
+        tokenizer: The tokenizer whose ids are counted.
+        texts: The texts.
+        unit: ``"text"``: document frequency (the number of texts holding the token, as the
+            coverage prior ranks the vocabulary); ``"token"``: collection frequency (occurrences).
+        max_length: Truncate each text to this many tokens, special tokens included (as
+            :func:`token_coverages` does); ``None``: count every token of the text.
+        vocab_size: Length of the result (default: ``len(tokenizer)``).
+        batch_size: Texts per tokenizer call.
+
+    Returns:
+        An int64 array of shape ``(vocab_size,)``.
+    """
+    if unit not in ("text", "token"):
+        raise ValueError(f"unit must be 'text' (document frequency) or 'token' (occurrences), got {unit!r}")
+    vocab_size = int(vocab_size or len(tokenizer))
+    special = np.array(sorted(i for i in tokenizer.all_special_ids if i is not None and 0 <= i < vocab_size), dtype=np.int64)
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    texts = list(texts)
+    for start in range(0, len(texts), batch_size):
+        batch = texts[start:start + batch_size]
+        if max_length is None:
+            enc = tokenizer(batch, add_special_tokens=False, truncation=False, verbose=False)
+        else:
+            enc = tokenizer(batch, truncation=True, max_length=max_length)
+        for ids in enc["input_ids"]:
+            ids = np.asarray(ids, dtype=np.int64)
+            if ids.size and (ids.max() >= vocab_size or ids.min() < 0):
+                raise ValueError(f"token id {int(ids.max())} out of the vocabulary of size {vocab_size}")
+            counts += np.bincount(np.unique(ids) if unit == "text" else ids, minlength=vocab_size)
+    counts[special] = 0
+    return counts
+
+
+def frequency_ranking(counts: np.ndarray, tokenizer: Any) -> np.ndarray:
+    """The non-special token ids ranked by ``counts`` (descending; ties and unseen tokens by id)."""
+    counts = np.asarray(counts)
+    special = {i for i in tokenizer.all_special_ids if i is not None}
+    order = np.lexsort((np.arange(len(counts)), -counts))  # by -count, then by id
+    return order[~np.isin(order, list(special))]
+
+
+def ranking_coverages(ranking: Sequence[int], tokenizer: Any, texts: Iterable[str], ks: Sequence[int] = DEFAULT_KS, *,
+                      measures: Sequence[str] = MEASURES, max_length: int = 512,
+                      batch_size: int = 256) -> dict[str, dict[int, float]]:
+    """Coverage of one fixed, text-independent ranking of the vocabulary (e.g. the corpus
+    frequency prior of :func:`frequency_ranking`), with exactly the definition of :func:`token_coverages`.
+
+    Args:
+        ranking: Token ids, best first (those left out rank after them, by id).
+
+    Returns:
+        ``{measure: {k: coverage}}``.
+    """
+    measures = list(dict.fromkeys(measures))
+    if not measures or any(m not in MEASURES for m in measures):
+        raise ValueError(f"unknown coverage measure(s) {measures}; choose from {MEASURES}")
+    ranking = [int(t) for t in ranking]
+    vocab_size = len(tokenizer)
+    if any(t < 0 or t >= vocab_size for t in ranking) or len(set(ranking)) != len(ranking):
+        raise ValueError(f"ranking must list distinct token ids in [0, {vocab_size})")
+    fixed = torch.arange(vocab_size, 0, -1, dtype=torch.float32) - vocab_size - 1  # unranked: by id, below the ranked
+    fixed[torch.tensor(ranking, dtype=torch.long)] = torch.arange(len(ranking), 0, -1, dtype=torch.float32)
+    return _mean_coverages(lambda ids, am: fixed.expand(ids.shape[0], -1), tokenizer, texts, ks, measures,
+                           vocab_size=vocab_size, max_length=max_length, batch_size=batch_size, device=torch.device("cpu"))
 
 
 _YLABELS = {"precision": "share of the top-k tokens found in the input (÷k)",
