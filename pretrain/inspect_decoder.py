@@ -68,6 +68,13 @@ def decoder_dir(model_dir: Union[str, os.PathLike]) -> str:
     return ddir
 
 
+def decoder_config(model_dir: Union[str, os.PathLike]) -> dict[str, Any]:
+    """The saved configuration of ``model_dir``'s CPDAE decoder (objective, sizes and the options it was
+    trained with, e.g. ``cl_distribution``); raises as :func:`decoder_dir` does."""
+    with open(os.path.join(decoder_dir(model_dir), "decoder_config.json")) as f:
+        return json.load(f)
+
+
 class DecoderInspector:
     """An encoder + CPDAE decoder pair that maps texts to per-token probabilities.
 
@@ -79,6 +86,10 @@ class DecoderInspector:
         max_length: Encoder input length in tokens (longer texts are truncated for the
             encoder; all their words are still scored).
         device: Torch device (default: CUDA if available, else CPU).
+
+    Attributes:
+        decoder_config: The saved ``decoder_config.json`` when loaded by :meth:`from_pretrained`
+            (else an empty dict).
     """
 
     def __init__(self, encoder: torch.nn.Module, tokenizer: Any, decoder: torch.nn.Module, *, max_length: int = 512,
@@ -90,6 +101,7 @@ class DecoderInspector:
         self.decoder = decoder.to(self.device).eval()
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.decoder_config: dict[str, Any] = {}
 
     @classmethod
     def from_pretrained(cls, model_dir: Union[str, os.PathLike], *, max_length: int = 512,
@@ -118,11 +130,13 @@ class DecoderInspector:
             hf_logging.set_verbosity(verbosity)
         decoder = CPDAEDecoder.from_pretrained(ddir)
         max_pos = getattr(encoder.config, "max_position_embeddings", max_length)
-        return cls(encoder, tokenizer, decoder, max_length=min(max_length, max_pos), device=device)
+        insp = cls(encoder, tokenizer, decoder, max_length=min(max_length, max_pos), device=device)
+        insp.decoder_config = decoder_config(model_dir)
+        return insp
 
     @torch.no_grad()
-    def probabilities(self, texts: Sequence[str], batch_size: int = 16) -> torch.Tensor:
-        """``sigmoid`` of the decoder logits of each text: float32 tensor ``(len(texts), |V|)`` on CPU."""
+    def logits(self, texts: Sequence[str], batch_size: int = 16) -> torch.Tensor:
+        """The decoder logits of each text's [CLS] vector: float32 tensor ``(len(texts), |V|)`` on CPU."""
         if isinstance(texts, str):
             texts = [texts]
         out = []
@@ -131,8 +145,12 @@ class DecoderInspector:
                                  max_length=self.max_length, return_tensors="pt").to(self.device)
             hidden = self.encoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                                   token_type_ids=enc.get("token_type_ids")).last_hidden_state[:, 0]
-            out.append(torch.sigmoid(self.decoder(hidden).float()).cpu())
+            out.append(self.decoder(hidden).float().cpu())
         return torch.cat(out)
+
+    def probabilities(self, texts: Sequence[str], batch_size: int = 16) -> torch.Tensor:
+        """``sigmoid`` of the decoder logits of each text: float32 tensor ``(len(texts), |V|)`` on CPU."""
+        return torch.sigmoid(self.logits(texts, batch_size))
 
     def top_words(self, text: str, k: int = 20, *, include_special: bool = False) -> list[tuple[str, float]]:
         """The ``k`` vocabulary tokens with the highest predicted probability for ``text``.
@@ -178,6 +196,20 @@ class DecoderInspector:
                                  tokens=tuple(self.tokenizer.convert_ids_to_tokens([ids[p] for p in positions]))))
         return out
 
+    def shaded_html(self, text: str, probs: Optional[torch.Tensor] = None) -> str:
+        """``text`` as HTML (escaped), each word in a ``<span class="w">`` shaded by its summed
+        subword probability (capped at 1) with the exact value and its tokens in the tooltip."""
+        parts, last = [], 0
+        for ws in self.word_scores(text, probs):
+            parts.append(html.escape(text[last:ws.start]))
+            alpha = min(ws.prob, 1.0)
+            parts.append(f'<span class="w" style="background-color: rgba(220, 40, 40, {alpha:.3f})" '
+                         f'title="p={ws.prob:.4f} ({html.escape(" ".join(ws.tokens), quote=True)})">'
+                         f'{html.escape(ws.word)}</span>')
+            last = ws.end
+        parts.append(html.escape(text[last:]))
+        return "".join(parts)
+
     def render_html(self, texts: Sequence[str], out_path: Optional[Union[str, os.PathLike]] = None, *,
                     top_k: int = 20, title: str = "CPDAE decoder inspection") -> str:
         """An HTML page with each text's words shaded by their (summed) probability and its top-k tokens.
@@ -189,17 +221,8 @@ class DecoderInspector:
         probs = self.probabilities(list(texts))
         sections = []
         for n, (text, p) in enumerate(zip(texts, probs), 1):
-            parts, last = [], 0
-            for ws in self.word_scores(text, p):
-                parts.append(html.escape(text[last:ws.start]))
-                alpha = min(ws.prob, 1.0)
-                parts.append(f'<span class="w" style="background-color: rgba(220, 40, 40, {alpha:.3f})" '
-                             f'title="p={ws.prob:.4f} ({html.escape(" ".join(ws.tokens), quote=True)})">'
-                             f'{html.escape(ws.word)}</span>')
-                last = ws.end
-            parts.append(html.escape(text[last:]))
             rows = "".join(f"<tr><td>{html.escape(t)}</td><td>{v:.4f}</td></tr>" for t, v in self.top_tokens(p, top_k))
-            sections.append(f'<section><h2>Text {n}</h2><p class="text">{"".join(parts)}</p>'
+            sections.append(f'<section><h2>Text {n}</h2><p class="text">{self.shaded_html(text, p)}</p>'
                             f'<details><summary>top-{top_k} tokens</summary><table><tr><th>token</th><th>p</th></tr>'
                             f'{rows}</table></details></section>')
         page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html.escape(title) + "</title>"
@@ -286,4 +309,4 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     return result
 
 
-__all__ = ["DecoderInspector", "WordScore", "top_words", "render_html", "decoder_dir", "main"]
+__all__ = ["DecoderInspector", "WordScore", "top_words", "render_html", "decoder_dir", "decoder_config", "main"]
