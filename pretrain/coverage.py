@@ -280,11 +280,12 @@ _YLABELS = {"precision": "share of the top-k tokens found in the input (÷k)",
 
 
 def plot_coverage(results: dict[str, dict[str, dict[int, float]]], path: str,
-                  title: str = "Input token coverage of [CLS]") -> None:
+                  title: str = "Input token coverage of [CLS]", references: Sequence[str] = ()) -> None:
     """Coverage against k (log-scaled x axis): one panel per measure, one line per checkpoint.
 
     Args:
         results: ``{model name: {measure: {k: coverage}}}`` (as :func:`main` returns).
+        references: Names in ``results`` drawn as dashed grey reference lines (e.g. the frequency prior).
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -296,7 +297,8 @@ def plot_coverage(results: dict[str, dict[str, dict[int, float]]], path: str,
         for name, per in results.items():
             if measure in per:
                 ks = sorted(per[measure])
-                ax.plot(ks, [per[measure][k] for k in ks], marker="o", label=name)
+                style = dict(linestyle="--", color="0.4", marker=None) if name in references else dict(marker="o")
+                ax.plot(ks, [per[measure][k] for k in ks], label=name, **style)
         ax.set_xscale("log")
         ax.set_xlabel("k (top-k tokens of the [CLS] projection)")
         ax.set_ylabel(_YLABELS[measure])
