@@ -143,7 +143,11 @@ def test_coverage_reaches_one_at_full_vocabulary_and_never_decreases(runs, tiny_
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
     full = len(tok) - len(set(tok.all_special_ids))  # every non-special token
     ks = (1, 5, 50, 1000, full)
-    res = make_coverage({"cpdae": runs["cpdae"], "bert": tiny_bert_dir}, corpus[:6], tmp_path, ks=ks, device="cpu")
+    long_text = " ".join(corpus[5:30])  # > 128 tokens: longer than the tiny models' positions
+    assert len(tok(long_text)["input_ids"]) > 128
+    res = make_coverage({"cpdae": runs["cpdae"], "bert": tiny_bert_dir}, corpus[:5] + [long_text], tmp_path, ks=ks,
+                        device="cpu")
+    assert res["max_length"] == 128  # the default 512 lowered to the models' max_position_embeddings
     assert res["projections"]["cpdae"] == "decoder" and res["projections"]["bert"] == "mlm_head"
     assert set(res["coverage"]) == {"cpdae", "bert", "prior"}
     for name, per in res["coverage"].items():

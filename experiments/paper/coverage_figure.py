@@ -58,11 +58,13 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
             ``decoder`` for every model, or ``{name: projection}`` (models left out: ``"auto"``).
         prior_from: Texts whose document frequencies rank the vocabulary for the prior line
             (default: ``texts``; truncated to ``max_length`` tokens as well).
-        max_length, batch_size, device: As in :func:`pretrain.coverage.token_coverages`.
+        max_length: Truncation in tokens, lowered to the smallest ``max_position_embeddings`` of the
+            models so that every curve (and the prior) measures the same token sets.
+        batch_size, device: As in :func:`pretrain.coverage.token_coverages`.
 
     Returns:
         ``{"coverage": {name: {measure: {k: value}}}`` (``"prior"`` included), ``"projections":
-        {name: projection}``, ``"n_texts": int, "paths": {file: Path}}``.
+        {name: projection}``, ``"n_texts": int, "max_length": the truncation used, "paths": {file: Path}}``.
 
     Raises:
         ValueError: on no models or texts, an unknown model name in ``projection``, a name
@@ -83,6 +85,16 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
         raise ValueError(f"projection names model(s) {unknown} that are not in models {sorted(models)}")
     if any(name == PRIOR or name.startswith(PRIOR + " (") for name in models):
         raise ValueError(f"model name {PRIOR!r} is reserved for the frequency-prior line; rename the model")
+    from transformers import AutoConfig
+
+    positions = {}
+    for name, path in models.items():
+        try:
+            positions[name] = getattr(AutoConfig.from_pretrained(str(path)), "max_position_embeddings", max_length)
+        except (OSError, ValueError) as e:
+            raise type(e)(f"coverage model {name!r} ({path}): {e}") from e
+    # one truncation for every model and the prior, so that all curves measure the same token sets T
+    max_length = min([max_length, *positions.values()])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ks = sorted({int(k) for k in ks})
@@ -128,4 +140,5 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
                for name, per in results.items()]
         md.append("")
     paths["coverage.md"].write_text("\n".join(md), encoding="utf-8")
-    return {"coverage": results, "projections": projections, "n_texts": len(texts), "paths": paths}
+    return {"coverage": results, "projections": projections, "n_texts": len(texts), "max_length": max_length,
+            "paths": paths}
