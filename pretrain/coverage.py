@@ -120,7 +120,8 @@ def token_coverages(model: Union[str, nn.Module], tokenizer: Any, texts: Iterabl
             ``"decoder"`` needs the decoder set as ``model.cpdae_decoder``.
         measures: Any of :data:`MEASURES`: ``"precision"`` divides the hits among the top k by
             ``k``, ``"recall"`` by the number of distinct non-special tokens of the text.
-        max_length: Truncation length in tokens (special tokens included).
+        max_length: Truncation length in tokens (special tokens included), lowered to the model's
+            ``max_position_embeddings`` (it cannot encode longer inputs).
         batch_size: Texts per forward pass.
         device: Where to run (default: the model's device).
 
@@ -144,6 +145,9 @@ def token_coverages(model: Union[str, nn.Module], tokenizer: Any, texts: Iterabl
     if projection not in ("mlm_head", "embeddings", "decoder"):
         raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
     encoder = getattr(model, "base_model", model)
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, int):  # longer inputs cannot be encoded (position embeddings)
+        max_length = min(max_length, positions)
     vocab_size = model.get_input_embeddings().weight.shape[0]
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training

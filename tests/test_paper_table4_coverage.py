@@ -188,3 +188,14 @@ def test_prior_line_hand_computed(tiny_bert_dir, tmp_path):
     assert "document frequency in 3 given texts" in res["projections"]["prior"]
     rows = [r for r in csv.DictReader(open(tmp_path / "coverage.csv")) if r["model"] == "prior" and r["measure"] == "recall"]
     assert [float(r["coverage"]) for r in rows] == pytest.approx([1 / 6, 11 / 18, 8 / 9], abs=1e-6)
+
+
+def test_token_coverages_truncates_to_the_models_positions(tiny_bert_dir, corpus):
+    """A text longer than the model's 128 positions with the default max_length 512 used to crash the encoder."""
+    from pretrain.coverage import load_for_coverage, token_coverages
+
+    model, tok, _ = load_for_coverage(tiny_bert_dir, "mlm_head")
+    long_text = " ".join(corpus[:30])
+    assert len(tok(long_text)["input_ids"]) > 128
+    got = token_coverages(model, tok, [long_text, corpus[0]], (1, 10, 100), projection="mlm_head")
+    assert got == token_coverages(model, tok, [long_text, corpus[0]], (1, 10, 100), projection="mlm_head", max_length=128)
