@@ -8,7 +8,7 @@ all in the same new temporary working directory, so a block can use the files an
 page wrote (a model, an index).  ``PYTHONPATH`` holds the repository root; ``../shared`` (the real data
 beside the project) and ``experiments/configs`` are linked into place, so paths written relative to the
 repository root work.  A ``needs-shared-data`` block is skipped when ``../shared/data`` is absent (no
-other block may depend on it).
+other block may depend on it).  Pages run two at a time (``DOCS_EXAMPLES_WORKERS``).
 
 ``python tests/test_docs_examples.py`` lists the runnable blocks (``--run PAGE`` runs one page's).
 """
@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,17 +141,45 @@ def run_blocks(blocks: list[Block], root: Path) -> list[Block]:
 
 # --------------------------------------------------------------------------------------------- the examples
 PAGES_WITH_EXAMPLES = [p for p in PAGES if p not in NO_EXAMPLE_NEEDED]
+#: pages run at the same time (each block is mostly one busy core: imports, a small model)
+WORKERS = int(os.environ.get("DOCS_EXAMPLES_WORKERS", min(2, os.cpu_count() or 1)))
+
+
+def run_page(page: Path, root: Path) -> str:
+    """Run one page's runnable blocks; returns a skip reason ('' if none was skipped), fails on a failing block."""
+    blocks = runnable_blocks(page)
+    if not blocks:
+        pytest.fail(f"{_rel(page)} has no runnable example (mark one 'python runnable' or 'bash runnable')",
+                    pytrace=False)
+    skipped = run_blocks(blocks, root)
+    if not skipped:
+        return ""
+    return (f"{len(blocks) - len(skipped)} block(s) passed; skipped {', '.join(b.where for b in skipped)}: "
+            f"real data not available ({SHARED / 'data'} is absent)")
+
+
+@pytest.fixture(scope="module")
+def page_runs(request, tmp_path_factory):
+    """The selected pages' runs, started together on ``WORKERS`` threads (one subprocess each at a time)."""
+    selected = [item.callspec.params["page"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_runnable_blocks_of_page"]
+    pool = ThreadPoolExecutor(max_workers=max(1, WORKERS))
+    runs = {page: pool.submit(run_page, page, tmp_path_factory.mktemp(page.stem)) for page in selected}
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=[_rel(p) for p in PAGES_WITH_EXAMPLES])
-def test_runnable_blocks_of_page(page: Path, tmp_path: Path):
-    blocks = runnable_blocks(page)
-    assert blocks, f"{_rel(page)} has no runnable example (mark one with 'python runnable' or 'bash runnable')"
-    skipped = run_blocks(blocks, tmp_path)
+def test_runnable_blocks_of_page(page: Path, page_runs):
+    skipped = page_runs[page].result()          # re-raises the page's failure (file:line, code, output)
     if skipped:
-        pytest.skip(f"{len(blocks) - len(skipped)} block(s) passed; skipped {', '.join(b.where for b in skipped)}: "
-                    f"real data not available ({SHARED / 'data'} is absent)")
+        pytest.skip(skipped)
+
+
+def test_every_page_has_a_well_formed_runnable_example():
+    for page in PAGES_WITH_EXAMPLES:
+        assert runnable_blocks(page), f"{_rel(page)} has no runnable example"
 
 
 def test_all_pages_are_checked():
