@@ -34,7 +34,8 @@ PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 NO_EXAMPLE_NEEDED = {DOCS / "index.md"}
 LANGS = {"python", "bash"}
 FLAGS = {"needs-shared-data"}
-BLOCK_TIMEOUT_S = 300
+#: the most one block may take (seconds); a busy machine may need more: DOCS_EXAMPLES_TIMEOUT
+BLOCK_TIMEOUT_S = int(os.environ.get("DOCS_EXAMPLES_TIMEOUT", 600))
 _FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 
 
@@ -112,6 +113,10 @@ def _env() -> dict:
     return env
 
 
+def _text(out) -> str:
+    return out.decode("utf-8", "replace") if isinstance(out, bytes) else (out or "")
+
+
 def run_blocks(blocks: list[Block], root: Path) -> list[Block]:
     """Run ``blocks`` (one page's, in order) in a new working directory under ``root``.
 
@@ -131,7 +136,7 @@ def run_blocks(blocks: list[Block], root: Path) -> list[Block]:
             out = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
         except subprocess.TimeoutExpired as e:
             pytest.fail(f"{b.where}: the {b.lang} block did not finish within {BLOCK_TIMEOUT_S} s\n"
-                        f"{(e.stdout or '')[-3000:]}{(e.stderr or '')[-3000:]}", pytrace=False)
+                        f"{_text(e.stdout)[-3000:]}\n{_text(e.stderr)[-3000:]}", pytrace=False)
         if out.returncode != 0:
             pytest.fail(f"{b.where}: the {b.lang} block failed (exit status {out.returncode})\n"
                         f"--- code ---\n{b.code}--- stdout (tail) ---\n{out.stdout[-3000:]}\n"
