@@ -9,13 +9,17 @@ Example::
     (enc >> index.indexer()).index(dataset.get_corpus_iter())
     pipeline = enc >> index.retriever(num_results=100)
 
-This module is the public home of :class:`DenseIndex`.  The index is built from layers that import one way only
-(``tests/test_module_graph.py`` checks it)::
+This module is the public home of :class:`DenseIndex`; it imports the retrievers' modules so that they attach their
+factories.  The parts import one way only (``tests/test_module_graph.py`` checks that the package has no cycle)::
 
-    dense_index ─┬─> _exact_retr, _faiss_retr  (retrievers; attach their factories to DenseIndex)
-                 │        └─> _retrieval (result frames) ─┐
-                 └─> _dense_core (DenseIndex) ─> _indexing (writers) ─┴─> _store (open, check, search)
-                                                                              └─> _index_io, _exact_search
+    _exact_retr, _faiss_retr   retrievers; attach retriever()/np_retriever()/.../faiss_*_retriever()/scorer()
+        -> _dense_core         DenseIndex: state, meta(), indexing, merging
+        -> _retrieval          result frames and their checks
+    _dense_core -> _indexing   DenseIndexer (crash-resumable writer), merge_indexes, merge_shards
+    _dense_core, _indexing, _exact_retr -> _store
+                               DenseStore: opens and checks vectors + docnos (single or sharded), exact search()
+    _store -> _index_io, _exact_search
+                               the file format and pt_meta.json reader; the numpy/torch search kernels
 
 See ``_index_io`` for the directory format.
 """
