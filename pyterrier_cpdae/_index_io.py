@@ -261,7 +261,7 @@ def read_pt_meta(path: Path, *, artifact_type: str, artifact_format: str, what: 
     try:
         with open(meta_path, encoding="utf8") as fin:
             text = fin.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no artifact there (yet)
         return None
     except UnicodeDecodeError as ex:
         raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
