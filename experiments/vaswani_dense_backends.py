@@ -68,8 +68,8 @@ def main() -> None:
         if args.index:
             index = DenseIndex.merge([args.index], Path(tmp) / "index")
             sample = list(islice(dataset.get_corpus_iter(), 50))
-            ids = index._ids_of([d["docno"] for d in sample])
-            diff = np.abs(index._vectors_of(ids) - enc.encode_docs([d["text"] for d in sample])).max()
+            ids = index.store.ids_of([d["docno"] for d in sample])
+            diff = np.abs(index.store.vectors_of(ids) - enc.encode_docs([d["text"] for d in sample])).max()
             if diff > 1e-4:
                 raise SystemExit(f"{args.index} was not built with this encoder (max |diff| {diff:.3g})")
             print(f"index: copy of {args.index} ({len(index)} docs); re-encoded 50 docs, max |diff| {diff:.1e}")

@@ -1,4 +1,5 @@
-"""On-disk format helpers of :class:`~pyterrier_cpdae.dense_index.DenseIndex`.
+"""On-disk format helpers of :class:`~pyterrier_cpdae.dense_index.DenseIndex`, and the ``pt_meta.json`` reader and
+atomic JSON writer that :class:`~pyterrier_cpdae.bm25.BM25Index` shares.
 
 Layout of a built (single) index directory::
 
@@ -6,7 +7,8 @@ Layout of a built (single) index directory::
       vectors.bin      raw row-major (count, dim) little-endian float32 or float16, no header
       docnos.npids     docno <-> row lookup (npids)
       pt_meta.json     written LAST: {"type": "dense_index", "format": "cpdae", "package_hint":
-                       "pyterrier-cpdae", "layout": "single", "dim", "count", "dtype", ...}
+                       "pyterrier-cpdae", "layout": "single", "dim", "count", "num_docs", "dtype",
+                       ...}; ``num_docs`` (= ``count``, the key BM25Index uses too) since 0.1.0
       faiss/           cached FAISS structures (built on first use, rebuilt when stale)
 
 While it is being built the directory additionally holds ``_docnos.txt`` (one docno per line, appended
@@ -42,8 +44,10 @@ FORMAT_VERSION = 1
 DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
 
 
-class IncompleteIndexError(RuntimeError):
-    """Raised when an index that has not been completely built is opened for retrieval."""
+class IncompleteIndexError(FileNotFoundError, RuntimeError):
+    """Raised when an index (dense or BM25) that has not been completely built is used: its ``pt_meta.json``,
+    written last, is missing.  A ``FileNotFoundError`` and a ``RuntimeError``, so that code written against either
+    index's earlier behaviour keeps working."""
 
 
 def check_dtype(dtype: Any) -> str:
@@ -235,36 +239,75 @@ def has_leftovers(path: Path) -> bool:
         temporary_files(path, name) for name in (META_FILE, BUILD_FILE, MERGE_FILE))
 
 
-def read_meta(path: Path) -> Optional[dict]:
-    """Reads and checks ``pt_meta.json``; returns None when it does not exist.
+def read_pt_meta(path: Path, *, artifact_type: str, artifact_format: str, what: str,
+                 required: Sequence[str] = ()) -> Optional[dict]:
+    """Reads an artifact's ``pt_meta.json`` and checks its type/format: the one reader of every index of this package.
+
+    Args:
+        path: the artifact directory.
+        artifact_type / artifact_format: what ``pt_meta.json`` must declare (``ARTIFACT_TYPE``/``ARTIFACT_FORMAT``).
+        what: the artifact's class name for error messages (``"DenseIndex"``, ``"BM25Index"``).
+        required: fields that must be present.
+
+    Returns:
+        The parsed JSON object, or ``None`` when ``pt_meta.json`` does not exist (the artifact is not built).
 
     Raises:
-        ValueError: when the file is not valid JSON or describes another artifact type/format.
+        ValueError: ``corrupt <what> <path>: pt_meta.json ...`` when it is not valid UTF-8 JSON, not an object or lacks
+            a required field; ``<path> is not a <what>: pt_meta.json describes (type, format), expected (...)`` for
+            another kind of artifact.  ``OSError`` (other than a missing file) propagates.
     """
-    meta_path = path / META_FILE
-    if not meta_path.exists():
-        return None
+    meta_path = Path(path) / META_FILE
     try:
         with open(meta_path, encoding="utf8") as fin:
-            meta = json.load(fin)
-    except (json.JSONDecodeError, UnicodeDecodeError) as ex:
-        raise ValueError(f"corrupt {meta_path}: not valid JSON ({ex})") from ex
+            text = fin.read()
+    except (FileNotFoundError, NotADirectoryError):  # no artifact there (yet)
+        return None
+    except UnicodeDecodeError as ex:
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
+                         "indexer(mode='overwrite')") from ex
+    try:
+        meta = json.loads(text)
+    except ValueError as ex:
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
+                         "indexer(mode='overwrite')") from ex
     if not isinstance(meta, dict):
-        raise ValueError(f"corrupt {meta_path}: expected a JSON object")
-    if meta.get("type") != ARTIFACT_TYPE or meta.get("format") != ARTIFACT_FORMAT:
-        raise ValueError(f"{path} is not a pyterrier-cpdae dense index (pt_meta.json has type={meta.get('type')!r}, "
-                         f"format={meta.get('format')!r}; expected {ARTIFACT_TYPE!r}/{ARTIFACT_FORMAT!r})")
-    layout = meta.get("layout", "single")
-    required = ["dim", "count", "dtype"] + (["num_shards"] if layout == "sharded" else [])
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} holds a JSON {type(meta).__name__}, expected an object; "
+                         "rebuild it with indexer(mode='overwrite')")
+    if (meta.get("type"), meta.get("format")) != (artifact_type, artifact_format):
+        raise ValueError(f"{path} is not a {what}: {META_FILE} describes {(meta.get('type'), meta.get('format'))}, "
+                         f"expected {(artifact_type, artifact_format)}")
     missing = [k for k in required if k not in meta]
     if missing:
-        raise ValueError(f"corrupt {meta_path}: missing field(s) {missing}")
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is missing field(s) {missing}; rebuild it with "
+                         "indexer(mode='overwrite')")
+    return meta
+
+
+def read_meta(path: Path) -> Optional[dict]:
+    """Reads and checks a dense index's ``pt_meta.json`` (:func:`read_pt_meta`); returns None when it does not exist.
+
+    ``num_docs`` is set from ``count`` for indexes written before it was stored.
+
+    Raises:
+        ValueError: when the file is not valid JSON, describes another artifact type/format or has invalid fields.
+    """
+    meta = read_pt_meta(path, artifact_type=ARTIFACT_TYPE, artifact_format=ARTIFACT_FORMAT, what="DenseIndex",
+                        required=["dim", "count", "dtype"])
+    if meta is None:
+        return None
+    meta_path = Path(path) / META_FILE
+    layout = meta.get("layout", "single")
+    if layout == "sharded" and "num_shards" not in meta:
+        raise ValueError(f"corrupt {meta_path}: missing field(s) ['num_shards']")
     if layout not in ("single", "sharded"):
         raise ValueError(f"corrupt {meta_path}: unknown layout {layout!r}")
     for key, low in (("dim", 1), ("count", 0), ("num_shards", 1)):
         value = meta.get(key, low)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"corrupt {meta_path}: {key}={value!r} (must be an integer >= {low})")
+    if meta.setdefault("num_docs", meta["count"]) != meta["count"]:
+        raise ValueError(f"corrupt {meta_path}: num_docs={meta['num_docs']!r} differs from count={meta['count']!r}")
     check_dtype(meta["dtype"])
     return meta
 
@@ -278,6 +321,7 @@ def base_meta(*, dim: int, count: int, dtype: str, **extra: Any) -> dict:
         "format_version": FORMAT_VERSION,
         "dim": int(dim),
         "count": int(count),
+        "num_docs": int(count),
         "dtype": dtype,
     }
     meta.update(extra)

@@ -1,20 +1,26 @@
-"""Streaming, crash-resumable writer behind :meth:`DenseIndex.indexer`."""
+"""The writers of a dense index: the streaming, crash-resumable :class:`DenseIndexer` behind
+:meth:`DenseIndex.indexer`, and merging (:func:`merge_indexes`, :func:`merge_shards`).
+
+They depend on the file format (``_index_io``) and the store (``_store``, which reads and checks what they
+wrote), never on :class:`~pyterrier_cpdae.dense_index.DenseIndex` itself: they are given the index (any
+artifact with a ``path``) and return it.
+"""
 from __future__ import annotations
 
 import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
+import pyterrier_alpha as pta
 
 from . import _index_io as io
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .dense_index import DenseIndex
+from ._locking import build_lock
+from ._store import DenseStore, check_shard_metas
 
 MODES = ("create", "overwrite", "resume")
 # files/directories an index directory may hold; ``overwrite`` deletes only these (never arbitrary content)
@@ -81,6 +87,26 @@ def iter_batches(inp: Any, batch_size: int) -> Iterator[Tuple[List[Any], List[An
         yield docnos, vecs
 
 
+def remove_index_files(target: Path, *, shards: bool) -> None:
+    """Deletes the files a dense index owns in ``target`` (never other content), and ``shards/`` when ``shards``.
+
+    The caller holds the build lock of ``target``.
+    """
+    if not target.exists():
+        return
+    for name in _OWNED:
+        p = target / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    for name in (io.META_FILE, io.BUILD_FILE, io.MERGE_FILE):  # temporaries of interrupted atomic writes
+        for p in io.temporary_files(target, name):
+            p.unlink()
+    if shards and (target / io.SHARDS_DIR).exists():
+        shutil.rmtree(target / io.SHARDS_DIR)
+
+
 def shard_iter(docs: Iterable[Any], shard: int, num_shards: int) -> Iterator[Any]:
     """Yields the records of ``docs`` that belong to ``shard`` (record ``i`` goes to shard ``i % num_shards``)."""
     for i, doc in enumerate(docs):
@@ -91,7 +117,7 @@ def shard_iter(docs: Iterable[Any], shard: int, num_shards: int) -> Iterator[Any
 class DenseIndexer(pt.Indexer):
     """Streams ``docno``/``doc_vec`` records into a :class:`DenseIndex` (see :meth:`DenseIndex.indexer`)."""
 
-    def __init__(self, index: "DenseIndex", *, mode: str = "create", dtype: Optional[str] = None,
+    def __init__(self, index: pta.Artifact, *, mode: str = "create", dtype: Optional[str] = None,
                  shard: Optional[int] = None, num_shards: Optional[int] = None, presharded: bool = False,
                  batch_size: int = 1024, checkpoint_every: int = 65536, verbose: bool = False):
         if mode not in MODES:
@@ -122,6 +148,10 @@ class DenseIndexer(pt.Indexer):
     def __repr__(self) -> str:
         extra = f", shard={self.shard}, num_shards={self.num_shards}" if self.num_shards else ""
         return f"DenseIndexer({str(self.index_obj.path)!r}, mode={self.mode!r}, dtype={self.dtype!r}{extra})"
+
+    def index_inputs(self) -> List[List[str]]:
+        """The record fields :meth:`index` needs (PyTerrier's indexer inspection)."""
+        return [["docno", "doc_vec"]]
 
     @property
     def target(self) -> Path:
@@ -156,18 +186,7 @@ class DenseIndexer(pt.Indexer):
                 raise FileExistsError(f"{target} already exists and holds {what}; use mode='overwrite' to replace it"
                                       + (" or mode='resume' to continue it" if (target / io.BUILD_FILE).exists() else ""))
         elif self.mode == "overwrite":
-            if target.exists():
-                for name in _OWNED:
-                    p = target / name
-                    if p.is_dir():
-                        shutil.rmtree(p)
-                    elif p.exists():
-                        p.unlink()
-                for name in (io.META_FILE, io.BUILD_FILE, io.MERGE_FILE):  # temporaries of interrupted atomic writes
-                    for p in io.temporary_files(target, name):
-                        p.unlink()
-                if not self.num_shards and (target / io.SHARDS_DIR).exists():
-                    shutil.rmtree(target / io.SHARDS_DIR)
+            remove_index_files(target, shards=not self.num_shards)
             if self.num_shards and (base / io.META_FILE).exists():
                 (base / io.META_FILE).unlink()  # the top-level (sharded or single) index is no longer valid
         elif self.mode == "resume":
@@ -240,31 +259,27 @@ class DenseIndexer(pt.Indexer):
         io.write_json_atomic(self.target / io.BUILD_FILE, state)
 
     # -- indexing ----------------------------------------------------------------------------------------
-    def index(self, inp: Any) -> "DenseIndex":
+    def index(self, inp: Any) -> pta.Artifact:
         """Indexes ``inp`` (iterable of dicts or DataFrames with ``docno`` and ``doc_vec``, or a DataFrame).
 
         The whole build holds the build lock of its directory: a second process building into the same path
         gets :class:`~pyterrier_cpdae._locking.ConcurrentBuildError` at once.
 
         Returns:
-            The built :class:`DenseIndex` (for a shard: the top-level index, which is a searchable sharded view
-            once every shard is built).
+            The :class:`DenseIndex` this indexer was made by (for a shard: the top-level index, which is a searchable
+            sharded view once every shard is built).
         """
-        from ._locking import build_lock
-
         with build_lock(self.target, "dense index"):
             return self._index_locked(inp)
 
-    def _index_locked(self, inp: Any) -> "DenseIndex":
-        from .dense_index import DenseIndex
-
+    def _index_locked(self, inp: Any) -> pta.Artifact:
         state = self._prepare()
         if state is not None and state.get("complete"):
             if self.num_shards and not (Path(self.index_obj.path) / io.META_FILE).exists():
                 # a kill between a shard's commit and the top-level pt_meta.json: write it now if all are built
                 write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards)
             warnings.warn(f"{self.target} is already completely built; mode='resume' has nothing to do")
-            return DenseIndex(self.index_obj.path)
+            return self.index_obj
         target = self.target
         fresh = state is None
         if fresh:
@@ -280,7 +295,7 @@ class DenseIndexer(pt.Indexer):
                 self._discard_empty_build()  # nothing was indexed: leave nothing behind
             raise
         self._finalise(state)
-        return DenseIndex(self.index_obj.path)
+        return self.index_obj
 
     def _write(self, inp: Any, state: dict, fresh: bool) -> None:
         """Appends the input's records (after the ``state["count"]`` already indexed ones) to the data files."""
@@ -428,19 +443,119 @@ def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:
     return True
 
 
-def check_shard_metas(base: Path, metas: List[dict]) -> None:
-    """Checks that shard metadata is consistent with a round-robin split into ``len(metas)`` shards."""
-    n = len(metas)
-    for s, m in enumerate(metas):
-        if m.get("num_shards") != n or m.get("shard") != s:
-            raise ValueError(f"inconsistent shards in {base}: shard {s} was built with shard={m.get('shard')}, "
-                             f"num_shards={m.get('num_shards')}, expected num_shards={n}")
-        if m["dim"] != metas[0]["dim"] or m["dtype"] != metas[0]["dtype"]:
-            raise ValueError(f"inconsistent shards in {base}: shard {s} has dim={m['dim']}, dtype={m['dtype']} but "
-                             f"shard 0 has dim={metas[0]['dim']}, dtype={metas[0]['dtype']}")
-    total = sum(m["count"] for m in metas)
-    expected = [(total - s + n - 1) // n for s in range(n)]
-    counts = [m["count"] for m in metas]
-    if counts != expected:
-        raise ValueError(f"inconsistent shards in {base}: shard sizes {counts} do not match a round-robin split of "
-                         f"{total} documents ({expected}); were all shards fed the same input?")
+# -- merging --------------------------------------------------------------------------------------------------
+def merge_indexes(sources: Sequence[Path], target: Path, *, mode: str = "create", block_size: int = 65536) -> None:
+    """Concatenates the built single indexes ``sources`` (in order) into a new index at ``target``.
+
+    See :meth:`DenseIndex.merge`.  The destination's build lock is held throughout.
+
+    Raises:
+        ValueError: the sources differ in dim/dtype, share docnos or include a sharded view (``target`` is left
+            unbuilt), or ``target`` is one of the sources or contains one.
+    """
+    if not sources:
+        raise ValueError("merge needs at least one source index")
+    if mode not in ("create", "overwrite"):
+        raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
+    target = Path(target)
+    resolved = target.resolve()
+    for src_path in sources:
+        src = Path(src_path).resolve()
+        if src == resolved or resolved in src.parents:
+            raise ValueError(f"cannot merge into {target}: it {'is' if src == resolved else 'contains'} the "
+                             f"source index {src_path} (which mode={mode!r} would destroy before it is read); "
+                             "merge into another path")
+    stores = [DenseStore(p) for p in sources]
+    with build_lock(target, "dense index"):
+        metas = [s.open()[0] for s in stores]
+        for s, m in zip(stores, metas):
+            if m.get("layout") == "sharded":
+                raise ValueError(f"{s.path} is a sharded view; use its merge_shards()")
+            if (m["dim"], m["dtype"]) != (metas[0]["dim"], metas[0]["dtype"]):
+                raise ValueError(f"cannot merge {s.path} (dim={m['dim']}, dtype={m['dtype']}) with "
+                                 f"{stores[0].path} (dim={metas[0]['dim']}, dtype={metas[0]['dtype']})")
+        if target.exists() and any(target.iterdir()):
+            if mode == "create":
+                raise FileExistsError(f"{target} already exists; use mode='overwrite' to replace it")
+            remove_index_files(target, shards=True)
+        target.mkdir(parents=True, exist_ok=True)
+        io.write_json_atomic(target / io.MERGE_FILE, {"sources": [str(s.path) for s in stores], "keep_shards": True})
+
+        def vector_blocks():
+            for s in stores:
+                vecs = s.vectors()
+                for start in range(0, len(vecs), block_size):
+                    yield np.asarray(vecs[start:start + block_size])
+
+        def docnos():
+            for s in stores:
+                yield from s.docnos().fwd
+
+        _write_merged(target, vector_blocks(), docnos(), metas[0], sum(int(m["count"]) for m in metas))
+        io.remove_leftovers(target)
+
+
+def merge_shards(store: DenseStore, *, keep_shards: bool = False, block_size: int = 65536) -> None:
+    """Merges the sharded view of ``store`` in place into a single index; see :meth:`DenseIndex.merge_shards`.
+
+    Raises:
+        ValueError: the directory is not a sharded view (and no interrupted merge was being finished).
+    """
+    target = store.path
+    with build_lock(target, "dense index"):
+        finished = (target / io.MERGE_FILE).exists()
+        io.remove_leftovers(target)  # of a merge killed before or after its commit
+        store.invalidate()
+        meta, parts, lookups = store.open()
+        if meta.get("layout") != "sharded":
+            if finished:  # an interrupted merge_shards() had committed; its cleanup is now complete
+                return
+            raise ValueError(f"{target} is not a sharded view (nothing to merge)")
+        n = len(parts)
+        total = int(meta["count"])
+        rows = max(1, block_size // n)
+
+        def vector_blocks():
+            for start in range(0, len(parts[0][0]), rows):
+                # shard sizes differ by at most one (round-robin), the short shards being the last ones, so
+                # row i of shard s lands at merged row i * n + s
+                blocks = [np.asarray(p[0][start:start + rows]) for p in parts]
+                merged = np.empty((sum(len(b) for b in blocks), blocks[0].shape[1]), dtype=blocks[0].dtype)
+                for s, b in enumerate(blocks):
+                    merged[s::n] = b
+                yield merged
+
+        def docnos():
+            for start in range(0, len(lookups[0]), rows):
+                chunk = [lk.fwd.lookup(np.arange(start, min(start + rows, len(lk)))) for lk in lookups]
+                for i in range(len(chunk[0])):
+                    for s in range(n):
+                        if i < len(chunk[s]):
+                            yield str(chunk[s][i])
+
+        single = {k: v for k, v in meta.items() if k not in ("layout", "num_shards")}
+        io.write_json_atomic(target / io.MERGE_FILE, {"keep_shards": bool(keep_shards)})
+        for name in (io.VECTORS_FILE, io.DOCNOS_FILE):
+            (target / name).unlink(missing_ok=True)
+        _write_merged(target, vector_blocks(), docnos(), single, total)
+        store.invalidate()
+        for lookup in lookups:
+            lookup.close()
+        io.remove_leftovers(target)  # shards/ (unless kept), then _merge.json
+
+
+def _write_merged(target: Path, vector_blocks: Iterator[np.ndarray], docnos: Iterator[str], meta: dict,
+                  total: int) -> None:
+    """Writes vectors + docno lookup of a merged index, then (last) its pt_meta.json."""
+    written = 0
+    with open(target / io.VECTORS_FILE, "wb") as fout:
+        for block in vector_blocks:
+            fout.write(np.ascontiguousarray(block).tobytes())
+            written += len(block)
+        fout.flush()
+        os.fsync(fout.fileno())
+    if written != total:
+        raise ValueError(f"merge wrote {written} vectors but expected {total}")
+    io.build_docno_lookup(docnos, target / io.DOCNOS_FILE)
+    out_meta = io.base_meta(dim=meta["dim"], count=total, dtype=meta["dtype"], layout="single")
+    io.write_json_atomic(target / io.META_FILE, out_meta)

@@ -39,7 +39,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_cpdae._index_io import as_docno, temporary_files, write_json_atomic
+from pyterrier_cpdae._index_io import IncompleteIndexError, as_docno, read_pt_meta, temporary_files, write_json_atomic
 from pyterrier_cpdae._java import autoclass, detach_thread
 from pyterrier_cpdae._locking import build_lock
 
@@ -70,25 +70,9 @@ class BM25Index(pta.Artifact):
         return Path(self.path) / _LUCENE_DIR
 
     def _read_meta(self) -> Optional[dict[str, Any]]:
-        """The parsed ``pt_meta.json``, or ``None`` when it does not exist.
-
-        Raises:
-            ValueError: when it is not valid JSON, or describes another kind of artifact.
-        """
-        meta_path = Path(self.path) / _META_FILE
-        if not meta_path.is_file():
-            return None
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ValueError(f"corrupt BM25 index {self.path}: {_META_FILE} is not valid JSON ({e}); rebuild it with "
-                             "indexer(mode='overwrite')") from e
-        if not isinstance(meta, dict) or (meta.get("type"), meta.get("format")) != (self.ARTIFACT_TYPE,
-                                                                                   self.ARTIFACT_FORMAT):
-            found = (meta.get("type"), meta.get("format")) if isinstance(meta, dict) else type(meta).__name__
-            raise ValueError(f"{self.path} is not a BM25Index: {_META_FILE} describes {found}, expected "
-                             f"{(self.ARTIFACT_TYPE, self.ARTIFACT_FORMAT)}")
-        return meta
+        """The parsed ``pt_meta.json`` (:func:`~pyterrier_cpdae._index_io.read_pt_meta`), or ``None`` when missing."""
+        return read_pt_meta(Path(self.path), artifact_type=self.ARTIFACT_TYPE, artifact_format=self.ARTIFACT_FORMAT,
+                            what="BM25Index", required=["num_docs"])
 
     def built(self) -> bool:
         """Whether the index is complete (a valid ``pt_meta.json`` is written last, after Lucene commits)."""
@@ -98,20 +82,25 @@ class BM25Index(pta.Artifact):
             return False
 
     def metadata(self) -> dict[str, Any]:
-        """Contents of ``pt_meta.json`` (type, format, number of documents, ...).
+        """The parsed ``pt_meta.json`` of the built index (the same as :meth:`meta`).
+
+        Holds, as :meth:`DenseIndex.meta() <pyterrier_cpdae.dense_index.DenseIndex.meta>` does, ``type``,
+        ``format``, ``package_hint`` and ``num_docs`` (the number of documents), plus ``num_empty_skipped``,
+        ``stored_fields`` and ``analyzer``.
 
         Raises:
-            FileNotFoundError: the index is not (completely) built, or its Lucene folder is missing.
+            IncompleteIndexError: the index is not (completely) built (a ``FileNotFoundError``).
+            FileNotFoundError: its Lucene folder is missing.
             ValueError: ``pt_meta.json`` is corrupt.
         """
         meta = self._read_meta()
         if meta is None:
             path = Path(self.path)
             if path.is_dir() and any(path.iterdir()):
-                raise FileNotFoundError(
+                raise IncompleteIndexError(
                     f"the BM25 index at {path} is incomplete: its build was interrupted or failed ({_META_FILE}, "
                     "written last, is missing); rebuild it with BM25Index(path).indexer(mode='overwrite').index(corpus_iter)")
-            raise FileNotFoundError(
+            raise IncompleteIndexError(
                 f"No built BM25 index at {self.path} ({_META_FILE} is missing); build it with "
                 "BM25Index(path).indexer().index(corpus_iter)."
             )
@@ -119,6 +108,8 @@ class BM25Index(pta.Artifact):
             raise FileNotFoundError(f"corrupt BM25 index {self.path}: its Lucene folder {_LUCENE_DIR}/ is missing; "
                                     "rebuild it with indexer(mode='overwrite')")
         return meta
+
+    meta = metadata
 
     def __len__(self) -> int:
         return int(self.metadata()["num_docs"])

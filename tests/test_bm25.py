@@ -201,7 +201,7 @@ def test_corrupt_index_is_a_clear_error_and_can_be_overwritten(tmp_path: Path) -
     bad_json = fresh("bad-json")
     (Path(bad_json.path) / "pt_meta.json").write_text("{truncated")
     assert not bad_json.built()
-    with pytest.raises(ValueError, match="corrupt BM25 index .*pt_meta.json is not valid JSON"):
+    with pytest.raises(ValueError, match="corrupt BM25Index .*pt_meta.json is not valid JSON"):
         bad_json.bm25()(topics)
     (Path(bad_json.path) / ".pt_meta.x1y2.tmp.json").write_text("{")  # left by a crash during an atomic write
     bad_json.indexer(mode="overwrite").index(TINY)  # a damaged BM25Index may be replaced

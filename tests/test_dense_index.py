@@ -332,7 +332,7 @@ def test_corrupt_index_directories(tmp_path):
 
     ix = fresh("othertype")
     (tmp_path / "othertype" / "pt_meta.json").write_text(json.dumps({"type": "sparse_index", "format": "x"}))
-    with pytest.raises(ValueError, match="not a pyterrier-cpdae dense index"):
+    with pytest.raises(ValueError, match=r"is not a DenseIndex: pt_meta.json describes \(.sparse_index., .x.\)"):
         ix.np_retriever()(topics)
 
     with pytest.raises(IncompleteIndexError, match="does not exist"):

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from pyterrier_cpdae import DenseIndex
-from pyterrier_cpdae import retrievers
+from pyterrier_cpdae import _faiss_retr
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_dense_index import DIM, assert_matches_naive, built, make_docs, make_topics  # noqa: E402,F401
@@ -142,8 +142,8 @@ def test_faiss_search_works_when_the_cache_cannot_be_written(tmp_path, monkeypat
             raise RuntimeError(f"Error in FileIOWriter: could not open {path} for writing: Read-only file system")
         monkeypatch.setattr(faiss, "write_index", write_index)
     else:
-        monkeypatch.setattr(retrievers.io, "write_json_atomic", _fail_with_erofs)
-    monkeypatch.setattr(retrievers, "_UNCACHEABLE", set())
+        monkeypatch.setattr(_faiss_retr.io, "write_json_atomic", _fail_with_erofs)
+    monkeypatch.setattr(_faiss_retr, "_UNCACHEABLE", set())
     topics = make_topics(3)
     with pytest.warns(RuntimeWarning, match=r"could not cache the FAISS index in .*ix/faiss.*Read-only file system"):
         assert_matches_naive(index.faiss_flat_retriever(num_results=8)(topics), topics, vecs, 8)
@@ -352,7 +352,7 @@ def test_an_unreadable_faiss_cache_is_rebuilt_in_memory(tmp_path, monkeypatch):
     index.indexer().index(docs)
     (tmp_path / "ix" / "faiss" / "flat.json").mkdir(parents=True)
     (tmp_path / "ix" / "faiss" / "flat.faiss").write_bytes(b"not a faiss index")
-    monkeypatch.setattr(retrievers, "_UNCACHEABLE", set())
+    monkeypatch.setattr(_faiss_retr, "_UNCACHEABLE", set())
     topics = make_topics(3)
     with pytest.warns(RuntimeWarning, match="could not cache the FAISS index"):
         assert_matches_naive(index.faiss_flat_retriever(num_results=8)(topics), topics, vecs, 8)
