@@ -24,22 +24,17 @@ with every id a ``str``. Specs:
 """
 from __future__ import annotations
 
-import bz2
-import gzip
 import importlib.resources
-import io
-import json
-import lzma
 import math
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pandas as pd
 import pyterrier as pt
 
+from pyterrier_cpdae._files import read_head, read_jsonl, read_lines, read_text
 from pyterrier_cpdae._index_io import as_docno
 
 __all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "SMART_LAYOUTS"]
@@ -130,84 +125,6 @@ class LocalDataset(pt.datasets.Dataset):
 # Every parser below yields exactly what its file holds or raises a ValueError that starts with
 # ``<file>:<line>:`` (or ``<file>:`` where no line applies) and says what is wrong.
 
-#: compressed formats read transparently, chosen by the file's suffix
-_DECOMPRESSORS: dict[str, Callable[[Path], IO[bytes]]] = {
-    ".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
-# what gzip / bz2 / lzma raise on data that is not theirs or is truncated
-_CORRUPT = (OSError, EOFError, lzma.LZMAError)
-
-# compressed data under a name that does not say so (e.g. TREC disks' ``.0z`` files) would be read as
-# text and silently skipped or garbled: recognised by its magic bytes and refused
-_MAGIC = re.compile(rb"^(?:(\x1f\x8b)|(BZh[1-9]1AY&SY)|(\xfd7zXZ\x00)|(\x28\xb5\x2f\xfd)|(\x1f\x9d)|(PK\x03\x04))")
-_MAGIC_NAMES = ("gzip", "bzip2", "xz", "zstd", "Unix compress (.Z)", "zip")
-
-
-def _open_binary(path: Path) -> IO[bytes]:
-    opener = _DECOMPRESSORS.get(path.suffix.lower())
-    if opener is not None:
-        return opener(path, "rb")
-    f = open(path, "rb")
-    m = _MAGIC.match(f.peek(16)[:16])
-    if m is not None:
-        f.close()
-        kind = _MAGIC_NAMES[m.lastindex - 1]
-        raise ValueError(f"{path}: holds {kind}-compressed data, but only files named *.gz, *.bz2, *.xz or *.lzma are "
-                         "decompressed; decompress it, give it the suffix of its format, or move it out of the folder")
-    return f
-
-
-@contextmanager
-def _reading(path: Path, errors: str = "strict") -> Iterator[io.TextIOBase]:
-    """``path`` as UTF-8 text (decompressed by suffix); corrupt compressed data or bytes that are not
-    UTF-8 raise a ValueError naming the file (and, for bad bytes, the line)."""
-    f = io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors=errors)
-    compressed = path.suffix.lower() in _DECOMPRESSORS
-    try:
-        with f:
-            yield f
-    except UnicodeDecodeError:
-        raise _undecodable(path) from None
-    except _CORRUPT as e:
-        if not compressed:
-            raise
-        kind = path.suffix.lower().lstrip(".")
-        raise ValueError(f"{path}: cannot be read as {kind} data ({type(e).__name__}: {e}); the file is corrupt, "
-                         f"truncated or not a {kind} file despite its name") from e
-
-
-def _undecodable(path: Path) -> ValueError:
-    """The error for a file that is not UTF-8, naming the first bad line (found by a second, binary pass)."""
-    with _open_binary(path) as f:
-        for line_no, raw in enumerate(f, 1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return ValueError(f"{path}:{line_no}: not valid UTF-8 ({e.reason}: bytes {raw[e.start:e.end + 2]!r} "
-                                  f"at byte {e.start + 1} of the line); convert the file to UTF-8, e.g. "
-                                  "`iconv -f latin1 -t utf-8`")
-    return ValueError(f"{path}: not valid UTF-8; convert the file to UTF-8")
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of a UTF-8 text file, counted from 1 (see :func:`_reading`)."""
-    with _reading(path) as f:
-        yield from enumerate(f, 1)
-
-
-read_lines = _lines  # the one opener of text files, shared with ``python -m pretrain``'s corpus readers
-
-
-def _read(path: Path) -> str:
-    with _reading(path) as f:
-        return f.read()
-
-
-def _head(path: Path, n: int = 4096) -> str:
-    """The first characters of a file, to tell its kind (undecodable bytes replaced: only a guess)."""
-    with _reading(path, errors="replace") as f:
-        return f.read(n)
-
-
 def _topics_frame(rows: list[tuple[str, str]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_TOPICS_COLUMNS).astype({"qid": str, "query": str})
 
@@ -290,7 +207,7 @@ def _trec_docs(files: list[Path]) -> Iterator[dict]:
     for path in files:
         buf: Optional[list[str]] = None
         start = 0
-        for line_no, line in _lines(path):
+        for line_no, line in read_lines(path):
             pos = 0
             for m in (_DOC_TAG.finditer(line) if "<" in line else ()):
                 if buf is not None:
@@ -346,7 +263,7 @@ def _trec_field(block: str, tag: str) -> Optional[str]:
 
 def _trec_topics(path: Path) -> pd.DataFrame:
     """``<top>`` topics; ``<top>`` must be closed by ``</top>``, with nothing but space between topics."""
-    content = _read(path)
+    content = read_text(path)
     rows: list[tuple[str, str]] = []
     opened: Optional[re.Match] = None
     pos = 0
@@ -397,7 +314,7 @@ def _read_qrels(path: Path, parse: Callable[[list[str]], tuple[str, str, int]], 
     """Judgements, one per non-blank line split on ``sep`` (default: whitespace); a first line whose
     first column is ``header`` is skipped."""
     rows = []
-    for line_no, line in _lines(path):
+    for line_no, line in read_lines(path):
         if not line.strip():
             continue
         cols = line.rstrip("\n").split(sep) if sep else line.split()
@@ -426,7 +343,7 @@ def _trec_qrel(cols: list[str]) -> tuple[str, str, int]:
 def _trec(folder: Path) -> LocalDataset:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
     qrels = [p for p in files if p.name.lower().startswith("qrels")]
-    heads = {p: _head(p).lower() for p in files if p not in qrels}
+    heads = {p: read_head(p).lower() for p in files if p not in qrels}
     topics = [p for p, h in heads.items() if "<top>" in h]
     docs = [p for p, h in heads.items() if re.search(r"<doc[\s>]", h) and p not in topics]
     for what, found, hint in (("documents", docs, "files with <DOC> records"),
@@ -442,20 +359,6 @@ def _trec(folder: Path) -> LocalDataset:
 
 # --------------------------------------------------------------------------- BEIR
 
-def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
-    """``("<file>:<line>", object)`` for each non-blank line of a JSON-lines file; every line must be an object."""
-    for line_no, line in _lines(path):
-        if line.strip():
-            where = f"{path}:{line_no}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON: {e}") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: not a JSON object but a {type(obj).__name__}: {line.strip()[:80]!r}")
-            yield where, obj
-
-
 def _json_field(obj: dict, key: str, where: str, is_id: bool = False, nullable: bool = False) -> str:
     """A required string field of a BEIR line (an id may also be an int; ``null`` is ``""`` where
     ``nullable``); checked by :func:`_text`."""
@@ -469,7 +372,7 @@ def _json_field(obj: dict, key: str, where: str, is_id: bool = False, nullable: 
 
 def _beir_docs(path: Path) -> Iterator[dict]:
     n = 0
-    for where, doc in _jsonl(path):
+    for where, doc in read_jsonl(path):
         docno, text = _json_field(doc, "_id", where, is_id=True), _json_field(doc, "text", where, nullable=True)
         title = _text(doc.get("title") or "", "'title'", where)
         n += 1
@@ -492,7 +395,7 @@ def _beir_qrels(path: Path) -> pd.DataFrame:
 def _beir_topics(queries: Path, qrels: Path) -> pd.DataFrame:
     judged = dict.fromkeys(_beir_qrels(qrels)["qid"])
     rows, found = [], set()
-    for where, q in _jsonl(queries):
+    for where, q in read_jsonl(queries):
         qid = _json_field(q, "_id", where, is_id=True)
         text = _json_field(q, "text", where)
         found.add(qid)
@@ -576,7 +479,7 @@ def _smart_records(path: Path, what: str) -> Iterator[tuple[int, str, dict[str, 
     start = 0
     fields: dict[str, list[str]] = {}
     field = None
-    for line_no, line in _lines(path):
+    for line_no, line in read_lines(path):
         m = _SMART_ID.match(line)
         if m:
             if rid is not None:
