@@ -29,15 +29,16 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import pandas as pd
 import pyterrier as pt
+import pyterrier_alpha as pta
 
 from pyterrier_cpdae._files import read_head, read_jsonl, read_lines, read_text
-from pyterrier_cpdae._index_io import as_docno
+from pyterrier_cpdae._index_io import as_docno, as_docnos
 
-__all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "SMART_LAYOUTS"]
+__all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "DatasetTextLoader", "SMART_LAYOUTS"]
 
 _TOPICS_COLUMNS = ["qid", "query"]
 _QRELS_COLUMNS = ["qid", "docno", "label"]
@@ -80,8 +81,74 @@ def _folder(path: str, spec: str) -> Path:
     return folder
 
 
-class LocalDataset(pt.datasets.Dataset):
-    """A collection read from local files by three loader functions (parsed on each call)."""
+class _HasTextLoader:
+    """``text_loader()`` for a dataset that can list its document fields and look documents up by docno."""
+
+    def text_loader(self, fields: Union[str, list[str]] = "*", *, verbose: bool = False) -> "DatasetTextLoader":
+        """A transformer that adds each document's fields (by default all: ``text``, and ``title`` where the
+        collection has titles) for its ``docno``: PyTerrier's text-loader convention, so that
+        ``pt.text.get_text(dataset)`` works too and ``bm25 >> dataset.text_loader() >> enc.text_scorer()``
+        re-ranks with the text the collection holds.
+
+        Args:
+            fields: ``"*"`` (every field), one field name or a list of them.
+            verbose: show a progress bar while the documents are looked up.
+        """
+        return DatasetTextLoader(self, fields, verbose=verbose)
+
+    def _doc_fields(self) -> list[str]:
+        raise NotImplementedError
+
+    def _lookup(self, docnos: list[str], verbose: bool) -> dict[str, dict]:
+        """``{docno: document dict}`` for the docnos that are in the collection (the others are left out)."""
+        raise NotImplementedError
+
+
+class DatasetTextLoader(pt.Transformer):
+    """Adds the fields of each ``docno``'s document (see :meth:`LocalDataset.text_loader`); other columns, the
+    rows' order and the frame's index are kept, a column of a loaded field is replaced. A docno that is not in the
+    collection raises ``ValueError`` naming it."""
+
+    schematic = {"label": "TextLoader"}
+
+    def __init__(self, dataset: _HasTextLoader, fields: Union[str, list[str]] = "*", *, verbose: bool = False):
+        available = dataset._doc_fields()
+        if fields == "*":
+            wanted = list(available)
+        else:
+            wanted = [fields] if isinstance(fields, str) else list(fields)
+            unknown = [f for f in wanted if f not in available]
+            if unknown or not wanted:
+                raise ValueError(f"{dataset!r} has no document field(s) {unknown or wanted}; its documents have "
+                                 f"{available}")
+        self.dataset = dataset
+        self.fields = wanted
+        self.verbose = verbose
+
+    def __repr__(self) -> str:
+        args = "" if self.fields == self.dataset._doc_fields() else repr(self.fields)
+        return f"{self.dataset!r}.text_loader({args})"
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=["docno"])
+        docnos = as_docnos(inp["docno"].tolist(), range(len(inp)))
+        unique = list(dict.fromkeys(docnos))
+        found = self.dataset._lookup(unique, self.verbose)
+        missing = [d for d in unique if d not in found]
+        if missing:
+            raise ValueError(f"{len(missing)} docno(s) of the input are not documents of {self.dataset!r}, e.g. "
+                             f"{missing[:5]}; load the text from the collection the results were retrieved from")
+        out = inp.drop(columns=self.fields, errors="ignore")
+        return out.assign(**{f: [found[d].get(f, "") for d in docnos] for f in self.fields})
+
+    def fuse_rank_cutoff(self, k: int) -> pt.Transformer:
+        """``loader % k`` cuts the ranking before loading text (and so fuses into the retriever before it)."""
+        return pt.RankCutoff(k) >> self
+
+
+class LocalDataset(_HasTextLoader, pt.datasets.Dataset):
+    """A collection read from local files by three loader functions (parsed on each call); :meth:`text_loader`
+    reads the documents once, on first use, into a docno-keyed store kept by the dataset."""
 
     def __init__(self, name: str, corpus: Callable[[], Iterator[dict]], topics: Callable[[], pd.DataFrame],
                  qrels: Callable[[], pd.DataFrame]):
@@ -89,6 +156,7 @@ class LocalDataset(pt.datasets.Dataset):
         self._corpus = corpus
         self._topics = topics
         self._qrels = qrels
+        self._docstore: Optional[dict[str, dict]] = None
 
     def get_corpus_iter(self, verbose: bool = False) -> Iterator[dict]:
         """Documents as dicts with ``docno`` and ``text`` (``title`` too where available)."""
@@ -118,6 +186,26 @@ class LocalDataset(pt.datasets.Dataset):
 
     def __repr__(self) -> str:
         return f"load_dataset({self.name!r})"
+
+    def _doc_fields(self) -> list[str]:
+        if self._docstore:
+            first = next(iter(self._docstore.values()))
+        else:  # the parsers give every document the same keys: the first tells them
+            first = next(iter(self._corpus()), None)
+            if first is None:
+                raise ValueError(f"{self!r} has no documents")
+        return [k for k in first if k != "docno"]
+
+    def _lookup(self, docnos: list[str], verbose: bool) -> dict[str, dict]:
+        if self._docstore is None:
+            store: dict[str, dict] = {}
+            for doc in self.get_corpus_iter(verbose=verbose):
+                if doc["docno"] in store:
+                    raise ValueError(f"{self!r}: docno {doc['docno']!r} names two documents; text cannot be loaded by "
+                                     "docno until the collection's docnos are unique")
+                store[doc["docno"]] = doc
+            self._docstore = store
+        return {d: self._docstore[d] for d in docnos if d in self._docstore}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -551,11 +639,12 @@ def _sample() -> LocalDataset:
 
 # --------------------------------------------------------------------------- ir_datasets
 
-class IRDSWrapper(pt.datasets.Dataset):
+class IRDSWrapper(_HasTextLoader, pt.datasets.Dataset):
     """An ir_datasets collection (via ``pt.get_dataset("irds:<id>")``) with normalised fields.
 
     Documents get ``text`` = ir_datasets' ``default_text()`` (e.g. title + body) and keep
     their other string fields; queries use ``default_text()`` (e.g. a TREC topic's title).
+    :meth:`text_loader` looks documents up in ir_datasets' docstore.
     """
 
     def __init__(self, irds_id: str):
@@ -576,11 +665,28 @@ class IRDSWrapper(pt.datasets.Dataset):
         if verbose:
             it = pt.tqdm(it, desc=f"irds:{self.irds_id} documents", total=ds.docs_count())
         for position, doc in enumerate(it, 1):
-            fields = {k: v for k, v in doc._asdict().items() if k != "doc_id" and isinstance(v, str)}
-            text = doc.default_text() if hasattr(doc, "default_text") else fields.get("text", "")
-            where = f"irds:{self.irds_id} document {position}"
-            docno = _id(doc.doc_id, "doc_id", where)
-            yield {"docno": docno, **fields, "text": _text(text, f"the text of {docno!r}", where)}
+            yield self._doc(doc, f"irds:{self.irds_id} document {position}")
+
+    def _doc(self, doc: Any, where: str) -> dict:
+        """An ir_datasets document as this wrapper gives it: ``docno``, its string fields, ``text`` =
+        ``default_text()``."""
+        fields = {k: v for k, v in doc._asdict().items() if k != "doc_id" and isinstance(v, str)}
+        text = doc.default_text() if hasattr(doc, "default_text") else fields.get("text", "")
+        docno = _id(doc.doc_id, "doc_id", where)
+        return {"docno": docno, **fields, "text": _text(text, f"the text of {docno!r}", where)}
+
+    def _doc_fields(self) -> list[str]:
+        ds = self.irds_ref()
+        if not ds.has_docs():
+            raise ValueError(f"irds:{self.irds_id} has no documents")
+        cls = ds.docs_cls()
+        types = getattr(cls, "__annotations__", {})
+        return [f for f in cls._fields if f != "doc_id" and types.get(f) is str and f != "text"] + ["text"]
+
+    def _lookup(self, docnos: list[str], verbose: bool) -> dict[str, dict]:
+        """Looked up in ir_datasets' docstore (no pass over the corpus)."""
+        found = self.irds_ref().docs_store().get_many(docnos)
+        return {d: self._doc(doc, f"irds:{self.irds_id} document {d!r}") for d, doc in found.items()}
 
     def get_topics(self, variant: Optional[str] = None) -> pd.DataFrame:
         if variant is not None:
