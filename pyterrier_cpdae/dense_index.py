@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import pyterrier_alpha as pta
 
 from . import _index_io as io
+from ._artifact import PackagedArtifact
 from ._exact_search import Part, numpy_search, torch_search
 from ._index_io import IncompleteIndexError
 from ._indexing import DenseIndexer, check_shard_metas, shard_iter
@@ -29,7 +29,7 @@ from .retrievers import DenseScorer, ExactRetriever, FaissRetriever
 __all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError"]
 
 
-class DenseIndex(pta.Artifact):
+class DenseIndex(PackagedArtifact):
     """A dense index: float32/float16 vectors on disk plus a docno lookup, as a PyTerrier artifact.
 
     ``DenseIndex(path)`` never touches the disk; the index is opened (and checked) lazily when first used for
@@ -41,6 +41,7 @@ class DenseIndex(pta.Artifact):
     ARTIFACT_TYPE = io.ARTIFACT_TYPE
     ARTIFACT_FORMAT = io.ARTIFACT_FORMAT
     ARTIFACT_PACKAGE_HINT = io.PACKAGE_HINT
+    PACKAGE_EXCLUDE = (io.FAISS_DIR,)  # FAISS caches: rebuilt on first use, not shared
 
     def __init__(self, path: Union[str, Path]):
         super().__init__(path)
