@@ -214,6 +214,43 @@ class FinetuneConfig(TrainConfig):
     pooling: str = opt("cls", "Pooling of the encoder output.", choices=["cls", "mean"])
 
 
+# ----------------------------------------------------------------------------- resuming
+#: The one rule for ``--resume``, shared by pre-training and fine-tuning (and each fine-tuning round): the options
+#: that may differ between a run and its continuation. They say how long to train (``--max-steps``, ``--epochs``,
+#: ``--mining-rounds``), how often to save or log and where, and how to run (workers, device, token cache); none
+#: changes what was learnt up to the last checkpoint. A change of any other option is a different run.
+RESUME_MUTABLE_OPTIONS = frozenset({
+    "resume", "overwrite", "max_steps", "epochs", "mining_rounds", "save_steps", "save_total_limit", "logging_steps",
+    "report_to", "num_workers", "cpu", "cache_dir"})
+
+
+def flag(name: str) -> str:
+    """The command-line flag of an option: ``max_steps`` -> ``--max-steps``."""
+    return "--" + name.replace("_", "-")
+
+
+def resume_conflicts(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Names of the options that differ between a recorded run's options and the current ones and may not change on
+    ``--resume`` (:data:`RESUME_MUTABLE_OPTIONS`). Options only one side has are ignored (each objective has its own
+    options; a run recorded before an option existed)."""
+    keys = (set(previous) & set(current)) - RESUME_MUTABLE_OPTIONS
+    return sorted(k for k in keys if previous[k] != current[k])
+
+
+def check_same_run(previous: dict[str, Any], current: dict[str, Any], output: str, what: str = "run") -> None:
+    """Refuses to continue the run recorded in ``output`` with options that make it another run.
+
+    Raises:
+        ValueError: naming each conflicting option (as its flag) with its recorded and its new value.
+    """
+    conflicts = resume_conflicts(previous, current)
+    if conflicts:
+        shown = "; ".join(f"{flag(k)}: {previous[k]!r} -> {current[k]!r}" for k in conflicts)
+        raise ValueError(f"output directory {output} holds a different {what} (options differ: {shown}); only "
+                         f"{', '.join(flag(k) for k in sorted(RESUME_MUTABLE_OPTIONS - {'resume', 'overwrite'}))} "
+                         "may change when a run is continued; choose another --output or pass --overwrite to replace it")
+
+
 def config_fields(cls: type) -> list[dataclasses.Field]:
     """The dataclass fields of a config class, in declaration order."""
     return list(dataclasses.fields(cls))

@@ -43,16 +43,15 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import pandas as pd
 
+from pyterrier_cpdae._files import write_json_atomic
+
 from . import negatives as neg
-from .config import FinetuneConfig, parse_config
-from .trainer import config_dict, config_differences, write_json_atomic
+from .config import FinetuneConfig, check_same_run, parse_config
+from .trainer import config_dict
 
 logger = logging.getLogger("pretrain.finetune")
 
 TRAINING_ARGS = "training_args.json"
-#: Options that may change between a run and its resumption.
-MUTABLE = frozenset({"resume", "overwrite", "mining_rounds", "save_steps", "save_total_limit", "logging_steps",
-                     "num_workers", "cpu", "report_to"})
 #: Files of a Trainer output directory that are not part of the exported model.
 _TRAINER_FILES = {"checkpoints", "logs", "run_config.json", ".export-tmp"}
 
@@ -244,13 +243,7 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
                              "choose another --output or pass --overwrite")
         with open(args_path) as f:
             previous = json.load(f)
-        prev = previous.get("config", {})
-        cur = config_dict(cfg)
-        diff = config_differences(prev, cur, mutable=MUTABLE)
-        if diff:
-            raise ValueError(f"output directory {out} holds a different fine-tuning run (options differ: "
-                             + "; ".join(f"{k}: {prev.get(k)!r} -> {cur.get(k)!r}" for k in diff[:6])
-                             + "); choose another --output or pass --overwrite")
+        check_same_run(previous.get("config", {}), config_dict(cfg), out, "fine-tuning run")
         if not cfg.resume:
             raise ValueError(f"output directory {out} already holds this run; pass --resume to continue it "
                              "(finished rounds and saved groups are reused) or --overwrite to start again")
@@ -262,7 +255,7 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
             elif os.path.isfile(p):
                 os.remove(p)
     os.makedirs(out, exist_ok=True)
-    write_json_atomic(args_path, {"config": config_dict(cfg), "finished": False})
+    write_json_atomic(args_path, {"config": config_dict(cfg), "finished": False}, default=str)
 
 
 def _copy_export(src: str, dst: str) -> None:
@@ -300,7 +293,7 @@ def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], 
 
     def save_fn(m: BiEncoder, path: str) -> None:
         m.save_pretrained(path)
-        write_json_atomic(os.path.join(path, TRAINING_ARGS), args)
+        write_json_atomic(os.path.join(path, TRAINING_ARGS), args, default=str)
 
     logger.info("round %d: fine-tuning %s on %d groups into %s", round_, start, len(examples), out)
     return Trainer(module, list(examples), module.collate, round_cfg, save_fn=save_fn).train()
@@ -381,7 +374,8 @@ def _finetune(cfg: FinetuneConfig, procs: Processes) -> dict[str, Any]:
     if not procs.is_main:
         return summary
     _copy_export(_round_dir(cfg, cfg.mining_rounds), cfg.output)
-    write_json_atomic(os.path.join(cfg.output, TRAINING_ARGS), {"config": config_dict(cfg), "finished": True, **summary})
+    write_json_atomic(os.path.join(cfg.output, TRAINING_ARGS), {"config": config_dict(cfg), "finished": True, **summary},
+                      default=str)
     logger.info("fine-tuned model written to %s", cfg.output)
     return summary
 

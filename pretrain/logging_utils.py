@@ -17,6 +17,8 @@ from typing import Any, Iterable, Optional
 
 from accelerate.tracking import GeneralTracker, on_main_process
 
+from pyterrier_cpdae._files import atomic_write
+
 #: Columns of ``metrics.csv`` that are not loss components.
 NON_LOSS_COLUMNS = ("step", "epoch", "lr", "seqs_per_s")
 #: Trackers accepted by ``--report-to`` (and ``none``).
@@ -102,12 +104,10 @@ def truncate_metrics(path: str, max_step: int) -> None:
         return
     header, body = rows[0], rows[1:]
     kept = [r for r in body if r and int(r[0]) <= max_step]
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
+    with atomic_write(path, newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(kept)
-    os.replace(tmp, path)
 
 
 class CSVTracker(GeneralTracker):

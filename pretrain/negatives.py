@@ -34,6 +34,8 @@ from typing import Any, Callable, Container, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from pyterrier_cpdae._files import atomic_write, read_jsonl
+
 logger = logging.getLogger(__name__)
 
 #: Prefix of the ids given to passages that a groups file lists by text only.
@@ -80,7 +82,7 @@ def read_groups(path: str) -> tuple[list[Group], dict[str, str]]:
     groups: list[Group] = []
     texts: dict[str, str] = {}
 
-    def item_id(item: Any, lineno: int) -> str:
+    def item_id(item: Any, where: str) -> str:
         if isinstance(item, str):
             return item
         if isinstance(item, dict) and ("docno" in item or "text" in item):
@@ -89,36 +91,27 @@ def read_groups(path: str) -> tuple[list[Group], dict[str, str]]:
                 texts[docno] = str(item["text"])
                 return docno
             return str(item["docno"])
-        raise ValueError(f"{path}:{lineno}: a passage must be a document id (string) or an object with "
+        raise ValueError(f"{where}: a passage must be a document id (string) or an object with "
                          f"'docno' and/or 'text', got {item!r}")
 
-    with open(path, encoding="utf8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
-            missing = [k for k in ("qid", "query", "pos") if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing key(s) {missing}; a group needs qid, query, pos and negs")
-            pos, negs = row["pos"], row.get("negs", [])
-            if isinstance(pos, (str, dict)):
-                pos = [pos]
-            groups.append(Group(str(row["qid"]), str(row["query"]), [item_id(x, lineno) for x in pos],
-                                [item_id(x, lineno) for x in negs]))
+    for where, row in read_jsonl(path):
+        missing = [k for k in ("qid", "query", "pos") if k not in row]
+        if missing:
+            raise ValueError(f"{where}: missing key(s) {missing}; a group needs qid, query, pos and negs")
+        pos, negs = row["pos"], row.get("negs", [])
+        if isinstance(pos, (str, dict)):
+            pos = [pos]
+        groups.append(Group(str(row["qid"]), str(row["query"]), [item_id(x, where) for x in pos],
+                            [item_id(x, where) for x in negs]))
     return groups, texts
 
 
 def write_groups(path: str, groups: Iterable[Group]) -> None:
     """Write groups as JSONL (document ids only), atomically (a temporary file, then rename)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf8") as f:
+    with atomic_write(path) as f:
         for g in groups:
             f.write(json.dumps(g.to_json()) + "\n")
-    os.replace(tmp, path)
 
 
 def judged_positives(qrels: pd.DataFrame) -> dict[str, list[str]]:

@@ -22,13 +22,12 @@ Documents whose chosen fields are all empty are skipped.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
-from pyterrier_cpdae.datasets import read_lines
+from pyterrier_cpdae._files import read_jsonl, read_lines
 
 #: Default fields of JSONL and ir_datasets corpora, in the order they are joined.
 DEFAULT_FIELDS: tuple[str, ...] = ("title", "text")
@@ -62,7 +61,7 @@ def parse_fields(fields: Fields) -> Optional[list[str]]:
 
 def _read_lines(path: Path) -> Iterator[str]:
     """Lines of ``path``, decompressed by suffix (``.gz``, ``.bz2``, ``.xz``, ``.lzma``) through the plugin's one
-    opener (:func:`pyterrier_cpdae.datasets.read_lines`); a corrupt, misnamed-compressed or undecodable file raises
+    opener (:func:`pyterrier_cpdae._files.read_lines`); a corrupt, misnamed-compressed or undecodable file raises
     a ``ValueError`` naming it."""
     try:
         for _, line in read_lines(path):
@@ -143,28 +142,27 @@ def corpus_files(spec: str) -> list[Path]:
 # ----------------------------------------------------------------------------- readers
 
 def _iter_jsonl(path: Path, fields: Optional[list[str]]) -> Iterator[str]:
-    for lineno, line in enumerate(_read_lines(path), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not a JSON object ({e})") from e
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got {type(obj).__name__}")
-        if fields is None:
-            chosen = [f for f in DEFAULT_FIELDS if f in obj]
-            if not chosen:
-                raise ValueError(f"{path}:{lineno}: none of the default fields {list(DEFAULT_FIELDS)} in the record "
-                                 f"(keys: {sorted(obj)}); choose fields with --corpus-fields")
-        else:
-            missing = [f for f in fields if f not in obj]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: field(s) {missing} not in the record (keys: {sorted(obj)})")
-            chosen = fields
-        text = _join([obj[f] for f in chosen])
-        if text:
-            yield text
+    try:
+        for where, obj in read_jsonl(path):  # the plugin's one JSON-lines reader: errors name file and line
+            text = _jsonl_text(obj, fields, where)
+            if text:
+                yield text
+    except OSError as e:
+        raise ValueError(f"cannot read corpus file {path}: {type(e).__name__}: {e}") from e
+
+
+def _jsonl_text(obj: dict, fields: Optional[list[str]], where: str) -> str:
+    if fields is None:
+        chosen = [f for f in DEFAULT_FIELDS if f in obj]
+        if not chosen:
+            raise ValueError(f"{where}: none of the default fields {list(DEFAULT_FIELDS)} in the record "
+                             f"(keys: {sorted(obj)}); choose fields with --corpus-fields")
+    else:
+        missing = [f for f in fields if f not in obj]
+        if missing:
+            raise ValueError(f"{where}: field(s) {missing} not in the record (keys: {sorted(obj)})")
+        chosen = fields
+    return _join([obj[f] for f in chosen])
 
 
 def _iter_txt(path: Path, fields: Optional[list[str]]) -> Iterator[str]:

@@ -30,22 +30,20 @@ import math
 import os
 import shutil
 import time
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from pyterrier_cpdae._files import write_json_atomic
+
 from .checkpoint import (TRAINER_STATE, checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
                          save_rng_state, save_train_state, write_trainer_state)
-from .config import TrainConfig
+from .config import TrainConfig, check_same_run
 
 logger = logging.getLogger(__name__)
 
-#: Options that may differ between a run and its resumption (they do not change what is learnt
-#: up to the checkpoint).
-RESUME_MUTABLE_FIELDS = frozenset({"resume", "overwrite", "max_steps", "epochs", "save_steps", "save_total_limit",
-                                   "logging_steps", "num_workers", "cpu", "cache_dir", "report_to"})
 #: Files whose presence means an output directory holds an exported model.
 EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 RUN_CONFIG = "run_config.json"
@@ -113,19 +111,11 @@ def config_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
 
 
-def config_differences(previous: dict[str, Any], current: dict[str, Any],
-                       mutable: Iterable[str] = RESUME_MUTABLE_FIELDS) -> list[str]:
-    """Names of options that differ between two runs' configs, ignoring the ``mutable`` ones and options
-    only one side has (each objective has its own options; a run recorded before an option existed)."""
-    keys = (set(previous) & set(current)) - set(mutable)
-    return sorted(k for k in keys if previous.get(k) != current.get(k))
-
-
 def check_output_dir(config: Any) -> None:
     """Refuse an output directory that holds a different run, unless ``config.overwrite``.
 
     Accepted without ``overwrite``: a missing or empty directory; a directory of the *same*
-    run (same ``run_config.json`` up to :data:`RESUME_MUTABLE_FIELDS`) when resuming, or when
+    run (same ``run_config.json`` up to :data:`~pretrain.config.RESUME_MUTABLE_OPTIONS`) when resuming, or when
     it holds neither checkpoints nor an exported model yet.
 
     Raises:
@@ -146,11 +136,7 @@ def check_output_dir(config: Any) -> None:
                          "choose another --output or pass --overwrite")
     with open(run_cfg) as f:
         previous = json.load(f).get("config", {})
-    diff = config_differences(previous, config_dict(config))
-    if diff:
-        shown = "; ".join(f"{k}: {previous.get(k)!r} -> {config_dict(config).get(k)!r}" for k in diff[:6])
-        raise ValueError(f"output directory {out} holds a different run (options differ: {shown}); "
-                         "choose another --output or pass --overwrite to replace it")
+    check_same_run(previous, config_dict(config), out)
     if config.resume:
         return
     if list_checkpoints(out) or any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES):
@@ -166,14 +152,6 @@ def _clear_previous_run(out: str) -> None:
         p = os.path.join(out, name)
         if os.path.isfile(p):
             os.remove(p)
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Writes ``obj`` as JSON through a temporary file, so that ``path`` is never half-written."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, default=str)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -332,7 +310,7 @@ class Trainer:
                 for name in os.listdir(ckpt_root):
                     if name.startswith(".tmp-"):
                         shutil.rmtree(os.path.join(ckpt_root, name), ignore_errors=True)
-            write_json_atomic(os.path.join(self.output, RUN_CONFIG), self._run_config())
+            write_json_atomic(os.path.join(self.output, RUN_CONFIG), self._run_config(), default=str)
         acc.wait_for_everyone()
 
         set_seed(cfg.seed, device_specific=True)
@@ -540,5 +518,5 @@ class Trainer:
         acc.wait_for_everyone()
 
 
-__all__ = ["Trainer", "GlobalBatchSampler", "check_output_dir", "config_differences", "list_checkpoints",
-           "parameter_groups", "resolve_mixed_precision", "warmup_steps", "RESUME_MUTABLE_FIELDS"]
+__all__ = ["Trainer", "GlobalBatchSampler", "check_output_dir", "list_checkpoints",
+           "parameter_groups", "resolve_mixed_precision", "warmup_steps"]

@@ -16,6 +16,7 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from . import _index_io as io
+from ._artifact import PackagedArtifact
 from ._index_io import IncompleteIndexError
 from ._indexing import DenseIndexer, merge_indexes, merge_shards, shard_iter
 from ._store import DenseStore
@@ -23,7 +24,7 @@ from ._store import DenseStore
 __all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError"]
 
 
-class DenseIndex(pta.Artifact, pt.Indexer):
+class DenseIndex(PackagedArtifact, pt.Indexer):
     """A dense index: float32/float16 vectors on disk plus a docno lookup, as a PyTerrier artifact and indexer.
 
     ``DenseIndex(path)`` never touches the disk; the index is opened (and checked) lazily when first used for
@@ -41,6 +42,7 @@ class DenseIndex(pta.Artifact, pt.Indexer):
     ARTIFACT_TYPE = io.ARTIFACT_TYPE
     ARTIFACT_FORMAT = io.ARTIFACT_FORMAT
     ARTIFACT_PACKAGE_HINT = io.PACKAGE_HINT
+    PACKAGE_EXCLUDE = (io.FAISS_DIR,)  # FAISS caches: rebuilt on first use, not shared
 
     def __init__(self, path: Union[str, Path]):
         super().__init__(path)

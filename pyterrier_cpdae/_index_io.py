@@ -27,6 +27,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
+from ._files import current_umask, fsync_dir, temporary_files, write_json_atomic  # noqa: F401 (re-exported)
+
 META_FILE = "pt_meta.json"
 VECTORS_FILE = "vectors.bin"
 DOCNOS_FILE = "docnos.npids"
@@ -107,71 +109,6 @@ def as_docnos(values: Sequence[Any], records: Sequence[int]) -> list:
         except ValueError as ex:
             raise ValueError(f"record {record} of the input: {ex}") from None
     return out
-
-
-def fsync_dir(path: Path) -> None:
-    """fsyncs a directory so that renames/creations inside it are durable (no-op where unsupported)."""
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def current_umask() -> int:
-    """The process umask (read without changing it where ``/proc`` tells it)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fin:
-            for line in fin:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Writes JSON to ``path`` durably and atomically: readers (and a crash) never see a partial file.
-
-    Like ``pyterrier_alpha.io.finalized_open`` it writes a uniquely named temporary ``.<stem>.*.tmp<suffix>``
-    and renames it over ``path`` (so several shard processes may write the same top-level file at once), but
-    the file gets the permissions of any new file (``0o666`` less the umask; ``finalized_open`` makes it
-    world-writable), it is fsynced before the rename and the directory after it, so the new contents survive a
-    crash (what ``mode="resume"`` relies on).
-    """
-    import tempfile
-
-    path = Path(path)
-    stem, suffix = os.path.splitext(path.name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=f".tmp{suffix}", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf8") as fout:
-            json.dump(data, fout, indent=1, sort_keys=True)
-            fout.flush()
-            if hasattr(os, "fchmod"):
-                os.fchmod(fout.fileno(), 0o666 & ~current_umask())
-            os.fsync(fout.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
-
-
-def temporary_files(directory: Path, name: str) -> list:
-    """Temporaries that an interrupted :func:`write_json_atomic` of ``directory / name`` may have left behind."""
-    stem, suffix = os.path.splitext(name)
-    return sorted(directory.glob(f".{stem}.*.tmp{suffix}"))
 
 
 def remove_leftovers(path: Path) -> list:

@@ -39,6 +39,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
+from pyterrier_cpdae._artifact import PackagedArtifact
 from pyterrier_cpdae._index_io import IncompleteIndexError, as_docno, read_pt_meta, temporary_files, write_json_atomic
 from pyterrier_cpdae._java import autoclass, detach_thread
 from pyterrier_cpdae._locking import build_lock
@@ -50,7 +51,7 @@ _META_FILE = "pt_meta.json"
 _RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
 
 
-class BM25Index(pta.Artifact):
+class BM25Index(PackagedArtifact):
     """A Lucene index for BM25 retrieval, built and searched with Pyserini/Anserini.
 
     Args:

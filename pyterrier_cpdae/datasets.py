@@ -24,25 +24,21 @@ with every id a ``str``. Specs:
 """
 from __future__ import annotations
 
-import bz2
-import gzip
 import importlib.resources
-import io
-import json
-import lzma
 import math
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import pandas as pd
 import pyterrier as pt
+import pyterrier_alpha as pta
 
-from pyterrier_cpdae._index_io import as_docno
+from pyterrier_cpdae._files import read_head, read_jsonl, read_lines, read_text
+from pyterrier_cpdae._index_io import as_docno, as_docnos
 
-__all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "SMART_LAYOUTS"]
+__all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "DatasetTextLoader", "SMART_LAYOUTS"]
 
 _TOPICS_COLUMNS = ["qid", "query"]
 _QRELS_COLUMNS = ["qid", "docno", "label"]
@@ -85,8 +81,74 @@ def _folder(path: str, spec: str) -> Path:
     return folder
 
 
-class LocalDataset(pt.datasets.Dataset):
-    """A collection read from local files by three loader functions (parsed on each call)."""
+class _HasTextLoader:
+    """``text_loader()`` for a dataset that can list its document fields and look documents up by docno."""
+
+    def text_loader(self, fields: Union[str, list[str]] = "*", *, verbose: bool = False) -> "DatasetTextLoader":
+        """A transformer that adds each document's fields (by default all: ``text``, and ``title`` where the
+        collection has titles) for its ``docno``: PyTerrier's text-loader convention, so that
+        ``pt.text.get_text(dataset)`` works too and ``bm25 >> dataset.text_loader() >> enc.text_scorer()``
+        re-ranks with the text the collection holds.
+
+        Args:
+            fields: ``"*"`` (every field), one field name or a list of them.
+            verbose: show a progress bar while the documents are looked up.
+        """
+        return DatasetTextLoader(self, fields, verbose=verbose)
+
+    def _doc_fields(self) -> list[str]:
+        raise NotImplementedError
+
+    def _lookup(self, docnos: list[str], verbose: bool) -> dict[str, dict]:
+        """``{docno: document dict}`` for the docnos that are in the collection (the others are left out)."""
+        raise NotImplementedError
+
+
+class DatasetTextLoader(pt.Transformer):
+    """Adds the fields of each ``docno``'s document (see :meth:`LocalDataset.text_loader`); other columns, the
+    rows' order and the frame's index are kept, a column of a loaded field is replaced. A docno that is not in the
+    collection raises ``ValueError`` naming it."""
+
+    schematic = {"label": "TextLoader"}
+
+    def __init__(self, dataset: _HasTextLoader, fields: Union[str, list[str]] = "*", *, verbose: bool = False):
+        available = dataset._doc_fields()
+        if fields == "*":
+            wanted = list(available)
+        else:
+            wanted = [fields] if isinstance(fields, str) else list(fields)
+            unknown = [f for f in wanted if f not in available]
+            if unknown or not wanted:
+                raise ValueError(f"{dataset!r} has no document field(s) {unknown or wanted}; its documents have "
+                                 f"{available}")
+        self.dataset = dataset
+        self.fields = wanted
+        self.verbose = verbose
+
+    def __repr__(self) -> str:
+        args = "" if self.fields == self.dataset._doc_fields() else repr(self.fields)
+        return f"{self.dataset!r}.text_loader({args})"
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=["docno"])
+        docnos = as_docnos(inp["docno"].tolist(), range(len(inp)))
+        unique = list(dict.fromkeys(docnos))
+        found = self.dataset._lookup(unique, self.verbose)
+        missing = [d for d in unique if d not in found]
+        if missing:
+            raise ValueError(f"{len(missing)} docno(s) of the input are not documents of {self.dataset!r}, e.g. "
+                             f"{missing[:5]}; load the text from the collection the results were retrieved from")
+        out = inp.drop(columns=self.fields, errors="ignore")
+        return out.assign(**{f: [found[d].get(f, "") for d in docnos] for f in self.fields})
+
+    def fuse_rank_cutoff(self, k: int) -> pt.Transformer:
+        """``loader % k`` cuts the ranking before loading text (and so fuses into the retriever before it)."""
+        return pt.RankCutoff(k) >> self
+
+
+class LocalDataset(_HasTextLoader, pt.datasets.Dataset):
+    """A collection read from local files by three loader functions (parsed on each call); :meth:`text_loader`
+    reads the documents once, on first use, into a docno-keyed store kept by the dataset."""
 
     def __init__(self, name: str, corpus: Callable[[], Iterator[dict]], topics: Callable[[], pd.DataFrame],
                  qrels: Callable[[], pd.DataFrame]):
@@ -94,6 +156,7 @@ class LocalDataset(pt.datasets.Dataset):
         self._corpus = corpus
         self._topics = topics
         self._qrels = qrels
+        self._docstore: Optional[dict[str, dict]] = None
 
     def get_corpus_iter(self, verbose: bool = False) -> Iterator[dict]:
         """Documents as dicts with ``docno`` and ``text`` (``title`` too where available)."""
@@ -124,89 +187,31 @@ class LocalDataset(pt.datasets.Dataset):
     def __repr__(self) -> str:
         return f"load_dataset({self.name!r})"
 
+    def _doc_fields(self) -> list[str]:
+        if self._docstore:
+            first = next(iter(self._docstore.values()))
+        else:  # the parsers give every document the same keys: the first tells them
+            first = next(iter(self._corpus()), None)
+            if first is None:
+                raise ValueError(f"{self!r} has no documents")
+        return [k for k in first if k != "docno"]
+
+    def _lookup(self, docnos: list[str], verbose: bool) -> dict[str, dict]:
+        if self._docstore is None:
+            store: dict[str, dict] = {}
+            for doc in self.get_corpus_iter(verbose=verbose):
+                if doc["docno"] in store:
+                    raise ValueError(f"{self!r}: docno {doc['docno']!r} names two documents; text cannot be loaded by "
+                                     "docno until the collection's docnos are unique")
+                store[doc["docno"]] = doc
+            self._docstore = store
+        return {d: self._docstore[d] for d in docnos if d in self._docstore}
+
 
 # --------------------------------------------------------------------------- helpers
 #
 # Every parser below yields exactly what its file holds or raises a ValueError that starts with
 # ``<file>:<line>:`` (or ``<file>:`` where no line applies) and says what is wrong.
-
-#: compressed formats read transparently, chosen by the file's suffix
-_DECOMPRESSORS: dict[str, Callable[[Path], IO[bytes]]] = {
-    ".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
-# what gzip / bz2 / lzma raise on data that is not theirs or is truncated
-_CORRUPT = (OSError, EOFError, lzma.LZMAError)
-
-# compressed data under a name that does not say so (e.g. TREC disks' ``.0z`` files) would be read as
-# text and silently skipped or garbled: recognised by its magic bytes and refused
-_MAGIC = re.compile(rb"^(?:(\x1f\x8b)|(BZh[1-9]1AY&SY)|(\xfd7zXZ\x00)|(\x28\xb5\x2f\xfd)|(\x1f\x9d)|(PK\x03\x04))")
-_MAGIC_NAMES = ("gzip", "bzip2", "xz", "zstd", "Unix compress (.Z)", "zip")
-
-
-def _open_binary(path: Path) -> IO[bytes]:
-    opener = _DECOMPRESSORS.get(path.suffix.lower())
-    if opener is not None:
-        return opener(path, "rb")
-    f = open(path, "rb")
-    m = _MAGIC.match(f.peek(16)[:16])
-    if m is not None:
-        f.close()
-        kind = _MAGIC_NAMES[m.lastindex - 1]
-        raise ValueError(f"{path}: holds {kind}-compressed data, but only files named *.gz, *.bz2, *.xz or *.lzma are "
-                         "decompressed; decompress it, give it the suffix of its format, or move it out of the folder")
-    return f
-
-
-@contextmanager
-def _reading(path: Path, errors: str = "strict") -> Iterator[io.TextIOBase]:
-    """``path`` as UTF-8 text (decompressed by suffix); corrupt compressed data or bytes that are not
-    UTF-8 raise a ValueError naming the file (and, for bad bytes, the line)."""
-    f = io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors=errors)
-    compressed = path.suffix.lower() in _DECOMPRESSORS
-    try:
-        with f:
-            yield f
-    except UnicodeDecodeError:
-        raise _undecodable(path) from None
-    except _CORRUPT as e:
-        if not compressed:
-            raise
-        kind = path.suffix.lower().lstrip(".")
-        raise ValueError(f"{path}: cannot be read as {kind} data ({type(e).__name__}: {e}); the file is corrupt, "
-                         f"truncated or not a {kind} file despite its name") from e
-
-
-def _undecodable(path: Path) -> ValueError:
-    """The error for a file that is not UTF-8, naming the first bad line (found by a second, binary pass)."""
-    with _open_binary(path) as f:
-        for line_no, raw in enumerate(f, 1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                return ValueError(f"{path}:{line_no}: not valid UTF-8 ({e.reason}: bytes {raw[e.start:e.end + 2]!r} "
-                                  f"at byte {e.start + 1} of the line); convert the file to UTF-8, e.g. "
-                                  "`iconv -f latin1 -t utf-8`")
-    return ValueError(f"{path}: not valid UTF-8; convert the file to UTF-8")
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of a UTF-8 text file, counted from 1 (see :func:`_reading`)."""
-    with _reading(path) as f:
-        yield from enumerate(f, 1)
-
-
-read_lines = _lines  # the one opener of text files, shared with ``python -m pretrain``'s corpus readers
-
-
-def _read(path: Path) -> str:
-    with _reading(path) as f:
-        return f.read()
-
-
-def _head(path: Path, n: int = 4096) -> str:
-    """The first characters of a file, to tell its kind (undecodable bytes replaced: only a guess)."""
-    with _reading(path, errors="replace") as f:
-        return f.read(n)
-
 
 def _topics_frame(rows: list[tuple[str, str]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_TOPICS_COLUMNS).astype({"qid": str, "query": str})
@@ -290,7 +295,7 @@ def _trec_docs(files: list[Path]) -> Iterator[dict]:
     for path in files:
         buf: Optional[list[str]] = None
         start = 0
-        for line_no, line in _lines(path):
+        for line_no, line in read_lines(path):
             pos = 0
             for m in (_DOC_TAG.finditer(line) if "<" in line else ()):
                 if buf is not None:
@@ -346,7 +351,7 @@ def _trec_field(block: str, tag: str) -> Optional[str]:
 
 def _trec_topics(path: Path) -> pd.DataFrame:
     """``<top>`` topics; ``<top>`` must be closed by ``</top>``, with nothing but space between topics."""
-    content = _read(path)
+    content = read_text(path)
     rows: list[tuple[str, str]] = []
     opened: Optional[re.Match] = None
     pos = 0
@@ -397,7 +402,7 @@ def _read_qrels(path: Path, parse: Callable[[list[str]], tuple[str, str, int]], 
     """Judgements, one per non-blank line split on ``sep`` (default: whitespace); a first line whose
     first column is ``header`` is skipped."""
     rows = []
-    for line_no, line in _lines(path):
+    for line_no, line in read_lines(path):
         if not line.strip():
             continue
         cols = line.rstrip("\n").split(sep) if sep else line.split()
@@ -426,7 +431,7 @@ def _trec_qrel(cols: list[str]) -> tuple[str, str, int]:
 def _trec(folder: Path) -> LocalDataset:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
     qrels = [p for p in files if p.name.lower().startswith("qrels")]
-    heads = {p: _head(p).lower() for p in files if p not in qrels}
+    heads = {p: read_head(p).lower() for p in files if p not in qrels}
     topics = [p for p, h in heads.items() if "<top>" in h]
     docs = [p for p, h in heads.items() if re.search(r"<doc[\s>]", h) and p not in topics]
     for what, found, hint in (("documents", docs, "files with <DOC> records"),
@@ -442,20 +447,6 @@ def _trec(folder: Path) -> LocalDataset:
 
 # --------------------------------------------------------------------------- BEIR
 
-def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
-    """``("<file>:<line>", object)`` for each non-blank line of a JSON-lines file; every line must be an object."""
-    for line_no, line in _lines(path):
-        if line.strip():
-            where = f"{path}:{line_no}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON: {e}") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: not a JSON object but a {type(obj).__name__}: {line.strip()[:80]!r}")
-            yield where, obj
-
-
 def _json_field(obj: dict, key: str, where: str, is_id: bool = False, nullable: bool = False) -> str:
     """A required string field of a BEIR line (an id may also be an int; ``null`` is ``""`` where
     ``nullable``); checked by :func:`_text`."""
@@ -469,7 +460,7 @@ def _json_field(obj: dict, key: str, where: str, is_id: bool = False, nullable: 
 
 def _beir_docs(path: Path) -> Iterator[dict]:
     n = 0
-    for where, doc in _jsonl(path):
+    for where, doc in read_jsonl(path):
         docno, text = _json_field(doc, "_id", where, is_id=True), _json_field(doc, "text", where, nullable=True)
         title = _text(doc.get("title") or "", "'title'", where)
         n += 1
@@ -492,7 +483,7 @@ def _beir_qrels(path: Path) -> pd.DataFrame:
 def _beir_topics(queries: Path, qrels: Path) -> pd.DataFrame:
     judged = dict.fromkeys(_beir_qrels(qrels)["qid"])
     rows, found = [], set()
-    for where, q in _jsonl(queries):
+    for where, q in read_jsonl(queries):
         qid = _json_field(q, "_id", where, is_id=True)
         text = _json_field(q, "text", where)
         found.add(qid)
@@ -576,7 +567,7 @@ def _smart_records(path: Path, what: str) -> Iterator[tuple[int, str, dict[str, 
     start = 0
     fields: dict[str, list[str]] = {}
     field = None
-    for line_no, line in _lines(path):
+    for line_no, line in read_lines(path):
         m = _SMART_ID.match(line)
         if m:
             if rid is not None:
@@ -648,11 +639,12 @@ def _sample() -> LocalDataset:
 
 # --------------------------------------------------------------------------- ir_datasets
 
-class IRDSWrapper(pt.datasets.Dataset):
+class IRDSWrapper(_HasTextLoader, pt.datasets.Dataset):
     """An ir_datasets collection (via ``pt.get_dataset("irds:<id>")``) with normalised fields.
 
     Documents get ``text`` = ir_datasets' ``default_text()`` (e.g. title + body) and keep
     their other string fields; queries use ``default_text()`` (e.g. a TREC topic's title).
+    :meth:`text_loader` looks documents up in ir_datasets' docstore.
     """
 
     def __init__(self, irds_id: str):
@@ -673,11 +665,28 @@ class IRDSWrapper(pt.datasets.Dataset):
         if verbose:
             it = pt.tqdm(it, desc=f"irds:{self.irds_id} documents", total=ds.docs_count())
         for position, doc in enumerate(it, 1):
-            fields = {k: v for k, v in doc._asdict().items() if k != "doc_id" and isinstance(v, str)}
-            text = doc.default_text() if hasattr(doc, "default_text") else fields.get("text", "")
-            where = f"irds:{self.irds_id} document {position}"
-            docno = _id(doc.doc_id, "doc_id", where)
-            yield {"docno": docno, **fields, "text": _text(text, f"the text of {docno!r}", where)}
+            yield self._doc(doc, f"irds:{self.irds_id} document {position}")
+
+    def _doc(self, doc: Any, where: str) -> dict:
+        """An ir_datasets document as this wrapper gives it: ``docno``, its string fields, ``text`` =
+        ``default_text()``."""
+        fields = {k: v for k, v in doc._asdict().items() if k != "doc_id" and isinstance(v, str)}
+        text = doc.default_text() if hasattr(doc, "default_text") else fields.get("text", "")
+        docno = _id(doc.doc_id, "doc_id", where)
+        return {"docno": docno, **fields, "text": _text(text, f"the text of {docno!r}", where)}
+
+    def _doc_fields(self) -> list[str]:
+        ds = self.irds_ref()
+        if not ds.has_docs():
+            raise ValueError(f"irds:{self.irds_id} has no documents")
+        cls = ds.docs_cls()
+        types = getattr(cls, "__annotations__", {})
+        return [f for f in cls._fields if f != "doc_id" and types.get(f) is str and f != "text"] + ["text"]
+
+    def _lookup(self, docnos: list[str], verbose: bool) -> dict[str, dict]:
+        """Looked up in ir_datasets' docstore (no pass over the corpus)."""
+        found = self.irds_ref().docs_store().get_many(docnos)
+        return {d: self._doc(doc, f"irds:{self.irds_id} document {d!r}") for d, doc in found.items()}
 
     def get_topics(self, variant: Optional[str] = None) -> pd.DataFrame:
         if variant is not None:

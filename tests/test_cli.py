@@ -171,7 +171,7 @@ def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_b
         ref = enc(**AutoTokenizer.from_pretrained(str(out))(["dense retrieval"], return_tensors="pt"))
     torch.testing.assert_close(torch.from_numpy(vecs[0]), ref.last_hidden_state[0, 0], rtol=1e-4, atol=1e-4)
     # a different run into the same directory is refused, naming the option; --overwrite accepts it
-    with pytest.raises(ValueError, match="different run.*learning_rate"):
+    with pytest.raises(ValueError, match="different run.*--learning-rate"):
         cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, learning_rate="5e-4"))
     assert (out / "config.json").is_file()
 

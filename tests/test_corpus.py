@@ -92,7 +92,7 @@ def test_jsonl_errors(tmp_path):
         list(iter_texts(str(p), fields="body"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{not json\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON object"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
         list(iter_texts(str(bad)))
     nofield = tmp_path / "nofield.jsonl"
     nofield.write_text('{"contents": "x"}\n')

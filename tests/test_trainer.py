@@ -144,7 +144,7 @@ def test_output_dir_protection(tmp_path):
     c = cfg(tmp_path, max_steps=4)
     Trainer(TinyRegressor(), RegressionData(64), collate, c).train()
     # a different config is refused, naming the differing option
-    with pytest.raises(ValueError, match="different run.*learning_rate"):
+    with pytest.raises(ValueError, match="different run.*--learning-rate: 0.05 -> 1.0"):
         Trainer(TinyRegressor(), RegressionData(64), collate, cfg(tmp_path, max_steps=4, learning_rate=1.0)).train()
     # the same config over a finished run without --resume is refused too
     with pytest.raises(ValueError, match="--resume"):

@@ -1,0 +1,119 @@
+"""Sharing the package's artifacts as PyTerrier packages: what goes into one, and how one is unpacked offline.
+
+:class:`PackagedArtifact` is the base of :class:`~pyterrier_cpdae.dense_index.DenseIndex` and
+:class:`~pyterrier_cpdae.bm25.BM25Index`. PyTerrier's ``build_package`` (and so ``to_hf`` / ``to_zenodo``) packs
+every file of the artifact's folder into one ``.tar.lz4`` archive (plus ``<archive>.json``: sizes and SHA-256);
+here it packs only a *complete* artifact, and leaves out what is rebuilt on first use or belongs to one machine:
+caches (:attr:`PackagedArtifact.PACKAGE_EXCLUDE`, e.g. a DenseIndex's ``faiss/``), lock files ``.<name>.lock``
+and temporaries of interrupted atomic writes (``.<stem>.*.tmp<suffix>``). :meth:`PackagedArtifact.from_package`
+is the offline counterpart of ``from_url`` / ``from_hf`` for an archive on disk (``from_url`` with a local path
+loads the path itself, not the archive's contents).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Any, Iterator, Optional, Tuple, Union
+
+import pyterrier as pt
+import pyterrier_alpha as pta
+
+from ._files import current_umask
+
+__all__ = ["PackagedArtifact"]
+
+# lock files (.<name>.lock, see _locking.lock_path) and temporaries of atomic writes (.<stem>.<random>.tmp<suffix>)
+_TRANSIENT = re.compile(r"^\..+(\.lock|\.tmp(\.[^.]*)?)$")
+
+
+class PackagedArtifact(pta.Artifact):
+    """A PyTerrier artifact whose packages hold only what another machine needs to use it."""
+
+    #: top-level files or folders of the artifact left out of packages (caches rebuilt on first use)
+    PACKAGE_EXCLUDE: Tuple[str, ...] = ()
+
+    def built(self) -> bool:  # overridden by each artifact
+        raise NotImplementedError
+
+    def package_files(self) -> list[str]:
+        """The paths (relative, ``/``-separated) that :meth:`build_package` puts into the archive, in its order.
+
+        Raises:
+            ValueError: when the artifact is not completely built.
+        """
+        return [rel for rel, _ in self._package_files()]
+
+    def _package_files(self) -> Iterator[Tuple[str, Union[str, Any]]]:
+        if not self.built():
+            raise ValueError(f"{self!r} is not completely built; only a built artifact can be packaged")
+        for rel, source in super()._package_files():
+            parts = Path(rel).parts
+            if parts[0] in self.PACKAGE_EXCLUDE or any(_TRANSIENT.match(p) for p in parts):
+                continue
+            yield Path(rel).as_posix(), source
+
+    @classmethod
+    def from_package(cls, package: Union[str, Path], path: Union[str, Path], *,
+                     expected_sha256: Optional[str] = None, verbose: bool = False) -> "PackagedArtifact":
+        """Unpacks an archive made by :meth:`build_package` into the new folder ``path`` and opens it, offline.
+
+        The archive's SHA-256 is checked against ``expected_sha256`` or, when not given, against the
+        ``<package>.json`` that ``build_package`` wrote beside it (if present); a segmented package
+        (``build_package(max_file_size=...)``: ``<package>.0``, ``<package>.1``, ...) is read from its segments.
+        The folder appears only once the whole archive is unpacked and checked.
+
+        Raises:
+            FileExistsError: ``path`` exists and is not an empty folder.
+            FileNotFoundError: no archive at ``package``.
+            ValueError: the archive is corrupt (hash mismatch, not a tar.lz4) or holds another kind of artifact.
+        """
+        from lz4.frame import LZ4FrameFile
+
+        package, path = str(package), Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise FileExistsError(f"{path} already exists; give from_package a new folder")
+        info: dict = {}
+        if os.path.isfile(f"{package}.json"):
+            with open(f"{package}.json", encoding="utf8") as f:
+                info = json.load(f)
+        if expected_sha256 is None:
+            expected_sha256 = info.get("expected_sha256")
+        segments = [f"{package}.{s['idx']}" for s in info.get("segments", [])]
+        for p in segments or [package]:
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"no package at {p}")
+        if path.is_dir():
+            path.rmdir()  # empty: replaced by the unpacked folder
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as stack:
+            files = segments or [package]
+            raw = (stack.enter_context(pt.io.MultiReader(open(p, "rb") for p in files)) if segments
+                   else stack.enter_context(open(package, "rb")))
+            fin = pt.io.HashReader(raw)  # checked below, before the folder appears
+            tmp = stack.enter_context(pt.io.finalized_directory(str(path)))
+            try:
+                with tarfile.open(fileobj=LZ4FrameFile(fin), mode="r|") as tar:
+                    for member in tar:
+                        if (member.isfile() or member.isdir()) and pt.io.path_is_under_base(member.path, tmp):
+                            if verbose:
+                                print(f"extracting {member.path} [{member.size} bytes]")
+                            tar.extract(member, tmp, set_attrs=False)
+            except (tarfile.TarError, RuntimeError, EOFError, OSError) as e:
+                raise ValueError(f"{package} is not a readable artifact package ({type(e).__name__}: {e})") from e
+            while fin.read(1 << 20):  # the rest (lz4/tar padding): the hash covers the whole archive
+                pass
+            if expected_sha256 is not None and fin.hexdigest() != expected_sha256.lower():
+                raise ValueError(f"{package} is corrupt or not the archive that was packaged: its SHA-256 is "
+                                 f"{fin.hexdigest()}, expected {expected_sha256.lower()}")
+            meta_path = Path(tmp) / "pt_meta.json"
+            meta = json.loads(meta_path.read_text(encoding="utf8")) if meta_path.is_file() else {}
+            kind = (meta.get("type"), meta.get("format"))
+            if kind != (cls.ARTIFACT_TYPE, cls.ARTIFACT_FORMAT):
+                raise ValueError(f"{package} holds a {kind} artifact, not a {cls.__name__} "
+                                 f"{(cls.ARTIFACT_TYPE, cls.ARTIFACT_FORMAT)}; open it with pt.Artifact.from_url")
+        os.chmod(path, 0o777 & ~current_umask())  # finalized_directory leaves it world-writable
+        return cls(path)

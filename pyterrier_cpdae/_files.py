@@ -1,0 +1,211 @@
+"""Reading and writing files: the one home of the package's (and ``python -m pretrain``'s) file handling.
+
+Reading (:func:`open_text`, :func:`read_lines`, :func:`read_jsonl`): UTF-8 text, decompressed by the file's
+suffix (``.gz``, ``.bz2``, ``.xz``, ``.lzma``). Compressed data under a name that does not say so is refused
+rather than read as garbage; corrupt compressed data, bytes that are not UTF-8 and lines that are not JSON
+objects raise a ``ValueError`` that starts with ``<file>:<line>:`` (or ``<file>:``) and says what to do.
+
+Writing (:func:`atomic_write`, :func:`write_json_atomic`): through a uniquely named temporary file in the same
+folder that is fsynced and renamed over the target, so that readers (and a crash) see the old or the new
+contents, never a partial file. pyterrier-alpha's ``pta.io.finalized_open`` does the same rename but leaves the
+file world-writable and does not fsync, which resumable builds and runs rely on; hence this one.
+"""
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import json
+import lzma
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Callable, Iterator, Optional, Union
+
+__all__ = ["open_text", "read_lines", "read_text", "read_head", "read_jsonl", "atomic_write", "write_json_atomic",
+           "fsync_dir", "current_umask", "COMPRESSED_SUFFIXES"]
+
+PathLike = Union[str, Path]
+
+#: compressed formats read transparently, chosen by the file's suffix
+_DECOMPRESSORS: dict[str, Callable[[Path], IO[bytes]]] = {
+    ".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open, ".lzma": lzma.open}
+COMPRESSED_SUFFIXES = tuple(_DECOMPRESSORS)
+# what gzip / bz2 / lzma raise on data that is not theirs or is truncated
+_CORRUPT = (OSError, EOFError, lzma.LZMAError)
+
+# compressed data under a name that does not say so (e.g. TREC disks' ``.0z`` files) would be read as
+# text and silently skipped or garbled: recognised by its magic bytes and refused
+_MAGIC = re.compile(rb"^(?:(\x1f\x8b)|(BZh[1-9]1AY&SY)|(\xfd7zXZ\x00)|(\x28\xb5\x2f\xfd)|(\x1f\x9d)|(PK\x03\x04))")
+_MAGIC_NAMES = ("gzip", "bzip2", "xz", "zstd", "Unix compress (.Z)", "zip")
+
+
+# --------------------------------------------------------------------------- reading
+
+def _open_binary(path: Path) -> IO[bytes]:
+    opener = _DECOMPRESSORS.get(path.suffix.lower())
+    if opener is not None:
+        return opener(path, "rb")
+    f = open(path, "rb")
+    m = _MAGIC.match(f.peek(16)[:16])
+    if m is not None:
+        f.close()
+        kind = _MAGIC_NAMES[m.lastindex - 1]
+        raise ValueError(f"{path}: holds {kind}-compressed data, but only files named *.gz, *.bz2, *.xz or *.lzma are "
+                         "decompressed; decompress it, give it the suffix of its format, or move it out of the folder")
+    return f
+
+
+@contextmanager
+def open_text(path: PathLike, errors: str = "strict") -> Iterator[io.TextIOBase]:
+    """``path`` as UTF-8 text (decompressed by suffix); corrupt compressed data or bytes that are not
+    UTF-8 raise a ValueError naming the file (and, for bad bytes, the line)."""
+    path = Path(path)
+    f = io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors=errors)
+    compressed = path.suffix.lower() in _DECOMPRESSORS
+    try:
+        with f:
+            yield f
+    except UnicodeDecodeError:
+        raise _undecodable(path) from None
+    except _CORRUPT as e:
+        if not compressed:
+            raise
+        kind = path.suffix.lower().lstrip(".")
+        raise ValueError(f"{path}: cannot be read as {kind} data ({type(e).__name__}: {e}); the file is corrupt, "
+                         f"truncated or not a {kind} file despite its name") from e
+
+
+def _undecodable(path: Path) -> ValueError:
+    """The error for a file that is not UTF-8, naming the first bad line (found by a second, binary pass)."""
+    with _open_binary(path) as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return ValueError(f"{path}:{line_no}: not valid UTF-8 ({e.reason}: bytes {raw[e.start:e.end + 2]!r} "
+                                  f"at byte {e.start + 1} of the line); convert the file to UTF-8, e.g. "
+                                  "`iconv -f latin1 -t utf-8`")
+    return ValueError(f"{path}: not valid UTF-8; convert the file to UTF-8")
+
+
+def read_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 text file, counted from 1 (see :func:`open_text`)."""
+    with open_text(path) as f:
+        yield from enumerate(f, 1)
+
+
+def read_text(path: PathLike) -> str:
+    """The whole of a UTF-8 text file (see :func:`open_text`)."""
+    with open_text(path) as f:
+        return f.read()
+
+
+def read_head(path: PathLike, n: int = 4096) -> str:
+    """The first characters of a file, to tell its kind (undecodable bytes replaced: only a guess)."""
+    with open_text(path, errors="replace") as f:
+        return f.read(n)
+
+
+def read_jsonl(path: PathLike) -> Iterator[tuple[str, dict]]:
+    """``("<file>:<line>", object)`` for each non-blank line of a JSON-lines file (compressed or not).
+
+    Raises:
+        ValueError: ``<file>:<line>: ...`` for a line that is not valid JSON or not a JSON object (and
+            for the file-level problems of :func:`open_text`).
+    """
+    path = Path(path)
+    for line_no, line in read_lines(path):
+        if line.strip():
+            where = f"{path}:{line_no}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e}); each line must hold one JSON object") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{where}: not a JSON object but a {type(obj).__name__}: {line.strip()[:80]!r}")
+            yield where, obj
+
+
+# --------------------------------------------------------------------------- writing
+
+def fsync_dir(path: PathLike) -> None:
+    """fsyncs a directory so that renames/creations inside it are durable (no-op where unsupported)."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def current_umask() -> int:
+    """The process umask (read without changing it where ``/proc`` tells it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fin:
+            for line in fin:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_write(path: PathLike, mode: str = "w", *, encoding: Optional[str] = "utf8",
+                 newline: Optional[str] = None) -> Iterator[IO]:
+    """Opens a uniquely named temporary ``.<stem>.*.tmp<suffix>`` beside ``path`` for writing; when the ``with``
+    block ends without an error the file is fsynced, given the permissions of any new file (``0o666`` less the
+    umask) and renamed over ``path`` (then the folder is fsynced); on an error it is removed and ``path`` is left
+    as it was. Several processes may write the same file at once: the last rename wins, whole.
+
+    Args:
+        path: the file to (re)write; its folder must exist.
+        mode: ``"w"`` (text) or ``"wb"`` (bytes).
+        encoding, newline: as for :func:`open`, text mode only.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_write mode must be 'w' or 'wb', got {mode!r}")
+    path = Path(path)
+    stem, suffix = os.path.splitext(path.name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=f".tmp{suffix}", dir=str(path.parent))
+    text = mode == "w"
+    try:
+        with os.fdopen(fd, mode, **({"encoding": encoding, "newline": newline} if text else {})) as fout:
+            yield fout
+            fout.flush()
+            if hasattr(os, "fchmod"):
+                os.fchmod(fout.fileno(), 0o666 & ~current_umask())
+            os.fsync(fout.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: PathLike, data: Any, *, default: Optional[Callable[[Any], Any]] = None) -> None:
+    """Writes ``data`` as JSON (indented, keys sorted) to ``path`` with :func:`atomic_write`.
+
+    ``default`` converts values JSON cannot hold, as for :func:`json.dump` (by default they raise ``TypeError``
+    before ``path`` is touched).
+    """
+    with atomic_write(path) as fout:
+        json.dump(data, fout, indent=1, sort_keys=True, default=default)
+
+
+def temporary_files(directory: PathLike, name: str) -> list:
+    """Temporaries that an interrupted :func:`atomic_write` of ``directory / name`` may have left behind."""
+    stem, suffix = os.path.splitext(name)
+    return sorted(Path(directory).glob(f".{stem}.*.tmp{suffix}"))
