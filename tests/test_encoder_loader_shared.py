@@ -18,9 +18,11 @@ from pyterrier_cpdae import CPDAE
 QUERIES = ["dense retrieval", "a query about the masked passage text and its decoder reconstruction objective"]
 PASSAGES = ["dense retrieval with a pre-trained encoder", "a", "the decoder reconstructs the masked passage text",
             "bag of words", "query", "an autoencoder for dense passage retrieval pre-training on a corpus"]
-#: bf16 keeps 8 significant bits: one rounding of a value ~1 is <= 2^-8. Both sides run the same bf16 kernels on the
-#: same padded batch, so they agree far closer than that; the bound allows a few roundings to differ.
-BF16_ATOL = 2.0 ** -7
+#: Tolerance under bf16 autocast. Both sides run the same bf16 kernels on the same padded batch (CPDAE's batch of
+#: 64 holds every text, padded to the longest, as BiEncoder.collate pads), so they agree to float32 rounding: measured
+#: bit-identical on the tiny model, whose bf16 vectors differ from its float32 ones by ~2e-4 (max abs, |v| <= 2.9).
+#: A bf16-rounding-sized bound (2^-7) would not notice one side running in float32.
+BF16_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +89,9 @@ def test_finetune_forward_vectors_equal_cpdae_vectors(finetuned_dir, pooling, mi
     atol = 1e-5 if mixed_precision == "auto" else BF16_ATOL
     np.testing.assert_allclose(q, q_train, rtol=0, atol=atol)
     np.testing.assert_allclose(p, p_train, rtol=0, atol=atol)
-    if mixed_precision == "bf16":  # autocast really ran on both sides: float32 vectors differ by more than 1e-5
+    if mixed_precision == "bf16":  # autocast really ran on both sides: their float32 vectors are farther than atol
         p32 = CPDAE.from_pretrained(finetuned_dir, pooling=pooling, batch_size=64, dtype="float32").encode_docs(PASSAGES)
-        assert np.abs(p32 - p).max() > 1e-5 and np.abs(p32 - p_train).max() > 1e-5
+        assert np.abs(p32 - p).max() > 10 * atol and np.abs(p32 - p_train).max() > 10 * atol
 
 
 @pytest.fixture(scope="module")
