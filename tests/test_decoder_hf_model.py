@@ -189,7 +189,8 @@ def test_run_decoder_directory_is_a_hugging_face_model(cpdae_run):
     out, obj = cpdae_run
     files = sorted(p.name for p in (out / "decoder").iterdir())
     assert files == ["config.json", "decoder_config.json", "model.safetensors"]
-    assert json.loads((out / "decoder" / "decoder_config.json").read_text())["objective"] == "cpdae"
+    saved = json.loads((out / "decoder" / "decoder_config.json").read_text())
+    assert saved["objective"] == "cpdae" and saved["decoder_modules"] == ["decoder"]
     x = torch.randn(3, obj.mlm_model.config.hidden_size)
     with torch.no_grad():
         ref = obj.decoder(x)
@@ -235,3 +236,16 @@ def test_inspect_and_coverage_load_an_old_run(cpdae_run, tmp_path):
         ref = obj.decoder(x)
         assert torch.equal(insp.decoder(x), ref)
         assert projection == "decoder" and torch.equal(_project(mlm, x, "decoder"), ref)
+
+
+def test_decoder_from_refuses_a_cpdae_decoder_in_another_objective(cpdae_run, tiny_bert_dir):
+    """The Hugging Face layout does not name the module in its keys: decoder_config.json does, so that a CPDAE
+    decoder is still refused where SEED's is needed (and not loaded into it by shape accident)."""
+    from _objective_helpers import load_tiny
+    from pretrain.objectives import build_objective
+
+    out, _ = cpdae_run
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed", batch_size=2)
+    seed = build_objective("seed", model, tok, cfg)
+    with pytest.raises(ValueError, match=r"decoder modules \['decoder'\] of objective 'cpdae'; objective 'seed' needs"):
+        seed.load_decoder(str(out))

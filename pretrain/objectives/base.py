@@ -190,12 +190,12 @@ class Objective(nn.Module):
                                         f"`python -m pretrain --objective {self.name}` run")
         with open(cfg_path) as f:
             saved = json.load(f)
-        if os.path.isfile(hf_path):
-            if len(modules) != 1:
-                raise ValueError(f"--decoder-from {path} holds a single Hugging Face decoder ({hf_path}) of objective "
-                                 f"{saved.get('objective')!r}; objective {self.name!r} needs {sorted(modules)}")
-            key = next(iter(modules))  # its keys are the module's own: file them under this objective's module name
-            state = {f"{key}.{n}": t for n, t in load_file(hf_path).items()}
+        if os.path.isfile(hf_path):  # its keys are the module's own; decoder_config.json names the module
+            names = saved.get("decoder_modules") or []
+            if len(names) != 1:
+                raise ValueError(f"--decoder-from {path}: {cfg_path} does not name the one decoder module saved in "
+                                 f"{hf_path} (\"decoder_modules\": {names}); export the run again")
+            state = {f"{names[0]}.{n}": t for n, t in load_file(hf_path).items()}
         else:
             state = load_file(w_path)
         saved_modules = sorted({k.split(".", 1)[0] for k in state})
@@ -258,7 +258,7 @@ class Objective(nn.Module):
                          for n, t in m.state_dict().items()}
                 save_file(state, os.path.join(ddir, DECODER_WEIGHTS))
             with open(os.path.join(ddir, DECODER_CONFIG), "w") as f:
-                json.dump(self.decoder_config(), f, indent=2)
+                json.dump({**self.decoder_config(), "decoder_modules": sorted(decoders)}, f, indent=2)
 
     def decoder_config(self) -> dict[str, Any]:
         """JSON-serialisable description of the decoder (objective name, sizes, options)."""
