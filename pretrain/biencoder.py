@@ -155,15 +155,12 @@ class BiEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> "BiEncoder":
-        """Load the encoder (any ``AutoModel`` checkpoint, e.g. a ``python -m pretrain`` output) and tokenizer."""
-        from transformers import AutoModel, AutoTokenizer
+        """Load the encoder (any ``AutoModel`` checkpoint, e.g. a ``python -m pretrain`` output) and tokenizer with
+        the loaders of ``CPDAE.from_pretrained`` (:func:`pyterrier_cpdae._loading.load_encoder`: no pooler, an MLM
+        head left out, missing encoder weights refused), so that training and inference see the same encoder."""
+        from pyterrier_cpdae._loading import load_encoder, load_tokenizer
 
-        try:  # BERT-family models: drop the unused pooler (its parameters would get no gradient under DDP)
-            encoder = AutoModel.from_pretrained(name_or_path, add_pooling_layer=False)
-        except TypeError:
-            encoder = AutoModel.from_pretrained(name_or_path)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        return cls(encoder, tokenizer, **kwargs)
+        return cls(load_encoder(name_or_path), load_tokenizer(name_or_path), **kwargs)
 
     def __repr__(self) -> str:
         return (f"BiEncoder({type(self.encoder).__name__}, pooling={self.pooling!r}, loss={self.loss_name!r}, "

@@ -16,8 +16,9 @@ Command line::
         --top-k 20 --html inspect.html
 
 A model directory is what ``python -m pretrain --objective cpdae...`` writes: the encoder as
-a Hugging Face directory at ``DIR`` and the decoder at ``DIR/decoder/decoder.safetensors``
-with ``DIR/decoder/decoder_config.json``.
+a Hugging Face directory at ``DIR`` and the decoder as another at ``DIR/decoder``
+(:class:`~pretrain.modeling.CPDAEDecoder`: ``config.json`` + ``model.safetensors``; runs saved
+before had ``decoder.safetensors``, still read) with ``DIR/decoder/decoder_config.json`` (the objective).
 """
 from __future__ import annotations
 
@@ -55,16 +56,22 @@ def decoder_dir(model_dir: Union[str, os.PathLike]) -> str:
     model_dir = os.fspath(model_dir)
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"model directory not found: {model_dir}")
+    from .modeling import DECODER_CONFIG, decoder_layout
+
     ddir = os.path.join(model_dir, "decoder")
-    weights, cfg = os.path.join(ddir, "decoder.safetensors"), os.path.join(ddir, "decoder_config.json")
-    if not (os.path.isfile(weights) and os.path.isfile(cfg)):
-        raise FileNotFoundError(f"no CPDAE decoder in {ddir} (decoder.safetensors + decoder_config.json); was it "
+    cfg = os.path.join(ddir, DECODER_CONFIG)
+    if not os.path.isfile(cfg):
+        raise FileNotFoundError(f"no CPDAE decoder in {ddir} ({DECODER_CONFIG} not found); was it "
                                 f"pre-trained with --objective cpdae (or {', '.join(CPDAE_OBJECTIVES[1:])})?")
     with open(cfg) as f:
         objective = json.load(f).get("objective")
     if objective is not None and objective not in CPDAE_OBJECTIVES:
         raise ValueError(f"the decoder in {ddir} was trained with --objective {objective}; inspection needs a CPDAE "
                          f"bag-of-words decoder ({', '.join(CPDAE_OBJECTIVES)})")
+    if decoder_layout(ddir) is None:
+        raise FileNotFoundError(f"no CPDAE decoder weights in {ddir} (config.json + model.safetensors, or "
+                                f"decoder.safetensors in runs saved before them): the export was interrupted or the "
+                                "directory was copied incompletely")
     return ddir
 
 

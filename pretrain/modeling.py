@@ -1,7 +1,11 @@
 """Model parts of CPDAE and the masked-LM loading helper.
 
-* :class:`CPDAEDecoder`: the MLP decoder ``Linear(H,H) → GELU → LayerNorm → Linear(H,|V|)``
-  that maps a text's [CLS] vector to ``|V|`` bag-of-words logits (Ma et al., CIKM 2022).
+* :class:`CPDAEDecoderConfig` / :class:`CPDAEDecoder`: the MLP decoder
+  ``Linear(H,H) → GELU → LayerNorm → Linear(H,|V|)`` that maps a text's [CLS] vector to ``|V|``
+  bag-of-words logits (Ma et al., CIKM 2022), as a Hugging Face model (``save_pretrained`` /
+  ``from_pretrained``; ``AutoModel.from_pretrained`` reads it once this module is imported). Its
+  ``Linear → GELU → LayerNorm`` is transformers' own ``BertPredictionHeadTransform``, the transform of
+  BERT's masked-LM head.
 * :func:`load_mlm_model`: load a BERT-like ``AutoModelForMaskedLM`` and refuse checkpoints
   without trained MLM-head weights unless asked to create a new head.
 * :func:`mlm_head`: the full masked-LM head (transform + vocabulary projection) of a model.
@@ -9,16 +13,29 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
-from transformers.activations import ACT2FN
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-__all__ = ["CPDAEDecoder", "load_mlm_model", "mlm_head", "DECODER_WEIGHTS", "DECODER_CONFIG"]
+try:  # transformers >= 5: these initialisers leave the weights that from_pretrained loaded alone
+    from transformers import initialization as _init
+except ImportError:  # transformers 4: from_pretrained initialises only the modules it does not load
+    from torch.nn import init as _init
 
+__all__ = ["CPDAEDecoderConfig", "CPDAEDecoderPreTrainedModel", "CPDAEDecoder", "load_mlm_model", "mlm_head",
+           "decoder_layout", "DECODER_WEIGHTS", "DECODER_CONFIG"]
+
+logger = logging.getLogger(__name__)
+
+#: Files of an objective's decoder directory (``<run>/decoder``) in the multi-module layout of
+#: :meth:`pretrain.objectives.base.Objective.save_pretrained` (SEED, RetroMAE, PROP; CPDAE runs before the decoder
+#: became a Hugging Face model). ``DECODER_CONFIG`` (the objective and its options) is written for every objective.
 DECODER_WEIGHTS = "decoder.safetensors"
 DECODER_CONFIG = "decoder_config.json"
 
@@ -49,101 +66,217 @@ def _head_transform(mlm_model: nn.Module) -> tuple[nn.Linear, nn.LayerNorm]:
                      "use decoder_init='random'")
 
 
-class CPDAEDecoder(nn.Module):
-    """CPDAE's bag-of-words decoder: ``Linear(H,H) → GELU → LayerNorm → Linear(H,|V|)``.
+class CPDAEDecoderConfig(PretrainedConfig):
+    """Configuration of a :class:`CPDAEDecoder`.
 
     Args:
         hidden_size: Width ``H`` of the encoder's [CLS] vector.
         vocab_size: Vocabulary size ``|V|``.
+        hidden_act: Activation between the two linear layers (a ``transformers.activations.ACT2FN`` name;
+            BERT's ``"gelu"``).
         layer_norm_eps: LayerNorm epsilon (BERT: 1e-12).
-        hidden_act: Activation (a ``transformers.activations.ACT2FN`` name; BERT's ``"gelu"``).
-        initializer_range: Std of the normal initialisation of the linear weights.
+        initializer_range: Standard deviation of the normal initialisation of the linear weights.
     """
 
-    def __init__(self, hidden_size: int, vocab_size: int, layer_norm_eps: float = 1e-12,
-                 hidden_act: str = "gelu", initializer_range: float = 0.02):
-        super().__init__()
-        self.hidden_size, self.vocab_size = int(hidden_size), int(vocab_size)
-        self.layer_norm_eps, self.hidden_act, self.initializer_range = float(layer_norm_eps), hidden_act, initializer_range
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.act = ACT2FN[hidden_act]
-        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
-        self.decoder = nn.Linear(hidden_size, vocab_size)
-        self.reset_parameters()
+    model_type = "cpdae_decoder"
 
-    def reset_parameters(self) -> None:
-        """BERT-style initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
-        for lin in (self.dense, self.decoder):
-            nn.init.normal_(lin.weight, std=self.initializer_range)
-            nn.init.zeros_(lin.bias)
-        nn.init.ones_(self.LayerNorm.weight)
-        nn.init.zeros_(self.LayerNorm.bias)
+    def __init__(self, hidden_size: int = 768, vocab_size: int = 30522, hidden_act: str = "gelu",
+                 layer_norm_eps: float = 1e-12, initializer_range: float = 0.02, **kwargs: Any):
+        kwargs.setdefault("tie_word_embeddings", False)  # the decoder has no input embeddings to tie to
+        super().__init__(**kwargs)
+        self.hidden_size = int(hidden_size)
+        self.vocab_size = int(vocab_size)
+        self.hidden_act = hidden_act
+        self.layer_norm_eps = float(layer_norm_eps)
+        self.initializer_range = float(initializer_range)
 
-    def forward(self, cls_vectors: torch.Tensor) -> torch.Tensor:
+    @classmethod
+    def from_encoder_config(cls, config: PretrainedConfig, **overrides: Any) -> "CPDAEDecoderConfig":
+        """The decoder of an encoder with this (BERT-like) config: its width, vocabulary, activation,
+        LayerNorm epsilon and initialiser range; ``overrides`` win."""
+        act = getattr(config, "hidden_act", "gelu")
+        args = {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
+                "hidden_act": act if isinstance(act, str) else "gelu",
+                "layer_norm_eps": getattr(config, "layer_norm_eps", 1e-12),
+                "initializer_range": getattr(config, "initializer_range", 0.02)}
+        args.update(overrides)
+        return cls(**args)
+
+
+class CPDAEDecoderPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and loading of the CPDAE decoder (BERT's: ``N(0, initializer_range)`` weights, zero
+    biases, unit LayerNorm)."""
+
+    config_class = CPDAEDecoderConfig
+    base_model_prefix = "cpdae_decoder"
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            _init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            if module.bias is not None:
+                _init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            _init.ones_(module.weight)
+            _init.zeros_(module.bias)
+
+
+#: Parameter names of the decoder before it became a Hugging Face model (``dense``/``LayerNorm`` at the top level).
+_LEGACY_KEYS = {"dense.weight": "transform.dense.weight", "dense.bias": "transform.dense.bias",
+                "LayerNorm.weight": "transform.LayerNorm.weight", "LayerNorm.bias": "transform.LayerNorm.bias"}
+
+
+def _rename_legacy_keys(state_dict: dict, prefix: str, *args: Any) -> None:
+    """``load_state_dict`` pre-hook: accept the parameter names of decoders saved before the Hugging Face layout
+    (old run directories, ``--decoder-from`` an old run, old training checkpoints)."""
+    for old, new in _LEGACY_KEYS.items():
+        if prefix + old in state_dict and prefix + new not in state_dict:
+            state_dict[prefix + new] = state_dict.pop(prefix + old)
+
+
+class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
+    """CPDAE's bag-of-words decoder: ``z = W_o · LayerNorm(GELU(W_d h + b_d)) + b_o``, mapping ``(..., H)``
+    [CLS] vectors to ``(..., |V|)`` logits.
+
+    ``transform`` is transformers' ``BertPredictionHeadTransform`` (``dense → act → LayerNorm``, the transform of
+    BERT's masked-LM head) and ``decoder`` the ``Linear(H, |V|)`` output projection with its own bias (not tied to
+    any embeddings; ``BertLMPredictionHead`` is not used as a whole because its output bias is laid out
+    differently in transformers 4 and 5, which would make saved decoders depend on the installed version).
+
+    Example::
+
+        from pretrain.modeling import CPDAEDecoder
+        decoder = CPDAEDecoder.from_pretrained("runs/cpdae/decoder")   # or the run directory itself
+        logits = decoder(cls_vectors)                                   # (N, H) -> (N, |V|)
+        decoder.save_pretrained("my-decoder")                           # config.json + model.safetensors
+    """
+
+    def __init__(self, config: CPDAEDecoderConfig):
+        super().__init__(config)
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self._register_load_state_dict_pre_hook(_rename_legacy_keys)
+        self.post_init()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``(..., H)`` [CLS] vectors → ``(..., |V|)`` logits."""
-        return self.decoder(self.LayerNorm(self.act(self.dense(cls_vectors))))
+        return self.decoder(self.transform(hidden_states))
 
     def config_dict(self) -> dict[str, Any]:
-        """Constructor arguments (written to ``decoder_config.json``)."""
-        return {"decoder_class": type(self).__name__, "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
-                "layer_norm_eps": self.layer_norm_eps, "hidden_act": self.hidden_act,
-                "initializer_range": self.initializer_range}
+        """The sizes and options of the decoder (recorded in the run's ``decoder/decoder_config.json``)."""
+        c = self.config
+        return {"decoder_class": type(self).__name__, "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+                "layer_norm_eps": c.layer_norm_eps, "hidden_act": c.hidden_act,
+                "initializer_range": c.initializer_range}
 
     @classmethod
     def from_mlm_head(cls, mlm_model: PreTrainedModel) -> "CPDAEDecoder":
         """A decoder initialised from a masked-LM model's head (copies of the transform's dense
         + LayerNorm and of the vocabulary projection's weight + bias; nothing is shared)."""
-        config = mlm_model.config
         dense, ln = _head_transform(mlm_model)
         out = mlm_model.get_output_embeddings()
-        dec = cls(config.hidden_size, config.vocab_size, layer_norm_eps=ln.eps,
-                  hidden_act=getattr(config, "hidden_act", "gelu") if isinstance(getattr(config, "hidden_act", "gelu"), str) else "gelu",
-                  initializer_range=getattr(config, "initializer_range", 0.02))
+        dec = cls(CPDAEDecoderConfig.from_encoder_config(mlm_model.config, layer_norm_eps=ln.eps))
         with torch.no_grad():
-            dec.dense.weight.copy_(dense.weight)
-            dec.dense.bias.copy_(dense.bias)
-            dec.LayerNorm.weight.copy_(ln.weight)
-            dec.LayerNorm.bias.copy_(ln.bias)
+            dec.transform.dense.weight.copy_(dense.weight)
+            dec.transform.dense.bias.copy_(dense.bias)
+            dec.transform.LayerNorm.weight.copy_(ln.weight)
+            dec.transform.LayerNorm.bias.copy_(ln.bias)
             dec.decoder.weight.copy_(out.weight)
             if out.bias is not None:
                 dec.decoder.bias.copy_(out.bias)
         return dec
 
     @classmethod
-    def from_pretrained(cls, decoder_dir: Union[str, os.PathLike], prefix: str = "decoder.") -> "CPDAEDecoder":
-        """Load a decoder saved by ``Objective.save_pretrained`` (``<model>/decoder``).
-
-        Reads ``decoder_config.json`` and ``decoder.safetensors`` (keys ``"decoder.<param>"``).
-        A model directory holding a ``decoder/`` subfolder is accepted as well.
+    def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], *args: Any,
+                        **kwargs: Any) -> "CPDAEDecoder":
+        """Load a decoder: a directory written by :meth:`save_pretrained` (``config.json`` + ``model.safetensors``),
+        the ``decoder/`` directory of a ``python -m pretrain --objective cpdae`` run or the run directory itself,
+        or a run saved before the decoder became a Hugging Face model (``decoder.safetensors`` +
+        ``decoder_config.json``; convert it with ``CPDAEDecoder.from_pretrained(old).save_pretrained(new)``).
+        Other arguments go to ``PreTrainedModel.from_pretrained``.
 
         Raises:
-            FileNotFoundError: if the files are missing.
-            ValueError: if the weights do not fit the configuration.
+            FileNotFoundError: if a local directory holds no decoder.
+            ValueError: if old-layout weights do not fit their configuration.
         """
-        decoder_dir = os.fspath(decoder_dir)
-        if not os.path.isfile(os.path.join(decoder_dir, DECODER_CONFIG)) and \
-                os.path.isfile(os.path.join(decoder_dir, "decoder", DECODER_CONFIG)):
-            decoder_dir = os.path.join(decoder_dir, "decoder")
-        cfg_path, w_path = os.path.join(decoder_dir, DECODER_CONFIG), os.path.join(decoder_dir, DECODER_WEIGHTS)
-        for p in (cfg_path, w_path):
-            if not os.path.isfile(p):
-                raise FileNotFoundError(f"{p} not found: {decoder_dir} does not hold a CPDAE decoder "
-                                        "(written by `python -m pretrain --objective cpdae`)")
-        with open(cfg_path) as f:
-            cfg = json.load(f)
-        dec = cls(cfg["hidden_size"], cfg["vocab_size"], layer_norm_eps=cfg.get("layer_norm_eps", 1e-12),
-                  hidden_act=cfg.get("hidden_act", "gelu"), initializer_range=cfg.get("initializer_range", 0.02))
+        path = os.fspath(pretrained_model_name_or_path)
+        if os.path.isdir(path):
+            if decoder_layout(path) is None and decoder_layout(os.path.join(path, "decoder")) is not None:
+                path = os.path.join(path, "decoder")
+            layout = decoder_layout(path)
+            if layout is None:
+                raise FileNotFoundError(
+                    f"{os.path.join(path, CONFIG_NAME)} (a {CPDAEDecoderConfig.model_type!r} config) not found: {path} "
+                    "does not hold a CPDAE decoder (written by `python -m pretrain --objective cpdae` into <run>/decoder, "
+                    "or by CPDAEDecoder.save_pretrained)")
+            if layout == "legacy":
+                return cls._from_legacy_dir(path)
+        elif os.path.isabs(path) or path.startswith((".", "~")):
+            raise FileNotFoundError(f"decoder directory not found: {path}")
+        return super().from_pretrained(path, *args, **kwargs)
+
+    @classmethod
+    def _from_legacy_dir(cls, path: str) -> "CPDAEDecoder":
+        """A decoder from ``decoder_config.json`` + ``decoder.safetensors`` (keys ``"decoder.<param>"``)."""
         from safetensors.torch import load_file
 
+        cfg_path, w_path = os.path.join(path, DECODER_CONFIG), os.path.join(path, DECODER_WEIGHTS)
+        with open(cfg_path, encoding="utf-8") as f:
+            saved = json.load(f)
+        try:
+            config = CPDAEDecoderConfig(hidden_size=saved["hidden_size"], vocab_size=saved["vocab_size"],
+                                        hidden_act=saved.get("hidden_act", "gelu"),
+                                        layer_norm_eps=saved.get("layer_norm_eps", 1e-12),
+                                        initializer_range=saved.get("initializer_range", 0.02))
+        except KeyError as e:
+            raise ValueError(f"{cfg_path} lacks {e.args[0]!r}: it does not describe a CPDAE decoder") from None
         state = load_file(w_path)
+        prefix = "decoder."
         sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         if not sub:
-            raise ValueError(f"{w_path} has no tensors under the prefix {prefix!r} (keys: {sorted(state)[:5]}...)")
+            raise ValueError(f"{w_path} has no tensors under the prefix {prefix!r} (keys: {sorted(state)[:5]}...): "
+                             f"it is the decoder of objective {saved.get('objective')!r}, not a CPDAE decoder")
+        dec = cls(config)
         try:
-            dec.load_state_dict(sub, strict=True)
+            dec.load_state_dict(sub, strict=True)  # old parameter names: see _rename_legacy_keys
         except RuntimeError as e:
             raise ValueError(f"decoder weights in {w_path} do not match {cfg_path}: {e}") from e
-        return dec
+        logger.info("loaded the CPDAE decoder of %s from the layout before Hugging Face's (decoder.safetensors); "
+                    "CPDAEDecoder.from_pretrained(...).save_pretrained(dir) writes it as config.json + model.safetensors",
+                    path)
+        return dec.eval()
+
+
+def decoder_layout(path: Union[str, os.PathLike]) -> Optional[str]:
+    """How ``path`` holds a CPDAE decoder: ``"hf"`` (``config.json`` of model type ``cpdae_decoder`` +
+    ``model.safetensors``, written by :meth:`CPDAEDecoder.save_pretrained`), ``"legacy"`` (``decoder.safetensors`` +
+    ``decoder_config.json`` of a run saved before that), or ``None``."""
+    path = os.fspath(path)
+    cfg = os.path.join(path, CONFIG_NAME)
+    if os.path.isfile(cfg) and os.path.isfile(os.path.join(path, SAFE_WEIGHTS_NAME)):
+        try:
+            with open(cfg, encoding="utf-8") as f:
+                if json.load(f).get("model_type") == CPDAEDecoderConfig.model_type:
+                    return "hf"
+        except (OSError, ValueError):
+            pass
+    if os.path.isfile(os.path.join(path, DECODER_WEIGHTS)) and os.path.isfile(os.path.join(path, DECODER_CONFIG)):
+        return "legacy"
+    return None
+
+
+def _register_auto_classes() -> None:
+    """``AutoConfig`` / ``AutoModel.from_pretrained`` of a decoder directory give a :class:`CPDAEDecoder`."""
+    from transformers import AutoConfig, AutoModel
+
+    try:
+        AutoConfig.register(CPDAEDecoderConfig.model_type, CPDAEDecoderConfig)
+        AutoModel.register(CPDAEDecoderConfig, CPDAEDecoder)
+    except ValueError:  # already registered (module reloaded)
+        pass
+
+
+_register_auto_classes()
 
 
 def _head_keys(model: PreTrainedModel) -> set[str]:

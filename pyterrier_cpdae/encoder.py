@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import itertools
-import json
 import logging
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -34,6 +32,7 @@ import torch
 
 from . import _index_io as io
 from ._batching import check_texts, chunked, dedup, length_sorted_batches, pad
+from ._loading import autocast_dtype, load_encoder, load_tokenizer
 from ._pooling import POOLINGS, pool
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16"]
@@ -98,8 +97,9 @@ def cpu_has_native_bf16() -> bool:
 def default_dtype(device: Union[str, torch.device]) -> torch.dtype:
     """The autocast dtype of an encoder created with ``dtype=None`` on ``device``.
 
-    ``$PYTERRIER_CPDAE_DTYPE`` when set (``float32``, ``bf16``, ``fp16``, ...); else bf16 on CUDA (fp16 where the
-    GPU lacks bf16) and float32 on the CPU.
+    ``$PYTERRIER_CPDAE_DTYPE`` when set (``float32``, ``bf16``, ``fp16``, ...); else the automatic dtype that
+    fine-tuning's ``--mixed-precision auto`` uses too (:func:`pyterrier_cpdae._loading.autocast_dtype`): bf16 on
+    CUDA (fp16 where the GPU lacks bf16) and float32 on the CPU.
 
     The CPU stays in float32 even where bf16 is native (:func:`cpu_has_native_bf16`): bf16 autocast is ~1.8x
     faster there and its vectors keep a cosine >= 0.99996 to float32, but the order of the exact top-10 changes
@@ -115,98 +115,7 @@ def default_dtype(device: Union[str, torch.device]) -> torch.dtype:
             return _DTYPES[_dtype_name(env)]
         except ValueError as ex:
             raise ValueError(f"environment variable {DTYPE_ENV}={env!r}: {ex}") from None
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
-
-
-def _checkpoint_keys(path: str) -> Optional[set]:
-    """Weight names of a local safetensors checkpoint (``None`` when unknown, e.g. a Hub name).
-
-    Raises:
-        OSError: naming the weights file when it cannot be read (truncated or corrupt).
-    """
-    if not os.path.isdir(path):
-        return None
-    single = os.path.join(path, "model.safetensors")
-    index = os.path.join(path, "model.safetensors.index.json")
-    try:
-        if os.path.exists(single):
-            from safetensors import safe_open
-
-            with safe_open(single, framework="pt") as f:
-                return set(f.keys())
-        if os.path.exists(index):
-            with open(index, encoding="utf8") as f:
-                return set(json.load(f).get("weight_map", {}))
-    except Exception as ex:  # SafetensorError, JSONDecodeError, ...: none of them names the file
-        bad = single if os.path.exists(single) else index
-        raise OSError(f"cannot read the weights file {bad} ({type(ex).__name__}: {ex}); it is truncated or "
-                      "corrupt — copy or save the model again") from ex
-    return None
-
-
-def _check_model_dir(path: str) -> None:
-    """Refuses a local directory that is not a Hugging Face model directory (no ``config.json``).
-
-    Raises:
-        OSError: naming the missing ``config.json`` (transformers would say "Unrecognized model").
-    """
-    config = os.path.join(path, "config.json")
-    if not os.path.isfile(config):
-        raise OSError(f"{config} does not exist: {path} is not a Hugging Face model directory (a "
-                      "`python -m pretrain`/finetune output, or any directory written by save_pretrained)")
-
-
-def _check_tokenizer_files(path: str, tokenizer: Any) -> None:
-    """Refuses a local model directory without the tokenizer's vocabulary files.
-
-    transformers 5 silently makes an empty tokenizer (every word ``[UNK]``) for a directory that has a config but
-    no tokenizer files; the encoder would then return the same vector for every text.
-
-    Raises:
-        OSError: naming the directory and the files looked for.
-    """
-    names = sorted({n for n in getattr(tokenizer, "vocab_files_names", {}).values() if isinstance(n, str)})
-    if names and not any(os.path.isfile(os.path.join(path, n)) for n in names):
-        raise OSError(f"{path} holds no tokenizer files (none of {names}); save the tokenizer there with "
-                      "tokenizer.save_pretrained(...)")
-
-
-def _load_encoder(name_or_path: str) -> torch.nn.Module:
-    """Loads the bare encoder of a checkpoint with ``AutoModel`` (an MLM checkpoint loads without its head).
-
-    The pooler is not used; when the checkpoint has no pooler weights (MLM checkpoints) it is left out where the
-    architecture allows it (``add_pooling_layer=False``) rather than initialised at random.
-
-    Raises:
-        ValueError: when encoder weights are missing from the checkpoint (it is not an encoder of this type).
-    """
-    from transformers import AutoConfig, AutoModel
-    from transformers.utils import logging as hf_logging
-
-    config = AutoConfig.from_pretrained(name_or_path)
-    kwargs: Dict[str, Any] = {}
-    model_class = AutoModel._model_mapping.get(type(config), None)
-    keys = _checkpoint_keys(name_or_path)
-    has_pooler = keys is not None and any(k.startswith("pooler.") or ".pooler." in k for k in keys)
-    if (not has_pooler and model_class is not None
-            and "add_pooling_layer" in inspect.signature(model_class.__init__).parameters):
-        kwargs["add_pooling_layer"] = False
-    # transformers reports the MLM head of a pre-training checkpoint as "unexpected" keys; dropping it is the
-    # point here, and real problems (missing encoder weights) are checked below, so its load report is silenced
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        model, info = AutoModel.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
-    if missing:
-        raise ValueError(f"{name_or_path} does not hold the weights of a {type(model).__name__} encoder: "
-                         f"{len(missing)} weights are missing (e.g. {missing[:3]}); these would be random")
-    return model
+    return autocast_dtype(device)
 
 
 class CPDAE(pt.Transformer):
@@ -312,19 +221,15 @@ class CPDAE(pt.Transformer):
                 or tokenizer files of a local directory).
             ValueError: when its sentence-transformers files are unreadable or use a pooling CPDAE lacks.
         """
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
         from ._st_config import read_encoder_settings
 
         name = os.fspath(name_or_path)
-        local = os.path.isdir(name)
-        if local:
+        if os.path.isdir(name):
             name = os.path.abspath(name)
-            _check_model_dir(name)
+        tokenizer = load_tokenizer(name)
         config = AutoConfig.from_pretrained(name)
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        if local:
-            _check_tokenizer_files(name, tokenizer)
         stored = read_encoder_settings(name)
         if stored.get("do_lower_case", (False,))[0]:
             logger.warning("%s: do_lower_case is true in %s, but CPDAE does not lower-case texts; lower-case "
@@ -356,7 +261,7 @@ class CPDAE(pt.Transformer):
         """The encoder (loaded on first access when created by :meth:`from_pretrained`)."""
         if self._model is None:
             logger.info("loading encoder %s on %s", self.name_or_path, self.device)
-            self._model = _load_encoder(self.name_or_path).to(self.device).eval()
+            self._model = load_encoder(self.name_or_path).to(self.device).eval()
         return self._model
 
     @property

@@ -152,7 +152,7 @@ def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_b
     rows = read_metrics(str(out / "logs" / "metrics.csv"))
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert {"loss", "rec", "mlm", "cl"} <= set(rows[0])
-    assert (out / "config.json").is_file() and (out / "decoder" / "decoder.safetensors").is_file()
+    assert (out / "config.json").is_file() and (out / "decoder" / "model.safetensors").is_file()
     assert not list((out).glob(".export-tmp*"))
     from transformers import AutoModel
     enc = AutoModel.from_pretrained(str(out))
@@ -201,13 +201,13 @@ def test_decoder_bias_prior_is_the_corpus_log_odds(tmp_path, tiny_bert_dir, tiny
     import math
 
     import numpy as np
-    from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
     out, cache = tmp_path / "prior", tmp_path / "cache"
     cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, decoder_bias_init="prior", learning_rate=0, max_length=64,
                        max_steps=1, save_steps=0))
-    bias = load_file(str(out / "decoder" / "decoder.safetensors"))["decoder.decoder.bias"].double().numpy()
+    from pretrain.modeling import CPDAEDecoder
+    bias = CPDAEDecoder.from_pretrained(out / "decoder").decoder.bias.detach().double().numpy()
     # reference: re-tokenise the corpus naively; every 3-sentence document fits one 64-token block here
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
     docs = [line for line in Path(tiny_corpus).read_text().splitlines() if line.strip()]
@@ -224,7 +224,7 @@ def test_decoder_bias_prior_is_the_corpus_log_odds(tmp_path, tiny_bert_dir, tiny
     # the default; --decoder-bias-init zero keeps BERT's zero bias
     cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "zero", cache, decoder_bias_init="zero", learning_rate=0,
                        max_length=64, max_steps=1, save_steps=0))
-    zero = load_file(str(tmp_path / "zero" / "decoder" / "decoder.safetensors"))["decoder.decoder.bias"]
+    zero = CPDAEDecoder.from_pretrained(tmp_path / "zero" / "decoder").decoder.bias.detach()
     assert float(zero.abs().max()) == 0.0
     assert PretrainConfig().decoder_bias_init == "prior"
     # objectives without a CPDAE decoder ignore it
@@ -252,7 +252,7 @@ def test_torchrun_two_processes_gather_negatives(tmp_path, tiny_bert_dir, tiny_c
     # with only the local 4 views it would be ln(3)
     for r in rows:
         assert r["cl"] == pytest.approx(math.log(7), abs=1e-3)
-    assert (out / "config.json").is_file() and (out / "decoder" / "decoder.safetensors").is_file()
+    assert (out / "config.json").is_file() and (out / "decoder" / "model.safetensors").is_file()
 
 
 @pytest.mark.multiproc

@@ -270,7 +270,7 @@ def test_save_pretrained_decoder_round_trip(tiny_bert_dir, tok, examples, tmp_pa
     with torch.no_grad():
         obj.decoder.decoder.bias.normal_()
     obj.save_pretrained(str(tmp_path))
-    assert os.path.isfile(tmp_path / "decoder" / "decoder.safetensors")
+    assert os.path.isfile(tmp_path / "decoder" / "model.safetensors")
     dec = CPDAEDecoder.from_pretrained(tmp_path / "decoder")
     for (k1, a), (k2, b) in zip(obj.decoder.state_dict().items(), dec.state_dict().items()):
         assert k1 == k2 and torch.equal(a, b)
@@ -290,11 +290,11 @@ def test_decoder_init_from_mlm_head(tiny_bert_dir, tok):
     obj = make("cpdae", tiny_bert_dir, tok, decoder_init="mlm_head")
     head = obj.mlm_model.cls.predictions
     d = obj.decoder
-    assert torch.equal(d.dense.weight, head.transform.dense.weight)
-    assert torch.equal(d.LayerNorm.bias, head.transform.LayerNorm.bias)
+    assert torch.equal(d.transform.dense.weight, head.transform.dense.weight)
+    assert torch.equal(d.transform.LayerNorm.bias, head.transform.LayerNorm.bias)
     assert torch.equal(d.decoder.weight, obj.mlm_model.get_input_embeddings().weight)
     assert d.decoder.weight.data_ptr() != obj.mlm_model.get_input_embeddings().weight.data_ptr()  # a copy
-    x = torch.randn(3, d.hidden_size)
+    x = torch.randn(3, d.config.hidden_size)
     assert torch.allclose(d(x), obj.mlm_model.cls(x), atol=1e-5)
 
 

@@ -113,7 +113,7 @@ def cpdae_dir(tiny_bert_dir, tmp_path_factory):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     from pretrain.config import PretrainConfig
-    from pretrain.modeling import CPDAEDecoder
+    from pretrain.modeling import CPDAEDecoder, CPDAEDecoderConfig
     from pretrain.objectives.base import Objective
 
     class Saved(Objective):
@@ -121,7 +121,8 @@ def cpdae_dir(tiny_bert_dir, tmp_path_factory):
 
         def __init__(self, mlm, tok, config):
             super().__init__(mlm, tok, config)
-            self.decoder = CPDAEDecoder(mlm.config.hidden_size, mlm.config.vocab_size)
+            self.decoder = CPDAEDecoder(CPDAEDecoderConfig(hidden_size=mlm.config.hidden_size,
+                                                           vocab_size=mlm.config.vocab_size))
 
         def decoder_modules(self):
             return {"decoder": self.decoder}
@@ -146,8 +147,8 @@ def _reference_probs(objective, tok, text):
     d = {k: v.detach() for k, v in objective.decoder.state_dict().items()}
     with torch.no_grad():
         cls = objective.mlm_model.bert(**enc).last_hidden_state[:, 0]
-        h = F.gelu(F.linear(cls, d["dense.weight"], d["dense.bias"]))
-        h = F.layer_norm(h, h.shape[-1:], d["LayerNorm.weight"], d["LayerNorm.bias"], eps=1e-12)
+        h = F.gelu(F.linear(cls, d["transform.dense.weight"], d["transform.dense.bias"]))
+        h = F.layer_norm(h, h.shape[-1:], d["transform.LayerNorm.weight"], d["transform.LayerNorm.bias"], eps=1e-12)
         return torch.sigmoid(F.linear(h, d["decoder.weight"], d["decoder.bias"]))[0]
 
 

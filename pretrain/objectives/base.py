@@ -162,6 +162,10 @@ class Objective(nn.Module):
     def load_decoder(self, path: str) -> None:
         """Continue the decoder of an exported run (``<path>/decoder``, written by :meth:`save_pretrained`).
 
+        Reads both layouts: a Hugging Face decoder (``config.json`` + ``model.safetensors``, the CPDAE
+        decoder) and the multi-module ``decoder.safetensors`` (other objectives, and CPDAE runs saved
+        before its decoder became a Hugging Face model).
+
         Raises:
             FileNotFoundError: if ``path`` holds no decoder.
             ValueError: if this objective has no decoder, or the saved decoder does not fit it
@@ -170,6 +174,7 @@ class Objective(nn.Module):
         import logging
 
         from safetensors.torch import load_file
+        from transformers.utils import SAFE_WEIGHTS_NAME
 
         from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS
 
@@ -178,13 +183,21 @@ class Objective(nn.Module):
             raise ValueError(f"objective {self.name!r} has no decoder to continue; drop --decoder-from {path}")
         ddir = os.path.join(path, "decoder") if os.path.isdir(os.path.join(path, "decoder")) else path
         cfg_path, w_path = os.path.join(ddir, DECODER_CONFIG), os.path.join(ddir, DECODER_WEIGHTS)
-        for p in (cfg_path, w_path):
+        hf_path = os.path.join(ddir, SAFE_WEIGHTS_NAME)  # a Hugging Face decoder (save_pretrained)
+        for p in (cfg_path, hf_path if os.path.isfile(hf_path) else w_path):
             if not os.path.isfile(p):
                 raise FileNotFoundError(f"--decoder-from {path}: {p} not found; pass the directory of a finished "
                                         f"`python -m pretrain --objective {self.name}` run")
         with open(cfg_path) as f:
             saved = json.load(f)
-        state = load_file(w_path)
+        if os.path.isfile(hf_path):  # its keys are the module's own; decoder_config.json names the module
+            names = saved.get("decoder_modules") or []
+            if len(names) != 1:
+                raise ValueError(f"--decoder-from {path}: {cfg_path} does not name the one decoder module saved in "
+                                 f"{hf_path} (\"decoder_modules\": {names}); export the run again")
+            state = {f"{names[0]}.{n}": t for n, t in load_file(hf_path).items()}
+        else:
+            state = load_file(w_path)
         saved_modules = sorted({k.split(".", 1)[0] for k in state})
         if set(saved_modules) != set(modules):
             raise ValueError(f"--decoder-from {path} holds the decoder modules {saved_modules} of objective "
@@ -231,13 +244,21 @@ class Objective(nn.Module):
                         hidden_size=self.mlm_model.config.hidden_size)
         decoders = self.decoder_modules()
         if decoders:
-            from safetensors.torch import save_file
+            from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS
             ddir = os.path.join(path, "decoder")
             os.makedirs(ddir, exist_ok=True)
-            state = {f"{k}.{n}": t.detach().contiguous().cpu() for k, m in decoders.items() for n, t in m.state_dict().items()}
-            save_file(state, os.path.join(ddir, "decoder.safetensors"))
-            with open(os.path.join(ddir, "decoder_config.json"), "w") as f:
-                json.dump(self.decoder_config(), f, indent=2)
+            only = next(iter(decoders.values())) if len(decoders) == 1 else None
+            if isinstance(only, PreTrainedModel):  # a Hugging Face decoder (CPDAE's): config.json + model.safetensors
+                only.save_pretrained(ddir)
+                if os.path.exists(os.path.join(ddir, DECODER_WEIGHTS)):  # an older layout's weights would be stale
+                    os.remove(os.path.join(ddir, DECODER_WEIGHTS))
+            else:
+                from safetensors.torch import save_file
+                state = {f"{k}.{n}": t.detach().contiguous().cpu() for k, m in decoders.items()
+                         for n, t in m.state_dict().items()}
+                save_file(state, os.path.join(ddir, DECODER_WEIGHTS))
+            with open(os.path.join(ddir, DECODER_CONFIG), "w") as f:
+                json.dump({**self.decoder_config(), "decoder_modules": sorted(decoders)}, f, indent=2)
 
     def decoder_config(self) -> dict[str, Any]:
         """JSON-serialisable description of the decoder (objective name, sizes, options)."""

@@ -31,7 +31,7 @@ from ..config import PretrainConfig, opt
 from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
 from ..losses import info_nce, pairwise_js, rec_loss, word_distribution
 from ..masking import bag_of_words
-from ..modeling import CPDAEDecoder
+from ..modeling import CPDAEDecoder, CPDAEDecoderConfig
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective, RepresentationOptions
 
@@ -156,9 +156,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
         if config.decoder_init == "mlm_head":
             self.decoder = CPDAEDecoder.from_mlm_head(mlm_model)
         elif config.decoder_init == "random":
-            mc = mlm_model.config
-            self.decoder = CPDAEDecoder(mc.hidden_size, vocab, layer_norm_eps=getattr(mc, "layer_norm_eps", 1e-12),
-                                        initializer_range=getattr(mc, "initializer_range", 0.02))
+            self.decoder = CPDAEDecoder(CPDAEDecoderConfig.from_encoder_config(mlm_model.config))
         else:
             raise ValueError(f"decoder_init must be 'random' or 'mlm_head', got {config.decoder_init!r}")
         if bias_prior is not None:
