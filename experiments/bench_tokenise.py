@@ -1,18 +1,18 @@
-"""Benchmark: building the pre-training token cache with 1 vs N tokenizing processes.
+"""Benchmark: building the pre-training token cache with 1 vs N tokenizing threads.
 
 Each measurement builds ``TokenCache`` for the same corpus slice into a fresh directory in a
-fresh subprocess and times the whole build (reading, sentence splitting, tokenisation, packing,
-document frequencies, writing). Configurations are interleaved over the repeats so that a load
-change on a shared machine hits all of them alike. Reported per configuration: median and range
-(min-max) of the wall time, tokens/s, and the speed-up over the single-process build without the
-tokenizer's own threads (``TOKENIZERS_PARALLELISM=false``). The script also checks that every
-configuration wrote byte-identical files, times reading the slice alone (the main process's share,
-the ceiling of the speed-up), and projects the time for full English Wikipedia (``--project-tokens``,
-default 3.5 B) on ``--project-cores`` cores.
+fresh subprocess and times the whole build (reading and bz2 decompression, sentence splitting,
+tokenisation, packing, document frequencies, writing). Configurations are interleaved over the
+repeats so that a load change on a shared machine hits all of them alike. Reported per
+configuration: median and range (min-max) of the wall time, tokens/s, CPU seconds, and the
+speed-up over the single-thread build (``num_threads=1`` with ``TOKENIZERS_PARALLELISM=false``: one
+core). The script checks that every configuration wrote byte-identical files and projects the time
+for full English Wikipedia (``--project-tokens``, default 3.5 B) on ``--project-cores`` cores from the
+measured 2-thread speed-up (Amdahl's law).
 
-Usage (the recorded run)::
+Usage (the recorded run; about 2-3 minutes on a quiet 2-core machine)::
 
-    python experiments/bench_tokenise.py --max-docs 400 --repeats 3 --out experiments/results/bench_tokenise.md
+    python experiments/bench_tokenise.py --max-docs 1000 --repeats 3 --out experiments/results/bench_tokenise.md
 """
 from __future__ import annotations
 
@@ -33,10 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = f"wiki:{REPO.parent / 'shared' / 'data' / 'enwiki-sample'}"
 
-#: name -> (num_proc, TOKENIZERS_PARALLELISM)
+#: name -> (num_threads, TOKENIZERS_PARALLELISM); the first is the baseline; "N threads" rows are added by --threads
+BASELINE = "1 thread (TOKENIZERS_PARALLELISM=false)"
 CONFIGS = {
-    "1 process, tokenizer threads off": (1, "false"),
-    "1 process, tokenizer threads on (fast tokenizer's batch path)": (1, "true"),
+    BASELINE: (1, "false"),
+    "1 thread + the tokenizer's own Rust threads (TOKENIZERS_PARALLELISM=true)": (1, "true"),
 }
 
 
@@ -58,31 +59,23 @@ def one_build(args: argparse.Namespace) -> None:
         c0 = _cpu()
         t0 = time.perf_counter()
         cache = TokenCache.build_or_load(args.corpus, tok, args.max_length, out, max_docs=args.max_docs,
-                                         progress=False, num_proc=args.one)
+                                         progress=False, num_threads=args.one)
         seconds = time.perf_counter() - t0
         c1 = _cpu()
         h = hashlib.sha256()
         for name in ("tokens.bin", "offsets.bin", "df.npy"):
             h.update((cache.path / name).read_bytes())
         print(json.dumps({"seconds": seconds, "tokens": int(cache.meta["num_tokens"]), "digest": h.hexdigest(),
-                          "cpu_main": c1[0] - c0[0], "cpu_workers": c1[1] - c0[1]}))
+                          "cpu": c1 - c0}))
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def _cpu() -> tuple[float, float]:
-    """CPU seconds (user + system) of this process and of its finished children (the worker processes)."""
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process, all its threads together."""
     import resource
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime, b.ru_utime + b.ru_stime
-
-
-def read_only(args: argparse.Namespace) -> float:
-    from pretrain.readers import iter_texts
-    t0 = time.perf_counter()
-    for _ in iter_texts(args.corpus, max_docs=args.max_docs):
-        pass
-    return time.perf_counter() - t0
+    a = resource.getrusage(resource.RUSAGE_SELF)
+    return a.ru_utime + a.ru_stime
 
 
 def main() -> None:
@@ -91,7 +84,7 @@ def main() -> None:
     p.add_argument("--max-docs", type=int, default=400, help="the slice: first N documents")
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--tokenizer", default=None, help="HF tokenizer dir/id (default: all-MiniLM-L6-v2's, BERT uncased)")
-    p.add_argument("--procs", default="2", help="comma-separated process counts to compare with 1 process")
+    p.add_argument("--threads", default="2", help="comma-separated thread counts to compare with 1 thread")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--project-tokens", type=float, default=3.5e9)
     p.add_argument("--project-cores", type=int, default=16)
@@ -103,8 +96,8 @@ def main() -> None:
         return one_build(args)
 
     configs = dict(CONFIGS)
-    for n in (int(x) for x in args.procs.split(",") if x.strip()):
-        configs[f"{n} processes"] = (n, "false")
+    for n in (int(x) for x in args.threads.split(",") if x.strip()):
+        configs[f"{n} threads (TOKENIZERS_PARALLELISM=false)"] = (n, "false")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     results: dict[str, list[dict]] = {k: [] for k in configs}
     load0 = os.getloadavg()[0]
@@ -113,64 +106,53 @@ def main() -> None:
     for r in range(args.repeats):
         for name, (n, par) in configs.items():
             proc = subprocess.run(base_cmd + ["--one", str(n)], env=dict(env, TOKENIZERS_PARALLELISM=par),
-                                  capture_output=True, text=True, check=True)
+                                  capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"{name}: the build failed:\n{proc.stderr[-3000:]}")
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             results[name].append(res)
             print(f"repeat {r + 1}: {name}: {res['seconds']:.2f} s", flush=True)
-    reads = [read_only(args) for _ in range(args.repeats)]
 
     digests = {res["digest"] for rs in results.values() for res in rs}
-    tokens = results[next(iter(configs))][0]["tokens"]
-    base = statistics.median(x["seconds"] for x in results["1 process, tokenizer threads off"])
-    lines = [f"# Token-cache build: 1 vs N processes", "",
+    tokens = results[BASELINE][0]["tokens"]
+    base = statistics.median(x["seconds"] for x in results[BASELINE])
+    lines = ["# Token-cache build: 1 vs N tokenizing threads", "",
              f"Command: `python experiments/bench_tokenise.py {shlex.join(sys.argv[1:])}`",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
              f"load average at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}"
              + (f"; {args.note}" if args.note else ""),
              f"Corpus: `{args.corpus}`, first {args.max_docs} documents, max_length {args.max_length}: "
-             f"{tokens:,} tokens; tokenizer: BERT uncased WordPiece (fast)",
+             f"{tokens:,} tokens; tokenizer: BERT uncased WordPiece (fast); {args.repeats} repeats, interleaved",
              f"Byte-identical cache files in every run: {'yes' if len(digests) == 1 else 'NO'}", "",
-             "| configuration | median s | range s | tokens/s (median) | speed-up vs 1 process |",
-             "|---|---:|---:|---:|---:|"]
+             "| configuration | median s | range s | tokens/s (median) | CPU s (median) | speed-up vs 1 thread "
+             "(median, range) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    ratios = {}
     for name, rs in results.items():
         secs = [x["seconds"] for x in rs]
         med = statistics.median(secs)
+        # per-repeat ratios against the baseline of the same repeat (interleaved runs share the load)
+        per = [b["seconds"] / x["seconds"] for b, x in zip(results[BASELINE], rs)]
+        ratios[name] = base / med
         lines.append(f"| {name} | {med:.2f} | {min(secs):.2f}-{max(secs):.2f} | {tokens / med:,.0f} | "
-                     f"{base / med:.2f}x |")
-    read_med = statistics.median(reads)
-    lines += ["", "CPU seconds (median; user + system) of the main process and of the worker processes, and the "
-              "speed-up they allow with as many idle cores as processes: wall >= max(main CPU, total CPU / cores):", "",
-              "| configuration | main CPU s | workers CPU s | total CPU s | speed-up vs 1 process allowed on idle cores |",
-              "|---|---:|---:|---:|---:|"]
-    base_cpu = statistics.median(x["cpu_main"] + x["cpu_workers"] for x in results["1 process, tokenizer threads off"])
-    for name, rs in results.items():
-        n = configs[name][0]
-        main_cpu = statistics.median(x["cpu_main"] for x in rs)
-        work_cpu = statistics.median(x["cpu_workers"] for x in rs)
-        total = main_cpu + work_cpu
-        bound = base_cpu / max(main_cpu, total / n)  # n processes given n idle cores
-        lines.append(f"| {name} | {main_cpu:.2f} | {work_cpu:.2f} | {total:.2f} | {bound:.2f}x |")
-    lines += ["", f"Reading the slice alone (bz2 + WikiExtractor parsing, in the main process): median {read_med:.2f} s "
-              f"(range {min(reads):.2f}-{max(reads):.2f})."]
-    # projection from CPU time: (cores - 1) workers at the measured per-token worker cost, capped by the main process
-    best_n, best_name = max((configs[k][0], k) for k in configs)
-    main_cpu = statistics.median(x["cpu_main"] for x in results[best_name])
-    work_cpu = statistics.median(x["cpu_workers"] for x in results[best_name])
-    workers = args.project_cores - 1
-    if work_cpu <= 0:
-        raise SystemExit("the slice fits in one batch: no worker process ran; use a larger --max-docs")
-    rate = min(workers * tokens / work_cpu, tokens / main_cpu)
-    hours = args.project_tokens / rate / 3600
-    single = args.project_tokens / (tokens / base) / 3600
-    lines += ["", f"Projection, {args.project_tokens / 1e9:.1f} B tokens (full English Wikipedia) on "
-              f"{args.project_cores} idle cores ({workers} workers + the reading/writing main process), from the CPU "
-              f"times at {best_n} processes: min({workers} x {tokens / work_cpu:,.0f}, main process "
-              f"{tokens / main_cpu:,.0f}) = {rate:,.0f} tokens/s -> {hours:.1f} h "
-              f"(single process at the measured {tokens / base:,.0f} tokens/s: {single:.1f} h)."]
+                     f"{statistics.median(x['cpu'] for x in rs):.2f} | {base / med:.2f}x "
+                     f"({min(per):.2f}-{max(per):.2f}) |")
+    two = next((k for k, (n, par) in configs.items() if n == 2 and par == "false"), None)
+    if two is not None:
+        s2 = ratios[two]
+        serial = min(1.0, max(0.0, 2 / s2 - 1))  # Amdahl: s2 = 1 / (f + (1 - f) / 2)
+        s_n = 1 / (serial + (1 - serial) / args.project_cores)
+        rate = tokens / base * s_n
+        lines += ["", f"Projection, {args.project_tokens / 1e9:.1f} B tokens (full English Wikipedia) on "
+                  f"{args.project_cores} idle cores with {args.project_cores} threads: the 2-thread speed-up "
+                  f"{s2:.2f}x leaves a serial share f = 2/{s2:.2f} - 1 = {serial:.2f}; Amdahl's law gives "
+                  f"1/(f + (1-f)/{args.project_cores}) = {s_n:.1f}x the single thread's {tokens / base:,.0f} tokens/s "
+                  f"-> {args.project_tokens / rate / 3600:.1f} h (single thread: "
+                  f"{args.project_tokens / (tokens / base) / 3600:.1f} h). A projection, not a measurement."]
     text = "\n".join(lines) + "\n"
     print(text)
-    for name, rs in results.items():
-        print(name, "ratio", f"{base / statistics.median(x['seconds'] for x in rs):.2f}x")
+    for name in results:
+        print(name, "ratio", f"{ratios[name]:.2f}x")
     if args.out:
         Path(args.out).write_text(text)
 

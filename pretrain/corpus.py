@@ -27,6 +27,8 @@ together) serialise on a lock file, so one builds and the others wait and then l
 """
 from __future__ import annotations
 
+import collections
+import functools
 import hashlib
 import itertools
 import json
@@ -83,12 +85,44 @@ def split_sentences(text: str) -> list[str]:
     return out
 
 
+def block_lengths(lengths: Iterable[int], max_content: int) -> list[int]:
+    """The packing rule on sentence lengths: the lengths of the blocks :func:`pack_sentences` makes.
+
+    Sentences (given by their token counts) are kept whole and in order; one that does not fit in
+    the current block starts the next block; one longer than ``max_content`` is cut into pieces of
+    ``max_content`` ids (the last piece may be followed by further sentences); empty ones are skipped.
+
+    Example:
+        >>> block_lengths([3, 4, 0, 9, 1], max_content=5)
+        [3, 4, 5, 4, 1]
+    """
+    if max_content < 1:
+        raise ValueError(f"block capacity must be >= 1 token, got {max_content}")
+    out: list[int] = []
+    cur = 0
+    for n in lengths:
+        if n <= 0:
+            continue
+        if cur + n <= max_content:
+            cur += n
+            continue
+        if cur:
+            out.append(cur)
+        while n > max_content:
+            out.append(max_content)
+            n -= max_content
+        cur = n
+    if cur:
+        out.append(cur)
+    return out
+
+
 def pack_sentences(sentences: Sequence[Sequence[int]], max_content: int) -> list[list[int]]:
     """Greedily pack tokenized sentences of one document into blocks of ``<= max_content`` ids.
 
     Sentences are kept whole and in order; one that does not fit in the current block
     starts the next block; one longer than ``max_content`` is cut into pieces of
-    ``max_content`` ids (the last piece may be followed by further sentences).
+    ``max_content`` ids (the last piece may be followed by further sentences); see :func:`block_lengths`.
 
     Args:
         sentences: Token ids of each sentence (no special tokens).
@@ -97,27 +131,49 @@ def pack_sentences(sentences: Sequence[Sequence[int]], max_content: int) -> list
     Returns:
         The blocks; their concatenation equals the concatenation of ``sentences``.
     """
-    if max_content < 1:
-        raise ValueError(f"block capacity must be >= 1 token, got {max_content}")
-    blocks: list[list[int]] = []
-    cur: list[int] = []
-    for sent in sentences:
-        sent = list(sent)
-        if not sent:
-            continue
-        if len(cur) + len(sent) <= max_content:
-            cur.extend(sent)
-            continue
-        if cur:
-            blocks.append(cur)
-            cur = []
-        while len(sent) > max_content:
-            blocks.append(sent[:max_content])
-            sent = sent[max_content:]
-        cur = sent
-    if cur:
-        blocks.append(cur)
+    flat = [t for s in sentences for t in s]
+    blocks, i = [], 0
+    for n in block_lengths(map(len, sentences), max_content):
+        blocks.append(flat[i:i + n])
+        i += n
     return blocks
+
+
+def fast_backend(tokenizer: Any) -> Any:
+    """A private copy of a Hugging Face fast tokenizer's Rust backend (``tokenizers.Tokenizer``) with
+    truncation and padding off, or None for any other tokenizer.
+
+    The copy gives the ids ``tokenizer(texts, add_special_tokens=False, truncation=False)`` gives, is not
+    affected by the truncation/padding state the wrapper leaves behind after other calls, and may be
+    called from several threads at once (each call releases the GIL while Rust tokenizes).
+    """
+    from transformers import PreTrainedTokenizerFast
+    if not isinstance(tokenizer, PreTrainedTokenizerFast):
+        return None
+    from tokenizers import Tokenizer
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return backend
+
+
+def _sentence_ids(texts: Sequence[str], tokenizer: Any, backend: Any = None) -> tuple[list[int], list[list[int]]]:
+    """Split each text into sentences and tokenize all of them in one call (no special tokens).
+
+    Returns:
+        The number of sentences of each text and the token ids of every sentence, in order.
+    """
+    sents = [split_sentences(t) for t in texts]
+    flat = [s for ss in sents for s in ss]
+    counts = [len(ss) for ss in sents]
+    if not flat:
+        return counts, []
+    if backend is not None:
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no character offsets
+        return counts, [e.ids for e in encode(flat, add_special_tokens=False)]
+    ids = tokenizer(flat, add_special_tokens=False, truncation=False, return_attention_mask=False,
+                    return_token_type_ids=False, verbose=False)["input_ids"]
+    return counts, ids
 
 
 def pack_texts(texts: Sequence[str], tokenizer: Any, max_length: int) -> list[list[list[int]]]:
@@ -126,15 +182,11 @@ def pack_texts(texts: Sequence[str], tokenizer: Any, max_length: int) -> list[li
     All sentences of the batch are tokenized in a single (fast) tokenizer call without
     special tokens.
     """
-    max_content = max_length - 2
-    sents = [split_sentences(t) for t in texts]
-    flat = [s for ss in sents for s in ss]
-    ids = tokenizer(flat, add_special_tokens=False, truncation=False, return_attention_mask=False,
-                    return_token_type_ids=False, verbose=False)["input_ids"] if flat else []
+    counts, ids = _sentence_ids(texts, tokenizer, fast_backend(tokenizer))
     out, i = [], 0
-    for ss in sents:
-        out.append(pack_sentences(ids[i:i + len(ss)], max_content))
-        i += len(ss)
+    for n in counts:
+        out.append(pack_sentences(ids[i:i + n], max_length - 2))
+        i += n
     return out
 
 
@@ -320,7 +372,11 @@ class TokenCache(torch.utils.data.Dataset):
     def cache_path(cls, spec: str, tokenizer: Any, max_length: int, cache_dir: Union[str, os.PathLike],
                    fields: Fields = None, max_docs: int = -1) -> Path:
         """The directory :meth:`build_or_load` uses for these arguments."""
-        key = cls.cache_key(spec, tokenizer, max_length, fields, max_docs)
+        return cls._path_of_key(cls.cache_key(spec, tokenizer, max_length, fields, max_docs), cache_dir)
+
+    @staticmethod
+    def _path_of_key(key: dict[str, Any], cache_dir: Union[str, os.PathLike]) -> Path:
+        max_length = key["max_length"]
         # the tokenizer's name is informative only: the same tokenizer saved elsewhere reuses the cache
         hashed = {k: v for k, v in key.items() if k != "tokenizer"}
         digest = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:20]
@@ -332,7 +388,7 @@ class TokenCache(torch.utils.data.Dataset):
     def build_or_load(cls, spec: str, tokenizer: Any, max_length: int, cache_dir: Union[str, os.PathLike],
                       fields: Fields = None, max_docs: int = -1, *, batch_docs: int = 64,
                       progress: Optional[bool] = None, lock_timeout: float = -1,
-                      num_proc: Optional[int] = None) -> "TokenCache":
+                      num_threads: Optional[int] = None) -> "TokenCache":
         """Load the cache for these arguments, building it first if it does not exist yet.
 
         Safe to call from several processes at once: they serialise on
@@ -348,14 +404,16 @@ class TokenCache(torch.utils.data.Dataset):
             cache_dir: Directory holding caches (created if needed).
             fields: Text fields (see :func:`~pretrain.readers.iter_texts`).
             max_docs: Read at most this many documents (-1: all).
-            batch_docs: Documents tokenized per tokenizer call and per task of a worker process (bounds
+            batch_docs: Documents tokenized per tokenizer call and per task of a tokenizing thread (bounds
                 memory while building; the files do not depend on it).
             progress: Show a tqdm progress bar (default: only on the process that builds,
                 and only on local rank 0).
             lock_timeout: Seconds to wait for another process's build (-1: forever).
-            num_proc: Processes that tokenize and pack (None: the cores this process may use,
-                ``os.sched_getaffinity``). The files are byte-identical for every value: the main
-                process reads the corpus and writes the batches in order.
+            num_threads: Threads that tokenize and pack (None: the cores this process may use,
+                ``os.sched_getaffinity``); used with fast (Rust) tokenizers, whose batch calls release the GIL.
+                The files are byte-identical for every value: the calling thread reads the corpus and
+                writes the batches in order. ``TOKENIZERS_PARALLELISM=false`` keeps each tokenizer call on
+                one core (otherwise the tokenizer may also spread a call over its own Rust threads).
 
         Raises:
             ValueError: on a bad ``max_length`` or a corpus without text (see :func:`iter_texts`).
@@ -365,7 +423,8 @@ class TokenCache(torch.utils.data.Dataset):
 
         if not isinstance(max_length, int) or max_length < 3:
             raise ValueError(f"max_length must be an integer >= 3 (two special tokens + content), got {max_length!r}")
-        path = cls.cache_path(spec, tokenizer, max_length, cache_dir, fields, max_docs)
+        key = cls.cache_key(spec, tokenizer, max_length, fields, max_docs)  # hashes the vocabulary: once
+        path = cls._path_of_key(key, cache_dir)
         cache = cls._load_valid(path)
         if cache is not None:
             return cache
@@ -385,11 +444,10 @@ class TokenCache(torch.utils.data.Dataset):
                 tmp = path.parent / f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 tmp.mkdir()
                 try:
-                    key = cls.cache_key(spec, tokenizer, max_length, fields, max_docs)
                     if progress is None:
                         progress = os.environ.get("LOCAL_RANK", "0") == "0"
                     cls._build(tmp, key, spec, tokenizer, max_length, fields, max_docs, batch_docs, progress,
-                               default_num_proc() if num_proc is None else num_proc)
+                               default_num_threads() if num_threads is None else num_threads)
                     os.replace(tmp, path)
                 except BaseException:
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -419,7 +477,7 @@ class TokenCache(torch.utils.data.Dataset):
 
     @staticmethod
     def _build(out: Path, key: dict[str, Any], spec: str, tokenizer: Any, max_length: int, fields: Fields,
-               max_docs: int, batch_docs: int, progress: bool, num_proc: int = 1) -> None:
+               max_docs: int, batch_docs: int, progress: bool, num_threads: int = 1) -> None:
         from tqdm.auto import tqdm
 
         vocab_size = len(tokenizer)
@@ -432,7 +490,7 @@ class TokenCache(torch.utils.data.Dataset):
         batches = _batched(iter_texts(spec, fields=fields, max_docs=max_docs), batch_docs)
         with open(out / "tokens.bin", "wb") as ftok, open(out / "offsets.bin", "wb") as foff:
             foff.write(np.zeros(1, dtype=np.int64).tobytes())
-            for n_texts, (docs, encoded) in _encode_batches(batches, tokenizer, max_length, num_proc):
+            for n_texts, (docs, encoded) in _encode_batches(batches, tokenizer, max_length, num_threads):
                 n_docs += docs
                 bar.update(n_texts)
                 if encoded is None:
@@ -452,11 +510,11 @@ class TokenCache(torch.utils.data.Dataset):
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "complete": True}
         with open(out / "meta.json", "w") as f:
             json.dump(meta, f, indent=2)
-        logger.info("token cache: %d documents -> %d blocks, %d tokens in %.1fs (%d process%s)", n_docs, n_blocks,
-                    n_tokens, time.time() - t0, num_proc, "" if num_proc == 1 else "es")
+        logger.info("token cache: %d documents -> %d blocks, %d tokens in %.1fs (%d thread%s)", n_docs, n_blocks,
+                    n_tokens, time.time() - t0, num_threads, "" if num_threads == 1 else "s")
 
 
-def default_num_proc() -> int:
+def default_num_threads() -> int:
     """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` elsewhere)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -467,8 +525,14 @@ def default_num_proc() -> int:
 Encoded = tuple[int, Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
 
 
-def encode_batch(texts: Sequence[str], tokenizer: Any, max_length: int) -> Encoded:
+def encode_batch(texts: Sequence[str], tokenizer: Any, max_length: int, *, backend: Any = None) -> Encoded:
     """Tokenize and pack a batch of documents into what the cache stores.
+
+    Args:
+        texts: The documents.
+        tokenizer: A Hugging Face tokenizer.
+        max_length: Block length including the two special tokens.
+        backend: :func:`fast_backend` of ``tokenizer`` (None: call ``tokenizer`` itself). The output is the same.
 
     Returns:
         ``(documents with at least one block, None)`` when the batch yields no block, else
@@ -480,60 +544,69 @@ def encode_batch(texts: Sequence[str], tokenizer: Any, max_length: int) -> Encod
         ValueError: if the tokenizer produces an id outside its vocabulary.
     """
     vocab_size = len(tokenizer)
-    packed = pack_texts(texts, tokenizer, max_length)
-    blocks = [b for doc in packed for b in doc]
-    docs = sum(1 for doc in packed if doc)
-    if not blocks:
+    counts, ids = _sentence_ids(texts, tokenizer, backend)
+    # blocks are cut from the concatenated sentences of each document, so the flat token array of the
+    # batch is all sentences back to back and packing only decides the block lengths
+    sent_lens = [len(x) for x in ids]
+    lengths: list[int] = []
+    docs = i = 0
+    for n in counts:
+        doc = block_lengths(sent_lens[i:i + n], max_length - 2)
+        docs += bool(doc)
+        lengths += doc
+        i += n
+    if not lengths:
         return docs, None
-    flat = np.fromiter((t for b in blocks for t in b), dtype=np.int64, count=sum(map(len, blocks)))
+    total = sum(lengths)
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total)
     if flat.min() < 0 or flat.max() >= vocab_size:
         raise ValueError(f"tokenizer produced id {int(flat.max())} outside its vocabulary of {vocab_size}")
-    lens = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
-    # document frequency: count each id once per block
-    block_of = np.repeat(np.arange(len(blocks), dtype=np.int64), lens)
-    ids, counts = np.unique(np.unique(block_of * vocab_size + flat) % vocab_size, return_counts=True)
-    return docs, (flat.astype(token_dtype(vocab_size)), lens, ids, counts)
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _worker_init(tokenizer: Any, max_length: int) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one tokenizer thread per process
-    _WORKER.update(tokenizer=tokenizer, max_length=max_length)
-
-
-def _worker_encode(texts: list[str]) -> Encoded:
-    return encode_batch(texts, _WORKER["tokenizer"], _WORKER["max_length"])
+    lens = np.asarray(lengths, dtype=np.int64)
+    # document frequency: count each id once per block (a sort of (block, id) keys, then their distinct ids;
+    # a plain sort is several times faster than np.unique's hashing and runs without the GIL)
+    keys = np.repeat(np.arange(len(lens), dtype=np.int64), lens) * vocab_size + flat
+    keys.sort()
+    first = np.empty(len(keys), dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    df = np.bincount(keys[first] % vocab_size, minlength=vocab_size)
+    uids = np.flatnonzero(df)
+    return docs, (flat.astype(token_dtype(vocab_size)), lens, uids, df[uids])
 
 
 def _encode_batches(batches: Iterator[list[str]], tokenizer: Any, max_length: int,
-                    num_proc: int) -> Iterator[tuple[int, Encoded]]:
-    """``(len(texts), encode_batch(texts))`` for each batch, in order, on ``num_proc`` worker processes.
+                    num_threads: int) -> Iterator[tuple[int, Encoded]]:
+    """``(len(texts), encode_batch(texts))`` for each batch, in order, on ``num_threads`` threads.
 
-    The main process keeps reading the corpus; at most ``2 * num_proc`` batches are in flight, so
-    memory stays bounded by the batch size. A corpus of at most ``2 * num_proc`` batches is encoded
-    in-process (starting workers would cost more). Workers are *spawned*, not forked: a fork of a
-    process with other threads (the tokenizer's pool, a JVM, ...) can deadlock in the child.
+    The calling thread reads the corpus (bz2 decompression runs without the GIL) while the threads
+    tokenize: the Rust tokenizer releases the GIL, so the threads tokenize in parallel and only the
+    Python parts (parsing, sentence splitting, packing) take turns. At most ``2 * num_threads``
+    batches are in flight, so memory stays bounded by the batch size. No process is started (no
+    start-up cost, nothing to pickle, safe in a process that holds a JVM). Tokenizers without a Rust
+    backend (:func:`fast_backend` is None) run on the calling thread: they hold the GIL throughout.
     """
-    head = list(itertools.islice(batches, 2 * num_proc + 1)) if num_proc > 1 else []
-    if len(head) <= 2 * num_proc:
-        for texts in itertools.chain(head, batches):
-            yield len(texts), encode_batch(texts, tokenizer, max_length)
+    backend = fast_backend(tokenizer)
+    encode = functools.partial(encode_batch, tokenizer=tokenizer, max_length=max_length, backend=backend)
+    if num_threads <= 1 or backend is None:
+        for texts in batches:
+            yield len(texts), encode(texts)
         return
-    import collections
-    import multiprocessing as mp
+    from concurrent.futures import ThreadPoolExecutor
 
-    with mp.get_context("spawn").Pool(num_proc, initializer=_worker_init, initargs=(tokenizer, max_length)) as pool:
-        pending: collections.deque = collections.deque()  # the pool is terminated on any exit
-        for texts in itertools.chain(head, batches):
-            pending.append((len(texts), pool.apply_async(_worker_encode, (texts,))))
-            if len(pending) >= 2 * num_proc:
+    pending: collections.deque = collections.deque()
+    with ThreadPoolExecutor(num_threads, thread_name_prefix="tokenize") as pool:
+        try:
+            for texts in batches:
+                pending.append((len(texts), pool.submit(encode, texts)))
+                if len(pending) >= 2 * num_threads:
+                    n, result = pending.popleft()
+                    yield n, result.result()
+            while pending:
                 n, result = pending.popleft()
-                yield n, result.get()
-        while pending:
-            n, result = pending.popleft()
-            yield n, result.get()
+                yield n, result.result()
+        finally:  # an error (or the consumer stopping) drops the queued batches
+            for _, result in pending:
+                result.cancel()
 
 
 def _batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
@@ -609,5 +682,5 @@ def token_prior_logits(cache_or_df: Union[TokenCache, np.ndarray], num_texts: Op
     return torch.from_numpy(np.log(p / (1.0 - p)).astype(np.float32))
 
 
-__all__ = ["TokenCache", "encode_batch", "default_num_proc", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
+__all__ = ["TokenCache", "encode_batch", "default_num_threads", "block_lengths", "fast_backend", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
            "token_dtype", "tokenizer_fingerprint"]

@@ -12,14 +12,16 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pretrain import corpus as corpus_mod
-from pretrain.corpus import (TokenCache, idf_weights, pack_sentences, pack_texts, split_sentences, token_dtype,
-                             tokenizer_fingerprint)
+from pretrain.corpus import (TokenCache, block_lengths, fast_backend, idf_weights, pack_sentences, pack_texts,
+                             split_sentences, token_dtype, tokenizer_fingerprint)
+from pretrain.corpus import encode_batch as encode_corpus_batch
 from pretrain.readers import iter_texts, iter_wiki_documents, resolve_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,6 +246,10 @@ def test_pack_sentences_hand_example():
     assert pack_sentences([[], []], 5) == []
     with pytest.raises(ValueError):
         pack_sentences([[1]], 0)
+    # the same rule on lengths alone (what the cache build packs with)
+    assert block_lengths([3, 4, 2, 6], 7) == [7, 2, 6]
+    assert block_lengths([2, 16, 0, 3], 7) == [2, 7, 7, 5]
+    assert block_lengths([0, 0], 5) == []
 
 
 def test_pack_texts_respects_length_and_sentence_boundaries(tok):
@@ -331,16 +337,16 @@ def test_cache_reuse_and_keys(jsonl, tok, tmp_path, monkeypatch):
 def test_crash_mid_build_leaves_no_complete_cache(jsonl, tok, tmp_path, monkeypatch):
     cdir = tmp_path / "cache"
     calls = []
-    real = corpus_mod.pack_texts
+    real = corpus_mod._sentence_ids
 
-    def flaky(texts, tokenizer, max_length):
+    def flaky(texts, tokenizer, backend=None):
         calls.append(len(texts))
         if len(calls) == 2:
             raise RuntimeError("simulated crash")
-        return real(texts, tokenizer, max_length)
-    monkeypatch.setattr(corpus_mod, "pack_texts", flaky)
+        return real(texts, tokenizer, backend)
+    monkeypatch.setattr(corpus_mod, "_sentence_ids", flaky)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        TokenCache.build_or_load(str(jsonl), tok, 32, cdir, batch_docs=1, progress=False, num_proc=1)
+        TokenCache.build_or_load(str(jsonl), tok, 32, cdir, batch_docs=1, progress=False, num_threads=1)
     path = TokenCache.cache_path(str(jsonl), tok, 32, cdir)
     assert not path.exists()
     assert not list(cdir.glob("*.tmp-*"))
@@ -361,15 +367,15 @@ def _cache_files(cache: TokenCache) -> dict[str, bytes]:
     return {**files, "meta.json": json.dumps(meta, sort_keys=True).encode()}
 
 
-@pytest.mark.parametrize("num_proc", [2, 3])
-def test_parallel_build_is_byte_identical(jsonl, tok, tmp_path, num_proc):
-    """Several tokenizing processes write the same bytes as the single-process build."""
+@pytest.mark.parametrize("num_threads", [2, 3])
+def test_parallel_build_is_byte_identical(jsonl, tok, tmp_path, num_threads):
+    """Several tokenizing threads write the same bytes as the single-thread build."""
     docs = DOCS + [{"_id": f"x{i}", "title": f"T{i}", "text": f"Sentence {i} about rivers. And mountains {i}! " * (i % 7)}
                    for i in range(40)]
     _write_jsonl(jsonl, docs)
-    one = TokenCache.build_or_load(str(jsonl), tok, 24, tmp_path / "one", batch_docs=3, progress=False, num_proc=1)
+    one = TokenCache.build_or_load(str(jsonl), tok, 24, tmp_path / "one", batch_docs=3, progress=False, num_threads=1)
     many = TokenCache.build_or_load(str(jsonl), tok, 24, tmp_path / "many", batch_docs=3, progress=False,
-                                    num_proc=num_proc)
+                                    num_threads=num_threads)
     assert _cache_files(one) == _cache_files(many)
     assert len(one) > 40
 
@@ -378,16 +384,36 @@ def test_parallel_build_is_byte_identical(jsonl, tok, tmp_path, num_proc):
 def test_parallel_build_is_byte_identical_on_real_wikipedia(enwiki_dir, tok, tmp_path):
     spec = f"wiki:{enwiki_dir}"
     one = TokenCache.build_or_load(spec, tok, 128, tmp_path / "one", max_docs=60, batch_docs=8, progress=False,
-                                   num_proc=1)
+                                   num_threads=1)
     two = TokenCache.build_or_load(spec, tok, 128, tmp_path / "two", max_docs=60, batch_docs=8, progress=False,
-                                   num_proc=2)
+                                   num_threads=2)
     assert _cache_files(one) == _cache_files(two)
     assert one.num_documents == 60
+    # reference: every sentence tokenized on its own by the Hugging Face call, packed per document
+    naive = []
+    for text in iter_texts(spec, max_docs=60):
+        sents = [tok(x, add_special_tokens=False)["input_ids"] for x in split_sentences(text)]
+        naive += pack_sentences(sents, 126)
+    assert [two[i] for i in range(len(two))] == naive
+
+
+def test_fast_backend_gives_the_tokenizer_call_ids(tok):
+    """The Rust backend copy the build tokenizes with gives the ids of the Hugging Face call, also after the
+    wrapper was used with truncation (which leaves truncation set on the wrapper's own backend)."""
+    texts = ["A first document. It has two sentences!", "Second one: Über naïve café, 3.14 e.g. fine.\nNew line",
+             "", "word " * 300]
+    want = encode_corpus_batch(texts, tok, 64)
+    tok(["x " * 50], truncation=True, max_length=8)  # leaves truncation on tok.backend_tokenizer
+    assert tok.backend_tokenizer.truncation is not None
+    got = encode_corpus_batch(texts, tok, 64, backend=fast_backend(tok))
+    assert got[0] == want[0] == 3
+    for a, b in zip(got[1], want[1]):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert fast_backend(_PoisonTokenizer(tok)) is None  # any other tokenizer is called as it is
 
 
 class _PoisonTokenizer:
-    """A real tokenizer, except that a sentence containing "poison" gets an id outside the vocabulary
-    (picklable, so that it reaches the spawned worker processes)."""
+    """A real tokenizer, except that a sentence containing "poison" gets an id outside the vocabulary."""
 
     def __init__(self, tok):
         self.tok = tok
@@ -405,12 +431,30 @@ class _PoisonTokenizer:
         return {"input_ids": [x + [len(self.tok)] if "poison" in t else x for t, x in zip(texts, ids)]}
 
 
-def test_worker_failure_leaves_no_cache(jsonl, tok, tmp_path):
+def test_bad_tokenizer_output_leaves_no_cache(jsonl, tok, tmp_path):
     _write_jsonl(jsonl, DOCS * 3 + [{"_id": "p", "title": "", "text": "poison"}] + DOCS * 3)
     with pytest.raises(ValueError, match="outside its vocabulary"):
         TokenCache.build_or_load(str(jsonl), _PoisonTokenizer(tok), 32, tmp_path / "c", batch_docs=1, progress=False,
-                                 num_proc=2)
+                                 num_threads=2)
     # neither the cache nor a .tmp- build is left (only the lock file)
+    assert [p.suffix for p in (tmp_path / "c").iterdir()] == [".lock"]
+
+
+def test_tokenizing_thread_failure_leaves_no_cache(jsonl, tok, tmp_path, monkeypatch):
+    """An error in one of the tokenizing threads reaches the caller and leaves no cache."""
+    _write_jsonl(jsonl, DOCS * 5 + [{"_id": "p", "title": "", "text": "poison"}] + DOCS * 5)
+    real = corpus_mod._sentence_ids
+    threads = set()
+
+    def poisoned(texts, tokenizer, backend=None):
+        threads.add(threading.current_thread().name)
+        if any("poison" in t for t in texts):
+            raise RuntimeError("simulated failure in a tokenizing thread")
+        return real(texts, tokenizer, backend)
+    monkeypatch.setattr(corpus_mod, "_sentence_ids", poisoned)
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        TokenCache.build_or_load(str(jsonl), tok, 32, tmp_path / "c", batch_docs=1, progress=False, num_threads=2)
+    assert threads and all(name.startswith("tokenize") for name in threads)  # it ran on the threads
     assert [p.suffix for p in (tmp_path / "c").iterdir()] == [".lock"]
 
 
