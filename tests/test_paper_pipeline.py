@@ -138,26 +138,22 @@ def test_smoke_scale_end_to_end_then_reuses_everything(tmp_path):
     _check_tables(out)
     summary = json.loads((out / "run.json").read_text())
     assert "continue:cpdae" in summary["ran"] and "finetune:marco:cpdae" in summary["ran"]
-    t0 = time.perf_counter()
     second = _run(["--scale", "smoke", "--work-dir", str(work), "--out", str(out)])
     assert second.returncode == 0, second.stderr[-4000:]
     again = json.loads((out / "run.json").read_text())
     assert again["ran"] == [] and again["skipped"] == []
     assert "indexed" not in second.stdout                # every index and run reused
-    assert time.perf_counter() - t0 < 0.5 * summary["stage_seconds"] + 300
+    assert again["stage_seconds"] < 120                  # only the plan's state checks
     _check_tables(out)
 
-
-@pytest.mark.slow
-def test_gpu_protocol_at_smoke_sizes_runs_end_to_end(tmp_path):
-    _need_data()
-    out = tmp_path / "out"
-    run = _run(["--scale", "gpu", "--sizes", "smoke", "--work-dir", str(tmp_path / "work"), "--out", str(out),
-                "--tables", "1"])
-    assert run.returncode == 0, run.stderr[-4000:]
-    t1 = pd.read_csv(out / "table1.csv")
-    assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
-    assert "Scale: `gpu` with the sizes of `smoke`" in (out / "table1.md").read_text()
+    # the gpu protocol at smoke sizes: the very same stage commands (the gpu scale only changes sizes), so in
+    # the same work directory it re-runs nothing and writes its own tables
+    gpu_out = tmp_path / "gpu_out"
+    gpu = _run(["--scale", "gpu", "--sizes", "smoke", "--work-dir", str(work), "--out", str(gpu_out)])
+    assert gpu.returncode == 0, gpu.stderr[-4000:]
+    assert json.loads((gpu_out / "run.json").read_text())["ran"] == []
+    assert "Scale: `gpu` with the sizes of `smoke`" in (gpu_out / "table1.md").read_text()
+    _check_tables(gpu_out)
 
 
 def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
@@ -201,8 +197,9 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
     corpus = root / "wiki.txt"
     corpus.write_text("".join(" ".join(rng.choices(WORDS, k=40)) + ". " + " ".join(rng.choices(WORDS, k=30)) + "\n"
                               for _ in range(40)))
-    keep = {"mlm", "cpdae", "seed", "ict", "cpdae_nocl"}
-    drop = {o: None for o in ("bow", "retromae", "simcse", "prop", "cpdae_r", "cpdae_idfrec", "cpdae_clsum")}
+    keep = {"mlm", "cpdae", "seed", "ict"}
+    drop = {o: None for o in ("bow", "retromae", "simcse", "prop", "cpdae_r", "cpdae_nocl", "cpdae_idfrec",
+                              "cpdae_clsum")}
     assert not keep & set(drop)
     overrides = {
         "corpus": str(corpus),
@@ -215,7 +212,7 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
         "finetune_sets": {"marco_doc": None},
         "eval_sets": {"marco_doc_dev": None, "dl19_doc": None, "vaswani": None, "cranfield": None},
         "evaluation": {"doc_max_length": 64, "batch_size": 16, "num_results": 50},
-        "tables": {"table3": {"sizes": [4, -1], "seeds": [1]}, "table4": {"num_texts": 2, "frequent_from_docs": 5},
+        "tables": {"table3": {"sizes": [4], "seeds": [1]}, "table4": {"num_texts": 2, "frequent_from_docs": 5},
                    "coverage": {"num_texts": 2}},
     }
     (root / "overrides.json").write_text(json.dumps(overrides))
@@ -241,4 +238,4 @@ def test_paper_config_runs_with_tiny_stand_ins(tmp_path, tiny_bert_dir):
     assert ok == {"BM25", "BERT", "MLM", "ICT", "SEED", "CPDAE"}     # the dropped objectives read "not run"
     assert {"MARCO Dev MRR@10", "MARCO Dev R@1000", "DL19 passage nDCG@10"} <= set(t1.columns)
     t3 = pd.read_csv(out / "table3.csv")
-    assert list(t3["runs"]) == [1] * 6
+    assert list(t3["runs"]) == [1] * 3

@@ -150,19 +150,19 @@ class Tables:
         names = {k: label for label, k in t1["rows"]}
         legend = ", ".join(f"{m} significant improvement over {names.get(b, b)}" for m, b in baselines.items())
         n_q = {s: self.evaluated(s, "zero-shot")["num_queries"] for s in self.cfg["eval_sets"]}
-        sections = [(title, df.to_markdown(index=False)) for title, df in shown]
+        sections = [(title, df.to_markdown(index=False, disable_numparse=True)) for title, df in shown]
         sections.append(("Notes", f"Significance: paired two-tailed t-test (`pt.Experiment(baseline=...)`), p < {ALPHA}: "
                          f"{legend}. Dense retrieval: [CLS], dot product, exact search. BM25 is the same in both "
                          f"blocks. Queries evaluated: {', '.join(f'{s} {n}' for s, n in n_q.items())}. "
                          f"A row marked '{NOT_RUN}' has no finished stage. Every pt.Experiment output (p-values "
                          "included) is in `experiments.md`; stage wall times in `stages.md`."))
-        sections.append(("Stages", self.stage_table().to_markdown(index=False)))
+        sections.append(("Stages", self.stage_table().to_markdown(index=False, disable_numparse=True)))
         self.w.write("table1", "Table 1: dense retrieval after each pre-training objective", sections, flat)
 
     def table2(self) -> None:
         t2 = self.cfg["tables"]["table2"]
         shown, flat = self._grid(t2["rows"], {})
-        sections = [(title, df.to_markdown(index=False)) for title, df in shown]
+        sections = [(title, df.to_markdown(index=False, disable_numparse=True)) for title, df in shown]
         sections.append(("Notes", "The CPDAE ablation: every row continues the same base checkpoint with the same "
                          f"budget. p-values against `{t2.get('baseline')}` are in `experiments.md` "
                          f"(baseline {t2.get('baseline')})."))
@@ -200,11 +200,11 @@ class Tables:
                         f"{metric} max": round(vals.max(), 4) if len(vals) else NOT_RUN})
         table = pd.DataFrame(agg)
         self.w.write("table3", f"Table 3: low-resource fine-tuning ({metric}, mean over seeds)", [
-            ("Mean ± std (sample std over seeds) and min/max", table.to_markdown(index=False)),
+            ("Mean ± std (sample std over seeds) and min/max", table.to_markdown(index=False, disable_numparse=True)),
             ("Protocol", f"Fine-tuning set `{t3['set']}`, evaluated on `{t3['eval']}`; for every size N and seed S, "
                          "`python -m pretrain finetune --max-train-queries N --seed S` samples N training queries "
                          "(the sample depends on N and S) and fine-tunes with the Table 1 recipe; -1 = all."),
-            ("Per run", per_run.to_markdown(index=False))], table)
+            ("Per run", per_run.to_markdown(index=False, disable_numparse=True))], table)
         per_run.to_csv(self.w.out / "table3_runs.csv", index=False)
 
     def _num_train_queries(self, set_name: str) -> Optional[int]:
@@ -270,14 +270,14 @@ class Tables:
         cmds = "\n".join(f"    {r['command']}   # {r.get('wall_s')} s ({r.get('wall_how')})" for r in self.records)
         total = sum((r.get("wall_s") or 0) for r in self.records)
         self.w.write("stages", "Stages: commands, wall times, encoder sequences", [
-            ("Stages", table.to_markdown(index=False) + f"\n\nTotal recorded stage time: {total:.0f} s."),
+            ("Stages", table.to_markdown(index=False, disable_numparse=True) + f"\n\nTotal recorded stage time: {total:.0f} s."),
             ("Commands", cmds or "(none recorded)")], table.assign(
                 command=[next((r["command"] for r in self.records if r["stage"] == s), None) for s in table["stage"]]))
 
     def write_experiments(self) -> None:
         parts, frames = [], []
         for s, block, b, df in self.experiments:
-            parts.append((f"{s} / {block} / baseline {b}", df.to_markdown(index=False)))
+            parts.append((f"{s} / {block} / baseline {b}", df.to_markdown(index=False, disable_numparse=True)))
             frames.append(df.assign(eval_set=s, block=block, baseline=b))
         self.w.write("experiments", "Every pt.Experiment output (means, paired t-test p-values)", parts,
                      pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
