@@ -239,3 +239,18 @@ def test_paper_config_runs_with_tiny_stand_ins(tmp_path, tiny_bert_dir):
     assert {"MARCO Dev MRR@10", "MARCO Dev R@1000", "DL19 passage nDCG@10"} <= set(t1.columns)
     t3 = pd.read_csv(out / "table3.csv")
     assert list(t3["runs"]) == [1] * 3
+
+
+def test_stage_started_by_a_dead_pipeline_process_is_resumed_at_once(tmp_path):
+    """A stage whose pid file names a live process is running; a dead one's is resumable right away."""
+    out = tmp_path / "run"
+    argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--output", str(out)]
+    stage = Stage("continue:mlm", "pretrain", argv, out, 1)
+    from pretrain.trainer import config_dict
+    out.mkdir()
+    (out / "run_config.json").write_text(json.dumps({"config": config_dict(stage._parsed())}))
+    stage.pid_file.write_text(f"{os.getpid()}\n")
+    assert stage.state() == "running"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stage.pid_file.write_text(dead.stdout)
+    assert stage.state() == "resume"            # although written to a moment ago

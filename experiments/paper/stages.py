@@ -127,7 +127,21 @@ class Stage:
             return f"conflict: {self.output} holds a different run (options differ: {', '.join(diff)})"
         if self.finished():
             return "done"
+        owner = self.owner()
+        if owner is not None:  # started by this pipeline: running exactly while its process lives
+            return "running" if _alive(owner) else "resume"
         return "running" if self.last_write() < RUNNING_WINDOW_S else "resume"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.output.parent / f"{self.output.name}.pid"
+
+    def owner(self) -> Optional[int]:
+        """The process id of the pipeline process running this stage (its ``<output>.pid``), if any."""
+        try:
+            return int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def sequences(self) -> Optional[int]:
         """Encoder sequences seen (optimizer steps x batch x sequences per text) of a finished pre-training."""
@@ -136,6 +150,16 @@ class Stage:
             return None
         steps = rec.get("trainer", {}).get("total_steps")
         return None if steps is None else int(steps) * int(rec["config"]["batch_size"]) * self.sequences_per_step
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Runner:
@@ -187,13 +211,27 @@ class Runner:
             raise RuntimeError(f"stage {stage.name}: {state}. Delete {stage.output} to run it again with this "
                                "config, or use another --work-dir.")
         if state == "running":
-            raise RuntimeError(f"stage {stage.name}: {stage.output} was written to {stage.last_write():.0f} s ago "
-                               "and is unfinished: it looks like it is still running. Wait for it to finish (or, if "
-                               f"it was killed, wait {RUNNING_WINDOW_S} s and it will be resumed with --resume).")
+            who = (f"process {stage.owner()} is running it" if stage.owner() is not None else
+                   f"it was written to {stage.last_write():.0f} s ago: it looks like it is still running")
+            raise RuntimeError(f"stage {stage.name}: {stage.output} is unfinished and {who}. Wait for it to finish "
+                               f"(a run started outside this pipeline and killed is resumed with --resume once it has "
+                               f"not been written to for {RUNNING_WINDOW_S} s).")
         argv = stage.argv + (["--resume"] if state == "resume" else [])
         self.log(f"[{stage.name}] {'resuming' if state == 'resume' else 'running'}: python -m pretrain "
                  + " ".join(shlex.quote(a) for a in argv))
         stage.output.parent.mkdir(parents=True, exist_ok=True)
+        # while this process lives the stage is "running"; after a crash the dead pid makes it "resume" at once
+        stage.pid_file.write_text(f"{os.getpid()}\n")
+        wall = self._execute(stage, argv)
+        stage.pid_file.unlink(missing_ok=True)
+        if not stage.finished():
+            raise RuntimeError(f"stage {stage.name}: the command returned but {stage.output} holds no finished run")
+        prev = self.record(stage) if state == "resume" else None
+        how = "measured by the pipeline" + (" (this part only: resumed)" if state == "resume" else "")
+        return self._write_record(stage, wall if prev is None else wall + (prev.get("wall_s") or 0), how)
+
+    def _execute(self, stage: Stage, argv: list[str]) -> float:
+        """Run ``python -m pretrain ARGV``; returns its wall time."""
         t0 = time.perf_counter()
         if self.mode == "inprocess":
             from pretrain.cli import main as pretrain_main
@@ -206,12 +244,7 @@ class Runner:
             if proc.returncode != 0:
                 tail = logf.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"stage {stage.name} failed (exit {proc.returncode}); its log is {logf}:\n{tail}")
-        wall = time.perf_counter() - t0
-        if not stage.finished():
-            raise RuntimeError(f"stage {stage.name}: the command returned but {stage.output} holds no finished run")
-        prev = self.record(stage) if state == "resume" else None
-        how = "measured by the pipeline" + (" (this part only: resumed)" if state == "resume" else "")
-        return self._write_record(stage, wall if prev is None else wall + (prev.get("wall_s") or 0), how)
+        return time.perf_counter() - t0
 
 
 def select(names: list[str], patterns: Optional[list[str]]) -> list[str]:
