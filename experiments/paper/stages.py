@@ -6,7 +6,7 @@ start-ups: same argument parsing and code). A stage is *done* when its output di
 what ``python -m pretrain`` writes at the end of a run (the exported ``config.json`` beside a
 ``run_config.json`` for pre-training; ``training_args.json`` with ``finished: true`` for fine-tuning)
 **and** the recorded options equal the stage's command (compared by ``pretrain``'s own parser and
-:func:`pretrain.trainer.config_differences`, the check ``--resume`` itself makes). A stage directory
+:func:`pretrain.config.resume_conflicts`, the check ``--resume`` itself makes). A stage directory
 holding the same run unfinished is resumed with ``--resume``; one holding a different run is refused.
 Each finished stage's command, wall time and (pre-training) encoder sequences are recorded in
 ``<work>/stages/<stage>.json``.
@@ -30,7 +30,9 @@ from .config import ROOT
 RUNNING_WINDOW_S = 600
 #: Options of a pre-training run that may differ between the recorded run and the stage's command (they do
 #: not change what is trained). Stricter than ``--resume``'s own list: a run with other steps is another run.
-PRETRAIN_MUTABLE = frozenset({"resume", "overwrite", "save_total_limit", "logging_steps", "num_workers", "report_to"})
+#: Options that may differ on ``--resume`` (pretrain.config.RESUME_MUTABLE_OPTIONS) but decide when a run is
+#: finished: a finished run with other values is extended by ``--resume``, not taken as done.
+LENGTH_OPTIONS = ("max_steps", "epochs", "mining_rounds")
 
 
 def to_argv(args: dict[str, Any]) -> list[str]:
@@ -81,15 +83,19 @@ class Stage:
 
     def differences(self) -> list[str]:
         """Options whose recorded value differs from this stage's command (empty if nothing is recorded)."""
-        from pretrain.trainer import config_dict, config_differences
+        from pretrain.config import resume_conflicts
+        from pretrain.trainer import config_dict
         rec = self._recorded()
         if rec is None:
             return []
+        return resume_conflicts(rec.get("config", {}), config_dict(self._parsed()))
+
+    def length_changed(self) -> bool:
+        """Whether the recorded run was asked for another length (steps, epochs, mining rounds) than this stage."""
+        from pretrain.trainer import config_dict
+        rec = (self._recorded() or {}).get("config", {})
         current = config_dict(self._parsed())
-        if self.kind == "finetune":
-            from pretrain.finetune import MUTABLE
-            return config_differences(rec.get("config", {}), current, MUTABLE)
-        return config_differences(rec.get("config", {}), current, PRETRAIN_MUTABLE)
+        return any(k in rec and k in current and rec[k] != current[k] for k in LENGTH_OPTIONS)
 
     def finished(self) -> bool:
         rec = self._recorded()
@@ -99,7 +105,7 @@ class Stage:
             done = bool(rec.get("finished"))
         else:
             done = (self.output / "config.json").exists()
-        return done and not self.differences()
+        return done and not self.differences() and not self.length_changed()
 
     def last_write(self) -> float:
         """Seconds since anything in the stage directory (two levels deep) was last written."""
