@@ -220,5 +220,5 @@ def test_resume_accepts_a_run_recorded_with_the_former_flat_options(tmp_path):
     (out / "run_config.json").write_text(json.dumps({"config": legacy}))
     check_output_dir(cfg)
     (out / "run_config.json").write_text(json.dumps({"config": {**legacy, "cl_weight": 0.5}}))
-    with pytest.raises(ValueError, match="cl_weight"):
+    with pytest.raises(ValueError, match="cl.weight"):
         check_output_dir(cfg)

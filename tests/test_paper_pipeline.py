@@ -212,7 +212,7 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
         "finetune_sets": {"marco_doc": None},
         "eval_sets": {"marco_doc_dev": None, "dl19_doc": None, "vaswani": None, "cranfield": None},
         "evaluation": {"doc_max_length": 64, "batch_size": 16, "num_results": 50},
-        "tables": {"table3": {"sizes": [4], "seeds": [1]}, "table4": {"num_texts": 2, "frequent_from_docs": 5},
+        "tables": {"table3": {"sizes": [4], "seeds": [1]}, "table4": {"num_texts": 2, "frequent_from_docs": 5, "top_frequent": 10},
                    "coverage": {"num_texts": 2}},
     }
     (root / "overrides.json").write_text(json.dumps(overrides))
