@@ -81,31 +81,28 @@ class Stage:
             return None
         return json.loads(f.read_text())
 
-    def differences(self) -> list[str]:
-        """Options whose recorded value differs from this stage's command (empty if nothing is recorded)."""
+    def _compare(self, rec: Optional[dict[str, Any]]) -> tuple[list[str], bool]:
+        """(options that make the recorded run another run, whether it was asked for another length: steps,
+        epochs, mining rounds), with the command parsed once."""
         from pretrain.config import resume_conflicts
         from pretrain.trainer import config_dict
-        rec = self._recorded()
         if rec is None:
-            return []
-        return resume_conflicts(rec.get("config", {}), config_dict(self._parsed()))
+            return [], False
+        previous, current = rec.get("config", {}), config_dict(self._parsed())
+        other_length = any(k in previous and k in current and previous[k] != current[k] for k in LENGTH_OPTIONS)
+        return resume_conflicts(previous, current), other_length
 
-    def length_changed(self) -> bool:
-        """Whether the recorded run was asked for another length (steps, epochs, mining rounds) than this stage."""
-        from pretrain.trainer import config_dict
-        rec = (self._recorded() or {}).get("config", {})
-        current = config_dict(self._parsed())
-        return any(k in rec and k in current and rec[k] != current[k] for k in LENGTH_OPTIONS)
+    def differences(self) -> list[str]:
+        """Options whose recorded value differs from this stage's command (empty if nothing is recorded)."""
+        return self._compare(self._recorded())[0]
 
     def finished(self) -> bool:
         rec = self._recorded()
         if rec is None:
             return False
-        if self.kind == "finetune":
-            done = bool(rec.get("finished"))
-        else:
-            done = (self.output / "config.json").exists()
-        return done and not self.differences() and not self.length_changed()
+        done = bool(rec.get("finished")) if self.kind == "finetune" else (self.output / "config.json").exists()
+        conflicts, other_length = self._compare(rec)
+        return done and not conflicts and not other_length
 
     def last_write(self) -> float:
         """Seconds since anything in the stage directory (two levels deep) was last written."""
