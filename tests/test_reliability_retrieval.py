@@ -1,5 +1,5 @@
-"""Reliability of the retrieval side (issue 9): one test per promise of the README's encoder and retriever
-error-behaviour paragraphs — a rebuilt index is noticed, a read-only index is searchable, and bad input (``k``,
+"""Reliability of the retrieval side (issue 9): one test per promise of docs/reliability.md about the
+encoder and the retrievers — a rebuilt index is noticed, a read-only index is searchable, and bad input (``k``,
 texts, vectors, paths) gets an error that names the problem.
 
 References: retrieval results are compared with a naive full numpy sort (``naive_topk``).

@@ -32,7 +32,7 @@ decoder masks are per token. The encoder's masking ratio is ``encoder_mask_ratio
 
 Cost: the reconstruction projects *every* text position through the MLM head, and the
 encoder's MLM term covers 30% of the positions instead of 15%; see
-the README (rivals section, "Training cost") for the arithmetic.
+docs/objectives.md ("Training cost: why `seed` and `retromae` cost more") for the arithmetic.
 """
 from __future__ import annotations
 

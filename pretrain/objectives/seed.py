@@ -31,7 +31,7 @@ Cost: the reconstruction projects the decoder state of *every* text position ont
 vocabulary (``H x |V|`` multiply-adds per token, as many as the whole MiniLM-L6 encoder
 spends per token), where MLM projects only the 15% masked positions. Logits are computed
 only at positions that carry a target (not at [SEP] or padding). See
-the README (rivals section, "Training cost") for the arithmetic.
+docs/objectives.md ("Training cost: why `seed` and `retromae` cost more") for the arithmetic.
 """
 from __future__ import annotations
 
