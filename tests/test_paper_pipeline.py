@@ -58,6 +58,14 @@ def test_cpu_base_stage_is_exactly_the_recorded_command(tmp_path):
                 pairs["--warmup-ratio"], pairs["--max-docs"], pairs["--cache-dir"]) == \
             ("500", "32", "42", "1e-4", "0.1", "4000", f"{tmp_path}/token_cache")
     assert "--cl-reduction" in plan.stages["continue:cpdae_clsum"].argv
+    # one recipe for every model; a set's own args (SciFact: one epoch at the cpu scale) apply to that set only
+    for model in ("bert", "cpdae"):
+        marco = plan.stages[f"finetune:marco:{model}"].argv
+        scifact = plan.stages[f"finetune:scifact:{model}"].argv
+        assert marco[marco.index("--epochs") + 1] == "3" and scifact[scifact.index("--epochs") + 1] == "1"
+        assert [a for a in marco if a.startswith("--")] == [a for a in scifact if a.startswith("--")]
+    lowres = plan.stages["lowres:cpdae:n30:s1"].argv
+    assert lowres[lowres.index("--epochs") + 1] == "3"
     # Table 1's core rows continue first
     order = [n.split(":")[1] for n in plan.needed_stages(("1", "2")) if n.startswith("continue:")]
     assert order[:5] == ["mlm", "cpdae", "seed", "bow", "retromae"]
