@@ -87,6 +87,15 @@ def _short(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[:n - 3] + "..."
 
 
+def _encoder_window(tok: Any, text: str, max_length: int) -> tuple[str, set[int]]:
+    """The part of ``text`` the encoder reads (its first ``max_length`` tokens, special tokens included) and the
+    ids of its tokens: "in the text" and the shaded text of Table 4 refer to what the decoder was given."""
+    enc = tok(text, add_special_tokens=False, truncation=True, return_offsets_mapping=True, verbose=False,
+              max_length=max(1, max_length - tok.num_special_tokens_to_add()))
+    end = enc["offset_mapping"][-1][1] if enc["input_ids"] else 0
+    return text[:end], set(enc["input_ids"])
+
+
 def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequent_from: list[str],
                 top_frequent: int = 100, top_k_words: int = 20, *, distribution: str = "auto",
                 display_texts: int = 5, max_length: int = 512, batch_size: int = 16,
@@ -163,9 +172,9 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
         mass = common_word_mass(logits, freq_ids, kind).double()
         probs = torch.sigmoid(logits)
         tops = [insp.top_tokens(p, top_k_words) for p in probs]
+        read = [_encoder_window(tok, text, insp.max_length) for text in texts]
         share, flags[name] = [], []
-        for i, (text, top) in enumerate(zip(texts, tops)):
-            in_text = set(tok(text, add_special_tokens=False, verbose=False)["input_ids"])
+        for i, ((_, in_text), top) in enumerate(zip(read, tops)):
             ids = tok.convert_tokens_to_ids([t for t, _ in top])
             share.append(sum(t in freq_set for t in ids) / len(ids))
             if i < display_texts:
@@ -182,7 +191,7 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
         res["uniform_mass"][name] = top_frequent / vocab
         res["frequent_tokens"][name] = tok.convert_ids_to_tokens(freq_ids.tolist())
         res["top_words"][name] = tops
-        shaded[name] = [insp.shaded_html(t, p) for t, p in zip(texts[:display_texts], probs[:display_texts])]
+        shaded[name] = [insp.shaded_html(t, p) for (t, _), p in zip(read[:display_texts], probs[:display_texts])]
         del logits, probs
     res.update(distribution=kind, n_texts=len(texts), top_frequent=top_frequent, top_k_words=top_k_words)
 
@@ -219,7 +228,7 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
     paths["table4_common_mass.md"].write_text("\n".join(md) + "\n", encoding="utf-8")
     # ---------------------------------------------------------------- table4.md
     legend = (f"Top-{top_k_words} tokens of each decoder (sigmoid probability that the token occurs in the text), "
-              f"for the first {len(shown)} of {len(texts)} sample texts. **bold**: the token is in the text; "
+              f"for the first {len(shown)} of {len(texts)} sample texts. **bold**: the token is in the text (the part the encoder reads); "
               f"† : one of the {top_frequent} most frequent tokens (common words).")
     md = [legend, ""]
     for i, text in enumerate(shown):
@@ -249,7 +258,7 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
     parts += [f"<tr><td>{html.escape(n)}</td><td>{res['common_mass'][n]:.4f} ± {res['common_mass_std'][n]:.4f}</td>"
               f"<td>{res['frequent_share_top_k'][n]:.3f}</td><td>{res['unigram_mass'][n]:.4f}</td>"
               f"<td>{res['uniform_mass'][n]:.4f}</td></tr>" for n in names]
-    parts.append(f"</table><p>Top-{top_k_words} tokens per model: <span class=\"in\">bold</span> = in the text, "
+    parts.append(f"</table><p>Top-{top_k_words} tokens per model: <span class=\"in\">bold</span> = in the text (the part the encoder reads), "
                  f"<span class=\"common\">grey</span> = one of the {top_frequent} most frequent tokens. Each model's "
                  "shaded text shades a word by the sum of its subword probabilities (hover for the value).</p>")
     for i, text in enumerate(shown):
