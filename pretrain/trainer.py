@@ -298,7 +298,8 @@ class Trainer:
         acc, cfg = self.accelerator, self.config
         check_output_dir(cfg)
         acc.wait_for_everyone()
-        resume = list_checkpoints(self.output)[-1] if cfg.resume and os.path.isdir(self.output) else None
+        found = list_checkpoints(self.output) if cfg.resume and os.path.isdir(self.output) else []
+        resume = found[-1] if found else None
         if cfg.resume and resume is None:
             logger.warning("--resume given but %s holds no checkpoint; starting from scratch", self.output)
         if self.is_main_process:

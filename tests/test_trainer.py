@@ -140,6 +140,22 @@ def test_resume_after_crash_reproduces_loss_sequence(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resume_before_first_checkpoint_starts_from_scratch(tmp_path):
+    """A run killed before its first checkpoint, resumed, starts over (with a warning) and logs the same losses
+    as an uninterrupted run; it used to fail with an IndexError on the empty checkpoint list."""
+    kw = dict(max_steps=10, save_steps=4, logging_steps=1)
+    full = cfg(tmp_path, "full", **kw)
+    Trainer(TinyRegressor(), RegressionData(64), collate, full).train()
+    crash = cfg(tmp_path, "crash", **kw)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Trainer(TinyRegressor(fail_after=2), RegressionData(64), collate, crash).train()
+    assert list_checkpoints(crash.output) == [] and os.path.isdir(crash.output)
+    module = TinyRegressor()
+    Trainer(module, RegressionData(64), collate, cfg(tmp_path, "crash", resume=True, **kw)).train()
+    assert module.steps_seen[0] == (1, 10)
+    assert_same_losses(losses(full.output), losses(crash.output))
+
+
 def test_output_dir_protection(tmp_path):
     c = cfg(tmp_path, max_steps=4)
     Trainer(TinyRegressor(), RegressionData(64), collate, c).train()
