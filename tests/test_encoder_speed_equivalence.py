@@ -121,12 +121,17 @@ def test_automatic_dtype_keeps_rankings_on_real_slices(collection, shared_data, 
     eq = _equivalence_module()
     docs, topics, qrels = eq.load_collection(collection, str(shared_data), SLICES[collection])
     assert len(docs) == SLICES[collection] and len(topics) >= (93 if collection == "vaswani" else 20)
-    dtypes = [None] + (["bf16"] if cpu_has_native_bf16() else [])
-    results = eq.compare_dtypes(minilm_path, docs, topics, dtypes, qrels=qrels)
-    auto = results[0]
-    assert min(auto["min_cos_docs"], auto["min_cos_queries"]) >= 0.9999, auto
-    assert auto["identical_topk"] >= 0.99, auto
-    if len(results) > 1:
-        bf16 = results[1]
+    monkeypatch.delenv(enc_mod.BACKEND_ENV, raising=False)
+    openvino = enc_mod.openvino_available()
+    settings = [None] + ([{"backend": "openvino"}] if openvino else []) + (["bf16"] if cpu_has_native_bf16() else [])
+    results = eq.compare_dtypes(minilm_path, docs, topics, settings, qrels=qrels)
+    for r in results[:2 if openvino else 1]:  # the defaults, and OpenVINO also where auto keeps a small job on torch
+        assert r["dtype"] == "float32", r
+        assert min(r["min_cos_docs"], r["min_cos_queries"]) >= 0.9999, r
+        assert r["identical_topk"] >= 0.99, r
+    if openvino:
+        assert results[1]["backend"] == "openvino"
+    if cpu_has_native_bf16():
+        bf16 = results[-1]
         assert bf16["dtype"] == "bfloat16"
         assert min(bf16["min_cos_docs"], bf16["min_cos_queries"]) >= 0.9999, bf16

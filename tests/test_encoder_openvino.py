@@ -1,0 +1,96 @@
+"""The OpenVINO backend of CPDAE (issue 13, item 1): same vectors as PyTorch, chosen automatically only where it
+is safe and pays off, forced either way by ``backend=`` or ``$PYTERRIER_CPDAE_BACKEND``."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pyterrier_cpdae import _openvino
+from pyterrier_cpdae import encoder as enc_mod
+from pyterrier_cpdae.encoder import CPDAE
+
+pytestmark = pytest.mark.skipif(not _openvino.openvino_available(), reason="pip install openvino (the 'test' extra)")
+
+TEXTS = ["the quick brown fox jumps over the lazy dog", "dense retrieval", "a third text, longer than the others: "
+         "autoencoders pre-train the encoder's [CLS] vector for retrieval", "x"]
+
+
+@pytest.fixture(autouse=True)
+def no_env(monkeypatch):
+    monkeypatch.delenv(enc_mod.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(enc_mod.DTYPE_ENV, raising=False)
+
+
+def naive_vectors(model, tokenizer, texts, pooling, normalize):
+    """One text at a time, no padding, PyTorch float32: the reference the batched backends must match."""
+    out = []
+    with torch.no_grad():
+        for t in texts:
+            ids = tokenizer(t, truncation=True, max_length=256, return_tensors="pt")["input_ids"]
+            h = model(input_ids=ids)[0][0]
+            v = h[0] if pooling == "cls" else h.mean(0)
+            out.append(torch.nn.functional.normalize(v, dim=0) if normalize else v)
+    return torch.stack(out).numpy()
+
+
+@pytest.mark.parametrize("pooling, normalize", [("cls", False), ("mean", True)])
+def test_openvino_vectors_match_pytorch(tiny_bert_dir, pooling, normalize):
+    """Padded batches of unequal lengths through the compiled graph give the unpadded one-by-one PyTorch vectors."""
+    ov = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino", pooling=pooling, normalize=normalize,
+                               batch_size=3)
+    pt_ = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="torch", pooling=pooling, normalize=normalize,
+                                batch_size=3)
+    got = ov.encode_docs(TEXTS)
+    assert ov._openvino is not None and pt_._openvino is None
+    ref = naive_vectors(pt_.model, pt_.tokenizer, TEXTS, pooling, normalize)
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(got, pt_.encode_docs(TEXTS), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(ov.encode_queries("dense retrieval"), ref[1], atol=1e-5, rtol=1e-4)
+
+
+def test_automatic_backend_rules(tiny_bert_dir, monkeypatch):
+    """Auto: OpenVINO for a loaded model's CPU float32 window of >= OPENVINO_MIN_TOKENS tokens (and from then on),
+    PyTorch for smaller windows, an in-memory model, bf16, or when the environment variable says torch."""
+    auto = CPDAE.from_pretrained(tiny_bert_dir, device="cpu")
+    auto.encode_docs(TEXTS)
+    assert auto._openvino is None  # a few tokens: compiling would not pay off
+    monkeypatch.setattr(enc_mod, "OPENVINO_MIN_TOKENS", 10)
+    auto.encode_docs(TEXTS)
+    assert auto._openvino is not None
+    assert auto.encode_docs(["x"]).shape == (1, auto.dim)  # compiled once, then used for every window
+    in_memory = CPDAE(auto.model, auto.tokenizer, device="cpu")
+    in_memory.encode_docs(TEXTS)
+    assert in_memory._openvino is None  # the model may be training: its weights must be read live
+    bf16 = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", dtype="bf16")
+    bf16.encode_docs(TEXTS)
+    assert bf16._openvino is None
+    monkeypatch.setenv(enc_mod.BACKEND_ENV, "torch")
+    env = CPDAE.from_pretrained(tiny_bert_dir, device="cpu")
+    env.encode_docs(TEXTS)
+    assert env._openvino is None
+    monkeypatch.setenv(enc_mod.BACKEND_ENV, "onnx")
+    with pytest.raises(ValueError, match="PYTERRIER_CPDAE_BACKEND.*'onnx'"):
+        env.encode_docs(TEXTS)
+
+
+def test_backend_errors_and_fallback(tiny_bert_dir, monkeypatch, caplog):
+    with pytest.raises(ValueError, match="backend must be one of"):
+        CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="onnx")
+    with pytest.raises(ValueError, match="backend='openvino' runs on the CPU in float32 or bf16"):
+        CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino", dtype="fp16").encode_docs(TEXTS)
+    # a graph that cannot be compiled: the automatic choice warns and stays on PyTorch, an explicit one raises
+    def broken(*a, **k):
+        raise RuntimeError("unsupported operation")
+    monkeypatch.setattr(enc_mod, "compile_encoder", broken)
+    monkeypatch.setattr(enc_mod, "OPENVINO_MIN_TOKENS", 1)
+    auto = CPDAE.from_pretrained(tiny_bert_dir, device="cpu")
+    ref = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="torch").encode_docs(TEXTS)
+    np.testing.assert_array_equal(auto.encode_docs(TEXTS), ref)
+    assert "OpenVINO could not compile" in caplog.text and auto._openvino_failed
+    with pytest.raises(RuntimeError, match="unsupported operation"):
+        CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino").encode_docs(TEXTS)
+    monkeypatch.setattr(enc_mod, "openvino_available", lambda: False)
+    with pytest.raises(ImportError, match=r"pyterrier-cpdae\[openvino\]"):
+        CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino").encode_docs(TEXTS)
+    assert "backend='openvino'" in repr(CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino"))
