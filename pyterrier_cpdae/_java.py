@@ -47,15 +47,15 @@ _INSTALL_HINT = (
 _VECTOR_OPTION = "--add-modules=jdk.incubator.vector"
 
 
-def _release_modules(java_home: Path) -> Optional[set]:
-    """The modules listed in ``<java_home>/release`` (``MODULES="..."``); None if unreadable."""
+def _release_field(java_home: Path, key: str) -> Optional[str]:
+    """The value of ``KEY="..."`` in ``<java_home>/release``; None if unreadable or absent."""
     try:
         text = (java_home / "release").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("MODULES="):
-            return set(line.split("=", 1)[1].strip().strip('"').split())
+        if line.startswith(key + "="):
+            return line.split("=", 1)[1].strip().strip('"')
     return None
 
 
@@ -64,23 +64,18 @@ def _jvm_options(java_home: Path, options: list) -> list:
     runtime has that module (Lucene then uses its vectorised code, as under Pyserini), without it where it does
     not (the JVM would refuse to start)."""
     kept = [o for o in options if o != _VECTOR_OPTION]
-    if "jdk.incubator.vector" in (_release_modules(java_home) or set()):
+    if "jdk.incubator.vector" in (_release_field(java_home, "MODULES") or "").split():
         kept.append(_VECTOR_OPTION)
     return kept
 
 
 def _release_version(java_home: Path) -> Optional[int]:
     """Feature version (e.g. 21) read from ``<java_home>/release``; None if unreadable."""
-    try:
-        text = (java_home / "release").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    version = _release_field(java_home, "JAVA_VERSION")
+    if version is None:
         return None
-    for line in text.splitlines():
-        if line.startswith("JAVA_VERSION="):
-            version = line.split("=", 1)[1].strip().strip('"')
-            head = version.split(".")[0].split("-")[0].split("+")[0]
-            return int(head) if head.isdigit() else None
-    return None
+    head = version.split(".")[0].split("-")[0].split("+")[0]
+    return int(head) if head.isdigit() else None
 
 
 def _find_java_home() -> Path:
