@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import warnings
 from typing import Callable
 
@@ -77,6 +78,8 @@ def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
     # that two Python branches become constants (no KV cache offset; not causal): both hold for any encoder input.
     with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():  # called while encoding, too
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        # the converter reads a deprecated transformers attribute; not the user's code
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         graph = ov.convert_model(module, example_input=example)
     graph.reshape({port: ov.PartialShape([-1, -1]) for port in graph.inputs})  # any batch size and length
     config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
@@ -86,11 +89,13 @@ def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
     if sorted(names) != ["attention_mask", "input_ids"]:
         raise RuntimeError(f"unexpected inputs of the traced encoder graph: {names}")
     request = compiled.create_infer_request()
+    lock = threading.Lock()  # one request, so one batch at a time (an encoder may be shared by threads)
 
     def run(input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        out = request.infer({"input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
-                             "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64)})
-        return np.array(out[compiled.outputs[0]], dtype=np.float32, copy=True)
+        with lock:
+            out = request.infer({"input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
+                                 "attention_mask": np.ascontiguousarray(attention_mask, dtype=np.int64)})
+            return np.array(out[compiled.outputs[0]], dtype=np.float32, copy=True)
 
     logger.info("encoder compiled by OpenVINO %s (precision %s, %s threads)", ov.__version__, precision,
                 config["INFERENCE_NUM_THREADS"])

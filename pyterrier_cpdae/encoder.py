@@ -300,6 +300,11 @@ class CPDAE(pt.Transformer):
         """Vector dimension (the model's hidden size)."""
         return int(self._config.hidden_size)
 
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_openvino"] = None  # a compiled graph does not pickle; it is rebuilt on first use
+        return state
+
     # -- identity ------------------------------------------------------------------------------------------
     def _key(self) -> Tuple:
         source = self.name_or_path if self.name_or_path is not None else self._model

@@ -94,3 +94,19 @@ def test_backend_errors_and_fallback(tiny_bert_dir, monkeypatch, caplog):
     with pytest.raises(ImportError, match=r"pyterrier-cpdae\[openvino\]"):
         CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino").encode_docs(TEXTS)
     assert "backend='openvino'" in repr(CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino"))
+
+
+def test_compiled_encoder_pickles_and_is_shared_by_threads(tiny_bert_dir):
+    """The compiled graph is left out of a pickle (rebuilt on first use) and serves concurrent threads."""
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    enc = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino", batch_size=2)
+    ref = enc.encode_docs(TEXTS)
+    copy = pickle.loads(pickle.dumps(enc))
+    assert copy._openvino is None and copy == enc
+    np.testing.assert_allclose(copy.encode_docs(TEXTS), ref, atol=1e-6)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: enc.encode_docs(TEXTS * 3), range(8)))
+    for r in results:
+        np.testing.assert_allclose(r, np.concatenate([ref] * 3), atol=1e-6)
