@@ -50,15 +50,19 @@ def test_openvino_vectors_match_pytorch(tiny_bert_dir, pooling, normalize):
 
 
 def test_automatic_backend_rules(tiny_bert_dir, monkeypatch):
-    """Auto: OpenVINO for a loaded model's CPU float32 window of >= OPENVINO_MIN_TOKENS tokens (and from then on),
-    PyTorch for smaller windows, an in-memory model, bf16, or when the environment variable says torch."""
+    """Auto: OpenVINO for a loaded model on the CPU in float32 once it has encoded OPENVINO_MIN_TOKENS tokens over
+    all calls (so small chunks, as an indexing pipeline hands over, switch too), PyTorch before that, for an
+    in-memory model, bf16, or when the environment variable says torch."""
+    tokens = sum(len(t) for t in CPDAE.from_pretrained(tiny_bert_dir).tokenizer(TEXTS)["input_ids"])
+    monkeypatch.setattr(enc_mod, "OPENVINO_MIN_TOKENS", 3 * tokens)
     auto = CPDAE.from_pretrained(tiny_bert_dir, device="cpu")
     auto.encode_docs(TEXTS)
-    assert auto._openvino is None  # a few tokens: compiling would not pay off
-    monkeypatch.setattr(enc_mod, "OPENVINO_MIN_TOKENS", 10)
     auto.encode_docs(TEXTS)
-    assert auto._openvino is not None
+    assert auto._openvino is None  # 2 small calls: compiling would not pay off yet
+    auto.encode_docs(TEXTS)
+    assert auto._openvino is not None  # the third crosses the total
     assert auto.encode_docs(["x"]).shape == (1, auto.dim)  # compiled once, then used for every window
+    monkeypatch.setattr(enc_mod, "OPENVINO_MIN_TOKENS", 1)  # from here on, any job is large enough
     in_memory = CPDAE(auto.model, auto.tokenizer, device="cpu")
     in_memory.encode_docs(TEXTS)
     assert in_memory._openvino is None  # the model may be training: its weights must be read live
