@@ -66,6 +66,16 @@ def load_queries(path: str) -> List[str]:
         return [json.loads(line)["text"] for line in f if line.strip()]
 
 
+def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
+    """Smallest cosine between corresponding rows of ``a`` and ``b``."""
+    return float((np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
+
+
+def _top(queries: np.ndarray, docs: np.ndarray, k: int) -> np.ndarray:
+    """Ordered top-``k`` document rows of every query by dot product (ties by document order)."""
+    return np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :k]
+
+
 def _ratio(peer: List[float], ours: List[float]) -> str:
     per_repeat = [p / o for p, o in zip(peer, ours)]
     return f"{statistics.median(peer) / statistics.median(ours):.2f}x ({min(per_repeat):.2f}-{max(per_repeat):.2f})"
@@ -87,7 +97,8 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     common = dict(pooling="mean", normalize=True, doc_max_length=ml, batch_size=bs, device="cpu")
     auto = CPDAE.from_pretrained(args.model, **common)
     auto_dtype = str(auto._autocast_dtype()).replace("torch.", "")
-    tokens = sum(len(x) for x in auto.tokenizer(docs["text"].tolist(), truncation=True, max_length=ml)["input_ids"])
+    lengths = [len(x) for x in auto.tokenizer(docs["text"].tolist(), truncation=True, max_length=ml)["input_ids"]]
+    tokens = sum(lengths)
     cpdae: Dict[str, Any] = {}
     # the default (backend=None) on this job: OpenVINO where it is installed, the dtype is float32 and the job
     # is large enough; it is built with backend='openvino' so that the warm-up compiles it, outside the timings
@@ -144,7 +155,6 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
 
-    lengths = [len(x) for x in auto.tokenizer(docs["text"].tolist(), truncation=True, max_length=ml)["input_ids"]]
     print(f"\n## max length {ml}\n")
     print(f"tokens/doc (truncated at {ml}): mean {np.mean(lengths):.1f}, min {min(lengths)}, max {max(lengths)}, "
           f"{np.mean(np.array(lengths) == ml) * 100:.0f}% truncated; load average (1 min) at the end: "
@@ -164,8 +174,7 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     print("\nagreement with sentence-transformers encode (fp32 reference):")
     for name in ours:
         out = outputs[name]
-        cos = np.sum(out * ref, axis=1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1))
-        print(f"  {name}: max |diff| {np.abs(out - ref).max():.2e}, min cosine {cos.min():.6f}")
+        print(f"  {name}: max |diff| {np.abs(out - ref).max():.2e}, min cosine {_min_cos(out, ref):.6f}")
     if args.queries:
         # the ranking bar on these documents: every query's ordered top-10 against PyTorch float32's
         queries = load_queries(args.queries)
@@ -173,18 +182,15 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
         encoders = {name: stage.encoder for name, stage in cpdae.items()}
         ref_q = encoders[torch_name].encode_queries(queries)
         top = min(10, len(docs))
-        ref_top = np.argsort(-(ref_q @ outputs[torch_name].T), axis=1, kind="stable")[:, :top]
+        ref_top = _top(ref_q, outputs[torch_name], top)
         print(f"\nranking check on these {len(docs)} documents, {len(queries)} queries of {args.queries} (bar: the ordered "
               f"top-{top} identical to PyTorch float32's for >= 99% of queries, min cosine >= 0.9999):")
         for name in ours:
             if name == torch_name:
                 continue
             q = encoders[name].encode_queries(queries)
-            got = np.argsort(-(q @ outputs[name].T), axis=1, kind="stable")[:, :top]
-            same = float(np.mean(np.all(got == ref_top, axis=1)))
-            cos = min(float((np.sum(q * ref_q, 1) / (np.linalg.norm(q, axis=1) * np.linalg.norm(ref_q, axis=1))).min()),
-                      float((np.sum(outputs[name] * outputs[torch_name], 1)
-                             / (np.linalg.norm(outputs[name], axis=1) * np.linalg.norm(outputs[torch_name], axis=1))).min()))
+            same = float(np.mean(np.all(_top(q, outputs[name], top) == ref_top, axis=1)))
+            cos = min(_min_cos(q, ref_q), _min_cos(outputs[name], outputs[torch_name]))
             verdict = "passes" if same >= 0.99 and cos >= 0.9999 else "misses the bar"
             print(f"  {name}: identical top-{top} {same:.1%}, min cosine {cos:.6f} -> {verdict}")
 

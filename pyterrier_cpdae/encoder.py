@@ -381,7 +381,7 @@ class CPDAE(pt.Transformer):
         if self._openvino is None:
             precision = "bf16" if dtype == torch.bfloat16 else "f32"
             try:
-                self._openvino = compile_encoder(self.model.eval(), self.pooling, self.normalize, precision=precision)
+                self._openvino = compile_encoder(self.model, self.pooling, self.normalize, precision=precision)
             except Exception as ex:
                 if chosen == "openvino":
                     raise
@@ -415,13 +415,11 @@ class CPDAE(pt.Transformer):
                     input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
                     if compiled is not None:
                         out[start + rows] = compiled(input_ids, mask)
-                        if bar is not None:
-                            bar.update(len(rows))
-                        continue
-                    input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-                    mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
-                    hidden = model(input_ids=input_ids, attention_mask=mask)[0]
-                    out[start + rows] = self._pool(hidden, mask).cpu().numpy()
+                    else:
+                        input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+                        mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
+                        hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                        out[start + rows] = self._pool(hidden, mask).cpu().numpy()
                     if bar is not None:
                         bar.update(len(rows))
         if bar is not None:
