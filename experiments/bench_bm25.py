@@ -11,7 +11,8 @@ times each, in a fresh process each time:
 
 Both store the text (``--storeContents``; ours by default) unless ``--no-store-text``. Documents/s is
 end to end (the wall time of the whole process, start-up included; the start-up of each, measured with a
-process that only imports and starts Java, is printed too); peak memory is the process's peak RSS (Java
+process that only imports and starts Java, is printed too, and so is the CPU time of ours' Python side alone:
+the same iterator through the indexer's own code into a writer that only counts); peak memory is the process's peak RSS (Java
 heap included, the JVM runs inside the Python process). The two indexes are then compared (document
 count; top-100 docnos and scores for every query), and search throughput is measured in one process:
 ``BM25Index.bm25(num_results=1000)`` vs ``pyserini.search.lucene.LuceneSearcher.batch_search`` (k=1000,
@@ -54,6 +55,19 @@ def docs():
 t0 = time.perf_counter()
 BM25Index(out).indexer(threads=threads, store_text=store).index(docs())
 print("INDEX_SECONDS", time.perf_counter() - t0)
+"""
+# ours without Java: the same input iterator and the indexer's own batching code (BM25Indexer._build) feeding a
+# writer that only counts, so the CPU seconds are the Python side of an indexing run (checks, JSON, batching)
+_OURS_PYTHON_SIDE = _OURS.split("t0 = time.perf_counter()")[0] + """
+class CountingWriter:
+    def addRawDocuments(self, batch): return len(batch)
+    def close(self): pass
+c0 = time.process_time()
+n = sum(1 for _ in docs())
+c1 = time.process_time()
+BM25Index(out).indexer(threads=threads, store_text=store)._build(lambda args: CountingWriter(), Path(out), docs())
+c2 = time.process_time()
+print("PYTHON_SIDE", n, c1 - c0, c2 - c1)
 """
 _OURS_STARTUP = "from pyterrier_cpdae import BM25Index\nfrom pyterrier_cpdae._java import ensure_java\nensure_java()"
 _PYSERINI_STARTUP = "import pyserini.index.lucene"  # imports jnius: starts the JVM with Anserini's jar
@@ -206,6 +220,12 @@ def main() -> None:
                 startup[who].append(wall)
                 startup_rss[who].append(peak)
 
+        side = []
+        for _ in range(2):
+            _, _, out, _ = run_child([sys.executable, "-c", _OURS_PYTHON_SIDE, str(coll), str(tmp / "side"),
+                                      str(args.threads), "1" if store else "0"], env)
+            side.append([float(x) for x in out.split("PYTHON_SIDE")[1].split()[1:3]])
+
         walls = {"ours": [], "pyserini": []}
         rss = {"ours": [], "pyserini": []}
         cpu = {"ours": [], "pyserini": []}
@@ -247,6 +267,10 @@ def main() -> None:
               f"{statistics.median(startup_rss['ours']):.0f} MiB, Pyserini {statistics.median(startup['pyserini']):.1f} s "
               f"{statistics.median(startup_rss['pyserini']):.0f} MiB; ours inside index(): "
               f"{summary([args.docs / t for t in inner])} docs/s")
+        print(f"ours without Java (a counting writer), median of 2, CPU s: the input iterator "
+              f"{statistics.median(x[0] for x in side):.2f}, iterator + the indexer's checks, JSON and batching "
+              f"{statistics.median(x[1] for x in side):.2f}; the rest of ours' extra CPU over Pyserini's is the JNI "
+              f"transfer and SimpleIndexer's per-document tasks")
 
         queries = DATA / "msmarco-dev-sample" / "irds" / "msmarco-passage" / "dev" / "small" / "queries.tsv"
         last = args.repeats - 1
