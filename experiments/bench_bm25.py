@@ -1,19 +1,22 @@
 """BM25 indexing and search throughput: ``BM25Index`` vs Pyserini's own indexer CLI and searcher.
 
 The same documents (``--docs`` 100-word passages of the enwiki sample, DPR-style) are written once as a
-JsonCollection (``--files`` JSONL files in a temporary folder). Then, in alternating order, ``--repeats``
+JsonCollection (``--files`` JSONL files in a temporary folder). Then, in rotating order, ``--repeats``
 times each, in a fresh process each time:
 
 * ours: ``BM25Index(path).indexer(threads=T).index(docs)``, ``docs`` read from those JSONL files
   (``json.loads`` per line, streamed: what a user's corpus iterator does);
 * Pyserini: ``python -m pyserini.index.lucene --collection JsonCollection --input <dir> --index <path>
-  --generator DefaultLuceneDocumentGenerator --threads T [--storeContents]``.
+  --generator DefaultLuceneDocumentGenerator --threads T [--storeContents]``, as shipped (the JVM's default
+  garbage collector, G1);
+* the same Pyserini command with the garbage-collector options ours' JVM gets (``_java._GC_OPTIONS``, passed
+  in ``JAVA_TOOL_OPTIONS``): not a target, it attributes the difference to that choice or to the feeding path.
 
 Both store the text (``--storeContents``; ours by default) unless ``--no-store-text``. Documents/s is
 end to end (the wall time of the whole process, start-up included; the start-up of each, measured with a
 process that only imports and starts Java, is printed too, and so is the CPU time of ours' Python side alone:
 the same iterator through the indexer's own code into a writer that only counts); peak memory is the process's peak RSS (Java
-heap included, the JVM runs inside the Python process). The two indexes are then compared (document
+heap included, the JVM runs inside the Python process). Ours' and Pyserini's indexes are then compared (document
 count; top-100 docnos and scores for every query), and search throughput is measured in one process:
 ``BM25Index.bm25(num_results=1000)`` vs ``pyserini.search.lucene.LuceneSearcher.batch_search`` (k=1000,
 same threads) on the MS MARCO dev queries of ``../shared/data/msmarco-dev-sample``.
@@ -56,16 +59,23 @@ t0 = time.perf_counter()
 BM25Index(out).indexer(threads=threads, store_text=store).index(docs())
 print("INDEX_SECONDS", time.perf_counter() - t0)
 """
-# ours without Java: the same input iterator and the indexer's own batching code (BM25Indexer._build) feeding a
-# writer that only counts, so the CPU seconds are the Python side of an indexing run (checks, JSON, batching)
+# ours without Java: the same input iterator and the indexer's own feeding code (BM25Indexer._feed into the batch
+# sink it uses with Java, which joins and UTF-8-encodes each batch) handing the batches to a helper that only
+# counts, so the CPU seconds are the Python side of an indexing run (checks, batching, encoding)
 _OURS_PYTHON_SIDE = _OURS.split("t0 = time.perf_counter()")[0] + """
-class CountingWriter:
-    def addRawDocuments(self, batch): return len(batch)
+from pyterrier_cpdae.bm25 import _BlobSink
+class CountingHelper:
+    n = 0
+    def addBlob(self, blob, count): self.n += count
+    def finish(self): return self.n
+    def firstRefused(self): return None
+    def close(self): pass
+class NoWriter:
     def close(self): pass
 c0 = time.process_time()
 n = sum(1 for _ in docs())
 c1 = time.process_time()
-BM25Index(out).indexer(threads=threads, store_text=store)._build(lambda args: CountingWriter(), Path(out), docs())
+BM25Index(out).indexer(threads=threads, store_text=store)._feed(_BlobSink(NoWriter(), CountingHelper()), docs())
 c2 = time.process_time()
 print("PYTHON_SIDE", n, c1 - c0, c2 - c1)
 """
@@ -226,14 +236,20 @@ def main() -> None:
                                       str(args.threads), "1" if store else "0"], env)
             side.append([float(x) for x in out.split("PYTHON_SIDE")[1].split()[1:3]])
 
-        walls = {"ours": [], "pyserini": []}
-        rss = {"ours": [], "pyserini": []}
-        cpu = {"ours": [], "pyserini": []}
+        # "pyserini-gc": the same CLI under the JVM options ours' JVM gets (garbage collector), through
+        # JAVA_TOOL_OPTIONS: it tells how much of the difference is that choice and how much the feeding path
+        from pyterrier_cpdae._java import _GC_OPTIONS
+
+        arms = ("ours", "pyserini", "pyserini-gc")
+        walls = {who: [] for who in arms}
+        rss = {who: [] for who in arms}
+        cpu = {who: [] for who in arms}
         inner: list[float] = []
         for r in range(args.repeats):
-            order = ("ours", "pyserini") if r % 2 == 0 else ("pyserini", "ours")
+            order = arms[r % 3:] + arms[:r % 3]  # each arm goes first, second and third in turn
             for who in order:
                 out_dir = tmp / f"{who}{r}"
+                child_env = env
                 if who == "ours":
                     cmd = [sys.executable, "-c", _OURS, str(coll), str(out_dir), str(args.threads), "1" if store else "0"]
                 else:
@@ -241,36 +257,43 @@ def main() -> None:
                            "--input", str(coll), "--index", str(out_dir), "--generator",
                            "DefaultLuceneDocumentGenerator", "--threads", str(args.threads)]
                     cmd += ["--storeContents"] if store else []
-                wall, peak, out, cpu_s = run_child(cmd, env)
+                    if who == "pyserini-gc":
+                        child_env = {**env, "JAVA_TOOL_OPTIONS": " ".join(_GC_OPTIONS)}
+                wall, peak, out, cpu_s = run_child(cmd, child_env)
                 walls[who].append(wall)
                 rss[who].append(peak)
                 cpu[who].append(cpu_s)
                 if who == "ours":
                     inner.append(float(out.split("INDEX_SECONDS")[1].split()[0]))
-                print(f"  repeat {r + 1} {who:<8}: {wall:7.1f} s wall, {args.docs / wall:9,.0f} docs/s, "
+                print(f"  repeat {r + 1} {who:<11}: {wall:7.1f} s wall, {args.docs / wall:9,.0f} docs/s, "
                       f"peak RSS {peak:7,.0f} MiB, CPU {cpu_s:6.1f} s", flush=True)
             if r < args.repeats - 1:  # keep disk use down: only the last repeat's indexes are compared
-                for who in ("ours", "pyserini"):
+                for who in arms:
                     subprocess.run(["rm", "-rf", str(tmp / f"{who}{r}")], check=True)
 
         dps = {who: [args.docs / w for w in walls[who]] for who in walls}
         print()
-        print(f"{'indexing':<34} {'docs/s median (range)':>28} {'peak RSS MiB median (range)':>30}")
-        print(f"{'ours: BM25Index.indexer()':<34} {summary(dps['ours']):>28} {summary(rss['ours']):>30}")
-        print(f"{'Pyserini: pyserini.index.lucene':<34} {summary(dps['pyserini']):>28} {summary(rss['pyserini']):>30}")
+        print(f"{'indexing':<40} {'docs/s median (range)':>28} {'peak RSS MiB median (range)':>30}")
+        print(f"{'ours: BM25Index.indexer()':<40} {summary(dps['ours']):>28} {summary(rss['ours']):>30}")
+        print(f"{'Pyserini: pyserini.index.lucene':<40} {summary(dps['pyserini']):>28} {summary(rss['pyserini']):>30}")
+        print(f"{'Pyserini with ours GC options':<40} {summary(dps['pyserini-gc']):>28} "
+              f"{summary(rss['pyserini-gc']):>30}")
         print(f"ratio ours/Pyserini, paired by repeat: docs/s {ratio_summary(dps['ours'], dps['pyserini'])}; "
               f"peak RSS {ratio_summary(rss['ours'], rss['pyserini'])}")
+        print(f"ratio ours/Pyserini with ours GC options ({' '.join(_GC_OPTIONS)} in JAVA_TOOL_OPTIONS), paired: "
+              f"docs/s {ratio_summary(dps['ours'], dps['pyserini-gc'])}; "
+              f"peak RSS {ratio_summary(rss['ours'], rss['pyserini-gc'])}")
         dpc = {who: [args.docs / c for c in cpu[who]] for who in cpu}
         print(f"docs per CPU-second (less sensitive to other jobs on a shared machine): ours {summary(dpc['ours'])}, "
-              f"Pyserini {summary(dpc['pyserini'])}; ratio {ratio_summary(dpc['ours'], dpc['pyserini'])}")
+              f"Pyserini {summary(dpc['pyserini'])}, with ours GC options {summary(dpc['pyserini-gc'])}; ratios "
+              f"{ratio_summary(dpc['ours'], dpc['pyserini'])}, {ratio_summary(dpc['ours'], dpc['pyserini-gc'])}")
         print(f"start-up (import + JVM, no indexing), median of 2: ours {statistics.median(startup['ours']):.1f} s "
               f"{statistics.median(startup_rss['ours']):.0f} MiB, Pyserini {statistics.median(startup['pyserini']):.1f} s "
               f"{statistics.median(startup_rss['pyserini']):.0f} MiB; ours inside index(): "
               f"{summary([args.docs / t for t in inner])} docs/s")
         print(f"ours without Java (a counting writer), median of 2, CPU s: the input iterator "
-              f"{statistics.median(x[0] for x in side):.2f}, iterator + the indexer's checks, JSON and batching "
-              f"{statistics.median(x[1] for x in side):.2f}; the rest of ours' extra CPU over Pyserini's is the JNI "
-              f"transfer and SimpleIndexer's per-document tasks")
+              f"{statistics.median(x[0] for x in side):.2f}, iterator + the indexer's checks, batching and UTF-8 "
+              f"encoding {statistics.median(x[1] for x in side):.2f}")
 
         queries = DATA / "msmarco-dev-sample" / "irds" / "msmarco-passage" / "dev" / "small" / "queries.tsv"
         last = args.repeats - 1

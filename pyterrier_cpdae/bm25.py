@@ -337,51 +337,213 @@ class BM25Indexer(pt.Indexer):
             write_json_atomic(path / _META_FILE, meta)
         return self.index_ref
 
+    def _open_sink(self, simple_indexer: Any, lucene_path: Path) -> "_Sink":
+        """Anserini's ``SimpleIndexer`` on ``lucene_path``, wrapped in the fastest way this JVM has to feed it."""
+        writer = simple_indexer(self._java_args(lucene_path))
+        helper = _blob_indexer_class()
+        if helper is None:
+            return _JsonSink(writer)
+        return _BlobSink(writer, helper(writer, self.threads))
+
     def _build(self, simple_indexer: Any, lucene_path: Path, inp: Union[Iterable[dict], pd.DataFrame]) -> tuple[int, int]:
         """Feeds the documents to Anserini in batches; returns (documents indexed, empty documents skipped).
 
-        One Python thread sends a batch to Java (``SimpleIndexer.addRawDocuments`` indexes it with ``threads``
-        Java threads; pyjnius releases the GIL meanwhile) while this thread checks and serialises the next one.
+        Java indexes with ``threads`` threads while this thread checks and encodes the next batch (pyjnius
+        releases the GIL during Java calls).
         """
-        writer = simple_indexer(self._java_args(lucene_path))
+        return self._feed(self._open_sink(simple_indexer, lucene_path), inp)
+
+    def _feed(self, sink: "_Sink", inp: Union[Iterable[dict], pd.DataFrame]) -> tuple[int, int]:
+        """Checks the documents and sends them to ``sink`` in batches of ``batch_size`` (see :meth:`_build`)."""
         seen: set[str] = set()
-        num_docs = num_empty = 0
-        batch: list[str] = []
-        pending: Optional[concurrent.futures.Future] = None
-        feeder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25-feeder")
+        num_empty = 0
+        batch: list[str] = []  # docno, text, docno, text, ...
+        positions: list[int] = []  # input position of each document of the batch
         try:
             for i, doc in enumerate(self._records(inp)):
-                docno, text = _checked_document(i, doc)
+                docno = text = None
+                if type(doc) is dict:
+                    docno, text = doc.get("docno"), doc.get("text")
+                # the common case is checked here; anything else gets _checked_document's full checks and errors.
+                # Texts are checked for NUL characters and lone surrogates a batch at a time (_batch_bytes)
+                if not (type(docno) is str and type(text) is str and docno and docno.isascii() and docno.isprintable()):
+                    docno, text = _checked_document(i, doc)
                 if docno in seen:
                     raise ValueError(f"duplicate docno {docno!r} (document #{i}); docnos must be unique")
                 seen.add(docno)
-                if not text.strip() or not text.strip(_JAVA_WHITESPACE):
+                head = text[:1]
+                if not (head > " " and not head.isspace()) and (not text.strip() or not text.strip(_JAVA_WHITESPACE)):
+                    _check_text(i, docno, text)
                     num_empty += 1
                     continue
-                batch.append(json.dumps({"id": docno, "contents": text}))
-                if len(batch) >= self.batch_size:
-                    if pending is not None:
-                        num_docs += pending.result()
-                    pending = feeder.submit(_add_batch, writer, batch)
-                    batch = []
-            if pending is not None:
-                num_docs += pending.result()
-                pending = None
+                batch.append(docno)
+                batch.append(text)
+                positions.append(i)
+                if len(positions) >= self.batch_size:
+                    sink.send(batch, positions)
+                    batch, positions = [], []
             if batch:
-                num_docs += _add_batch(writer, batch)
+                sink.send(batch, positions)
+            num_docs = sink.finish()
         except BaseException:
-            if pending is not None:
-                concurrent.futures.wait([pending])  # never close the writer under a running batch
             try:
-                writer.close()
+                sink.abort()
             except Exception:  # pragma: no cover - best effort; the caller removes the folder
                 pass
             raise
-        finally:
-            feeder.submit(detach_thread).result()
-            feeder.shutdown()
-        writer.close()  # commits
+        sink.close()  # commits
         return num_docs, num_empty
+
+
+class _Sink:
+    """The Java end of a build: takes batches of checked documents (:meth:`send`), may index them in the
+    background, reports the count (:meth:`finish`) and commits (:meth:`close`); after a failure, :meth:`abort`."""
+
+    def __init__(self, writer: Any):
+        self.writer = writer
+        self.num_sent = 0  # documents sent
+
+    def send(self, batch: list[str], positions: list[int]) -> None:
+        """Starts indexing one batch: ``[docno, text, docno, text, ...]`` of the input documents at ``positions``.
+
+        Raises:
+            ValueError: a text of the batch holds a NUL character or a lone surrogate (naming the document).
+        """
+        raise NotImplementedError
+
+    def finish(self) -> int:
+        """Waits for every batch sent; returns the number of documents indexed (all of them, or RuntimeError)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Commits the index and closes the writer (after :meth:`finish`)."""
+        self.writer.close()
+
+    def abort(self) -> None:
+        """Stops after a failure (no batch runs any more) and closes the writer; the caller removes the index."""
+        self.writer.close()
+
+    def _check_added(self, added: int, refused: Optional[str] = None) -> int:
+        if added != self.num_sent:
+            first = f"; the first refused docno is {refused!r}" if refused else ""
+            raise RuntimeError(f"Lucene indexed {added} of the {self.num_sent} documents sent{first} (see the Java "
+                               "log above)")
+        return added
+
+
+def _batch_bytes(batch: list[str], positions: list[int]) -> bytes:
+    """The batch as UTF-8, fields separated by NUL; a ValueError naming the first document whose text holds a NUL
+    character or a lone surrogate (which Java cannot hold as they are).
+
+    One join, count and encode of the whole batch check every text at C speed; only a failing batch is searched
+    document by document.
+    """
+    joined = "\x00".join(batch)
+    try:
+        if joined.count("\x00") == len(batch) - 1:
+            return joined.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    for k, position in enumerate(positions):
+        _check_text(position, batch[2 * k], batch[2 * k + 1])
+    raise AssertionError("unreachable: a batch failed its check but none of its documents did")  # pragma: no cover
+
+
+class _BlobSink(_Sink):
+    """Sends each batch as one UTF-8 ``byte[]`` (:func:`_batch_bytes`) to the package's Java helper
+    ``pyterrier_cpdae.BlobIndexer`` (:mod:`pyterrier_cpdae.java`): no JSON on either side; ``addBlob`` queues the
+    batch and returns, so ``threads`` Java threads index without waiting for Python; at the end they write their
+    in-memory buffers as segments all at once."""
+
+    def __init__(self, writer: Any, helper: Any):
+        super().__init__(writer)
+        self.helper = helper
+
+    def send(self, batch: list[str], positions: list[int]) -> None:
+        self.helper.addBlob(_batch_bytes(batch, positions), len(positions))
+        self.num_sent += len(positions)
+
+    def finish(self) -> int:
+        return self._check_added(int(self.helper.finish()), self.helper.firstRefused())
+
+    def close(self) -> None:
+        self.helper.close()
+        super().close()
+
+    def abort(self) -> None:
+        self.helper.close()  # drops what is still queued
+        super().abort()
+
+
+class _JsonSink(_Sink):
+    """Sends each batch as JSON strings to Anserini's ``SimpleIndexer.addRawDocuments`` (the fallback when the JVM
+    was started without the package's helper jar, e.g. by Pyserini); one Python thread waits in that call while
+    the caller prepares the next batch."""
+
+    def __init__(self, writer: Any):
+        super().__init__(writer)
+        self.added = 0
+        self.pending: Optional[concurrent.futures.Future] = None
+        self.feeder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25-feeder")
+
+    def send(self, batch: list[str], positions: list[int]) -> None:
+        _batch_bytes(batch, positions)  # the same checks
+        docs = [json.dumps({"id": batch[k], "contents": batch[k + 1]}) for k in range(0, len(batch), 2)]
+        self._wait()
+        self.pending = self.feeder.submit(self.writer.addRawDocuments, docs)
+        self.num_sent += len(positions)
+
+    def _wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            self.added += int(pending.result())
+
+    def _stop_feeder(self) -> None:
+        self.feeder.submit(detach_thread).result()
+        self.feeder.shutdown()
+
+    def finish(self) -> int:
+        self._wait()
+        return self._check_added(self.added)
+
+    def close(self) -> None:
+        self._stop_feeder()
+        super().close()
+
+    def abort(self) -> None:
+        if self.pending is not None:
+            concurrent.futures.wait([self.pending])  # never close the writer under a running batch
+        self._stop_feeder()
+        super().abort()
+
+
+_warned_no_helper = False
+
+
+def _helper_class(name: str) -> Optional[Any]:
+    """The Java class ``pyterrier_cpdae.<name>`` of the package's helper jar (:mod:`pyterrier_cpdae.java`), or None
+    (with one warning per process) when the running JVM was started without that jar."""
+    global _warned_no_helper
+    try:
+        return autoclass(f"pyterrier_cpdae.{name}")
+    except Exception as e:  # pyjnius' JavaException: the JVM was started without our jar on its class path
+        if not _warned_no_helper:
+            _warned_no_helper = True
+            warnings.warn(f"the Java VM was started without pyterrier-cpdae's helper jar ({e}; e.g. Pyserini started "
+                          "Java before pyterrier_cpdae did), so BM25 takes Anserini's slower paths (JSON documents "
+                          "when indexing, one Java call per hit when searching); let pyterrier_cpdae start Java "
+                          "first for the fast ones", stacklevel=4)
+        return None
+
+
+def _blob_indexer_class() -> Optional[Any]:
+    """``pyterrier_cpdae.BlobIndexer`` (see :func:`_helper_class`)."""
+    return _helper_class("BlobIndexer")
+
+
+def _flat_hits_class() -> Optional[Any]:
+    """``pyterrier_cpdae.FlatHits`` (see :func:`_helper_class`)."""
+    return _helper_class("FlatHits")
 
 
 # what Java's String.trim() removes (Anserini rejects a document whose text trims to nothing)
@@ -420,17 +582,14 @@ def _checked_document(i: int, doc: Any) -> tuple[str, str]:
     text = doc["text"]
     if not isinstance(text, str):
         raise ValueError(f"document #{i} ({docno!r}): text must be a str, got {type(text).__name__}")
-    problem = _java_safe(text)  # docnos: as_docno already refuses NUL and lone surrogates
+    return docno, text  # docnos: as_docno refuses NUL and lone surrogates; texts: _batch_bytes or _check_text
+
+
+def _check_text(i: int, docno: str, text: str) -> None:
+    """A ValueError naming input document #i if its text holds what Java cannot (a NUL, a lone surrogate)."""
+    problem = _java_safe(text)
     if problem:
         raise ValueError(f"document #{i} ({docno!r}): text {problem}")
-    return docno, text
-
-
-def _add_batch(writer: Any, batch: list[str]) -> int:
-    added = int(writer.addRawDocuments(batch))
-    if added != len(batch):
-        raise RuntimeError(f"Lucene indexed {added} of {len(batch)} documents in a batch")
-    return added
 
 
 class BM25Retriever(_OpensSearcher, pt.Transformer):
@@ -495,28 +654,47 @@ class BM25Retriever(_OpensSearcher, pt.Transformer):
                     raise ValueError(f"query for qid {qid!r} must be a str, got {query!r}")
                 queries.append(query)
             searcher = self.searcher()
-            array_list = autoclass("java.util.ArrayList")
-            jqueries, jkeys = array_list(), array_list()
-            for i, q in enumerate(queries):
-                jqueries.add(q)
-                jkeys.add(str(i))  # positional keys: the input may repeat a qid
-            hits = searcher.batch_search(jqueries, jkeys, self.num_results, self.threads)
-            for i in range(len(queries)):
-                found = hits.get(str(i))
-                n = len(found) if found is not None else 0
-                if n == 0:
-                    continue
+            flat_hits = _flat_hits_class()
+            if flat_hits is not None:  # the same batch_search, its hits copied into four arrays in Java
+                hits = flat_hits.search(searcher, queries, self.num_results, self.threads)
+                counts = np.asarray(hits.counts, dtype=np.int64)
+                starts = np.repeat(np.cumsum(counts) - counts, counts)
+                # lists, not arrays: DataFrameBuilder would broadcast an array of one hit as a single value
                 builder.extend({
-                    "_index": i,
-                    "docno": [h.docid for h in found],
-                    "docid": [int(h.lucene_docid) for h in found],
-                    "score": [float(h.score) for h in found],
-                    "rank": list(range(n)),
+                    "_index": np.repeat(np.arange(len(queries)), counts).tolist(),
+                    "docno": list(hits.docnos),
+                    "docid": list(hits.docids),
+                    "score": list(hits.scores),
+                    "rank": (np.arange(len(starts), dtype=np.int64) - starts).tolist(),
                 })
+            else:
+                self._per_hit(searcher, queries, builder)
         out = builder.to_df(merge_on_index=inp)
         if not len(out):
             out = out.astype({"docno": str, "docid": "int64", "score": "float64", "rank": "int64"})
         return out
+
+
+    def _per_hit(self, searcher: Any, queries: list[str], builder: "pta.DataFrameBuilder") -> None:
+        """Anserini's batch_search with its hits read one Java call per field (when the helper jar is missing)."""
+        array_list = autoclass("java.util.ArrayList")
+        jqueries, jkeys = array_list(), array_list()
+        for i, q in enumerate(queries):
+            jqueries.add(q)
+            jkeys.add(str(i))  # positional keys: the input may repeat a qid
+        hits = searcher.batch_search(jqueries, jkeys, self.num_results, self.threads)
+        for i in range(len(queries)):
+            found = hits.get(str(i))
+            n = len(found) if found is not None else 0
+            if n == 0:
+                continue
+            builder.extend({
+                "_index": i,
+                "docno": [h.docid for h in found],
+                "docid": [int(h.lucene_docid) for h in found],
+                "score": [float(h.score) for h in found],
+                "rank": list(range(n)),
+            })
 
 
 class BM25TextLoader(_OpensSearcher, pt.Transformer):

