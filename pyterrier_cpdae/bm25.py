@@ -660,11 +660,12 @@ class BM25Retriever(_OpensSearcher, pt.Transformer):
                 counts = np.asarray(hits.counts, dtype=np.int64)
                 starts = np.repeat(np.cumsum(counts) - counts, counts)
                 # lists, not arrays: DataFrameBuilder would broadcast an array of one hit as a single value
+                # (pyjnius already hands the Java arrays over as lists)
                 builder.extend({
                     "_index": np.repeat(np.arange(len(queries)), counts).tolist(),
-                    "docno": list(hits.docnos),
-                    "docid": list(hits.docids),
-                    "score": list(hits.scores),
+                    "docno": hits.docnos,
+                    "docid": hits.docids,
+                    "score": hits.scores,
                     "rank": (np.arange(len(starts), dtype=np.int64) - starts).tolist(),
                 })
             else:

@@ -140,8 +140,8 @@ public final class BlobIndexer implements AutoCloseable {
     return starts;
   }
 
-  private void rethrow() throws Exception {
-    Throwable t = error.get();
+  /** Throws {@code t} (an Error wrapped in a RuntimeException) if it is not null. */
+  private static void rethrow(Throwable t) throws Exception {
     if (t instanceof Exception e) {
       throw e;
     }
@@ -160,7 +160,7 @@ public final class BlobIndexer implements AutoCloseable {
     if (finished) {
       throw new IllegalStateException("finish() was called: no more batches");
     }
-    rethrow();
+    rethrow(error.get());
     final int[] starts = fieldStarts(blob, count);
     final int per = Math.max(1, (count + threads - 1) / threads);  // one chunk per thread
     for (int from = 0; from < count; from += per) {
@@ -184,7 +184,7 @@ public final class BlobIndexer implements AutoCloseable {
       for (Thread w : workers) {
         w.join();
       }
-      rethrow();
+      rethrow(error.get());
       flush();
       if (writer != null) {
         writer.commit();
@@ -240,12 +240,7 @@ public final class BlobIndexer implements AutoCloseable {
     for (Thread f : flushers) {
       f.join();
     }
-    if (failure.get() instanceof Exception e) {
-      throw e;
-    }
-    if (failure.get() != null) {
-      throw new RuntimeException(failure.get());
-    }
+    rethrow(failure.get());
     return flushed.get();
   }
 
