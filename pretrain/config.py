@@ -6,7 +6,9 @@ config files into them and lets command-line flags override the file. Pre-traini
 defaults follow the CPDAE paper (Ma et al., CIKM 2022) where it gives a setting. Fine-tuning
 defaults share the paper's numbers (lr 5e-6, 64 queries, 1 positive + 7 negatives, [CLS]) but
 not its loss or mining schedule: ``--preset paper`` / ``paper-document``
-(:data:`FINETUNE_PRESETS`) select the paper's recipe exactly.
+(:data:`FINETUNE_PRESETS`) select the paper's recipes (``paper-warmup``: the passage recipe's
+warm-up stage alone). Pre-training presets are per objective (``python -m pretrain --objective X
+--preset paper``: each paper's own settings, ``Objective.presets``).
 """
 from __future__ import annotations
 
@@ -76,12 +78,18 @@ class PretrainConfig(TrainConfig):
     max_docs: int = opt(-1, "Read at most this many documents from the corpus (-1: all).")
     max_length: int = opt(512, "Maximum tokens per block, special tokens included; documents are packed into blocks at sentence boundaries.")
     cache_dir: Optional[str] = opt(None, "Where the tokenized corpus cache lives (None: <output>/../.token_cache, shared by runs beside it).")
+    preset: Optional[str] = opt(None, "A named setting of the objective (its Objective.presets; a --config file and "
+                                "flags still override it): paper = the objective's paper's own reported settings "
+                                "(docs/pretraining.md lists them with their sources). The controlled comparison "
+                                "(python -m experiments.paper) uses none: one shared budget for every objective.")
     decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the objective's decoder from this exported run "
                                       "(its <dir>/decoder) instead of initialising a new one; pass the stage-1 run "
                                       "directory here and as --model.")
 
     #: Set on the classes made by :func:`pretrain_config_class`: the objective whose options they hold.
     _objective_name: ClassVar[Optional[str]] = None
+    #: ``--preset`` values of the objective (its ``Objective.presets``), set by :func:`pretrain_config_class`.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "PretrainConfig":
         if cls.__dict__.get("_objective_name") is None:  # PretrainConfig (or a subclass) itself: add the objective's options
@@ -128,6 +136,7 @@ def pretrain_config_class(objective: str, base: type = PretrainConfig) -> type:
         cls = dataclasses.make_dataclass(f"PretrainConfig_{objective}", [], bases=(options, base))  # shared fields first
         cls._objective_name = objective
         cls._config_base = base
+        cls.PRESETS = dict(getattr(objective_class(objective), "presets", {}))
         cls.__module__ = __name__
         cls.__doc__ = f"Options of ``python -m pretrain --objective {objective}`` (shared ones + {options.__name__})."
         _CONFIG_CLASSES[key] = cls
@@ -159,20 +168,39 @@ def _not_an_option_message(names: list[str], objective: str, source: str = "") -
 
 #: Named fine-tuning recipes (``--preset NAME``): option values applied on top of the defaults
 #: and under a ``--config`` file and command-line flags. The CPDAE paper (Ma et al., CIKM 2022)
-#: fine-tunes with a pairwise loss, 1 positive + 7 BM25 negatives per query, lr 5e-6
-#: and batch 64; for documents it starts from the passage model (the warm-up model) and
-#: "iteratively mine[s] the static hard negatives using the current model twice and
-#: fine-tune[s] the model for 1 epoch in each iteration" (STAR-style).
+#: fine-tunes with a pairwise loss, 1 positive + 7 negatives per query, lr 5e-6 and batch 64.
+#: Passages: "with static hard negatives using the BM25 warm-up model following [23]", [23] being
+#: STAR (Zhan et al., SIGIR 2021): train a warm-up model on BM25 negatives, retrieve with it and
+#: keep its top-200 as static hard negatives, then continue training the warm-up model on them.
+#: Documents: start from the passage model and "iteratively mine the static hard negatives using
+#: the current model twice and fine-tune the model for 1 epoch in each iteration". The paper
+#: gives no epoch count for passages: those presets leave ``--epochs`` at its default (1 per round).
 FINETUNE_PRESETS: dict[str, dict[str, Any]] = {
-    # passages: one round on BM25 negatives from --model (the pre-trained checkpoint)
+    # passages, STAR's full recipe: round 0 = the warm-up model (BM25 negatives, from --model), round 1 =
+    # negatives mined from the top 200 of round 0's model, training continuing from round 0's model
     "paper": {"loss": "pairwise", "in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7,
-              "learning_rate": 5e-6, "batch_size": 64, "epochs": 1.0, "pooling": "cls", "mining_rounds": 0,
-              "round_init": "previous"},
+              "learning_rate": 5e-6, "batch_size": 64, "pooling": "cls", "negatives_depth": 200,
+              "mining_rounds": 1, "round_init": "previous"},
+    # passages, STAR's warm-up stage only (BM25 negatives, no mining round): a cheaper recipe, not the paper's
+    "paper-warmup": {"loss": "pairwise", "in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7,
+                     "learning_rate": 5e-6, "batch_size": 64, "pooling": "cls", "negatives_depth": 200,
+                     "mining_rounds": 0, "round_init": "previous"},
     # documents: --model is the warm-up (passage) model; it mines round 0's negatives, round 0's
-    # model mines round 1's; each round trains 1 epoch continuing from the model that mined
+    # model mines round 1's; each round trains 1 epoch continuing from the model that mined; 512-token documents
     "paper-document": {"loss": "pairwise", "in_batch_negatives": False, "negatives": "model", "num_negatives": 7,
                        "learning_rate": 5e-6, "batch_size": 64, "epochs": 1.0, "pooling": "cls",
-                       "mining_rounds": 1, "round_init": "previous"},
+                       "negatives_depth": 200, "doc_max_length": 512, "mining_rounds": 1, "round_init": "previous"},
+}
+
+#: One line per fine-tuning preset saying which recipe it is (``--help``, the experiments' table headers).
+FINETUNE_PRESET_SUMMARIES: dict[str, str] = {
+    "paper": "the CPDAE paper's passage recipe, STAR's two stages: a warm-up model trained on BM25 negatives, "
+             "then, continuing from it, training on static hard negatives mined from its top 200",
+    "paper-warmup": "the warm-up stage of the paper's passage recipe only (BM25 negatives, no mining round), "
+                    "not the paper's full recipe",
+    "paper-document": "the CPDAE paper's document recipe: from the warm-up (passage) model, mine the top 200 with "
+                      "the current model twice, 1 epoch per round, each round continuing from the previous one, "
+                      "512-token documents",
 }
 
 
@@ -181,17 +209,17 @@ class FinetuneConfig(TrainConfig):
     """Options of ``python -m pretrain finetune`` (bi-encoder fine-tuning).
 
     The defaults are a Tevatron-style recipe (listwise loss with in-batch negatives, every
-    mining round restarting from ``--model``); ``--preset paper`` / ``paper-document`` is the
-    CPDAE paper's recipe (:data:`FINETUNE_PRESETS`).
+    mining round restarting from ``--model``); ``--preset paper`` / ``paper-document`` are the
+    CPDAE paper's passage (STAR: BM25 warm-up, then mined hard negatives) and document recipes
+    (:data:`FINETUNE_PRESETS`).
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = FINETUNE_PRESETS
 
     preset: Optional[str] = opt(None, "A named recipe whose values replace the defaults (a --config file and flags "
-                                "still override it): paper = the CPDAE paper's passage recipe (pairwise loss, 1 pos "
-                                "+ 7 BM25 negatives, lr 5e-6, batch 64, 1 epoch, [CLS]); paper-document = its "
-                                "document recipe (from the warm-up --model, mine with the current model twice, 1 "
-                                "epoch per round, each round continuing from the previous one).",
+                                "still override it); every one uses the paper's pairwise loss, 1 pos + 7 negatives, "
+                                "lr 5e-6, batch 64, [CLS]: " + "; ".join(
+                                    f"{k} = {v}" for k, v in FINETUNE_PRESET_SUMMARIES.items()) + ".",
                                 choices=sorted(FINETUNE_PRESETS))
     learning_rate: float = opt(5e-6, "Peak AdamW learning rate (the paper: 5e-6).")
     epochs: float = opt(1.0, "Number of passes over the training queries (per round).")
@@ -224,6 +252,10 @@ RESUME_MUTABLE_OPTIONS = frozenset({
     "report_to", "num_workers", "cpu", "cache_dir"})
 
 
+#: Options that only name a set of values (``--preset``): resuming compares the values they resolved to instead.
+LABEL_OPTIONS = frozenset({"preset"})
+
+
 def flag(name: str) -> str:
     """The command-line flag of an option: ``max_steps`` -> ``--max-steps``."""
     return "--" + name.replace("_", "-")
@@ -233,7 +265,7 @@ def resume_conflicts(previous: dict[str, Any], current: dict[str, Any]) -> list[
     """Names of the options that differ between a recorded run's options and the current ones and may not change on
     ``--resume`` (:data:`RESUME_MUTABLE_OPTIONS`). Options only one side has are ignored (each objective has its own
     options; a run recorded before an option existed)."""
-    keys = (set(previous) & set(current)) - RESUME_MUTABLE_OPTIONS
+    keys = (set(previous) & set(current)) - RESUME_MUTABLE_OPTIONS - LABEL_OPTIONS
     return sorted(k for k in keys if previous[k] != current[k])
 
 
@@ -309,6 +341,8 @@ def _choices(cls: type, f: dataclasses.Field) -> Optional[list[str]]:
     if f.name == "objective" and isinstance(cls, type) and issubclass(cls, PretrainConfig):
         from .objectives import available_objectives
         return list(available_objectives())
+    if f.name == "preset" and isinstance(cls, type) and issubclass(cls, PretrainConfig) and cls.PRESETS:
+        return sorted(cls.PRESETS)
     return f.metadata.get("choices")
 
 
@@ -435,6 +469,11 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
     values.update(ns)  # command-line flags (already typed by argparse) override the file
     preset = values.get("preset")
     if preset is not None:  # the preset's values sit under the file and the flags
+        presets = getattr(cls, "PRESETS", {})
+        if preset not in presets:
+            owner = f"objective {cls._objective_name!r}" if getattr(cls, "_objective_name", None) else "this command"
+            raise ValueError(f"unknown preset {preset!r} for {owner}; "
+                             + (f"its presets: {', '.join(sorted(presets))}" if presets else "it has no presets"))
         values = {**{k: coerce_value(fields[k], v, f"preset {preset!r}") for k, v in cls.PRESETS[preset].items()},
                   **values}
     return cls(**values)

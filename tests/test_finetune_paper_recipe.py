@@ -65,15 +65,21 @@ def test_pairwise_loss_gradient_equals_the_equation():
 # ----------------------------------------------------------------------------- presets
 def test_paper_preset_is_exactly_the_papers_recipe():
     cfg = parse_config(FinetuneConfig, ["--preset", "paper"])
-    # CPDAE (Ma et al., CIKM 2022), Sec. 5.1: pairwise loss, 1 positive + 7 BM25 negatives, lr 5e-6, batch 64
+    # CPDAE (Ma et al., CIKM 2022), Sec. 5.1: pairwise loss, 1 positive + 7 negatives, lr 5e-6, batch 64, and for
+    # passages "static hard negatives using the BM25 warm-up model following [23]" (STAR): a warm-up round on BM25
+    # negatives, then one round on the warm-up model's top-200, continuing from the warm-up model
     assert (cfg.loss, cfg.negatives, cfg.num_negatives, cfg.learning_rate, cfg.batch_size) == \
         ("pairwise", "bm25", 7, 5e-6, 64)
-    assert (cfg.epochs, cfg.pooling, cfg.mining_rounds, cfg.in_batch_negatives, cfg.preset) == \
-        (1.0, "cls", 0, False, "paper")
+    assert (cfg.pooling, cfg.in_batch_negatives, cfg.preset) == ("cls", False, "paper")
+    assert (cfg.mining_rounds, cfg.round_init, cfg.negatives_depth) == (1, "previous", 200)
+    warm = parse_config(FinetuneConfig, ["--preset", "paper-warmup"])  # the warm-up stage alone, under its own name
+    assert (warm.negatives, warm.mining_rounds, warm.loss, warm.num_negatives, warm.learning_rate) == \
+        ("bm25", 0, "pairwise", 7, 5e-6)
     doc = parse_config(FinetuneConfig, ["--preset", "paper-document"])
-    # documents: from the warm-up model, mine with the current model twice, 1 epoch each, continuing
+    # documents: from the warm-up model, mine with the current model twice, 1 epoch each, continuing; 512 tokens
     assert (doc.loss, doc.num_negatives, doc.learning_rate, doc.batch_size, doc.epochs) == ("pairwise", 7, 5e-6, 64, 1.0)
-    assert (doc.negatives, doc.mining_rounds, doc.round_init) == ("model", 1, "previous")
+    assert (doc.negatives, doc.mining_rounds, doc.round_init, doc.doc_max_length, doc.negatives_depth) == \
+        ("model", 1, "previous", 512, 200)
     # every preset names real options with valid values
     names = {f.name for f in config_fields(FinetuneConfig)}
     for preset, values in FINETUNE_PRESETS.items():

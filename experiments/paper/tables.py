@@ -32,6 +32,24 @@ def machine() -> str:
     return f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPU cores, {gpu}, Python {platform.python_version()}"
 
 
+def finetune_recipes(cfg: dict[str, Any]) -> str:
+    """Which fine-tuning recipe each fine-tuning set of ``cfg`` runs: its ``--preset`` (with what that preset is)
+    and the number of training rounds after the set's own options, so that a table says whether it shows the
+    paper's full recipe or only part of it."""
+    from pretrain.config import FINETUNE_PRESET_SUMMARIES, FINETUNE_PRESETS
+
+    parts = []
+    for name, fs in cfg.get("finetune_sets", {}).items():
+        args = {**cfg.get("finetune", {}).get("args", {}), **(fs.get("args") or {})}
+        preset = args.get("preset")
+        resolved = {**FINETUNE_PRESETS.get(preset, {}), **{k: v for k, v in args.items() if v is not None}}
+        rounds = 1 + int(resolved.get("mining_rounds", 0))
+        what = (f"`--preset {preset}` ({FINETUNE_PRESET_SUMMARIES.get(preset, 'see pretrain.config')})"
+                if preset else "no preset (the toolkit's default recipe)")
+        parts.append(f"{fs.get('label', name)}: {what}; {rounds} training round{'s' if rounds > 1 else ''}")
+    return "; ".join(parts)
+
+
 class Writer:
     """Writes tables (Markdown + CSV) with a common header under ``out``."""
 
@@ -43,7 +61,8 @@ class Writer:
         cfg = self.cfg
         sizes = "" if cfg["sizes_from"] == cfg["scale"] else f" with the sizes of `{cfg['sizes_from']}`"
         return (f"# {title}\n\nScale: `{cfg['scale']}`{sizes} (config `{os.path.relpath(cfg['config_file'])}`). "
-                f"{cfg.get('what_it_shows', '')}\n\nCommand: `{self.command}`\n\nMachine: {machine()}\n\n")
+                f"{cfg.get('what_it_shows', '')}\n\nFine-tuning recipe: {finetune_recipes(cfg)}.\n\n"
+                f"Command: `{self.command}`\n\nMachine: {machine()}\n\n")
 
     def write(self, name: str, title: str, sections: list[tuple[str, str]], csv: Optional[pd.DataFrame]) -> None:
         body = self.header(title) + "".join(f"## {h}\n\n{b}\n\n" for h, b in sections)

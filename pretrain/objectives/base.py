@@ -110,6 +110,10 @@ class Objective(nn.Module):
     contrastive: bool = False
     #: The objective's options (a dataclass subclass of :class:`ObjectiveOptions`).
     Options: ClassVar[type] = ObjectiveOptions
+    #: Named settings (``--preset NAME``): option values (shared or the objective's own) applied over the defaults
+    #: and under a ``--config`` file and flags. ``"paper"``: the settings the objective's paper (or its authors'
+    #: code) reports, each with its source in a comment and in docs/pretraining.md.
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     @classmethod
     def summary(cls) -> str:

@@ -103,6 +103,15 @@ class BoWObjective(MaskedViewsMixin, Objective):
 
     name = "bow"
     Options = BoWOptions
+    #: Ma et al. (SIGIR 2024) on Wikipedia + BookCorpus; the authors' README (github.com/ma787639046/bowdpr,
+    #: "Pre-training with Bag-of-Word Prediction"): bert-base-uncased, --max_seq_length 512 --mlm_probability 0.30
+    #: --max_steps 140000 --warmup_steps 4000 --learning_rate 3e-4 --weight_decay 0.01
+    #: --per_device_train_batch_size 64 --gradient_accumulation_steps 4 under a plain `torchrun` (one process):
+    #: 256 texts per step. Not expressible here (documented departures): its cosine LR schedule (min ratio 0.1;
+    #: ours decays linearly) and the BoW weight's cosine decay to 0.1 (--bow-weight-schedule: constant or linear to 0).
+    presets = {"paper": {"learning_rate": 3e-4, "batch_size": 256, "max_steps": 140000,
+                         "warmup_ratio": 4000 / 140000, "weight_decay": 0.01, "max_length": 512,
+                         "mlm_probability": 0.3}}
     loss_names = ("mlm", "bow")
     num_views = 1
     ddp_find_unused_parameters = False

@@ -78,6 +78,13 @@ class CPDAEOptions(CPDAEContrastOptions):
     js_chunk_size: int = opt(8, "Rows per chunk in the memory-efficient pairwise JS divergence.")
 
 
+#: CPDAE (Ma et al., CIKM 2022), Sec. 5.1: continue bert-base-uncased on English Wikipedia for 3 epochs, batch 64,
+#: lr 5e-5, 10% linear warm-up, texts of <= 512 tokens, λ = 0.1; Eq. 5 has no temperature (τ = 1).
+CPDAE_PAPER_TRAINING: dict[str, Any] = {"learning_rate": 5e-5, "batch_size": 64, "epochs": 3.0, "warmup_ratio": 0.1,
+                                        "max_length": 512}
+CPDAE_PAPER_CONTRAST: dict[str, Any] = {"cl_weight": 0.1, "temperature": 1.0}
+
+
 def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0,
                           reduction: str = "mean") -> torch.Tensor:
     """InfoNCE over the views of a data-parallel batch.
@@ -137,6 +144,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
 
     name = "cpdae"
     Options = CPDAEOptions
+    presets = {"paper": {**CPDAE_PAPER_TRAINING, **CPDAE_PAPER_CONTRAST}}
     loss_names = ("mlm", "rec", "cl")
     num_views = 2
     contrastive = True
@@ -277,6 +285,7 @@ class CPDAERObjective(CPDAEObjective):
 
     name = "cpdae_r"
     Options = CPDAEContrastOptions
+    presets = {"paper": {**CPDAE_PAPER_TRAINING, **CPDAE_PAPER_CONTRAST}}
 
     def contrastive_loss(self, cls: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """``L_CL`` with similarity ``h_i·h_j/τ`` (float32)."""
@@ -296,6 +305,7 @@ class CPDAENoCLObjective(CPDAEObjective):
 
     name = "cpdae_nocl"
     Options = CPDAEAutoencoderOptions
+    presets = {"paper": dict(CPDAE_PAPER_TRAINING)}  # the paper's ablations share its setting
     loss_names = ("mlm", "rec")
     contrastive = False
     use_cl = False
@@ -318,6 +328,7 @@ class CPDAEIDFRecObjective(CPDAENoCLObjective):
 
     name = "cpdae_idfrec"
     Options = CPDAEIDFRecOptions
+    presets = {"paper": dict(CPDAE_PAPER_TRAINING)}
 
     def _set_idf(self, idf: Optional[torch.Tensor], vocab: int) -> None:
         if self.config.rec_weighting != "idf":

@@ -89,6 +89,12 @@ class ICTObjective(Objective):
 
     name = "ict"
     Options = ICTOptions
+    #: Lee et al. (ACL 2019), the authors' ICT pre-training entry point (github.com/google-research/language,
+    #: language/orqa/experiments/ict_experiment.py): learning_rate 1e-4, block_seq_len 288 (evidence blocks),
+    #: mask_rate 0.9 (the query sentence stays in its block with probability 0.1); no temperature. The batch size
+    #: and step count are flags of that script without defaults there and are not set.
+    presets = {"paper": {"learning_rate": 1e-4, "max_length": 288, "ict_keep_probability": 0.1,
+                         "temperature": 1.0}}
     loss_names = ("cl",)
     needs_mask_token = False
     contrastive = True

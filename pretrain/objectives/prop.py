@@ -121,6 +121,11 @@ class PROPObjective(MaskedViewsMixin, Objective):
 
     name = "prop"
     Options = PROPOptions
+    #: Ma et al. (WSDM 2021) and the authors' code (github.com/Albert-Ma/PROP), as read for this objective's
+    #: defaults: Poisson λ = 3, hinge margin 1 on the softmax-normalised pair, word2vec subsampling t = 1e-4,
+    #: whole-word masking. Its optimiser settings were not found in a source available here and are not set.
+    presets = {"paper": {"prop_poisson_lambda": 3.0, "prop_margin": 1.0, "prop_subsample_t": 1e-4,
+                         "whole_word_mask": True}}
     loss_names = ("mlm", "rop")
     ddp_find_unused_parameters = False
     #: Optional generator for word sets and masking (reproducible batches); default: torch's global RNG.

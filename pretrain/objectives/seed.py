@@ -176,6 +176,10 @@ class SEEDObjective(MaskedViewsMixin, Objective):
 
     name = "seed"
     Options = SEEDOptions
+    #: Lu et al. (EMNLP 2021): the released checkpoint the paper reports, "3-layer decoder, attention span = 2"
+    #: (github.com/microsoft/SEED-Encoder README). The paper pre-trains its own BPE model from scratch; its
+    #: optimiser settings (lr, batch, steps) were not found in a source available here and are not set.
+    presets = {"paper": {"seed_decoder_layers": 3, "seed_attention_span": 2}}
     loss_names = ("mlm", "rec")
     num_views = 1
     ddp_find_unused_parameters = False

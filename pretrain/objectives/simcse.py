@@ -49,6 +49,12 @@ class SimCSEObjective(Objective):
 
     name = "simcse"
     Options = SimCSEOptions
+    #: Gao et al. (EMNLP 2021), unsupervised SimCSE with BERT-base: 1 epoch over 10^6 English Wikipedia sentences,
+    #: batch 64, lr 3e-5, max length 32, τ = 0.05 (Appendix A; the authors' run_unsup_example.sh:
+    #: --num_train_epochs 1 --per_device_train_batch_size 64 --learning_rate 3e-5 --max_seq_length 32 --temp 0.05,
+    #: one process). That script sets no warm-up and no weight decay: Hugging Face Trainer's defaults, 0 and 0.
+    presets = {"paper": {"learning_rate": 3e-5, "batch_size": 64, "epochs": 1.0, "max_length": 32,
+                         "temperature": 0.05, "warmup_ratio": 0.0, "weight_decay": 0.0}}
     loss_names = ("cl",)
     needs_mask_token = False
     contrastive = True
