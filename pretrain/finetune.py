@@ -10,8 +10,8 @@ Pipeline (see :class:`~pretrain.config.FinetuneConfig` for every option)::
 Round 0 fine-tunes ``--model``. Round ``r > 0`` mines with round ``r-1``'s model and, with
 ``--round-init base`` (default), fine-tunes ``--model`` again (the coCondenser / Tevatron
 recipe: the second stage restarts from the pre-trained checkpoint), with ``--round-init
-previous`` continues from round ``r-1``'s model (STAR-style iterations, the CPDAE paper's
-document recipe, ``--preset paper-document``). Mined groups are saved and reused, and a finished round is not trained again, so
+previous`` continues from round ``r-1``'s model (STAR-style iterations: the CPDAE paper's
+passage recipe, ``--preset paper``, and its document recipe, ``--preset paper-document``). Mined groups are saved and reused, and a finished round is not trained again, so
 ``--resume`` continues an interrupted run where it stopped (inside a round, the shared
 :class:`~pretrain.trainer.Trainer` resumes from its last checkpoint). Passage texts are
 read from the corpus after sampling (:func:`pretrain.negatives.build_examples`), so whole
