@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Two-stage pre-training (the RetroMAE extension paper's recipe): stage 1 on a generic corpus
 # (Wikipedia), stage 2 continued on the target corpus (SciFact) with the SAME encoder, MLM head
-# AND decoder (--model and --decoder-from both name the stage-1 run). Then the stage-2 export is
-# loaded by pyterrier_cpdae and encodes a few SciFact documents.
+# AND decoder (--model and --decoder-from both name the stage-1 run). For retromae, stage 2 adds
+# the paper's span contrast (its Eq. 8: --span-contrast-form eq8, the default; weight
+# STAGE2_SPAN_WEIGHT, default 1 for retromae and 0 for other objectives; SPAN_FORM=cocondenser
+# for coCondenser's symmetric form). Then the stage-2 export is loaded by pyterrier_cpdae and
+# encodes a few SciFact documents.
 #   bash experiments/two_stage_pretraining.sh [objective] [representation]   (default: retromae cls)
 # Defaults are a CPU-sized example: a tiny random BERT from experiments/configs/tiny-bert.json with
 # MiniLM's tokenizer, 200 + 100 steps (a few minutes on 2 cores). For a real run use
@@ -20,6 +23,8 @@ MODEL="${MODEL:-$MINILM}"
 FROM_CONFIG="${FROM_CONFIG-experiments/configs/tiny-bert.json}"
 RUNS="${RUNS:-runs/two_stage_$OBJECTIVE}"
 STAGE1_STEPS="${STAGE1_STEPS:-200}" STAGE2_STEPS="${STAGE2_STEPS:-100}"
+if [ "$OBJECTIVE" = retromae ]; then STAGE2_SPAN_WEIGHT="${STAGE2_SPAN_WEIGHT:-1}"; else STAGE2_SPAN_WEIGHT="${STAGE2_SPAN_WEIGHT:-0}"; fi
+SPAN_FORM="${SPAN_FORM:-eq8}"
 export TOKENIZERS_PARALLELISM=false
 COMMON=(--objective "$OBJECTIVE" --representation "$REPRESENTATION" --max-length 64 --batch-size 8
         --learning-rate 2e-3 --logging-steps 10 --save-steps 100 --seed 42 --cpu --cache-dir "$RUNS/.token_cache")
@@ -27,6 +32,7 @@ COMMON=(--objective "$OBJECTIVE" --representation "$REPRESENTATION" --max-length
 python -m pretrain "${COMMON[@]}" --model "$MODEL" ${FROM_CONFIG:+--from-config "$FROM_CONFIG"} ${EXTRA:-} \
     --corpus "$WIKI" --max-docs 2000 --max-steps "$STAGE1_STEPS" --output "$RUNS/stage1" --overwrite
 python -m pretrain "${COMMON[@]}" --model "$RUNS/stage1" --decoder-from "$RUNS/stage1" \
+    --span-contrast-weight "$STAGE2_SPAN_WEIGHT" --span-contrast-form "$SPAN_FORM" \
     --corpus "$TARGET" --max-docs 2000 --max-steps "$STAGE2_STEPS" --output "$RUNS/stage2" --overwrite
 python - "$RUNS/stage2" "$REPRESENTATION" <<'PY'
 import json, sys

@@ -19,6 +19,8 @@ CASES = {
     "prop": (["--prop-poisson-lambda", "2"], ("mlm", "rop"), lambda r: r["mlm"] + r["rop"]),
     "mlm_span": (["--span-contrast-weight", "0.5", "--span-contrast-temperature", "2.0"], ("mlm", "span"),
                  lambda r: r["mlm"] + 0.5 * r["span"]),
+    "mlm_span_cocondenser": (["--span-contrast-weight", "0.5", "--span-contrast-form", "cocondenser"], ("mlm", "span"),
+                             lambda r: r["mlm"] + 0.5 * r["span"]),
 }
 
 
@@ -46,6 +48,8 @@ def test_new_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir,
         assert r["loss"] == pytest.approx(total(r), rel=1e-5)
     saved = json.loads((out / "run_config.json").read_text())["config"]
     assert saved["objective"] == objective
+    if "span" in components:  # the span-contrast form recorded: Eq. 8 unless named
+        assert saved["span_contrast_form"] == ("cocondenser" if case.endswith("cocondenser") else "eq8")
     from transformers import AutoModel
     assert AutoModel.from_pretrained(str(out)).config.hidden_size == 32
     if objective == "prop":  # the score head is saved beside the encoder

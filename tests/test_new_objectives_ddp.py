@@ -1,5 +1,5 @@
 """2-process DDP (gloo, CPU) == 1 process for the new in-batch objectives (issue 10 item 2): simcse and
-ict gather their candidates across processes, the span-contrast add-on its spans, prop's MLM term is
+ict gather their candidates across processes, the span-contrast add-on (both forms) its spans, prop's MLM term is
 normalised by the global count. Same protocol as tests/test_ddp_equivalence.py (eval mode: no dropout)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from test_ddp_equivalence import TEXTS, _grads
 
 pytestmark = pytest.mark.multiproc
 
-CASES = ("simcse", "ict", "prop", "mlm+span")
+CASES = ("simcse", "ict", "prop", "mlm+span", "mlm+span_cocondenser")  # span: Eq. 8 (default), coCondenser
 
 
 def _build(case: str, model_dir: str, state: dict | None = None):
@@ -26,7 +26,9 @@ def _build(case: str, model_dir: str, state: dict | None = None):
     tok = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(0)
     model = load_mlm_model(model_dir)
-    options = {"span_contrast_weight": 0.5, "span_contrast_temperature": 2.0} if case.endswith("+span") else {}
+    options = {"span_contrast_weight": 0.5, "span_contrast_temperature": 2.0} if "+span" in case else {}
+    if case.endswith("_cocondenser"):
+        options["span_contrast_form"] = "cocondenser"
     if name in ("simcse", "ict"):  # ict: inner products of the tiny model's [CLS] are large; τ keeps the softmax unsaturated
         options["temperature"] = 0.5 if name == "simcse" else 20.0
     extra = {}

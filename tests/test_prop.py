@@ -153,3 +153,97 @@ def test_corpus_statistics_from_the_token_cache():
     assert s["collection_prob"].tolist() == pytest.approx([0, 0.25, 0.5, 0.25, 0])  # df / sum df
     assert s["mu"] == 2.5  # average text length
     assert s["token_frequency"].tolist() == pytest.approx([0, 0.4, 0.4, 0.2, 0])
+
+
+# ---------------------------------------------------------------- issue 21, item 1: one size per pair
+def _zipf_setting(vocab: int = 2000, doc_len: int = 120, seed: int = 0):
+    """A Zipfian collection LM ``P(w|C) ∝ 1/rank``, a document of ``doc_len`` tokens drawn from it,
+    ``μ`` = the document length, and the subsampling keep probabilities ``min(1, √(t/f) + t/f)``."""
+    g = torch.Generator().manual_seed(seed)
+    pc = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
+    pc /= pc.sum()
+    doc = torch.multinomial(pc, doc_len, replacement=True, generator=g).tolist()
+    t = 1e-4
+    keep = ((t / pc).sqrt() + t / pc).clamp(max=1.0)
+    return doc, pc, float(doc_len), keep
+
+
+@pytest.mark.parametrize("lam", [1.0, 3.0, 6.0])
+def test_both_word_sets_of_a_pair_have_one_poisson_size(lam):
+    doc, pc, mu, keep = _zipf_setting()
+    g = torch.Generator().manual_seed(1)
+    sizes = []
+    for _ in range(2000):
+        pos, neg, _, _ = sample_word_sets(doc, pc, mu, keep, lam, g)
+        assert len(pos) == len(neg) >= 1  # the authors' generator: one length per pair, both sets filled to it
+        sizes.append(len(pos))
+    # the pair's size is zero-truncated Poisson(lam): mean lam / (1 - e^-lam), P(n=1) = lam e^-lam / (1 - e^-lam)
+    z = 1 - math.exp(-lam)
+    assert sum(sizes) / len(sizes) == pytest.approx(lam / z, abs=4 * math.sqrt(lam / z) / math.sqrt(len(sizes)) + 0.02)
+    p1 = lam * math.exp(-lam) / z
+    assert sizes.count(1) / len(sizes) == pytest.approx(p1, abs=4 * math.sqrt(p1 * (1 - p1) / len(sizes)))
+
+
+def length_only_accuracy(pairs: list[tuple[int, int, bool]]) -> float:
+    """Held-out accuracy of the best length-only classifier: ``(len_a, len_b) -> "a is S⁺"`` by majority vote
+    on the first half of the pairs (unseen length pairs: "the shorter set is S⁺", ties "a"), scored on
+    the second half."""
+    half = len(pairs) // 2
+    votes: dict[tuple[int, int], list[int]] = {}
+    for la, lb, a_pos in pairs[:half]:
+        v = votes.setdefault((la, lb), [0, 0])
+        v[int(a_pos)] += 1
+
+    def predict(la, lb):
+        v = votes.get((la, lb))
+        return v[1] >= v[0] if v else la <= lb
+    test = pairs[half:]
+    return sum(predict(la, lb) == a_pos for la, lb, a_pos in test) / len(test)
+
+
+def _presented_pairs(sampler, n_pairs: int, seed: int = 2) -> list[tuple[int, int, bool]]:
+    """``(len_a, len_b, a is S⁺)`` of ``n_pairs`` sampled pairs, each shown in a random order."""
+    doc, pc, mu, keep = _zipf_setting()
+    g, order = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+    out = []
+    for _ in range(n_pairs):
+        pos, neg, _, _ = sampler(doc, pc, mu, keep, 3.0, g)
+        if bool(torch.rand(1, generator=order) < 0.5):
+            out.append((len(pos), len(neg), True))
+        else:
+            out.append((len(neg), len(pos), False))
+    return out
+
+
+def _independent_sizes_sampler(ids, collection_prob, mu, weights, poisson_lambda, generator):
+    """The sampler before issue 21 (one Poisson size per SET), written from its description: the
+    reference showing that the test below detects a length shortcut."""
+    p = document_language_model(ids, collection_prob, mu)
+    q = p * weights.double()
+    sets = []
+    for _ in range(2):
+        n = 0
+        while n == 0:
+            n = int(torch.poisson(torch.tensor([poisson_lambda]), generator=generator))
+        words = torch.multinomial(q, n, replacement=True, generator=generator).tolist()
+        sets.append((float(p[words].log().sum()), words))
+    (lp, a), (ln, b) = sorted(sets, reverse=True)
+    return a, b, lp, ln
+
+
+N_PAIRS = 4000
+
+
+def _chance_band(n: int) -> float:
+    return 3.89 * math.sqrt(0.25 / n)  # two-sided 99.99% normal band of Binomial(n, 1/2) / n
+
+
+def test_the_label_is_not_predictable_from_the_set_lengths():
+    acc = length_only_accuracy(_presented_pairs(sample_word_sets, N_PAIRS))
+    assert abs(acc - 0.5) <= _chance_band(N_PAIRS // 2), acc
+
+
+def test_the_length_test_detects_independent_set_sizes():
+    """With a size per set (the old sampler) the same classifier is far above chance (issue 21 measured ~80%)."""
+    acc = length_only_accuracy(_presented_pairs(_independent_sizes_sampler, N_PAIRS))
+    assert acc > 0.5 + 5 * _chance_band(N_PAIRS // 2), acc

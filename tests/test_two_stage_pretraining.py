@@ -51,9 +51,12 @@ def test_stage1_enwiki_then_stage2_scifact_continues_the_decoder(tmp_path, tiny_
         seen["encoder"] = {k: v.detach().clone() for k, v in self.module.mlm_model.state_dict().items()}
         return train(self)
     monkeypatch.setattr(trainer_mod.Trainer, "train", spy)
-    cli.main(_common(objective) + ["--model", str(stage1), "--decoder-from", str(stage1),
-                                   "--corpus", str(scifact_dir / "corpus.jsonl"), "--max-docs", "30",
-                                   "--output", str(stage2), "--cache-dir", str(cache)])
+    # the RetroMAE extension's stage 2 adds span contrast (its Eq. 8, the default form), as the recipe
+    # experiments/two_stage_pretraining.sh does for retromae
+    span = ["--span-contrast-weight", "1"] if objective == "retromae" else []
+    cli.main(_common(objective) + span + ["--model", str(stage1), "--decoder-from", str(stage1),
+                                          "--corpus", str(scifact_dir / "corpus.jsonl"), "--max-docs", "30",
+                                          "--output", str(stage2), "--cache-dir", str(cache)])
     # at stage-2 step 0 the decoder is stage 1's (not a new one, not the SciFact bias prior) ...
     assert set(seen["decoder"]) == set(saved1)
     for k, v in saved1.items():
@@ -68,6 +71,11 @@ def test_stage1_enwiki_then_stage2_scifact_continues_the_decoder(tmp_path, tiny_
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 2
     run = json.loads((stage2 / "run_config.json").read_text())["config"]
     assert run["decoder_from"] == str(stage1) and run["model"] == str(stage1)
+    if span:
+        from pretrain.logging_utils import read_metrics
+        assert run["span_contrast_form"] == "eq8" and run["span_contrast_weight"] == 1.0
+        rows = read_metrics(str(stage2 / "logs" / "metrics.csv"))
+        assert rows and all(r["span"] > 0 for r in rows if "span" in r) and any("span" in r for r in rows)
     assert AutoModel.from_pretrained(str(stage2)).config.hidden_size == 32
     vecs = CPDAE.from_pretrained(str(stage2)).encode_docs(["a scientific claim about cells"])
     assert vecs.shape == (1, 32)

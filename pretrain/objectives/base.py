@@ -44,6 +44,7 @@ from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
 from ..modeling import mlm_head
+from .contrast import SPAN_CONTRAST_FORMS
 
 
 @dataclass
@@ -51,12 +52,16 @@ class ObjectiveOptions:
     """Base of every objective's options (a dataclass of :func:`pretrain.config.opt` fields).
 
     Holds the options of the add-on terms available to every objective
-    (:mod:`pretrain.objectives.contrast`: span contrast, coCondenser-style)."""
+    (:mod:`pretrain.objectives.contrast`: span contrast, the RetroMAE extension's Eq. 8 or coCondenser's form)."""
 
-    span_contrast_weight: float = opt(0.0, "Weight w of the span-contrast add-on term (coCondenser; the RetroMAE "
-                                      "extension's second stage): L = L_objective + w*L_span; 0 = off.")
+    span_contrast_weight: float = opt(0.0, "Weight w of the span-contrast add-on term (the RetroMAE extension's "
+                                      "second stage; coCondenser): L = L_objective + w*L_span; 0 = off.")
+    span_contrast_form: str = opt("eq8", "Span-contrast loss: eq8 (the RetroMAE extension's Eq. 8: each text's anchor "
+                                  "span h_i against its other span h_i+, the other texts' positives h_j+ the m-1 "
+                                  "negatives; one-sided) or cocondenser (coCondenser's symmetric NT-Xent over the "
+                                  "2m spans, 2m-2 negatives).", choices=list(SPAN_CONTRAST_FORMS))
     span_contrast_temperature: float = opt(1.0, "Temperature of the span-contrast InfoNCE over dot products "
-                                           "(coCondenser: none, i.e. 1).")
+                                           "(both papers: none, i.e. 1).")
 
 
 @dataclass

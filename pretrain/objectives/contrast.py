@@ -2,24 +2,47 @@
 
 * :func:`paired_info_nce`: anchor ``i`` against the candidates of the whole (data-parallel)
   batch, its own candidate ``i`` the positive (SimCSE's Eq. 1, ICT's in-batch softmax).
-* **Span contrast** (coCondenser, Gao & Callan 2022; the second stage of the RetroMAE
-  extension, Xiao et al. 2022, "SentMAE co"): an add-on term for *any* objective,
+* **Span contrast** (the second stage of the RetroMAE extension, Xiao et al. 2022, "SentMAE
+  co"; coCondenser, Gao & Callan 2022): an add-on term for *any* objective,
   ``L = L_objective + w·L_span`` with ``w = --span-contrast-weight`` (0: off, the default).
-  Every text of the batch is cut into two spans; the ``2m`` span [CLS] vectors of the
-  global batch enter coCondenser's InfoNCE::
+  Every text of the batch gives two spans; their vectors ``h`` (``--representation``: the
+  last layer's [CLS] vector, or its mean over the span's real tokens, [CLS] and [SEP]
+  included, as the objective's other parts read them; [CLS] for objectives without the option) enter one of two losses,
+  ``--span-contrast-form``:
 
-      L_span = -(1/2m) Σ_i log exp(h_i·h_i⁺/τ) / Σ_{k≠i} exp(h_i·h_k/τ)
+  ``eq8`` (default): the RetroMAE extension's Eq. 8, literally. Text ``i``'s spans are the
+  anchor ``h_i`` and its positive ``h_i⁺``; the negatives are the *other texts' positives*::
 
-  (dot product as in coCondenser, ``τ = --span-contrast-temperature``, default 1: none;
-  every span is an anchor, its twin span the positive, the other ``2m - 2`` spans the
-  negatives; computed by :func:`pretrain.objectives.cpdae.twin_contrastive_loss`).
+      L_span = -(1/m) Σ_i log exp(h_i·h_i⁺/τ) / Σ_j exp(h_i·h_j⁺/τ)
 
-  Reading taken: coCondenser samples two of a document's pre-cut chunks; here the document
-  is the training text (a block of the token cache, never mixing documents) and its two spans
-  are the parts before and after a cut point drawn uniformly from ``[⌈n/4⌉, n - ⌈n/4⌉]``
-  (disjoint, each at least a quarter of the text; a one-token text gives the token twice).
-  The spans are encoded *unmasked* in an extra encoder pass (coCondenser contrasts the
-  masked spans it also feeds to MLM; the add-on must not depend on the objective's views).
+  (``j`` over the ``m`` positives of the global batch: the positive and ``m - 1`` negatives;
+  one-sided: the positives are never anchors, the anchors never negatives; computed by
+  :func:`paired_info_nce` with the dot product). Which of a text's two spans is the anchor is
+  a fair coin per text, so that anchors are not always the beginnings of texts.
+
+  ``cocondenser``: coCondenser's symmetric NT-Xent over the ``2m`` spans of the global batch::
+
+      L_span = -(1/2m) Σ_k log exp(h_k·h_k'/τ) / Σ_{l≠k} exp(h_k·h_l/τ)
+
+  (every span ``k`` is an anchor, its twin ``k'`` the positive, the other ``2m - 2`` spans,
+  anchors and positives alike, the negatives; computed by
+  :func:`pretrain.objectives.cpdae.twin_contrastive_loss`).
+
+  Both: dot product, ``τ = --span-contrast-temperature`` (default 1: none, as in both papers),
+  mean over anchors (DDP: the global-batch mean).
+
+  **The spans.** The paper's positives are two spans (sentences) of one article, coCondenser's
+  two of a document's pre-cut chunks. Here the two spans of a text are the parts before and
+  after a cut point drawn uniformly from ``[⌈n/4⌉, n - ⌈n/4⌉]`` of the training text (disjoint,
+  each at least a quarter of the text; a one-token text gives the token twice). A training text
+  is a block of the token cache, and a block never mixes documents (:mod:`pretrain.corpus`), so
+  the two spans always come from one article/document: for a document that fits in one block
+  (SciFact abstracts, MS MARCO passages, short articles) any two parts of it; for a longer one
+  (a Wikipedia article of several blocks) two neighbouring parts of one block. Spans from two
+  different blocks of one article would need a block-to-document map in the token cache (its
+  format and cache key) and a sampler drawing pairs of blocks, which the cache does not have.
+  The spans are encoded *unmasked* in an extra encoder pass (coCondenser contrasts the masked
+  spans it also feeds to MLM; the add-on must not depend on the objective's views).
 
   :func:`attach_span_contrast` (called by :class:`~pretrain.objectives.base.Objective`) binds
   the collate and forward wrappers on the instance when the weight is positive, so that the
@@ -39,7 +62,12 @@ from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, 
 from ..losses import info_nce
 from ..masking import pad_and_add_special
 
-__all__ = ["paired_info_nce", "cosine", "dot", "split_spans", "span_contrast_loss", "attach_span_contrast"]
+__all__ = ["paired_info_nce", "cosine", "dot", "split_spans", "span_contrast", "span_contrast_loss",
+           "span_contrast_form",
+           "attach_span_contrast", "SPAN_CONTRAST_FORMS"]
+
+#: ``--span-contrast-form`` choices: the RetroMAE extension's Eq. 8 (default) and coCondenser's NT-Xent.
+SPAN_CONTRAST_FORMS = ("eq8", "cocondenser")
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -103,21 +131,50 @@ def split_spans(ids: list[int], generator: Optional[torch.Generator] = None) -> 
     return list(ids[:cut]), list(ids[cut:])
 
 
-def span_contrast_loss(objective: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``L_span`` of a batch holding ``span_input_ids``/``span_attention_mask`` ``(m, 2, L)``."""
+def span_contrast(h: torch.Tensor, form: str, temperature: float) -> torch.Tensor:
+    """``L_span`` of this process's ``(2m, H)`` span vectors, view-major: rows ``0..m-1`` the anchors
+    ``h_i``, rows ``m..2m-1`` their positives ``h_i⁺`` (``form``: ``eq8`` or ``cocondenser``, see above)."""
     from .cpdae import twin_contrastive_loss  # cpdae imports base, which imports this module
 
-    ids = batch["span_input_ids"].transpose(0, 1).reshape(-1, batch["span_input_ids"].shape[-1])
-    am = batch["span_attention_mask"].transpose(0, 1).reshape(-1, ids.shape[-1])
-    h = objective.encoder(input_ids=ids, attention_mask=am).last_hidden_state[:, 0].float()
-    return twin_contrastive_loss(h, lambda a, b: dot(a, a if b is None else b),
-                                 temperature=float(objective.config.span_contrast_temperature))
+    _check_form(form)
+    if h.dim() != 2 or h.shape[0] % 2:
+        raise ValueError(f"span vectors must be (2m, H), got {tuple(h.shape)}")
+    m = h.shape[0] // 2
+    if form == "eq8":
+        return paired_info_nce(h[:m], h[m:], temperature, similarity=dot)
+    return twin_contrastive_loss(h, lambda a, b: dot(a, a if b is None else b), temperature=temperature)
+
+
+def span_contrast_loss(objective: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``L_span`` (``--span-contrast-form``) of a batch holding ``span_input_ids``/``span_attention_mask``
+    ``(m, 2, L)`` (span 0 of text ``i``: the anchor ``h_i``; span 1: its positive ``h_i⁺``), the spans
+    encoded by the objective's encoder and pooled by its :meth:`~pretrain.objectives.base.Objective.text_vectors`
+    (``--representation``)."""
+    length = batch["span_input_ids"].shape[-1]
+    ids = batch["span_input_ids"].transpose(0, 1).reshape(-1, length)  # view-major: the m anchors, then the m positives
+    am = batch["span_attention_mask"].transpose(0, 1).reshape(-1, length)
+    h = objective.text_vectors(objective.encoder(input_ids=ids, attention_mask=am).last_hidden_state, am)
+    return span_contrast(h, span_contrast_form(objective.config), float(objective.config.span_contrast_temperature))
+
+
+def span_contrast_form(config: Any) -> str:
+    """``config.span_contrast_form`` checked (``eq8`` for a config without the option)."""
+    return _check_form(getattr(config, "span_contrast_form", "eq8"))
+
+
+def _check_form(form: str) -> str:
+    if form not in SPAN_CONTRAST_FORMS:
+        raise ValueError(f"--span-contrast-form must be one of {', '.join(SPAN_CONTRAST_FORMS)}, got {form!r}")
+    return form
 
 
 def _collate_with_spans(self: Any, examples: list[list[int]]) -> dict[str, torch.Tensor]:
     batch = type(self).collate(self, examples)
     gen = getattr(self, "mask_generator", None)
     pairs = [split_spans(e, gen) for e in examples]
+    if span_contrast_form(self.config) == "eq8":  # Eq. 8 is one-sided: a coin per text picks its anchor span
+        flip = torch.rand(len(pairs), generator=gen) < 0.5
+        pairs = [(b, a) if f else (a, b) for (a, b), f in zip(pairs, flip.tolist())]
     ids, am, _ = pad_and_add_special([p[0] for p in pairs] + [p[1] for p in pairs], self.tokenizer)
     m = len(examples)
     batch["span_input_ids"] = torch.stack([ids[:m], ids[m:]], 1)
@@ -141,7 +198,8 @@ def attach_span_contrast(objective: Any) -> None:
     like any other.
 
     Raises:
-        ValueError: for a negative weight, ``τ <= 0`` or fewer than 2 texts per forward pass.
+        ValueError: for a negative weight, ``τ <= 0``, an unknown ``--span-contrast-form`` or fewer
+            than 2 texts per forward pass.
     """
     config = objective.config
     w = float(getattr(config, "span_contrast_weight", 0.0))
@@ -151,6 +209,7 @@ def attach_span_contrast(objective: Any) -> None:
         return
     if not float(config.span_contrast_temperature) > 0:
         raise ValueError(f"--span-contrast-temperature must be > 0, got {config.span_contrast_temperature!r}")
+    span_contrast_form(config)
     micro = config.batch_size / max(1, getattr(config, "grad_accum", 1))
     if micro < 2 and world_size() == 1:
         raise ValueError(f"--span-contrast-weight > 0 contrasts the texts of a batch and needs at least 2 texts per "

@@ -5,9 +5,10 @@ with Dirichlet smoothing against the corpus,
 
     P(w|d) = (tf(w, d) + μ·P(w|C)) / (|d| + μ),
 
-each set's size drawn from a Poisson distribution of mean ``λ`` (zero-truncated: 0 is
-re-drawn). The set with the higher query likelihood ``Σ_{w∈S} log P(w|d)`` is the positive
-``S⁺``, the other ``S⁻``. Each pair ``[CLS] S [SEP] d [SEP]`` (segment ids 0 / 1) is encoded
+both of the size ``n`` drawn once per pair from a Poisson distribution of mean ``λ``
+(zero-truncated: 0 is re-drawn; one size for the pair, as the authors' generator does, so that
+the label cannot be read off the set lengths). The set with the higher query likelihood
+``Σ_{w∈S} log P(w|d)`` is the positive ``S⁺``, the other ``S⁻``. Each pair ``[CLS] S [SEP] d [SEP]`` (segment ids 0 / 1) is encoded
 and scored from the [CLS] vector by a linear score head, ``s = W·h_CLS + b``. The ROP loss
 is the paper's pairwise hinge on the pair-normalised scores,
 
@@ -88,17 +89,20 @@ def sample_word_sets(ids: list[int], collection_prob: torch.Tensor, mu: float, w
     """Two word sets of text ``ids``: ``(S⁺, S⁻, loglik⁺, loglik⁻)``, ``S⁺`` the more likely under ``P(w|d)``.
 
     Words are drawn (with replacement) from ``P(w|d)·weights(w)`` renormalised (``weights``: the
-    allowed vocabulary times the subsampling keep probability); sizes from a zero-truncated Poisson.
+    allowed vocabulary times the subsampling keep probability). One size per pair, drawn from a
+    zero-truncated Poisson, is shared by both sets (as in the authors' generator): with a size per
+    set, ``Σ log P(w|d)`` (a sum of negative terms) makes the shorter set the positive in almost every
+    pair of unequal sizes, so the label could be read off the set lengths.
     """
     p = document_language_model(ids, collection_prob, mu)
     q = p * weights.double()
     if not float(q.sum()) > 0:
         raise ValueError("PROP found no word to sample for a text (no allowed vocabulary entry has probability > 0)")
+    n = 0  # ONE size for both sets (the authors' generator): otherwise the shorter set is nearly always S⁺
+    while n == 0:
+        n = int(torch.poisson(torch.tensor([float(poisson_lambda)]), generator=generator))
     sets, scores = [], []
     for _ in range(2):
-        n = 0
-        while n == 0:
-            n = int(torch.poisson(torch.tensor([float(poisson_lambda)]), generator=generator))
         words = torch.multinomial(q, n, replacement=True, generator=generator)
         sets.append(words.tolist())
         scores.append(float(p[words].log().sum()))
