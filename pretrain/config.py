@@ -43,12 +43,15 @@ class Range:
 
     def describe(self) -> str:
         """``"> 0"``, ``"in [0, 1]"``, ``">= 1 (or -1: all)"``."""
+        def num(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
         if self.lo is not None and self.hi is not None:
-            text = f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+            text = f"in {'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
         elif self.lo is not None:
-            text = f"{'>' if self.lo_open else '>='} {self.lo:g}"
+            text = f"{'>' if self.lo_open else '>='} {num(self.lo)}"
         elif self.hi is not None:
-            text = f"{'<' if self.hi_open else '<='} {self.hi:g}"
+            text = f"{'<' if self.hi_open else '<='} {num(self.hi)}"
         else:
             text = "any value"
         if self.special:
@@ -430,7 +433,7 @@ def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, 
     for f in config_fields(cls):
         flag = "--" + f.name.replace("_", "-")
         check = f.metadata.get("check")
-        help_text = f"{f.metadata.get('help', '')} (default: {f.default}{'; ' + check.describe() if check else ''})"
+        help_text = f"{f.metadata.get('help', '')} (default: {f.default}){' (must be ' + check.describe() + ')' if check else ''}"
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         if _base_type(f) == "bool":
             kw["action"] = argparse.BooleanOptionalAction

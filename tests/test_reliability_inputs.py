@@ -299,7 +299,9 @@ def test_preset_override_is_logged_and_recorded(tmp_path, tiny_bert_dir, caplog)
 def test_help_states_each_options_range():
     from pretrain.config import FinetuneConfig, build_parser
     text = build_parser(FinetuneConfig).format_help()
-    assert "default: 1000; >= 1" in " ".join(text.split())  # --save-steps
+    text = " ".join(text.split())
+    assert "(default: 1000) (must be >= 1)" in text  # --save-steps
+    assert "(default: -1) (must be >= 1 (or -1: train --epochs))" in text  # --max-steps
 
 
 # ============================================================================= class 8: one line for bad paths
