@@ -93,7 +93,7 @@ def run_config(args: argparse.Namespace, reduction: str) -> PretrainConfig:
         objective="cpdae", model=args.model, from_config=args.from_config or None, new_mlm_head=not args.from_config,
         corpus=args.corpus, max_docs=args.max_docs, max_length=args.max_length, cache_dir=args.cache_dir,
         batch_size=args.batch_size, learning_rate=args.learning_rate, max_steps=args.steps, logging_steps=1,
-        save_steps=0, save_total_limit=1, seed=args.seed, rec_reduction=reduction,
+        save_steps=1000, save_total_limit=1, seed=args.seed, rec_reduction=reduction,
         decoder_bias_init="zero",  # as recorded (initial_objective below builds the zero-bias decoder too)
         output=os.path.join(args.runs, reduction), overwrite=True)
 

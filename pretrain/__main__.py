@@ -6,15 +6,23 @@ import sys
 from .cli import main
 
 
+def error_line(e: BaseException) -> str:
+    """The one line ``python -m pretrain`` prints for a failure it reports without a traceback."""
+    if isinstance(e, MemoryError):
+        return f"error: MemoryError: {str(e) or 'out of memory'}"
+    return f"error: {type(e).__name__}: {' '.join(str(e).split())}"
+
+
 def _run() -> int:
     try:
         main()
-    except (ValueError, FileNotFoundError) as e:
-        # bad input: a one-line message instead of a traceback (set PRETRAIN_DEBUG=1 for the traceback)
+    except (ValueError, OSError, MemoryError) as e:
+        # bad input, a bad path or file, a full disk, too little memory: a one-line message instead of a traceback
+        # (set PRETRAIN_DEBUG=1 for the traceback)
         import os
         if os.environ.get("PRETRAIN_DEBUG"):
             raise
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return 2
     return 0
 

@@ -86,12 +86,21 @@ def validate_config(config: PretrainConfig) -> None:
     from .objectives import objective_class
     from .trainer import check_output_dir
 
+    from .inputs import check_model_arg, check_writable_dir
+
     if not config.output:
         raise ValueError("--output is required (the run directory: checkpoints, logs, exported model)")
     if not config.corpus:
         raise ValueError("--corpus is required (irds:<id>, a .jsonl/.txt file, or wiki:<dir>)")
     if config.max_length < 3:
         raise ValueError(f"--max-length must be >= 3 (two special tokens + content), got {config.max_length}")
+    check_writable_dir(config.output, "--output")
+    check_writable_dir(default_cache_dir(config), "--cache-dir" if config.cache_dir else
+                       "the token cache directory (<output>/../.token_cache; choose one with --cache-dir)")
+    # with --from-config, --model gives only the tokenizer
+    check_model_arg(config.model, "--model", weights=config.from_config is None)
+    if config.from_config is not None:
+        check_model_arg(config.from_config, "--from-config", weights=False, config_file=True)
     if config.decoder_from and not os.path.isdir(config.decoder_from):
         raise FileNotFoundError(f"--decoder-from {config.decoder_from}: no such directory (the stage-1 run to continue)")
     cls = objective_class(config.objective)
@@ -119,6 +128,9 @@ def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(config.model)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load a tokenizer from --model {config.model!r}: {e}") from e
+    if config.from_config is None:
+        from pyterrier_cpdae._loading import checkpoint_keys
+        checkpoint_keys(config.model)  # names a damaged weights file (and a MemoryError as such)
     model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and config.max_length > max_pos:
@@ -146,9 +158,14 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     from .objectives import build_objective, objective_class
     from .trainer import Trainer
 
+    from .inputs import check_resume_inputs, run_inputs
+
     validate_config(config)
     set_seed(config.seed)  # the random parts of the initialisation (decoders, --from-config weights)
     model, tokenizer = load_model_and_tokenizer(config)
+    inputs = run_inputs(config.corpus, tokenizer)  # content fingerprints of the corpus files and the tokenizer
+    if config.resume:
+        check_resume_inputs(config.output, inputs)
     cache = TokenCache.build_or_load(config.corpus, tokenizer, config.max_length, default_cache_dir(config),
                                      fields=config.corpus_fields, max_docs=config.max_docs)
     if len(cache) == 0:
@@ -159,7 +176,9 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         objective.load_decoder(config.decoder_from)
     logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
                 config.max_length)
-    return Trainer(objective, cache, objective.collate, config).train()
+    trainer = Trainer(objective, cache, objective.collate, config)
+    trainer.inputs = {**inputs, "token_cache": {"path": str(cache.path), "checksum": cache.meta.get("checksum")}}
+    return trainer.train()
 
 
 def run_subcommand(name: str, argv: list[str]) -> Any:

@@ -15,15 +15,103 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 import argparse
+import math
 from typing import Any, ClassVar, Optional
 
 
+@dataclass(frozen=True)
+class Range:
+    """A declarative check of a numeric option (``opt(..., check=Range(...))``).
+
+    The value must lie in ``[lo, hi]`` (each bound open when ``lo_open``/``hi_open``; ``None``: unbounded) or be one of
+    the ``special`` values (``{value: meaning}``, e.g. ``{-1: "all"}``). Every float option must also be finite, with
+    or without a ``Range`` (:func:`option_problem`).
+    """
+
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_open: bool = False
+    hi_open: bool = False
+    special: tuple = ()  # ((value, meaning), ...)
+
+    def contains(self, value: float) -> bool:
+        if any(value == v for v, _ in self.special):
+            return True
+        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
+            return False
+        if self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)):
+            return False
+        return True
+
+    def describe(self) -> str:
+        """``"> 0"``, ``"in [0, 1]"``, ``">= 1 (or -1: all)"``."""
+        def num(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+        if self.lo is not None and self.hi is not None:
+            text = f"in {'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            text = f"{'>' if self.lo_open else '>='} {num(self.lo)}"
+        elif self.hi is not None:
+            text = f"{'<' if self.hi_open else '<='} {num(self.hi)}"
+        else:
+            text = "any value"
+        if self.special:
+            text += " (or " + ", ".join(f"{v}: {meaning}" for v, meaning in self.special) + ")"
+        return text
+
+
+#: Common ranges.
+POSITIVE = Range(0, lo_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_1 = Range(1)
+UNIT = Range(0, 1)
+
+
 def opt(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field carrying its CLI help text (and optional ``choices``)."""
+    """A dataclass field carrying its CLI help text, optional ``choices`` and optional ``check`` (a :class:`Range`)
+    that :func:`validate_options` enforces whenever a config is made."""
     metadata = {"help": help}
     if "choices" in kw:
         metadata["choices"] = kw.pop("choices")
+    if "check" in kw:
+        metadata["check"] = kw.pop("check")
     return field(default=default, metadata=metadata, **kw)
+
+
+def option_problem(f: dataclasses.Field, value: Any) -> Optional[str]:
+    """What is wrong with ``value`` for option ``f`` (None: nothing): a float that is not finite, a value outside
+    the option's ``check`` range, or outside its ``choices``."""
+    if value is None or isinstance(value, bool):
+        return None
+    check: Optional[Range] = f.metadata.get("check")
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number{' ' + check.describe() if check else ''}, got {value!r}"
+    if check is not None and isinstance(value, (int, float)) and not check.contains(value):
+        return f"must be {check.describe()}, got {value!r}"
+    choices = f.metadata.get("choices")
+    if choices and isinstance(value, str) and value not in choices:
+        return f"must be one of {', '.join(choices)}, got {value!r}"
+    return None
+
+
+def validate_options(config: Any) -> None:
+    """Check every option of a config against its declaration (:func:`option_problem`) and the contradictions
+    between options; called whenever a config is made, so before anything is written or computed.
+
+    Raises:
+        ValueError: one line naming each offending option by its flag.
+    """
+    problems = []
+    for f in dataclasses.fields(config):
+        problem = option_problem(f, getattr(config, f.name))
+        if problem:
+            problems.append(f"{flag(f.name)} {problem}")
+    if getattr(config, "resume", False) and getattr(config, "overwrite", False):
+        problems.append("--resume and --overwrite contradict each other (--resume continues the run in --output, "
+                        "--overwrite deletes it first); pass one of them")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 @dataclass
@@ -33,27 +121,32 @@ class TrainConfig:
     output: Optional[str] = opt(None, "Output directory (checkpoints, logs, the exported model).")
     overwrite: bool = opt(False, "Allow writing into an output directory that holds a different run.")
     resume: bool = opt(False, "Resume from the last checkpoint in --output (model, optimizer, scheduler, RNG, data position).")
-    seed: int = opt(42, "Random seed.")
-    learning_rate: float = opt(5e-5, "Peak AdamW learning rate.")
-    weight_decay: float = opt(0.01, "AdamW weight decay.")
-    adam_beta1: float = opt(0.9, "AdamW β1.")
-    adam_beta2: float = opt(0.999, "AdamW β2.")
-    adam_epsilon: float = opt(1e-8, "AdamW ε.")
-    warmup_ratio: float = opt(0.1, "Fraction of optimizer steps used for linear warm-up (then linear decay).")
-    batch_size: int = opt(64, "Global batch size in texts (queries when fine-tuning), split across processes.")
-    grad_accum: int = opt(1, "Gradient accumulation steps (the global batch is reached over this many micro-batches).")
-    epochs: float = opt(3.0, "Number of passes over the training data.")
-    max_steps: int = opt(-1, "Stop after this many optimizer steps (overrides --epochs when > 0).")
-    max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).")
+    seed: int = opt(42, "Random seed.", check=Range(0, 2 ** 32 - 1))
+    learning_rate: float = opt(5e-5, "Peak AdamW learning rate.", check=POSITIVE)
+    weight_decay: float = opt(0.01, "AdamW weight decay.", check=NON_NEGATIVE)
+    adam_beta1: float = opt(0.9, "AdamW β1.", check=Range(0, 1, hi_open=True))
+    adam_beta2: float = opt(0.999, "AdamW β2.", check=Range(0, 1, hi_open=True))
+    adam_epsilon: float = opt(1e-8, "AdamW ε.", check=POSITIVE)
+    warmup_ratio: float = opt(0.1, "Fraction of optimizer steps used for linear warm-up (then linear decay).", check=UNIT)
+    batch_size: int = opt(64, "Global batch size in texts (queries when fine-tuning), split across processes.", check=AT_LEAST_1)
+    grad_accum: int = opt(1, "Gradient accumulation steps (the global batch is reached over this many micro-batches).", check=AT_LEAST_1)
+    epochs: float = opt(3.0, "Number of passes over the training data.", check=POSITIVE)
+    max_steps: int = opt(-1, "Stop after this many optimizer steps (overrides --epochs when > 0).",
+                         check=Range(1, special=((-1, "train --epochs"),)))
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).", check=NON_NEGATIVE)
     mixed_precision: str = opt("auto", "Autocast precision: auto (bf16 on CUDA if supported, else fp16 on CUDA, none on CPU), no, fp16, bf16.",
                                choices=["auto", "no", "fp16", "bf16"])
     gradient_checkpointing: bool = opt(False, "Enable gradient checkpointing in the encoder.")
-    save_steps: int = opt(1000, "Save a resumable checkpoint every N optimizer steps.")
-    save_total_limit: int = opt(2, "Keep at most this many checkpoints.")
-    logging_steps: int = opt(10, "Log losses every N optimizer steps (to the --report-to trackers).")
+    save_steps: int = opt(1000, "Save a resumable checkpoint every N optimizer steps (the last step is always saved).",
+                         check=AT_LEAST_1)
+    save_total_limit: int = opt(2, "Keep at most this many checkpoints (0: keep all).", check=NON_NEGATIVE)
+    logging_steps: int = opt(10, "Log losses every N optimizer steps (to the --report-to trackers).", check=AT_LEAST_1)
     report_to: str = opt("csv,tensorboard", "Where to log: comma-separated csv (logs/metrics.csv, plotted to logs/loss_curves.png), tensorboard (logs/tb), wandb (needs pip install wandb), or none.")
-    num_workers: int = opt(0, "DataLoader workers.")
+    num_workers: int = opt(0, "DataLoader workers (0: load in the training process).", check=NON_NEGATIVE)
     cpu: bool = opt(False, "Force CPU even when CUDA is available.")
+
+    def __post_init__(self) -> None:
+        validate_options(self)
 
 
 @dataclass
@@ -75,8 +168,10 @@ class PretrainConfig(TrainConfig):
     new_mlm_head: bool = opt(False, "Accept a checkpoint without trained MLM-head weights (e.g. sentence-transformers' MiniLM): the head's transform is initialised randomly, its decoder tied to the word embeddings. Without this flag such a checkpoint is refused for objectives that need the head.")
     corpus: Optional[str] = opt(None, "Corpus spec: irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt file (one document per line), or wiki:<dir> (WikiExtractor output, plain or .bz2).")
     corpus_fields: Optional[str] = opt(None, "Comma-separated text fields for irds:/jsonl corpora (None: title,text where present).")
-    max_docs: int = opt(-1, "Read at most this many documents from the corpus (-1: all).")
-    max_length: int = opt(512, "Maximum tokens per block, special tokens included; documents are packed into blocks at sentence boundaries.")
+    max_docs: int = opt(-1, "Read at most this many documents from the corpus (-1: all).",
+                       check=Range(1, special=((-1, "all"),)))
+    max_length: int = opt(512, "Maximum tokens per block, special tokens included; documents are packed into blocks at sentence boundaries.",
+                         check=Range(3))
     cache_dir: Optional[str] = opt(None, "Where the tokenized corpus cache lives (None: <output>/../.token_cache, shared by runs beside it).")
     preset: Optional[str] = opt(None, "A named setting of the objective (its Objective.presets; a --config file and "
                                 "flags still override it): paper = the objective's paper's own reported settings "
@@ -101,6 +196,7 @@ class PretrainConfig(TrainConfig):
         return object.__new__(cls)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         expected = type(self).__dict__.get("_objective_name")
         if expected is not None and self.objective != expected:
             raise ValueError(f"{type(self).__name__} holds the options of objective {expected!r}, not {self.objective!r}; "
@@ -221,24 +317,26 @@ class FinetuneConfig(TrainConfig):
                                 "lr 5e-6, batch 64, [CLS]: " + "; ".join(
                                     f"{k} = {v}" for k, v in FINETUNE_PRESET_SUMMARIES.items()) + ".",
                                 choices=sorted(FINETUNE_PRESETS))
-    learning_rate: float = opt(5e-6, "Peak AdamW learning rate (the paper: 5e-6).")
-    epochs: float = opt(1.0, "Number of passes over the training queries (per round).")
+    learning_rate: float = opt(5e-6, "Peak AdamW learning rate (the paper: 5e-6).", check=POSITIVE)
+    epochs: float = opt(1.0, "Number of passes over the training queries (per round).", check=POSITIVE)
     model: str = opt("bert-base-uncased", "Checkpoint to fine-tune: a `python -m pretrain` output or any HF encoder.")
     train: Optional[str] = opt(None, "Training data: a pyterrier_cpdae.load_dataset spec (topics, qrels, corpus) or groups:<file.jsonl> of (qid, query, pos, negs).")
     negatives: str = opt("bm25", "Round-0 negatives: bm25, file:<path> (JSONL groups or irds docpairs id), model:<checkpoint> (dense hard negatives of that checkpoint) or model (dense hard negatives of --model itself).")
-    num_negatives: int = opt(7, "Negatives per query in each group (the paper: 7).")
-    negatives_depth: int = opt(200, "Mine negatives from this many top-ranked documents.")
+    num_negatives: int = opt(7, "Negatives per query in each group (the paper: 7).", check=NON_NEGATIVE)
+    negatives_depth: int = opt(200, "Mine negatives from this many top-ranked documents.", check=AT_LEAST_1)
     few_negatives: str = opt("replace", "When fewer than --num-negatives are available: sample with replacement or drop the query.",
                              choices=["replace", "drop"])
-    mining_rounds: int = opt(0, "Fine-tune → encode → retrieve → re-mine this many extra times (the paper's document recipe mines twice: --negatives model plus 1 round).")
+    mining_rounds: int = opt(0, "Fine-tune → encode → retrieve → re-mine this many extra times (the paper's document recipe mines twice: --negatives model plus 1 round).",
+                            check=NON_NEGATIVE)
     round_init: str = opt("base", "Where each mining round's fine-tuning starts: base = --model every round (the coCondenser/Tevatron recipe); previous = the model of the previous round (the paper's STAR-style iterations). Round 0 always starts from --model.",
                           choices=["base", "previous"])
     loss: str = opt("listwise", "listwise (default): softmax CE over the group plus in-batch negatives (Tevatron); pairwise: RankNet over (pos, neg) pairs, the paper's loss (--preset paper).",
                     choices=["listwise", "pairwise"])
     in_batch_negatives: bool = opt(True, "Use other queries' passages (gathered across devices) as extra negatives (listwise only).")
-    query_max_length: int = opt(32, "Query max length in tokens.")
-    doc_max_length: int = opt(256, "Passage max length in tokens.")
-    max_train_queries: int = opt(-1, "Low-resource setting: sample this many training queries (-1: all).")
+    query_max_length: int = opt(32, "Query max length in tokens, special tokens included.", check=Range(3))
+    doc_max_length: int = opt(256, "Passage max length in tokens, special tokens included.", check=Range(3))
+    max_train_queries: int = opt(-1, "Low-resource setting: sample this many training queries (-1: all).",
+                                check=Range(1, special=((-1, "all"),)))
     pooling: str = opt("cls", "Pooling of the encoder output.", choices=["cls", "mean"])
 
 
@@ -368,7 +466,8 @@ def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, 
         group = parser.add_argument_group(f"options of objective {objective!r}", obj_cls.summary())
     for f in config_fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata.get('help', '')} (default: {f.default})"
+        check = f.metadata.get("check")
+        help_text = f"{f.metadata.get('help', '')} (default: {f.default}){' (must be ' + check.describe() + ')' if check else ''}"
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         if _base_type(f) == "bool":
             kw["action"] = argparse.BooleanOptionalAction
@@ -476,4 +575,20 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
                              + (f"its presets: {', '.join(sorted(presets))}" if presets else "it has no presets"))
         values = {**{k: coerce_value(fields[k], v, f"preset {preset!r}") for k, v in cls.PRESETS[preset].items()},
                   **values}
-    return cls(**values)
+    config = cls(**values)
+    for name, (recipe, value) in preset_overrides(config).items():
+        logging.getLogger(__name__).warning("%s %r overrides the value of --preset %s (%r)", flag(name), value, preset,
+                                            recipe)
+    return config
+
+
+def preset_overrides(config: Any) -> dict[str, tuple[Any, Any]]:
+    """The options whose value differs from the one ``config.preset`` sets: ``{name: (preset's value, value)}``
+    (empty without a preset). :func:`parse_config` logs them; fine-tuning records them in its ``training_args.json``.
+    """
+    preset = getattr(config, "preset", None)
+    if preset is None:
+        return {}
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    recipe = {k: coerce_value(fields[k], v, f"preset {preset!r}") for k, v in type(config).PRESETS[preset].items()}
+    return {k: (v, getattr(config, k)) for k, v in recipe.items() if getattr(config, k) != v}

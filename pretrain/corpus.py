@@ -19,7 +19,7 @@ a document's blocks gives exactly its tokenization.
 **Cache.** Token ids of all blocks are stored back to back in one flat ``uint16`` file
 (``uint32`` when the vocabulary has more than 65,536 entries) with an ``int64`` offsets
 array, a per-token document-frequency array and ``meta.json``. The cache directory name is
-a hash of everything that determines the content (spec, corpus file sizes and mtimes,
+a hash of everything that determines the content (spec, corpus file sizes, mtimes and content hashes,
 fields, max_docs, max_length, the tokenizer's vocabulary and normalisation -- not its name or
 path), so another tokenizer or block length builds another cache. A cache is built in a temporary directory
 and renamed into place when complete; concurrent processes (e.g. DDP ranks starting
@@ -49,7 +49,7 @@ from .readers import Fields, corpus_files, iter_texts, parse_fields, resolve_spe
 logger = logging.getLogger(__name__)
 
 #: Bumped whenever the cache layout or packing changes (part of the cache key).
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: meta.json holds the data files' checksums and the corpus files' fingerprints
 
 # A sentence ends at . ! ? (optionally followed by closing quotes/brackets) followed by
 # whitespace and a character that is not a lower-case ASCII letter (so "e.g. this" stays
@@ -214,12 +214,22 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def _corpus_fingerprint(spec: str) -> str:
-    """A hash of (path, size, mtime) of each local corpus file, so an edited corpus gets a new cache."""
+    """A hash of (path, size, mtime, cheap content hash) of each local corpus file
+    (:func:`pretrain.inputs.file_fingerprint`), so an edited corpus gets a new cache."""
+    from .inputs import corpus_fingerprints
+
     h = hashlib.sha256()
-    for p in corpus_files(spec):
-        st = p.stat()
-        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    for p, fp in corpus_fingerprints(spec).items():
+        h.update(f"{p}\0{fp['size']}\0{fp['mtime_ns']}\0{fp['sha256']}\n".encode())
     return h.hexdigest()[:16]
+
+
+def _file_checksum(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(16 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class TokenCache(torch.utils.data.Dataset):
@@ -233,7 +243,12 @@ class TokenCache(torch.utils.data.Dataset):
     * ``tokens.bin``: all blocks' token ids back to back (``uint16``/``uint32``, see :func:`token_dtype`);
     * ``offsets.bin``: ``int64`` array of ``len(cache) + 1`` start offsets into ``tokens.bin``;
     * ``df.npy``: ``int64`` (|V|,) number of blocks containing each token id;
-    * ``meta.json``: the build key (spec, fields, max_docs, max_length, tokenizer) and counts.
+    * ``meta.json``: the build key (spec, fields, max_docs, max_length, tokenizer), counts, the blake2b checksums of
+      ``tokens.bin`` and ``offsets.bin`` and the fingerprints of the corpus files it was built from.
+
+    Opening a cache checks it (:meth:`_check_files`): file sizes, offsets strictly increasing from 0 to the token
+    count (no empty block), every id below the vocabulary size, and both checksums; a cache that fails is reported
+    as damaged, and :meth:`build_or_load` rebuilds it with a warning.
 
     Args:
         path: A complete cache directory.
@@ -263,7 +278,10 @@ class TokenCache(torch.utils.data.Dataset):
                 "automatically)")
 
     def _check_files(self, num_tokens: int, num_blocks: int) -> None:
-        """Sizes of the data files against ``meta.json`` and the ends of the offsets (cheap: no full read)."""
+        """The data files against ``meta.json``: their sizes, the offsets (from 0 to the token count, strictly
+        increasing: no empty block), every token id below the vocabulary size, and the checksums of
+        ``tokens.bin`` and ``offsets.bin`` recorded at build time (a rewritten id or offset). Vectorised numpy
+        passes over the memory-mapped files, about a second per GB."""
         for name, want in (("tokens.bin", num_tokens * self.dtype.itemsize), ("offsets.bin", (num_blocks + 1) * 8)):
             path = self.path / name
             size = path.stat().st_size if path.is_file() else None
@@ -273,6 +291,24 @@ class TokenCache(torch.utils.data.Dataset):
         if int(off[0]) != 0 or int(off[-1]) != num_tokens:
             raise ValueError(self._damaged(self.path / "offsets.bin",
                                            f"offsets run from {int(off[0])} to {int(off[-1])}, not 0 to {num_tokens}"))
+        lengths = np.diff(off)
+        bad = np.flatnonzero(lengths <= 0)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(self._damaged(self.path / "offsets.bin",
+                                           f"block {i} is {'empty' if lengths[i] == 0 else 'of negative length'} "
+                                           f"(offsets {int(off[i])} -> {int(off[i + 1])}); {bad.size} such block(s)"))
+        vocab_size = int(self.meta["vocab_size"])
+        top = int(self.tokens.max())
+        if top >= vocab_size:
+            at = int(np.argmax(self.tokens >= vocab_size))
+            raise ValueError(self._damaged(self.path / "tokens.bin", f"token id {top} (first bad one at position {at}) "
+                                           f"is outside the vocabulary of {vocab_size}"))
+        for name, want in (self.meta.get("checksum") or {}).items():
+            got = _file_checksum(self.path / name)
+            if got != want:
+                raise ValueError(self._damaged(self.path / name, f"its content changed since the cache was built "
+                                               f"(blake2b {got}, {want} recorded)"))
         df_path = self.path / "df.npy"
         try:
             df = np.load(df_path, mmap_mode="r")
@@ -441,6 +477,7 @@ class TokenCache(torch.utils.data.Dataset):
                     shutil.rmtree(stale, ignore_errors=True)
                 if path.exists():  # not complete or damaged (e.g. an older layout, a truncated file): rebuild
                     shutil.rmtree(path)
+                cls._log_changed_inputs(path, key, spec)
                 tmp = path.parent / f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 tmp.mkdir()
                 try:
@@ -455,6 +492,33 @@ class TokenCache(torch.utils.data.Dataset):
         except Timeout as e:
             raise TimeoutError(f"waited {lock_timeout}s for another process building the token cache {path}") from e
         return cls(path)
+
+    @staticmethod
+    def _log_changed_inputs(path: Path, key: dict[str, Any], spec: str) -> None:
+        """Before a build: when a cache of the same corpus spec and settings exists beside ``path``, log what
+        changed since it was built (a corpus file, the tokenizer) -- the reason a new cache is built."""
+        from .inputs import corpus_fingerprints, input_changes
+
+        same = {k: key[k] for k in ("format", "spec", "fields", "max_docs", "max_length")}
+        current = None
+        for meta_path in path.parent.glob(path.name.rsplit("-", 1)[0] + "-*/meta.json"):
+            if meta_path.parent == path:
+                continue
+            try:
+                meta = json.loads(meta_path.read_text())
+                old = meta["key"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if {k: old.get(k) for k in same} != same:
+                continue
+            if current is None:
+                current = {"corpus_files": corpus_fingerprints(spec),
+                           "tokenizer": {"hash": key["tokenizer_hash"], "vocab_size": key["vocab_size"]}}
+            previous = {"corpus_files": meta.get("corpus_files", current["corpus_files"]),
+                        "tokenizer": {"hash": old.get("tokenizer_hash"), "vocab_size": old.get("vocab_size")}}
+            changes = input_changes(previous, current) or ["the corpus files changed (size, time or content)"]
+            logger.warning("token cache %s was built from other inputs (%s); building a new cache at %s",
+                           meta_path.parent, "; ".join(changes), path)
 
     @classmethod
     def _load_valid(cls, path: Path) -> Optional["TokenCache"]:
@@ -488,16 +552,21 @@ class TokenCache(torch.utils.data.Dataset):
         bar = tqdm(desc=f"tokenizing {spec}", unit=" docs", disable=not progress,
                    total=max_docs if max_docs > 0 else None)
         batches = _batched(iter_texts(spec, fields=fields, max_docs=max_docs), batch_docs)
+        htok, hoff = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
         with open(out / "tokens.bin", "wb") as ftok, open(out / "offsets.bin", "wb") as foff:
             foff.write(np.zeros(1, dtype=np.int64).tobytes())
+            hoff.update(np.zeros(1, dtype=np.int64).tobytes())
             for n_texts, (docs, encoded) in _encode_batches(batches, tokenizer, max_length, num_threads):
                 n_docs += docs
                 bar.update(n_texts)
                 if encoded is None:
                     continue
                 tokens, lens, ids, counts = encoded
-                ftok.write(tokens.tobytes())
-                foff.write((n_tokens + np.cumsum(lens)).tobytes())
+                tok_bytes, off_bytes = tokens.tobytes(), (n_tokens + np.cumsum(lens)).tobytes()
+                ftok.write(tok_bytes)
+                foff.write(off_bytes)
+                htok.update(tok_bytes)
+                hoff.update(off_bytes)
                 df[ids] += counts
                 n_blocks += len(lens)
                 n_tokens += int(tokens.size)
@@ -507,11 +576,18 @@ class TokenCache(torch.utils.data.Dataset):
         np.save(out / "df.npy", df)
         meta = {"key": key, "dtype": dtype.name, "vocab_size": vocab_size, "num_documents": n_docs,
                 "num_blocks": n_blocks, "num_tokens": n_tokens, "build_seconds": round(time.time() - t0, 2),
+                "checksum": {"tokens.bin": htok.hexdigest(), "offsets.bin": hoff.hexdigest()},
+                "corpus_files": _corpus_files_record(spec),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "complete": True}
         with open(out / "meta.json", "w") as f:
             json.dump(meta, f, indent=2)
         logger.info("token cache: %d documents -> %d blocks, %d tokens in %.1fs (%d thread%s)", n_docs, n_blocks,
                     n_tokens, time.time() - t0, num_threads, "" if num_threads == 1 else "s")
+
+
+def _corpus_files_record(spec: str) -> dict[str, Any]:
+    from .inputs import corpus_fingerprints
+    return corpus_fingerprints(spec)
 
 
 def default_num_threads() -> int:

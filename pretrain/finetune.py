@@ -255,7 +255,7 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
             elif os.path.isfile(p):
                 os.remove(p)
     os.makedirs(out, exist_ok=True)
-    write_json_atomic(args_path, {"config": config_dict(cfg), "finished": False}, default=str)
+    write_json_atomic(args_path, {**_run_record(cfg), "finished": False}, default=str)
 
 
 def _copy_export(src: str, dst: str) -> None:
@@ -316,10 +316,15 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
                          "model:<checkpoint> or model (dense negatives of --model)")
     if cfg.round_init not in ("base", "previous"):
         raise ValueError(f"unknown --round-init {cfg.round_init!r}; use base or previous")
+    validate_finetune(cfg)  # the paths and the model, before anything is written or mined
+    data = load_training_data(cfg.train, cfg.max_train_queries, cfg.seed)
+    if len(data.topics) < cfg.batch_size:
+        raise ValueError(f"--train {cfg.train} gives {len(data.topics)} training queries with a judged positive, "
+                         f"fewer than one global batch (--batch-size {cfg.batch_size}); lower --batch-size or add data")
     procs = Processes(cpu=cfg.cpu)
     if not procs.is_main:
         procs.barrier()  # rank 0 checks and prepares --output first
-        return _finetune(cfg, procs)
+        return _finetune(cfg, procs, data)
     try:
         _prepare_output(cfg)
     finally:
@@ -332,14 +337,60 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         pkg_logger.setLevel(logging.INFO)
     pkg_logger.addHandler(handler)
     try:
-        return _finetune(cfg, procs)
+        return _finetune(cfg, procs, data)
     finally:
         logging.getLogger("pretrain").removeHandler(handler)
         handler.close()
 
 
-def _finetune(cfg: FinetuneConfig, procs: Processes) -> dict[str, Any]:
-    data = load_training_data(cfg.train, cfg.max_train_queries, cfg.seed)
+def validate_finetune(cfg: FinetuneConfig) -> None:
+    """Checks that need neither the training data nor mining: ``--output`` (a writable directory), ``--model`` (and
+    ``--negatives model:<dir>``: a model directory with ``config.json``, safetensors weights and a tokenizer),
+    ``--query-max-length``/``--doc-max-length`` against the model's position embeddings, ``--train groups:<file>``,
+    and the batch split over the processes.
+
+    Raises:
+        ValueError, FileNotFoundError: one line naming the option.
+    """
+    from pyterrier_cpdae._loading import load_tokenizer
+    from transformers import AutoConfig
+
+    from .inputs import check_model_arg, check_writable_dir
+
+    check_writable_dir(cfg.output, "--output")
+    check_model_arg(cfg.model, "--model")
+    if cfg.negatives.startswith("model:"):
+        check_model_arg(cfg.negatives[len("model:"):], "--negatives model:")
+    if cfg.train.startswith("groups:") and not os.path.isfile(cfg.train[len("groups:"):]):
+        raise FileNotFoundError(f"--train {cfg.train}: no such file")
+    try:
+        model_config = AutoConfig.from_pretrained(cfg.model)
+        load_tokenizer(cfg.model)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--model {cfg.model}: cannot load its config and tokenizer ({' '.join(str(e).split())})") \
+            from e
+    max_pos = getattr(model_config, "max_position_embeddings", None)
+    for name in ("query_max_length", "doc_max_length"):
+        if max_pos is not None and getattr(cfg, name) > max_pos:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg, name)} exceeds the max_position_embeddings "
+                             f"({max_pos}) of --model {cfg.model}")
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if cfg.batch_size % (world * cfg.grad_accum):
+        raise ValueError(f"--batch-size {cfg.batch_size} (global) must be divisible by the number of processes x "
+                         f"--grad-accum = {world} x {cfg.grad_accum}")
+
+
+def _run_record(cfg: FinetuneConfig) -> dict[str, Any]:
+    """The options of the run for ``training_args.json``, with the options that override ``--preset``."""
+    from .config import preset_overrides
+
+    overrides = preset_overrides(cfg)
+    return {"config": config_dict(cfg),
+            **({"preset_overrides": {k: {"preset": p, "value": v} for k, (p, v) in overrides.items()}}
+               if overrides else {})}
+
+
+def _finetune(cfg: FinetuneConfig, procs: Processes, data: TrainingData) -> dict[str, Any]:
     if data.groups is not None and cfg.negatives != "bm25":
         logger.warning("--train %s gives ready-made groups: --negatives %s is ignored", cfg.train, cfg.negatives)
     logger.info("%d training queries", len(data.topics))
@@ -374,7 +425,7 @@ def _finetune(cfg: FinetuneConfig, procs: Processes) -> dict[str, Any]:
     if not procs.is_main:
         return summary
     _copy_export(_round_dir(cfg, cfg.mining_rounds), cfg.output)
-    write_json_atomic(os.path.join(cfg.output, TRAINING_ARGS), {"config": config_dict(cfg), "finished": True, **summary},
+    write_json_atomic(os.path.join(cfg.output, TRAINING_ARGS), {**_run_record(cfg), "finished": True, **summary},
                       default=str)
     logger.info("fine-tuned model written to %s", cfg.output)
     return summary

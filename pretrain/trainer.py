@@ -284,6 +284,8 @@ class Trainer:
             raise ValueError(f"no optimizer steps to run (epochs={config.epochs}, max_steps={config.max_steps})")
         self.warmup_steps = warmup_steps(self.total_steps, config.warmup_ratio)
         self.output = config.output
+        #: What the run is built from (corpus and tokenizer fingerprints), recorded in run_config.json.
+        self.inputs: dict[str, Any] = {}
 
     # --------------------------------------------------------------- public API
     @property
@@ -414,7 +416,9 @@ class Trainer:
                             "warmup_steps": self.warmup_steps, "num_examples": len(self.dataset),
                             "module": type(self.module).__name__},
                 "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                             "accelerate": accelerate.__version__}}
+                             "accelerate": accelerate.__version__},
+                # what the run is built from (set by the caller, e.g. pretrain.inputs.run_inputs)
+                **({"inputs": self.inputs} if self.inputs else {})}
 
     def _optimizer_step(self, model: nn.Module, optimizer: Any, scheduler: Any,
                         batches: Iterator[Any]) -> dict[str, torch.Tensor]:

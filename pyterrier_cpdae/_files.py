@@ -13,6 +13,7 @@ file world-writable and does not fsync, which resumable builds and runs rely on;
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import io
 import json
@@ -209,3 +210,18 @@ def temporary_files(directory: PathLike, name: str) -> list:
     """Temporaries that an interrupted :func:`atomic_write` of ``directory / name`` may have left behind."""
     stem, suffix = os.path.splitext(name)
     return sorted(Path(directory).glob(f".{stem}.*.tmp{suffix}"))
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from, or a Java exception's 'Caused by' chain) is a full disk."""
+    seen = set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        text = " ".join([str(e)] + [str(x) for x in (getattr(e, "stacktrace", None) or [])])
+        if "No space left on device" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    return False

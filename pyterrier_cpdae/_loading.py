@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-__all__ = ["load_encoder", "load_tokenizer", "autocast_dtype", "check_model_dir"]
+__all__ = ["load_encoder", "load_tokenizer", "autocast_dtype", "check_model_dir", "check_weights_file"]
 
 
 def autocast_dtype(device: Union[str, torch.device]) -> torch.dtype:
@@ -43,6 +43,9 @@ def checkpoint_keys(path: str) -> Optional[set]:
         if os.path.exists(index):
             with open(index, encoding="utf8") as f:
                 return set(json.load(f).get("weight_map", {}))
+    except MemoryError as ex:  # not a damaged file: too little memory to map or read it
+        bad = single if os.path.exists(single) else index
+        raise MemoryError(f"out of memory while reading the weights file {bad}") from ex
     except Exception as ex:  # SafetensorError, JSONDecodeError, ...: none of them names the file
         bad = single if os.path.exists(single) else index
         raise OSError(f"cannot read the weights file {bad} ({type(ex).__name__}: {ex}); it is truncated or "
@@ -60,6 +63,27 @@ def check_model_dir(path: str) -> None:
     if not os.path.isfile(config):
         raise OSError(f"{config} does not exist: {path} is not a Hugging Face model directory (a "
                       "`python -m pretrain`/finetune output, or any directory written by save_pretrained)")
+
+
+#: Weight files that are loaded with pickle (they can run code when read): never loaded here.
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt", "training_args.bin")
+SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
+def check_weights_file(path: str) -> None:
+    """Refuses a local model directory whose weights are not in safetensors (only pickle files, or none).
+
+    Raises:
+        OSError: naming the pickle file (safetensors is required) or the missing ``model.safetensors``.
+    """
+    if not os.path.isdir(path) or any(os.path.isfile(os.path.join(path, n)) for n in SAFETENSORS_WEIGHTS):
+        return
+    pickled = [n for n in PICKLE_WEIGHTS[:2] if os.path.isfile(os.path.join(path, n))]
+    if pickled:
+        raise OSError(f"{os.path.join(path, pickled[0])} is a pickle file, which is never loaded (reading it can run "
+                      f"code); safetensors is required: save the model as {SAFETENSORS_WEIGHTS[0]} (save_pretrained "
+                      "writes it) where you trust the pickle file")
+    raise OSError(f"{path} holds no weights file ({' or '.join(SAFETENSORS_WEIGHTS)})")
 
 
 def check_tokenizer_files(path: str, tokenizer: Any) -> None:
@@ -114,6 +138,7 @@ def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
     name = os.fspath(name_or_path)
     if os.path.isdir(name):
         check_model_dir(name)
+        check_weights_file(name)
     config = AutoConfig.from_pretrained(name)
     checkpoint_keys(name)  # a truncated or corrupt weights file is named here (transformers would not name it)
     kwargs: Dict[str, Any] = {}

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import json
 import math
 import os
@@ -40,6 +41,7 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_cpdae._artifact import PackagedArtifact
+from pyterrier_cpdae._files import disk_full
 from pyterrier_cpdae._index_io import IncompleteIndexError, as_docno, read_pt_meta, temporary_files, write_json_atomic
 from pyterrier_cpdae._java import autoclass, detach_thread
 from pyterrier_cpdae._locking import build_lock
@@ -303,6 +305,8 @@ class BM25Indexer(pt.Indexer):
         Raises:
             ConcurrentBuildError: another process is building the same path.
             ValueError: a document breaks the input rules above (the message names it), or nothing was indexed.
+            OSError: ``errno.ENOSPC``, "no space left on <path>", when the disk fills up during the build (the
+                unfinished index is removed).
         """
         simple_indexer = autoclass("io.anserini.index.SimpleIndexer")  # sets up Java before touching the folder
         path = Path(self.index_ref.path)
@@ -315,11 +319,15 @@ class BM25Indexer(pt.Indexer):
                     raise ValueError(f"no documents were indexed into {path} (empty input"
                                      f"{f', or only the {num_empty} with empty text' if num_empty else ''}); "
                                      "a BM25 index needs at least one document with text")
-            except BaseException:
+            except BaseException as e:
                 if created:
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     shutil.rmtree(lucene_path, ignore_errors=True)
+                if disk_full(e):  # Lucene reports it as "AlreadyClosedException: this IndexWriter is closed"
+                    raise OSError(errno.ENOSPC, f"no space left on {path} while building the BM25 index there "
+                                                "(the unfinished index was removed); free some space or choose "
+                                                "another path", str(path)) from e
                 raise
             if num_empty:
                 warnings.warn(f"{num_empty} document(s) with empty text were not indexed (they cannot match any "

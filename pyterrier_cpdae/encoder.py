@@ -36,7 +36,7 @@ import torch
 
 from . import _index_io as io
 from ._batching import check_texts, chunked, dedup, length_sorted_batches, pad
-from ._loading import autocast_dtype, load_encoder, load_tokenizer
+from ._loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer
 from ._openvino import compile_encoder, openvino_available
 from ._pooling import POOLINGS, pool
 
@@ -262,7 +262,9 @@ class CPDAE(pt.Transformer):
         name = os.fspath(name_or_path)
         if os.path.isdir(name):
             name = os.path.abspath(name)
-        tokenizer = load_tokenizer(name)
+        tokenizer = load_tokenizer(name)  # names a missing config.json first
+        if os.path.isdir(name):
+            check_weights_file(name)  # safetensors only, refused here rather than at the first encode
         config = AutoConfig.from_pretrained(name)
         stored = read_encoder_settings(name)
         if stored.get("do_lower_case", (False,))[0]:

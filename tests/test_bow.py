@@ -82,7 +82,7 @@ def test_trainer_drives_the_schedule_per_optimizer_step(tiny_bert_dir, tmp_path)
     from pretrain.trainer import Trainer
 
     model, tok, cfg = _load(tiny_bert_dir, bow_weight=2.0, bow_weight_schedule="linear_decay", batch_size=4,
-                            grad_accum=2, max_steps=3, save_steps=0, logging_steps=1, warmup_ratio=0.0,
+                            grad_accum=2, max_steps=3, save_steps=1000, logging_steps=1, warmup_ratio=0.0,
                             mixed_precision="no", cpu=True, output=str(tmp_path / "run"))
     obj = build_objective("bow", model, tok, cfg)
     seen: list[float] = []

@@ -177,13 +177,13 @@ def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_b
 
 
 def test_from_config_starts_from_seeded_random_weights(tmp_path, tiny_bert_dir, tiny_corpus):
-    """--from-config: random weights of the config's shape, seeded by --seed (lr 0 keeps them as initialised)."""
+    """--from-config: random weights of the config's shape, seeded by --seed (one step, all of it warm-up at rate 0, keeps them as initialised)."""
     import torch
     from accelerate.utils import set_seed
     from transformers import AutoConfig, AutoModelForMaskedLM
     out = tmp_path / "scratch"
     cli.main(base_args(tiny_bert_dir, tiny_corpus, out, tmp_path / "cache", from_config=tiny_bert_dir,
-                       learning_rate=0, max_steps=1, save_steps=0, seed=7))
+                       warmup_ratio=1, max_steps=1, save_steps=1, seed=7))
     assert json.loads((out / "run_config.json").read_text())["config"]["from_config"] == tiny_bert_dir
     got = AutoModelForMaskedLM.from_pretrained(str(out)).state_dict()
     set_seed(7)
@@ -204,8 +204,8 @@ def test_decoder_bias_prior_is_the_corpus_log_odds(tmp_path, tiny_bert_dir, tiny
     from transformers import AutoTokenizer
 
     out, cache = tmp_path / "prior", tmp_path / "cache"
-    cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, decoder_bias_init="prior", learning_rate=0, max_length=64,
-                       max_steps=1, save_steps=0))
+    cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, decoder_bias_init="prior", warmup_ratio=1, max_length=64,
+                       max_steps=1, save_steps=1000))
     from pretrain.modeling import CPDAEDecoder
     bias = CPDAEDecoder.from_pretrained(out / "decoder").decoder.bias.detach().double().numpy()
     # reference: re-tokenise the corpus naively; every 3-sentence document fits one 64-token block here
@@ -222,13 +222,13 @@ def test_decoder_bias_prior_is_the_corpus_log_odds(tmp_path, tiny_bert_dir, tiny
     assert bias[word] > bias[tok.convert_tokens_to_ids("banana")]
     assert bias.min() == pytest.approx(math.log(0.5 / (len(blocks) + 0.5)), rel=1e-5)  # tokens of no block
     # the default; --decoder-bias-init zero keeps BERT's zero bias
-    cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "zero", cache, decoder_bias_init="zero", learning_rate=0,
-                       max_length=64, max_steps=1, save_steps=0))
+    cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "zero", cache, decoder_bias_init="zero", warmup_ratio=1,
+                       max_length=64, max_steps=1, save_steps=1000))
     zero = CPDAEDecoder.from_pretrained(tmp_path / "zero" / "decoder").decoder.bias.detach()
     assert float(zero.abs().max()) == 0.0
     assert PretrainConfig().decoder_bias_init == "prior"
     # objectives without a CPDAE decoder ignore it
-    cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "mlm", cache, objective="mlm", max_steps=1, save_steps=0))
+    cli.main(base_args(tiny_bert_dir, tiny_corpus, tmp_path / "mlm", cache, objective="mlm", max_steps=1, save_steps=1000))
     assert (tmp_path / "mlm" / "config.json").is_file() and not (tmp_path / "mlm" / "decoder").exists()
 
 
@@ -241,7 +241,7 @@ def test_torchrun_two_processes_gather_negatives(tmp_path, tiny_bert_dir, tiny_c
     out = tmp_path / "ddp"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, out, tmp_path / "cache",
-                                                        max_steps=2, save_steps=0, learning_rate=0)],
+                                                        max_steps=2, save_steps=2, learning_rate="1e-12")],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((out / "run_config.json").read_text())

@@ -125,7 +125,7 @@ def test_trainer_bf16_step_runs_under_autocast_on_the_device_and_tracks_fp32(tmp
     seen = []
     runs = {}
     for mp in ("no", "bf16"):
-        c = _device_cfg(tmp_path, mp, mixed_precision=mp, max_steps=20, save_steps=0, learning_rate=0.1)
+        c = _device_cfg(tmp_path, mp, mixed_precision=mp, max_steps=20, save_steps=1000, learning_rate=0.1)
         module = TinyRegressor(dropout=0.0)
         hook = module.linear.register_forward_hook(
             lambda m, i, o, mp=mp: seen.append((mp, i[0].device.type, o.dtype)))

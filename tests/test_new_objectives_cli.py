@@ -30,7 +30,7 @@ def run_cli(tmp_path, tiny_bert_dir, objective, flags):
     out = tmp_path / "run"
     result = cli.main(["--objective", objective, *flags, "--model", tiny_bert_dir, "--corpus", str(corpus),
                        "--output", str(out), "--cache-dir", str(tmp_path / "cache"), "--batch-size", "4",
-                       "--max-length", "48", "--max-steps", "2", "--save-steps", "0", "--logging-steps", "1",
+                       "--max-length", "48", "--max-steps", "2", "--save-steps", "1000", "--logging-steps", "1",
                        "--learning-rate", "1e-3"])
     return result, out
 

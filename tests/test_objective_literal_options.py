@@ -260,7 +260,7 @@ def test_adam_betas_and_epsilon_reach_the_optimizer(tmp_path, monkeypatch):
     data = [1.0, 2.0, 0.5, 1.5]
     b1, b2, eps, lr = 0.5, 0.7, 0.3, 0.1
     cfg = TrainConfig(output=str(tmp_path / "adam"), batch_size=2, max_steps=2, learning_rate=lr, warmup_ratio=0.0,
-                      weight_decay=0.0, max_grad_norm=0.0, save_steps=0, logging_steps=1, seed=0, epochs=1,
+                      weight_decay=0.0, max_grad_norm=0.0, save_steps=1000, logging_steps=1, seed=0, epochs=1,
                       adam_beta1=b1, adam_beta2=b2, adam_epsilon=eps)
     module = Scalar()
     trainer = Trainer(module, data, lambda xs: {"x": torch.tensor(xs)}, cfg)

@@ -110,7 +110,7 @@ def test_toy_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir)
     ToyObjective.prepared.clear()
     result = cli.main(["--objective", "toy_plugin", "--toy-weight", "0.5", "--model", tiny_bert_dir,
                        "--corpus", str(corpus), "--output", str(out), "--cache-dir", str(tmp_path / "cache"),
-                       "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "0",
+                       "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "1000",
                        "--logging-steps", "1", "--learning-rate", "1e-3"])
     assert result["step"] == 2
     assert ToyObjective.prepared == [12]  # prepare() saw the tokenised corpus (12 one-line documents)

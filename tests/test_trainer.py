@@ -73,7 +73,7 @@ def test_lr_schedule_matches_formula(tmp_path):
 def test_epochs_define_total_steps(tmp_path):
     # 64 examples, global batch 8 -> 8 steps per epoch; 1.5 epochs -> 12 steps; the data order covers
     # each example exactly once per epoch
-    c = cfg(tmp_path, max_steps=-1, epochs=1.5, save_steps=0)
+    c = cfg(tmp_path, max_steps=-1, epochs=1.5, save_steps=1000)
     t = Trainer(TinyRegressor(), RegressionData(64), collate, c)
     assert (t.steps_per_epoch, t.total_steps) == (8, 12)
     assert t.train()["step"] == 12
@@ -101,7 +101,7 @@ def test_grad_accum_equivalence(tmp_path):
     """Batch 8 in one step == batch 8 as 2 accumulated micro-batches of 4 (same update)."""
     weights = []
     for accum in (1, 2):
-        c = cfg(tmp_path, name=f"acc{accum}", grad_accum=accum, max_steps=3, save_steps=0, warmup_ratio=0.0,
+        c = cfg(tmp_path, name=f"acc{accum}", grad_accum=accum, max_steps=3, save_steps=1000, warmup_ratio=0.0,
                 learning_rate=0.1)
         m = TinyRegressor(dropout=0.0, seed=0)
         Trainer(m, RegressionData(64), collate_clean, c).train()
@@ -184,7 +184,7 @@ def test_output_dir_protection(tmp_path):
 
 
 def test_failed_export_does_not_look_complete(tmp_path):
-    c = cfg(tmp_path, max_steps=2, save_steps=0)
+    c = cfg(tmp_path, max_steps=2, save_steps=1000)
 
     def bad_save(module, path):
         with open(os.path.join(path, "model.safetensors"), "w") as f:
@@ -226,7 +226,7 @@ def test_no_weight_decay_on_bias_and_norm():
 @pytest.mark.multiproc
 def test_ddp_two_processes_match_single_process(tmp_path):
     """torchrun with 2 CPU processes (gloo) and global batch 8 logs the losses of 1 process with batch 8."""
-    common = ["--batch-size", "8", "--max-steps", "6", "--logging-steps", "1", "--save-steps", "0",
+    common = ["--batch-size", "8", "--max-steps", "6", "--logging-steps", "1", "--save-steps", "1000",
               "--learning-rate", "0.05", "--seed", "3", "--clean"]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     single = tmp_path / "single"

@@ -11,7 +11,7 @@ from pretrain import cli
 
 
 def _common(objective: str) -> list[str]:
-    return ["--objective", objective, "--batch-size", "4", "--max-length", "64", "--save-steps", "0",
+    return ["--objective", objective, "--batch-size", "4", "--max-length", "64", "--save-steps", "1000",
             "--logging-steps", "1", "--learning-rate", "1e-3", "--max-steps", "2"]
 
 

@@ -1,0 +1,184 @@
+"""Checks of the paths and models a run is given, and fingerprints of what a run is built from.
+
+Everything here runs before a run writes or computes anything:
+
+* :func:`check_writable_dir` -- ``--output`` / ``--cache-dir``: not a file, not under a file, writable;
+* :func:`check_model_arg` -- ``--model`` / ``--from-config`` / ``--negatives model:<dir>``: a missing local path is
+  named as such (not as an invalid Hugging Face id), a local directory needs ``config.json`` and safetensors weights;
+* :func:`run_inputs` / :func:`check_resume_inputs` -- the content fingerprints of the corpus files and the tokenizer
+  that ``run_config.json`` records, and the refusal of a ``--resume`` after either changed under the same path.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["check_writable_dir", "check_model_arg", "file_fingerprint", "corpus_fingerprints", "run_inputs",
+           "check_resume_inputs", "input_changes"]
+
+
+def _nearest_existing(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def check_writable_dir(path: str, option: str) -> None:
+    """Refuses a directory option that cannot become a writable directory: an existing file, a path under a file,
+    or a place this process may not write (permissions, a read-only file system).
+
+    Raises:
+        ValueError: one line naming the option, the path and the problem.
+    """
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{option} {path} is a file, not a directory")
+    existing = _nearest_existing(path)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{option} {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        try:  # access() answers EROFS on a read-only file system, EACCES without permission
+            os.close(os.open(existing, os.O_RDONLY))
+            reason = "read-only file system" if _read_only(existing) else "permission denied"
+        except OSError as e:  # pragma: no cover - an unreadable directory
+            reason = e.strerror
+        raise ValueError(f"{option} {path}: cannot write in {existing} ({reason})")
+
+
+def _read_only(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:  # pragma: no cover
+        return False
+
+
+def _looks_local(value: str) -> bool:
+    """Whether ``value`` can only be a local path (it is not a valid Hugging Face repo id)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if os.path.isabs(value) or value.startswith(("./", "../", "~")) or value.endswith((".json", os.sep)):
+        return True
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return True
+    return False
+
+
+def check_model_arg(value: str, option: str = "--model", *, weights: bool = True, config_file: bool = False) -> None:
+    """Checks a model option before anything is loaded.
+
+    A missing path that cannot be a Hugging Face id is named as missing; a local directory must hold ``config.json``
+    and (with ``weights``) safetensors weights -- a directory with only ``pytorch_model.bin`` is refused naming the
+    file (pickle files are never loaded). With ``config_file`` a JSON file is accepted too (``--from-config``).
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        ValueError: a file where a directory is expected, no ``config.json``, no safetensors weights.
+    """
+    from pyterrier_cpdae._loading import check_model_dir, check_weights_file
+
+    if os.path.isdir(value):
+        try:
+            check_model_dir(value)
+            if weights:
+                check_weights_file(value)
+        except OSError as e:
+            raise ValueError(f"{option} {value}: {e}") from None
+        return
+    if os.path.exists(value):
+        if config_file and os.path.isfile(value):
+            return
+        raise ValueError(f"{option} {value} is a file, not a model directory")
+    if _looks_local(value):
+        raise FileNotFoundError(f"{option} {value}: no such {'file or ' if config_file else ''}directory (and not a "
+                                "Hugging Face model id)")
+
+
+# ----------------------------------------------------------------------------- fingerprints
+#: Files up to this size are hashed whole; larger ones in :data:`_SAMPLES` chunks spread over the file.
+_WHOLE = 1 << 20
+_CHUNK = 64 << 10
+_SAMPLES = 16
+
+
+def file_fingerprint(path: os.PathLike | str) -> dict[str, Any]:
+    """``{"size", "mtime_ns", "sha256"}`` of a file; the hash covers the whole file up to 1 MiB, else 16 chunks of
+    64 KiB spread evenly over it (first and last included) plus the size -- a cheap content hash that also sees a
+    rewrite which keeps the size and the modification time (``cp -p``, ``touch -r``)."""
+    st = os.stat(path)
+    h = hashlib.sha256(str(st.st_size).encode())
+    with open(path, "rb") as f:
+        if st.st_size <= _WHOLE:
+            for block in iter(lambda: f.read(_CHUNK), b""):
+                h.update(block)
+        else:
+            step = (st.st_size - _CHUNK) / (_SAMPLES - 1)
+            for i in range(_SAMPLES):
+                f.seek(int(i * step))
+                h.update(f.read(_CHUNK))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()[:32]}
+
+
+def corpus_fingerprints(spec: str) -> dict[str, dict[str, Any]]:
+    """:func:`file_fingerprint` of each local file of corpus ``spec`` (``{}`` for ``irds:`` corpora)."""
+    from .readers import corpus_files
+
+    return {str(p): file_fingerprint(p) for p in corpus_files(spec)}
+
+
+def run_inputs(spec: str, tokenizer: Any) -> dict[str, Any]:
+    """What a pre-training run is built from: the corpus files' fingerprints and the tokenizer's (its vocabulary,
+    normaliser and pre-tokenizer, :func:`pretrain.corpus.tokenizer_fingerprint`). Recorded in ``run_config.json``."""
+    from .corpus import tokenizer_fingerprint
+
+    return {"corpus": spec, "corpus_files": corpus_fingerprints(spec),
+            "tokenizer": {"hash": tokenizer_fingerprint(tokenizer), "vocab_size": len(tokenizer)}}
+
+
+def input_changes(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between two :func:`run_inputs` records, one phrase per change."""
+    changes = []
+    old, new = previous.get("corpus_files", {}), current.get("corpus_files", {})
+    for p in sorted(set(old) | set(new)):
+        if p not in new:
+            changes.append(f"corpus file {p} is no longer part of the corpus")
+        elif p not in old:
+            changes.append(f"corpus file {p} was added")
+        elif old[p].get("sha256") != new[p].get("sha256") or old[p].get("size") != new[p].get("size"):
+            changes.append(f"corpus file {p} changed (size {old[p].get('size')} -> {new[p].get('size')} bytes, "
+                           "content hash differs)")
+    t_old, t_new = previous.get("tokenizer", {}), current.get("tokenizer", {})
+    if t_old.get("hash") != t_new.get("hash"):
+        changes.append(f"the tokenizer changed (vocabulary/normalisation hash {t_old.get('hash')} -> "
+                       f"{t_new.get('hash')}, {t_old.get('vocab_size')} -> {t_new.get('vocab_size')} tokens)")
+    return changes
+
+
+def check_resume_inputs(output: str, current: dict[str, Any]) -> None:
+    """Refuses to resume the run in ``output`` when its corpus files or its tokenizer changed since it started.
+
+    Runs recorded without ``inputs`` (before this check existed) are not checked.
+
+    Raises:
+        ValueError: one line naming each change.
+    """
+    import json
+
+    path = Path(output) / "run_config.json"
+    try:
+        previous = json.loads(path.read_text()).get("inputs")
+    except (OSError, ValueError):
+        return
+    if not previous:
+        return
+    changes = input_changes(previous, current)
+    if changes:
+        raise ValueError(f"--resume refused: the run in {output} was trained on other inputs: {'; '.join(changes)}; "
+                         "restore them, or start a new run (another --output, or --overwrite)")
+

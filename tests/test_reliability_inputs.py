@@ -1,0 +1,431 @@
+"""Reliability of a run's inputs (issue 25, classes 6-8): damaged or changed inputs are detected before training on
+them, every option is checked before anything is written or computed, and a bad path or file gives one line
+(``error: ...``, exit code 2), never a library traceback."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pretrain import __main__ as entry
+from pretrain.corpus import TokenCache
+
+# ----------------------------------------------------------------------------- helpers
+DOCS = ["Dense retrieval encodes a text into one vector. The decoder reconstructs its words.",
+        "Apples grow on trees in the orchard. Bananas are yellow when ripe.",
+        "The river runs to the sea. Boats carry goods along the coast.",
+        "Physics studies matter and energy. Chemistry studies reactions."]
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(DOCS) + "\n")
+    return path
+
+
+@pytest.fixture
+def tok(tiny_bert_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_bert_dir)
+
+
+def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
+    """``python -m pretrain <argv>`` in this process: (exit code, the one ``error:`` line)."""
+    monkeypatch.setattr(sys, "argv", ["pretrain", *argv])
+    code = entry._run()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == (1 if code else 0), err[-2000:]
+    return code, lines[0] if lines else ""
+
+
+def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str) -> list[str]:
+    return ["--model", model, "--corpus", str(corpus), "--output", str(out), "--cache-dir", str(cache),
+            "--batch-size", "2", "--max-length", "32", "--max-steps", "2", "--save-steps", "1", "--logging-steps", "1",
+            "--report-to", "none", "--cpu", *extra]
+
+
+def tmpfs(path: Path, *options: str) -> Path:
+    """A size-limited tmpfs at ``path`` (skips the test where this process may not mount one)."""
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root")
+    return path
+
+
+@pytest.fixture
+def mounts():
+    made: list[Path] = []
+    yield made
+    for p in made:
+        subprocess.run(["umount", str(p)], capture_output=True)
+
+
+# ============================================================================= class 6: damaged or changed inputs
+def _cache(corpus: Path, tok, cache_dir: Path) -> TokenCache:
+    return TokenCache.build_or_load(str(corpus), tok, 32, cache_dir, progress=False, num_threads=1)
+
+
+def _reference_blocks(tok) -> list[list[int]]:
+    """Independent reference: every document here fits one 30-token block, so a block is its document's ids."""
+    blocks = [tok(d, add_special_tokens=False)["input_ids"] for d in DOCS]
+    assert all(0 < len(b) <= 30 for b in blocks)
+    return blocks
+
+
+def _offsets(cache: TokenCache) -> np.ndarray:
+    return np.fromfile(cache.path / "offsets.bin", dtype=np.int64)
+
+
+def _damage_empty_block(cache: TokenCache) -> str:
+    off = _offsets(cache)
+    off[2] = off[1]  # block 1 empty, block 2 longer: sizes and ends stay valid
+    off.tofile(cache.path / "offsets.bin")
+    return "block 1 is empty"
+
+
+def _damage_decreasing_offsets(cache: TokenCache) -> str:
+    off = _offsets(cache)
+    off[1], off[2] = off[2], off[1]
+    off.tofile(cache.path / "offsets.bin")
+    return "negative length"
+
+
+def _damage_id_beyond_vocab(cache: TokenCache) -> str:
+    tokens = np.fromfile(cache.path / "tokens.bin", dtype=cache.dtype)
+    tokens[5] = cache.vocab_size + 3  # fits uint16, not the vocabulary: an IndexError deep in torch otherwise
+    tokens.tofile(cache.path / "tokens.bin")
+    return f"token id {cache.vocab_size + 3} (first bad one at position 5) is outside the vocabulary"
+
+
+def _damage_rewritten_id(cache: TokenCache) -> str:
+    tokens = np.fromfile(cache.path / "tokens.bin", dtype=cache.dtype)
+    tokens[5] = (int(tokens[5]) + 1) % cache.vocab_size  # still a valid id: only the checksum can tell
+    tokens.tofile(cache.path / "tokens.bin")
+    return "its content changed since the cache was built"
+
+
+def _damage_rewritten_offset(cache: TokenCache) -> str:
+    off = _offsets(cache)
+    off[2] += 1  # still increasing, blocks non-empty: a shifted boundary
+    off.tofile(cache.path / "offsets.bin")
+    return "its content changed since the cache was built"
+
+
+@pytest.mark.parametrize("damage", [_damage_empty_block, _damage_decreasing_offsets, _damage_id_beyond_vocab,
+                                    _damage_rewritten_id, _damage_rewritten_offset])
+def test_damaged_token_cache_is_named_and_rebuilt(tmp_path, corpus, tok, damage, caplog):
+    cache = _cache(corpus, tok, tmp_path / "cache")
+    assert [cache[i] for i in range(len(cache))] == _reference_blocks(tok)
+    problem = damage(cache)
+    with pytest.raises(ValueError, match="truncated or corrupt") as info:
+        TokenCache(cache.path)
+    assert problem in str(info.value)
+    with caplog.at_level(logging.WARNING, logger="pretrain.corpus"):
+        rebuilt = _cache(corpus, tok, tmp_path / "cache")
+    assert problem in caplog.text and "rebuilding it" in caplog.text
+    assert rebuilt.path == cache.path
+    assert [rebuilt[i] for i in range(len(rebuilt))] == _reference_blocks(tok)
+
+
+def test_corpus_rewritten_with_same_size_and_mtime_gets_a_new_cache(tmp_path, corpus, tok, caplog):
+    """A corpus file rewritten in place keeping its size and modification time (``cp -p``) is another corpus."""
+    first = _cache(corpus, tok, tmp_path / "cache")
+    st = corpus.stat()
+    text = corpus.read_text()
+    corpus.write_text(text.replace("Apples", "Melons"))  # same length
+    os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert corpus.stat().st_size == st.st_size and corpus.stat().st_mtime_ns == st.st_mtime_ns
+    with caplog.at_level(logging.WARNING, logger="pretrain.corpus"):
+        second = _cache(corpus, tok, tmp_path / "cache")
+    assert second.path != first.path
+    assert f"corpus file {corpus} changed" in caplog.text and "building a new cache" in caplog.text
+    melons = tok("Melons", add_special_tokens=False)["input_ids"]
+    assert second[1][:len(melons)] == melons
+
+
+def test_resume_after_the_corpus_changed_is_refused(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    out = tmp_path / "run"
+    args = pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "cache")
+    assert run_cli(monkeypatch, capsys, [*args, "--max-steps", "1"])[0] == 0
+    assert json.loads((out / "run_config.json").read_text())["inputs"]["corpus_files"][str(corpus)]["size"] == \
+        corpus.stat().st_size
+    with open(corpus, "a") as f:
+        f.write("A fifth document about something else entirely.\n")
+    code, line = run_cli(monkeypatch, capsys, [*args, "--resume"])
+    assert code == 2
+    assert "--resume refused" in line and f"corpus file {corpus} changed" in line
+    assert not (out / "checkpoints" / "checkpoint-2").exists()
+
+
+def test_resume_after_the_tokenizer_changed_is_refused(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, model)
+    out = tmp_path / "run"
+    args = pretrain_args(str(model), corpus, out, tmp_path / "cache")
+    assert run_cli(monkeypatch, capsys, [*args, "--max-steps", "1"])[0] == 0
+    # the same path now holds a tokenizer that keeps case: another token mapping for the same vocabulary size
+    cased = AutoTokenizer.from_pretrained(str(model), do_lower_case=False)
+    cased.save_pretrained(str(model))
+    assert AutoTokenizer.from_pretrained(str(model))("Apples")["input_ids"] != \
+        AutoTokenizer.from_pretrained(tiny_bert_dir)("Apples")["input_ids"]
+    code, line = run_cli(monkeypatch, capsys, [*args, "--resume"])
+    assert code == 2 and "--resume refused" in line and "the tokenizer changed" in line
+
+
+# ============================================================================= class 7: every option checked first
+BAD_PRETRAIN = [
+    ("--learning-rate", "nan"), ("--learning-rate", "inf"), ("--learning-rate", "0"), ("--learning-rate", "-0.5"),
+    ("--max-steps", "-2"), ("--max-steps", "0"), ("--warmup-ratio", "-0.1"), ("--warmup-ratio", "1.5"),
+    ("--save-steps", "0"), ("--logging-steps", "0"), ("--weight-decay", "-0.01"), ("--max-grad-norm", "-1"),
+    ("--max-grad-norm", "nan"), ("--save-total-limit", "-1"), ("--num-workers", "-1"), ("--epochs", "0"),
+    ("--batch-size", "0"), ("--grad-accum", "0"), ("--adam-beta1", "1"), ("--adam-epsilon", "0"), ("--seed", "-1"),
+    ("--max-docs", "0"), ("--cl-weight", "nan"),
+]
+
+
+@pytest.mark.parametrize("flag,value", BAD_PRETRAIN)
+def test_pretrain_refuses_a_bad_option_before_writing(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys, flag,
+                                                      value):
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    code, line = run_cli(monkeypatch, capsys, [*pretrain_args(tiny_bert_dir, corpus, out, cache), f"{flag}={value}"])
+    assert code == 2 and line.startswith(f"error: ValueError: {flag} must be") and value in line
+    assert not out.exists() and not cache.exists()
+
+
+def _groups_file(tmp_path: Path) -> str:
+    path = tmp_path / "groups.jsonl"
+    text = {f"d{i}": DOCS[i % 4] + f" Number {i}." for i in range(8)}
+    path.write_text("".join(json.dumps({"qid": f"q{i}", "query": f"query {i}",
+                                        "pos": [{"docno": f"d{i}", "text": text[f"d{i}"]}],
+                                        "negs": [{"docno": f"d{(i + 1) % 8}", "text": text[f"d{(i + 1) % 8}"]}]}) + "\n"
+                            for i in range(8)))
+    return f"groups:{path}"
+
+
+def finetune_args(model: str, train: str, out: Path, *extra: str) -> list[str]:
+    return ["finetune", "--model", model, "--train", train, "--output", str(out), "--batch-size", "4",
+            "--max-steps", "1", "--num-negatives", "1", "--doc-max-length", "64", "--report-to", "none", "--cpu",
+            *extra]
+
+
+BAD_FINETUNE = [("--query-max-length", "0", "must be >= 3"), ("--doc-max-length", "2", "must be >= 3"),
+                ("--num-negatives", "-1", "must be >= 0"), ("--negatives-depth", "0", "must be >= 1"),
+                ("--max-train-queries", "0", "must be >= 1 (or -1: all)"), ("--mining-rounds", "-1", "must be >= 0"),
+                ("--learning-rate", "inf", "must be a finite number > 0"),
+                ("--query-max-length", "129", "exceeds the max_position_embeddings (128)")]
+
+
+@pytest.mark.parametrize("flag,value,problem", BAD_FINETUNE)
+def test_finetune_refuses_a_bad_option_before_writing(tmp_path, tiny_bert_dir, monkeypatch, capsys, flag, value,
+                                                      problem):
+    out = tmp_path / "ft"
+    code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), out), f"{flag}={value}"])
+    assert code == 2 and flag in line and problem in line
+    assert not out.exists()
+
+
+def test_finetune_checks_the_model_before_building_bm25(tmp_path, tiny_bert_dir, monkeypatch, capsys):
+    """A model that cannot be fine-tuned is refused before the BM25 index and the mining (today: after both, and
+    the outputs left behind block the corrected rerun)."""
+    import pyterrier_cpdae.bm25 as bm25
+
+    def no_bm25(*a, **k):
+        raise AssertionError("BM25 index built before the model was checked")
+
+    monkeypatch.setattr(bm25.BM25Index, "indexer", no_bm25)
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": d}) + "\n" for i, d in enumerate(DOCS)))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": d.split('.')[0]}) + "\n"
+                                                for i, d in enumerate(DOCS)))
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(4)))
+    model = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_bert_dir, model)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model / name).unlink(missing_ok=True)
+    out = tmp_path / "ft"
+    code, line = run_cli(monkeypatch, capsys, finetune_args(str(model), f"beir:{beir}:train", out,
+                                                            "--negatives", "bm25"))
+    assert code == 2 and f"--model {model}" in line and "tokenizer" in line
+    assert not out.exists()
+    # the corrected rerun is not blocked
+    code, _ = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, _groups_file(tmp_path), out))
+    assert code == 0 and (out / "config.json").is_file()
+
+
+def test_resume_with_overwrite_is_refused(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    out = tmp_path / "run"
+    code, line = run_cli(monkeypatch, capsys, [*pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "c"),
+                                               "--resume", "--overwrite"])
+    assert code == 2 and "--resume and --overwrite contradict each other" in line and not out.exists()
+    code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), out),
+                                               "--resume", "--overwrite"])
+    assert code == 2 and "--resume and --overwrite" in line and not out.exists()
+
+
+def test_preset_override_is_logged_and_recorded(tmp_path, tiny_bert_dir, caplog):
+    from pretrain.config import FinetuneConfig, parse_config
+    from pretrain.finetune import _prepare_output
+
+    out = tmp_path / "ft"
+    with caplog.at_level(logging.WARNING, logger="pretrain.config"):
+        cfg = parse_config(FinetuneConfig, ["--preset", "paper", "--loss", "listwise", "--output", str(out)])
+    assert "--loss 'listwise' overrides the value of --preset paper ('pairwise')" in caplog.text
+    assert cfg.loss == "listwise" and cfg.learning_rate == 5e-6  # the flag wins, the rest of the preset stays
+    _prepare_output(cfg)
+    record = json.loads((out / "training_args.json").read_text())
+    assert record["preset_overrides"] == {"loss": {"preset": "pairwise", "value": "listwise"}}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pretrain.config"):
+        parse_config(FinetuneConfig, ["--preset", "paper"])
+    assert "overrides" not in caplog.text
+
+
+def test_help_states_each_options_range():
+    from pretrain.config import FinetuneConfig, build_parser
+    text = build_parser(FinetuneConfig).format_help()
+    text = " ".join(text.split())
+    assert "(default: 1000) (must be >= 1)" in text  # --save-steps
+    assert "(default: -1) (must be >= 1 (or -1: train --epochs))" in text  # --max-steps
+
+
+# ============================================================================= class 8: one line for bad paths
+def test_output_under_a_file(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    (tmp_path / "file").write_text("x")
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, tmp_path / "file" / "run",
+                                                            tmp_path / "cache"))
+    assert code == 2 and line == f"error: ValueError: --output {tmp_path}/file/run: {tmp_path}/file is a file, not a directory"
+
+
+def test_output_on_a_read_only_file_system(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys, mounts):
+    ro = tmpfs(tmp_path / "ro", "ro", "size=1m")
+    mounts.append(ro)
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, ro / "run", tmp_path / "cache"))
+    assert code == 2 and line == f"error: ValueError: --output {ro}/run: cannot write in {ro} (read-only file system)"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
+def test_output_without_permission(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, locked / "run", tmp_path / "cache"))
+    assert code == 2 and "permission denied" in line
+
+
+def test_cache_dir_is_a_file(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    (tmp_path / "cache").write_text("x")
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, tmp_path / "run", tmp_path / "cache"))
+    assert code == 2 and line == f"error: ValueError: --cache-dir {tmp_path}/cache is a file, not a directory"
+    assert not (tmp_path / "run").exists()
+
+
+def test_from_config_missing(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    code, line = run_cli(monkeypatch, capsys, [*pretrain_args(tiny_bert_dir, corpus, tmp_path / "run", tmp_path / "c"),
+                                               "--from-config", str(tmp_path / "nope.json")])
+    assert code == 2 and line.startswith(f"error: FileNotFoundError: --from-config {tmp_path}/nope.json: no such file")
+    assert "Repo id" not in line
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_missing_model(tmp_path, corpus, monkeypatch, capsys, command):
+    missing = str(tmp_path / "runs" / "cpdae")
+    argv = (pretrain_args(missing, corpus, tmp_path / "run", tmp_path / "c") if command == "pretrain"
+            else finetune_args(missing, _groups_file(tmp_path), tmp_path / "run"))
+    code, line = run_cli(monkeypatch, capsys, argv)
+    assert code == 2 and line == f"error: FileNotFoundError: --model {missing}: no such directory (and not a Hugging " \
+                                 "Face model id)"
+    assert not (tmp_path / "run").exists()
+
+
+def test_finetune_output_is_a_file(tmp_path, tiny_bert_dir, monkeypatch, capsys):
+    (tmp_path / "ft").write_text("x")
+    code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, _groups_file(tmp_path), tmp_path / "ft"))
+    assert code == 2 and line == f"error: ValueError: --output {tmp_path}/ft is a file, not a directory"
+
+
+@pytest.fixture
+def pickle_only_model(tmp_path, tiny_bert_dir) -> Path:
+    import torch
+    from safetensors.torch import load_file
+    model = tmp_path / "pickled"
+    shutil.copytree(tiny_bert_dir, model)
+    torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
+    (model / "model.safetensors").unlink()
+    return model
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_pickle_only_model_is_refused_naming_the_file(tmp_path, corpus, pickle_only_model, monkeypatch, capsys,
+                                                      command):
+    argv = (pretrain_args(str(pickle_only_model), corpus, tmp_path / "run", tmp_path / "c") if command == "pretrain"
+            else finetune_args(str(pickle_only_model), _groups_file(tmp_path), tmp_path / "run"))
+    code, line = run_cli(monkeypatch, capsys, argv)
+    assert code == 2 and f"{pickle_only_model}/pytorch_model.bin is a pickle file" in line
+    assert "safetensors is required" in line and "weights_only" not in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_pickle_only_model_is_refused_by_the_encoder(pickle_only_model):
+    from pyterrier_cpdae import CPDAE
+    with pytest.raises(OSError, match="pytorch_model.bin is a pickle file.*safetensors is required"):
+        CPDAE.from_pretrained(str(pickle_only_model))
+
+
+def test_memory_error_while_loading_is_not_called_corruption(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    import safetensors
+
+    def out_of_memory(*a, **k):
+        raise MemoryError()
+
+    monkeypatch.setattr(safetensors, "safe_open", out_of_memory)
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, tmp_path / "run", tmp_path / "c"))
+    assert code == 2
+    assert line == f"error: MemoryError: out of memory while reading the weights file " \
+                   f"{tiny_bert_dir}/model.safetensors"
+    assert "corrupt" not in line
+
+
+def _bm25_docs(n: int = 3000):
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(7)) for _ in range(5000)]
+    return [{"docno": f"d{i}", "text": " ".join(rng.choice(words) for _ in range(200))} for i in range(n)]
+
+
+def test_full_disk_under_bm25_indexing(tmp_path, mounts):
+    from pyterrier_cpdae.bm25 import BM25Index
+    full = tmpfs(tmp_path / "full", "size=1m")
+    mounts.append(full)
+    with pytest.raises(OSError, match=f"no space left on {full}/idx") as info:
+        BM25Index(full / "idx").indexer().index(_bm25_docs())
+    assert info.value.errno == 28 and "AlreadyClosed" not in str(info.value)
+    assert not (full / "idx").exists()  # the unfinished index is removed
+
+
+def test_full_disk_under_finetune_bm25(tmp_path, tiny_bert_dir, monkeypatch, capsys, mounts):
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    docs = _bm25_docs()
+    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": d["docno"], "text": d["text"]}) + "\n" for d in docs))
+    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": docs[i]["text"][:40]}) + "\n"
+                                                for i in range(8)))
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(8)))
+    full = tmpfs(tmp_path / "full", "size=1m")
+    mounts.append(full)
+    code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, f"beir:{beir}:train", full / "ft",
+                                                            "--negatives", "bm25"))
+    assert code == 2 and f"no space left on {full}/ft/bm25_index" in line and "AlreadyClosed" not in line
