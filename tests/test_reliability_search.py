@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,103 @@ def test_faiss_flat_resolves_ties_its_index_left_arbitrary(tie_indexes, monkeypa
     res = retriever(pd.DataFrame({"qid": [f"q{j}" for j in range(len(queries))], "query_vec": list(queries)}))
     got = np.stack([res[res.qid == f"q{j}"].docid.to_numpy() for j in range(len(queries))])
     np.testing.assert_array_equal(got, ref_ids)
+
+
+# ------------------------------------------------------------------------------- class 9: metadata distrusted
+def small_docs(n: int = 30):
+    return [{"docno": f"d{i}", "doc_vec": np.full(4, i, np.float32)} for i in range(n)]
+
+
+def make_view(path: Path, num_shards: int = 3) -> DenseIndex:
+    view = DenseIndex(path)
+    for s in range(num_shards):
+        view.indexer(shard=s, num_shards=num_shards).index(small_docs())
+    return view
+
+
+def rewrite_meta(path: Path, **changes) -> None:
+    meta = json.loads((path / "pt_meta.json").read_text())
+    meta.update(changes)
+    (path / "pt_meta.json").write_text(json.dumps(meta))
+
+
+def test_num_shards_beyond_the_shard_directories_is_refused_at_once(tmp_path):
+    """issue 25 class 9: num_shards=1e9 ran 34 s into a MemoryError."""
+    make_view(tmp_path / "v")
+    rewrite_meta(tmp_path / "v", num_shards=10**9)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"num_shards=1000000000, but .*shards holds 3 shard directories"):
+        len(DenseIndex(tmp_path / "v"))
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("changes, said", [
+    ({"count": 31, "num_docs": 31}, r"says count=31, but its 3 shards hold count=30"),
+    ({"count": 3, "num_docs": 3}, r"says count=3, but its 3 shards hold count=30"),
+    ({"dim": 5}, r"says dim=5, but its 3 shards hold dim=4"),
+    ({"dtype": "float16"}, r"says dtype='float16', but its 3 shards hold dtype='float32'"),
+])
+def test_a_view_whose_metadata_disagrees_with_its_shards_is_refused(tmp_path, changes, said):
+    """issue 25 class 9: a wrong top-level count/dim gave a wrong len() or numpy's "mismatch in its core
+    dimension"."""
+    make_view(tmp_path / "v")
+    rewrite_meta(tmp_path / "v", **changes)
+    view = DenseIndex(tmp_path / "v")
+    for use in (lambda: len(view), lambda: view.dim,
+                lambda: view.search(np.ones((1, changes.get("dim", 4)), np.float32), 5, backend="numpy")):
+        with pytest.raises(ValueError, match=said + r"; delete .*pt_meta.json and rewrite it by resuming"):
+            use()
+    # the advice works: the resumed shard writes the top-level file again from the shards
+    (tmp_path / "v" / "pt_meta.json").unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "shard 0 is already completely built"
+        view.indexer(shard=0, num_shards=3, mode="resume").index(small_docs())
+    assert len(DenseIndex(tmp_path / "v")) == 30
+
+
+_OPEN_IN_CHILD = textwrap.dedent("""
+    import sys
+    from pyterrier_cpdae import DenseIndex
+    from pyterrier_cpdae.bm25 import BM25Index
+    index = BM25Index(sys.argv[1]) if sys.argv[2] == "bm25" else DenseIndex(sys.argv[1])
+    try:
+        len(index)
+    except ValueError as ex:
+        print("ValueError:", ex)
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("what, victim", [("dense", "pt_meta.json"), ("dense", "vectors.bin"),
+                                          ("dense", "docnos.npids"), ("dense", "shards/1/pt_meta.json"),
+                                          ("bm25", "pt_meta.json")])
+def test_index_files_that_are_fifos_are_refused_without_hanging(tmp_path, what, victim):
+    """issue 25 class 9: a pt_meta.json that is a FIFO hung every reader forever."""
+    path = tmp_path / "ix"
+    if what == "bm25":
+        path.mkdir()
+    elif victim.startswith("shards/"):
+        make_view(path)
+    else:
+        DenseIndex(path).indexer().index(small_docs())
+    target = path / victim
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)
+    out = subprocess.run([sys.executable, "-c", _OPEN_IN_CHILD, str(path), what], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"{target} is a FIFO (named pipe), not a regular file" in out.stdout
+
+
+def test_oversized_or_non_regular_metadata_is_refused(tmp_path):
+    DenseIndex(tmp_path / "ix").indexer().index(small_docs())
+    meta = json.loads((tmp_path / "ix" / "pt_meta.json").read_text())
+    meta["padding"] = "x" * (2 << 20)
+    (tmp_path / "ix" / "pt_meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"pt_meta.json is \d+ bytes, more than the 1048576"):
+        len(DenseIndex(tmp_path / "ix"))
+    (tmp_path / "ix" / "pt_meta.json").unlink()
+    (tmp_path / "ix" / "pt_meta.json").mkdir()
+    with pytest.raises(ValueError, match=r"pt_meta.json is a directory, not a regular file"):
+        len(DenseIndex(tmp_path / "ix"))
+    assert not DenseIndex(tmp_path / "ix").built()
