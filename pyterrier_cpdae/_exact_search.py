@@ -13,6 +13,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from ._batching import check_int
+from ._index_io import check_norms
 
 Part = Tuple[np.ndarray, int, int]
 
@@ -38,14 +39,16 @@ def _outputs(parts: Sequence[Part], queries: np.ndarray, k: int) -> Tuple[np.nda
     """Shared set-up of the kernels: checked float32 queries, ``k`` capped at the index size, empty outputs.
 
     Raises:
-        ValueError: ``k`` is not an integer >= 1, or a query row holds NaN/infinite values (its scores would be
-            NaN and its ranking arbitrary).
+        ValueError: ``k`` is not an integer >= 1, a query row holds NaN/infinite values (its scores would be
+            NaN and its ranking arbitrary), or its norm exceeds ``MAX_NORM`` (its scores could overflow).
     """
     k = check_int(k, "k")
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     if queries.ndim == 2 and not np.isfinite(queries).all():
         bad = np.nonzero(~np.isfinite(queries).all(axis=1))[0]
         raise ValueError(f"query vector(s) at row(s) {bad[:10].tolist()} contain NaN or infinite values")
+    if queries.ndim == 2:
+        check_norms(queries, "query vector", lambda rows: rows.tolist(), "row")
     k = min(k, _total(parts))
     num_q = queries.shape[0]
     return queries, k, np.empty((num_q, k), dtype=np.float32), np.empty((num_q, k), dtype=np.int64)

@@ -511,7 +511,13 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
     for docno, v in zip(docnos, vecs):
         if v is None:
             raise ValueError(f"{what} of {id_name} {docno!r} is missing (None)")
-        a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+        if hasattr(v, "detach"):  # a torch tensor; numpy has no bfloat16
+            v = v.detach().cpu()
+            v = (v.float() if str(v.dtype) == "torch.bfloat16" else v).numpy()
+        a = np.asarray(v)
+        if a.dtype.kind not in "biuf":
+            raise ValueError(f"{what} of {id_name} {docno!r} must hold real numbers, got {describe_values(a)}; "
+                             "nothing is coerced (a cast would drop imaginary parts or parse strings)")
         if a.ndim != 1:
             raise ValueError(f"{what} of {id_name} {docno!r} must be a 1-d vector, got shape {a.shape}")
         if a.shape[0] == 0:
@@ -525,9 +531,53 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
         arrays.append(a)
     if not arrays:
         return np.zeros((0, dim or 0), dtype=np.float32)
-    out = np.stack(arrays).astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):  # float64 values beyond float32's range become inf: refused just below
+        out = np.stack(arrays).astype(np.float32, copy=False)
     finite = np.isfinite(out).all(axis=1)
     if not finite.all():
         bad = [docnos[i] for i in np.nonzero(~finite)[0][:5]]
-        raise ValueError(f"{what} contains NaN or infinite values for {id_name}(s) {bad}")
+        raise ValueError(f"{what} contains NaN or infinite values (or values beyond float32's range) for "
+                         f"{id_name}(s) {bad}")
+    check_norms(out, what, lambda rows: [docnos[i] for i in rows], id_name)
     return out
+
+
+#: the largest Euclidean norm of a stored or query vector: the inner product of two such vectors is at most
+#: ``MAX_NORM ** 2 = 2 ** 126`` in magnitude (Cauchy-Schwarz, also for every partial sum), below float32's
+#: largest value (about ``2 ** 128``), so no score can overflow to infinity
+MAX_NORM = 2.0 ** 63
+
+
+def check_norms(vectors: np.ndarray, what: str, names: Any, id_name: str) -> None:
+    """Refuses float32 rows whose norm exceeds :data:`MAX_NORM` (their scores could overflow float32).
+
+    Cheap: only rows whose largest component times ``sqrt(dim)`` exceeds the bound get their norm computed
+    (in float64, where squaring cannot overflow).
+
+    Args:
+        vectors: finite float32 ``(n, dim)``.
+        what / id_name: named in the message (``"doc_vec"``/``"docno"``, ``"query_vec"``/``"qid"``).
+        names: maps row numbers to their identifiers (for the message).
+
+    Raises:
+        ValueError: naming up to 5 rows and their norms.
+    """
+    if not vectors.size:
+        return
+    suspect = np.nonzero(np.abs(vectors).max(axis=1) * np.sqrt(vectors.shape[1]) > MAX_NORM)[0]
+    if not len(suspect):
+        return
+    norms = np.linalg.norm(vectors[suspect].astype(np.float64), axis=1)
+    bad = suspect[norms > MAX_NORM]
+    if len(bad):
+        shown = ", ".join(f"{n!r} (norm {v:.3g})" for n, v in zip(names(bad[:5]), norms[norms > MAX_NORM][:5]))
+        raise ValueError(f"{what} of {id_name}(s) {shown} exceed(s) the largest norm {MAX_NORM:.3g} (2**63): "
+                         "inner products with such vectors can overflow float32 to infinity; rescale or normalise "
+                         "the vectors")
+
+
+def describe_values(a: np.ndarray) -> str:
+    """What an array that holds no real numbers holds, for error messages (``"complex numbers (dtype ...)"``)."""
+    kind = {"c": "complex numbers", "U": "strings", "S": "bytes", "O": "non-numeric Python objects",
+            "M": "dates", "m": "time spans", "V": "structured values"}.get(a.dtype.kind, "non-numeric values")
+    return f"{kind} (dtype {a.dtype})"

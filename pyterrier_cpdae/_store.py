@@ -202,7 +202,12 @@ class DenseStore:
             id); ids are global document ids (:meth:`docnos_of`).
         """
         meta, parts, _ = self.open()
-        query_vecs = np.asarray(query_vecs, dtype=np.float32)
+        query_vecs = np.asarray(query_vecs)
+        if query_vecs.dtype.kind not in "biuf":
+            raise ValueError(f"query_vecs must hold real numbers, got {io.describe_values(query_vecs)}; nothing is "
+                             "coerced (a cast would drop imaginary parts or parse strings)")
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by the kernel
+            query_vecs = query_vecs.astype(np.float32, copy=False)
         if query_vecs.ndim != 2 or query_vecs.shape[1] != int(meta["dim"]):
             raise ValueError(f"query_vecs must have shape (q, {meta['dim']}), got {query_vecs.shape}")
         if backend == "auto":

@@ -215,3 +215,119 @@ def test_oversized_or_non_regular_metadata_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"pt_meta.json is a directory, not a regular file"):
         len(DenseIndex(tmp_path / "ix"))
     assert not DenseIndex(tmp_path / "ix").built()
+
+
+# ---------------------------------------------------------------- class 10: inputs that cannot mean anything
+@pytest.fixture(scope="module")
+def small_index(tmp_path_factory):
+    index = DenseIndex(tmp_path_factory.mktemp("small") / "ix")
+    index.indexer().index(small_docs())
+    return index
+
+
+@pytest.mark.parametrize("vec, what", [
+    (np.array([1 + 2j, 0, 0, 0]), r"complex numbers \(dtype complex128\)"),
+    (np.array(["1", "2", "3", "4"]), r"strings \(dtype <U1\)"),
+    (["1", "2", "3", "4"], r"strings \(dtype <U1\)"),
+    ([1.0, None, 2.0, 3.0], r"non-numeric Python objects \(dtype object\)"),
+])
+def test_query_vectors_that_are_not_real_numbers_are_refused(small_index, vec, what):
+    """issue 25 class 10: a complex query_vec lost its imaginary part, a string one was parsed as numbers."""
+    topics = pd.DataFrame({"qid": ["q1"], "query_vec": [vec]})
+    for retriever in (small_index.np_retriever(), small_index.torch_retriever(device="cpu"),
+                      small_index.faiss_flat_retriever()):
+        with pytest.raises(ValueError, match=r"query_vec of qid 'q1' must hold real numbers, got " + what):
+            retriever(topics)
+    with pytest.raises(ValueError, match=r"query_vecs must hold real numbers, got " + what):
+        small_index.search(np.array([vec]), 3)
+
+
+def test_documents_with_complex_vectors_are_refused_naming_the_docno(tmp_path):
+    docs = small_docs(3) + [{"docno": "bad", "doc_vec": np.array([1j, 0, 0, 0])}]
+    with pytest.raises(ValueError, match=r"doc_vec of docno 'bad' must hold real numbers, got complex"):
+        DenseIndex(tmp_path / "ix").indexer().index(docs)
+
+
+def test_vectors_whose_scores_could_overflow_float32_are_refused_where_they_enter(tmp_path, small_index):
+    """issue 25 class 10: finite vectors of norm 1e30 were indexed, then every search said "vectors.bin is
+    corrupt". The bound: norms <= 2**63, so |q.d| <= |q| |d| <= 2**126 < float32's largest value."""
+    big = np.array([1e30, 0, 0, 0], np.float32)
+    q, d = big.astype(np.float64), big.astype(np.float64)
+    with np.errstate(over="ignore"):
+        assert np.isfinite(big).all() and not np.isfinite(np.float32(q @ d))  # what would have happened
+    docs = small_docs(3) + [{"docno": "huge", "doc_vec": big}]
+    with pytest.raises(ValueError, match=r"doc_vec of docno\(s\) 'huge' \(norm 1e\+30\) exceed\(s\) the largest norm"):
+        DenseIndex(tmp_path / "ix").indexer().index(docs)
+    topics = pd.DataFrame({"qid": ["q9"], "query_vec": [big]})
+    with pytest.raises(ValueError, match=r"query_vec of qid\(s\) 'q9' \(norm 1e\+30\) exceed"):
+        small_index.np_retriever()(topics)
+    with pytest.raises(ValueError, match=r"query vector of row\(s\) 0 \(norm 1e\+30\) exceed"):
+        small_index.search(big[None], 3)
+    # at the bound every score stays finite: the extreme case of two vectors of norm 2**63
+    edge = np.array([2.0 ** 63, 0, 0, 0], np.float32)
+    ok = DenseIndex(tmp_path / "edge")
+    ok.indexer().index([{"docno": "e", "doc_vec": edge}])
+    scores, _ = ok.search(edge[None], 1)
+    assert scores[0, 0] == np.float32(2.0 ** 126)
+
+
+# -------------------------------------------------------------------------------- BM25 queries and pickling
+@pytest.fixture(scope="module")
+def bm25_index(tmp_path_factory):
+    from pyterrier_cpdae.bm25 import BM25Index
+
+    index = BM25Index(tmp_path_factory.mktemp("bm25") / "ix")
+    index.indexer().index([{"docno": "a", "text": "apple banana"}, {"docno": "b", "text": "cherry apple"},
+                           {"docno": "c", "text": "cherry"}])
+    return index
+
+
+@pytest.mark.parametrize("queries", [[""], ["   "], ["", " \t\n"], ["apple", ""], ["", "cherry", "  "]])
+def test_blank_bm25_queries_get_no_rows_and_the_others_still_run(bm25_index, queries):
+    """issue 25 class 10: a batch of only blank queries failed with pandas' "Per-column arrays must each be
+    1-dimensional". Reference: each query retrieved alone (Pyserini gives a blank query no hits)."""
+    bm25 = bm25_index.bm25()
+    topics = pd.DataFrame({"qid": [f"q{i}" for i in range(len(queries))], "query": queries})
+    res = bm25(topics)
+    assert list(res.columns) == ["qid", "query", "docno", "docid", "score", "rank"]
+    for i, q in enumerate(queries):
+        got = res[res.qid == f"q{i}"]
+        if not q.strip():
+            assert got.empty
+        else:
+            alone = bm25(topics.iloc[[i]])
+            assert not alone.empty and got.docno.tolist() == alone.docno.tolist()
+
+
+def test_a_used_bm25_retriever_and_text_loader_can_be_pickled(bm25_index):
+    """issue 25: after its first search a BM25 retriever held a Java object: "no default __reduce__"."""
+    import pickle
+
+    topics = pd.DataFrame({"qid": ["1", "2"], "query": ["apple", "cherry"]})
+    bm25 = bm25_index.bm25(num_results=2)
+    pipeline = bm25 >> bm25_index.text_loader()
+    before = pipeline(topics)
+    copy = pickle.loads(pickle.dumps(pipeline))
+    pd.testing.assert_frame_equal(copy(topics), before)
+    assert bm25.searcher() is not None  # the original still works after being pickled
+
+
+# -------------------------------------------------------------------------------------- BEIR with a BOM
+def test_beir_jsonl_and_qrels_with_a_utf8_byte_order_mark_are_read(tmp_path):
+    """issue 25: a BEIR corpus.jsonl saved with a BOM was refused ("not valid JSON"); the BOM of a qrels file
+    would have become part of its header."""
+    from pyterrier_cpdae.datasets import load_dataset
+
+    plain, bom = tmp_path / "plain", tmp_path / "bom"
+    files = {"corpus.jsonl": '{"_id": "d1", "title": "T", "text": "body"}\n{"_id": "d2", "text": "more"}\n',
+             "queries.jsonl": '{"_id": "q1", "text": "query"}\n',
+             "qrels/test.tsv": "query-id\tcorpus-id\tscore\nq1\td1\t1\n"}
+    for folder, prefix in ((plain, ""), (bom, "\ufeff")):
+        for name, text in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(prefix + text, encoding="utf-8")
+    ref, got = load_dataset(f"beir:{plain}"), load_dataset(f"beir:{bom}")
+    assert list(got.get_corpus_iter()) == list(ref.get_corpus_iter())
+    pd.testing.assert_frame_equal(got.get_topics(), ref.get_topics())
+    pd.testing.assert_frame_equal(got.get_qrels(), ref.get_qrels())
+    assert (bom / "corpus.jsonl").read_bytes().startswith(b"\xef\xbb\xbf")
