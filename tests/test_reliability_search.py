@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from pyterrier_cpdae import DenseIndex
 
@@ -77,9 +78,10 @@ def test_ties_follow_ascending_docid_on_every_backend(tie_indexes, k):
             for qbs in (1, 1024):
                 runs[f"{name} numpy block_size={bs} query_batch_size={qbs}"] = index.search(
                     queries, k, backend="numpy", block_size=bs, query_batch_size=qbs)
-        for cs in (1, 7, 1000):
-            runs[f"{name} torch chunk_size={cs}"] = index.search(queries, k, backend="torch", device="cpu",
-                                                                 chunk_size=cs)
+        for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+            for cs in (1, 7, 1000):
+                runs[f"{name} torch {device} chunk_size={cs}"] = index.search(queries, k, backend="torch",
+                                                                              device=device, chunk_size=cs)
     topics = pd.DataFrame({"qid": [f"q{j}" for j in range(len(queries))], "query_vec": list(queries)})
     res = single.faiss_flat_retriever(num_results=k)(topics)
     runs["faiss flat"] = (np.stack([res[res.qid == q].score.to_numpy() for q in topics.qid]),
