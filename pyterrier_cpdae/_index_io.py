@@ -536,8 +536,8 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
     finite = np.isfinite(out).all(axis=1)
     if not finite.all():
         bad = [docnos[i] for i in np.nonzero(~finite)[0][:5]]
-        raise ValueError(f"{what} contains NaN or infinite values (or values beyond float32's range) for "
-                         f"{id_name}(s) {bad}")
+        raise ValueError(f"{what} contains NaN or infinite values for {id_name}(s) {bad} (values beyond float32's "
+                         "range count as infinite)")
     check_norms(out, what, lambda rows: [docnos[i] for i in rows], id_name)
     return out
 
