@@ -80,22 +80,23 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
     metadata = meta
 
     def __len__(self) -> int:
-        return int(self.meta()["count"])
+        """The number of documents, once ``pt_meta.json`` is checked against the files (``DenseStore.open``)."""
+        return len(self._store)
 
     @property
     def dim(self) -> int:
-        """The vector dimension."""
-        return int(self.meta()["dim"])
+        """The vector dimension (checked against the files, as ``len()``)."""
+        return self._store.dim
 
     @property
     def dtype(self) -> str:
         """The storage dtype (``"float32"`` or ``"float16"``)."""
-        return str(self.meta()["dtype"])
+        return str(self._store.checked_meta()["dtype"])
 
     @property
     def num_shards(self) -> int:
         """1 for a single index, else the number of shards of the sharded view."""
-        meta = self.meta()
+        meta = self._store.checked_meta()
         return int(meta["num_shards"]) if meta.get("layout") == "sharded" else 1
 
     def vectors(self) -> np.memmap:

@@ -13,6 +13,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from ._batching import check_int
+from ._index_io import check_norms
 
 Part = Tuple[np.ndarray, int, int]
 
@@ -38,25 +39,66 @@ def _outputs(parts: Sequence[Part], queries: np.ndarray, k: int) -> Tuple[np.nda
     """Shared set-up of the kernels: checked float32 queries, ``k`` capped at the index size, empty outputs.
 
     Raises:
-        ValueError: ``k`` is not an integer >= 1, or a query row holds NaN/infinite values (its scores would be
-            NaN and its ranking arbitrary).
+        ValueError: ``k`` is not an integer >= 1, a query row holds NaN/infinite values (its scores would be
+            NaN and its ranking arbitrary), or its norm exceeds ``MAX_NORM`` (its scores could overflow).
     """
     k = check_int(k, "k")
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     if queries.ndim == 2 and not np.isfinite(queries).all():
         bad = np.nonzero(~np.isfinite(queries).all(axis=1))[0]
         raise ValueError(f"query vector(s) at row(s) {bad[:10].tolist()} contain NaN or infinite values")
+    if queries.ndim == 2:
+        check_norms(queries, "query vector", lambda rows: rows.tolist(), "row")
     k = min(k, _total(parts))
     num_q = queries.shape[0]
     return queries, k, np.empty((num_q, k), dtype=np.float32), np.empty((num_q, k), dtype=np.int64)
 
 
+#: the id of padding entries: it loses every tie, so padding never displaces a real document of equal score
+_PAD_ID = np.iinfo(np.int64).max
+
+
+def _top_k(scores: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
+    """Flat indexes ``(q, k)`` into ``scores`` of each row's ``k`` best entries by (descending score, ascending id).
+
+    The set is exact even when equal scores straddle the cut: ``argpartition`` picks the ``k``-th best score
+    ``t`` of each row; a row with more than ``k`` entries ``>= t`` has a tie at the cut, and for those (rare)
+    rows the entries equal to ``t`` are taken by ascending id.  Costs one comparison pass over ``scores``
+    besides the ``argpartition``.
+
+    Args:
+        scores: ``(q, w)`` float32, ``w > k``.
+        ids: ``(q, w)`` document ids, or ``(w,)`` ids shared by all rows and ascending along the row.
+        k: how many to keep, ``>= 1``.
+    """
+    q, w = scores.shape
+    cut = w - k
+    part = np.argpartition(scores, cut, axis=1)
+    base = (np.arange(q) * w)[:, None]
+    flat = part[:, cut:] + base  # flat indexes: much faster than take_along_axis
+    kth = scores.ravel()[part[:, cut] + base[:, 0]][:, None]
+    tied = np.nonzero(np.count_nonzero(scores >= kth, axis=1) > k)[0]
+    if len(tied):
+        sub, kth = scores[tied], kth[tied]
+        if ids.ndim == 1:  # ascending along the row: the first (by column) of the tied entries have the smallest ids
+            above = sub > kth
+            equal = sub == kth
+            need = k - np.count_nonzero(above, axis=1)
+            chosen = above | (equal & (np.cumsum(equal, axis=1) <= need[:, None]))
+            cols = np.nonzero(chosen)[1].reshape(len(tied), k)
+        else:
+            cols = np.lexsort((ids[tied], -sub), axis=1)[:, :k]
+        flat[tied] = cols + base[tied]
+    return flat
+
+
 class _NumpyTopK:
-    """Running top-k (largest scores) per query, updated block by block.
+    """Running top-k (largest scores, ties: smallest ids) per query, updated block by block.
 
     Once ``k`` candidates are known for every query, a block is filtered against each query's current
-    k-th best score first, so only the (few) entries that can still enter the top-k are merged; this keeps
-    the per-block cost close to one vectorised comparison instead of a full ``argpartition``.
+    k-th best score first (``>=``: an entry equal to it may still win the tie by a smaller id, which happens
+    when shards interleave their ids), so only the (few) entries that can still enter the top-k are merged;
+    this keeps the per-block cost close to one vectorised comparison instead of a full ``argpartition``.
     """
 
     def __init__(self, num_queries: int, k: int):
@@ -69,10 +111,8 @@ class _NumpyTopK:
     def _merge(self, scores: np.ndarray, ids: np.ndarray) -> None:
         scores = np.concatenate([self.scores, scores], axis=1)
         ids = np.concatenate([self.ids, ids], axis=1)
-        width = scores.shape[1]
-        if width > self.k:
-            keep = np.argpartition(scores, width - self.k, axis=1)[:, width - self.k:]
-            keep += (np.arange(len(keep)) * width)[:, None]  # flat indexes: much faster than take_along_axis
+        if scores.shape[1] > self.k:
+            keep = _top_k(scores, ids, self.k)
             scores = scores.ravel()[keep]
             ids = ids.ravel()[keep]
         self.scores, self.ids = scores, ids
@@ -80,12 +120,12 @@ class _NumpyTopK:
             self.threshold = self.scores.min(axis=1)
 
     def update(self, block_scores: np.ndarray, block_ids: np.ndarray) -> None:
-        """Adds a block of scores ``(num_queries, b)`` for the documents ``block_ids`` ``(b,)``."""
+        """Adds a block of scores ``(num_queries, b)`` for the documents ``block_ids`` ``(b,)`` (ascending)."""
         q, b = block_scores.shape
         if b == 0:
             return
         if self.threshold is not None:
-            mask = block_scores > self.threshold[:, None]
+            mask = block_scores >= self.threshold[:, None]
             counts = np.count_nonzero(mask, axis=1)
             m = int(counts.max())
             if m == 0:
@@ -96,16 +136,15 @@ class _NumpyTopK:
                 starts = np.cumsum(counts) - counts
                 pos = np.arange(len(rows)) - starts[rows]
                 cand_scores = np.full((q, m), -np.inf, dtype=np.float32)
-                cand_ids = np.full((q, m), -1, dtype=np.int64)
+                cand_ids = np.full((q, m), _PAD_ID, dtype=np.int64)
                 cand_scores[rows, pos] = block_scores.ravel()[flat]
                 cand_ids[rows, pos] = block_ids[cols]
                 self._merge(cand_scores, cand_ids)
                 return
         kk = min(self.k, b)
         if kk < b:
-            top = np.argpartition(block_scores, b - kk, axis=1)[:, b - kk:]
-            flat = top + (np.arange(q) * b)[:, None]
-            self._merge(block_scores.ravel()[flat], block_ids[top])
+            top = _top_k(block_scores, block_ids, kk)
+            self._merge(block_scores.ravel()[top], block_ids[top % b])
         else:
             self._merge(block_scores, np.broadcast_to(block_ids, (q, b)))
 
@@ -229,21 +268,59 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
     with torch.no_grad():
         for qs in range(0, len(queries), query_batch_size):
             q = torch.from_numpy(queries[qs:qs + query_batch_size]).to(dev)
-            best_s = best_i = None
-            for vectors, offset, stride in parts:
-                for start in range(0, len(vectors), chunk_size):
-                    chunk = stage(vectors[start:start + chunk_size]).float()
-                    scores = q @ chunk.T
-                    s, i = scores.topk(min(k, scores.shape[1]), dim=1)
-                    i = (i.long() + start) * stride + offset
-                    if best_s is not None:
-                        s = torch.cat([best_s, s], dim=1)
-                        i = torch.cat([best_i, i], dim=1)
-                        if s.shape[1] > k:
-                            s, sel = s.topk(k, dim=1)
-                            i = i.gather(1, sel)
-                    best_s, best_i = s, i
+            best_s, best_i, tied = _torch_batch(parts, q, k, stage, chunk_size, exact_ties=False)
+            rows = tied.nonzero().flatten()
+            if len(rows):  # equal scores at a cut somewhere: those queries again, resolving ties by id
+                fix_s, fix_i, _ = _torch_batch(parts, q[rows], k, stage, chunk_size, exact_ties=True)
+                best_s[rows], best_i[rows] = fix_s, fix_i
             s_np, i_np = sort_results(best_s.cpu().numpy(), best_i.cpu().numpy())
             out_scores[qs:qs + len(q)] = s_np
             out_ids[qs:qs + len(q)] = i_np
     return out_scores, out_ids
+
+
+def _torch_batch(parts: Sequence[Part], q, k: int, stage: _ChunkStager, chunk_size: int, exact_ties: bool):
+    """Top-``k`` ``(scores, ids, tied)`` of the queries ``q`` on their device, unordered.
+
+    With ``exact_ties=False`` (fast: ``topk`` and no host synchronisation per chunk) the result is exact unless
+    equal scores straddled a cut (of a chunk, or of a merge): each cut takes one entry more than it keeps, and a
+    query whose k-th and (k+1)-th scores are equal there is flagged in ``tied``.  With
+    ``exact_ties=True`` each chunk is sorted stably (its columns are in ascending id order, so ties come out by
+    ascending id) and merges sort by id, then stably by score: exact for every query, and much slower, so
+    :func:`torch_search` runs it only for the flagged queries.
+    """
+    import torch
+
+    best_s = best_i = None
+    tied = torch.zeros(len(q), dtype=torch.bool, device=q.device)
+    for vectors, offset, stride in parts:
+        for start in range(0, len(vectors), chunk_size):
+            chunk = stage(vectors[start:start + chunk_size]).float()
+            scores = q @ chunk.T
+            kk = min(k, scores.shape[1])
+            if exact_ties:
+                s, i = torch.sort(scores, dim=1, descending=True, stable=True)
+                s, i = s[:, :kk], i[:, :kk]
+            elif kk < scores.shape[1]:  # one more than needed: equal k-th and (k+1)-th scores flag a tie at the cut
+                s, i = scores.topk(kk + 1, dim=1)
+                tied |= s[:, kk] == s[:, kk - 1]
+                s, i = s[:, :kk], i[:, :kk]
+            else:
+                s, i = scores.topk(kk, dim=1)
+            i = (i.long() + start) * stride + offset
+            if best_s is not None:
+                s = torch.cat([best_s, s], dim=1)
+                i = torch.cat([best_i, i], dim=1)
+                if s.shape[1] > k:
+                    if exact_ties:
+                        by_id = i.argsort(dim=1)
+                        s, i = s.gather(1, by_id), i.gather(1, by_id)
+                        sel = torch.sort(s, dim=1, descending=True, stable=True)[1][:, :k]
+                        s = s.gather(1, sel)
+                    else:
+                        s, sel = s.topk(k + 1, dim=1)
+                        tied |= s[:, k] == s[:, k - 1]
+                        s, sel = s[:, :k], sel[:, :k]
+                    i = i.gather(1, sel)
+            best_s, best_i = s, i
+    return best_s, best_i, tied

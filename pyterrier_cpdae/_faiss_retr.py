@@ -235,11 +235,19 @@ class FaissRetriever(VectorRetriever):
                 faiss.extract_index_ivf(idx).nprobe = self.n_probe
             except Exception:  # pragma: no cover - GPU IVF
                 faiss.GpuParameterSpace().set_index_parameter(idx, "nprobe", self.n_probe)
-        scores = np.empty((len(queries), k), dtype=np.float32)
-        ids = np.empty((len(queries), k), dtype=np.int64)
+        # flat: one extra result shows whether equal scores straddle the cut at k (FAISS then keeps an arbitrary
+        # subset of them); those queries are answered by the exact numpy kernel, which takes ties by ascending id
+        extra = int(self.kind == "flat" and k < len(self.index.store))
+        scores = np.empty((len(queries), k + extra), dtype=np.float32)
+        ids = np.empty((len(queries), k + extra), dtype=np.int64)
         for s in range(0, len(queries), self.query_batch_size):
             scores[s:s + self.query_batch_size], ids[s:s + self.query_batch_size] = idx.search(
-                queries[s:s + self.query_batch_size], k)
+                queries[s:s + self.query_batch_size], k + extra)
+        if extra:
+            tied = np.nonzero(scores[:, k] == scores[:, k - 1])[0]
+            scores, ids = scores[:, :k], ids[:, :k]
+            if len(tied):
+                scores[tied], ids[tied] = self.index.store.search(queries[tied], k, backend="numpy")
         return sort_results(scores, ids)  # FAISS leaves the order of equal scores unspecified
 
 

@@ -61,10 +61,12 @@ def _open_binary(path: Path) -> IO[bytes]:
 
 @contextmanager
 def open_text(path: PathLike, errors: str = "strict") -> Iterator[io.TextIOBase]:
-    """``path`` as UTF-8 text (decompressed by suffix); corrupt compressed data or bytes that are not
-    UTF-8 raise a ValueError naming the file (and, for bad bytes, the line)."""
+    """``path`` as UTF-8 text (decompressed by suffix; a leading byte-order mark is skipped); corrupt compressed
+    data or bytes that are not UTF-8 raise a ValueError naming the file (and, for bad bytes, the line)."""
     path = Path(path)
-    f = io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors=errors)
+    # utf-8-sig: a byte-order mark at the very start (Windows editors, Excel exports) is dropped, not read as
+    # part of the first line's first field; anywhere else U+FEFF is kept as the character it is
+    f = io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", errors=errors)
     compressed = path.suffix.lower() in _DECOMPRESSORS
     try:
         with f:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import IO, Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -45,11 +46,78 @@ FORMAT_VERSION = 1
 
 DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
 
+#: the largest ``pt_meta.json`` (or ``_merge.json``) read: an index's metadata is a few hundred bytes
+MAX_META_BYTES = 1 << 20
+
 
 class IncompleteIndexError(FileNotFoundError, RuntimeError):
     """Raised when an index (dense or BM25) that has not been completely built is used: its ``pt_meta.json``,
     written last, is missing.  A ``FileNotFoundError`` and a ``RuntimeError``, so that code written against either
     index's earlier behaviour keeps working."""
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def check_regular(path: Path, what: str) -> os.stat_result:
+    """``os.stat`` of ``path`` (following symlinks), refusing anything but a regular file.
+
+    Opening a FIFO for reading blocks until a writer appears (forever), and a device or directory is no index
+    file: neither may be handed to a reader that opens by name (npids, FAISS).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``<what>: <path> is a FIFO (named pipe), not a regular file ...``.
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what}: {path} is {_file_kind(st.st_mode)}, not a regular file; an index holds only "
+                         "regular files — rebuild it with indexer(mode='overwrite')")
+    return st
+
+
+def open_regular(path: Path, what: str) -> IO[bytes]:
+    """Opens ``path`` for binary reading only if it is a regular file, without ever blocking.
+
+    The file is opened with ``O_NONBLOCK`` (so a FIFO put in its place cannot hang the open) and checked with
+    ``fstat`` on the open descriptor (so it cannot be swapped between the check and the read).
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: ``path`` does not exist.
+        ValueError: it is not a regular file (see :func:`check_regular`).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{what}: {path} is {_file_kind(st.st_mode)}, not a regular file; an index holds only "
+                             "regular files — rebuild it with indexer(mode='overwrite')")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_small_file(path: Path, what: str, limit: int = MAX_META_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular`), refusing one larger than ``limit`` bytes.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: ``path`` does not exist.
+        ValueError: not a regular file, or larger than ``limit``.
+    """
+    with open_regular(path, what) as fin:
+        size = os.fstat(fin.fileno()).st_size
+        data = fin.read(limit + 1)
+    if max(size, len(data)) > limit:
+        raise ValueError(f"{what}: {path} is {max(size, len(data))} bytes, more than the {limit} an index's metadata "
+                         "can need — it is not this package's file; rebuild the index with indexer(mode='overwrite')")
+    return data
 
 
 def check_dtype(dtype: Any) -> str:
@@ -142,8 +210,8 @@ def remove_leftovers(path: Path) -> list:
     merge = path / MERGE_FILE
     if merge.exists():
         try:
-            keep = bool(json.loads(merge.read_text(encoding="utf8")).get("keep_shards"))
-        except (ValueError, UnicodeDecodeError, AttributeError):
+            keep = bool(json.loads(read_small_file(merge, "merge record").decode("utf8")).get("keep_shards"))
+        except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
             keep = True  # unreadable: never delete shards on a guess
         if meta.get("layout") == "sharded":  # killed before the merged pt_meta.json: the view is still valid
             for name in (VECTORS_FILE, DOCNOS_FILE):
@@ -190,22 +258,24 @@ def read_pt_meta(path: Path, *, artifact_type: str, artifact_format: str, what: 
         The parsed JSON object, or ``None`` when ``pt_meta.json`` does not exist (the artifact is not built).
 
     Raises:
-        ValueError: ``corrupt <what> <path>: pt_meta.json ...`` when it is not valid UTF-8 JSON, not an object or lacks
+        ValueError: ``corrupt <what> <path>: pt_meta.json ...`` when it is not a regular file (a FIFO would block the
+            reader forever), is larger than ``MAX_META_BYTES``, is not valid UTF-8 JSON, not an object or lacks
             a required field; ``<path> is not a <what>: pt_meta.json describes (type, format), expected (...)`` for
             another kind of artifact.  ``OSError`` (other than a missing file) propagates.
     """
     meta_path = Path(path) / META_FILE
     try:
-        with open(meta_path, encoding="utf8") as fin:
-            text = fin.read()
+        data = read_small_file(meta_path, f"corrupt {what} {path}")
     except (FileNotFoundError, NotADirectoryError):  # no artifact there (yet)
         return None
+    try:
+        text = data.decode("utf8")
     except UnicodeDecodeError as ex:
         raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
                          "indexer(mode='overwrite')") from ex
     try:
         meta = json.loads(text)
-    except ValueError as ex:
+    except (ValueError, RecursionError) as ex:  # RecursionError: absurdly deep nesting
         raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
                          "indexer(mode='overwrite')") from ex
     if not isinstance(meta, dict):
@@ -270,21 +340,24 @@ def open_vectors(path: Path, meta: dict) -> np.memmap:
 
     Raises:
         FileNotFoundError: when the file is missing.
-        ValueError: when the file is truncated or too long.
+        ValueError: when the file is not a regular file (opened without blocking), truncated or too long.
     """
     vec_path = path / VECTORS_FILE
-    if not vec_path.exists():
-        raise FileNotFoundError(f"corrupt dense index {path}: {VECTORS_FILE} is missing")
-    dtype = DTYPES[meta["dtype"]]
-    expected = int(meta["count"]) * int(meta["dim"]) * dtype.itemsize
-    actual = vec_path.stat().st_size
-    if actual != expected:
-        raise ValueError(f"corrupt dense index {path}: {VECTORS_FILE} has {actual} bytes but pt_meta.json "
-                         f"(count={meta['count']}, dim={meta['dim']}, dtype={meta['dtype']}) needs {expected} bytes "
-                         "(truncated or partially written?)")
-    if expected == 0:
-        return np.zeros((0, int(meta["dim"])), dtype=dtype)  # type: ignore[return-value]
-    return np.memmap(vec_path, dtype=dtype, mode="r", shape=(int(meta["count"]), int(meta["dim"])))
+    try:
+        fin = open_regular(vec_path, f"corrupt dense index {path}")
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"corrupt dense index {path}: {VECTORS_FILE} is missing") from None
+    with fin:
+        dtype = DTYPES[meta["dtype"]]
+        expected = int(meta["count"]) * int(meta["dim"]) * dtype.itemsize
+        actual = os.fstat(fin.fileno()).st_size
+        if actual != expected:
+            raise ValueError(f"corrupt dense index {path}: {VECTORS_FILE} has {actual} bytes but pt_meta.json "
+                             f"(count={meta['count']}, dim={meta['dim']}, dtype={meta['dtype']}) needs {expected} "
+                             "bytes (truncated or partially written?)")
+        if expected == 0:
+            return np.zeros((0, int(meta["dim"])), dtype=dtype)  # type: ignore[return-value]
+        return np.memmap(fin, dtype=dtype, mode="r", shape=(int(meta["count"]), int(meta["dim"])))
 
 
 def open_docnos(path: Path, meta: dict):
@@ -301,8 +374,10 @@ def open_docnos(path: Path, meta: dict):
     import npids
 
     docno_path = path / DOCNOS_FILE
-    if not docno_path.exists():
-        raise FileNotFoundError(f"corrupt dense index {path}: {DOCNOS_FILE} is missing")
+    try:
+        check_regular(docno_path, f"corrupt dense index {path}")  # npids opens by name: a FIFO would block it
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"corrupt dense index {path}: {DOCNOS_FILE} is missing") from None
     try:
         lookup = npids.Lookup(docno_path)
     except Exception as ex:  # npids raises various low-level errors on corrupt files
@@ -436,7 +511,13 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
     for docno, v in zip(docnos, vecs):
         if v is None:
             raise ValueError(f"{what} of {id_name} {docno!r} is missing (None)")
-        a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+        if hasattr(v, "detach"):  # a torch tensor; numpy has no bfloat16
+            v = v.detach().cpu()
+            v = (v.float() if str(v.dtype) == "torch.bfloat16" else v).numpy()
+        a = np.asarray(v)
+        if a.dtype.kind not in "biuf":
+            raise ValueError(f"{what} of {id_name} {docno!r} must hold real numbers, got {describe_values(a)}; "
+                             "nothing is coerced (a cast would drop imaginary parts or parse strings)")
         if a.ndim != 1:
             raise ValueError(f"{what} of {id_name} {docno!r} must be a 1-d vector, got shape {a.shape}")
         if a.shape[0] == 0:
@@ -450,9 +531,53 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
         arrays.append(a)
     if not arrays:
         return np.zeros((0, dim or 0), dtype=np.float32)
-    out = np.stack(arrays).astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):  # float64 values beyond float32's range become inf: refused just below
+        out = np.stack(arrays).astype(np.float32, copy=False)
     finite = np.isfinite(out).all(axis=1)
     if not finite.all():
         bad = [docnos[i] for i in np.nonzero(~finite)[0][:5]]
-        raise ValueError(f"{what} contains NaN or infinite values for {id_name}(s) {bad}")
+        raise ValueError(f"{what} contains NaN or infinite values for {id_name}(s) {bad} (values beyond float32's "
+                         "range count as infinite)")
+    check_norms(out, what, lambda rows: [docnos[i] for i in rows], id_name)
     return out
+
+
+#: the largest Euclidean norm of a stored or query vector: the inner product of two such vectors is at most
+#: ``MAX_NORM ** 2 = 2 ** 126`` in magnitude (Cauchy-Schwarz, also for every partial sum), below float32's
+#: largest value (about ``2 ** 128``), so no score can overflow to infinity
+MAX_NORM = 2.0 ** 63
+
+
+def check_norms(vectors: np.ndarray, what: str, names: Any, id_name: str) -> None:
+    """Refuses float32 rows whose norm exceeds :data:`MAX_NORM` (their scores could overflow float32).
+
+    Cheap: only rows whose largest component times ``sqrt(dim)`` exceeds the bound get their norm computed
+    (in float64, where squaring cannot overflow).
+
+    Args:
+        vectors: finite float32 ``(n, dim)``.
+        what / id_name: named in the message (``"doc_vec"``/``"docno"``, ``"query_vec"``/``"qid"``).
+        names: maps row numbers to their identifiers (for the message).
+
+    Raises:
+        ValueError: naming up to 5 rows and their norms.
+    """
+    if not vectors.size:
+        return
+    suspect = np.nonzero(np.abs(vectors).max(axis=1) * np.sqrt(vectors.shape[1]) > MAX_NORM)[0]
+    if not len(suspect):
+        return
+    norms = np.linalg.norm(vectors[suspect].astype(np.float64), axis=1)
+    bad = suspect[norms > MAX_NORM]
+    if len(bad):
+        shown = ", ".join(f"{n!r} (norm {v:.3g})" for n, v in zip(names(bad[:5]), norms[norms > MAX_NORM][:5]))
+        raise ValueError(f"{what} of {id_name}(s) {shown} exceed(s) the largest norm {MAX_NORM:.3g} (2**63): "
+                         "inner products with such vectors can overflow float32 to infinity; rescale or normalise "
+                         "the vectors")
+
+
+def describe_values(a: np.ndarray) -> str:
+    """What an array that holds no real numbers holds, for error messages (``"complex numbers (dtype ...)"``)."""
+    kind = {"c": "complex numbers", "U": "strings", "S": "bytes", "O": "non-numeric Python objects",
+            "M": "dates", "m": "time spans", "V": "structured values"}.get(a.dtype.kind, "non-numeric values")
+    return f"{kind} (dtype {a.dtype})"

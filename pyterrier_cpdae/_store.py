@@ -18,7 +18,7 @@ from ._exact_search import Part, numpy_search, torch_search
 from ._index_io import IncompleteIndexError
 from ._locking import ConcurrentBuildError, build_lock
 
-__all__ = ["DenseStore", "check_shard_metas", "auto_backend", "incomplete_message"]
+__all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message"]
 
 
 class DenseStore:
@@ -33,6 +33,10 @@ class DenseStore:
 
     def __repr__(self) -> str:
         return f"DenseStore({str(self.path)!r})"
+
+    def __getstate__(self) -> dict:
+        """Pickles the path only: the opened memmaps and lookups are reopened (and checked) on first use."""
+        return {"path": self.path, "_cache": None}
 
     def meta(self) -> dict:
         """The checked ``pt_meta.json`` (:func:`~pyterrier_cpdae._index_io.read_meta`).
@@ -73,6 +77,12 @@ class DenseStore:
         path = self.path
         if meta.get("layout") == "sharded":
             n = int(meta["num_shards"])
+            on_disk = len(io.shard_dirs(path))  # bounds everything below by what exists, whatever pt_meta.json says
+            if n > on_disk:
+                raise ValueError(f"corrupt sharded dense index {path}: {io.META_FILE} says num_shards={n}, but "
+                                 f"{path / io.SHARDS_DIR} holds {on_disk} shard director"
+                                 f"{'y' if on_disk == 1 else 'ies'}; rebuild the missing shards, or the index with "
+                                 "indexer(mode='overwrite')")
             remove_leftovers_if_idle(path)
             dirs = [path / io.SHARDS_DIR / str(s) for s in range(n)]
             for d in dirs:
@@ -84,6 +94,7 @@ class DenseStore:
                     raise ValueError(f"corrupt sharded dense index {path}: shard {s} is missing or incomplete")
                 metas.append(m)
             check_shard_metas(path, metas)
+            check_view_meta(path, meta, metas)
             parts = [(io.open_vectors(d, m), s, n) for s, (d, m) in enumerate(zip(dirs, metas))]
             lookups = [io.open_docnos(d, m) for d, m in zip(dirs, metas)]
         else:
@@ -93,12 +104,20 @@ class DenseStore:
         self._cache = (stamp, meta, parts, lookups)
         return meta, parts, lookups
 
+    def checked_meta(self) -> dict:
+        """``pt_meta.json`` once checked against the files on disk (:meth:`open`: vector and docno files, shards).
+
+        What ``len()``, ``dim``, ``dtype`` and ``num_shards`` report, so that they never disagree with what a search
+        reads.
+        """
+        return self.open()[0]
+
     @property
     def dim(self) -> int:
-        return int(self.meta()["dim"])
+        return int(self.checked_meta()["dim"])
 
     def __len__(self) -> int:
-        return int(self.meta()["count"])
+        return int(self.checked_meta()["count"])
 
     def _single(self, what: str) -> Tuple[np.ndarray, Any]:
         _, parts, lookups = self.open()
@@ -183,7 +202,12 @@ class DenseStore:
             id); ids are global document ids (:meth:`docnos_of`).
         """
         meta, parts, _ = self.open()
-        query_vecs = np.asarray(query_vecs, dtype=np.float32)
+        query_vecs = np.asarray(query_vecs)
+        if query_vecs.dtype.kind not in "biuf":
+            raise ValueError(f"query_vecs must hold real numbers, got {io.describe_values(query_vecs)}; nothing is "
+                             "coerced (a cast would drop imaginary parts or parse strings)")
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by the kernel
+            query_vecs = query_vecs.astype(np.float32, copy=False)
         if query_vecs.ndim != 2 or query_vecs.shape[1] != int(meta["dim"]):
             raise ValueError(f"query_vecs must have shape (q, {meta['dim']}), got {query_vecs.shape}")
         if backend == "auto":
@@ -240,6 +264,23 @@ def remove_leftovers_if_idle(path: Path) -> None:
             io.remove_leftovers(path)
     except (ConcurrentBuildError, OSError):
         pass
+
+
+def check_view_meta(base: Path, meta: dict, metas: List[dict]) -> None:
+    """Checks the top-level ``pt_meta.json`` of a sharded view against its shards' (count, dim, dtype).
+
+    Raises:
+        ValueError: naming both values and how to rewrite the top-level file.
+    """
+    total = sum(m["count"] for m in metas)
+    shards = {"count": total, "dim": metas[0]["dim"], "dtype": metas[0]["dtype"]}
+    wrong = {k: (meta[k], v) for k, v in shards.items() if meta[k] != v}
+    if wrong:
+        said = ", ".join(f"{k}={a!r}" for k, (a, _) in wrong.items())
+        held = ", ".join(f"{k}={b!r}" for k, (_, b) in wrong.items())
+        raise ValueError(f"corrupt sharded dense index {base}: its {io.META_FILE} says {said}, but its "
+                         f"{len(metas)} shards hold {held}; delete {base / io.META_FILE} and rewrite it by resuming "
+                         "any shard with indexer(shard=i, num_shards=n, mode='resume')")
 
 
 def check_shard_metas(base: Path, metas: List[dict]) -> None:

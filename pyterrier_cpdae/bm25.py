@@ -193,6 +193,13 @@ class _OpensSearcher:
     def _configure(self, searcher: Any) -> None:
         """Sets up a freshly opened searcher."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles without the Java searcher (pyjnius objects cannot be pickled); it is reopened on first use."""
+        state = self.__dict__.copy()
+        state.pop("_searcher", None)
+        state.pop("_fingerprint", None)
+        return state
+
     def searcher(self) -> Any:
         """Anserini's ``SimpleSearcher`` for the current build of the index (reopened after a rebuild)."""
         self.index._require_built()
@@ -668,14 +675,16 @@ class BM25Retriever(_OpensSearcher, pt.Transformer):
                 counts = np.asarray(hits.counts, dtype=np.int64)
                 starts = np.repeat(np.cumsum(counts) - counts, counts)
                 # lists, not arrays: DataFrameBuilder would broadcast an array of one hit as a single value
-                # (pyjnius already hands the Java arrays over as lists)
-                builder.extend({
-                    "_index": np.repeat(np.arange(len(queries)), counts).tolist(),
-                    "docno": hits.docnos,
-                    "docid": hits.docids,
-                    "score": hits.scores,
-                    "rank": (np.arange(len(starts), dtype=np.int64) - starts).tolist(),
-                })
+                # (pyjnius already hands the Java arrays over as lists); no hits at all (e.g. only blank
+                # queries): nothing to add — pyjnius' empty arrays would not make columns
+                if counts.sum():
+                    builder.extend({
+                        "_index": np.repeat(np.arange(len(queries)), counts).tolist(),
+                        "docno": hits.docnos,
+                        "docid": hits.docids,
+                        "score": hits.scores,
+                        "rank": (np.arange(len(starts), dtype=np.int64) - starts).tolist(),
+                    })
             else:
                 self._per_hit(searcher, queries, builder)
         out = builder.to_df(merge_on_index=inp)
