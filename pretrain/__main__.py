@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import sys
 
+from pyterrier_cpdae._locking import ConcurrentBuildError
+
 from .cli import main
 
 
 def _run() -> int:
     try:
         main()
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ConcurrentBuildError) as e:
         # bad input: a one-line message instead of a traceback (set PRETRAIN_DEBUG=1 for the traceback)
         import os
         if os.environ.get("PRETRAIN_DEBUG"):

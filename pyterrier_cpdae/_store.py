@@ -16,7 +16,7 @@ import numpy as np
 from . import _index_io as io
 from ._exact_search import Part, numpy_search, torch_search
 from ._index_io import IncompleteIndexError
-from ._locking import ConcurrentBuildError, build_lock
+from ._locking import ConcurrentBuildError, build_lock, describe_holder, holder
 
 __all__ = ["DenseStore", "check_shard_metas", "auto_backend", "incomplete_message"]
 
@@ -205,8 +205,16 @@ def auto_backend() -> str:
 
 
 def incomplete_message(path: Path) -> str:
-    """Why the directory ``path`` is not a built dense index, and what to do about it."""
+    """Why the directory ``path`` is not a built dense index, and what to do about it.
+
+    A build (or merge) in progress is reported as such, naming the process that holds the build lock.
+    """
     path = Path(path)
+    for building in [path] + io.shard_dirs(path):
+        info = holder(building)
+        if info is not None:
+            return (f"the dense index at {path} is being built by {describe_holder(info)}"
+                    f"{f' (shard {building.name})' if building != path else ''}; wait for that build to finish")
     if (path / io.MERGE_FILE).exists():
         return (f"the dense index at {path} is incomplete (DenseIndex.merge() into it was interrupted); run the "
                 "merge again with mode='overwrite'")
