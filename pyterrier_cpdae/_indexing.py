@@ -7,6 +7,7 @@ artifact with a ``path``) and return it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import warnings
@@ -437,9 +438,12 @@ def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:
             return False
         metas.append(meta)
     check_shard_metas(base, metas)
+    # the view's build id follows from its shards' (deterministic, as the comment above needs): a rebuilt shard
+    # gives the view a new one
+    build_id = hashlib.sha256(" ".join(str(m.get("build_id")) for m in metas).encode()).hexdigest()[:32]
     io.write_json_atomic(base / io.META_FILE, io.base_meta(
         dim=metas[0]["dim"], count=sum(m["count"] for m in metas), dtype=metas[0]["dtype"],
-        layout="sharded", num_shards=num_shards))
+        layout="sharded", num_shards=num_shards, build_id=build_id))
     return True
 
 
