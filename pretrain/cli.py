@@ -104,8 +104,9 @@ def validate_config(config: PretrainConfig) -> None:
                          f"{per_forward} text(s) (--batch-size {config.batch_size} / --grad-accum {config.grad_accum}); "
                          "use a batch of at least 2 texts per accumulation step")
     parse_report_to(config.report_to)
-    # another run writing there is named first (its files in progress would otherwise be blamed)
-    refuse_if_busy(config.output, "output directory of a pre-training run", "written")
+    if int(os.environ.get("RANK", "0") or 0) == 0:  # other ranks: rank 0 of the same job holds the lock
+        # another run writing there is named first (its files in progress would otherwise be blamed)
+        refuse_if_busy(config.output, "output directory of a pre-training run", "written")
     check_output_dir(config)
 
 
