@@ -8,9 +8,11 @@ result too.  ``pt.Experiment`` compares the systems with BM25 as the baseline (p
 correction); a second ``pt.Experiment`` compares the pre-trained model with its starting encoder.  The tables
 are printed and written as CSV and Markdown, with what the run's scale can and cannot show.
 
-What is already computed is reused: the pre-trained model (one directory per pre-training setting), the
-indexes built by an earlier run in ``--work-dir``, and the runs that ``pt.Experiment`` saved there
-(``save_dir``, one directory per topic set, depth and encoder settings), so a second run only re-evaluates.
+What is already computed is reused: the pre-trained model (one directory per pre-training setting and starting
+weights), the indexes built by an earlier run in ``--work-dir``, and the runs that ``pt.Experiment`` saved there
+(``save_dir``, one directory per topic set, depth and encoder settings), so a second run only re-evaluates.  A
+dense index and its runs are named by a digest of the model directory's content (:func:`model_identity`), so a
+``--model`` directory re-trained in place is indexed and evaluated again, never served from its old weights.
 ``--rebuild`` pre-trains again, rebuilds the indexes and recomputes the runs.
 
 With no arguments it runs fully offline on the built-in sample collection with the real
@@ -61,6 +63,54 @@ def sample_corpus() -> str:
 def slug(spec: str) -> str:
     """A file-name-safe short name for a dataset spec."""
     return re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(spec.rstrip("/:")) or spec).strip("_")
+
+
+#: parts of a model directory that never change what the encoder computes (a run's optimizer state and logs)
+_NOT_MODEL = ("checkpoints", "logs")
+
+
+def model_identity(model: str, cache_file: str) -> str:
+    """A digest of everything in the model directory ``model`` (weights, config, tokenizer, pooling files).
+
+    It changes whenever the weights do, e.g. when the directory is re-trained in place, so that indexes and saved
+    runs computed with other weights are never reused.  Each file's SHA-256 is kept in ``cache_file`` under its
+    (size, mtime_ns, inode), so an unchanged model is not read again.  A model that is not a directory (a hub id)
+    is identified by its name.
+    """
+    if not os.path.isdir(model):
+        return hashlib.sha256(f"name:{model}".encode()).hexdigest()
+    from pyterrier_cpdae._files import write_json_atomic
+
+    try:
+        with open(cache_file, encoding="utf8") as f:
+            cache = json.load(f)
+        if not isinstance(cache, dict):
+            cache = {}
+    except (OSError, ValueError):
+        cache = {}
+    root = os.path.realpath(model)
+    total, changed = hashlib.sha256(), False
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (folder == root and d in _NOT_MODEL))
+        for name in sorted(f for f in files if not f.startswith(".")):
+            path = os.path.join(folder, name)
+            st = os.stat(path)
+            key, stamp = os.path.join(folder, name), [st.st_size, st.st_mtime_ns, st.st_ino]
+            entry = cache.get(key)
+            if not (isinstance(entry, list) and entry[:3] == stamp):
+                digest = hashlib.sha256()
+                with open(path, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        digest.update(block)
+                entry = cache[key] = stamp + [digest.hexdigest()]
+                changed = True
+            total.update(f"{os.path.relpath(path, root)}\0{entry[3]}\n".encode())
+    if changed:
+        try:
+            write_json_atomic(cache_file, cache)
+        except OSError:  # the digest is still right; only the next run reads the files again
+            pass
+    return total.hexdigest()
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -199,13 +249,17 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
         topics = topics.head(args.max_topics)
 
     timings = {}
+    # the identity of each model's weights names its dense index (and so its saved runs): a model directory
+    # re-trained in place gets a new index and new runs, never those of its earlier weights
+    digests_file = os.path.join(work, ".model_digests.json")
+    model_id = model_identity(model, digests_file)
     # the systems: (name, encoder directory, dense index); the pre-trained model is evaluated exactly as its start
     encoders = [(f"dense ({model_name}, {pooling})", model)]
     pretrain_cmd, note = None, None
     if args.pretrain:
         corpus = args.pretrain_corpus or sample_corpus()
         pretrain_cmd = pretrain_command(args, model, pooling, corpus, output="")
-        digest = hashlib.sha256(json.dumps(pretrain_cmd[1:]).encode()).hexdigest()[:10]
+        digest = hashlib.sha256(json.dumps(pretrain_cmd[1:] + [model_id]).encode()).hexdigest()[:10]
         pt_name = f"{args.pretrain_objective}_{slug(model_name)}_s{args.pretrain_steps}_b{args.pretrain_batch_size}_{digest}"
         pt_dir = os.path.join(os.path.abspath(work), "pretrain", pt_name)
         pretrain_cmd[-1] = pt_dir
@@ -221,8 +275,8 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
                          pt_dir))
 
     bm25_index = BM25Index(os.path.join(work, "bm25"))
-    dense_paths = [os.path.join(work, f"dense_{slug(path)}_{pooling}{'_norm' if normalize else ''}")
-                   for _, path in encoders]
+    dense_paths = [os.path.join(work, f"dense_{slug(path)}_{pooling}{'_norm' if normalize else ''}_"
+                                      f"m{model_identity(path, digests_file)[:12]}") for _, path in encoders]
     dense_indexes = [DenseIndex(p) for p in dense_paths]
     if args.rebuild:
         for index in [bm25_index] + dense_indexes:

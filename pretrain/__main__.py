@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from pyterrier_cpdae._locking import ConcurrentBuildError
+
 from .cli import main
 
 
@@ -16,9 +18,9 @@ def error_line(e: BaseException) -> str:
 def _run() -> int:
     try:
         main()
-    except (ValueError, OSError, MemoryError) as e:
-        # bad input, a bad path or file, a full disk, too little memory: a one-line message instead of a traceback
-        # (set PRETRAIN_DEBUG=1 for the traceback)
+    except (ValueError, OSError, MemoryError, ConcurrentBuildError) as e:
+        # bad input, a bad path or file, a full disk, too little memory, an output another process is writing:
+        # a one-line message instead of a traceback (set PRETRAIN_DEBUG=1 for the traceback)
         import os
         if os.environ.get("PRETRAIN_DEBUG"):
             raise

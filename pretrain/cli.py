@@ -81,7 +81,10 @@ def validate_config(config: PretrainConfig) -> None:
 
     Raises:
         ValueError: naming the offending option.
+        ConcurrentBuildError: another process is running into ``--output`` (named by pid, host and start time).
     """
+    from pyterrier_cpdae._locking import refuse_if_busy
+
     from .logging_utils import parse_report_to
     from .objectives import objective_class
     from .trainer import check_output_dir
@@ -110,6 +113,9 @@ def validate_config(config: PretrainConfig) -> None:
                          f"{per_forward} text(s) (--batch-size {config.batch_size} / --grad-accum {config.grad_accum}); "
                          "use a batch of at least 2 texts per accumulation step")
     parse_report_to(config.report_to)
+    if int(os.environ.get("RANK", "0") or 0) == 0:  # other ranks: rank 0 of the same job holds the lock
+        # another run writing there is named first (its files in progress would otherwise be blamed)
+        refuse_if_busy(config.output, "output directory of a pre-training run", "written")
     check_output_dir(config)
 
 
@@ -151,7 +157,21 @@ def default_cache_dir(config: PretrainConfig) -> str:
 
 
 def pretrain(config: PretrainConfig) -> dict[str, Any]:
-    """Run the pre-training pipeline for ``config`` and return the trainer's final metrics."""
+    """Run the pre-training pipeline for ``config`` and return the trainer's final metrics.
+
+    Rank 0 holds the lock of ``--output`` for the whole run (:func:`pretrain.trainer.hold_output_lock`).
+    """
+    import contextlib
+
+    from .trainer import hold_output_lock
+
+    validate_config(config)
+    with contextlib.ExitStack() as stack:
+        hold_output_lock(stack, config.output, "output directory of a pre-training run", "--output")
+        return _pretrain(config)
+
+
+def _pretrain(config: PretrainConfig) -> dict[str, Any]:
     from accelerate.utils import set_seed
 
     from .corpus import TokenCache
@@ -160,7 +180,6 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
 
     from .inputs import check_resume_inputs, run_inputs
 
-    validate_config(config)
     set_seed(config.seed)  # the random parts of the initialisation (decoders, --from-config weights)
     model, tokenizer = load_model_and_tokenizer(config)
     inputs = run_inputs(config.corpus, tokenizer)  # content fingerprints of the corpus files and the tokenizer

@@ -32,6 +32,7 @@ Output directory::
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -47,7 +48,7 @@ from pyterrier_cpdae._files import write_json_atomic
 
 from . import negatives as neg
 from .config import FinetuneConfig, check_same_run, parse_config
-from .trainer import config_dict
+from .trainer import config_dict, hold_output_lock
 
 logger = logging.getLogger("pretrain.finetune")
 
@@ -325,10 +326,17 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     if not procs.is_main:
         procs.barrier()  # rank 0 checks and prepares --output first
         return _finetune(cfg, procs, data)
-    try:
-        _prepare_output(cfg)
-    finally:
-        procs.barrier()
+    with contextlib.ExitStack() as stack:
+        try:
+            # held for the whole run: the same command launched twice (by any path to --output) is refused
+            hold_output_lock(stack, cfg.output, "output directory of a fine-tuning run", "--output")
+            _prepare_output(cfg)
+        finally:
+            procs.barrier()
+        return _finetune_main(cfg, procs, data)
+
+
+def _finetune_main(cfg: FinetuneConfig, procs: Processes, data: TrainingData) -> dict[str, Any]:
     handler = logging.FileHandler(os.path.join(cfg.output, "finetune.log"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)

@@ -144,6 +144,30 @@ def check_output_dir(config: Any) -> None:
                          "pass --resume to continue it or --overwrite to start again")
 
 
+def hold_output_lock(stack: Any, output: str, what: str, option: str) -> None:
+    """Takes the exclusive OS lock of a run's output directory into ``stack`` (rank 0 only).
+
+    Keyed on the directory's real identity (:func:`pyterrier_cpdae._locking.build_lock`): the same command
+    launched twice, or through a symlink or another spelling of the path, is refused at once with
+    :class:`~pyterrier_cpdae._locking.ConcurrentBuildError` naming the running process (pid, host, since when).
+    The OS releases it when the process ends, however it ends.  Other ranks of a ``torchrun`` job take no lock
+    (rank 0 of the same job holds it for them).
+
+    Raises:
+        ConcurrentBuildError: another process is running into ``output``.
+        ValueError: the lock file beside ``output`` cannot be created (naming ``option`` and the reason).
+    """
+    from pyterrier_cpdae._locking import build_lock, lock_path
+
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        return
+    try:
+        stack.enter_context(build_lock(output, what, "written"))
+    except OSError as e:
+        raise ValueError(f"{option} {output}: cannot create its lock file {lock_path(output)} "
+                         f"({e.strerror or e})") from e
+
+
 def _clear_previous_run(out: str) -> None:
     """With ``overwrite``: remove what a previous run left (checkpoints, logs, run config, exported config)."""
     for name in ("checkpoints", "logs", "decoder", ".export-tmp"):
@@ -523,5 +547,5 @@ class Trainer:
         acc.wait_for_everyone()
 
 
-__all__ = ["Trainer", "GlobalBatchSampler", "check_output_dir", "list_checkpoints",
+__all__ = ["Trainer", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
            "parameter_groups", "resolve_mixed_precision", "warmup_steps"]

@@ -20,6 +20,7 @@ from ._batching import check_int
 from ._dense_core import DenseIndex
 from ._exact_search import sort_results
 from ._retrieval import VectorRetriever, corrupt_vectors, optional_int
+from ._store import build_id
 
 __all__ = ["FaissRetriever", "FAISS_KINDS"]
 
@@ -32,10 +33,12 @@ class FaissRetriever(VectorRetriever):
     """Approximate (or, for ``flat``, exact) retrieval with a FAISS index cached in ``<index>/faiss/``.
 
     The FAISS structure is built on first use from the stored vectors (added in blocks) and written to
-    ``<index>/faiss/<name>.faiss`` with a ``.json`` fingerprint of the vectors; it is rebuilt when missing or
-    when the fingerprint no longer matches the index (stale).  The structure held in memory is checked the same
-    way before each search: when the index files have changed since it was loaded (e.g. the index was rebuilt
-    with ``mode="overwrite"``) and the fingerprint differs, it is reloaded/rebuilt.  When the cache cannot be
+    ``<index>/faiss/<name>.faiss`` with a ``.json`` fingerprint of the vectors (the index's ``build_id``, which
+    every build, rebuild and merge renews); it is rebuilt when missing or when the fingerprint no longer matches
+    the index (stale).  The structure held in memory is checked the same way before each search (a ``stat`` of
+    the files and a read of ``pt_meta.json``'s build id): when the index was rebuilt since it was loaded (e.g.
+    with ``mode="overwrite"``, even to vectors that agree in their first and last MiB), it is reloaded/rebuilt;
+    a search while a rebuild is under way is refused, naming the process that builds it.  When the cache cannot be
     written (a read-only index, a full disk), a warning is given once per directory and the structure is only
     kept in memory.  With faiss-gpu and a visible GPU, flat and IVF indexes are searched on the GPU (HNSW has no
     GPU implementation in FAISS and stays on the CPU).
@@ -84,26 +87,36 @@ class FaissRetriever(VectorRetriever):
         return "_".join(parts)
 
     def _fingerprint(self) -> Dict[str, Any]:
+        """What identifies the stored vectors: the index's ``build_id`` (new at every build, rebuild or merge).
+
+        Indexes written before build ids fall back to a sample of ``vectors.bin`` (its first and last MiB).
+        """
         meta = self.index.store.meta()
         vec_path = Path(self.index.path) / io.VECTORS_FILE
         size = vec_path.stat().st_size
+        fingerprint = {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size}
+        if isinstance(meta.get("build_id"), str):
+            fingerprint["build_id"] = meta["build_id"]
+            return fingerprint
         digest = hashlib.sha1()
         with open(vec_path, "rb") as fin:
             digest.update(fin.read(1 << 20))
             fin.seek(max(0, size - (1 << 20)))
             digest.update(fin.read(1 << 20))
-        return {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size,
-                "sha1_head_tail": digest.hexdigest()}
+        fingerprint["sha1_head_tail"] = digest.hexdigest()
+        return fingerprint
 
     def _files_stamp(self) -> Optional[Tuple]:
-        """Cheap identity of the index files (inode, mtime, size of pt_meta.json and vectors.bin); None if absent."""
-        stamp = []
+        """Cheap identity of the build (inode, mtime, size of pt_meta.json and vectors.bin, and the build_id in
+        pt_meta.json); None if absent.  Read before every search."""
+        stamp: list = []
         for name in (io.META_FILE, io.VECTORS_FILE):
             try:
                 st = (Path(self.index.path) / name).stat()
             except FileNotFoundError:
                 return None
             stamp.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        stamp.append(build_id(Path(self.index.path)))
         return tuple(stamp)
 
     def _make(self, faiss, dim: int, count: int):
@@ -154,7 +167,7 @@ class FaissRetriever(VectorRetriever):
         if self._faiss_index is not None and stamp is not None:
             if stamp == self._loaded[0]:
                 return self._faiss_index
-            if self._fingerprint() == self._loaded[1]:  # files touched/replaced, same vectors
+            if stamp[-1] is not None and self._fingerprint() == self._loaded[1]:  # files touched, same build
                 self._loaded = (stamp, self._loaded[1])
                 return self._faiss_index
         self._faiss_index = self._loaded = None  # not loaded yet, or the index was rebuilt since

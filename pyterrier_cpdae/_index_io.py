@@ -8,7 +8,8 @@ Layout of a built (single) index directory::
       docnos.npids     docno <-> row lookup (npids)
       pt_meta.json     written LAST: {"type": "dense_index", "format": "cpdae", "package_hint":
                        "pyterrier-cpdae", "layout": "single", "dim", "count", "num_docs", "dtype",
-                       ...}; ``num_docs`` (= ``count``, the key BM25Index uses too) since 0.1.0
+                       "build_id", ...}; ``num_docs`` (= ``count``, the key BM25Index uses too) since 0.1.0;
+                       ``build_id`` (random, new at every build's commit; absent in older indexes)
       faiss/           cached FAISS structures (built on first use, rebuilt when stale)
 
 While it is being built the directory additionally holds ``_docnos.txt`` (one docno per line, appended
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import uuid
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional, Sequence
 
@@ -320,8 +322,14 @@ def read_meta(path: Path) -> Optional[dict]:
 
 
 def base_meta(*, dim: int, count: int, dtype: str, **extra: Any) -> dict:
-    """The ``pt_meta.json`` contents of an index."""
+    """The ``pt_meta.json`` contents of an index.
+
+    ``build_id`` is a fresh random id unless given: every build, rebuild or merge commits a new one, which is how
+    retrievers that keep files or FAISS structures open notice that the index was rebuilt (never by sampling
+    its content).
+    """
     meta = {
+        "build_id": uuid.uuid4().hex,
         "type": ARTIFACT_TYPE,
         "format": ARTIFACT_FORMAT,
         "package_hint": PACKAGE_HINT,

@@ -7,6 +7,7 @@ artifact with a ``path``) and return it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import warnings
@@ -310,8 +311,16 @@ class DenseIndexer(pt.Indexer):
             position = 0  # position in the (unfiltered) input
             seen = 0  # records of this shard seen (including the skipped prefix)
             since_checkpoint = 0
+            # what this shard was given: every shard of a round-robin split must see the same input (see
+            # check_shard_inputs); a resume reads the whole input again, so this covers it all
+            input_digest = hashlib.sha256()
+            shard_digests = [hashlib.sha256() for _ in range(self.num_shards or 0)] if not self.presharded else []
             for raw_docnos, raw_vecs in iter_batches(inp, self.batch_size):
                 records = range(position, position + len(raw_docnos))
+                if self.num_shards:
+                    input_digest.update(_docno_bytes(raw_docnos))
+                    for s, digest in enumerate(shard_digests):  # the part of the input each shard keeps
+                        digest.update(_docno_bytes(raw_docnos[(s - position) % self.num_shards::self.num_shards]))
                 position += len(raw_docnos)
                 if self.num_shards and not self.presharded:
                     keep = [i for i, r in enumerate(records) if r % self.num_shards == self.shard]
@@ -360,13 +369,18 @@ class DenseIndexer(pt.Indexer):
                 raise ValueError(f"no documents were indexed into {target} (empty input"
                                  f"{' for this shard' if self.num_shards else ''})")
             self._save_state(state, vec_file, docno_file)
+            if self.num_shards:
+                self._input = {"presharded": self.presharded, "records": position,
+                               "docnos_sha256": input_digest.hexdigest()}
+                if not self.presharded:
+                    self._input["shard_docnos_sha256"] = [d.hexdigest() for d in shard_digests]
 
     def _finalise(self, state: dict) -> None:
         target = self.target
         io.build_docno_lookup(io.iter_text_docnos(target / io.BUILD_DOCNOS_FILE), target / io.DOCNOS_FILE)
         extra = {"layout": "single"}
         if self.num_shards:
-            extra.update(shard=self.shard, num_shards=self.num_shards)
+            extra.update(shard=self.shard, num_shards=self.num_shards, input=self._input)
         io.write_json_atomic(target / io.META_FILE,
                              io.base_meta(dim=state["dim"], count=state["count"], dtype=state["dtype"], **extra))
         io.remove_leftovers(target)  # _docnos.txt and _build.json (a crash before this is finished on resume/open)
@@ -436,11 +450,64 @@ def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:
         if meta is None:
             return False
         metas.append(meta)
+    check_shard_inputs(base, metas)
     check_shard_metas(base, metas)
+    # the view's build id follows from its shards' (deterministic, as the comment above needs): a rebuilt shard
+    # gives the view a new one
+    build_id = hashlib.sha256(" ".join(str(m.get("build_id")) for m in metas).encode()).hexdigest()[:32]
     io.write_json_atomic(base / io.META_FILE, io.base_meta(
         dim=metas[0]["dim"], count=sum(m["count"] for m in metas), dtype=metas[0]["dtype"],
-        layout="sharded", num_shards=num_shards))
+        layout="sharded", num_shards=num_shards, build_id=build_id))
     return True
+
+
+def _docno_bytes(docnos: Sequence[Any]) -> bytes:
+    """The docnos as fingerprinted by :func:`check_shard_inputs` (one ``str()`` per line)."""
+    return "".join(f"{d}\n" for d in docnos).encode("utf8", "surrogatepass")
+
+
+def check_shard_inputs(base: Path, metas: Optional[List[dict]] = None) -> None:
+    """Refuses shards of ``base`` that were not given the parts of one input.
+
+    Without ``presharded=True`` a shard keeps every ``n``-th record of *its* input, so shards fed different parts
+    of a corpus index ``1/n`` of each part and silently drop the rest.  Each shard's ``pt_meta.json`` records
+    what it was given (``input``: the number of records and a SHA-256 of their docnos before striding; without
+    ``presharded`` also the SHA-256 of the part each shard keeps).  Shards built without ``presharded`` must
+    have been given the same input, and a ``presharded`` shard's records must be its part of that input
+    (:meth:`DenseIndex.shard_iter`).  Shards that are all ``presharded``, or built before this was recorded,
+    are not checked.
+
+    Args:
+        metas: the shards' metadata in shard order (default: read from the built shards under ``base``).
+
+    Raises:
+        ValueError: naming the shards that disagree and saying to pass ``presharded=True``.
+    """
+    if metas is None:
+        metas = [m for m in (io.read_meta(d) for d in io.shard_dirs(base)) if m is not None]
+    inputs = [(m.get("shard", s), m.get("input")) for s, m in enumerate(metas)]
+    inputs = [(s, i) for s, i in inputs if isinstance(i, dict)]
+    strided = [(s, i) for s, i in inputs if not i.get("presharded")]
+    if not strided:
+        return
+    advice = ("if each process was given its own part of the corpus, rebuild every shard with "
+              "indexer(shard=i, num_shards=n, presharded=True, mode='overwrite') (then each shard indexes all it "
+              "is given); otherwise feed every shard the same input")
+
+    def show(s: int, i: dict) -> str:
+        return f"shard {s}: {i.get('records')} records (docnos sha256 {str(i.get('docnos_sha256'))[:12]})"
+
+    if len({(i.get("records"), i.get("docnos_sha256")) for _, i in strided}) > 1:
+        raise ValueError(f"the shards of {base} were given different inputs ({'; '.join(show(*x) for x in strided)}): "
+                         "without presharded=True each shard keeps only every num_shards-th record of its input, "
+                         f"so most of each input was dropped; {advice}")
+    parts = strided[0][1].get("shard_docnos_sha256") or []
+    for s, i in inputs:
+        if i.get("presharded") and (s >= len(parts) or parts[s] != i.get("docnos_sha256")):
+            raise ValueError(f"the shards of {base} were given different inputs: shard {s} (presharded=True) was given "
+                             f"{i.get('records')} records that are not its part of the input of shard(s) "
+                             f"{[x for x, _ in strided]} (built without presharded=True, which keep every "
+                             f"num_shards-th record of {strided[0][1].get('records')} records); {advice}")
 
 
 # -- merging --------------------------------------------------------------------------------------------------
@@ -499,12 +566,14 @@ def merge_shards(store: DenseStore, *, keep_shards: bool = False, block_size: in
     """Merges the sharded view of ``store`` in place into a single index; see :meth:`DenseIndex.merge_shards`.
 
     Raises:
-        ValueError: the directory is not a sharded view (and no interrupted merge was being finished).
+        ValueError: the directory is not a sharded view (and no interrupted merge was being finished), or its
+            shards were given different inputs without ``presharded=True`` (:func:`check_shard_inputs`).
     """
     target = store.path
     with build_lock(target, "dense index"):
         finished = (target / io.MERGE_FILE).exists()
         io.remove_leftovers(target)  # of a merge killed before or after its commit
+        check_shard_inputs(target)  # before the view is opened: it names the cause, not a missing pt_meta.json
         store.invalidate()
         meta, parts, lookups = store.open()
         if meta.get("layout") != "sharded":

@@ -16,15 +16,16 @@ import numpy as np
 from . import _index_io as io
 from ._exact_search import Part, numpy_search, torch_search
 from ._index_io import IncompleteIndexError
-from ._locking import ConcurrentBuildError, build_lock
+from ._locking import ConcurrentBuildError, build_lock, describe_holder, holder
 
-__all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message"]
+__all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id"]
 
 
 class DenseStore:
     """Read access to the dense index directory ``path``: ``pt_meta.json``, vectors, docno lookups and exact search.
 
-    Nothing is read until first use; the opened files are cached until ``pt_meta.json`` is replaced (a rebuild).
+    Nothing is read until first use; the opened files are cached until ``pt_meta.json`` is replaced (a rebuild:
+    checked before every use by its ``build_id``, see :meth:`_stamp`).
     """
 
     def __init__(self, path: Union[str, Path]):
@@ -50,12 +51,15 @@ class DenseStore:
             raise IncompleteIndexError(incomplete_message(self.path))
         return meta
 
-    def _stamp(self) -> Tuple[int, int, int]:
+    def _stamp(self) -> Tuple[Any, ...]:
+        """The identity of the build now in the directory: ``pt_meta.json``'s inode, mtime and size, and its
+        ``build_id`` (new at every build's commit), so that a rebuild is noticed even when a file system
+        reuses the inode and its timestamps are coarse."""
         try:
             st = (self.path / io.META_FILE).stat()
         except FileNotFoundError:
             raise IncompleteIndexError(incomplete_message(self.path)) from None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+        return (st.st_ino, st.st_mtime_ns, st.st_size, build_id(self.path))
 
     def invalidate(self) -> None:
         """Forgets the opened files (they are reopened on next use)."""
@@ -229,8 +233,16 @@ def auto_backend() -> str:
 
 
 def incomplete_message(path: Path) -> str:
-    """Why the directory ``path`` is not a built dense index, and what to do about it."""
+    """Why the directory ``path`` is not a built dense index, and what to do about it.
+
+    A build (or merge) in progress is reported as such, naming the process that holds the build lock.
+    """
     path = Path(path)
+    for building in [path] + io.shard_dirs(path):
+        info = holder(building)
+        if info is not None:
+            return (f"the dense index at {path} is being built by {describe_holder(info)}"
+                    f"{f' (shard {building.name})' if building != path else ''}; wait for that build to finish")
     if (path / io.MERGE_FILE).exists():
         return (f"the dense index at {path} is incomplete (DenseIndex.merge() into it was interrupted); run the "
                 "merge again with mode='overwrite'")
@@ -249,6 +261,27 @@ def incomplete_message(path: Path) -> str:
     if not path.exists():
         return f"no dense index at {path} (the directory does not exist); build it with index.indexer()"
     return f"no dense index at {path} (no pt_meta.json); build it with index.indexer()"
+
+
+def build_id(path: Path) -> Optional[str]:
+    """The ``build_id`` of the committed ``pt_meta.json`` in ``path`` (cheap: one small read, no checks).
+
+    ``None`` when there is none (an index built before build ids, a file that is not a regular file, or no
+    readable JSON object: :meth:`DenseStore.meta` then says what is wrong).
+    """
+    import json
+    import stat
+
+    meta_path = Path(path) / io.META_FILE
+    try:
+        if not stat.S_ISREG(meta_path.stat().st_mode):
+            return None
+        with open(meta_path, "rb") as fin:
+            meta = json.loads(fin.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    value = meta.get("build_id") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def remove_leftovers_if_idle(path: Path) -> None:

@@ -44,7 +44,7 @@ from pyterrier_cpdae._artifact import PackagedArtifact
 from pyterrier_cpdae._files import disk_full
 from pyterrier_cpdae._index_io import IncompleteIndexError, as_docno, read_pt_meta, temporary_files, write_json_atomic
 from pyterrier_cpdae._java import autoclass, detach_thread
-from pyterrier_cpdae._locking import build_lock
+from pyterrier_cpdae._locking import build_lock, describe_holder, holder
 
 __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader"]
 
@@ -99,6 +99,10 @@ class BM25Index(PackagedArtifact):
         meta = self._read_meta()
         if meta is None:
             path = Path(self.path)
+            info = holder(path)
+            if info is not None:
+                raise IncompleteIndexError(f"the BM25 index at {path} is being built by {describe_holder(info)}; "
+                                           "wait for that build to finish")
             if path.is_dir() and any(path.iterdir()):
                 raise IncompleteIndexError(
                     f"the BM25 index at {path} is incomplete: its build was interrupted or failed ({_META_FILE}, "

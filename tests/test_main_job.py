@@ -185,3 +185,34 @@ def test_failed_pretraining_names_the_run_and_the_way_out(tmp_path, minilm_path)
                            "--pretrain-steps", "2", "--pretrain-objective", "no-such-objective"])
     assert str(work / "pretrain") in str(e.value)
     assert not (work / "bm25").exists()  # nothing was indexed after the failure
+
+
+def test_a_model_directory_retrained_in_place_is_indexed_and_evaluated_again(tmp_path, tiny_bert_dir):
+    """Issue 25 class 5: a second run after ``--model`` was re-trained in place reused the dense index and the saved
+    runs of the old weights (RR@10 0.048 reported where a rebuild gives 0.015).  Reference: a fresh run of the
+    re-trained model in an empty work directory."""
+    import shutil
+
+    import torch
+    from transformers import BertForMaskedLM
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, model)
+    common = ["--model", str(model), "--no-pretrain", "--max-topics", "8", "--pooling", "mean",
+              "--doc-max-length", "64", "--num-results", "50"]
+
+    def run(work: str):
+        return _load_main().main(common + ["--work-dir", str(tmp_path / work), "--results-dir",
+                                           str(tmp_path / f"results-{work}")])
+
+    first = run("work")
+    torch.manual_seed(1)  # re-train in place: the same files, new weights
+    BertForMaskedLM(BertForMaskedLM.from_pretrained(model).config).save_pretrained(model)
+    second = run("work")
+    fresh = run("fresh")
+    pd.testing.assert_frame_equal(second, fresh)
+    assert not first.iloc[1][["RR@10", "nDCG@10", "AP"]].equals(second.iloc[1][["RR@10", "nDCG@10", "AP"]])
+    assert "0 of 2 reused" in (tmp_path / "results-work" / "table.md").read_text()  # no run of the old weights
+    third = run("work")  # unchanged weights: everything is reused again
+    pd.testing.assert_frame_equal(second, third)
+    assert "2 of 2 reused" in (tmp_path / "results-work" / "table.md").read_text()

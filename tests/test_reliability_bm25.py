@@ -158,8 +158,14 @@ def test_second_concurrent_writer_is_refused(tmp_path: Path, mode: str) -> None:
     first = _start_slow_build(path, mode, go)
     try:
         for second_mode in ("create", "overwrite"):
-            with pytest.raises(ConcurrentBuildError, match=r"another process is building the BM25 index at .*index"):
+            with pytest.raises(ConcurrentBuildError, match=rf"the BM25 index at .*index is being built by pid "
+                                                           rf"{first.pid} on host .* since ") as refused:
                 BM25Index(path).indexer(mode=second_mode).index([{"docno": "second", "text": "apple"}])
+            assert "overwrite" not in str(refused.value)  # never advise clobbering the live build
+        # issue 25 class 3: a reader meeting the build is told it is in progress, not that it was interrupted
+        with pytest.raises(FileNotFoundError, match=rf"being built by pid {first.pid} on host .* since ") as e:
+            len(BM25Index(path))
+        assert "interrupted" not in str(e.value)
         go.touch()
         out, err = first.communicate(timeout=120)
     finally:

@@ -322,8 +322,14 @@ def test_second_writer_is_refused_while_a_build_runs(tmp_path):
             time.sleep(0.02)
         assert proc.poll() is None, proc.communicate()
         for mode in ("create", "overwrite", "resume"):
-            with pytest.raises(ConcurrentBuildError, match=r"another process is building the dense index at .*ix"):
+            with pytest.raises(ConcurrentBuildError, match=rf"the dense index at .*ix is being built by pid {proc.pid} "
+                                                           r"on host .* since ") as refused:
                 DenseIndex(path).indexer(mode=mode).index(docs_frame(["x"])[0])
+            assert "overwrite" not in str(refused.value)  # never advise clobbering the live build
+        # issue 25 class 3: a reader meeting the build is told it is in progress, not that it was interrupted
+        with pytest.raises(IncompleteIndexError, match=rf"being built by pid {proc.pid} on host .* since ") as e:
+            DenseIndex(path).search(np.ones((1, DIM), dtype=np.float32), 3)
+        assert "interrupted" not in str(e.value)
         with pytest.raises(ConcurrentBuildError):
             DenseIndex.merge([DenseIndex(tmp_path / "other")], path, mode="overwrite")
         assert proc.wait(timeout=120) == 0, proc.communicate()

@@ -1,0 +1,102 @@
+"""A run's output directory is held by one run at a time (issue 25, class 3).
+
+``python -m pretrain`` launched twice into one ``--output`` used to run twice (duplicated metric rows, interleaved
+checkpoints, both exit 0).  The second run must exit non-zero at once, naming the first (pid, host, since when),
+whatever path it takes to the directory; fine-tuning's ``--output`` likewise.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pyterrier_cpdae._locking import ConcurrentBuildError, holder
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+           TOKENIZERS_PARALLELISM="false")
+
+
+@pytest.fixture
+def corpus(tmp_path) -> str:
+    words = "retrieval dense encoder corpus query document ranking vector token decoder".split()
+    path = tmp_path / "docs.txt"
+    path.write_text("\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(40)) + "\n")
+    return str(path)
+
+
+def _args(model: str, corpus: str, output, cache, steps: int) -> list:
+    return ["--objective", "cpdae", "--model", model, "--corpus", corpus, "--output", str(output),
+            "--cache-dir", str(cache), "--batch-size", "4", "--max-length", "32", "--max-steps", str(steps),
+            "--save-steps", "100000", "--logging-steps", "1", "--cpu"]
+
+
+@pytest.mark.multiproc
+def test_second_pretraining_run_into_the_same_output_is_refused(tmp_path, tiny_bert_dir, corpus):
+    out, cache = tmp_path / "runs" / "cpdae", tmp_path / "cache"
+    first = subprocess.Popen([sys.executable, "-m", "pretrain", *_args(tiny_bert_dir, corpus, out, cache, 100000)],
+                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = out / "logs" / "metrics.csv"
+        deadline = time.time() + 240
+        while not metrics.exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert metrics.exists(), "the first run did not start training"
+        (tmp_path / "link").symlink_to(tmp_path / "runs", target_is_directory=True)
+        for spelling, extra in ((out, ["--resume"]), (tmp_path / "link" / "cpdae", ["--overwrite"])):
+            second = subprocess.run([sys.executable, "-m", "pretrain",
+                                     *_args(tiny_bert_dir, corpus, spelling, cache, 3), *extra],
+                                    env=ENV, capture_output=True, text=True, timeout=300)
+            assert second.returncode != 0, (spelling, extra)
+            assert f"is being written by pid {first.pid} on host " in second.stderr, second.stderr[-2000:]
+            assert "since " in second.stderr and "Traceback" not in second.stderr
+        assert first.poll() is None  # untouched: still training
+        assert holder(out)["pid"] == first.pid
+    finally:
+        first.kill()
+        first.wait()
+    assert holder(out) is None  # released by the OS when the run died
+    assert not (out / "config.json").exists()
+
+
+_HOLD = textwrap.dedent("""
+    import sys, time
+    from pyterrier_cpdae._locking import build_lock
+    with build_lock(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(60)
+""")
+
+
+def test_finetuning_output_is_locked_for_the_whole_run(tmp_path, monkeypatch):
+    from pretrain import finetune
+
+    out = tmp_path / "ft"
+    groups = tmp_path / "groups.jsonl"
+    groups.write_text('{"qid": "q", "query": "a", "pos": ["d1"], "negs": ["d2"]}\n')
+    argv = ["--output", str(out), "--train", f"groups:{groups}", "--model", str(tmp_path / "model")]
+    # during the run, the output directory is held by this process ...
+    seen = []
+    monkeypatch.setattr(finetune, "_finetune", lambda cfg, procs: seen.append(holder(out)) or {})
+    finetune.main(argv)
+    assert seen and seen[0]["pid"] == os.getpid()
+    assert holder(out) is None  # ... and released afterwards
+    # ... so a second run (here by a symlink to it) is refused before it touches anything
+    (tmp_path / "link").symlink_to(out, target_is_directory=True)
+    before = sorted(os.listdir(out))
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(ConcurrentBuildError, match=rf"fine-tuning run at .*link.* is being written by pid "
+                                                       rf"{proc.pid} on host .* since "):
+            finetune.main(["--output", str(tmp_path / "link"), *argv[2:], "--overwrite"])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(os.listdir(out)) == before  # --overwrite did not clear the busy directory
