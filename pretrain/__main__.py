@@ -18,6 +18,14 @@ def error_line(e: BaseException) -> str:
 def _run() -> int:
     try:
         main()
+    except FloatingPointError as e:
+        # pretrain.trainer.NonFiniteError, a diverged run: exit 1 with the step, the loss term and what is left
+        # on disk, no traceback
+        import os
+        if os.environ.get("PRETRAIN_DEBUG"):
+            raise
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     except (ValueError, OSError, MemoryError, ConcurrentBuildError) as e:
         # bad input, a bad path or file, a full disk, too little memory, an output another process is writing:
         # a one-line message instead of a traceback (set PRETRAIN_DEBUG=1 for the traceback)

@@ -136,6 +136,9 @@ class TrainConfig:
     max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).", check=NON_NEGATIVE)
     mixed_precision: str = opt("auto", "Autocast precision: auto (bf16 on CUDA if supported, else fp16 on CUDA, none on CPU), no, fp16, bf16.",
                                choices=["auto", "no", "fp16", "bf16"])
+    save_dtype: str = opt("float32", "Dtype of the exported model's weights (training keeps float32 master weights and "
+                          "checkpoints whatever this is): float32, bfloat16 or float16.",
+                          choices=["float32", "bfloat16", "float16"])
     gradient_checkpointing: bool = opt(False, "Enable gradient checkpointing in the encoder.")
     save_steps: int = opt(1000, "Save a resumable checkpoint every N optimizer steps (the last step is always saved).",
                          check=AT_LEAST_1)

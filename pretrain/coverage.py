@@ -64,7 +64,9 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
         raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
     if os.path.sep in model and not os.path.exists(model):
         raise FileNotFoundError(f"model directory not found: {model}")
-    mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True)
+    from pyterrier_cpdae._loading import float32_kwargs
+
+    mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True, **float32_kwargs())
     tokenizer = AutoTokenizer.from_pretrained(model)
     head_missing = any(not k.startswith(("bert.", "roberta.", "embeddings.", "encoder.")) and "position_ids" not in k
                        for k in info.get("missing_keys", []))

@@ -282,7 +282,7 @@ def round_start(cfg: FinetuneConfig, round_: int) -> str:
 def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], round_: int) -> dict[str, Any]:
     """Fine-tune :func:`round_start` on ``examples`` with the shared Trainer into ``rounds/round-<r>``."""
     from .biencoder import BiEncoder
-    from .trainer import Trainer
+    from .trainer import NonFiniteError, Trainer
 
     out = _round_dir(cfg, round_)
     start = round_start(cfg, round_)
@@ -297,7 +297,10 @@ def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], 
         write_json_atomic(os.path.join(path, TRAINING_ARGS), args, default=str)
 
     logger.info("round %d: fine-tuning %s on %d groups into %s", round_, start, len(examples), out)
-    return Trainer(module, list(examples), module.collate, round_cfg, save_fn=save_fn).train()
+    try:
+        return Trainer(module, list(examples), module.collate, round_cfg, save_fn=save_fn).train()
+    except NonFiniteError as e:  # which round; nothing of it is exported, so a rerun cannot skip it
+        raise NonFiniteError(f"fine-tuning round {round_} ({out}): {e}") from None
 
 
 def finetune(cfg: FinetuneConfig) -> dict[str, Any]:

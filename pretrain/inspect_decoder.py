@@ -132,7 +132,8 @@ class DecoderInspector:
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         try:
-            encoder = AutoModel.from_pretrained(os.fspath(model_dir))
+            from pyterrier_cpdae._loading import float32_kwargs
+            encoder = AutoModel.from_pretrained(os.fspath(model_dir), **float32_kwargs())
         finally:
             hf_logging.set_verbosity(verbosity)
         decoder = CPDAEDecoder.from_pretrained(ddir)

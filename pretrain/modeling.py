@@ -193,7 +193,8 @@ class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
         the ``decoder/`` directory of a ``python -m pretrain --objective cpdae`` run or the run directory itself,
         or a run saved before the decoder became a Hugging Face model (``decoder.safetensors`` +
         ``decoder_config.json``; convert it with ``CPDAEDecoder.from_pretrained(old).save_pretrained(new)``).
-        Other arguments go to ``PreTrainedModel.from_pretrained``.
+        Other arguments go to ``PreTrainedModel.from_pretrained``; the weights are float32 unless a ``dtype`` is
+        given, whatever dtype they were saved in.
 
         Raises:
             FileNotFoundError: if a local directory holds no decoder.
@@ -213,7 +214,8 @@ class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
                 return cls._from_legacy_dir(path)
         elif os.path.isabs(path) or path.startswith((".", "~")):
             raise FileNotFoundError(f"decoder directory not found: {path}")
-        return super().from_pretrained(path, *args, **kwargs)
+        from pyterrier_cpdae._loading import float32_kwargs
+        return super().from_pretrained(path, *args, **{**float32_kwargs(), **kwargs})
 
     @classmethod
     def _from_legacy_dir(cls, path: str) -> "CPDAEDecoder":
@@ -292,7 +294,8 @@ def _tied_keys(model: PreTrainedModel) -> set[str]:
 
 def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm_head: bool = False,
                    **kwargs: Any) -> PreTrainedModel:
-    """Load a BERT-like masked-LM model (encoder + MLM head).
+    """Load a BERT-like masked-LM model (encoder + MLM head) with float32 weights, whatever dtype the checkpoint
+    or config was saved in (the master weights of training; bf16/fp16 compute comes from autocast).
 
     Args:
         name_or_path: Hugging Face id or directory of the checkpoint.
@@ -301,16 +304,19 @@ def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm
         new_mlm_head: Accept a checkpoint without trained MLM-head weights (e.g.
             sentence-transformers' all-MiniLM-L6-v2, a bare ``BertModel``): the head's
             transform is initialised randomly and its decoder stays tied to the word embeddings.
-        **kwargs: Passed to ``AutoModelForMaskedLM.from_pretrained``.
+        **kwargs: Passed to ``AutoModelForMaskedLM.from_pretrained`` (a ``dtype`` given here wins).
 
     Raises:
         ValueError: if the checkpoint lacks trained MLM-head weights and ``new_mlm_head`` is False.
     """
     from transformers import AutoConfig, AutoModelForMaskedLM
 
+    from pyterrier_cpdae._loading import float32_kwargs
+
     if from_config is not None:
         config = AutoConfig.from_pretrained(from_config)
-        return AutoModelForMaskedLM.from_config(config)
+        return AutoModelForMaskedLM.from_config(config, **float32_kwargs())
+    kwargs = {**float32_kwargs(), **kwargs}
     model, info = AutoModelForMaskedLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
     missing = set(info.get("missing_keys", ())) & (_head_keys(model) - _tied_keys(model))
     if missing and not new_mlm_head:

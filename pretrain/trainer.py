@@ -13,6 +13,12 @@ optimizer, scheduler, RNG states and data position, stored as safetensors/JSON a
 unpickled, see :mod:`pretrain.checkpoint`: a run killed and resumed reproduces the loss
 sequence of an uninterrupted run), CSV/TensorBoard/W&B logs and a loss-curve plot.
 
+Numbers: the master weights are float32 (:func:`ensure_float32`; autocast adds bf16/fp16 compute) and the export
+is written in ``--save-dtype`` from a cast copy. A non-finite loss term or gradient norm (checked before each
+update, :class:`FiniteGuard`) or weight (checked after each update and before every checkpoint and export)
+raises :class:`NonFiniteError` naming the step, the terms and the last checkpoint, which stays intact; nothing
+is ever written from non-finite weights.
+
 Data order: epoch ``e`` uses the permutation ``torch.randperm(len(dataset))`` drawn from a
 generator seeded with ``seed + e``. Optimizer step ``s`` of the epoch consumes the global
 batch ``perm[s*B:(s+1)*B]`` (``B = batch_size``; the last incomplete batch is dropped),
@@ -23,6 +29,7 @@ the number of processes or on accumulation.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import logging
@@ -43,6 +50,12 @@ from .checkpoint import (TRAINER_STATE, checkpoint_name, list_checkpoints, load_
 from .config import TrainConfig, check_same_run
 
 logger = logging.getLogger(__name__)
+
+#: Consecutive optimizer steps whose gradients fp16 loss scaling may skip as non-finite (the scaler lowers its scale
+#: after each) before the run stops: from the default scale 2**16, 20 halvings reach 2**-4.
+MAX_SKIPPED_STEPS = 20
+#: What a trained model may be exported as (``--save-dtype``); master weights are always float32.
+SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: Files whose presence means an output directory holds an exported model.
 EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
@@ -178,6 +191,70 @@ def _clear_previous_run(out: str) -> None:
             os.remove(p)
 
 
+# ----------------------------------------------------------------------------- finite training
+class NonFiniteError(FloatingPointError):
+    """Training met a non-finite loss, gradient norm or weight and stopped; nothing was saved from such weights."""
+
+
+def nonfinite_tensors(module: nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers of ``module`` holding a NaN or an infinity (one
+    device synchronisation; empty when all are finite)."""
+    named = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_floating_point()]
+    if not named:
+        return []
+    ok = torch.stack([torch.isfinite(t.detach()).all() for _, t in named]).cpu()
+    return [n for (n, _), good in zip(named, ok.tolist()) if not good]
+
+
+def _fmt(values: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in values.items())
+
+
+class FiniteGuard:
+    """Decides, once per optimizer step, whether an update may be applied.
+
+    A non-finite loss (or loss term) stops the run at once: loss scaling cannot repair a forward pass. A
+    non-finite gradient norm stops it at once too, except under fp16 loss scaling (``loss_scaling``), where
+    the scaler skips that update and lowers its scale: then only more than ``max_skipped`` consecutive skipped
+    steps stop the run.
+
+    Args:
+        loss_scaling: Whether an fp16 gradient scaler is in use.
+        max_skipped: Consecutive skipped steps allowed under loss scaling.
+    """
+
+    def __init__(self, loss_scaling: bool = False, max_skipped: int = MAX_SKIPPED_STEPS):
+        self.loss_scaling = loss_scaling
+        self.max_skipped = max_skipped
+        self.skipped = 0
+
+    def check(self, step: int, losses: dict[str, float], grad_norm: float) -> None:
+        """Check the losses (``{"loss": ..., <term>: ...}``) and gradient norm of optimizer step ``step``
+        (1-based, the step of the log row it would write).
+
+        Raises:
+            NonFiniteError: naming the step, the non-finite loss terms or the gradient norm.
+        """
+        bad = [k for k, v in losses.items() if not math.isfinite(v)]
+        if bad:
+            terms = [k for k in bad if k != "loss"]
+            what = (f"loss terms {', '.join(terms)} are" if len(terms) > 1 else f"loss term {terms[0]} is" if terms
+                    else "total loss is (its terms are finite)")
+            raise NonFiniteError(f"step {step}: the {what} not finite ({_fmt(losses)})")
+        if math.isfinite(grad_norm):
+            self.skipped = 0
+            return
+        if self.loss_scaling and self.skipped < self.max_skipped:
+            self.skipped += 1
+            logger.warning("step %d: gradient norm %s under fp16 loss scaling: the scaler skips this update "
+                           "(%d consecutive, at most %d)", step, grad_norm, self.skipped, self.max_skipped)
+            return
+        after = (f" after {self.skipped} consecutive updates skipped by fp16 loss scaling" if self.loss_scaling
+                 else "")
+        raise NonFiniteError(f"step {step}: the gradient norm is {grad_norm}{after} (losses finite: "
+                             f"{_fmt(losses)})")
+
+
 # ----------------------------------------------------------------------------- helpers
 def resolve_mixed_precision(mixed_precision: str, cpu: bool = False) -> str:
     """``auto`` → the automatic autocast dtype of inference (:func:`pyterrier_cpdae._loading.autocast_dtype`):
@@ -245,6 +322,29 @@ def _default_save(module: nn.Module, path: str) -> None:
     module.save_pretrained(path)
 
 
+def resolve_save_dtype(name: str) -> torch.dtype:
+    """The torch dtype of ``--save-dtype`` (``float32``, ``bfloat16`` or ``float16``).
+
+    Raises:
+        ValueError: naming the option and the accepted values.
+    """
+    if name not in SAVE_DTYPES:
+        raise ValueError(f"--save-dtype {name!r}: use one of {', '.join(SAVE_DTYPES)}")
+    return SAVE_DTYPES[name]
+
+
+def ensure_float32(module: nn.Module) -> None:
+    """Make ``module``'s floating-point parameters float32 (the master weights of training, whatever the
+    checkpoint's dtype; bf16/fp16 compute comes from autocast), warning when any was not."""
+    low = sorted({str(p.dtype).replace("torch.", "") for p in module.parameters()
+                  if p.is_floating_point() and p.dtype != torch.float32})
+    if low:
+        logger.warning("%s holds %s parameters: training keeps float32 master weights, converting them "
+                       "(updates below the %s resolution would be lost)", type(module).__name__, "/".join(low),
+                       "/".join(low))
+        module.float()
+
+
 # ----------------------------------------------------------------------------- trainer
 class Trainer:
     """Train ``module`` on ``dataset`` with the options of ``config``.
@@ -275,6 +375,8 @@ class Trainer:
             if not callable(getattr(module, "save_pretrained", None)):
                 raise ValueError(f"{type(module).__name__} has no save_pretrained(); pass save_fn")
             save_fn = _default_save
+        self.save_dtype = resolve_save_dtype(getattr(config, "save_dtype", "float32"))
+        ensure_float32(module)
         self.module = module
         self.dataset = dataset
         self.collate_fn = collate_fn
@@ -369,6 +471,7 @@ class Trainer:
                                          run_name=os.path.basename(os.path.abspath(self.output)))
             acc.init_trackers("pretrain")
 
+        self._guard = FiniteGuard(loss_scaling=acc.scaler is not None)
         from tqdm.auto import tqdm
         bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_local_main_process, desc="train",
                    dynamic_ncols=True)
@@ -388,7 +491,11 @@ class Trainer:
                                 pin_memory=acc.device.type == "cuda")
             batches = iter(loader)
             while step < self.total_steps:
-                losses = self._optimizer_step(model, optimizer, scheduler, batches)
+                try:
+                    losses = self._optimizer_step(model, optimizer, scheduler, batches, step + 1)
+                except NonFiniteError as e:
+                    bar.close()
+                    raise NonFiniteError(self._divergence_message(str(e))) from None
                 lr = losses.pop("_lr")
                 step += 1
                 pos += 1
@@ -436,6 +543,8 @@ class Trainer:
         return {"config": config_dict(self.config),
                 "trainer": {"world_size": self.world_size, "micro_batch_size": self.micro_batch_size,
                             "grad_accum": self.config.grad_accum, "mixed_precision": self.mixed_precision,
+                            "master_dtype": "float32",
+                            "save_dtype": str(self.save_dtype).replace("torch.", ""),
                             "steps_per_epoch": self.steps_per_epoch, "total_steps": self.total_steps,
                             "warmup_steps": self.warmup_steps, "num_examples": len(self.dataset),
                             "module": type(self.module).__name__},
@@ -444,8 +553,14 @@ class Trainer:
                 # what the run is built from (set by the caller, e.g. pretrain.inputs.run_inputs)
                 **({"inputs": self.inputs} if self.inputs else {})}
 
-    def _optimizer_step(self, model: nn.Module, optimizer: Any, scheduler: Any,
-                        batches: Iterator[Any]) -> dict[str, torch.Tensor]:
+    def _optimizer_step(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
+                        step: int) -> dict[str, torch.Tensor]:
+        """Optimizer step ``step`` (1-based): forward/backward over the micro-batches, then the update.
+
+        Raises:
+            NonFiniteError: before the update for a non-finite loss term or gradient norm (see
+                :class:`FiniteGuard`), after it when the update made a weight non-finite.
+        """
         from accelerate.utils import send_to_device
 
         acc, cfg = self.accelerator, self.config
@@ -461,13 +576,49 @@ class Trainer:
             for k, v in out.items():
                 if torch.is_tensor(v) and v.numel() == 1:
                     sums[k] = sums.get(k, 0.0) + v.detach().float().reshape(()) / cfg.grad_accum
-        if cfg.max_grad_norm and cfg.max_grad_norm > 0:
-            acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        # the total gradient norm (unscaled under fp16; max_norm=inf only measures it)
+        clip = cfg.max_grad_norm if cfg.max_grad_norm and cfg.max_grad_norm > 0 else math.inf
+        grad_norm = acc.clip_grad_norm_(model.parameters(), clip)
+        # the losses and the norm, summed over processes (a NaN anywhere is a NaN everywhere, so that every
+        # process stops at the same step), checked before the update touches the weights
+        keys = list(sums)
+        vals = torch.stack([sums[k] for k in keys] + [torch.as_tensor(
+            grad_norm if grad_norm is not None else 0.0, dtype=torch.float32, device=acc.device).reshape(())])
+        if self.world_size > 1:
+            vals = acc.reduce(vals.clone(), reduction="sum")
+        vals = vals.tolist()
+        self._guard.check(step, {k: v / self.world_size for k, v in zip(keys, vals)}, vals[-1] / self.world_size)
         sums["_lr"] = scheduler.get_last_lr()[0]  # the rate applied in this update
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        bad = nonfinite_tensors(acc.unwrap_model(model))
+        if bad:
+            raise NonFiniteError(f"step {step}: the update (learning rate {sums['_lr']:.4g}) made {len(bad)} "
+                                 f"weight tensor(s) non-finite ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}) "
+                                 f"from finite losses ({_fmt({k: v / self.world_size for k, v in zip(keys, vals)})})")
         return sums
+
+    def _divergence_message(self, what: str) -> str:
+        """The error of a run stopped by :class:`NonFiniteError`: what happened, what is on disk, what to do."""
+        found = list_checkpoints(self.output)
+        if found:
+            kept = (f"the last checkpoint, {found[-1][1]} (step {found[-1][0]}), holds finite weights and "
+                    "resumes with --resume (the same options would diverge again: start again with --overwrite and "
+                    "a lower --learning-rate, or find the data that breaks the loss)")
+        else:
+            kept = ("no checkpoint was written before it: start again with --overwrite and a lower --learning-rate "
+                    "(or find the data that breaks the loss)")
+        return (f"training stopped, {what}. Nothing was saved from these weights (no checkpoint, no exported "
+                f"model); {kept}")
+
+    def _check_finite(self, module: nn.Module, what: str) -> None:
+        """Refuse to write ``what`` from weights that hold a NaN or an infinity."""
+        bad = nonfinite_tensors(module)
+        if bad:
+            raise NonFiniteError(self._divergence_message(
+                f"refusing to write {what}: {len(bad)} weight tensor(s) are not finite "
+                f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"))
 
     def _reduce_window(self, window: dict[str, torch.Tensor], n: int) -> dict[str, float]:
         keys = ["loss"] + [k for k in window if k != "loss"]
@@ -491,6 +642,7 @@ class Trainer:
         and, last, ``trainer_state.json`` with the manifest of the files (see :mod:`pretrain.checkpoint`).
         """
         acc = self.accelerator
+        self._check_finite(acc.unwrap_model(model), f"checkpoint {checkpoint_name(step)}")
         # unlogged loss sums, averaged over processes (mean(saved + local) = saved + mean(local) on resume)
         log_window = {"steps": window_steps, "sums": self._reduce_window(window, 1) if window_steps else {}}
         root = os.path.join(self.output, "checkpoints")
@@ -526,9 +678,12 @@ class Trainer:
     def _export(self, model: nn.Module) -> None:
         """``save_fn`` into a temp dir, then move the files into ``output`` with ``config.json`` last."""
         acc = self.accelerator
+        self._check_finite(acc.unwrap_model(model), "the exported model")
         acc.wait_for_everyone()
         if self.is_main_process:
             unwrapped = acc.unwrap_model(model)
+            if self.save_dtype != torch.float32:  # a cast copy: the float32 master weights stay as they are
+                unwrapped = copy.deepcopy(unwrapped).to(self.save_dtype)
             tmp = os.path.join(self.output, ".export-tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
@@ -547,5 +702,5 @@ class Trainer:
         acc.wait_for_everyone()
 
 
-__all__ = ["Trainer", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
+__all__ = ["Trainer", "NonFiniteError", "FiniteGuard", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
            "parameter_groups", "resolve_mixed_precision", "warmup_steps"]

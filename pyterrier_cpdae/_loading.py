@@ -12,7 +12,21 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-__all__ = ["load_encoder", "load_tokenizer", "autocast_dtype", "check_model_dir", "check_weights_file"]
+__all__ = ["load_encoder", "load_tokenizer", "autocast_dtype", "check_model_dir", "check_weights_file", "float32_kwargs"]
+
+
+def float32_kwargs() -> Dict[str, Any]:
+    """The keyword argument of transformers' ``from_pretrained``/``from_config`` that builds float32 weights
+    whatever dtype the checkpoint or config was saved in (``dtype``; ``torch_dtype`` before transformers 4.56).
+
+    transformers 5 otherwise keeps a checkpoint's own dtype (a bf16 export stays bf16, also on the CPU). Every
+    loader of this project asks for float32: training keeps float32 master weights, and encoding computes in the
+    autocast dtype of :func:`autocast_dtype` / ``CPDAE(dtype=...)`` over float32 weights."""
+    import transformers
+    from packaging.version import Version
+
+    key = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
+    return {key: torch.float32}
 
 
 def autocast_dtype(device: Union[str, torch.device]) -> torch.dtype:
@@ -120,7 +134,8 @@ def load_tokenizer(name_or_path: Union[str, os.PathLike]) -> Any:
 
 
 def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
-    """Loads the bare encoder of a checkpoint with ``AutoModel`` (an MLM checkpoint loads without its head).
+    """Loads the bare encoder of a checkpoint with ``AutoModel`` (an MLM checkpoint loads without its head), in
+    float32 whatever the checkpoint's dtype (:func:`float32_kwargs`).
 
     Neither training nor inference uses the pooler (texts are pooled from the last hidden states by
     :func:`pyterrier_cpdae._pooling.pool`), so it is left out wherever the architecture allows it
@@ -151,7 +166,7 @@ def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = AutoModel.from_pretrained(name, output_loading_info=True, **kwargs)
+        model, info = AutoModel.from_pretrained(name, output_loading_info=True, **kwargs, **float32_kwargs())
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]

@@ -181,7 +181,10 @@ class CPDAE(pt.Transformer):
             dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
                 ``None`` = automatic (:func:`default_dtype`): bf16 on CUDA (fp16 where bf16 is unsupported),
                 float32 on the CPU; ``$PYTERRIER_CPDAE_DTYPE`` replaces the automatic choice.
-                ``dtype="float32"`` forces fp32.  Vectors are float32 either way.
+                ``dtype="float32"`` forces fp32.  Vectors are float32 either way.  A model loaded by
+                :meth:`from_pretrained` holds float32 weights whatever dtype its checkpoint was saved in (a bf16
+                export included), so the dtype alone decides the precision; an in-memory ``model`` is used as
+                it is (a warning says when its weights are below float32 and the dtype is float32).
             verbose: show a progress bar.
             sort_window: number of batches whose texts are sorted by length together.
             name_or_path: where the model comes from (identity for ``==``/``hash``/``repr``).
@@ -344,6 +347,13 @@ class CPDAE(pt.Transformer):
         was_training = model.training
         model.eval()
         dtype = self._autocast_dtype()
+        weights = next(model.parameters()).dtype
+        if weights != torch.float32 and dtype == torch.float32 and not getattr(self, "_warned_weights", False):
+            # from_pretrained loads float32 weights; an in-memory model is used as the caller made it
+            logger.warning("the in-memory model's weights are %s: its vectors are computed in %s, not in float32 "
+                           "(pass model.float(), or load it with CPDAE.from_pretrained)", _DTYPE_NAMES.get(weights, weights),
+                           _DTYPE_NAMES.get(weights, weights))
+            self._warned_weights = True
         autocast = (torch.autocast(device_type=self.device.type, dtype=dtype) if dtype != torch.float32
                     else contextlib.nullcontext())
         try:
