@@ -145,7 +145,7 @@ def test_the_trainer_keeps_float32_master_weights(tmp_path, caplog):
         Trainer(module, RegressionData(16), collate, TrainConfig(output=str(tmp_path / "r"), batch_size=8, max_steps=1))
     assert {p.dtype for p in module.parameters()} == {torch.float32}
     assert "holds bfloat16 parameters: training keeps float32 master weights" in caplog.text
-    with pytest.raises(ValueError, match="--save-dtype 'fp8': use one of float32, bfloat16, float16"):
+    with pytest.raises(ValueError, match="--save-dtype must be one of float32, bfloat16, float16, got 'fp8'"):
         Trainer(TinyRegressor(), RegressionData(16), collate,
                 TrainConfig(output=str(tmp_path / "s"), batch_size=8, max_steps=1, save_dtype="fp8"))
 
