@@ -24,9 +24,9 @@ from .config import PretrainConfig, parse_config
 
 #: Subcommands: name -> (module with a ``main(argv)``, one-line description).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "finetune": ("pretrain.finetune", "fine-tune a bi-encoder (BM25 / file / dense-mined hard negatives)"),
-    "inspect": ("pretrain.inspect_decoder", "show the words a pre-trained decoder predicts from [CLS] vectors"),
-    "coverage": ("pretrain.coverage", "input-token coverage of [CLS] vectors projected onto the vocabulary"),
+    "finetune": ("pretrain.finetune.train", "fine-tune a bi-encoder (BM25 / file / dense-mined hard negatives)"),
+    "inspect": ("pretrain.analysis.inspect_decoder", "show the words a pre-trained decoder predicts from [CLS] vectors"),
+    "coverage": ("pretrain.analysis.coverage", "input-token coverage of [CLS] vectors projected onto the vocabulary"),
 }
 
 DESCRIPTION = """\

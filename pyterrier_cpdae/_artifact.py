@@ -1,6 +1,6 @@
 """Sharing the package's artifacts as PyTerrier packages: what goes into one, and how one is unpacked offline.
 
-:class:`PackagedArtifact` is the base of :class:`~pyterrier_cpdae.dense_index.DenseIndex` and
+:class:`PackagedArtifact` is the base of :class:`~pyterrier_cpdae.dense.DenseIndex` and
 :class:`~pyterrier_cpdae.bm25.BM25Index`. PyTerrier's ``build_package`` (and so ``to_hf`` / ``to_zenodo``) packs
 every file of the artifact's folder into one ``.tar.lz4`` archive (plus ``<archive>.json``: sizes and SHA-256);
 here it packs only a *complete* artifact, and leaves out what is rebuilt on first use or belongs to one machine:
@@ -17,14 +17,17 @@ import os
 import re
 import tarfile
 from pathlib import Path
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 
 import pyterrier as pt
 import pyterrier_alpha as pta
 
 from ._files import current_umask
 
-__all__ = ["PackagedArtifact"]
+__all__ = ["PackagedArtifact", "IncompleteIndexError", "read_pt_meta", "META_FILE"]
+
+#: every artifact of this package describes itself in this file, written last
+META_FILE = "pt_meta.json"
 
 # lock files (.<name>.lock, see _locking.lock_path) and temporaries of atomic writes (.<stem>.<random>.tmp<suffix>)
 _TRANSIENT = re.compile(r"^\..+(\.lock|\.tmp(\.[^.]*)?)$")
@@ -117,3 +120,54 @@ class PackagedArtifact(pta.Artifact):
                                  f"{(cls.ARTIFACT_TYPE, cls.ARTIFACT_FORMAT)}; open it with pt.Artifact.from_url")
         os.chmod(path, 0o777 & ~current_umask())  # finalized_directory leaves it world-writable
         return cls(path)
+
+
+class IncompleteIndexError(FileNotFoundError, RuntimeError):
+    """Raised when an index (dense or BM25) that has not been completely built is used: its ``pt_meta.json``,
+    written last, is missing.  A ``FileNotFoundError`` and a ``RuntimeError``, so that code written against either
+    index's earlier behaviour keeps working."""
+
+
+def read_pt_meta(path: Path, *, artifact_type: str, artifact_format: str, what: str,
+                 required: Sequence[str] = ()) -> Optional[dict]:
+    """Reads an artifact's ``pt_meta.json`` and checks its type/format: the one reader of every index of this package.
+
+    Args:
+        path: the artifact directory.
+        artifact_type / artifact_format: what ``pt_meta.json`` must declare (``ARTIFACT_TYPE``/``ARTIFACT_FORMAT``).
+        what: the artifact's class name for error messages (``"DenseIndex"``, ``"BM25Index"``).
+        required: fields that must be present.
+
+    Returns:
+        The parsed JSON object, or ``None`` when ``pt_meta.json`` does not exist (the artifact is not built).
+
+    Raises:
+        ValueError: ``corrupt <what> <path>: pt_meta.json ...`` when it is not valid UTF-8 JSON, not an object or lacks
+            a required field; ``<path> is not a <what>: pt_meta.json describes (type, format), expected (...)`` for
+            another kind of artifact.  ``OSError`` (other than a missing file) propagates.
+    """
+    meta_path = Path(path) / META_FILE
+    try:
+        with open(meta_path, encoding="utf8") as fin:
+            text = fin.read()
+    except (FileNotFoundError, NotADirectoryError):  # no artifact there (yet)
+        return None
+    except UnicodeDecodeError as ex:
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
+                         "indexer(mode='overwrite')") from ex
+    try:
+        meta = json.loads(text)
+    except ValueError as ex:
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
+                         "indexer(mode='overwrite')") from ex
+    if not isinstance(meta, dict):
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} holds a JSON {type(meta).__name__}, expected an object; "
+                         "rebuild it with indexer(mode='overwrite')")
+    if (meta.get("type"), meta.get("format")) != (artifact_type, artifact_format):
+        raise ValueError(f"{path} is not a {what}: {META_FILE} describes {(meta.get('type'), meta.get('format'))}, "
+                         f"expected {(artifact_type, artifact_format)}")
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is missing field(s) {missing}; rebuild it with "
+                         "indexer(mode='overwrite')")
+    return meta

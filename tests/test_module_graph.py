@@ -132,12 +132,12 @@ def test_dense_index_layers():
     assert "_index_io" in m["bm25"]  # the one pt_meta.json reader
 
 
-@pytest.mark.parametrize("module", ["pyterrier_cpdae.dense_index", "pyterrier_cpdae.retrievers",
-                                    "pyterrier_cpdae._indexing", "pyterrier_cpdae._faiss_retr"])
+@pytest.mark.parametrize("module", ["pyterrier_cpdae.dense", "pyterrier_cpdae.dense",
+                                    "pyterrier_cpdae.dense.indexing", "pyterrier_cpdae.dense.faiss_retr"])
 def test_module_imports_first_in_a_fresh_process(module):
     """``python -c "import <module>"`` works in a fresh interpreter (a cycle would fail on a partly initialised
     module), and afterwards ``DenseIndex`` (from its public home) has every retriever factory."""
-    code = (f"import {module}; from pyterrier_cpdae.dense_index import DenseIndex; "
+    code = (f"import {module}; from pyterrier_cpdae.dense import DenseIndex; "
             "missing = [f for f in ('retriever', 'np_retriever', 'torch_retriever', 'scorer', 'faiss_flat_retriever', "
             "'faiss_hnsw_retriever', 'faiss_ivf_retriever') if not callable(getattr(DenseIndex, f, None))]; "
             "assert not missing, missing; print('ok')")

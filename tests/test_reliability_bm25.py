@@ -111,7 +111,7 @@ def test_only_the_java_module_imports_jnius() -> None:
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{file.name}:{node.lineno}" for n in names if n.split(".")[0] in ("jnius", "pyserini")]
-    assert not offenders, f"import jnius/pyserini outside _java.py (use pyterrier_cpdae._java.autoclass): {offenders}"
+    assert not offenders, f"import jnius/pyserini outside _java.py (use pyterrier_cpdae.bm25.jvm.autoclass): {offenders}"
 
 
 # -- concurrent writer -------------------------------------------------------------------------------------

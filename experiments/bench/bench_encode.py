@@ -26,7 +26,7 @@ Peers:
 
 Usage::
 
-    python experiments/bench_encode.py --docs 1000 --repeats 3 --threads 1
+    python experiments/bench/bench_encode.py --docs 1000 --repeats 3 --threads 1
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CORPUS = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "corpus.jsonl")
 DEFAULT_QUERIES = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "queries.jsonl")
 
@@ -224,7 +224,7 @@ def main(argv: List[str] | None = None) -> None:
     from pyterrier_cpdae.encoder import cpu_has_native_bf16
 
     docs = load_docs(args.corpus, args.docs)
-    print("$ python experiments/bench_encode.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print("$ python experiments/bench/bench_encode.py " + " ".join(sys.argv[1:] if argv is None else argv))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, native bf16: "
           f"{cpu_has_native_bf16()}, torch {torch.__version__} with {torch.get_num_threads()} threads, device cpu; "
           f"load average (1 min) at the start: {os.getloadavg()[0]:.1f}")

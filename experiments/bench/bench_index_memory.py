@@ -5,7 +5,7 @@ reports each child's peak RSS (``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss``
 child alone) together with the RSS just before indexing started (imports + interpreter).
 
 Usage:
-    python experiments/bench_index_memory.py [--sizes 10000 200000] [--dim 384]
+    python experiments/bench/bench_index_memory.py [--sizes 10000 200000] [--dim 384]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 CHILD = r"""
 import json, resource, sys, time
 import numpy as np
-from pyterrier_cpdae.dense_index import DenseIndex
+from pyterrier_cpdae.dense import DenseIndex
 n, dim, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 def docs():
     rng = np.random.default_rng(0)
@@ -39,7 +39,7 @@ def run_child(n: int, dim: int, path: Path) -> dict:
     import resource
 
     out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(dim), str(path)], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     info = json.loads(out.stdout.strip().splitlines()[-1])
     # ru_maxrss of RUSAGE_CHILDREN is the max over all waited-for children; children run in increasing size
     # order, so we run each size in its own intermediate process to isolate it

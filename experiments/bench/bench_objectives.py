@@ -31,12 +31,12 @@ pairwise JS) shows up as the gap between the two columns.
 Usage::
 
     # CPU (the recorded run): real MiniLM-L6 weights with a new MLM head, length 128, 16 sequences
-    python experiments/bench_objectives.py --rounds 3 --out experiments/results/bench_objectives_cpu.md
+    python experiments/bench/bench_objectives.py --rounds 3 --out experiments/results/bench_objectives_cpu.md
     # CPU, the papers' model shape (random-init BERT-base config, fp32); small batch, few steps
-    python experiments/bench_objectives.py --config bert-base --length 512 --sequences 4 --warmup 1 --steps 3 \
+    python experiments/bench/bench_objectives.py --config bert-base --length 512 --sequences 4 --warmup 1 --steps 3 \
         --out experiments/results/bench_objectives_cpu_bertbase.md
     # GPU: random-init BERT-base, length 512, bf16 autocast
-    python experiments/bench_objectives.py --device cuda --config bert-base --length 512 --bf16 --sequences 32 \
+    python experiments/bench/bench_objectives.py --device cuda --config bert-base --length 512 --bf16 --sequences 32 \
         --rounds 2 --out experiments/results/bench_objectives_gpu.md
 """
 from __future__ import annotations
@@ -51,20 +51,16 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALL = ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae", "bow", "simcse", "ict", "prop",
        "retromae+span"]
-#: Encoder sequences per text of the objectives whose collate builds no ``num_views`` masked views.
-SEQUENCES_PER_TEXT = {"simcse": 2, "ict": 2, "prop": 2}
 
 
 def sequences_per_text(name: str) -> int:
-    """Encoder sequences per text of objective ``name`` (``X+span``: two span sequences more)."""
-    from pretrain.objectives import objective_class
+    """Encoder sequences per text of objective ``name`` (:func:`pretrain.objectives.sequences_per_text`)."""
+    from pretrain.objectives import sequences_per_text as per_text
 
-    base, span = name.split("+")[0], name.endswith("+span")
-    n = SEQUENCES_PER_TEXT.get(base, getattr(objective_class(base), "num_views", 1))
-    return n + 2 * span
+    return per_text(name)
 
 
 def forward_macs(objective: str, hidden: int, intermediate: int, layers: int, vocab: int, length: int, *,
@@ -254,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         row["ratio_med"], row["ratio_lo"], row["ratio_hi"] = statistics.median(ratios), min(ratios), max(ratios)
         rows.append(row)
     ref = next(r for r in rows if r["objective"] == "mlm")
-    cmd = "python experiments/bench_objectives.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    cmd = "python experiments/bench/bench_objectives.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     lines = ["# Training-step cost per objective vs plain MLM", "",
              f"Command: `{cmd.strip()}`",
              f"Machine: {platform.machine()}, {os.cpu_count()}-core CPU, {_ram_gb()} GB RAM"

@@ -13,8 +13,8 @@ resident memory the computation needed on top of the inputs.
 
 Usage::
 
-    python experiments/bench_pairwise_js.py                       # m=64, |V|=30522, chunks 4/8/16
-    python experiments/bench_pairwise_js.py --m 16 --vocab 5000 --chunks 8 --out /tmp/x.md
+    python experiments/bench/bench_pairwise_js.py                       # m=64, |V|=30522, chunks 4/8/16
+    python experiments/bench/bench_pairwise_js.py --m 16 --vocab 5000 --chunks 8 --out /tmp/x.md
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     naive = rows[0]
     lines = ["# pairwise JS: efficient (chunked autograd Function) vs naive broadcast",
              "",
-             f"Command: `python experiments/bench_pairwise_js.py --m {args.m} --vocab {args.vocab} --chunks {args.chunks}"
+             f"Command: `python experiments/bench/bench_pairwise_js.py --m {args.m} --vocab {args.vocab} --chunks {args.chunks}"
              f" --repeats {args.repeats}`",
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()}-core CPU, {_ram_gb()} GB RAM, no GPU; "
              f"python {platform.python_version()}",

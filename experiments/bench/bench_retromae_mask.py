@@ -4,7 +4,7 @@ The peer is a loop in the style of the reference RetroMAE collator (one random m
 row, own position added, rows stacked); both draw the same kind of mask (per token, a
 share ``ratio`` of the other content positions hidden). Prints ms per batch and the ratio.
 
-    python experiments/bench_retromae_mask.py --batch-size 64 --length 512 --repeats 3
+    python experiments/bench/bench_retromae_mask.py --batch-size 64 --length 512 --repeats 3
 """
 from __future__ import annotations
 

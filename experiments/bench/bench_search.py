@@ -7,7 +7,7 @@ are reported (on a busy machine the CPU-time ratio is the steadier one).  torch_
 its GPU figure is measured too.
 
 Usage:
-    python experiments/bench_search.py [--docs 100000] [--dim 384] [--queries 1000] [--ks 10 1000] [--repeats 3]
+    python experiments/bench/bench_search.py [--docs 100000] [--dim 384] [--queries 1000] [--ks 10 1000] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def main() -> None:
     import torch
     from pyterrier_dr import FlexIndex
 
-    from pyterrier_cpdae.dense_index import DenseIndex
+    from pyterrier_cpdae.dense import DenseIndex
 
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((args.docs, args.dim), dtype=np.float32)

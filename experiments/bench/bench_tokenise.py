@@ -12,7 +12,7 @@ measured 2-thread speed-up (Amdahl's law).
 
 Usage (the recorded run; about 2-3 minutes on a quiet 2-core machine)::
 
-    python experiments/bench_tokenise.py --max-docs 1000 --repeats 3 --out experiments/results/bench_tokenise.md
+    python experiments/bench/bench_tokenise.py --max-docs 1000 --repeats 3 --out experiments/results/bench_tokenise.md
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = f"wiki:{REPO.parent / 'shared' / 'data' / 'enwiki-sample'}"
 
 #: name -> (num_threads, TOKENIZERS_PARALLELISM); the first is the baseline; "N threads" rows are added by --threads
@@ -117,7 +117,7 @@ def main() -> None:
     tokens = results[BASELINE][0]["tokens"]
     base = statistics.median(x["seconds"] for x in results[BASELINE])
     lines = ["# Token-cache build: 1 vs N tokenizing threads", "",
-             f"Command: `python experiments/bench_tokenise.py {shlex.join(sys.argv[1:])}`",
+             f"Command: `python experiments/bench/bench_tokenise.py {shlex.join(sys.argv[1:])}`",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}; "
              f"load average at start {load0:.1f}, at end {os.getloadavg()[0]:.1f}"
              + (f"; {args.note}" if args.note else ""),

@@ -176,7 +176,7 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict) -> Dict[str, obj
 def bench_search(args, dev, peaks) -> Dict[str, object]:
     import torch
 
-    from pyterrier_cpdae._exact_search import torch_search
+    from pyterrier_cpdae.dense.kernels import torch_search
 
     n, d, q, k = args.size, args.dim, args.queries, args.k
     # the index: fp16 in host memory (generated on the device in slices: fast even for 8.8M x 768)

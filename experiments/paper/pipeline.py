@@ -22,7 +22,7 @@ BERT = "bert"
 
 
 def _sequences_per_text(objective: str) -> int:
-    from experiments.bench_objectives import sequences_per_text
+    from pretrain.objectives import sequences_per_text
     return sequences_per_text(objective)
 
 
@@ -203,7 +203,7 @@ def evaluate(plan: Plan, set_name: str, block: str, systems: dict[str, str], bas
     """
     import pyterrier as pt
 
-    from experiments.scifact_finetune import build_retrievers
+    from .retrievers import build_retrievers
     from pyterrier_cpdae import load_dataset
 
     entry = plan.cfg["eval_sets"][set_name]

@@ -5,12 +5,12 @@ every text, as a decoder that has learnt only the unigram prior would) and repor
 token coverage on the evaluation texts, with the same definition as ``python -m pretrain
 coverage`` (special tokens excluded from the ranking and from the text's token set; ties
 in frequency ranked by token id). A checkpoint's curve means something about its [CLS] vectors
-only where it rises above this line. The functions are :func:`pretrain.coverage.token_counts`,
-:func:`~pretrain.coverage.frequency_ranking` and :func:`~pretrain.coverage.ranking_coverages`.
+only where it rises above this line. The functions are :func:`pretrain.analysis.coverage.token_counts`,
+:func:`~pretrain.analysis.coverage.frequency_ranking` and :func:`~pretrain.analysis.coverage.ranking_coverages`.
 
 Usage::
 
-    python experiments/coverage_prior.py --fit-corpus wiki:../shared/data/enwiki-sample/AA --fit-docs 2000 \\
+    python experiments/studies/coverage_prior.py --fit-corpus wiki:../shared/data/enwiki-sample/AA --fit-docs 2000 \\
         --corpus wiki:../shared/data/enwiki-sample/AB --num-texts 200 --max-length 128
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from pretrain.coverage import DEFAULT_KS, frequency_ranking, ranking_coverages, token_counts
+from pretrain.analysis.coverage import DEFAULT_KS, frequency_ranking, ranking_coverages, token_counts
 from pretrain.readers import iter_texts
 
 

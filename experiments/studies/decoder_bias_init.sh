@@ -6,9 +6,9 @@
 #   * zero-shot dense retrieval on Vaswani with the exported encoder ([CLS], dot product; no fine-tuning),
 # against the same measures for the un-pre-trained MiniLM with [CLS] pooling.
 # Records experiments/results/decoder_bias_init.md. Weights stay in runs/ (git-ignored).
-#   bash experiments/decoder_bias_init.sh            (STEPS=300 LR=2e-4 by default; ~25 min on 2 CPU cores)
+#   bash experiments/studies/decoder_bias_init.sh            (STEPS=300 LR=2e-4 by default; ~25 min on 2 CPU cores)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 STEPS="${STEPS:-300}" LR="${LR:-2e-4}"
 WIKI="wiki:${WIKI_DIR:-../shared/data/enwiki-sample}"
 VASWANI="${VASWANI_DIR:-../shared/data/vaswani}"
@@ -60,7 +60,7 @@ rows.append({"decoder bias init": "(MiniLM, not pre-trained)", "[CLS] mean cosin
              "Vaswani AP": f"{t['AP']:.4f}", "Vaswani nDCG@10": f"{t['nDCG@10']:.4f}"})
 with open(out, "w") as f:
     f.write("# CPDAE decoder output-bias initialisation: zero vs corpus prior\n\n")
-    f.write(f"Command: `bash experiments/decoder_bias_init.sh` (STEPS={steps}, LR={lr})\n\n")
+    f.write(f"Command: `bash experiments/studies/decoder_bias_init.sh` (STEPS={steps}, LR={lr})\n\n")
     f.write(f"Machine: {platform.machine()}, 2 CPU cores, no GPU; Python {platform.python_version()}.\n\n")
     f.write("Both runs: all-MiniLM-L6-v2 + new MLM head, `--objective cpdae`, first 1000 enwiki-sample documents, "
             f"128-token blocks, batch 8, lr {lr}, {steps} steps, seed 42; only `--decoder-bias-init` differs. "

@@ -12,9 +12,9 @@ the CPU, OpenVINO's compiled graph where it is installed and the job is large en
 
 Usage::
 
-    python experiments/encode_equivalence.py                       # the defaults, full Vaswani + SciFact (train queries)
-    python experiments/encode_equivalence.py --backend openvino    # OpenVINO also where the automatic choice is torch
-    python experiments/encode_equivalence.py --collections vaswani --docs 500 --dtype bf16 --backend torch
+    python experiments/studies/encode_equivalence.py                       # the defaults, full Vaswani + SciFact (train queries)
+    python experiments/studies/encode_equivalence.py --backend openvino    # OpenVINO also where the automatic choice is torch
+    python experiments/studies/encode_equivalence.py --collections vaswani --docs 500 --dtype bf16 --backend torch
 
 :func:`compare_dtypes` is also what ``tests/test_encoder_speed_equivalence.py`` runs on slices.
 """
@@ -30,33 +30,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:  # python experiments/studies/encode_equivalence.py
+    sys.path.insert(0, REPO)
 
-
-def load_collection(name: str, data_dir: str = SHARED_DATA, docs: Optional[int] = None) -> Tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``(docs, topics, qrels)`` of ``vaswani`` (all 93 queries) or ``scifact`` (train queries and qrels).
-
-    With ``docs=N`` only the first N documents are kept; SciFact then keeps only the queries with a relevant
-    document among them (Vaswani keeps all 93 queries).
-    """
-    from pyterrier_cpdae.datasets import load_dataset
-
-    spec = {"vaswani": f"trec:{data_dir}/vaswani", "scifact": f"beir:{data_dir}/scifact:train"}[name]
-    ds = load_dataset(spec)
-    corpus = []
-    for i, d in enumerate(ds.get_corpus_iter()):
-        if docs is not None and i >= docs:
-            break
-        corpus.append({"docno": d["docno"], "text": d["text"]})
-    frame = pd.DataFrame(corpus)
-    topics, qrels = ds.get_topics(), ds.get_qrels()
-    if name == "scifact":
-        topics = topics[topics.qid.isin(set(qrels.qid))]
-        if docs is not None:
-            qrels = qrels[qrels.docno.isin(set(frame.docno))]
-            topics = topics[topics.qid.isin(set(qrels.qid))]
-    return frame, topics.reset_index(drop=True), qrels
+from experiments.studies.common import SHARED_DATA, load_collection  # noqa: E402
 
 
 def _ndcg10(topk: np.ndarray, docnos: np.ndarray, qids: pd.Series, qrels: pd.DataFrame) -> float:

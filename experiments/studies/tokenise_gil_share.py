@@ -8,7 +8,7 @@ not a measurement: bench_tokenise.py measures).
 
 Usage::
 
-    python experiments/tokenise_gil_share.py 1000
+    python experiments/studies/tokenise_gil_share.py 1000
 """
 import sys
 import time, bz2, tempfile, os
@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from pretrain import corpus as C
 from pretrain.readers import _wiki_files, iter_texts
 tok = AutoTokenizer.from_pretrained(str(gt.get_model_path()))
-spec = "wiki:" + str(Path(__file__).resolve().parents[2] / "shared" / "data" / "enwiki-sample")
+spec = "wiki:" + str(Path(__file__).resolve().parents[3] / "shared" / "data" / "enwiki-sample")
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 rust = [0.0]
 real_fb = C.fast_backend

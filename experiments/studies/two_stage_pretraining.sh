@@ -3,14 +3,14 @@
 # (Wikipedia), stage 2 continued on the target corpus (SciFact) with the SAME encoder, MLM head
 # AND decoder (--model and --decoder-from both name the stage-1 run). Then the stage-2 export is
 # loaded by pyterrier_cpdae and encodes a few SciFact documents.
-#   bash experiments/two_stage_pretraining.sh [objective] [representation]   (default: retromae cls)
+#   bash experiments/studies/two_stage_pretraining.sh [objective] [representation]   (default: retromae cls)
 # Defaults are a CPU-sized example: a tiny random BERT from experiments/configs/tiny-bert.json with
 # MiniLM's tokenizer, 200 + 100 steps (a few minutes on 2 cores). For a real run use
 #   MODEL=bert-base-uncased FROM_CONFIG= STAGE1_STEPS=... STAGE2_STEPS=... and drop --cpu.
 # To adapt a mean-pooled model (all-MiniLM-L6-v2) without first destroying its representation:
-#   MODEL=<minilm dir> FROM_CONFIG= EXTRA=--new-mlm-head bash experiments/two_stage_pretraining.sh cpdae mean
+#   MODEL=<minilm dir> FROM_CONFIG= EXTRA=--new-mlm-head bash experiments/studies/two_stage_pretraining.sh cpdae mean
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OBJECTIVE="${1:-retromae}"
 REPRESENTATION="${2:-cls}"
 WIKI="wiki:${WIKI_DIR:-../shared/data/enwiki-sample}"

@@ -2,9 +2,9 @@
 equal Anserini's published 0.2856.
 
 Usage:
-    python experiments/vaswani_bm25.py                       # trec:../shared/data/vaswani
-    python experiments/vaswani_bm25.py --dataset sample      # the built-in sample collection
-    python experiments/vaswani_bm25.py --index runs/vaswani.bm25   # build once; later runs reuse the index
+    python experiments/studies/vaswani_bm25.py                       # trec:../shared/data/vaswani
+    python experiments/studies/vaswani_bm25.py --dataset sample      # the built-in sample collection
+    python experiments/studies/vaswani_bm25.py --index runs/vaswani.bm25   # build once; later runs reuse the index
                                                              # and the run pt.Experiment saved in runs/vaswani.bm25.runs
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ir_measures import AP, R, P, nDCG, RR
 from pyterrier_cpdae.bm25 import BM25Index
 from pyterrier_cpdae.datasets import load_dataset
 
-VASWANI = Path(__file__).resolve().parents[2] / "shared" / "data" / "vaswani"
+VASWANI = Path(__file__).resolve().parents[3] / "shared" / "data" / "vaswani"
 
 
 def main() -> None:

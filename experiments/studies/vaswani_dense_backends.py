@@ -12,8 +12,8 @@ copied (``DenseIndex.merge``) into a temporary folder, so the FAISS caches are n
 vectors are re-encoded and compared, so an index of another encoder is refused.
 
 Usage:
-    python experiments/vaswani_dense_backends.py
-    python experiments/vaswani_dense_backends.py --index experiments/work/vaswani/dense_model_mean_norm
+    python experiments/studies/vaswani_dense_backends.py
+    python experiments/studies/vaswani_dense_backends.py --index experiments/work/vaswani/dense_model_mean_norm
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-VASWANI = Path(__file__).resolve().parents[2] / "shared" / "data" / "vaswani"
+VASWANI = Path(__file__).resolve().parents[3] / "shared" / "data" / "vaswani"
 
 
 def rankings(res: pd.DataFrame, column: str = "docno") -> dict:

@@ -74,14 +74,14 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
         raise ValueError(f"{model} has no trained masked-LM head weights (missing: {sorted(info['missing_keys'])[:4]} ...); "
                          "use --projection embeddings")
     elif projection == "decoder":
-        from .modeling import CPDAEDecoder
+        from ..modeling import CPDAEDecoder
         mlm.cpdae_decoder = CPDAEDecoder.from_pretrained(model).eval()
     return mlm.eval(), tokenizer, projection
 
 
 def _project(mlm_model: nn.Module, cls: torch.Tensor, projection: str) -> torch.Tensor:
     if projection == "mlm_head":
-        from .modeling import mlm_head
+        from ..modeling import mlm_head
         return mlm_head(mlm_model)(cls)
     if projection == "embeddings":
         return cls @ mlm_model.get_input_embeddings().weight.T
@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> dict[str, dict[str, dict[int, float]]]:
     """CLI entry point of ``python -m pretrain coverage``: ``{model name: {measure: {k: coverage}}}``."""
-    from .readers import iter_texts
+    from ..readers import iter_texts
 
     args = build_parser().parse_args(argv)
     if args.num_texts < 1:

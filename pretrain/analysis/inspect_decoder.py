@@ -56,7 +56,7 @@ def decoder_dir(model_dir: Union[str, os.PathLike]) -> str:
     model_dir = os.fspath(model_dir)
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"model directory not found: {model_dir}")
-    from .modeling import DECODER_CONFIG, decoder_layout
+    from ..modeling import DECODER_CONFIG, decoder_layout
 
     ddir = os.path.join(model_dir, "decoder")
     cfg = os.path.join(ddir, DECODER_CONFIG)
@@ -122,7 +122,7 @@ class DecoderInspector:
 
         from transformers import AutoModel, AutoTokenizer
 
-        from .modeling import CPDAEDecoder
+        from ..modeling import CPDAEDecoder
 
         from transformers.utils import logging as hf_logging
 

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pyterrier_cpdae._pooling import POOLINGS, pool
-from pyterrier_cpdae._st_config import write_st_config
+from pyterrier_cpdae.encoder.pooling import POOLINGS, pool
+from pyterrier_cpdae.encoder.st_export import write_st_config
 
-from . import distributed
+from .. import distributed
 
 if TYPE_CHECKING:  # transformers is imported lazily (the losses do not need it)
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -127,7 +127,7 @@ class BiEncoder(nn.Module):
     Args:
         encoder: A Hugging Face encoder (``AutoModel``; e.g. ``BertModel``).
         tokenizer: Its tokenizer.
-        pooling: ``"cls"`` or ``"mean"`` (:func:`pyterrier_cpdae._pooling.pool`, shared with ``CPDAE``).
+        pooling: ``"cls"`` or ``"mean"`` (:func:`pyterrier_cpdae.encoder.pooling.pool`, shared with ``CPDAE``).
         normalize: L2-normalise the vectors (scores are then cosine similarities).
         loss: ``"listwise"`` or ``"pairwise"``.
         in_batch_negatives: Listwise only: add the other queries' passages (of all processes)
@@ -156,9 +156,9 @@ class BiEncoder(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> "BiEncoder":
         """Load the encoder (any ``AutoModel`` checkpoint, e.g. a ``python -m pretrain`` output) and tokenizer with
-        the loaders of ``CPDAE.from_pretrained`` (:func:`pyterrier_cpdae._loading.load_encoder`: no pooler, an MLM
+        the loaders of ``CPDAE.from_pretrained`` (:func:`pyterrier_cpdae.encoder.loading.load_encoder`: no pooler, an MLM
         head left out, missing encoder weights refused), so that training and inference see the same encoder."""
-        from pyterrier_cpdae._loading import load_encoder, load_tokenizer
+        from pyterrier_cpdae.encoder.loading import load_encoder, load_tokenizer
 
         return cls(load_encoder(name_or_path), load_tokenizer(name_or_path), **kwargs)
 

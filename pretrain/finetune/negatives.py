@@ -6,7 +6,7 @@ retriever (:func:`mine_dense`, the paper's static hard-negative mining), from a 
 of groups (:func:`read_groups`) or from ir_datasets docpairs (:func:`read_irds_docpairs`).
 :func:`build_examples` (:func:`sample_ids`) then draws, per query and reproducibly, one
 positive and ``num_negatives`` negatives, giving the ``(query, [pos, neg_1, ..., neg_n])``
-examples the :class:`pretrain.biencoder.BiEncoder` trains on.
+examples the :class:`pretrain.finetune.biencoder.BiEncoder` trains on.
 
 Mining keeps memory bounded on the corpus side: BM25 runs over chunks of queries, the
 dense retriever streams the index in blocks (:meth:`pyterrier_cpdae.DenseIndex.search`),

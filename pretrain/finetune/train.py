@@ -14,7 +14,7 @@ previous`` continues from round ``r-1``'s model (STAR-style iterations, the CPDA
 document recipe, ``--preset paper-document``). Mined groups are saved and reused, and a finished round is not trained again, so
 ``--resume`` continues an interrupted run where it stopped (inside a round, the shared
 :class:`~pretrain.trainer.Trainer` resumes from its last checkpoint). Passage texts are
-read from the corpus after sampling (:func:`pretrain.negatives.build_examples`), so whole
+read from the corpus after sampling (:func:`pretrain.finetune.negatives.build_examples`), so whole
 negative pools are never held as text.
 
 Under ``torchrun`` (see :class:`Processes`) rank 0 alone prepares the output directory and
@@ -46,10 +46,10 @@ import pandas as pd
 from pyterrier_cpdae._files import write_json_atomic
 
 from . import negatives as neg
-from .config import FinetuneConfig, check_same_run, parse_config
-from .trainer import config_dict
+from ..config import FinetuneConfig, check_same_run, parse_config
+from ..trainer import config_dict
 
-logger = logging.getLogger("pretrain.finetune")
+logger = logging.getLogger("pretrain.finetune.train")
 
 TRAINING_ARGS = "training_args.json"
 #: Files of a Trainer output directory that are not part of the exported model.
@@ -125,7 +125,7 @@ def load_training_data(spec: str, max_train_queries: int = -1, seed: int = 42) -
 
     Queries without a judged positive are skipped (counted in the log); with
     ``max_train_queries > 0`` that many of the remaining queries are sampled with ``seed``
-    (:func:`pretrain.negatives.sample_queries`).
+    (:func:`pretrain.finetune.negatives.sample_queries`).
     """
     if spec.startswith("groups:"):
         groups, texts = neg.read_groups(spec[len("groups:"):])
@@ -165,13 +165,13 @@ def _pools_bm25(cfg: FinetuneConfig, data: TrainingData) -> dict[str, list[str]]
 
 def _model_pooling(checkpoint: str, default: str) -> str:
     """The pooling a checkpoint declares (sentence-transformers files or training_args.json), else ``default``."""
-    from pyterrier_cpdae._st_config import read_encoder_settings
+    from pyterrier_cpdae.encoder.st_export import read_encoder_settings
 
     return read_encoder_settings(checkpoint).get("pooling", (default,))[0]
 
 
 def _pools_dense(cfg: FinetuneConfig, data: TrainingData, checkpoint: str, round_: int) -> dict[str, list[str]]:
-    from pyterrier_cpdae.dense_index import DenseIndex
+    from pyterrier_cpdae.dense import DenseIndex
     from pyterrier_cpdae.encoder import CPDAE
 
     pooling = _model_pooling(checkpoint, cfg.pooling)
@@ -281,7 +281,7 @@ def round_start(cfg: FinetuneConfig, round_: int) -> str:
 def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], round_: int) -> dict[str, Any]:
     """Fine-tune :func:`round_start` on ``examples`` with the shared Trainer into ``rounds/round-<r>``."""
     from .biencoder import BiEncoder
-    from .trainer import Trainer
+    from ..trainer import Trainer
 
     out = _round_dir(cfg, round_)
     start = round_start(cfg, round_)
@@ -307,7 +307,7 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
         raise ValueError("no training data given (--train <dataset spec> or --train groups:<file.jsonl>)")
     if cfg.num_negatives < 1 and cfg.loss == "pairwise":
         raise ValueError("--loss pairwise needs --num-negatives >= 1")
-    from .logging_utils import parse_report_to
+    from ..logging_utils import parse_report_to
     parse_report_to(cfg.report_to)  # before any mining
     if cfg.mining_rounds < 0:
         raise ValueError(f"--mining-rounds must be >= 0, got {cfg.mining_rounds}")

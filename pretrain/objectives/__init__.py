@@ -173,6 +173,16 @@ def objective_class(name: str) -> type[Objective]:
     return found[name]
 
 
+def sequences_per_text(name: str) -> int:
+    """Encoder sequences per text of objective ``name`` (``X+span``: the span-contrast add-on's two span sequences
+    more): the class's ``sequences_per_text``, else its ``num_views`` (1 without views).  The benchmarks and the paper
+    pipeline size their runs with it."""
+    base, span = name.split("+")[0], name.endswith("+span")
+    cls = objective_class(base)
+    n = cls.sequences_per_text if cls.sequences_per_text is not None else getattr(cls, "num_views", 1)
+    return n + 2 * span
+
+
 def build_objective(name: str, mlm_model: Any, tokenizer: Any, config: Any, **extra: Any) -> Objective:
     """Instantiate objective ``name``; ``extra`` are what its :meth:`~Objective.prepare` returns
     (e.g. ``idf=`` for ``cpdae_idfrec``, ``bias_prior=`` for the CPDAE decoders)."""
@@ -187,4 +197,4 @@ def __getattr__(attr: str) -> Any:
 
 __all__ = ["Objective", "ObjectiveOptions", "MaskedViewsOptions", "MLMOptions", "MaskedViewsMixin",
            "register_objective", "unregister_objective", "available_objectives", "build_objective",
-           "objective_class", "ENTRY_POINT_GROUP"]
+           "objective_class", "sequences_per_text", "ENTRY_POINT_GROUP"]

@@ -50,7 +50,7 @@ class CPDAEAutoencoderOptions(RepresentationOptions, MLMOptions):
     decoder_bias_init: str = opt("prior", "Output bias of the CPDAE decoder at initialisation: prior (the log-odds of "
                                  "each token's block frequency in the training corpus, so that L_REC starts at the "
                                  "corpus prior instead of first pulling every [CLS] vector towards it; chosen by "
-                                 "experiments/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
+                                 "experiments/studies/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
                                  "bias with --decoder-init mlm_head).",
                                  choices=["zero", "prior"])
     rec_weighting: str = opt("none", "Weighting of L_REC over the vocabulary: none (Eq. 4) or idf (the BCE of token v times "

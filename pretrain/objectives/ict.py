@@ -88,6 +88,7 @@ class ICTObjective(Objective):
     kept in 10% of cases); in-batch softmax over inner products of [CLS], one shared encoder."""
 
     name = "ict"
+    sequences_per_text = 2
     Options = ICTOptions
     loss_names = ("cl",)
     needs_mask_token = False

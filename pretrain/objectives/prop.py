@@ -120,6 +120,7 @@ class PROPObjective(MaskedViewsMixin, Objective):
     more likely (pairwise hinge on [CLS] scores of "[CLS] set [SEP] text [SEP]"), plus MLM."""
 
     name = "prop"
+    sequences_per_text = 2
     Options = PROPOptions
     loss_names = ("mlm", "rop")
     ddp_find_unused_parameters = False

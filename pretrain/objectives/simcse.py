@@ -48,6 +48,7 @@ class SimCSEObjective(Objective):
     cosine similarities of [CLS] with in-batch negatives."""
 
     name = "simcse"
+    sequences_per_text = 2
     Options = SimCSEOptions
     loss_names = ("cl",)
     needs_mask_token = False

@@ -39,10 +39,11 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_cpdae._artifact import PackagedArtifact
-from pyterrier_cpdae._index_io import IncompleteIndexError, as_docno, read_pt_meta, temporary_files, write_json_atomic
-from pyterrier_cpdae._java import autoclass, detach_thread
+from pyterrier_cpdae._artifact import IncompleteIndexError, PackagedArtifact, read_pt_meta
+from pyterrier_cpdae._checks import as_docno
+from pyterrier_cpdae._files import temporary_files, write_json_atomic
 from pyterrier_cpdae._locking import build_lock
+from pyterrier_cpdae.bm25.jvm import autoclass, detach_thread
 
 __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader"]
 
@@ -71,7 +72,7 @@ class BM25Index(PackagedArtifact):
         return Path(self.path) / _LUCENE_DIR
 
     def _read_meta(self) -> Optional[dict[str, Any]]:
-        """The parsed ``pt_meta.json`` (:func:`~pyterrier_cpdae._index_io.read_pt_meta`), or ``None`` when missing."""
+        """The parsed ``pt_meta.json`` (:func:`~pyterrier_cpdae.dense.format.read_pt_meta`), or ``None`` when missing."""
         return read_pt_meta(Path(self.path), artifact_type=self.ARTIFACT_TYPE, artifact_format=self.ARTIFACT_FORMAT,
                             what="BM25Index", required=["num_docs"])
 
@@ -85,7 +86,7 @@ class BM25Index(PackagedArtifact):
     def metadata(self) -> dict[str, Any]:
         """The parsed ``pt_meta.json`` of the built index (the same as :meth:`meta`).
 
-        Holds, as :meth:`DenseIndex.meta() <pyterrier_cpdae.dense_index.DenseIndex.meta>` does, ``type``,
+        Holds, as :meth:`DenseIndex.meta() <pyterrier_cpdae.dense.DenseIndex.meta>` does, ``type``,
         ``format``, ``package_hint`` and ``num_docs`` (the number of documents), plus ``num_empty_skipped``,
         ``stored_fields`` and ``analyzer``.
 
@@ -214,7 +215,7 @@ class BM25Indexer(pt.Indexer):
 
     * ``docno`` and ``text`` are required (``ValueError`` naming the document otherwise);
       ``None`` is rejected for either.
-    * docnos follow the same rule as :class:`~pyterrier_cpdae.dense_index.DenseIndex`: strings are kept,
+    * docnos follow the same rule as :class:`~pyterrier_cpdae.dense.DenseIndex`: strings are kept,
       integers are converted with ``str()`` (so ``7`` and ``"7"`` are the same document), anything else
       (floats, bytes, ...), empty docnos and docnos with line breaks raise ``ValueError``; a repeated docno
       raises ``ValueError``.
@@ -451,7 +452,7 @@ def _batch_bytes(batch: list[str], positions: list[int]) -> bytes:
 
 class _BlobSink(_Sink):
     """Sends each batch as one UTF-8 ``byte[]`` (:func:`_batch_bytes`) to the package's Java helper
-    ``pyterrier_cpdae.BlobIndexer`` (:mod:`pyterrier_cpdae.java`): no JSON on either side; ``addBlob`` queues the
+    ``pyterrier_cpdae.BlobIndexer`` (:mod:`pyterrier_cpdae.bm25.java`): no JSON on either side; ``addBlob`` queues the
     batch and returns, so ``threads`` Java threads index without waiting for Python; at the end they write their
     in-memory buffers as segments all at once."""
 
@@ -521,7 +522,7 @@ _warned_no_helper = False
 
 
 def _helper_class(name: str) -> Optional[Any]:
-    """The Java class ``pyterrier_cpdae.<name>`` of the package's helper jar (:mod:`pyterrier_cpdae.java`), or None
+    """The Java class ``pyterrier_cpdae.<name>`` of the package's helper jar (:mod:`pyterrier_cpdae.bm25.java`), or None
     (with one warning per process) when the running JVM was started without that jar."""
     global _warned_no_helper
     try:

@@ -17,7 +17,7 @@ Two details matter:
   Pyserini is imported afterwards, its own class-path setup finds the JVM already running
   and (by design) skips it.
 
-* The JVM also gets the package's own small jar (:mod:`pyterrier_cpdae.java`: ``BlobIndexer``, which feeds
+* The JVM also gets the package's own small jar (:mod:`pyterrier_cpdae.bm25.java`: ``BlobIndexer``, which feeds
   BM25 indexing without JSON) on its class path, and the throughput garbage collector
   (``-XX:+UseParallelGC -XX:GCTimeRatio=19``) unless options set through ``jnius_config`` before the first BM25
   call already choose a collector (:func:`_jvm_options`).
@@ -126,8 +126,8 @@ def _anserini_jar() -> str:
 
 
 def _helper_jar() -> str:
-    """Path of the package's own Java helper (``pyterrier_cpdae.BlobIndexer``, see :mod:`pyterrier_cpdae.java`)."""
-    from pyterrier_cpdae.java import JAR
+    """Path of the package's own Java helper (``pyterrier_cpdae.BlobIndexer``, see :mod:`pyterrier_cpdae.bm25.java`)."""
+    from pyterrier_cpdae.bm25.java import JAR
 
     return str(JAR)
 

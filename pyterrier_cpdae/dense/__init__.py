@@ -25,9 +25,12 @@ See ``_index_io`` for the directory format.
 """
 from __future__ import annotations
 
-from . import _exact_retr, _faiss_retr  # noqa: F401  (attach the retriever factories to DenseIndex)
-from ._dense_core import DenseIndex
-from ._index_io import IncompleteIndexError
-from ._indexing import DenseIndexer
+from .._artifact import IncompleteIndexError
+from .exact_retr import DenseScorer, ExactRetriever  # (importing it attaches the retriever factories to DenseIndex)
+from .faiss_retr import FAISS_KINDS, FaissRetriever  # (and the faiss_*_retriever factories)
+from .index import DenseIndex
+from .indexing import DenseIndexer
+from .retrieval import RESULT_COLUMNS, VectorRetriever
 
-__all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError"]
+__all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError", "ExactRetriever", "FaissRetriever", "DenseScorer",
+           "VectorRetriever", "FAISS_KINDS", "RESULT_COLUMNS"]

@@ -1,4 +1,4 @@
-"""Exact retrieval and re-scoring over a :class:`~pyterrier_cpdae.dense_index.DenseIndex`, attached as its
+"""Exact retrieval and re-scoring over a :class:`~pyterrier_cpdae.dense.DenseIndex`, attached as its
 ``retriever``, ``np_retriever``, ``torch_retriever`` and ``scorer`` factories (pyterrier-dr's ``np_retr`` style).
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from . import _index_io as io
-from ._dense_core import DenseIndex
-from ._retrieval import VectorRetriever, check_scores, optional_int, query_matrix
-from ._store import auto_backend
+from . import format as io
+from .index import DenseIndex
+from .retrieval import VectorRetriever, check_scores, optional_int, query_matrix
+from .store import auto_backend
 
 __all__ = ["ExactRetriever", "DenseScorer"]
 

@@ -1,4 +1,4 @@
-"""FAISS retrieval over a :class:`~pyterrier_cpdae.dense_index.DenseIndex`, attached as its
+"""FAISS retrieval over a :class:`~pyterrier_cpdae.dense.DenseIndex`, attached as its
 ``faiss_flat_retriever``, ``faiss_hnsw_retriever`` and ``faiss_ivf_retriever`` factories (pyterrier-dr's
 ``faiss_retr`` style).  ``faiss`` is imported only when a FAISS structure is first built or loaded.
 """
@@ -15,11 +15,11 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _index_io as io
-from ._batching import check_int
-from ._dense_core import DenseIndex
-from ._exact_search import sort_results
-from ._retrieval import VectorRetriever, corrupt_vectors, optional_int
+from .._checks import check_int
+from . import format as io
+from .index import DenseIndex
+from .kernels import sort_results
+from .retrieval import VectorRetriever, corrupt_vectors, optional_int
 
 __all__ = ["FaissRetriever", "FAISS_KINDS"]
 

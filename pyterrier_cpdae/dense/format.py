@@ -1,5 +1,6 @@
-"""On-disk format helpers of :class:`~pyterrier_cpdae.dense_index.DenseIndex`, and the ``pt_meta.json`` reader and
-atomic JSON writer that :class:`~pyterrier_cpdae.bm25.BM25Index` shares.
+"""On-disk format helpers of :class:`~pyterrier_cpdae.dense.DenseIndex` (the ``pt_meta.json`` reader, docno and
+vector checks and atomic writes it shares with :class:`~pyterrier_cpdae.bm25.BM25Index` live in
+:mod:`pyterrier_cpdae._artifact`, :mod:`pyterrier_cpdae._checks` and :mod:`pyterrier_cpdae._files`, re-exported here).
 
 Layout of a built (single) index directory::
 
@@ -27,9 +28,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from ._files import current_umask, fsync_dir, temporary_files, write_json_atomic  # noqa: F401 (re-exported)
+from .._artifact import META_FILE, IncompleteIndexError, read_pt_meta  # noqa: F401 (re-exported)
+from .._checks import as_docno, as_docnos, stack_vectors  # noqa: F401 (re-exported)
+from .._files import current_umask, fsync_dir, temporary_files, write_json_atomic  # noqa: F401 (re-exported)
 
-META_FILE = "pt_meta.json"
 VECTORS_FILE = "vectors.bin"
 DOCNOS_FILE = "docnos.npids"
 BUILD_FILE = "_build.json"
@@ -46,12 +48,6 @@ FORMAT_VERSION = 1
 DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
 
 
-class IncompleteIndexError(FileNotFoundError, RuntimeError):
-    """Raised when an index (dense or BM25) that has not been completely built is used: its ``pt_meta.json``,
-    written last, is missing.  A ``FileNotFoundError`` and a ``RuntimeError``, so that code written against either
-    index's earlier behaviour keeps working."""
-
-
 def check_dtype(dtype: Any) -> str:
     """Normalises a vector storage dtype to ``"float32"`` or ``"float16"``.
 
@@ -62,53 +58,6 @@ def check_dtype(dtype: Any) -> str:
     if name not in DTYPES:
         raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
     return name
-
-
-def as_docno(value: Any) -> str:
-    """Converts one docno to the stored ``str`` form.
-
-    Strings are kept as they are; Python/numpy integers are converted with ``str(int(x))``; anything
-    else (floats, bytes, None, ...) is rejected so that ``5`` and ``5.0`` can never silently become
-    different docnos.
-
-    Raises:
-        ValueError: for empty docnos, docnos containing a line break or a NUL character (npids cannot store
-            them exactly), docnos that are not valid Unicode (lone surrogates such as ``"\\ud800"``), or
-            unsupported types.
-    """
-    if isinstance(value, str):
-        docno = value
-    elif isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        docno = str(int(value))
-    else:
-        raise ValueError(f"docno must be a str (or an int, converted with str()), got {type(value).__name__}: {value!r}")
-    if not docno:
-        raise ValueError("empty docno")
-    if "\n" in docno or "\r" in docno:
-        raise ValueError(f"docno {docno!r} contains a line break")
-    if "\x00" in docno:
-        raise ValueError(f"docno {docno!r} contains a NUL character")
-    try:
-        docno.encode("utf8")
-    except UnicodeEncodeError as ex:
-        raise ValueError(f"docno {docno!r} is not valid Unicode (a lone surrogate at position {ex.start}; "
-                         "was it decoded with errors='surrogateescape'?)") from None
-    return docno
-
-
-def as_docnos(values: Sequence[Any], records: Sequence[int]) -> list:
-    """:func:`as_docno` of a batch, naming the failing record by its position in the input (``records``).
-
-    Raises:
-        ValueError: ``record <i> of the input: <reason>``.
-    """
-    out = []
-    for value, record in zip(values, records):
-        try:
-            out.append(as_docno(value))
-        except ValueError as ex:
-            raise ValueError(f"record {record} of the input: {ex}") from None
-    return out
 
 
 def remove_leftovers(path: Path) -> list:
@@ -174,51 +123,6 @@ def has_leftovers(path: Path) -> bool:
     """Whether :func:`remove_leftovers` may have something to do in ``path`` (cheap: no file is read)."""
     return any((path / name).exists() for name in (BUILD_FILE, BUILD_DOCNOS_FILE, MERGE_FILE)) or any(
         temporary_files(path, name) for name in (META_FILE, BUILD_FILE, MERGE_FILE))
-
-
-def read_pt_meta(path: Path, *, artifact_type: str, artifact_format: str, what: str,
-                 required: Sequence[str] = ()) -> Optional[dict]:
-    """Reads an artifact's ``pt_meta.json`` and checks its type/format: the one reader of every index of this package.
-
-    Args:
-        path: the artifact directory.
-        artifact_type / artifact_format: what ``pt_meta.json`` must declare (``ARTIFACT_TYPE``/``ARTIFACT_FORMAT``).
-        what: the artifact's class name for error messages (``"DenseIndex"``, ``"BM25Index"``).
-        required: fields that must be present.
-
-    Returns:
-        The parsed JSON object, or ``None`` when ``pt_meta.json`` does not exist (the artifact is not built).
-
-    Raises:
-        ValueError: ``corrupt <what> <path>: pt_meta.json ...`` when it is not valid UTF-8 JSON, not an object or lacks
-            a required field; ``<path> is not a <what>: pt_meta.json describes (type, format), expected (...)`` for
-            another kind of artifact.  ``OSError`` (other than a missing file) propagates.
-    """
-    meta_path = Path(path) / META_FILE
-    try:
-        with open(meta_path, encoding="utf8") as fin:
-            text = fin.read()
-    except (FileNotFoundError, NotADirectoryError):  # no artifact there (yet)
-        return None
-    except UnicodeDecodeError as ex:
-        raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
-                         "indexer(mode='overwrite')") from ex
-    try:
-        meta = json.loads(text)
-    except ValueError as ex:
-        raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
-                         "indexer(mode='overwrite')") from ex
-    if not isinstance(meta, dict):
-        raise ValueError(f"corrupt {what} {path}: {META_FILE} holds a JSON {type(meta).__name__}, expected an object; "
-                         "rebuild it with indexer(mode='overwrite')")
-    if (meta.get("type"), meta.get("format")) != (artifact_type, artifact_format):
-        raise ValueError(f"{path} is not a {what}: {META_FILE} describes {(meta.get('type'), meta.get('format'))}, "
-                         f"expected {(artifact_type, artifact_format)}")
-    missing = [k for k in required if k not in meta]
-    if missing:
-        raise ValueError(f"corrupt {what} {path}: {META_FILE} is missing field(s) {missing}; rebuild it with "
-                         "indexer(mode='overwrite')")
-    return meta
 
 
 def read_meta(path: Path) -> Optional[dict]:
@@ -415,44 +319,3 @@ def find_duplicate_docnos(lookup_path: Path, block: int = 65536, limit: int = 10
                 if len(found) >= limit:
                     return found
     return found
-
-
-def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int], what: str = "doc_vec",
-                  id_name: str = "docno") -> np.ndarray:
-    """Stacks per-record vectors into a float32 (n, dim) array, checking shapes and finiteness.
-
-    Args:
-        vecs: the vectors (arrays, lists or torch tensors).
-        docnos: the identifier of each record, named in error messages.
-        dim: the expected dimension (``None``: that of the first vector).
-        what: the column name, for error messages.
-        id_name: the identifier name (``"docno"`` or ``"qid"``), for error messages.
-
-    Raises:
-        ValueError: naming the record whose vector is missing, not 1-d, empty, of the wrong dimension or not
-            finite.
-    """
-    arrays = []
-    for docno, v in zip(docnos, vecs):
-        if v is None:
-            raise ValueError(f"{what} of {id_name} {docno!r} is missing (None)")
-        a = np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
-        if a.ndim != 1:
-            raise ValueError(f"{what} of {id_name} {docno!r} must be a 1-d vector, got shape {a.shape}")
-        if a.shape[0] == 0:
-            raise ValueError(f"{what} of {id_name} {docno!r} is empty (dimension 0); vectors need at least one "
-                             "component")
-        if dim is None:
-            dim = a.shape[0]
-        if a.shape[0] != dim:
-            raise ValueError(f"{what} of {id_name} {docno!r} has dimension {a.shape[0]}, expected {dim} "
-                             "(the dimension of the index / first batch)")
-        arrays.append(a)
-    if not arrays:
-        return np.zeros((0, dim or 0), dtype=np.float32)
-    out = np.stack(arrays).astype(np.float32, copy=False)
-    finite = np.isfinite(out).all(axis=1)
-    if not finite.all():
-        bad = [docnos[i] for i in np.nonzero(~finite)[0][:5]]
-        raise ValueError(f"{what} contains NaN or infinite values for {id_name}(s) {bad}")
-    return out

@@ -2,7 +2,7 @@
 
 Retrieval is attached from the retrievers' own modules (``_exact_retr``: ``retriever``, ``np_retriever``,
 ``torch_retriever``, ``scorer``; ``_faiss_retr``: ``faiss_*_retriever``), as pyterrier-dr attaches its
-``FlexIndex`` retrievers; :mod:`pyterrier_cpdae.dense_index` imports them all, so import ``DenseIndex`` from there.
+``FlexIndex`` retrievers; :mod:`pyterrier_cpdae.dense` imports them all, so import ``DenseIndex`` from there.
 This module depends only on the store (``_store``) and the writers (``_indexing``), which never import it back.
 """
 from __future__ import annotations
@@ -15,11 +15,10 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from . import _index_io as io
-from ._artifact import PackagedArtifact
-from ._index_io import IncompleteIndexError
-from ._indexing import DenseIndexer, merge_indexes, merge_shards, shard_iter
-from ._store import DenseStore
+from . import format as io
+from .._artifact import IncompleteIndexError, PackagedArtifact
+from .indexing import DenseIndexer, merge_indexes, merge_shards, shard_iter
+from .store import DenseStore
 
 __all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError"]
 
@@ -37,7 +36,7 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
     with :meth:`retriever`, a result frame with ``query_vec`` re-scored with :meth:`scorer`.
     """
 
-    __module__ = "pyterrier_cpdae.dense_index"  # the public home, which attaches the retrievers (also for pickle)
+    __module__ = "pyterrier_cpdae.dense"  # the public home, which attaches the retrievers (also for pickle)
 
     ARTIFACT_TYPE = io.ARTIFACT_TYPE
     ARTIFACT_FORMAT = io.ARTIFACT_FORMAT
@@ -54,7 +53,7 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
     # -- state ---------------------------------------------------------------------------------------------
     @property
     def store(self) -> DenseStore:
-        """The low-level :class:`~pyterrier_cpdae._store.DenseStore` of this directory (what retrievers read)."""
+        """The low-level :class:`~pyterrier_cpdae.dense.store.DenseStore` of this directory (what retrievers read)."""
         return self._store
 
     def built(self) -> bool:
@@ -152,7 +151,7 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
         """Exact top-``k`` inner-product search streaming the index in blocks (memory independent of its size).
 
         Unlike ``pt.Transformer.search`` (a text query), this takes query *vectors*; see
-        :meth:`DenseStore.search <pyterrier_cpdae._store.DenseStore.search>` for the arguments.
+        :meth:`DenseStore.search <pyterrier_cpdae.dense.store.DenseStore.search>` for the arguments.
 
         Returns:
             ``(scores, doc_indices)``: float32 and int64 arrays of shape ``(q, min(k, len(self)))``, scores

@@ -2,7 +2,7 @@
 :meth:`DenseIndex.indexer`, and merging (:func:`merge_indexes`, :func:`merge_shards`).
 
 They depend on the file format (``_index_io``) and the store (``_store``, which reads and checks what they
-wrote), never on :class:`~pyterrier_cpdae.dense_index.DenseIndex` itself: they are given the index (any
+wrote), never on :class:`~pyterrier_cpdae.dense.DenseIndex` itself: they are given the index (any
 artifact with a ``path``) and return it.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from . import _index_io as io
-from ._locking import build_lock
-from ._store import DenseStore, check_shard_metas
+from .._locking import build_lock
+from . import format as io
+from .store import DenseStore, check_shard_metas
 
 MODES = ("create", "overwrite", "resume")
 # files/directories an index directory may hold; ``overwrite`` deletes only these (never arbitrary content)

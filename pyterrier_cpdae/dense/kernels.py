@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._batching import check_int
+from .._checks import check_int
 
 Part = Tuple[np.ndarray, int, int]
 

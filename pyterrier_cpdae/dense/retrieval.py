@@ -1,10 +1,10 @@
-"""What the retrievers of a :class:`~pyterrier_cpdae.dense_index.DenseIndex` share: the result frame and its checks.
+"""What the retrievers of a :class:`~pyterrier_cpdae.dense.DenseIndex` share: the result frame and its checks.
 
 All retrievers take a query frame with ``qid`` and ``query_vec`` and return a result frame with the input
 columns plus ``docno``, ``docid`` (the row in the index), ``score`` (inner product) and ``rank`` (from 0,
 scores descending).  Create them with the index's factory methods (``index.np_retriever()`` etc.), which the
 retrievers' modules (``_exact_retr``, ``_faiss_retr``) attach to the index class.  The retrievers read the index
-through its :class:`~pyterrier_cpdae._store.DenseStore` (``index.store``).
+through its :class:`~pyterrier_cpdae.dense.store.DenseStore` (``index.store``).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from . import _index_io as io
-from ._batching import check_int
+from .._checks import check_int
+from . import format as io
 
 RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
 

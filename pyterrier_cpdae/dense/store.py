@@ -1,7 +1,7 @@
 """The low-level store of a dense index: one directory opened, checked, read and searched.
 
 :class:`DenseStore` is what the indexer (``_indexing``), the retrievers (``_exact_retr``, ``_faiss_retr``) and
-:class:`~pyterrier_cpdae.dense_index.DenseIndex` all build on; it depends only on the file format (``_index_io``) and
+:class:`~pyterrier_cpdae.dense.DenseIndex` all build on; it depends only on the file format (``_index_io``) and
 the search kernels (``_exact_search``), never on them.  A directory is either a *single* index or a *sharded view*
 (``<path>/shards/<i>``, see :meth:`DenseIndex.indexer`), which the store presents as one index: the global document
 id (``docid``) of row ``r`` of shard ``s`` of ``n`` is ``r * n + s``, the row of the merged index.
@@ -13,10 +13,10 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _index_io as io
-from ._exact_search import Part, numpy_search, torch_search
-from ._index_io import IncompleteIndexError
-from ._locking import ConcurrentBuildError, build_lock
+from .._artifact import IncompleteIndexError
+from .._locking import ConcurrentBuildError, build_lock
+from . import format as io
+from .kernels import Part, numpy_search, torch_search
 
 __all__ = ["DenseStore", "check_shard_metas", "auto_backend", "incomplete_message"]
 
@@ -35,7 +35,7 @@ class DenseStore:
         return f"DenseStore({str(self.path)!r})"
 
     def meta(self) -> dict:
-        """The checked ``pt_meta.json`` (:func:`~pyterrier_cpdae._index_io.read_meta`).
+        """The checked ``pt_meta.json`` (:func:`~pyterrier_cpdae.dense.format.read_meta`).
 
         Raises:
             IncompleteIndexError: the index is not (completely) built; the message says what to do.

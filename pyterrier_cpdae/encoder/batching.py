@@ -12,24 +12,13 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._checks import check_int  # noqa: F401 (re-exported: the encoder's option checks)
+
 
 def _describe_row(i: int, ids: Optional[Sequence[Any]], id_name: Optional[str], first_row: int = 0) -> str:
     if ids is not None and id_name and ids[i] is not None:
         return f"row {first_row + i} ({id_name}={ids[i]!r})"
     return f"row {first_row + i}"
-
-
-def check_int(value: Any, name: str, minimum: int = 1) -> int:
-    """``value`` as an ``int``, refusing non-integers (floats, bools, strings, None) and values below ``minimum``.
-
-    Raises:
-        ValueError: naming the option, the value and what is allowed.
-    """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def check_texts(values: Iterable[Any], column: str, ids: Optional[Sequence[Any]] = None,

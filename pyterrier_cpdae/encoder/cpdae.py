@@ -34,11 +34,11 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 import torch
 
-from . import _index_io as io
-from ._batching import check_texts, chunked, dedup, length_sorted_batches, pad
-from ._loading import autocast_dtype, load_encoder, load_tokenizer
-from ._openvino import compile_encoder, openvino_available
-from ._pooling import POOLINGS, pool
+from .._checks import stack_vectors
+from .batching import check_texts, chunked, dedup, length_sorted_batches, pad
+from .loading import autocast_dtype, load_encoder, load_tokenizer
+from .openvino_backend import compile_encoder, openvino_available
+from .pooling import POOLINGS, pool
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
 
@@ -122,7 +122,7 @@ def default_dtype(device: Union[str, torch.device]) -> torch.dtype:
     """The autocast dtype of an encoder created with ``dtype=None`` on ``device``.
 
     ``$PYTERRIER_CPDAE_DTYPE`` when set (``float32``, ``bf16``, ``fp16``, ...); else the automatic dtype that
-    fine-tuning's ``--mixed-precision auto`` uses too (:func:`pyterrier_cpdae._loading.autocast_dtype`): bf16 on
+    fine-tuning's ``--mixed-precision auto`` uses too (:func:`pyterrier_cpdae.encoder.loading.autocast_dtype`): bf16 on
     CUDA (fp16 where the GPU lacks bf16) and float32 on the CPU.
 
     The CPU stays in float32 even where bf16 is native (:func:`cpu_has_native_bf16`): bf16 autocast is ~1.8x
@@ -257,7 +257,7 @@ class CPDAE(pt.Transformer):
         """
         from transformers import AutoConfig
 
-        from ._st_config import read_encoder_settings
+        from .st_export import read_encoder_settings
 
         name = os.fspath(name_or_path)
         if os.path.isdir(name):
@@ -594,11 +594,11 @@ class _TextScorer(_Stage):
         enc = self.encoder
         ids, id_name = (inp[id_col].tolist(), id_col) if id_col in inp.columns else (list(range(len(inp))), "row")
         if vec_col in inp.columns:
-            return io.stack_vectors(inp[vec_col].tolist(), ids, enc.dim, what=vec_col, id_name=id_name)
+            return stack_vectors(inp[vec_col].tolist(), ids, enc.dim, what=vec_col, id_name=id_name)
         texts = check_texts(inp[text_col].tolist(), text_col, *((ids, id_col) if id_name == id_col else ()))
         vecs = enc._encode(texts, max_length, unique=True)  # queries repeat per row; documents across queries
         if not np.isfinite(vecs).all():  # e.g. an fp16 overflow inside the model
-            io.stack_vectors(list(vecs), ids, enc.dim, what=f"{vec_col} encoded from {text_col!r}", id_name=id_name)
+            stack_vectors(list(vecs), ids, enc.dim, what=f"{vec_col} encoded from {text_col!r}", id_name=id_name)
         return vecs
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:

@@ -99,7 +99,7 @@ def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
     """Loads the bare encoder of a checkpoint with ``AutoModel`` (an MLM checkpoint loads without its head).
 
     Neither training nor inference uses the pooler (texts are pooled from the last hidden states by
-    :func:`pyterrier_cpdae._pooling.pool`), so it is left out wherever the architecture allows it
+    :func:`pyterrier_cpdae.encoder.pooling.pool`), so it is left out wherever the architecture allows it
     (``add_pooling_layer=False``): an MLM checkpoint has no pooler weights to load, and under DDP a pooler
     would hold parameters without gradients.
 

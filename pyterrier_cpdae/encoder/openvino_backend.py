@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ._pooling import pool
+from .pooling import pool
 
 __all__ = ["openvino_available", "compile_encoder"]
 
@@ -41,7 +41,7 @@ def openvino_available() -> bool:
 
 
 class _Pooled(torch.nn.Module):
-    """The encoder followed by :func:`~pyterrier_cpdae._pooling.pool`, as one module to trace."""
+    """The encoder followed by :func:`~pyterrier_cpdae.encoder.pooling.pool`, as one module to trace."""
 
     def __init__(self, model: torch.nn.Module, pooling: str, normalize: bool):
         super().__init__()
@@ -59,7 +59,7 @@ def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
     Args:
         model: a Hugging Face encoder in eval mode (its weights are copied into the graph: later changes to the
             module are not seen).
-        pooling / normalize: as :func:`~pyterrier_cpdae._pooling.pool`.
+        pooling / normalize: as :func:`~pyterrier_cpdae.encoder.pooling.pool`.
         threads: inference threads (default: ``torch.get_num_threads()``).
         precision: OpenVINO's ``INFERENCE_PRECISION_HINT`` (``"f32"``; ``"bf16"`` where the CPU has it).
 

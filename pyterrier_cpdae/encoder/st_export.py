@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Union
 
-from ._index_io import write_json_atomic
-from ._pooling import POOLINGS
+from .._files import write_json_atomic
+from .pooling import POOLINGS
 
 __all__ = ["write_st_config", "read_encoder_settings"]
 

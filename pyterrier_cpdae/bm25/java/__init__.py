@@ -1,7 +1,7 @@
 """The package's Java helper for BM25 indexing (``pyterrier_cpdae.BlobIndexer``), shipped as a small jar.
 
 ``src/`` holds the Java source; ``pyterrier-cpdae-bm25.jar`` is its compiled form (Java 21 class files), built by
-``python -m pyterrier_cpdae.java.build`` (needs a JDK: ``javac``). The jar records the SHA-256 of the sources it
+``python -m pyterrier_cpdae.bm25.java.build`` (needs a JDK: ``javac``). The jar records the SHA-256 of the sources it
 was built from (:data:`SOURCE_HASH_ENTRY`), so a test can tell when the shipped jar is stale.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 __all__ = ["JAR", "SOURCES", "SOURCE_HASH_ENTRY", "source_hash"]
 
 HERE = Path(__file__).resolve().parent
-#: The compiled helper; :func:`pyterrier_cpdae._java.ensure_java` puts it on the JVM's class path.
+#: The compiled helper; :func:`pyterrier_cpdae.bm25.jvm.ensure_java` puts it on the JVM's class path.
 JAR = HERE / "pyterrier-cpdae-bm25.jar"
 #: The Java sources the jar is built from.
 SOURCES = HERE / "src"

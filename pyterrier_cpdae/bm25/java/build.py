@@ -2,10 +2,10 @@
 
 Usage::
 
-    python -m pyterrier_cpdae.java.build [--javac PATH] [--out JAR]
+    python -m pyterrier_cpdae.bm25.java.build [--javac PATH] [--out JAR]
 
 Compiles with ``javac --release 21`` (Anserini 1.7.1's Java version) against the Anserini jar that Pyserini
-ships, and writes a jar holding the class files and the sources' hash (:data:`~pyterrier_cpdae.java.SOURCE_HASH_ENTRY`).
+ships, and writes a jar holding the class files and the sources' hash (:data:`~pyterrier_cpdae.bm25.java.SOURCE_HASH_ENTRY`).
 Entries get a fixed timestamp, so rebuilding unchanged sources with the same ``javac`` gives the same bytes.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Optional
 
-from pyterrier_cpdae.java import JAR, SOURCE_HASH_ENTRY, SOURCES, source_hash
+from pyterrier_cpdae.bm25.java import JAR, SOURCE_HASH_ENTRY, SOURCES, source_hash
 
 _JAVA_RELEASE = "21"
 _FIXED_TIME = (2024, 1, 1, 0, 0, 0)
@@ -51,7 +51,7 @@ def build(out: Path = JAR, javac: Optional[str] = None) -> Path:
     Raises:
         RuntimeError: no Java 21+ ``javac`` was found, or compilation failed (javac's message included).
     """
-    from pyterrier_cpdae._java import _anserini_jar
+    from pyterrier_cpdae.bm25.jvm import _anserini_jar
 
     javac = javac or find_javac()
     if javac is None:
@@ -65,7 +65,7 @@ def build(out: Path = JAR, javac: Optional[str] = None) -> Path:
         tmp = out.with_name(out.name + ".tmp")
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as jar:
             manifest = zipfile.ZipInfo("META-INF/MANIFEST.MF", _FIXED_TIME)
-            jar.writestr(manifest, "Manifest-Version: 1.0\r\nCreated-By: pyterrier_cpdae.java.build\r\n\r\n")
+            jar.writestr(manifest, "Manifest-Version: 1.0\r\nCreated-By: pyterrier_cpdae.bm25.java.build\r\n\r\n")
             for cls in sorted(Path(classes).rglob("*.class")):
                 jar.writestr(zipfile.ZipInfo(cls.relative_to(classes).as_posix(), _FIXED_TIME), cls.read_bytes())
             jar.writestr(zipfile.ZipInfo(SOURCE_HASH_ENTRY, _FIXED_TIME), source_hash() + "\n")
