@@ -12,7 +12,7 @@
 
   (dot product as in coCondenser, ``τ = --span-contrast-temperature``, default 1: none;
   every span is an anchor, its twin span the positive, the other ``2m - 2`` spans the
-  negatives; computed by :func:`pretrain.objectives.cpdae.twin_contrastive_loss`).
+  negatives; computed by :func:`twin_contrastive_loss`).
 
   Reading taken: coCondenser samples two of a document's pre-cut chunks; here the document
   is the training text (a block of the token cache, never mixing documents) and its two spans
@@ -39,7 +39,50 @@ from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, 
 from ..losses import info_nce
 from ..masking import pad_and_add_special
 
-__all__ = ["paired_info_nce", "cosine", "dot", "split_spans", "span_contrast_loss", "attach_span_contrast"]
+__all__ = ["twin_contrastive_loss", "paired_info_nce", "cosine", "dot", "split_spans", "span_contrast_loss", "attach_span_contrast"]
+
+
+def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0,
+                          reduction: str = "mean") -> torch.Tensor:
+    """InfoNCE over the views of a data-parallel batch.
+
+    ``x`` holds this process's ``2m`` views, view-major (row ``i`` and ``i+m`` are twins).
+    The views of all processes are gathered (with gradients), the similarity of local views
+    against every global view is computed with ``similarity(local, global) -> (rows, N)``
+    (``global`` is ``None`` in a single process, meaning "local").
+
+    ``reduction="mean"``: every view is an anchor; the loss is the mean over the local rows
+    (with DDP's gradient averaging, the global-batch mean). ``"sum"``: CPDAE's Eq. 5 read
+    literally, a sum over the ``m`` anchors, the first view of each text (its positive is the
+    twin, all other ``2m - 2`` views of the global batch are negatives); each process returns
+    ``world_size`` times its local sum, so that DDP's averaging gives the global sum.
+    """
+    n = x.shape[0]
+    if n % 2:
+        raise ValueError(f"expected an even number of views (2 per text), got {n}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"cl_reduction must be 'mean' or 'sum', got {reduction!r}")
+    m = n // 2
+    local = torch.arange(n, device=x.device)
+    pos = (local + m) % n
+    offset, scale, columns = 0, 1, None
+    if is_distributed():
+        sizes = gather_sizes(n, device=x.device)
+        offset = sum(sizes[:rank()])
+        if sum(sizes) < 4:
+            raise ValueError("contrastive objectives need at least 2 texts per (global) batch")
+        columns, scale = gather_with_grad(x), world_size()
+    elif m < 2:
+        raise ValueError("contrastive objectives need at least 2 texts per batch (got 1): "
+                         "the other texts' views are the negatives")
+    if reduction == "mean":
+        sim = similarity(x, columns)
+        return info_nce(sim, pos + offset, self_index=local + offset if columns is not None else None,
+                        temperature=temperature)
+    anchors = local[:m]
+    sim = similarity(x[:m], x if columns is None else columns)
+    return scale * info_nce(sim, pos[:m] + offset, self_index=anchors + offset, temperature=temperature,
+                            reduction="sum")
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -105,8 +148,6 @@ def split_spans(ids: list[int], generator: Optional[torch.Generator] = None) -> 
 
 def span_contrast_loss(objective: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """``L_span`` of a batch holding ``span_input_ids``/``span_attention_mask`` ``(m, 2, L)``."""
-    from .cpdae import twin_contrastive_loss  # cpdae imports base, which imports this module
-
     ids = batch["span_input_ids"].transpose(0, 1).reshape(-1, batch["span_input_ids"].shape[-1])
     am = batch["span_attention_mask"].transpose(0, 1).reshape(-1, ids.shape[-1])
     h = objective.encoder(input_ids=ids, attention_mask=am).last_hidden_state[:, 0].float()
