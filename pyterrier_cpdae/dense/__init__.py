@@ -9,19 +9,20 @@ Example::
     (enc >> index.indexer()).index(dataset.get_corpus_iter())
     pipeline = enc >> index.retriever(num_results=100)
 
-This module is the public home of :class:`DenseIndex`; it imports the retrievers' modules so that they attach their
-factories.  The parts import one way only (``tests/test_module_graph.py`` checks that the package has no cycle)::
+This package (the dense wing) is the public home of :class:`DenseIndex` and its retrievers; it imports the
+retrievers' modules so that they attach their factories.  The parts import one way only
+(``tests/test_module_graph.py`` checks that there is no cycle and that the wing imports only itself and the shared
+helpers ``_artifact``, ``_checks``, ``_files``, ``_locking``)::
 
-    _exact_retr, _faiss_retr   retrievers; attach retriever()/np_retriever()/.../faiss_*_retriever()/scorer()
-        -> _dense_core         DenseIndex: state, meta(), indexing, merging
-        -> _retrieval          result frames and their checks
-    _dense_core -> _indexing   DenseIndexer (crash-resumable writer), merge_indexes, merge_shards
-    _dense_core, _indexing, _exact_retr -> _store
+    exact_retr, faiss_retr     retrievers; attach retriever()/np_retriever()/.../faiss_*_retriever()/scorer()
+        -> index               DenseIndex: state, meta(), indexing, merging
+        -> retrieval           result frames and their checks
+    index -> indexing          DenseIndexer (crash-resumable writer), merge_indexes, merge_shards
+    index, indexing, exact_retr -> store
                                DenseStore: opens and checks vectors + docnos (single or sharded), exact search()
-    _store -> _index_io, _exact_search
-                               the file format and pt_meta.json reader; the numpy/torch search kernels
+    store -> format, kernels   the file format; the numpy/torch search kernels
 
-See ``_index_io`` for the directory format.
+See :mod:`pyterrier_cpdae.dense.format` for the directory format.
 """
 from __future__ import annotations
 
