@@ -24,9 +24,9 @@ from .config import PretrainConfig, parse_config
 
 #: Subcommands: name -> (module with a ``main(argv)``, one-line description).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "finetune": ("pretrain.finetune", "fine-tune a bi-encoder (BM25 / file / dense-mined hard negatives)"),
-    "inspect": ("pretrain.inspect_decoder", "show the words a pre-trained decoder predicts from [CLS] vectors"),
-    "coverage": ("pretrain.coverage", "input-token coverage of [CLS] vectors projected onto the vocabulary"),
+    "finetune": ("pretrain.finetune.train", "fine-tune a bi-encoder (BM25 / file / dense-mined hard negatives)"),
+    "inspect": ("pretrain.analysis.inspect_decoder", "show the words a pre-trained decoder predicts from [CLS] vectors"),
+    "coverage": ("pretrain.analysis.coverage", "input-token coverage of [CLS] vectors projected onto the vocabulary"),
 }
 
 DESCRIPTION = """\
@@ -135,7 +135,7 @@ def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load a tokenizer from --model {config.model!r}: {e}") from e
     if config.from_config is None:
-        from pyterrier_cpdae._loading import checkpoint_keys
+        from pyterrier_cpdae.encoder.loading import checkpoint_keys
         checkpoint_keys(config.model)  # names a damaged weights file (and a MemoryError as such)
     model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head)
     max_pos = getattr(model.config, "max_position_embeddings", None)

@@ -227,7 +227,7 @@ def pretrain_config_class(objective: str, base: type = PretrainConfig) -> type:
     Raises:
         ValueError: if ``objective`` is not a registered objective.
     """
-    from .objectives import objective_class
+    from .registry import objective_class
 
     options = objective_class(objective).Options
     key = (base, objective, options)
@@ -250,7 +250,7 @@ def objective_option_names(cls: type) -> list[str]:
 
 def objectives_with_option(name: str) -> list[str]:
     """Registered objectives that have an option called ``name``."""
-    from .objectives import available_objectives
+    from .registry import available_objectives
 
     return [obj for obj, cls in available_objectives().items()
             if name in {f.name for f in dataclasses.fields(cls.Options)}]
@@ -440,7 +440,7 @@ def coerce_value(f: dataclasses.Field, value: Any, source: str = "config file") 
 def _choices(cls: type, f: dataclasses.Field) -> Optional[list[str]]:
     """The allowed values of field ``f`` (``--objective``: the registered objectives)."""
     if f.name == "objective" and isinstance(cls, type) and issubclass(cls, PretrainConfig):
-        from .objectives import available_objectives
+        from .registry import available_objectives
         return list(available_objectives())
     if f.name == "preset" and isinstance(cls, type) and issubclass(cls, PretrainConfig) and cls.PRESETS:
         return sorted(cls.PRESETS)
@@ -463,7 +463,7 @@ def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, 
     group: Any = parser
     objective = getattr(cls, "_objective_name", None)
     if objective is not None:
-        from .objectives import objective_class
+        from .registry import objective_class
         own = set(objective_option_names(cls))
         obj_cls = objective_class(objective)
         group = parser.add_argument_group(f"options of objective {objective!r}", obj_cls.summary())
@@ -532,7 +532,7 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
         if path:
             from_file = load_config_file(path)
         objective = known.objective or from_file.get("objective") or cls.__dataclass_fields__["objective"].default
-        from .objectives import available_objectives
+        from .registry import available_objectives
         if objective not in available_objectives():
             where = "--objective" if known.objective else f"option 'objective' in the config file {path}"
             if known.objective:  # argparse names the flag and lists the choices

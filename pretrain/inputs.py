@@ -81,7 +81,7 @@ def check_model_arg(value: str, option: str = "--model", *, weights: bool = True
         FileNotFoundError: the path does not exist.
         ValueError: a file where a directory is expected, no ``config.json``, no safetensors weights.
     """
-    from pyterrier_cpdae._loading import check_model_dir, check_weights_file
+    from pyterrier_cpdae.encoder.loading import check_model_dir, check_weights_file
 
     if os.path.isdir(value):
         try:

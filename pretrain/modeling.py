@@ -214,7 +214,7 @@ class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
                 return cls._from_legacy_dir(path)
         elif os.path.isabs(path) or path.startswith((".", "~")):
             raise FileNotFoundError(f"decoder directory not found: {path}")
-        from pyterrier_cpdae._loading import float32_kwargs
+        from pyterrier_cpdae.encoder.loading import float32_kwargs
         return super().from_pretrained(path, *args, **{**float32_kwargs(), **kwargs})
 
     @classmethod
@@ -311,7 +311,7 @@ def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm
     """
     from transformers import AutoConfig, AutoModelForMaskedLM
 
-    from pyterrier_cpdae._loading import float32_kwargs
+    from pyterrier_cpdae.encoder.loading import float32_kwargs
 
     if from_config is not None:
         config = AutoConfig.from_pretrained(from_config)

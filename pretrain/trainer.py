@@ -257,7 +257,7 @@ class FiniteGuard:
 
 # ----------------------------------------------------------------------------- helpers
 def resolve_mixed_precision(mixed_precision: str, cpu: bool = False) -> str:
-    """``auto`` → the automatic autocast dtype of inference (:func:`pyterrier_cpdae._loading.autocast_dtype`):
+    """``auto`` → the automatic autocast dtype of inference (:func:`pyterrier_cpdae.encoder.loading.autocast_dtype`):
     ``bf16`` on CUDA when supported, ``fp16`` on other CUDA devices, ``no`` on CPU.
 
     Raises:
@@ -265,7 +265,7 @@ def resolve_mixed_precision(mixed_precision: str, cpu: bool = False) -> str:
     """
     cuda = torch.cuda.is_available() and not cpu
     if mixed_precision == "auto":
-        from pyterrier_cpdae._loading import autocast_dtype
+        from pyterrier_cpdae.encoder.loading import autocast_dtype
         return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "no"}[autocast_dtype("cuda" if cuda else "cpu")]
     if mixed_precision not in ("no", "fp16", "bf16"):
         raise ValueError(f"unknown mixed_precision {mixed_precision!r}; use auto, no, fp16 or bf16")

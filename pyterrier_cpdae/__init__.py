@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "CPDAE": "pyterrier_cpdae.encoder",
-    "DenseIndex": "pyterrier_cpdae.dense_index",
+    "DenseIndex": "pyterrier_cpdae.dense",
     "BM25Index": "pyterrier_cpdae.bm25",
     "load_dataset": "pyterrier_cpdae.datasets",
 }

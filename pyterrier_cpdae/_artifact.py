@@ -1,6 +1,6 @@
 """Sharing the package's artifacts as PyTerrier packages: what goes into one, and how one is unpacked offline.
 
-:class:`PackagedArtifact` is the base of :class:`~pyterrier_cpdae.dense_index.DenseIndex` and
+:class:`PackagedArtifact` is the base of :class:`~pyterrier_cpdae.dense.DenseIndex` and
 :class:`~pyterrier_cpdae.bm25.BM25Index`. PyTerrier's ``build_package`` (and so ``to_hf`` / ``to_zenodo``) packs
 every file of the artifact's folder into one ``.tar.lz4`` archive (plus ``<archive>.json``: sizes and SHA-256);
 here it packs only a *complete* artifact, and leaves out what is rebuilt on first use or belongs to one machine:
@@ -15,16 +15,22 @@ import contextlib
 import json
 import os
 import re
+import stat
 import tarfile
 from pathlib import Path
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import IO, Any, Iterator, Optional, Sequence, Tuple, Union
 
 import pyterrier as pt
 import pyterrier_alpha as pta
 
 from ._files import current_umask
 
-__all__ = ["PackagedArtifact"]
+__all__ = ["PackagedArtifact", "IncompleteIndexError", "read_pt_meta", "META_FILE"]
+
+#: every artifact of this package describes itself in this file, written last
+META_FILE = "pt_meta.json"
+#: The most bytes an index's metadata file may hold (a larger one is refused unread).
+MAX_META_BYTES = 1 << 20
 
 # lock files (.<name>.lock, see _locking.lock_path) and temporaries of atomic writes (.<stem>.<random>.tmp<suffix>)
 _TRANSIENT = re.compile(r"^\..+(\.lock|\.tmp(\.[^.]*)?)$")
@@ -117,3 +123,122 @@ class PackagedArtifact(pta.Artifact):
                                  f"{(cls.ARTIFACT_TYPE, cls.ARTIFACT_FORMAT)}; open it with pt.Artifact.from_url")
         os.chmod(path, 0o777 & ~current_umask())  # finalized_directory leaves it world-writable
         return cls(path)
+
+
+class IncompleteIndexError(FileNotFoundError, RuntimeError):
+    """Raised when an index (dense or BM25) that has not been completely built is used: its ``pt_meta.json``,
+    written last, is missing.  A ``FileNotFoundError`` and a ``RuntimeError``, so that code written against either
+    index's earlier behaviour keeps working."""
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def check_regular(path: Path, what: str) -> os.stat_result:
+    """``os.stat`` of ``path`` (following symlinks), refusing anything but a regular file.
+
+    Opening a FIFO for reading blocks until a writer appears (forever), and a device or directory is no index
+    file: neither may be handed to a reader that opens by name (npids, FAISS).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``<what>: <path> is a FIFO (named pipe), not a regular file ...``.
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what}: {path} is {_file_kind(st.st_mode)}, not a regular file; an index holds only "
+                         "regular files — rebuild it with indexer(mode='overwrite')")
+    return st
+
+
+def open_regular(path: Path, what: str) -> IO[bytes]:
+    """Opens ``path`` for binary reading only if it is a regular file, without ever blocking.
+
+    The file is opened with ``O_NONBLOCK`` (so a FIFO put in its place cannot hang the open) and checked with
+    ``fstat`` on the open descriptor (so it cannot be swapped between the check and the read).
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: ``path`` does not exist.
+        ValueError: it is not a regular file (see :func:`check_regular`).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{what}: {path} is {_file_kind(st.st_mode)}, not a regular file; an index holds only "
+                             "regular files — rebuild it with indexer(mode='overwrite')")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_small_file(path: Path, what: str, limit: int = MAX_META_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular`), refusing one larger than ``limit`` bytes.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: ``path`` does not exist.
+        ValueError: not a regular file, or larger than ``limit``.
+    """
+    with open_regular(path, what) as fin:
+        size = os.fstat(fin.fileno()).st_size
+        data = fin.read(limit + 1)
+    if max(size, len(data)) > limit:
+        raise ValueError(f"{what}: {path} is {max(size, len(data))} bytes, more than the {limit} an index's metadata "
+                         "can need — it is not this package's file; rebuild the index with indexer(mode='overwrite')")
+    return data
+
+
+def read_pt_meta(path: Path, *, artifact_type: str, artifact_format: str, what: str,
+                 required: Sequence[str] = ()) -> Optional[dict]:
+    """Reads an artifact's ``pt_meta.json`` and checks its type/format: the one reader of every index of this package.
+
+    Args:
+        path: the artifact directory.
+        artifact_type / artifact_format: what ``pt_meta.json`` must declare (``ARTIFACT_TYPE``/``ARTIFACT_FORMAT``).
+        what: the artifact's class name for error messages (``"DenseIndex"``, ``"BM25Index"``).
+        required: fields that must be present.
+
+    Returns:
+        The parsed JSON object, or ``None`` when ``pt_meta.json`` does not exist (the artifact is not built).
+
+    Raises:
+        ValueError: ``corrupt <what> <path>: pt_meta.json ...`` when it is not a regular file (a FIFO would block the
+            reader forever), is larger than ``MAX_META_BYTES``, is not valid UTF-8 JSON, not an object or lacks
+            a required field; ``<path> is not a <what>: pt_meta.json describes (type, format), expected (...)`` for
+            another kind of artifact.  ``OSError`` (other than a missing file) propagates.
+    """
+    meta_path = Path(path) / META_FILE
+    try:
+        data = read_small_file(meta_path, f"corrupt {what} {path}")
+    except (FileNotFoundError, NotADirectoryError):  # no artifact there (yet)
+        return None
+    try:
+        text = data.decode("utf8")
+    except UnicodeDecodeError as ex:
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
+                         "indexer(mode='overwrite')") from ex
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError) as ex:  # RecursionError: absurdly deep nesting
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is not valid JSON ({ex}); rebuild it with "
+                         "indexer(mode='overwrite')") from ex
+    if not isinstance(meta, dict):
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} holds a JSON {type(meta).__name__}, expected an object; "
+                         "rebuild it with indexer(mode='overwrite')")
+    if (meta.get("type"), meta.get("format")) != (artifact_type, artifact_format):
+        raise ValueError(f"{path} is not a {what}: {META_FILE} describes {(meta.get('type'), meta.get('format'))}, "
+                         f"expected {(artifact_type, artifact_format)}")
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise ValueError(f"corrupt {what} {path}: {META_FILE} is missing field(s) {missing}; rebuild it with "
+                         "indexer(mode='overwrite')")
+    return meta
+
+

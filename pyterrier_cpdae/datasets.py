@@ -36,7 +36,7 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from pyterrier_cpdae._files import read_head, read_jsonl, read_lines, read_text
-from pyterrier_cpdae._index_io import as_docno, as_docnos
+from pyterrier_cpdae._checks import as_docno, as_docnos
 
 __all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "DatasetTextLoader", "SMART_LAYOUTS"]
 

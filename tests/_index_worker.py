@@ -21,7 +21,7 @@ def synthetic_docs(num_docs: int, dim: int, sleep: float = 0.0):
 
 def main() -> None:
     path, mode, num_docs, dim, sleep, every = sys.argv[1:7]
-    from pyterrier_cpdae.dense_index import DenseIndex
+    from pyterrier_cpdae.dense import DenseIndex
 
     index = DenseIndex(path)
     index.indexer(mode=mode, batch_size=16, checkpoint_every=int(every)).index(

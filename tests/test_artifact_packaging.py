@@ -16,7 +16,7 @@ import pytest
 from lz4.frame import LZ4FrameFile
 
 from pyterrier_cpdae.bm25 import BM25Index
-from pyterrier_cpdae.dense_index import DenseIndex
+from pyterrier_cpdae.dense import DenseIndex
 from pyterrier_cpdae.datasets import load_dataset
 
 DIM = 8

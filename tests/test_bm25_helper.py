@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import pyterrier_cpdae.bm25 as bm25_module
+import pyterrier_cpdae.bm25.index as bm25_module
 from pyterrier_cpdae.bm25 import BM25Index, BM25Indexer
-from pyterrier_cpdae.java import JAR, SOURCE_HASH_ENTRY, source_hash
+from pyterrier_cpdae.bm25.java import JAR, SOURCE_HASH_ENTRY, source_hash
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def _snapshot(index: BM25Index) -> tuple:
 
 
 def test_the_jar_is_built_from_the_shipped_source() -> None:
-    """Edit BlobIndexer.java without rebuilding (python -m pyterrier_cpdae.java.build) and this fails."""
+    """Edit BlobIndexer.java without rebuilding (python -m pyterrier_cpdae.bm25.java.build) and this fails."""
     with zipfile.ZipFile(JAR) as jar:
         names = set(jar.namelist())
         recorded = jar.read(SOURCE_HASH_ENTRY).decode().strip()
@@ -72,7 +72,7 @@ def test_the_jar_is_built_from_the_shipped_source() -> None:
 
 
 def test_the_jar_rebuilds_from_source(tmp_path: Path) -> None:
-    from pyterrier_cpdae.java.build import build, find_javac
+    from pyterrier_cpdae.bm25.java.build import build, find_javac
 
     if find_javac() is None:
         pytest.skip("needs a JDK 21+ (javac) to compile the helper")
@@ -130,7 +130,7 @@ def test_a_nul_only_text_is_refused_not_skipped_as_empty(tmp_path: Path) -> None
 
 
 def test_blob_indexer_checks_batches_and_flushes_before_the_commit(tmp_path: Path) -> None:
-    from pyterrier_cpdae._java import autoclass
+    from pyterrier_cpdae.bm25.jvm import autoclass
 
     simple_indexer = autoclass("io.anserini.index.SimpleIndexer")
     lucene = tmp_path / "lucene"
@@ -194,7 +194,7 @@ def test_a_jvm_started_without_the_helper_falls_back_to_json_with_a_warning(tmp_
     code = f"""
         import os, warnings
         import jnius_config
-        from pyterrier_cpdae._java import _anserini_jar, _find_java_home
+        from pyterrier_cpdae.bm25.jvm import _anserini_jar, _find_java_home
         os.environ["JAVA_HOME"] = str(_find_java_home())
         jnius_config.add_classpath(_anserini_jar())
         import jnius  # Java starts now, without pyterrier-cpdae's jar

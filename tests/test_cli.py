@@ -106,7 +106,7 @@ def test_subcommand_dispatch(monkeypatch):
     calls = []
     fake = types.ModuleType("fake_cov")
     fake.main = lambda argv: calls.append(argv) or "ok"
-    monkeypatch.setitem(sys.modules, "pretrain.coverage", fake)
+    monkeypatch.setitem(sys.modules, "pretrain.analysis.coverage", fake)
     assert cli.main(["coverage", "--model", "x", "--k", "5"]) == "ok"
     assert calls == [["--model", "x", "--k", "5"]]
 
@@ -162,7 +162,7 @@ def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_b
     diff = sum(float((a - b).abs().sum()) for a, b in zip(enc.state_dict().values(), init.state_dict().values()))
     assert diff > 0
     # ... and is what pyterrier_cpdae's encoder loads: its doc vector is the export's [CLS] vector
-    import pyterrier_cpdae.encoder as encoder_mod
+    import pyterrier_cpdae.encoder.cpdae as encoder_mod
     vecs = encoder_mod.CPDAE.from_pretrained(str(out)).encode_docs(["dense retrieval", "another text"])
     assert vecs.shape == (2, 32) and vecs.dtype.name == "float32"
     import torch

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from pretrain.coverage import load_for_coverage, main, token_coverage, token_coverages
+from pretrain.analysis.coverage import load_for_coverage, main, token_coverage, token_coverages
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "a b c",
          "information retrieval evaluation campaigns at trec and clef",

@@ -221,8 +221,8 @@ def test_decoder_from_reads_old_and_new_runs(cpdae_run, tiny_bert_dir, tmp_path)
 
 def test_inspect_and_coverage_load_an_old_run(cpdae_run, tmp_path):
     """The loaders of ``python -m pretrain inspect`` and ``coverage`` read a run saved before this change."""
-    from pretrain.coverage import _project, load_for_coverage
-    from pretrain.inspect_decoder import DecoderInspector, decoder_dir
+    from pretrain.analysis.coverage import _project, load_for_coverage
+    from pretrain.analysis.inspect_decoder import DecoderInspector, decoder_dir
 
     out, obj = cpdae_run
     old_run = tmp_path / "old"

@@ -18,7 +18,7 @@ import pandas as pd
 import pyterrier as pt
 import pytest
 
-from pyterrier_cpdae.dense_index import DenseIndex, IncompleteIndexError
+from pyterrier_cpdae.dense import DenseIndex, IncompleteIndexError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _index_worker import synthetic_docs  # noqa: E402
@@ -465,7 +465,7 @@ def test_shards_view_and_merge_equal_single_index(tmp_path, monkeypatch):
 def test_shards_in_subprocesses(tmp_path):
     """Two processes index their shard concurrently (like torchrun ranks)."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from _index_worker import synthetic_docs; "
-            "from pyterrier_cpdae.dense_index import DenseIndex; "
+            "from pyterrier_cpdae.dense import DenseIndex; "
             "DenseIndex(sys.argv[2]).indexer().index(synthetic_docs(500, 16))")
     procs = []
     for rank in range(2):
@@ -679,7 +679,7 @@ def test_vaswani_minilm_backends_agree_and_hnsw_recall(vaswani_dir, minilm_path,
     """Issue 2 acceptance on real data: MiniLM (mean pooling, normalised) over the first 1,500 Vaswani documents
     and all 93 queries.  numpy, torch (in chunks) and FAISS flat give identical top-10 rankings, and HNSW (its
     default parameters) keeps recall@10 >= 0.95 against exact search.  The full-collection run is recorded in
-    experiments/results/vaswani_dense_backends.md (experiments/vaswani_dense_backends.py)."""
+    experiments/results/vaswani_dense_backends.md (experiments/studies/vaswani_dense_backends.py)."""
     from itertools import islice
 
     from pyterrier_cpdae import CPDAE, load_dataset

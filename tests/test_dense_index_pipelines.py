@@ -16,7 +16,7 @@ import pyterrier as pt
 import pytest
 
 from pyterrier_cpdae import CPDAE, BM25Index, DenseIndex
-from pyterrier_cpdae._index_io import IncompleteIndexError
+from pyterrier_cpdae.dense.format import IncompleteIndexError
 
 DOCS = [
     {"docno": "a", "text": "apple banana cherry"},

@@ -26,7 +26,7 @@ SCHEMES = {
 def test_lookup_matches_a_dict(tmp_path, name):
     import npids
 
-    from pyterrier_cpdae._index_io import build_docno_lookup
+    from pyterrier_cpdae.dense.format import build_docno_lookup
 
     docnos = SCHEMES[name]
     reference = {d: i for i, d in enumerate(docnos)}
@@ -44,7 +44,7 @@ def test_lookup_matches_a_dict(tmp_path, name):
 
 @pytest.mark.parametrize("docnos", [["1", "2", "1"], ["x", "x"], ["x"] * 300, [str(i) for i in range(1, 50)] + ["49"]])
 def test_duplicates_are_refused_and_leave_no_lookup(tmp_path, docnos):
-    from pyterrier_cpdae._index_io import build_docno_lookup
+    from pyterrier_cpdae.dense.format import build_docno_lookup
 
     path = tmp_path / "docnos.npids"
     with pytest.raises(ValueError, match="duplicate docnos"):

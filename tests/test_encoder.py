@@ -323,7 +323,7 @@ def test_indexing_pipeline_streams(tiny_bert_dir):
 
 
 def test_dense_index_pipelines(tiny_bert_dir, tmp_path):
-    import pyterrier_cpdae.dense_index as dense_index
+    import pyterrier_cpdae.dense as dense_index
     enc = CPDAE.from_pretrained(tiny_bert_dir, pooling="mean", normalize=True)
     docs = _texts(30, seed=8)
     index = dense_index.DenseIndex(tmp_path / "idx")
@@ -379,7 +379,7 @@ def test_autocast_dtype_defaults(tiny_bert_dir, monkeypatch):
 def test_experiment_tree_plan_shares_the_encoder_before_dense_retrievers(tiny_bert_dir, tmp_path):
     """The issue's pipeline shape ``enc >> index.retriever()``: with plan="tree", the queries are encoded once for
     all systems (and once per system without it, which shows the counter sees every encoding)."""
-    from pyterrier_cpdae.dense_index import DenseIndex
+    from pyterrier_cpdae.dense import DenseIndex
 
     docs = _texts(40, seed=11)
     enc = CPDAE.from_pretrained(tiny_bert_dir, pooling="mean", normalize=True)

@@ -1,5 +1,5 @@
 """One encoder loader and one autocast choice for training and inference (issue 11, item 3): fine-tuning's
-``BiEncoder`` loads with ``CPDAE``'s loader (:mod:`pyterrier_cpdae._loading`), and the vectors the fine-tuning loss
+``BiEncoder`` loads with ``CPDAE``'s loader (:mod:`pyterrier_cpdae.encoder.loading`), and the vectors the fine-tuning loss
 sees equal the vectors ``CPDAE`` indexes, in float32 and under bf16 autocast, for [CLS] and mean pooling.
 
 (``tests/test_st_export.py::test_training_vectors_equal_inference_vectors`` checks ``BiEncoder.encode`` under a bare
@@ -28,7 +28,7 @@ BF16_ATOL = 1e-5
 @pytest.fixture(scope="module")
 def finetuned_dir(tmp_path_factory, tiny_bert_dir) -> str:
     """A model exported by a 2-step ``python -m pretrain finetune`` run (mean pooling, query/doc lengths 16/24)."""
-    from pretrain.finetune import main
+    from pretrain.finetune.train import main
 
     tmp = tmp_path_factory.mktemp("loader-finetune")
     words = "retrieval dense encoder corpus query document ranking vector token decoder masked passage".split()
@@ -51,7 +51,7 @@ def _training_vectors(model_dir: str, pooling: str, mixed_precision: str):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from pretrain.biencoder import BiEncoder
+    from pretrain.finetune.biencoder import BiEncoder
     from pretrain.trainer import resolve_mixed_precision
 
     bi = BiEncoder.from_pretrained(model_dir, pooling=pooling, query_max_length=16, doc_max_length=24)
@@ -113,7 +113,7 @@ def test_training_and_inference_load_the_same_encoder(pooler_dir, tiny_bert_dir)
     """Regression: BiEncoder always dropped the pooler while CPDAE kept it when the checkpoint had one."""
     from safetensors import safe_open
 
-    from pretrain.biencoder import BiEncoder
+    from pretrain.finetune.biencoder import BiEncoder
 
     with safe_open(f"{pooler_dir}/model.safetensors", framework="pt") as f:
         assert any(k.startswith("pooler.") for k in f.keys())
@@ -130,7 +130,7 @@ def test_training_loader_refuses_what_inference_refuses(tiny_bert_dir, tmp_path)
     """BiEncoder.from_pretrained names a missing config.json and missing tokenizer files, as CPDAE does."""
     import shutil
 
-    from pretrain.biencoder import BiEncoder
+    from pretrain.finetune.biencoder import BiEncoder
 
     with pytest.raises(OSError, match=r"config\.json does not exist"):
         BiEncoder.from_pretrained(str(tmp_path))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pyterrier_cpdae import _openvino
-from pyterrier_cpdae import encoder as enc_mod
+from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder import CPDAE
 
 pytestmark = pytest.mark.skipif(not _openvino.openvino_available(), reason="pip install openvino (the 'test' extra)")

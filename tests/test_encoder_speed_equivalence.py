@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyterrier_cpdae import encoder as enc_mod
+from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder import CPDAE, cpu_has_native_bf16, default_dtype
 
 REPO = Path(__file__).resolve().parent.parent

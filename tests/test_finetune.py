@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pretrain import negatives as neg
+from pretrain.finetune import negatives as neg
 from pretrain.config import FinetuneConfig, parse_config
-from pretrain.finetune import load_training_data, main
+from pretrain.finetune.train import load_training_data, main
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("apple river mountain engine planet violin castle garden doctor ocean pencil rocket winter "
@@ -75,7 +75,7 @@ def test_max_train_queries_sampling_is_reproducible(tmp_path):
 
 
 def test_finetune_bm25_end_to_end_loads_with_cpdae(tmp_path, tiny_bert_dir, caplog):
-    import pyterrier_cpdae.encoder as encoder_mod
+    import pyterrier_cpdae.encoder.cpdae as encoder_mod
     spec = _write_beir(tmp_path / "beir")
     out = tmp_path / "ft"
     with caplog.at_level(logging.INFO, logger="pretrain"):
@@ -196,7 +196,7 @@ def test_irds_triples_small_docpairs_are_read_from_a_fixture_cache(tmp_path, tin
         def no_network(*args, **kwargs):
             raise RuntimeError("network access attempted")
         socket.socket.connect = no_network
-        from pretrain.finetune import main
+        from pretrain.finetune.train import main
         main({args!r})
     """
     run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
@@ -213,7 +213,7 @@ def test_irds_triples_small_docpairs_are_read_from_a_fixture_cache(tmp_path, tin
 
 def test_model_negatives_equal_a_naive_dense_ranking(tmp_path, tiny_bert_dir):
     """``--negatives model:<dir>``: the pools are the checkpoint's exact dense top-k minus the positive."""
-    import pyterrier_cpdae.encoder as encoder_mod
+    import pyterrier_cpdae.encoder.cpdae as encoder_mod
     spec = _write_beir(tmp_path / "beir")
     groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{i + 20}"])
     first = tmp_path / "first"

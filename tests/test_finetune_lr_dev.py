@@ -1,8 +1,8 @@
-"""experiments/finetune_lr_dev.py: the held-aside split of the *training* queries, materialised by the pipeline."""
+"""experiments/studies/finetune_lr_dev.py: the held-aside split of the *training* queries, materialised by the pipeline."""
 import json
 import random
 
-from experiments.finetune_lr_dev import write_split
+from experiments.studies.finetune_lr_dev import write_split
 from experiments.paper.data import set_spec
 
 

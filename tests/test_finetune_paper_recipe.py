@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from pretrain import negatives as neg
-from pretrain.biencoder import pairwise_loss
+from pretrain.finetune import negatives as neg
+from pretrain.finetune.biencoder import pairwise_loss
 from pretrain.config import FINETUNE_PRESETS, FinetuneConfig, config_fields, parse_config
-from pretrain.finetune import main
+from pretrain.finetune.train import main
 
 from test_finetune import _args, _write_beir
 

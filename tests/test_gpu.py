@@ -71,7 +71,7 @@ def test_torch_retriever_streams_chunks_through_the_device_and_ranks_like_numpy(
     from test_dense_index import make_docs, make_topics
 
     from pyterrier_cpdae import _exact_search
-    from pyterrier_cpdae.dense_index import DenseIndex
+    from pyterrier_cpdae.dense import DenseIndex
 
     n, dim, k, chunk = 3000, 16, 100, 256
     docs, _ = make_docs(n, dim)
@@ -207,7 +207,7 @@ def test_faiss_gpu_flat_matches_exact_search(tmp_path):
         pytest.skip("faiss-gpu is not installed or sees no GPU")
     from test_dense_index import make_docs, make_topics
 
-    from pyterrier_cpdae.dense_index import DenseIndex
+    from pyterrier_cpdae.dense import DenseIndex
 
     docs, _ = make_docs(5000, 32)
     index = DenseIndex(tmp_path / "ix")

@@ -1,4 +1,4 @@
-"""Decoder inspection (pretrain.inspect_decoder): top-k tokens, per-word probabilities, HTML, CLI."""
+"""Decoder inspection (pretrain.analysis.inspect_decoder): top-k tokens, per-word probabilities, HTML, CLI."""
 from __future__ import annotations
 
 import html
@@ -42,7 +42,7 @@ HAND_PROBS = {"un": 0.2, "##bel": 0.1, "##ie": 0.05, "##va": 0.05, "##bly": 0.1,
 def hand_inspector(tok, tiny_bert_dir):
     from transformers import AutoModel
 
-    from pretrain.inspect_decoder import DecoderInspector
+    from pretrain.analysis.inspect_decoder import DecoderInspector
 
     logits = torch.full((len(tok),), -30.0)
     for t, p in HAND_PROBS.items():
@@ -90,7 +90,7 @@ def test_render_html_every_word_once_and_escaped(hand_inspector, tmp_path):
 # ----------------------------------------------------------------------------- a saved model
 
 def test_missing_decoder_error(tiny_bert_dir, tmp_path):
-    from pretrain.inspect_decoder import DecoderInspector, main, top_words
+    from pretrain.analysis.inspect_decoder import DecoderInspector, main, top_words
 
     with pytest.raises(FileNotFoundError, match=r"no CPDAE decoder in .*decoder .*; was it pre-trained with --objective cpdae"):
         top_words(tiny_bert_dir, "some text")
@@ -153,7 +153,7 @@ def _reference_probs(objective, tok, text):
 
 
 def test_top_words_equals_independent_computation(cpdae_dir, tok):
-    from pretrain.inspect_decoder import DecoderInspector, top_words
+    from pretrain.analysis.inspect_decoder import DecoderInspector, top_words
 
     path, objective = cpdae_dir
     text = "Albedo is the measure of diffuse reflection of solar radiation."
@@ -193,7 +193,7 @@ def test_real_cpdae_objective_output_loads(tiny_bert_dir, tok, tmp_path):
     from transformers import AutoModelForMaskedLM
 
     from pretrain.config import PretrainConfig
-    from pretrain.inspect_decoder import DecoderInspector
+    from pretrain.analysis.inspect_decoder import DecoderInspector
     from pretrain.objectives import build_objective
 
     torch.manual_seed(0)

@@ -1,4 +1,5 @@
-"""The modules of ``pyterrier_cpdae`` import each other without a cycle (issue 11, item 4).
+"""The modules of ``pyterrier_cpdae``, ``pretrain`` and ``experiments`` import each other without a cycle (issue 11,
+item 4; issue 26, item 1), no experiment script imports another script, and the layout keeps its shape.
 
 Which imports count: every ``import``/``from ... import`` statement anywhere in a module's source, at module level,
 inside ``if TYPE_CHECKING:`` and inside functions.  A function-level import only *postpones* a cycle (the two
@@ -6,8 +7,8 @@ modules still depend on each other, and which one finishes initialising first de
 under ``TYPE_CHECKING`` is a cycle for type checkers and for the reader.  Both were how the old
 ``dense_index`` <-> ``_indexing`` <-> ``retrievers`` circle was hidden, so both count.  ``from pyterrier_cpdae import
 X`` counts as an import of the module that ``pyterrier_cpdae.__init__`` lazily loads ``X`` from (its
-``_EXPORTS``).  Only edges between modules of the package are considered (its ``__init__`` imports nothing
-statically).
+``_EXPORTS``), and likewise for the wings' lazy ``__init__`` (``pyterrier_cpdae.encoder``, ``pyterrier_cpdae.bm25``).
+Only edges between modules of one package are considered, not edges to the top-level package itself.
 """
 from __future__ import annotations
 
@@ -24,6 +25,21 @@ import pyterrier_cpdae
 
 PACKAGE = "pyterrier_cpdae"
 PACKAGE_DIR = Path(pyterrier_cpdae.__file__).parent
+REPO = PACKAGE_DIR.parent
+PACKAGES = ["pyterrier_cpdae", "pretrain", "experiments"]
+WINGS = ["dense", "encoder", "bm25"]
+#: modules directly in pyterrier_cpdae/ that every wing may import (and that import no wing)
+SHARED = ["_artifact", "_checks", "_files", "_locking"]
+
+
+def package_exports() -> Dict[str, Dict[str, str]]:
+    """``{package module: its _EXPORTS}`` of the packages whose ``__init__`` loads names lazily."""
+    import importlib
+
+    out = {}
+    for name in (PACKAGE, f"{PACKAGE}.encoder", f"{PACKAGE}.bm25"):
+        out[name] = dict(getattr(importlib.import_module(name), "_EXPORTS", {}))
+    return out
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -43,8 +59,17 @@ def _resolve(node: ast.ImportFrom, current: str, is_package: bool) -> str:
 
 
 def import_graph(root: Path = PACKAGE_DIR, exports: Optional[Dict[str, str]] = None) -> Dict[str, Set[str]]:
-    """``{module: {package modules it imports}}`` for every ``.py`` file under ``root`` (parsed, not imported)."""
-    exports = getattr(pyterrier_cpdae, "_EXPORTS", {}) if exports is None else exports
+    """``{module: {package modules it imports}}`` for every ``.py`` file under ``root`` (parsed, not imported).
+
+    ``exports``: the top-level package's lazy names (default: those of every lazy ``__init__`` of ``pyterrier_cpdae``).
+    A plain ``import name`` of a module that sits beside the importing file (a script that put its own directory on
+    ``sys.path``) counts as an import of that module.
+    """
+    package = root.name
+    if exports is None:
+        lazy = package_exports() if package == PACKAGE else {}
+    else:
+        lazy = {package: exports}
     files = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
     graph: Dict[str, Set[str]] = {}
     for name, path in files.items():
@@ -52,19 +77,21 @@ def import_graph(root: Path = PACKAGE_DIR, exports: Optional[Dict[str, str]] = N
         targets: Set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf8"), str(path))):
             if isinstance(node, ast.Import):
-                targets.update(alias.name for alias in node.names)
+                for alias in node.names:
+                    sibling = ".".join(name.split(".")[:-1] + [alias.name])
+                    targets.add(sibling if "." not in alias.name and sibling in files else alias.name)
             elif isinstance(node, ast.ImportFrom):
                 base = _resolve(node, name, is_package)
                 for alias in node.names:
                     sub = f"{base}.{alias.name}"
-                    if sub in files:  # from . import _index_io
+                    if sub in files:  # from . import format
                         targets.add(sub)
-                    elif base == PACKAGE and alias.name in exports:  # from pyterrier_cpdae import DenseIndex
-                        targets.add(exports[alias.name])
-                    else:  # from ._store import DenseStore
+                    elif alias.name in lazy.get(base, {}):  # from pyterrier_cpdae import DenseIndex
+                        targets.add(lazy[base][alias.name])
+                    else:  # from .store import DenseStore
                         targets.add(base)
         # `import a.b.c` also imports a.b; only package modules matter
-        graph[name] = {t for t in targets if t in files and t != name and t != PACKAGE}
+        graph[name] = {t for t in targets if t in files and t != name and t != package}
     return graph
 
 
@@ -114,30 +141,99 @@ def test_import_graph_counts_function_level_and_type_checking_imports(tmp_path):
     assert set(find_cycle(graph)) == {f"{PACKAGE}.core", f"{PACKAGE}.writer"}
 
 
-def test_package_import_graph_has_no_cycle():
-    graph = import_graph()
-    assert f"{PACKAGE}.dense_index" in graph and graph[f"{PACKAGE}.dense_index"]  # the parse found the modules
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_import_graph_has_no_cycle(package):
+    graph = import_graph(REPO / package)
+    assert len(graph) > 10 and any(graph.values())  # the parse found the modules and their imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_dense_index_layers():
     """The store is below the writers and the retrievers, and none of them imports the index class's module
-    except the retrievers (which attach their factories to it) and the public facade."""
+    except the retrievers (which attach their factories to it) and the wing's public face."""
     graph = import_graph()
-    m = {k.rsplit(".", 1)[-1]: {t.rsplit(".", 1)[-1] for t in v} for k, v in graph.items()}
-    assert "_dense_core" not in m["_store"] | m["_indexing"] | m["_retrieval"]
-    assert "_store" in m["_indexing"] and "_store" in m["_exact_retr"] and "_store" in m["_dense_core"]
-    assert {"_exact_retr", "_faiss_retr", "_dense_core"} <= m["dense_index"]
-    assert "_index_io" in m["bm25"]  # the one pt_meta.json reader
+    m = {k[len("pyterrier_cpdae."):]: {t[len("pyterrier_cpdae."):] for t in v} for k, v in graph.items()
+         if k.startswith("pyterrier_cpdae.")}
+    assert "dense.index" not in m["dense.store"] | m["dense.indexing"] | m["dense.retrieval"]
+    assert {"dense.store"} <= m["dense.indexing"] & m["dense.exact_retr"] & m["dense.index"]
+    assert {"dense.exact_retr", "dense.faiss_retr", "dense.index"} <= m["dense"]
+    assert "_artifact" in m["bm25.index"] and "_artifact" in m["dense.format"]  # the one pt_meta.json reader
 
 
-@pytest.mark.parametrize("module", ["pyterrier_cpdae.dense_index", "pyterrier_cpdae.retrievers",
-                                    "pyterrier_cpdae._indexing", "pyterrier_cpdae._faiss_retr"])
+def test_wings_import_only_themselves_and_the_shared_helpers():
+    """dense/, encoder/ and bm25/ do not reach into each other; the shared helpers and datasets.py import no wing
+    (so no wing holds something another wing needs)."""
+    graph = import_graph()
+    shared = {f"{PACKAGE}.{s}" for s in SHARED}
+    for module, targets in graph.items():
+        wing = next((w for w in WINGS if module == f"{PACKAGE}.{w}" or module.startswith(f"{PACKAGE}.{w}.")), None)
+        if wing is not None:
+            own = {t for t in targets if t == f"{PACKAGE}.{wing}" or t.startswith(f"{PACKAGE}.{wing}.")}
+            assert targets - own <= shared, f"{module} imports another wing: {sorted(targets - own - shared)}"
+        elif module in shared or module == f"{PACKAGE}.datasets":
+            assert targets <= shared, f"{module} imports a wing: {sorted(targets - shared)}"
+
+
+def test_pretrain_config_imports_no_objective():
+    """The config composes a run's options through the registry, not by importing the objectives."""
+    graph = import_graph(REPO / "pretrain")
+    assert graph["pretrain.config"] <= {"pretrain.registry"}
+    assert not {t for t in graph["pretrain.registry"] if t.startswith("pretrain.")}
+    assert "pretrain.config" in graph["pretrain.objectives.base"]
+
+
+def _is_script(path: Path) -> bool:
+    """Whether a module of ``experiments/`` is a program: it has a ``__main__`` guard or runs code when imported
+    (anything at module level other than imports, definitions, assignments, docstrings and ``if``/``try`` blocks)."""
+    tree = ast.parse(path.read_text(encoding="utf8"))
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return True
+        if isinstance(node, (ast.For, ast.While, ast.With)) or (
+                isinstance(node, ast.Expr) and not isinstance(node.value, ast.Constant)):
+            return True
+    return False
+
+
+def experiment_scripts() -> Dict[str, Path]:
+    """Modules of ``experiments/`` that are programs, outside the ``experiments.paper`` package (a library with one
+    entry point, ``python -m experiments.paper``)."""
+    root = REPO / "experiments"
+    return {_module_name(p, root): p for p in sorted(root.rglob("*.py"))
+            if p.name not in ("__init__.py", "__main__.py") and "paper" not in p.relative_to(root).parts[:1]
+            and _is_script(p)}
+
+
+def test_script_detection():
+    scripts = experiment_scripts()
+    assert {"experiments.main", "experiments.bench.bench_objectives", "experiments.studies.encode_rank_noise",
+            "experiments.studies.low_resource", "experiments.gpu.bench_gpu"} <= set(scripts)
+    assert "experiments.studies.common" not in scripts and "experiments.bench.objective_runs" not in scripts
+
+
+def test_no_experiment_script_imports_another_script():
+    graph = import_graph(REPO / "experiments")
+    scripts = set(experiment_scripts())
+    offenders = {m: sorted(graph[m] & scripts) for m in graph if graph[m] & scripts}
+    assert not offenders, f"scripts imported by other modules (move the shared code into a library module): {offenders}"
+
+
+@pytest.mark.parametrize("folder, limit", [("pyterrier_cpdae", 8), ("experiments", 12)])
+def test_file_count_limits(folder, limit):
+    """The top of the plugin shows its wings, not a lobby of modules; experiments/ keeps its scripts in bench/,
+    studies/, gpu/ and paper/."""
+    files = sorted(p.name for p in (REPO / folder).glob("*.py"))
+    assert len(files) <= limit, f"{len(files)} .py files directly in {folder}/ (at most {limit}): {files}"
+
+
+@pytest.mark.parametrize("module", ["pyterrier_cpdae.dense", "pyterrier_cpdae.dense.index",
+                                    "pyterrier_cpdae.dense.indexing", "pyterrier_cpdae.dense.faiss_retr",
+                                    "pyterrier_cpdae.dense.exact_retr"])
 def test_module_imports_first_in_a_fresh_process(module):
     """``python -c "import <module>"`` works in a fresh interpreter (a cycle would fail on a partly initialised
     module), and afterwards ``DenseIndex`` (from its public home) has every retriever factory."""
-    code = (f"import {module}; from pyterrier_cpdae.dense_index import DenseIndex; "
+    code = (f"import {module}; from pyterrier_cpdae.dense import DenseIndex; "
             "missing = [f for f in ('retriever', 'np_retriever', 'torch_retriever', 'scorer', 'faiss_flat_retriever', "
             "'faiss_hnsw_retriever', 'faiss_ivf_retriever') if not callable(getattr(DenseIndex, f, None))]; "
             "assert not missing, missing; print('ok')")

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pretrain import negatives as neg
+from pretrain.finetune import negatives as neg
 
 
 def _topics_qrels():
@@ -20,7 +20,7 @@ def _topics_qrels():
 
 def test_select_queries_skips_and_counts_queries_without_positive(caplog):
     topics, qrels = _topics_qrels()
-    with caplog.at_level(logging.WARNING, logger="pretrain.negatives"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.finetune.negatives"):
         kept, pos = neg.select_queries(topics, qrels)
     assert kept["qid"].tolist() == ["1", "3"]           # 2: only label 0; 4: no qrels
     assert pos == {"1": ["d1", "d2"], "3": ["d4"]}
@@ -57,7 +57,7 @@ def _groups():
 
 def test_sample_examples_reproducible_and_per_query(caplog):
     groups, texts = _groups()
-    with caplog.at_level(logging.WARNING, logger="pretrain.negatives"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.finetune.negatives"):
         a = neg.sample_examples(groups, texts, 4, few_negatives="replace", seed=1)
     assert a == neg.sample_examples(groups, texts, 4, few_negatives="replace", seed=1)
     assert len(a) == 2                                   # q3 has no candidate at all
@@ -77,7 +77,7 @@ def test_sample_examples_reproducible_and_per_query(caplog):
 
 def test_sample_examples_drop_and_empty(caplog):
     groups, texts = _groups()
-    with caplog.at_level(logging.WARNING, logger="pretrain.negatives"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.finetune.negatives"):
         out = neg.sample_examples(groups, texts, 4, few_negatives="drop", seed=1)
     assert [q for q, _ in out] == ["query one"]
     assert "dropped 1 queries with fewer than 4 negatives" in caplog.text
@@ -89,7 +89,7 @@ def test_check_known_names_unknown_positive_docnos_and_drops_unknown_negatives(c
     texts = {"d1": "x", "d2": "y"}
     with pytest.raises(ValueError, match="not in the corpus: zz9"):
         neg.check_known([neg.Group("q", "q", ["zz9"], ["d1"])], texts)
-    with caplog.at_level(logging.WARNING, logger="pretrain.negatives"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.finetune.negatives"):
         out = neg.check_known([neg.Group("q", "q", ["d1"], ["d2", "nope"])], texts)
     assert out[0].negs == ["d2"] and "dropped 1 negative" in caplog.text
 
@@ -152,7 +152,7 @@ class _VecEncoder:
 
 
 def test_mine_dense_streams_through_dense_index_and_equals_full_scoring(tmp_path):
-    import pyterrier_cpdae.dense_index as dense_index
+    import pyterrier_cpdae.dense as dense_index
     rng = np.random.default_rng(0)
     docs = rng.standard_normal((300, 8)).astype(np.float32)
     queries = rng.standard_normal((5, 8)).astype(np.float32)
@@ -226,7 +226,7 @@ def test_mine_dense_memory_does_not_grow_with_the_corpus(tmp_path):
     """Peak traced memory of dense mining stays flat as the corpus grows 4x and below one full score matrix."""
     import tracemalloc
 
-    import pyterrier_cpdae.dense_index as dense_index
+    import pyterrier_cpdae.dense as dense_index
     rng = np.random.default_rng(0)
     num_q, dim = 256, 16
     queries = rng.standard_normal((num_q, dim)).astype(np.float32)

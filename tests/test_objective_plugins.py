@@ -135,7 +135,8 @@ def test_a_new_module_in_the_package_is_discovered(tmp_path, monkeypatch):
         "    '''A dropped-in objective.'''\n"
         "    name = 'zz_dropin'\n")
     monkeypatch.setattr(objectives, "__path__", list(objectives.__path__) + [str(tmp_path)])
-    monkeypatch.setattr(objectives, "_DISCOVERED", False)
+    import pretrain.registry as registry
+    monkeypatch.setattr(registry, "_DISCOVERED", False)
     try:
         assert "zz_dropin" in available_objectives()
         assert objective_class("zz_dropin").__module__ == "pretrain.objectives.zz_dropin"

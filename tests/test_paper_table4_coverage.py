@@ -192,7 +192,7 @@ def test_prior_line_hand_computed(tiny_bert_dir, tmp_path):
 
 def test_token_coverages_truncates_to_the_models_positions(tiny_bert_dir, corpus):
     """A text longer than the model's 128 positions with the default max_length 512 used to crash the encoder."""
-    from pretrain.coverage import load_for_coverage, token_coverages
+    from pretrain.analysis.coverage import load_for_coverage, token_coverages
 
     model, tok, _ = load_for_coverage(tiny_bert_dir, "mlm_head")
     long_text = " ".join(corpus[:30])

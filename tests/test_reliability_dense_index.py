@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_cpdae._index_io import write_json_atomic
+from pyterrier_cpdae.dense.format import write_json_atomic
 from pyterrier_cpdae._locking import ConcurrentBuildError
-from pyterrier_cpdae.dense_index import DenseIndex, IncompleteIndexError
+from pyterrier_cpdae.dense import DenseIndex, IncompleteIndexError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _index_worker import synthetic_docs  # noqa: E402
@@ -68,12 +68,12 @@ _KILL_AT = textwrap.dedent("""
         real_rmtree(p, *a, **k)
 
     os.replace, shutil.rmtree = replace, rmtree
-    import pyterrier_cpdae._index_io as io
+    import pyterrier_cpdae.dense.format as io
     if point == "while writing the merged files":
         io.build_docno_lookup = lambda *a, **k: os._exit(137)
     sys.path.insert(0, sys.argv[4])
     from _index_worker import synthetic_docs
-    from pyterrier_cpdae.dense_index import DenseIndex
+    from pyterrier_cpdae.dense import DenseIndex
     if action == "index":
         DenseIndex(path).indexer(batch_size=16, checkpoint_every=64).index(synthetic_docs(300, 8))
     else:

@@ -280,7 +280,7 @@ def test_resume_with_overwrite_is_refused(tmp_path, corpus, tiny_bert_dir, monke
 
 def test_preset_override_is_logged_and_recorded(tmp_path, tiny_bert_dir, caplog):
     from pretrain.config import FinetuneConfig, parse_config
-    from pretrain.finetune import _prepare_output
+    from pretrain.finetune.train import _prepare_output
 
     out = tmp_path / "ft"
     with caplog.at_level(logging.WARNING, logger="pretrain.config"):

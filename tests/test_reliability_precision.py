@@ -74,7 +74,7 @@ def test_an_in_memory_bf16_model_is_used_as_given_with_a_warning(bf16_and_fp32, 
 
 def test_fine_tuning_a_bf16_checkpoint_updates_every_weight_in_float32(tmp_path, bf16_and_fp32):
     from test_finetune import _args, _write_beir, _write_groups
-    from pretrain.finetune import main
+    from pretrain.finetune.train import main
 
     bf16, fp32 = bf16_and_fp32
     spec = _write_beir(tmp_path / "beir")

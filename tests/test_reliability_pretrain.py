@@ -141,7 +141,7 @@ def test_legacy_pickle_checkpoint_is_refused_with_explanation(tmp_path):
 
 
 def test_finetune_resume_never_unpickles_the_run_directory(tmp_path, tiny_bert_dir):
-    from pretrain.finetune import main
+    from pretrain.finetune.train import main
     groups = tmp_path / "groups.jsonl"
     words = "apple river mountain engine planet violin castle garden doctor ocean pencil rocket".split()
     with open(groups, "w") as f:

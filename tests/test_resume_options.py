@@ -7,7 +7,7 @@ import os
 import pytest
 
 from pretrain.config import FinetuneConfig, RESUME_MUTABLE_OPTIONS, TrainConfig, check_same_run, resume_conflicts
-from pretrain.finetune import TRAINING_ARGS, _prepare_output
+from pretrain.finetune.train import TRAINING_ARGS, _prepare_output
 from pretrain.trainer import RUN_CONFIG, check_output_dir, config_dict
 
 

@@ -76,7 +76,7 @@ _HOLD = textwrap.dedent("""
 
 
 def test_finetuning_output_is_locked_for_the_whole_run(tmp_path, monkeypatch):
-    from pretrain import finetune
+    from pretrain.finetune import train as finetune
 
     out = tmp_path / "ft"
     groups = tmp_path / "groups.jsonl"

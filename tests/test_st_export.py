@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pyterrier_cpdae import CPDAE
-from pyterrier_cpdae._pooling import pool
+from pyterrier_cpdae.encoder.pooling import pool
 
 TEXTS = ["dense retrieval with a pre-trained encoder", "a", "the decoder reconstructs the masked passage text",
          "bag of words", "query", "an autoencoder for dense passage retrieval pre-training on a corpus"]
@@ -42,8 +42,8 @@ def pretrained_dir(tmp_path_factory, tiny_bert_dir) -> str:
 @pytest.fixture(scope="module")
 def finetuned_dir(tmp_path_factory, tiny_bert_dir) -> str:
     """A mean-pooled encoder exported by a 2-step ``python -m pretrain finetune`` run."""
-    from pretrain import negatives as neg
-    from pretrain.finetune import main
+    from pretrain.finetune import negatives as neg
+    from pretrain.finetune.train import main
 
     tmp = tmp_path_factory.mktemp("st-finetune")
     groups = [neg.Group(f"q{i}", f"{WORDS[i]} {WORDS[i + 1]}", [f"d{i}"], [f"d{i + 1}", f"d{i + 2}"])
@@ -64,7 +64,7 @@ def finetuned_dir(tmp_path_factory, tiny_bert_dir) -> str:
 @pytest.fixture(scope="module")
 def normalized_dir(tmp_path_factory, tiny_bert_dir) -> str:
     """A mean-pooled, L2-normalised encoder written by the fine-tuning export (``BiEncoder.save_pretrained``)."""
-    from pretrain.biencoder import BiEncoder
+    from pretrain.finetune.biencoder import BiEncoder
 
     out = str(tmp_path_factory.mktemp("st-normalized") / "model")
     BiEncoder.from_pretrained(tiny_bert_dir, pooling="mean", normalize=True, doc_max_length=48).save_pretrained(out)
@@ -166,7 +166,7 @@ def test_unsupported_sentence_transformers_pooling_is_refused(normalized_dir, tm
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_training_vectors_equal_inference_vectors(finetuned_dir, pooling, autocast):
     """BiEncoder.encode (what the loss sees) and CPDAE.encode_docs give the same vectors for the same model."""
-    from pretrain.biencoder import BiEncoder
+    from pretrain.finetune.biencoder import BiEncoder
 
     bi = BiEncoder.from_pretrained(finetuned_dir, pooling=pooling, doc_max_length=24).eval()
     batch = bi.collate([("q", TEXTS)])
@@ -183,7 +183,7 @@ def test_training_vectors_equal_inference_vectors(finetuned_dir, pooling, autoca
 def test_training_vectors_equal_inference_vectors_with_bf16_weights(finetuned_dir, pooling):
     """With bf16 weights the hidden states are bf16 (under autocast LayerNorm returns fp32, so only this case
     exercises the pooling's own precision): training and inference both pool in float32."""
-    from pretrain.biencoder import BiEncoder
+    from pretrain.finetune.biencoder import BiEncoder
 
     bi = BiEncoder.from_pretrained(finetuned_dir, pooling=pooling, doc_max_length=24).eval()
     bi.encoder.to(torch.bfloat16)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from pretrain import finetune as ft
-from pretrain import negatives as neg
-from pretrain.finetune import main
+from pretrain.finetune import train as ft
+from pretrain.finetune import negatives as neg
+from pretrain.finetune.train import main
 
 from test_finetune import _write_beir
 from test_finetune_paper_recipe import _encoder_weights, _same, _spy_on_round_starts

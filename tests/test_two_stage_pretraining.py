@@ -52,7 +52,7 @@ def test_stage1_enwiki_then_stage2_scifact_continues_the_decoder(tmp_path, tiny_
         return train(self)
     monkeypatch.setattr(trainer_mod.Trainer, "train", spy)
     # the RetroMAE extension's stage 2 adds span contrast (its Eq. 8, the default form), as the recipe
-    # experiments/two_stage_pretraining.sh does for retromae
+    # experiments/studies/two_stage_pretraining.sh does for retromae
     span = ["--span-contrast-weight", "1"] if objective == "retromae" else []
     cli.main(_common(objective) + span + ["--model", str(stage1), "--decoder-from", str(stage1),
                                           "--corpus", str(scifact_dir / "corpus.jsonl"), "--max-docs", "30",

@@ -4,7 +4,7 @@ Every figure is printed as a ratio in the same run and written with the GPU's na
 
 * ``encode``: a BERT-base-shape model with random weights (:mod:`synthetic_bert`) encodes synthetic documents of
   exactly 128/256/512 tokens with ``CPDAE.doc_encoder()`` in bf16; docs/s and model FLOP utilisation (MFU:
-  ``2 x forward multiply-adds`` per document, from ``bench_objectives.forward_macs``, over the peak), against
+  ``2 x forward multiply-adds`` per document, from ``experiments/bench/objective_runs.forward_macs``, over the peak), against
   sentence-transformers' ``encode`` on the same weights in fp32 and in bf16, and the vectors' agreement (cosine);
   the time to encode MS MARCO's 8.8M passages at each length is extrapolated.
 * ``search``: exact top-k with the project's ``torch_search`` (the kernel of ``DenseIndex.torch_retriever``) over
@@ -12,7 +12,7 @@ Every figure is printed as a ratio in the same run and written with the GPU's na
   of the card (bytes of the index over the measured HBM and host-to-device bandwidths; ``2 x N x D`` FLOPs per
   query over the measured matmul peak); an index-resident reference (plain torch: fp16 matmul + top-k with the
   whole index on the device) shows what the card reaches without streaming.
-* ``pretrain``: ``bench_objectives.run_one`` per objective (forward + backward + AdamW, bf16 autocast) at the
+* ``pretrain``: ``objective_runs.run_one`` per objective (forward + backward + AdamW, bf16 autocast) at the
   given shape; sequences/s, MFU (``6 x forward multiply-adds`` per sequence) and the cost per sequence relative
   to MLM.
 
@@ -121,7 +121,7 @@ def measure_peaks(dev, smoke: bool) -> Dict[str, float]:
 def bench_encode(args, dev, peaks, model_dir: str, shape: dict) -> Dict[str, object]:
     import pandas as pd
     import torch
-    from bench_objectives import forward_macs
+    from experiments.bench.objective_runs import forward_macs
     from sentence_transformers import SentenceTransformer
 
     from pyterrier_cpdae.encoder import CPDAE
@@ -176,7 +176,7 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict) -> Dict[str, obj
 def bench_search(args, dev, peaks) -> Dict[str, object]:
     import torch
 
-    from pyterrier_cpdae._exact_search import torch_search
+    from pyterrier_cpdae.dense.kernels import torch_search
 
     n, d, q, k = args.size, args.dim, args.queries, args.k
     # the index: fp16 in host memory (generated on the device in slices: fast even for 8.8M x 768)
@@ -242,7 +242,7 @@ def bench_search(args, dev, peaks) -> Dict[str, object]:
 
 # --------------------------------------------------------------------------------------------- pre-training
 def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool) -> Dict[str, object]:
-    import bench_objectives
+    from experiments.bench import objective_runs as bench_objectives
 
     ns = SimpleNamespace(model=model_dir, config="checkpoint", device=str(dev), length=args.seq_length,
                          sequences=args.sequences, steps=args.steps, warmup=args.warmup, threads=0,

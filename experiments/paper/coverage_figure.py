@@ -2,7 +2,7 @@
 
 For every model (an exported ``python -m pretrain`` run, or any masked-LM checkpoint), the
 last-layer [CLS] vector of each text is projected onto the vocabulary and the input-token
-coverage of its top k tokens is measured (:func:`pretrain.coverage.token_coverages`, both
+coverage of its top k tokens is measured (:func:`pretrain.analysis.coverage.token_coverages`, both
 measures: ``recall`` = |top-k ∩ T| / |T|, Algorithm 1 of the paper, and ``precision`` =
 |top-k ∩ T| / k). The projection of each model is recorded in every output:
 
@@ -15,7 +15,7 @@ measures: ``recall`` = |top-k ∩ T| / |T|, Algorithm 1 of the paper, and ``prec
 (``projection=...`` overrides the choice, for all models or per model.) The dashed ``prior``
 line ranks the vocabulary once by document frequency (in ``prior_from``, by default the
 evaluation texts themselves) and gives every text that same ranking
-(:func:`pretrain.coverage.ranking_coverages`): a curve means something about the [CLS]
+(:func:`pretrain.analysis.coverage.ranking_coverages`): a curve means something about the [CLS]
 vectors only where it rises above it.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ PRIOR = "prior"
 def resolve_projection(path: str, projection: str = "auto") -> str:
     """The projection :func:`make_coverage` uses for ``path``: ``"decoder"`` when ``projection`` is
     ``"auto"`` and the run holds a CPDAE decoder, else ``projection`` (``"auto"`` then resolves to
-    ``mlm_head`` / ``embeddings`` in :func:`pretrain.coverage.load_for_coverage`)."""
-    from pretrain.inspect_decoder import decoder_dir
+    ``mlm_head`` / ``embeddings`` in :func:`pretrain.analysis.coverage.load_for_coverage`)."""
+    from pretrain.analysis.inspect_decoder import decoder_dir
 
     if projection != "auto":
         return projection
@@ -60,7 +60,7 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
             (default: ``texts``; truncated to ``max_length`` tokens as well).
         max_length: Truncation in tokens, lowered to the smallest ``max_position_embeddings`` of the
             models so that every curve (and the prior) measures the same token sets.
-        batch_size, device: As in :func:`pretrain.coverage.token_coverages`.
+        batch_size, device: As in :func:`pretrain.analysis.coverage.token_coverages`.
 
     Returns:
         ``{"coverage": {name: {measure: {k: value}}}`` (``"prior"`` included), ``"projections":
@@ -71,7 +71,7 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
             clashing with the prior line, or a ``k`` out of range.
     """
     from pretrain.corpus import tokenizer_fingerprint
-    from pretrain.coverage import (MEASURES, frequency_ranking, load_for_coverage, plot_coverage, ranking_coverages,
+    from pretrain.analysis.coverage import (MEASURES, frequency_ranking, load_for_coverage, plot_coverage, ranking_coverages,
                                    token_counts, token_coverages, write_csv)
 
     if not models:

@@ -22,7 +22,7 @@ BERT = "bert"
 
 
 def _sequences_per_text(objective: str) -> int:
-    from experiments.bench_objectives import sequences_per_text
+    from pretrain.objectives import sequences_per_text
     return sequences_per_text(objective)
 
 
@@ -151,7 +151,7 @@ class Plan:
 def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """BM25 negative pools of every training query of a set (``pyterrier_cpdae.BM25Index`` of its corpus),
     written once as a groups file that every model's fine-tuning reads (``--negatives file:``)."""
-    from pretrain import negatives as neg
+    from pretrain.finetune import negatives as neg
     from pyterrier_cpdae import BM25Index, load_dataset
 
     fs = plan.cfg["finetune_sets"][set_name]
@@ -203,7 +203,7 @@ def evaluate(plan: Plan, set_name: str, block: str, systems: dict[str, str], bas
     """
     import pyterrier as pt
 
-    from experiments.scifact_finetune import build_retrievers
+    from .retrievers import build_retrievers
     from pyterrier_cpdae import load_dataset
 
     entry = plan.cfg["eval_sets"][set_name]

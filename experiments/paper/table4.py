@@ -14,7 +14,7 @@ model's tokenizer, special tokens excluded), averaged over the texts. Two refere
 with it: the mass a uniform distribution puts there (``top_frequent / |V|``) and the mass the
 corpus unigram distribution puts there (those tokens' share of all token occurrences).
 
-Decoders are loaded only through :meth:`pretrain.inspect_decoder.DecoderInspector.from_pretrained`.
+Decoders are loaded only through :meth:`pretrain.analysis.inspect_decoder.DecoderInspector.from_pretrained`.
 
 Usage (Python)::
 
@@ -46,7 +46,7 @@ def frequent_token_ids(tokenizer: Any, texts: list[str], top: int, vocab_size: O
     Raises:
         ValueError: if ``texts`` has fewer than ``top`` distinct non-special tokens.
     """
-    from pretrain.coverage import frequency_ranking, token_counts
+    from pretrain.analysis.coverage import frequency_ranking, token_counts
 
     counts = token_counts(tokenizer, texts, unit="token", vocab_size=vocab_size)
     ids = frequency_ranking(counts, tokenizer)[:top]
@@ -131,7 +131,7 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
             (the message names the model).
     """
     from pretrain.corpus import tokenizer_fingerprint
-    from pretrain.inspect_decoder import DecoderInspector
+    from pretrain.analysis.inspect_decoder import DecoderInspector
 
     if not models:
         raise ValueError("make_table4 needs at least one model (name -> run directory)")

@@ -58,25 +58,13 @@ How to add an objective
 """
 from __future__ import annotations
 
-import importlib
-import logging
-import pkgutil
 from typing import Any, Optional
 
+from .. import registry
+from ..config import PretrainConfig
+from ..registry import (ENTRY_POINT_GROUP, available_objectives, objective_class,  # noqa: F401 (re-exported)
+                        unregister_objective)
 from .base import MaskedViewsMixin, MaskedViewsOptions, MLMOptions, Objective, ObjectiveOptions
-
-logger = logging.getLogger(__name__)
-
-#: name -> objective class, in registration order.
-_REGISTRY: dict[str, type[Objective]] = {}
-#: modules that failed to import: module name -> error text (named when an objective is not found).
-_FAILED: dict[str, str] = {}
-_DISCOVERED = False
-ENTRY_POINT_GROUP = "pretrain.objectives"
-#: modules of this package that hold no objective.
-_NOT_PLUGINS = {"base"}
-#: listing order of the built-in modules in ``--help`` (other modules follow, alphabetically).
-_BUILTIN_ORDER = ("mlm", "cpdae", "seed", "retromae", "bow")
 
 
 def register_objective(cls: Optional[type[Objective]] = None, *, name: Optional[str] = None) -> Any:
@@ -96,81 +84,29 @@ def register_objective(cls: Optional[type[Objective]] = None, *, name: Optional[
             raise ValueError(f"{c.__qualname__} needs a `name` (the value of --objective)")
         if not (dataclasses.is_dataclass(c.Options) and issubclass(c.Options, ObjectiveOptions)):
             raise ValueError(f"{c.__qualname__}.Options must be a @dataclass subclass of ObjectiveOptions")
-        from ..config import PretrainConfig
         clash = sorted({f.name for f in dataclasses.fields(c.Options)} & {f.name for f in dataclasses.fields(PretrainConfig)})
         if clash:
             raise ValueError(f"{c.__qualname__}.Options redefines the shared option(s) {', '.join(clash)}; "
                              "choose other names")
-        _discover()  # the built-ins first (listing order), whoever registers first
-        old = _REGISTRY.get(key)
+        registry._discover()  # the built-ins first (listing order), whoever registers first
+        old = registry._REGISTRY.get(key)
         if old is not None and (old.__module__, old.__qualname__) != (c.__module__, c.__qualname__):
             raise ValueError(f"objective {key!r} is already registered by {old.__module__}.{old.__qualname__}; "
                              f"cannot register {c.__module__}.{c.__qualname__} under the same name")
-        _REGISTRY[key] = c
+        registry._REGISTRY[key] = c
         return c
 
     return register(cls) if cls is not None else register
 
 
-def unregister_objective(name: str) -> None:
-    """Remove ``name`` from the registry (tests)."""
-    _REGISTRY.pop(name, None)
-
-
-def _discover() -> None:
-    """Import this package's modules and the ``pretrain.objectives`` entry points (once)."""
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
-    _DISCOVERED = True
-    order = {n: i for i, n in enumerate(_BUILTIN_ORDER)}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: (order.get(i.name, len(order)), i.name)):
-        if info.name.startswith("_") or info.name in _NOT_PLUGINS:
-            continue
-        module = f"{__name__}.{info.name}"
-        try:
-            importlib.import_module(module)
-        except ImportError as e:  # a missing optional dependency of one objective must not break the others
-            _FAILED[module] = f"{type(e).__name__}: {e}"
-            logger.warning("objective module %s not loaded: %s", module, e)
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()
-        except Exception as e:  # noqa: BLE001 - a broken third-party plugin is reported, not fatal
-            _FAILED[ep.value] = f"{type(e).__name__}: {e}"
-            logger.warning("objective plugin %s (%s) not loaded: %s", ep.name, ep.value, e)
-
-
-def _listing_rank(cls: type[Objective]) -> tuple[int, int, str]:
-    """Listing position of an objective's module: the built-ins in ``_BUILTIN_ORDER``, then this
-    package's other modules alphabetically, then plugins from elsewhere (in registration order)."""
-    mod = cls.__module__
-    short = mod[len(__name__) + 1:] if mod.startswith(__name__ + ".") else None
-    if short is None:
-        return (2, 0, "")
-    return (0, _BUILTIN_ORDER.index(short), "") if short in _BUILTIN_ORDER else (1, 0, short)
-
-
-def available_objectives() -> dict[str, type[Objective]]:
-    """All registered objectives, ``name -> class`` (built-in ones first; the order does not depend on
-    which objective module was imported first)."""
-    _discover()
-    return dict(sorted(_REGISTRY.items(), key=lambda kv: _listing_rank(kv[1])))  # stable: a module's classes keep their order
-
-
-def objective_class(name: str) -> type[Objective]:
-    """The :class:`Objective` subclass registered as ``name``.
-
-    Raises:
-        ValueError: if ``name`` is not a registered objective.
-    """
-    found = available_objectives()
-    if name not in found:
-        failed = f" (modules that failed to import: {'; '.join(f'{k}: {v}' for k, v in _FAILED.items())})" if _FAILED else ""
-        raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(found)}{failed}")
-    return found[name]
+def sequences_per_text(name: str) -> int:
+    """Encoder sequences per text of objective ``name`` (``X+span``: the span-contrast add-on's two span sequences
+    more): the class's ``sequences_per_text``, else its ``num_views`` (1 without views).  The benchmarks and the paper
+    pipeline size their runs with it."""
+    base, span = name.split("+")[0], name.endswith("+span")
+    cls = objective_class(base)
+    n = cls.sequences_per_text if cls.sequences_per_text is not None else getattr(cls, "num_views", 1)
+    return n + 2 * span
 
 
 def build_objective(name: str, mlm_model: Any, tokenizer: Any, config: Any, **extra: Any) -> Objective:
@@ -187,4 +123,4 @@ def __getattr__(attr: str) -> Any:
 
 __all__ = ["Objective", "ObjectiveOptions", "MaskedViewsOptions", "MLMOptions", "MaskedViewsMixin",
            "register_objective", "unregister_objective", "available_objectives", "build_objective",
-           "objective_class", "ENTRY_POINT_GROUP"]
+           "objective_class", "sequences_per_text", "ENTRY_POINT_GROUP"]

@@ -36,8 +36,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pyterrier_cpdae._pooling import pool
-from pyterrier_cpdae._st_config import write_st_config
+from pyterrier_cpdae.encoder.pooling import pool
+from pyterrier_cpdae.encoder.st_export import write_st_config
 
 from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
@@ -113,6 +113,9 @@ class Objective(nn.Module):
     needs_mask_token: bool = True
     #: Whether the objective compares texts within a batch (needs >= 2 texts per batch).
     contrastive: bool = False
+    #: Encoder sequences per text when the objective builds no ``num_views`` masked views (SimCSE, ICT, PROP: 2);
+    #: ``None``: ``num_views`` (1 without views).  :func:`pretrain.objectives.sequences_per_text` reads it.
+    sequences_per_text: ClassVar[Optional[int]] = None
     #: The objective's options (a dataclass subclass of :class:`ObjectiveOptions`).
     Options: ClassVar[type] = ObjectiveOptions
     #: Named settings (``--preset NAME``): option values (shared or the objective's own) applied over the defaults

@@ -62,12 +62,55 @@ from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, 
 from ..losses import info_nce
 from ..masking import pad_and_add_special
 
-__all__ = ["paired_info_nce", "cosine", "dot", "split_spans", "span_contrast", "span_contrast_loss",
+__all__ = ["twin_contrastive_loss", "paired_info_nce", "cosine", "dot", "split_spans", "span_contrast", "span_contrast_loss",
            "span_contrast_form",
            "attach_span_contrast", "SPAN_CONTRAST_FORMS"]
 
 #: ``--span-contrast-form`` choices: the RetroMAE extension's Eq. 8 (default) and coCondenser's NT-Xent.
 SPAN_CONTRAST_FORMS = ("eq8", "cocondenser")
+
+
+def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0,
+                          reduction: str = "mean") -> torch.Tensor:
+    """InfoNCE over the views of a data-parallel batch.
+
+    ``x`` holds this process's ``2m`` views, view-major (row ``i`` and ``i+m`` are twins).
+    The views of all processes are gathered (with gradients), the similarity of local views
+    against every global view is computed with ``similarity(local, global) -> (rows, N)``
+    (``global`` is ``None`` in a single process, meaning "local").
+
+    ``reduction="mean"``: every view is an anchor; the loss is the mean over the local rows
+    (with DDP's gradient averaging, the global-batch mean). ``"sum"``: CPDAE's Eq. 5 read
+    literally, a sum over the ``m`` anchors, the first view of each text (its positive is the
+    twin, all other ``2m - 2`` views of the global batch are negatives); each process returns
+    ``world_size`` times its local sum, so that DDP's averaging gives the global sum.
+    """
+    n = x.shape[0]
+    if n % 2:
+        raise ValueError(f"expected an even number of views (2 per text), got {n}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"cl_reduction must be 'mean' or 'sum', got {reduction!r}")
+    m = n // 2
+    local = torch.arange(n, device=x.device)
+    pos = (local + m) % n
+    offset, scale, columns = 0, 1, None
+    if is_distributed():
+        sizes = gather_sizes(n, device=x.device)
+        offset = sum(sizes[:rank()])
+        if sum(sizes) < 4:
+            raise ValueError("contrastive objectives need at least 2 texts per (global) batch")
+        columns, scale = gather_with_grad(x), world_size()
+    elif m < 2:
+        raise ValueError("contrastive objectives need at least 2 texts per batch (got 1): "
+                         "the other texts' views are the negatives")
+    if reduction == "mean":
+        sim = similarity(x, columns)
+        return info_nce(sim, pos + offset, self_index=local + offset if columns is not None else None,
+                        temperature=temperature)
+    anchors = local[:m]
+    sim = similarity(x[:m], x if columns is None else columns)
+    return scale * info_nce(sim, pos[:m] + offset, self_index=anchors + offset, temperature=temperature,
+                            reduction="sum")
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -134,8 +177,6 @@ def split_spans(ids: list[int], generator: Optional[torch.Generator] = None) -> 
 def span_contrast(h: torch.Tensor, form: str, temperature: float) -> torch.Tensor:
     """``L_span`` of this process's ``(2m, H)`` span vectors, view-major: rows ``0..m-1`` the anchors
     ``h_i``, rows ``m..2m-1`` their positives ``h_i⁺`` (``form``: ``eq8`` or ``cocondenser``, see above)."""
-    from .cpdae import twin_contrastive_loss  # cpdae imports base, which imports this module
-
     _check_form(form)
     if h.dim() != 2 or h.shape[0] % 2:
         raise ValueError(f"span vectors must be (2m, H), got {tuple(h.shape)}")

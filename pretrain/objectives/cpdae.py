@@ -28,12 +28,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import PretrainConfig, opt
-from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
-from ..losses import info_nce, pairwise_js, rec_loss, word_distribution
+from ..distributed import world_size
+from ..losses import pairwise_js, rec_loss, word_distribution
 from ..masking import bag_of_words
 from ..modeling import CPDAEDecoder, CPDAEDecoderConfig
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective, RepresentationOptions
+from .contrast import twin_contrastive_loss  # noqa: F401 (re-exported; it lives beside the other contrastive losses)
 
 __all__ = ["CPDAEObjective", "CPDAERObjective", "CPDAENoCLObjective", "CPDAEIDFRecObjective", "twin_contrastive_loss",
            "CPDAEAutoencoderOptions", "CPDAEContrastOptions", "CPDAEOptions"]
@@ -50,7 +51,7 @@ class CPDAEAutoencoderOptions(RepresentationOptions, MLMOptions):
     decoder_bias_init: str = opt("prior", "Output bias of the CPDAE decoder at initialisation: prior (the log-odds of "
                                  "each token's block frequency in the training corpus, so that L_REC starts at the "
                                  "corpus prior instead of first pulling every [CLS] vector towards it; chosen by "
-                                 "experiments/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
+                                 "experiments/studies/decoder_bias_init.sh) or zero (BERT's initialisation, or the MLM head's "
                                  "bias with --decoder-init mlm_head).",
                                  choices=["zero", "prior"])
     rec_weighting: str = opt("none", "Weighting of L_REC over the vocabulary: none (Eq. 4) or idf (the BCE of token v times "
@@ -83,49 +84,6 @@ class CPDAEOptions(CPDAEContrastOptions):
 CPDAE_PAPER_TRAINING: dict[str, Any] = {"learning_rate": 5e-5, "batch_size": 64, "epochs": 3.0, "warmup_ratio": 0.1,
                                         "max_length": 512}
 CPDAE_PAPER_CONTRAST: dict[str, Any] = {"cl_weight": 0.1, "temperature": 1.0}
-
-
-def twin_contrastive_loss(x: torch.Tensor, similarity: Any, temperature: float = 1.0,
-                          reduction: str = "mean") -> torch.Tensor:
-    """InfoNCE over the views of a data-parallel batch.
-
-    ``x`` holds this process's ``2m`` views, view-major (row ``i`` and ``i+m`` are twins).
-    The views of all processes are gathered (with gradients), the similarity of local views
-    against every global view is computed with ``similarity(local, global) -> (rows, N)``
-    (``global`` is ``None`` in a single process, meaning "local").
-
-    ``reduction="mean"``: every view is an anchor; the loss is the mean over the local rows
-    (with DDP's gradient averaging, the global-batch mean). ``"sum"``: CPDAE's Eq. 5 read
-    literally, a sum over the ``m`` anchors, the first view of each text (its positive is the
-    twin, all other ``2m - 2`` views of the global batch are negatives); each process returns
-    ``world_size`` times its local sum, so that DDP's averaging gives the global sum.
-    """
-    n = x.shape[0]
-    if n % 2:
-        raise ValueError(f"expected an even number of views (2 per text), got {n}")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"cl_reduction must be 'mean' or 'sum', got {reduction!r}")
-    m = n // 2
-    local = torch.arange(n, device=x.device)
-    pos = (local + m) % n
-    offset, scale, columns = 0, 1, None
-    if is_distributed():
-        sizes = gather_sizes(n, device=x.device)
-        offset = sum(sizes[:rank()])
-        if sum(sizes) < 4:
-            raise ValueError("contrastive objectives need at least 2 texts per (global) batch")
-        columns, scale = gather_with_grad(x), world_size()
-    elif m < 2:
-        raise ValueError("contrastive objectives need at least 2 texts per batch (got 1): "
-                         "the other texts' views are the negatives")
-    if reduction == "mean":
-        sim = similarity(x, columns)
-        return info_nce(sim, pos + offset, self_index=local + offset if columns is not None else None,
-                        temperature=temperature)
-    anchors = local[:m]
-    sim = similarity(x[:m], x if columns is None else columns)
-    return scale * info_nce(sim, pos[:m] + offset, self_index=anchors + offset, temperature=temperature,
-                            reduction="sum")
 
 
 @register_objective

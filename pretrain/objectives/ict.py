@@ -88,6 +88,7 @@ class ICTObjective(Objective):
     kept in 10% of cases); in-batch softmax over inner products of [CLS], one shared encoder."""
 
     name = "ict"
+    sequences_per_text = 2
     Options = ICTOptions
     #: Lee et al. (ACL 2019), the authors' ICT pre-training entry point (github.com/google-research/language,
     #: language/orqa/experiments/ict_experiment.py): learning_rate 1e-4, block_seq_len 288 (evidence blocks),

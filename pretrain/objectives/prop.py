@@ -124,6 +124,7 @@ class PROPObjective(MaskedViewsMixin, Objective):
     more likely (pairwise hinge on [CLS] scores of "[CLS] set [SEP] text [SEP]"), plus MLM."""
 
     name = "prop"
+    sequences_per_text = 2
     Options = PROPOptions
     #: Ma et al. (WSDM 2021) and the authors' code (github.com/Albert-Ma/PROP), as read for this objective's
     #: defaults: Poisson λ = 3, hinge margin 1 on the softmax-normalised pair, word2vec subsampling t = 1e-4,

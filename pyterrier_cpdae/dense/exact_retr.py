@@ -1,0 +1,144 @@
+"""Exact retrieval and re-scoring over a :class:`~pyterrier_cpdae.dense.DenseIndex`, attached as its
+``retriever``, ``np_retriever``, ``torch_retriever`` and ``scorer`` factories (pyterrier-dr's ``np_retr`` style).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pyterrier_alpha as pta
+
+from . import format as io
+from .index import DenseIndex
+from .retrieval import VectorRetriever, check_scores, optional_int, query_matrix
+from .store import auto_backend
+
+__all__ = ["ExactRetriever", "DenseScorer"]
+
+
+class ExactRetriever(VectorRetriever):
+    """Exact (brute-force) inner-product retrieval streaming the index from disk.
+
+    ``backend="numpy"`` scores blocks of ``block_size`` rows with a BLAS matmul and merges per-block top-k
+    candidates; ``backend="torch"`` streams chunks through ``device`` (CUDA: pinned, asynchronous copies).
+    """
+
+    def __init__(self, index: DenseIndex, *, backend: str = "numpy", num_results: int = 1000,
+                 device: Optional[str] = None, block_size: Optional[int] = None,
+                 query_batch_size: Optional[int] = None, drop_query_vec: bool = False):
+        if backend not in ("numpy", "torch"):
+            raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
+        super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
+        self.backend = backend
+        self.device = None if device is None else str(device)
+        self.block_size = optional_int(block_size, "chunk_size" if backend == "torch" else "block_size")
+        self.query_batch_size = optional_int(query_batch_size, "query_batch_size")
+
+    def _params(self) -> Tuple:
+        return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
+                self.query_batch_size, self.drop_query_vec)
+
+    def __repr__(self) -> str:
+        extra = f", device={self.device!r}" if self.backend == "torch" else ""
+        return (f"ExactRetriever({str(self.index.path)!r}, backend={self.backend!r}, "
+                f"num_results={self.num_results}{extra})")
+
+    def _search(self, queries: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        kwargs: Dict[str, Any] = {}
+        if self.query_batch_size:
+            kwargs["query_batch_size"] = self.query_batch_size
+        if self.backend == "torch":
+            kwargs.update(device=self.device, chunk_size=self.block_size)
+        elif self.block_size:
+            kwargs["block_size"] = self.block_size
+        return self.index.store.search(queries, self.num_results, backend=self.backend, **kwargs)
+
+
+class DenseScorer(pt.Transformer):
+    """Re-scores a result frame (``qid``, ``docno``, ``query_vec``) with the stored document vectors.
+
+    Unknown docnos raise a ``KeyError`` naming them.  Output: the input with ``docid`` and ``score``
+    (inner product) set and ``rank`` recomputed; sorted by qid then rank.  ``num_results`` keeps the top
+    ``num_results`` per query.
+    """
+
+    def __init__(self, index: DenseIndex, *, num_results: Optional[int] = None):
+        self.index = index
+        self.num_results = optional_int(num_results, "num_results")
+
+    def __repr__(self) -> str:
+        return f"DenseScorer({str(self.index.path)!r}, num_results={self.num_results})"
+
+    def __eq__(self, other: Any) -> bool:
+        return (isinstance(other, DenseScorer) and str(other.index.path) == str(self.index.path)
+                and other.num_results == self.num_results)
+
+    def __hash__(self) -> int:
+        return hash((DenseScorer, str(self.index.path), self.num_results))
+
+    def fuse_rank_cutoff(self, k: int) -> Optional[pt.Transformer]:
+        """A rank cutoff ``k >= 1`` after the scorer is applied by the scorer itself."""
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            return None
+        if self.num_results is None or k < self.num_results:
+            return DenseScorer(self.index, num_results=k)
+        return None
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=["qid", "docno", "query_vec"])
+        out = inp.drop(columns=["score", "rank", "docid"], errors="ignore").reset_index(drop=True)
+        if not len(out):
+            return out.assign(docid=pd.Series(dtype=np.int64), score=pd.Series(dtype=np.float32),
+                              rank=pd.Series(dtype=np.int64))
+        docnos = np.array([io.as_docno(d) for d in out["docno"]], dtype=object)
+        ids = self.index.store.ids_of(docnos)
+        unknown = np.nonzero(ids < 0)[0]
+        if len(unknown):
+            names = list(dict.fromkeys(docnos[unknown].tolist()))
+            raise KeyError(f"{len(names)} docno(s) not in the dense index {self.index.path}: {names[:10]}"
+                           f"{' ...' if len(names) > 10 else ''}")
+        doc_vecs = self.index.store.vectors_of(ids)
+        query_vecs = query_matrix(out, self.index.dim)
+        out = out.assign(docid=ids, score=np.einsum("ij,ij->i", query_vecs, doc_vecs).astype(np.float32))
+        check_scores(self.index, out["score"].to_numpy(), out["qid"].tolist(), docnos)
+        out = pt.model.add_ranks(out)
+        out = out.sort_values(["qid", "rank"], kind="stable").reset_index(drop=True)
+        if self.num_results is not None:
+            out = out[out["rank"] < self.num_results].reset_index(drop=True)
+        return out
+
+
+# -- factories attached to DenseIndex ---------------------------------------------------------------------------
+def _retriever(self: DenseIndex, num_results: int = 1000, *, drop_query_vec: bool = False) -> ExactRetriever:
+    """The best exact retriever for this machine: torch on CUDA when available, else numpy."""
+    if auto_backend() == "torch":
+        return self.torch_retriever(num_results=num_results, drop_query_vec=drop_query_vec)
+    return self.np_retriever(num_results=num_results, drop_query_vec=drop_query_vec)
+
+
+def _np_retriever(self: DenseIndex, num_results: int = 1000, *, block_size: int = 16384,
+                  query_batch_size: int = 1024, drop_query_vec: bool = False) -> ExactRetriever:
+    """Exact numpy retrieval streaming ``block_size`` rows at a time from the memmap."""
+    return ExactRetriever(self, backend="numpy", num_results=num_results, block_size=block_size,
+                          query_batch_size=query_batch_size, drop_query_vec=drop_query_vec)
+
+
+def _torch_retriever(self: DenseIndex, num_results: int = 1000, *, device: Optional[str] = None,
+                     chunk_size: Optional[int] = None, query_batch_size: int = 4096,
+                     drop_query_vec: bool = False) -> ExactRetriever:
+    """Exact torch retrieval streaming the index through ``device`` (default CUDA if available) in chunks."""
+    return ExactRetriever(self, backend="torch", num_results=num_results, device=device, block_size=chunk_size,
+                          query_batch_size=query_batch_size, drop_query_vec=drop_query_vec)
+
+
+def _scorer(self: DenseIndex, num_results: Optional[int] = None) -> DenseScorer:
+    """Re-scores a result frame (``qid``, ``docno``, ``query_vec``) with the stored vectors."""
+    return DenseScorer(self, num_results=num_results)
+
+
+DenseIndex.retriever = _retriever
+DenseIndex.np_retriever = _np_retriever
+DenseIndex.torch_retriever = _torch_retriever
+DenseIndex.scorer = _scorer

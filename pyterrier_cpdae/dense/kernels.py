@@ -1,0 +1,325 @@
+"""Exact (brute-force) maximum-inner-product search kernels that stream an index from disk.
+
+Both kernels visit the stored vectors block by block, so their memory use is bounded by the block size
+and ``num_queries x k`` -- never by the corpus size.  An index is given as a list of *parts*
+``(vectors, offset, stride)``: row ``r`` of ``vectors`` has the global document id ``r * stride + offset``
+(a single index is one part with offset 0 and stride 1; a view over ``n`` round-robin shards has one
+part per shard ``s`` with offset ``s`` and stride ``n``).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from .._checks import check_int, check_norms
+
+Part = Tuple[np.ndarray, int, int]
+
+
+def _total(parts: Sequence[Part]) -> int:
+    return sum(len(p[0]) for p in parts)
+
+
+def sort_results(scores: np.ndarray, ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Sorts each row of ``(scores, ids)`` by descending score, ties by ascending id.
+
+    All backends (numpy, torch, FAISS) order their results with this function, so that documents with equal
+    scores (e.g. duplicate texts) come out in the same order whichever backend found them.
+    """
+    scores = np.asarray(scores, dtype=np.float32)
+    if not scores.size:
+        return scores, ids
+    order = np.lexsort((ids, -scores), axis=1)
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+
+def _outputs(parts: Sequence[Part], queries: np.ndarray, k: int) -> Tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """Shared set-up of the kernels: checked float32 queries, ``k`` capped at the index size, empty outputs.
+
+    Raises:
+        ValueError: ``k`` is not an integer >= 1, a query row holds NaN/infinite values (its scores would be
+            NaN and its ranking arbitrary), or its norm exceeds ``MAX_NORM`` (its scores could overflow).
+    """
+    k = check_int(k, "k")
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if queries.ndim == 2 and not np.isfinite(queries).all():
+        bad = np.nonzero(~np.isfinite(queries).all(axis=1))[0]
+        raise ValueError(f"query vector(s) at row(s) {bad[:10].tolist()} contain NaN or infinite values")
+    if queries.ndim == 2:
+        check_norms(queries, "query vector", lambda rows: rows.tolist(), "row")
+    k = min(k, _total(parts))
+    num_q = queries.shape[0]
+    return queries, k, np.empty((num_q, k), dtype=np.float32), np.empty((num_q, k), dtype=np.int64)
+
+
+#: the id of padding entries: it loses every tie, so padding never displaces a real document of equal score
+_PAD_ID = np.iinfo(np.int64).max
+
+
+def _top_k(scores: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
+    """Flat indexes ``(q, k)`` into ``scores`` of each row's ``k`` best entries by (descending score, ascending id).
+
+    The set is exact even when equal scores straddle the cut: ``argpartition`` picks the ``k``-th best score
+    ``t`` of each row; a row with more than ``k`` entries ``>= t`` has a tie at the cut, and for those (rare)
+    rows the entries equal to ``t`` are taken by ascending id.  Costs one comparison pass over ``scores``
+    besides the ``argpartition``.
+
+    Args:
+        scores: ``(q, w)`` float32, ``w > k``.
+        ids: ``(q, w)`` document ids, or ``(w,)`` ids shared by all rows and ascending along the row.
+        k: how many to keep, ``>= 1``.
+    """
+    q, w = scores.shape
+    cut = w - k
+    part = np.argpartition(scores, cut, axis=1)
+    base = (np.arange(q) * w)[:, None]
+    flat = part[:, cut:] + base  # flat indexes: much faster than take_along_axis
+    kth = scores.ravel()[part[:, cut] + base[:, 0]][:, None]
+    tied = np.nonzero(np.count_nonzero(scores >= kth, axis=1) > k)[0]
+    if len(tied):
+        sub, kth = scores[tied], kth[tied]
+        if ids.ndim == 1:  # ascending along the row: the first (by column) of the tied entries have the smallest ids
+            above = sub > kth
+            equal = sub == kth
+            need = k - np.count_nonzero(above, axis=1)
+            chosen = above | (equal & (np.cumsum(equal, axis=1) <= need[:, None]))
+            cols = np.nonzero(chosen)[1].reshape(len(tied), k)
+        else:
+            cols = np.lexsort((ids[tied], -sub), axis=1)[:, :k]
+        flat[tied] = cols + base[tied]
+    return flat
+
+
+class _NumpyTopK:
+    """Running top-k (largest scores, ties: smallest ids) per query, updated block by block.
+
+    Once ``k`` candidates are known for every query, a block is filtered against each query's current
+    k-th best score first (``>=``: an entry equal to it may still win the tie by a smaller id, which happens
+    when shards interleave their ids), so only the (few) entries that can still enter the top-k are merged;
+    this keeps the per-block cost close to one vectorised comparison instead of a full ``argpartition``.
+    """
+
+    def __init__(self, num_queries: int, k: int):
+        self.k = k
+        self.num_queries = num_queries
+        self.scores = np.empty((num_queries, 0), dtype=np.float32)
+        self.ids = np.empty((num_queries, 0), dtype=np.int64)
+        self.threshold: Optional[np.ndarray] = None
+
+    def _merge(self, scores: np.ndarray, ids: np.ndarray) -> None:
+        scores = np.concatenate([self.scores, scores], axis=1)
+        ids = np.concatenate([self.ids, ids], axis=1)
+        if scores.shape[1] > self.k:
+            keep = _top_k(scores, ids, self.k)
+            scores = scores.ravel()[keep]
+            ids = ids.ravel()[keep]
+        self.scores, self.ids = scores, ids
+        if self.scores.shape[1] == self.k:
+            self.threshold = self.scores.min(axis=1)
+
+    def update(self, block_scores: np.ndarray, block_ids: np.ndarray) -> None:
+        """Adds a block of scores ``(num_queries, b)`` for the documents ``block_ids`` ``(b,)`` (ascending)."""
+        q, b = block_scores.shape
+        if b == 0:
+            return
+        if self.threshold is not None:
+            mask = block_scores >= self.threshold[:, None]
+            counts = np.count_nonzero(mask, axis=1)
+            m = int(counts.max())
+            if m == 0:
+                return
+            if m <= max(self.k, b // 8):
+                flat = np.flatnonzero(mask)  # far faster than 2-d np.nonzero
+                rows, cols = np.divmod(flat, b)
+                starts = np.cumsum(counts) - counts
+                pos = np.arange(len(rows)) - starts[rows]
+                cand_scores = np.full((q, m), -np.inf, dtype=np.float32)
+                cand_ids = np.full((q, m), _PAD_ID, dtype=np.int64)
+                cand_scores[rows, pos] = block_scores.ravel()[flat]
+                cand_ids[rows, pos] = block_ids[cols]
+                self._merge(cand_scores, cand_ids)
+                return
+        kk = min(self.k, b)
+        if kk < b:
+            top = _top_k(block_scores, block_ids, kk)
+            self._merge(block_scores.ravel()[top], block_ids[top % b])
+        else:
+            self._merge(block_scores, np.broadcast_to(block_ids, (q, b)))
+
+    def result(self) -> Tuple[np.ndarray, np.ndarray]:
+        """The top-k scores and ids per query, sorted by descending score (ties: ascending id)."""
+        return sort_results(self.scores, self.ids)
+
+
+def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
+                 block_size: int = 16384, query_batch_size: int = 1024) -> Tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` inner-product search with numpy, streaming ``block_size`` rows at a time.
+
+    Args:
+        parts: the index parts ``(vectors, offset, stride)`` (vectors may be float16 memmaps; each block is
+            upcast to float32 before the BLAS matmul).
+        queries: ``(q, dim)`` query vectors.
+        k: number of results per query, >= 1 (capped at the number of documents).
+        block_size: document rows scored per matmul.
+        query_batch_size: queries scored together (bounds the ``q x block_size`` score matrix).
+
+    Returns:
+        ``(scores, ids)``, both ``(q, min(k, n))``; scores float32 descending, ids int64 global document ids.
+    """
+    block_size = check_int(block_size, "block_size")
+    query_batch_size = check_int(query_batch_size, "query_batch_size")
+    queries, k, out_scores, out_ids = _outputs(parts, queries, k)
+    if k == 0 or not len(queries):
+        return out_scores, out_ids
+    for qs in range(0, len(queries), query_batch_size):
+        qbatch = queries[qs:qs + query_batch_size]
+        topk = _NumpyTopK(len(qbatch), k)
+        for vectors, offset, stride in parts:
+            for start in range(0, len(vectors), block_size):
+                block = np.asarray(vectors[start:start + block_size])
+                if block.dtype != np.float32:
+                    block = block.astype(np.float32)
+                scores = qbatch @ block.T
+                ids = np.arange(start, start + len(block), dtype=np.int64) * stride + offset
+                topk.update(scores, ids)
+        s, i = topk.result()
+        out_scores[qs:qs + len(qbatch)] = s
+        out_ids[qs:qs + len(qbatch)] = i
+    return out_scores, out_ids
+
+
+class _ChunkStager:
+    """Moves index chunks to a torch device, at most two chunks' worth of staging memory at a time.
+
+    With ``pinned`` (the default on CUDA), chunks are copied into one of two page-locked host buffers
+    (alternating) and sent with ``non_blocking=True``; before a buffer is refilled, the CUDA event recorded
+    after its previous copy is waited on, so the copy of chunk ``i + 1`` overlaps the matmul/topk of chunk
+    ``i`` without ever overwriting a buffer that is still being read.  Without ``pinned``, each chunk is
+    simply copied (CPU).
+    """
+
+    def __init__(self, device, chunk_size: int, dim: int, pinned: bool):
+        self.device = device
+        self.chunk_size = chunk_size
+        self.dim = dim
+        self.pinned = pinned
+        self.buffers: dict = {}  # (slot, numpy dtype) -> pinned host tensor of chunk_size rows
+        self.events: list = [None, None]  # per slot: the event recorded after its last copy
+        self.step = 0
+
+    def __call__(self, block: np.ndarray):
+        import torch
+
+        if not self.pinned:
+            return torch.from_numpy(np.array(block))
+        slot = self.step % 2
+        self.step += 1
+        key = (slot, block.dtype.str)
+        if key not in self.buffers:
+            dtype = torch.from_numpy(np.empty(0, dtype=block.dtype)).dtype
+            self.buffers[key] = torch.empty((self.chunk_size, self.dim), dtype=dtype).pin_memory()
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # the previous asynchronous copy out of this buffer has finished
+        host = self.buffers[key][:len(block)]
+        host.numpy()[:] = block
+        tensor = host.to(self.device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.events[slot] = event
+        return tensor
+
+
+def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=None,
+                 chunk_size: Optional[int] = None, query_batch_size: int = 4096,
+                 pin_memory: Optional[bool] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` inner-product search with torch, streaming the index through ``device`` in chunks.
+
+    On CUDA, chunks are staged through two pinned host buffers and copied asynchronously (see
+    :class:`_ChunkStager`); only one or two chunks are ever resident on the GPU, so indexes larger than GPU
+    memory work.  On CPU the same code runs without pinning.
+
+    Args:
+        parts: the index parts ``(vectors, offset, stride)``.
+        queries: ``(q, dim)`` query vectors.
+        k: number of results per query, >= 1 (capped at the number of documents).
+        device: a torch device (default: CUDA when available, else CPU).
+        chunk_size: document rows per chunk (default: 256 MiB of vectors on CUDA, 64 MiB on CPU).
+        query_batch_size: queries scored together.
+        pin_memory: stage chunks through pinned buffers (default: on CUDA only).
+
+    Returns:
+        ``(scores, ids)`` as for :func:`numpy_search`.
+    """
+    import torch
+
+    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    query_batch_size = check_int(query_batch_size, "query_batch_size")
+    queries, k, out_scores, out_ids = _outputs(parts, queries, k)
+    if k == 0 or not len(queries):
+        return out_scores, out_ids
+    dim = queries.shape[1]
+    if chunk_size is None:
+        chunk_size = max(1, ((256 if dev.type == "cuda" else 64) << 20) // (4 * dim))
+    chunk_size = check_int(chunk_size, "chunk_size")
+    stage = _ChunkStager(dev, chunk_size, dim, pinned=dev.type == "cuda" if pin_memory is None else pin_memory)
+
+    with torch.no_grad():
+        for qs in range(0, len(queries), query_batch_size):
+            q = torch.from_numpy(queries[qs:qs + query_batch_size]).to(dev)
+            best_s, best_i, tied = _torch_batch(parts, q, k, stage, chunk_size, exact_ties=False)
+            rows = tied.nonzero().flatten()
+            if len(rows):  # equal scores at a cut somewhere: those queries again, resolving ties by id
+                fix_s, fix_i, _ = _torch_batch(parts, q[rows], k, stage, chunk_size, exact_ties=True)
+                best_s[rows], best_i[rows] = fix_s, fix_i
+            s_np, i_np = sort_results(best_s.cpu().numpy(), best_i.cpu().numpy())
+            out_scores[qs:qs + len(q)] = s_np
+            out_ids[qs:qs + len(q)] = i_np
+    return out_scores, out_ids
+
+
+def _torch_batch(parts: Sequence[Part], q, k: int, stage: _ChunkStager, chunk_size: int, exact_ties: bool):
+    """Top-``k`` ``(scores, ids, tied)`` of the queries ``q`` on their device, unordered.
+
+    With ``exact_ties=False`` (fast: ``topk`` and no host synchronisation per chunk) the result is exact unless
+    equal scores straddled a cut (of a chunk, or of a merge): each cut takes one entry more than it keeps, and a
+    query whose k-th and (k+1)-th scores are equal there is flagged in ``tied``.  With
+    ``exact_ties=True`` each chunk is sorted stably (its columns are in ascending id order, so ties come out by
+    ascending id) and merges sort by id, then stably by score: exact for every query, and much slower, so
+    :func:`torch_search` runs it only for the flagged queries.
+    """
+    import torch
+
+    best_s = best_i = None
+    tied = torch.zeros(len(q), dtype=torch.bool, device=q.device)
+    for vectors, offset, stride in parts:
+        for start in range(0, len(vectors), chunk_size):
+            chunk = stage(vectors[start:start + chunk_size]).float()
+            scores = q @ chunk.T
+            kk = min(k, scores.shape[1])
+            if exact_ties:
+                s, i = torch.sort(scores, dim=1, descending=True, stable=True)
+                s, i = s[:, :kk], i[:, :kk]
+            elif kk < scores.shape[1]:  # one more than needed: equal k-th and (k+1)-th scores flag a tie at the cut
+                s, i = scores.topk(kk + 1, dim=1)
+                tied |= s[:, kk] == s[:, kk - 1]
+                s, i = s[:, :kk], i[:, :kk]
+            else:
+                s, i = scores.topk(kk, dim=1)
+            i = (i.long() + start) * stride + offset
+            if best_s is not None:
+                s = torch.cat([best_s, s], dim=1)
+                i = torch.cat([best_i, i], dim=1)
+                if s.shape[1] > k:
+                    if exact_ties:
+                        by_id = i.argsort(dim=1)
+                        s, i = s.gather(1, by_id), i.gather(1, by_id)
+                        sel = torch.sort(s, dim=1, descending=True, stable=True)[1][:, :k]
+                        s = s.gather(1, sel)
+                    else:
+                        s, sel = s.topk(k + 1, dim=1)
+                        tied |= s[:, k] == s[:, k - 1]
+                        s, sel = s[:, :k], sel[:, :k]
+                    i = i.gather(1, sel)
+            best_s, best_i = s, i
+    return best_s, best_i, tied

@@ -1,0 +1,338 @@
+"""The low-level store of a dense index: one directory opened, checked, read and searched.
+
+:class:`DenseStore` is what the indexer (``_indexing``), the retrievers (``_exact_retr``, ``_faiss_retr``) and
+:class:`~pyterrier_cpdae.dense.DenseIndex` all build on; it depends only on the file format (``_index_io``) and
+the search kernels (``_exact_search``), never on them.  A directory is either a *single* index or a *sharded view*
+(``<path>/shards/<i>``, see :meth:`DenseIndex.indexer`), which the store presents as one index: the global document
+id (``docid``) of row ``r`` of shard ``s`` of ``n`` is ``r * n + s``, the row of the merged index.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .._artifact import IncompleteIndexError
+from .._locking import ConcurrentBuildError, build_lock, describe_holder, holder
+from . import format as io
+from .kernels import Part, numpy_search, torch_search
+
+__all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id"]
+
+
+class DenseStore:
+    """Read access to the dense index directory ``path``: ``pt_meta.json``, vectors, docno lookups and exact search.
+
+    Nothing is read until first use; the opened files are cached until ``pt_meta.json`` is replaced (a rebuild:
+    checked before every use by its ``build_id``, see :meth:`_stamp`).
+    """
+
+    def __init__(self, path: Union[str, Path]):
+        self.path = Path(path)
+        self._cache: Optional[Tuple[Any, dict, List[Part], list]] = None
+
+    def __repr__(self) -> str:
+        return f"DenseStore({str(self.path)!r})"
+
+    def __getstate__(self) -> dict:
+        """Pickles the path only: the opened memmaps and lookups are reopened (and checked) on first use."""
+        return {"path": self.path, "_cache": None}
+
+    def meta(self) -> dict:
+        """The checked ``pt_meta.json`` (:func:`~pyterrier_cpdae.dense.format.read_meta`).
+
+        Raises:
+            IncompleteIndexError: the index is not (completely) built; the message says what to do.
+            ValueError: ``pt_meta.json`` is corrupt or describes another artifact.
+        """
+        meta = io.read_meta(self.path)
+        if meta is None:
+            raise IncompleteIndexError(incomplete_message(self.path))
+        return meta
+
+    def _stamp(self) -> Tuple[Any, ...]:
+        """The identity of the build now in the directory: ``pt_meta.json``'s inode, mtime and size, and its
+        ``build_id`` (new at every build's commit), so that a rebuild is noticed even when a file system
+        reuses the inode and its timestamps are coarse."""
+        try:
+            st = (self.path / io.META_FILE).stat()
+        except FileNotFoundError:
+            raise IncompleteIndexError(incomplete_message(self.path)) from None
+        return (st.st_ino, st.st_mtime_ns, st.st_size, build_id(self.path))
+
+    def invalidate(self) -> None:
+        """Forgets the opened files (they are reopened on next use)."""
+        self._cache = None
+
+    def open(self) -> Tuple[dict, List[Part], list]:
+        """``(meta, parts, lookups)``: the index's vectors as search parts ``(vectors, offset, stride)`` (one per
+        shard) and the ``npids.Lookup`` of each part, all checked against ``pt_meta.json``.
+
+        Finishes the commit of a killed build or merge first when no other process is building there.
+
+        Raises:
+            IncompleteIndexError, ValueError, FileNotFoundError: an unbuilt, corrupt or inconsistent index.
+        """
+        stamp = self._stamp()
+        if self._cache is not None and self._cache[0] == stamp:
+            return self._cache[1], self._cache[2], self._cache[3]
+        meta = self.meta()
+        path = self.path
+        if meta.get("layout") == "sharded":
+            n = int(meta["num_shards"])
+            on_disk = len(io.shard_dirs(path))  # bounds everything below by what exists, whatever pt_meta.json says
+            if n > on_disk:
+                raise ValueError(f"corrupt sharded dense index {path}: {io.META_FILE} says num_shards={n}, but "
+                                 f"{path / io.SHARDS_DIR} holds {on_disk} shard director"
+                                 f"{'y' if on_disk == 1 else 'ies'}; rebuild the missing shards, or the index with "
+                                 "indexer(mode='overwrite')")
+            remove_leftovers_if_idle(path)
+            dirs = [path / io.SHARDS_DIR / str(s) for s in range(n)]
+            for d in dirs:
+                remove_leftovers_if_idle(d)
+            metas = []
+            for s, d in enumerate(dirs):
+                m = io.read_meta(d)
+                if m is None:
+                    raise ValueError(f"corrupt sharded dense index {path}: shard {s} is missing or incomplete")
+                metas.append(m)
+            check_shard_metas(path, metas)
+            check_view_meta(path, meta, metas)
+            parts = [(io.open_vectors(d, m), s, n) for s, (d, m) in enumerate(zip(dirs, metas))]
+            lookups = [io.open_docnos(d, m) for d, m in zip(dirs, metas)]
+        else:
+            remove_leftovers_if_idle(path)
+            parts = [(io.open_vectors(path, meta), 0, 1)]
+            lookups = [io.open_docnos(path, meta)]
+        self._cache = (stamp, meta, parts, lookups)
+        return meta, parts, lookups
+
+    def checked_meta(self) -> dict:
+        """``pt_meta.json`` once checked against the files on disk (:meth:`open`: vector and docno files, shards).
+
+        What ``len()``, ``dim``, ``dtype`` and ``num_shards`` report, so that they never disagree with what a search
+        reads.
+        """
+        return self.open()[0]
+
+    @property
+    def dim(self) -> int:
+        return int(self.checked_meta()["dim"])
+
+    def __len__(self) -> int:
+        return int(self.checked_meta()["count"])
+
+    def _single(self, what: str) -> Tuple[np.ndarray, Any]:
+        _, parts, lookups = self.open()
+        if len(parts) != 1:
+            raise ValueError(f"{self.path} is a sharded view; {what} needs a single index — run merge_shards()")
+        return parts[0][0], lookups[0]
+
+    def vectors(self) -> np.ndarray:
+        """The stored vectors as a read-only ``np.memmap`` ``(count, dim)`` (single index only)."""
+        return self._single("vectors()")[0]
+
+    def docnos(self):
+        """The ``npids.Lookup`` of the docnos (single index only)."""
+        return self._single("docnos")[1]
+
+    # -- ids, docnos and vectors (single indexes and sharded views) ---------------------------------------
+    def docnos_of(self, ids: np.ndarray) -> np.ndarray:
+        """Docnos (object array of str) of global document ids."""
+        _, parts, lookups = self.open()
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(parts)
+        if n == 1:
+            return np.asarray(lookups[0].fwd.lookup(ids), dtype=object)
+        out = np.empty(len(ids), dtype=object)
+        shard = ids % n
+        for s in range(n):
+            mask = shard == s
+            if mask.any():
+                out[mask] = lookups[s].fwd.lookup(ids[mask] // n)
+        return out
+
+    def ids_of(self, docnos: Sequence[str]) -> np.ndarray:
+        """Global document ids of docnos; -1 for docnos that are not in the index.
+
+        The lookups hold npids' hash inverse (written by ``_index_io.build_docno_lookup``), which compares whole
+        docnos, so unknown docnos (``"7"`` where ``"007"`` is stored) never map to a real row.
+        """
+        _, parts, lookups = self.open()
+        keys = np.array([d.encode("utf8") for d in docnos], dtype=object).astype("S") if len(docnos) else np.array([], "S1")
+        result = np.full(len(keys), -1, dtype=np.int64)
+        n = len(parts)
+        for s in range(n):
+            todo = result < 0
+            if not todo.any():
+                break
+            local = np.asarray(lookups[s].inv.lookup(keys[todo]), dtype=np.int64)
+            ok = (local >= 0) & (local < len(lookups[s]))
+            idx = np.nonzero(todo)[0][ok]
+            result[idx] = local[ok] * n + s
+        return result
+
+    def vectors_of(self, ids: np.ndarray) -> np.ndarray:
+        """float32 vectors ``(len(ids), dim)`` of global document ids (all must be valid)."""
+        meta, parts, _ = self.open()
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(parts)
+        out = np.empty((len(ids), int(meta["dim"])), dtype=np.float32)
+        for s, (vectors, _, _) in enumerate(parts):
+            mask = (ids % n == s) if n > 1 else np.ones(len(ids), dtype=bool)
+            if mask.any():
+                local = ids[mask] // n
+                order = np.argsort(local)  # sorted access pattern for the memmap
+                rows = np.empty((len(local), vectors.shape[1]), dtype=np.float32)
+                rows[order] = vectors[local[order]]
+                out[mask] = rows
+        return out
+
+    # -- search --------------------------------------------------------------------------------------------
+    def search(self, query_vecs: np.ndarray, k: int, *, backend: str = "auto",
+               **kwargs: Any) -> Tuple[np.ndarray, np.ndarray]:
+        """Exact top-``k`` inner-product search streaming the index in blocks (memory independent of its size).
+
+        Args:
+            query_vecs: ``(q, dim)`` query vectors.
+            k: results per query (capped at the number of documents).
+            backend: ``"numpy"``, ``"torch"`` or ``"auto"`` (torch on CUDA when available, else numpy).
+            **kwargs: passed to the kernel (numpy: ``block_size``, ``query_batch_size``; torch: ``device``,
+                ``chunk_size``, ``query_batch_size``, ``pin_memory``).
+
+        Returns:
+            ``(scores, ids)``: float32 and int64 arrays ``(q, min(k, count))``, scores descending (ties: ascending
+            id); ids are global document ids (:meth:`docnos_of`).
+        """
+        meta, parts, _ = self.open()
+        query_vecs = np.asarray(query_vecs)
+        if query_vecs.dtype.kind not in "biuf":
+            raise ValueError(f"query_vecs must hold real numbers, got {io.describe_values(query_vecs)}; nothing is "
+                             "coerced (a cast would drop imaginary parts or parse strings)")
+        with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by the kernel
+            query_vecs = query_vecs.astype(np.float32, copy=False)
+        if query_vecs.ndim != 2 or query_vecs.shape[1] != int(meta["dim"]):
+            raise ValueError(f"query_vecs must have shape (q, {meta['dim']}), got {query_vecs.shape}")
+        if backend == "auto":
+            backend = auto_backend()
+        if backend == "numpy":
+            return numpy_search(parts, query_vecs, k, **kwargs)
+        if backend == "torch":
+            return torch_search(parts, query_vecs, k, **kwargs)
+        raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', got {backend!r}")
+
+
+def auto_backend() -> str:
+    """``"torch"`` when torch sees a CUDA device, else ``"numpy"``."""
+    try:
+        import torch
+        return "torch" if torch.cuda.is_available() else "numpy"
+    except ImportError:  # pragma: no cover
+        return "numpy"
+
+
+def incomplete_message(path: Path) -> str:
+    """Why the directory ``path`` is not a built dense index, and what to do about it.
+
+    A build (or merge) in progress is reported as such, naming the process that holds the build lock.
+    """
+    path = Path(path)
+    for building in [path] + io.shard_dirs(path):
+        info = holder(building)
+        if info is not None:
+            return (f"the dense index at {path} is being built by {describe_holder(info)}"
+                    f"{f' (shard {building.name})' if building != path else ''}; wait for that build to finish")
+    if (path / io.MERGE_FILE).exists():
+        return (f"the dense index at {path} is incomplete (DenseIndex.merge() into it was interrupted); run the "
+                "merge again with mode='overwrite'")
+    if (path / io.BUILD_FILE).exists():
+        return (f"the dense index at {path} is incomplete (indexing was interrupted); resume it with "
+                f"`(encoder >> DenseIndex({str(path)!r}).indexer(mode='resume')).index(<the same corpus>)` or "
+                "rebuild it with mode='overwrite'")
+    shards = io.shard_dirs(path)
+    if shards:
+        status = ", ".join(f"{p.name}: {'built' if (p / io.META_FILE).exists() else 'incomplete'}" for p in shards)
+        todo = ("the top-level pt_meta.json is missing (the last shard's build was killed before writing it); "
+                "write it by resuming any shard" if all((p / io.META_FILE).exists() for p in shards)
+                else "finish the missing shards")
+        return (f"the sharded dense index at {path} is incomplete ({status}); {todo} with "
+                "indexer(shard=i, num_shards=n, mode='resume')")
+    if not path.exists():
+        return f"no dense index at {path} (the directory does not exist); build it with index.indexer()"
+    return f"no dense index at {path} (no pt_meta.json); build it with index.indexer()"
+
+
+def build_id(path: Path) -> Optional[str]:
+    """The ``build_id`` of the committed ``pt_meta.json`` in ``path`` (cheap: one small read, no checks).
+
+    ``None`` when there is none (an index built before build ids, a file that is not a regular file, or no
+    readable JSON object: :meth:`DenseStore.meta` then says what is wrong).
+    """
+    import json
+    import stat
+
+    meta_path = Path(path) / io.META_FILE
+    try:
+        if not stat.S_ISREG(meta_path.stat().st_mode):
+            return None
+        with open(meta_path, "rb") as fin:
+            meta = json.loads(fin.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    value = meta.get("build_id") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def remove_leftovers_if_idle(path: Path) -> None:
+    """Finishes a commit that a killed build/merge left unfinished, unless another process is building there.
+
+    Best effort: nothing happens when another process holds the build lock or the directory (or its parent,
+    where the lock lives) is not writable; the index is complete and searchable either way.
+    """
+    if not io.has_leftovers(path):
+        return
+    try:
+        with build_lock(path, "dense index"):
+            io.remove_leftovers(path)
+    except (ConcurrentBuildError, OSError):
+        pass
+
+
+def check_view_meta(base: Path, meta: dict, metas: List[dict]) -> None:
+    """Checks the top-level ``pt_meta.json`` of a sharded view against its shards' (count, dim, dtype).
+
+    Raises:
+        ValueError: naming both values and how to rewrite the top-level file.
+    """
+    total = sum(m["count"] for m in metas)
+    shards = {"count": total, "dim": metas[0]["dim"], "dtype": metas[0]["dtype"]}
+    wrong = {k: (meta[k], v) for k, v in shards.items() if meta[k] != v}
+    if wrong:
+        said = ", ".join(f"{k}={a!r}" for k, (a, _) in wrong.items())
+        held = ", ".join(f"{k}={b!r}" for k, (_, b) in wrong.items())
+        raise ValueError(f"corrupt sharded dense index {base}: its {io.META_FILE} says {said}, but its "
+                         f"{len(metas)} shards hold {held}; delete {base / io.META_FILE} and rewrite it by resuming "
+                         "any shard with indexer(shard=i, num_shards=n, mode='resume')")
+
+
+def check_shard_metas(base: Path, metas: List[dict]) -> None:
+    """Checks that shard metadata is consistent with a round-robin split into ``len(metas)`` shards.
+
+    Raises:
+        ValueError: naming the inconsistent shard.
+    """
+    n = len(metas)
+    for s, m in enumerate(metas):
+        if m.get("num_shards") != n or m.get("shard") != s:
+            raise ValueError(f"inconsistent shards in {base}: shard {s} was built with shard={m.get('shard')}, "
+                             f"num_shards={m.get('num_shards')}, expected num_shards={n}")
+        if m["dim"] != metas[0]["dim"] or m["dtype"] != metas[0]["dtype"]:
+            raise ValueError(f"inconsistent shards in {base}: shard {s} has dim={m['dim']}, dtype={m['dtype']} but "
+                             f"shard 0 has dim={metas[0]['dim']}, dtype={metas[0]['dtype']}")
+    total = sum(m["count"] for m in metas)
+    expected = [(total - s + n - 1) // n for s in range(n)]
+    counts = [m["count"] for m in metas]
+    if counts != expected:
+        raise ValueError(f"inconsistent shards in {base}: shard sizes {counts} do not match a round-robin split of "
+                         f"{total} documents ({expected}); were all shards fed the same input?")

@@ -1,0 +1,35 @@
+"""The encoder wing: :class:`CPDAE`, the PyTerrier transformer that turns texts into vectors.
+
+* :mod:`~pyterrier_cpdae.encoder.cpdae`: :class:`CPDAE` (``query_encoder()``, ``doc_encoder()``, ``text_scorer()``,
+  ``encode_queries/encode_docs``), dtype and backend choice;
+* :mod:`~pyterrier_cpdae.encoder.loading`: loading a Hugging Face encoder and tokenizer (no pooler, checked weights);
+* :mod:`~pyterrier_cpdae.encoder.batching`: text checks, de-duplication and length-sorted batches;
+* :mod:`~pyterrier_cpdae.encoder.pooling`: ``cls`` / ``mean`` pooling (shared with ``pretrain``);
+* :mod:`~pyterrier_cpdae.encoder.openvino_backend`: the OpenVINO CPU graph;
+* :mod:`~pyterrier_cpdae.encoder.st_export`: the sentence-transformers files of an exported model.
+
+Names are imported lazily, so that ``pretrain`` can use :mod:`~pyterrier_cpdae.encoder.pooling` without importing
+PyTerrier.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {name: "pyterrier_cpdae.encoder.cpdae" for name in (
+    "CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS", "BACKEND_ENV", "DTYPE_ENV", "OPENVINO_MIN_TOKENS")}
+_EXPORTS["openvino_available"] = "pyterrier_cpdae.encoder.openvino_backend"
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pyterrier_cpdae.encoder' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,628 @@
+"""``CPDAE``: a PyTerrier bi-encoder over any Hugging Face encoder (``AutoModel`` + ``AutoTokenizer``).
+
+Example::
+
+    from pyterrier_cpdae import CPDAE, DenseIndex
+
+    enc = CPDAE.from_pretrained("runs/cpdae")          # a `python -m pretrain` output, or any HF encoder
+    index = DenseIndex("indexes/scifact.cpdae")
+    (enc >> index.indexer()).index(dataset.get_corpus_iter())
+    pipeline = enc >> index.retriever(num_results=100)
+    reranker = bm25 >> enc.text_scorer()
+
+Encoding runs under ``torch.inference_mode`` in batches of texts of similar token count (sorted within a
+window of ``batch_size * sort_window`` inputs, then restored to input order), padded only to the longest text
+of each batch, under bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see
+:func:`default_dtype`); vectors are always float32.  Repeated query texts are encoded once.
+
+On the CPU in float32, a loaded model's large encoding jobs run as an OpenVINO compiled graph when the
+``openvino`` package is installed (``pip install pyterrier-cpdae[openvino]``): ~1.25-1.3x faster than PyTorch
+with vectors within ~3e-6 of it (``backend=``, :data:`BACKEND_ENV`; ``backend="torch"`` forces PyTorch).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import os
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pyterrier_alpha as pta
+import torch
+
+from .._checks import stack_vectors
+from .batching import check_texts, chunked, dedup, length_sorted_batches, pad
+from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer
+from .openvino_backend import compile_encoder, openvino_available
+from .pooling import POOLINGS, pool
+
+__all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+DTYPE_ENV = "PYTERRIER_CPDAE_DTYPE"
+"""Environment variable that replaces the automatic dtype of encoders created with ``dtype=None`` (e.g.
+``PYTERRIER_CPDAE_DTYPE=float32`` forces fp32 everywhere); an explicit ``dtype`` argument still wins."""
+
+BACKENDS = ("torch", "openvino")
+"""What runs the encoder's forward pass: PyTorch, or an OpenVINO graph compiled from it (CPU only)."""
+BACKEND_ENV = "PYTERRIER_CPDAE_BACKEND"
+"""Environment variable that replaces the automatic backend of encoders created with ``backend=None``
+(``PYTERRIER_CPDAE_BACKEND=torch`` keeps everything on PyTorch); an explicit ``backend`` argument still wins."""
+OPENVINO_MIN_TOKENS = 65536
+"""The automatic backend compiles the OpenVINO graph (a one-off ~2-4 s for MiniLM) once an encoder has encoded at
+least this many tokens, counted over all its calls (~256 documents of 256 tokens), where the ~25% saved starts to
+repay the compilation; so a handful of queries stays on PyTorch, and an indexing pipeline, which hands the encoder
+chunks of ~100 documents, switches after its first few chunks."""
+
+
+def _backend_name(backend: Optional[str], origin: str = "backend") -> Optional[str]:
+    if backend is None:
+        return None
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise ValueError(f"{origin} must be one of {BACKENDS} or None (automatic), got {backend!r}")
+    return backend.lower()
+
+
+def _dtype_name(dtype: Union[None, str, torch.dtype]) -> Optional[str]:
+    """Canonical name of an autocast dtype (``None`` = automatic)."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPE_NAMES:
+            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
+        return _DTYPE_NAMES[dtype]
+    if isinstance(dtype, str) and dtype.lower().replace("torch.", "") in _DTYPES:
+        return _DTYPE_NAMES[_DTYPES[dtype.lower().replace("torch.", "")]]
+    raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or a torch dtype, got {dtype!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 matrix products natively (x86 AVX512-BF16 or AMX-BF16) *and* torch's
+    oneDNN backend uses them.
+
+    Without such instructions bf16 is emulated and slower than float32, so ``dtype="bf16"`` only pays off on the
+    CPU where this is True.
+    The CPU flags come from torch's own cpuinfo (``torch.cpu.get_capabilities``), or ``/proc/cpuinfo`` on
+    torch versions without it; other architectures (e.g. ARM's BF16 extension, untested here) answer False.
+    """
+    try:
+        if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+    except (AttributeError, RuntimeError):
+        return False
+    flags: set = set()
+    get_capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if get_capabilities is not None:
+        try:
+            flags = {name for name, value in get_capabilities().items() if value is True}
+        except Exception:  # a private torch API: fall back to /proc/cpuinfo
+            flags = set()
+    if not flags:
+        try:
+            with open("/proc/cpuinfo", encoding="utf8") as f:
+                flags = {word for line in f if line.startswith("flags") for word in line.split(":", 1)[1].split()}
+        except OSError:
+            return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def default_dtype(device: Union[str, torch.device]) -> torch.dtype:
+    """The autocast dtype of an encoder created with ``dtype=None`` on ``device``.
+
+    ``$PYTERRIER_CPDAE_DTYPE`` when set (``float32``, ``bf16``, ``fp16``, ...); else the automatic dtype that
+    fine-tuning's ``--mixed-precision auto`` uses too (:func:`pyterrier_cpdae.encoder.loading.autocast_dtype`): bf16 on
+    CUDA (fp16 where the GPU lacks bf16) and float32 on the CPU.
+
+    The CPU stays in float32 even where bf16 is native (:func:`cpu_has_native_bf16`): bf16 autocast is ~1.8x
+    faster there and its vectors keep a cosine >= 0.99996 to float32, but the order of the exact top-10 changes
+    for 20-25% of Vaswani and SciFact queries (``experiments/results/encode_equivalence.md``); opt in with
+    ``dtype="bf16"`` or ``PYTERRIER_CPDAE_DTYPE=bf16``.
+
+    Raises:
+        ValueError: naming ``$PYTERRIER_CPDAE_DTYPE`` when it holds an unknown dtype.
+    """
+    env = os.environ.get(DTYPE_ENV, "").strip()
+    if env:
+        try:
+            return _DTYPES[_dtype_name(env)]
+        except ValueError as ex:
+            raise ValueError(f"environment variable {DTYPE_ENV}={env!r}: {ex}") from None
+    return autocast_dtype(device)
+
+
+class CPDAE(pt.Transformer):
+    """A single-vector dense bi-encoder over a Hugging Face encoder, as a PyTerrier transformer.
+
+    Use :meth:`from_pretrained` for a model directory or Hub name, or ``CPDAE(model, tokenizer, ...)`` for a
+    model already in memory (e.g. during fine-tuning; it is switched to eval mode while encoding and back
+    afterwards).
+
+    Called directly, the transformer picks its mode from the input columns: ``query`` (no ``text``) adds
+    ``query_vec``; ``text`` (no ``query``) adds ``doc_vec``; a query and a document column (``query`` or
+    ``query_vec`` with ``text`` or ``doc_vec``) scores like :meth:`text_scorer`.  So both
+    ``enc >> index.indexer()`` and ``enc >> index.retriever()`` work.
+
+    Attributes:
+        pooling: ``"cls"`` (the last layer's ``[CLS]`` vector, as in CPDAE) or ``"mean"`` (masked mean).
+        normalize: L2-normalise vectors (scores are then cosine similarities).
+        query_max_length / doc_max_length: truncation lengths in tokens, special tokens included.
+        batch_size: texts per forward pass.
+        sort_window: length sorting happens within windows of ``batch_size * sort_window`` inputs.
+    """
+
+    def __init__(self, model: Optional[torch.nn.Module], tokenizer: Any, *, pooling: str = "cls",
+                 normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
+                 batch_size: int = 32, device: Union[None, str, torch.device] = None,
+                 dtype: Union[None, str, torch.dtype] = None, verbose: bool = False, sort_window: int = 64,
+                 name_or_path: Optional[str] = None, config: Any = None, backend: Optional[str] = None):
+        """
+        Args:
+            model: a Hugging Face encoder (``AutoModel``-like: returns the last hidden states first); ``None``
+                with ``name_or_path`` loads it lazily on first use.
+            tokenizer: its (fast) tokenizer.
+            pooling: ``"cls"`` or ``"mean"``.
+            normalize: L2-normalise the vectors.
+            query_max_length: maximum query length in tokens.
+            doc_max_length: maximum document length in tokens.
+            batch_size: texts per forward pass.
+            device: ``None`` = the in-memory model's device, or cuda when available for a lazily loaded model.
+            dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
+                ``None`` = automatic (:func:`default_dtype`): bf16 on CUDA (fp16 where bf16 is unsupported),
+                float32 on the CPU; ``$PYTERRIER_CPDAE_DTYPE`` replaces the automatic choice.
+                ``dtype="float32"`` forces fp32.  Vectors are float32 either way.  A model loaded by
+                :meth:`from_pretrained` holds float32 weights whatever dtype its checkpoint was saved in (a bf16
+                export included), so the dtype alone decides the precision; an in-memory ``model`` is used as
+                it is (a warning says when its weights are below float32 and the dtype is float32).
+            verbose: show a progress bar.
+            sort_window: number of batches whose texts are sorted by length together.
+            name_or_path: where the model comes from (identity for ``==``/``hash``/``repr``).
+            config: the model's ``PretrainedConfig`` when ``model`` is ``None``.
+            backend: ``"torch"``, ``"openvino"`` (CPU only: an OpenVINO graph compiled from the model, whose
+                weights it copies: later changes to an in-memory model are not seen) or ``None`` = automatic
+                (``$PYTERRIER_CPDAE_BACKEND`` when set): OpenVINO for a model loaded by :meth:`from_pretrained`
+                on the CPU in float32 when ``openvino`` is installed, once the encoder has encoded
+                :data:`OPENVINO_MIN_TOKENS` tokens in all (the window that crosses it included), else PyTorch (always PyTorch for an in-memory model, which
+                may be training).  Vectors of the two backends agree to ~3e-6.
+
+        Raises:
+            ValueError: for an unknown pooling/dtype or non-positive lengths/batch size.
+        """
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        for name, value in (("query_max_length", query_max_length), ("doc_max_length", doc_max_length),
+                            ("batch_size", batch_size), ("sort_window", sort_window)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if model is None and name_or_path is None:
+            raise ValueError("pass a model, or use CPDAE.from_pretrained(name_or_path)")
+        if tokenizer is None:
+            raise ValueError("a tokenizer is required")
+        self._model = model
+        self.tokenizer = tokenizer
+        self.name_or_path = name_or_path
+        self.pooling = pooling
+        self.normalize = bool(normalize)
+        self.batch_size = int(batch_size)
+        self.sort_window = int(sort_window)
+        self.verbose = verbose
+        self.dtype = _dtype_name(dtype)
+        self.backend = _backend_name(backend)
+        self._openvino: Optional[Any] = None  # the compiled graph, built on first use
+        self._openvino_failed = False
+        self._tokens_encoded = 0  # over all calls: the automatic backend compiles once it passes OPENVINO_MIN_TOKENS
+        self._config = model.config if model is not None else config
+        if device is None and model is not None:
+            device = next(model.parameters()).device
+        elif device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if model is not None and next(model.parameters()).device != self.device:
+            model.to(self.device)
+        self.query_max_length = self._clamp_length(int(query_max_length), "query_max_length")
+        self.doc_max_length = self._clamp_length(int(doc_max_length), "doc_max_length")
+
+    # -- construction --------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, name_or_path: Union[str, os.PathLike], *, pooling: Optional[str] = None,
+                        normalize: Optional[bool] = None, query_max_length: Optional[int] = None,
+                        doc_max_length: Optional[int] = None, batch_size: int = 32,
+                        device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
+                        verbose: bool = False, sort_window: int = 64, backend: Optional[str] = None) -> "CPDAE":
+        """An encoder from a Hugging Face model directory or Hub name.
+
+        Works for a ``python -m pretrain`` / ``finetune`` output (a ``BertForMaskedLM`` checkpoint: its MLM
+        head is ignored) and for plain encoders such as sentence-transformers model directories.  The config
+        and tokenizer are loaded (and checked) now; the weights on first use.
+
+        ``pooling``, ``normalize``, ``query_max_length`` and ``doc_max_length`` left as ``None`` are taken from
+        the directory: its sentence-transformers files (``1_Pooling``, a ``Normalize`` module,
+        ``sentence_bert_config.json``'s ``max_seq_length`` for documents), else a fine-tuning run's
+        ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
+        a warning when it contradicts the stored one.
+
+        Raises:
+            OSError: when the directory/name holds no config or tokenizer (naming the missing ``config.json``
+                or tokenizer files of a local directory).
+            ValueError: when its sentence-transformers files are unreadable or use a pooling CPDAE lacks.
+        """
+        from transformers import AutoConfig
+
+        from .st_export import read_encoder_settings
+
+        name = os.fspath(name_or_path)
+        if os.path.isdir(name):
+            name = os.path.abspath(name)
+        tokenizer = load_tokenizer(name)  # names a missing config.json first
+        if os.path.isdir(name):
+            check_weights_file(name)  # safetensors only, refused here rather than at the first encode
+        config = AutoConfig.from_pretrained(name)
+        stored = read_encoder_settings(name)
+        if stored.get("do_lower_case", (False,))[0]:
+            logger.warning("%s: do_lower_case is true in %s, but CPDAE does not lower-case texts; lower-case "
+                           "them before encoding to match sentence-transformers", name, stored["do_lower_case"][1])
+        given = {"pooling": pooling, "normalize": normalize, "query_max_length": query_max_length,
+                 "doc_max_length": doc_max_length}
+        defaults = {"pooling": "cls", "normalize": False, "query_max_length": 32, "doc_max_length": 256}
+        settings = {}
+        for key, value in given.items():
+            if value is None:
+                settings[key] = stored[key][0] if key in stored else defaults[key]
+                continue
+            if key in stored and stored[key][0] != value:
+                logger.warning("%s=%r overrides %r stored in %s", key, value, stored[key][0], stored[key][1])
+            settings[key] = value
+        return cls(None, tokenizer, batch_size=batch_size, device=device, dtype=dtype, verbose=verbose,
+                   sort_window=sort_window, name_or_path=name, config=config, backend=backend, **settings)
+
+    def _clamp_length(self, length: int, name: str) -> int:
+        limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
+        limit = min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
+        if limit is not None and length > limit:
+            logger.warning("%s=%d exceeds the model's maximum of %d tokens; using %d", name, length, limit, limit)
+            return limit
+        return length
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The encoder (loaded on first access when created by :meth:`from_pretrained`)."""
+        if self._model is None:
+            logger.info("loading encoder %s on %s", self.name_or_path, self.device)
+            self._model = load_encoder(self.name_or_path).to(self.device).eval()
+        return self._model
+
+    @property
+    def dim(self) -> int:
+        """Vector dimension (the model's hidden size)."""
+        return int(self._config.hidden_size)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_openvino"] = None  # a compiled graph does not pickle; it is rebuilt on first use
+        return state
+
+    # -- identity ------------------------------------------------------------------------------------------
+    def _key(self) -> Tuple:
+        source = self.name_or_path if self.name_or_path is not None else self._model
+        return (source, self.pooling, self.normalize, self.query_max_length, self.doc_max_length, self.dtype)
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, CPDAE):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(("CPDAE",) + self._key())
+
+    def __repr__(self) -> str:
+        src = repr(self.name_or_path) if self.name_or_path is not None else f"<{type(self._model).__name__}>"
+        args = [f"pooling={self.pooling!r}", f"normalize={self.normalize}"]
+        for name, default in (("query_max_length", 32), ("doc_max_length", 256), ("dtype", None), ("backend", None)):
+            if getattr(self, name) != default:
+                args.append(f"{name}={getattr(self, name)!r}")
+        ctor = "CPDAE.from_pretrained" if self.name_or_path is not None else "CPDAE"
+        return f"{ctor}({src}, {', '.join(args)})"
+
+    # -- encoding ------------------------------------------------------------------------------------------
+    def _autocast_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return _DTYPES[self.dtype]
+        return default_dtype(self.device)
+
+    @contextlib.contextmanager
+    def _inference(self) -> Iterator[torch.nn.Module]:
+        model = self.model
+        was_training = model.training
+        model.eval()
+        dtype = self._autocast_dtype()
+        weights = next(model.parameters()).dtype
+        if weights != torch.float32 and dtype == torch.float32 and not getattr(self, "_warned_weights", False):
+            # from_pretrained loads float32 weights; an in-memory model is used as the caller made it
+            logger.warning("the in-memory model's weights are %s: its vectors are computed in %s, not in float32 "
+                           "(pass model.float(), or load it with CPDAE.from_pretrained)", _DTYPE_NAMES.get(weights, weights),
+                           _DTYPE_NAMES.get(weights, weights))
+            self._warned_weights = True
+        autocast = (torch.autocast(device_type=self.device.type, dtype=dtype) if dtype != torch.float32
+                    else contextlib.nullcontext())
+        try:
+            with torch.inference_mode(), autocast:
+                yield model
+        finally:
+            if was_training:
+                model.train()
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return pool(hidden, mask, self.pooling, self.normalize)
+
+    def _chosen_backend(self) -> Optional[str]:
+        if self.backend is not None:
+            return self.backend
+        return _backend_name(os.environ.get(BACKEND_ENV, "").strip() or None, f"environment variable {BACKEND_ENV}")
+
+    def _openvino_encoder(self, tokens: int) -> Optional[Any]:
+        """The compiled OpenVINO graph when this window of ``tokens`` tokens should use it (see ``backend``), else
+        ``None``."""
+        self._tokens_encoded += tokens
+        chosen = self._chosen_backend()
+        if chosen == "torch":
+            return None
+        dtype = self._autocast_dtype()
+        if chosen == "openvino":
+            if self.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+                raise ValueError(f"backend='openvino' runs on the CPU in float32 or bf16, not on {self.device} "
+                                 f"in {_DTYPE_NAMES[dtype]}")
+            if not openvino_available():
+                raise ImportError("backend='openvino' needs the openvino package: "
+                                  "pip install 'pyterrier-cpdae[openvino]'")
+        elif (self.device.type != "cpu" or dtype != torch.float32 or self.name_or_path is None
+              or self._openvino_failed or not openvino_available()
+              or (self._openvino is None and self._tokens_encoded < OPENVINO_MIN_TOKENS)):
+            return None
+        if self._openvino is None:
+            precision = "bf16" if dtype == torch.bfloat16 else "f32"
+            try:
+                self._openvino = compile_encoder(self.model, self.pooling, self.normalize, precision=precision)
+            except Exception as ex:
+                if chosen == "openvino":
+                    raise
+                logger.warning("OpenVINO could not compile %s (%s: %s); encoding with PyTorch",
+                               self.name_or_path, type(ex).__name__, ex)
+                self._openvino_failed = True
+                return None
+        return self._openvino
+
+    def _encode(self, texts: Sequence[str], max_length: int, unique: bool) -> np.ndarray:
+        """Encodes checked texts into a float32 ``(len(texts), dim)`` matrix (rows in input order)."""
+        if unique:
+            uniq, inverse = dedup(texts)
+            if len(uniq) < len(texts):
+                return self._encode(uniq, max_length, unique=False)[inverse]
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not len(texts):
+            return out
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        window = self.batch_size * self.sort_window
+        bar = pt.tqdm(total=len(texts), desc="Encoding", unit="text", leave=False) if self.verbose else None
+        with self._inference() as model:
+            for start in range(0, len(texts), window):
+                part = texts[start:start + window]
+                # one fast-tokenizer call per window; no padding here (batches are padded to their own max)
+                ids = self.tokenizer(list(part), truncation=True, max_length=max_length, padding=False,
+                                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+                lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                compiled = self._openvino_encoder(int(lengths.sum()))
+                for rows in length_sorted_batches(lengths, self.batch_size):
+                    input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
+                    if compiled is not None:
+                        out[start + rows] = compiled(input_ids, mask)
+                    else:
+                        input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+                        mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
+                        hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                        out[start + rows] = self._pool(hidden, mask).cpu().numpy()
+                    if bar is not None:
+                        bar.update(len(rows))
+        if bar is not None:
+            bar.close()
+        return out
+
+    def _encode_input(self, texts: Union[str, Iterable[str]], column: str, max_length: int,
+                      unique: bool) -> np.ndarray:
+        """:meth:`_encode` of checked texts; a single string is one text and gives one 1-D vector."""
+        if isinstance(texts, str):
+            return self._encode(check_texts([texts], column), max_length, unique=False)[0]
+        return self._encode(check_texts(texts, column), max_length, unique=unique)
+
+    def encode_queries(self, texts: Union[str, Iterable[str]]) -> np.ndarray:
+        """Encodes query texts (``query_max_length``; repeated texts are encoded once).
+
+        Returns:
+            float32 array ``(len(texts), dim)``; for a single string (not a list), one ``(dim,)`` vector, as
+            sentence-transformers' ``encode`` does.
+
+        Raises:
+            ValueError: a text is ``None``/NaN or not valid Unicode (a lone surrogate), naming its row.
+            TypeError: a text is not a string, or ``texts`` is ``bytes``/not iterable.
+        """
+        return self._encode_input(texts, "query", self.query_max_length, unique=True)
+
+    def encode_docs(self, texts: Union[str, Iterable[str]]) -> np.ndarray:
+        """Encodes document texts (``doc_max_length``).
+
+        Returns:
+            float32 array ``(len(texts), dim)``; for a single string (not a list), one ``(dim,)`` vector.
+
+        Raises:
+            ValueError: a text is ``None``/NaN or not valid Unicode (a lone surrogate), naming its row.
+            TypeError: a text is not a string, or ``texts`` is ``bytes``/not iterable.
+        """
+        return self._encode_input(texts, "text", self.doc_max_length, unique=False)
+
+    # -- transformer factories -----------------------------------------------------------------------------
+    def query_encoder(self) -> pt.Transformer:
+        """Transformer adding ``query_vec`` (float32, ``(dim,)``) to a frame with ``query``."""
+        return _QueryEncoder(self)
+
+    def doc_encoder(self) -> pt.Transformer:
+        """Transformer adding ``doc_vec`` (float32, ``(dim,)``) to a frame (or dict records) with ``text``."""
+        return _DocEncoder(self)
+
+    def text_scorer(self) -> pt.Transformer:
+        """Re-ranker: scores ``qid`` + (``query`` or ``query_vec``) + (``text`` or ``doc_vec``) rows.
+
+        The score is the dot product of the vectors (the cosine similarity when ``normalize``); the output is
+        the input with ``score`` and ``rank`` (per query, from 0).
+        """
+        return _TextScorer(self)
+
+    def scorer(self) -> pt.Transformer:
+        """Alias of :meth:`text_scorer` (pyterrier-dr's name)."""
+        return self.text_scorer()
+
+    # -- direct use ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _mode(inp: pd.DataFrame) -> str:
+        with pta.validate.any(inp) as v:
+            for q in ("query", "query_vec"):
+                for d in ("text", "doc_vec"):
+                    v.columns(includes=[q, d], mode="scorer")
+            v.columns(includes=["query"], mode="query_encoder")
+            v.columns(includes=["text"], mode="doc_encoder")
+        return v.mode
+
+    def _stage(self, mode: str) -> pt.Transformer:
+        return {"scorer": self.text_scorer, "query_encoder": self.query_encoder,
+                "doc_encoder": self.doc_encoder}[mode]()
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        """Adds ``query_vec`` or ``doc_vec``, or scores, depending on the input columns (see the class doc)."""
+        return self._stage(self._mode(inp)).transform(inp)
+
+    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        """Streams dict records (e.g. ``enc >> indexer`` in indexing); the mode comes from the first record."""
+        it = iter(inp)
+        first = next(it, None)
+        if first is None:
+            return iter(())
+        mode = self._mode(pd.DataFrame(columns=list(first)))
+        return self._stage(mode).transform_iter(itertools.chain([first], it))
+
+
+class _Stage(pt.Transformer):
+    """Base of the transformers made by :class:`CPDAE`'s factories (equal when their encoders are equal)."""
+
+    name = ""
+
+    def __init__(self, encoder: CPDAE):
+        super().__init__()
+        self.encoder = encoder
+        self.batch_size = encoder.batch_size  # read by pyterrier's Compose.index to size its chunks
+
+    def __eq__(self, other: Any) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.encoder == other.encoder
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.encoder))
+
+    def __repr__(self) -> str:
+        return f"{self.encoder!r}.{self.name}()"
+
+    def subtransformers(self) -> Dict[str, Any]:
+        return {}  # the encoder is a model holder here, not a pipeline stage
+
+
+class _VecAdder(_Stage):
+    """Adds ``out_column`` computed from the text ``in_column``; streams dict records window by window."""
+
+    in_column = ""
+    out_column = ""
+    id_column = ""
+
+    def _encode(self, texts: List[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=[self.in_column])
+        if len(inp) == 0:
+            return inp.assign(**{self.out_column: pd.Series([], index=inp.index, dtype=object)})
+        ids = inp[self.id_column].tolist() if self.id_column in inp.columns else None
+        texts = check_texts(inp[self.in_column].tolist(), self.in_column, ids, self.id_column)
+        return inp.assign(**{self.out_column: list(self._encode(texts))})
+
+    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        window = self.encoder.batch_size * self.encoder.sort_window
+        offset = 0
+        for chunk in chunked(inp, window):
+            missing = next((i for i, r in enumerate(chunk) if self.in_column not in r), None)
+            if missing is not None:
+                raise ValueError(f"{self.name} needs a {self.in_column!r} field, but record {offset + missing} has "
+                                 f"keys {sorted(chunk[missing])}")
+            ids = [r.get(self.id_column) for r in chunk]
+            texts = check_texts([r[self.in_column] for r in chunk], self.in_column, ids, self.id_column, offset)
+            vecs = self._encode(texts)
+            for rec, vec in zip(chunk, vecs):
+                out = dict(rec)
+                out[self.out_column] = vec
+                yield out
+            offset += len(chunk)
+
+
+class _QueryEncoder(_VecAdder):
+    name = "query_encoder"
+    in_column, out_column, id_column = "query", "query_vec", "qid"
+
+    def _encode(self, texts: List[str]) -> np.ndarray:
+        return self.encoder._encode(texts, self.encoder.query_max_length, unique=True)
+
+
+class _DocEncoder(_VecAdder):
+    name = "doc_encoder"
+    in_column, out_column, id_column = "text", "doc_vec", "docno"
+
+    def _encode(self, texts: List[str]) -> np.ndarray:
+        return self.encoder._encode(texts, self.encoder.doc_max_length, unique=False)
+
+
+class _TextScorer(_Stage):
+    name = "text_scorer"
+
+    def _vectors(self, inp: pd.DataFrame, vec_col: str, text_col: str, id_col: str, max_length: int) -> np.ndarray:
+        """The ``(n, dim)`` vectors of ``vec_col``, or encoded from ``text_col``; all checked finite, so that every
+        score is a number (a NaN row is named by its ``qid``/``docno``, or its row number without one)."""
+        enc = self.encoder
+        ids, id_name = (inp[id_col].tolist(), id_col) if id_col in inp.columns else (list(range(len(inp))), "row")
+        if vec_col in inp.columns:
+            return stack_vectors(inp[vec_col].tolist(), ids, enc.dim, what=vec_col, id_name=id_name)
+        texts = check_texts(inp[text_col].tolist(), text_col, *((ids, id_col) if id_name == id_col else ()))
+        vecs = enc._encode(texts, max_length, unique=True)  # queries repeat per row; documents across queries
+        if not np.isfinite(vecs).all():  # e.g. an fp16 overflow inside the model
+            stack_vectors(list(vecs), ids, enc.dim, what=f"{vec_col} encoded from {text_col!r}", id_name=id_name)
+        return vecs
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        with pta.validate.any(inp) as v:
+            for q in ("query", "query_vec"):
+                for d in ("text", "doc_vec"):
+                    v.columns(includes=["qid", q, d])
+        if len(inp) == 0:
+            out = inp.assign(score=pd.Series([], index=inp.index, dtype=np.float64))
+            return pt.model.add_ranks(out)
+        enc = self.encoder
+        q = self._vectors(inp, "query_vec", "query", "qid", enc.query_max_length)
+        d = self._vectors(inp, "doc_vec", "text", "docno", enc.doc_max_length)
+        scores = np.einsum("ij,ij->i", q, d).astype(np.float64)
+        return pt.model.add_ranks(inp.assign(score=scores))

@@ -1,0 +1,176 @@
+"""Loading an encoder for training (``pretrain``'s ``BiEncoder``) and inference (``CPDAE``): one loader, one rule for
+the pooler, one automatic autocast dtype.
+
+Kept free of PyTerrier imports, so that ``python -m pretrain`` does not pay for them.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from typing import Any, Dict, Optional, Union
+
+import torch
+
+__all__ = ["load_encoder", "load_tokenizer", "autocast_dtype", "check_model_dir", "check_weights_file", "float32_kwargs"]
+
+
+def float32_kwargs() -> Dict[str, Any]:
+    """The keyword argument of transformers' ``from_pretrained``/``from_config`` that builds float32 weights
+    whatever dtype the checkpoint or config was saved in (``dtype``; ``torch_dtype`` before transformers 4.56).
+
+    transformers 5 otherwise keeps a checkpoint's own dtype (a bf16 export stays bf16, also on the CPU). Every
+    loader of this project asks for float32: training keeps float32 master weights, and encoding computes in the
+    autocast dtype of :func:`autocast_dtype` / ``CPDAE(dtype=...)`` over float32 weights."""
+    import transformers
+    from packaging.version import Version
+
+    key = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
+    return {key: torch.float32}
+
+
+def autocast_dtype(device: Union[str, torch.device]) -> torch.dtype:
+    """The automatic autocast dtype on ``device``, the same for fine-tuning (``--mixed-precision auto``) and
+    encoding (``CPDAE(dtype=None)``): bf16 on CUDA where the GPU supports it, fp16 on other CUDA devices, float32
+    (no autocast) elsewhere."""
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def checkpoint_keys(path: str) -> Optional[set]:
+    """Weight names of a local safetensors checkpoint (``None`` when unknown, e.g. a Hub name).
+
+    Raises:
+        OSError: naming the weights file when it cannot be read (truncated or corrupt).
+    """
+    if not os.path.isdir(path):
+        return None
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    try:
+        if os.path.exists(single):
+            from safetensors import safe_open
+
+            with safe_open(single, framework="pt") as f:
+                return set(f.keys())
+        if os.path.exists(index):
+            with open(index, encoding="utf8") as f:
+                return set(json.load(f).get("weight_map", {}))
+    except MemoryError as ex:  # not a damaged file: too little memory to map or read it
+        bad = single if os.path.exists(single) else index
+        raise MemoryError(f"out of memory while reading the weights file {bad}") from ex
+    except Exception as ex:  # SafetensorError, JSONDecodeError, ...: none of them names the file
+        bad = single if os.path.exists(single) else index
+        raise OSError(f"cannot read the weights file {bad} ({type(ex).__name__}: {ex}); it is truncated or "
+                      "corrupt — copy or save the model again") from ex
+    return None
+
+
+def check_model_dir(path: str) -> None:
+    """Refuses a local directory that is not a Hugging Face model directory (no ``config.json``).
+
+    Raises:
+        OSError: naming the missing ``config.json`` (transformers would say "Unrecognized model").
+    """
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        raise OSError(f"{config} does not exist: {path} is not a Hugging Face model directory (a "
+                      "`python -m pretrain`/finetune output, or any directory written by save_pretrained)")
+
+
+#: Weight files that are loaded with pickle (they can run code when read): never loaded here.
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt", "training_args.bin")
+SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
+def check_weights_file(path: str) -> None:
+    """Refuses a local model directory whose weights are not in safetensors (only pickle files, or none).
+
+    Raises:
+        OSError: naming the pickle file (safetensors is required) or the missing ``model.safetensors``.
+    """
+    if not os.path.isdir(path) or any(os.path.isfile(os.path.join(path, n)) for n in SAFETENSORS_WEIGHTS):
+        return
+    pickled = [n for n in PICKLE_WEIGHTS[:2] if os.path.isfile(os.path.join(path, n))]
+    if pickled:
+        raise OSError(f"{os.path.join(path, pickled[0])} is a pickle file, which is never loaded (reading it can run "
+                      f"code); safetensors is required: save the model as {SAFETENSORS_WEIGHTS[0]} (save_pretrained "
+                      "writes it) where you trust the pickle file")
+    raise OSError(f"{path} holds no weights file ({' or '.join(SAFETENSORS_WEIGHTS)})")
+
+
+def check_tokenizer_files(path: str, tokenizer: Any) -> None:
+    """Refuses a local model directory without the tokenizer's vocabulary files.
+
+    transformers 5 silently makes an empty tokenizer (every word ``[UNK]``) for a directory that has a config but
+    no tokenizer files; the encoder would then return the same vector for every text.
+
+    Raises:
+        OSError: naming the directory and the files looked for.
+    """
+    names = sorted({n for n in getattr(tokenizer, "vocab_files_names", {}).values() if isinstance(n, str)})
+    if names and not any(os.path.isfile(os.path.join(path, n)) for n in names):
+        raise OSError(f"{path} holds no tokenizer files (none of {names}); save the tokenizer there with "
+                      "tokenizer.save_pretrained(...)")
+
+
+def load_tokenizer(name_or_path: Union[str, os.PathLike]) -> Any:
+    """``AutoTokenizer.from_pretrained``, refusing a local directory without a config or tokenizer files.
+
+    Raises:
+        OSError: naming the missing ``config.json`` or tokenizer files of a local directory.
+    """
+    from transformers import AutoTokenizer
+
+    name = os.fspath(name_or_path)
+    local = os.path.isdir(name)
+    if local:
+        check_model_dir(name)
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if local:
+        check_tokenizer_files(name, tokenizer)
+    return tokenizer
+
+
+def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
+    """Loads the bare encoder of a checkpoint with ``AutoModel`` (an MLM checkpoint loads without its head), in
+    float32 whatever the checkpoint's dtype (:func:`float32_kwargs`).
+
+    Neither training nor inference uses the pooler (texts are pooled from the last hidden states by
+    :func:`pyterrier_cpdae.encoder.pooling.pool`), so it is left out wherever the architecture allows it
+    (``add_pooling_layer=False``): an MLM checkpoint has no pooler weights to load, and under DDP a pooler
+    would hold parameters without gradients.
+
+    Raises:
+        OSError: naming a local directory's missing ``config.json``, or its weights file when it is truncated or
+            corrupt.
+        ValueError: when encoder weights are missing from the checkpoint (it is not an encoder of this type).
+    """
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging as hf_logging
+
+    name = os.fspath(name_or_path)
+    if os.path.isdir(name):
+        check_model_dir(name)
+        check_weights_file(name)
+    config = AutoConfig.from_pretrained(name)
+    checkpoint_keys(name)  # a truncated or corrupt weights file is named here (transformers would not name it)
+    kwargs: Dict[str, Any] = {}
+    model_class = AutoModel._model_mapping.get(type(config), None)
+    if model_class is not None and "add_pooling_layer" in inspect.signature(model_class.__init__).parameters:
+        kwargs["add_pooling_layer"] = False
+    # transformers reports the MLM head of a pre-training checkpoint (and a pooler left out) as "unexpected"
+    # keys; dropping them is the point here, and real problems (missing encoder weights) are checked below, so
+    # its load report is silenced
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModel.from_pretrained(name, output_loading_info=True, **kwargs, **float32_kwargs())
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
+    if missing:
+        raise ValueError(f"{name} does not hold the weights of a {type(model).__name__} encoder: "
+                         f"{len(missing)} weights are missing (e.g. {missing[:3]}); these would be random")
+    return model

@@ -1,0 +1,140 @@
+"""How an exported encoder describes itself: sentence-transformers' module files, written and read in one place.
+
+An encoder directory written by ``python -m pretrain`` or ``python -m pretrain finetune`` holds, next to the
+Hugging Face ``config.json`` / weights / tokenizer, the files with which sentence-transformers (and so any tool
+that reads them) rebuilds the same text encoder::
+
+    modules.json                        # Transformer -> Pooling [-> Normalize]
+    sentence_bert_config.json           # {"max_seq_length": ..., "do_lower_case": false}
+    1_Pooling/config.json               # pooling_mode_cls_token / pooling_mode_mean_tokens
+    config_sentence_transformers.json   # similarity function (dot, or cosine when normalised)
+
+:func:`write_st_config` writes them; :func:`read_encoder_settings` reads them back (or, for directories exported
+before these files existed, the ``training_args.json`` of a fine-tuning run) for :meth:`CPDAE.from_pretrained`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, Union
+
+from .._files import write_json_atomic
+from .pooling import POOLINGS
+
+__all__ = ["write_st_config", "read_encoder_settings"]
+
+MODULES = "modules.json"
+SBERT_CONFIG = "sentence_bert_config.json"
+POOLING_DIR = "1_Pooling"
+NORMALIZE_DIR = "2_Normalize"
+ST_CONFIG = "config_sentence_transformers.json"
+TRAINING_ARGS = "training_args.json"
+
+_ST_POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
+_OTHER_POOLING_KEYS = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                       "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
+
+
+def write_st_config(path: Union[str, os.PathLike], *, pooling: str, hidden_size: int, max_seq_length: int,
+                    normalize: bool = False, do_lower_case: bool = False) -> None:
+    """Writes the sentence-transformers description of the encoder saved at ``path``.
+
+    Args:
+        path: the Hugging Face model directory (``config.json`` and weights at its root).
+        pooling: ``"cls"`` or ``"mean"``.
+        hidden_size: the vector dimension (``1_Pooling``'s ``word_embedding_dimension``).
+        max_seq_length: truncation length in tokens, special tokens included.
+        normalize: L2-normalise the vectors (adds a ``Normalize`` module; similarity ``cosine``, else ``dot``).
+        do_lower_case: lower-case texts before tokenising (leave ``False`` when the tokenizer does it).
+
+    Raises:
+        ValueError: for an unknown pooling or a non-positive length.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    if int(max_seq_length) < 1:
+        raise ValueError(f"max_seq_length must be positive, got {max_seq_length!r}")
+    path = os.fspath(path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": POOLING_DIR, "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": "sentence_transformers.models.Normalize"})
+        os.makedirs(os.path.join(path, NORMALIZE_DIR), exist_ok=True)
+    os.makedirs(os.path.join(path, POOLING_DIR), exist_ok=True)
+    pooling_config: Dict[str, Any] = {"word_embedding_dimension": int(hidden_size)}
+    for name, key in _ST_POOLING_KEYS.items():
+        pooling_config[key] = name == pooling
+    pooling_config.update({k: False for k in _OTHER_POOLING_KEYS})
+    pooling_config["include_prompt"] = True
+    import torch
+    import transformers
+
+    write_json_atomic(Path(path, POOLING_DIR, "config.json"), pooling_config)
+    write_json_atomic(Path(path, SBERT_CONFIG), {"max_seq_length": int(max_seq_length),
+                                                   "do_lower_case": bool(do_lower_case)})
+    write_json_atomic(Path(path, ST_CONFIG), {
+        "__version__": {"transformers": transformers.__version__, "pytorch": torch.__version__.split("+")[0]},
+        "prompts": {}, "default_prompt_name": None,
+        "similarity_fn_name": "cosine" if normalize else "dot"})
+    write_json_atomic(Path(path, MODULES), modules)
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON (line {e.lineno}: {e.msg}); restore it or delete the "
+                         "model directory's sentence-transformers files") from e
+
+
+def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """The pooling, normalisation and maximum lengths a model directory declares (only those it declares).
+
+    sentence-transformers files come first (``pooling``, ``normalize``, ``doc_max_length`` = ``max_seq_length``,
+    ``do_lower_case``); a fine-tuning run's ``training_args.json`` fills in what they lack (``pooling``,
+    ``query_max_length``, ``doc_max_length``), so that directories exported before the sentence-transformers files
+    existed describe themselves too.
+
+    Returns:
+        ``{setting: (value, source file)}``; empty for a Hub name or a plain Hugging Face directory.
+
+    Raises:
+        ValueError: when a sentence-transformers file is unreadable, or its pooling is one CPDAE does not implement.
+    """
+    path = os.fspath(path)
+    out: Dict[str, Any] = {}
+    if not os.path.isdir(path):
+        return out
+    modules_path = os.path.join(path, MODULES)
+    if os.path.isfile(modules_path):
+        modules = _read_json(modules_path)
+        types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        out["normalize"] = ("Normalize" in types, MODULES)
+        for m, kind in zip(modules, types):
+            if kind != "Pooling":
+                continue
+            pool_path = os.path.join(path, m.get("path", POOLING_DIR), "config.json")
+            cfg = _read_json(pool_path)
+            modes = [name for name, key in _ST_POOLING_KEYS.items() if cfg.get(key)]
+            others = [k for k in _OTHER_POOLING_KEYS if cfg.get(k)]
+            if len(modes) != 1 or others:
+                raise ValueError(f"{pool_path}: CPDAE implements exactly one of {POOLINGS} pooling, but this "
+                                 f"file enables {[_ST_POOLING_KEYS[m] for m in modes] + others}; pass pooling= "
+                                 "explicitly only if you accept different vectors from sentence-transformers")
+            out["pooling"] = (modes[0], pool_path)
+    sbert_path = os.path.join(path, SBERT_CONFIG)
+    if os.path.isfile(sbert_path):
+        cfg = _read_json(sbert_path)
+        if cfg.get("max_seq_length") is not None:
+            out["doc_max_length"] = (int(cfg["max_seq_length"]), sbert_path)
+        if "do_lower_case" in cfg:
+            out["do_lower_case"] = (bool(cfg["do_lower_case"]), sbert_path)
+    args_path = os.path.join(path, TRAINING_ARGS)
+    if os.path.isfile(args_path):
+        config = _read_json(args_path).get("config", {})
+        for key in ("pooling", "query_max_length", "doc_max_length"):
+            if key not in out and config.get(key) is not None:
+                out[key] = (config[key], args_path)
+    return out
