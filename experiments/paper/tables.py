@@ -226,7 +226,33 @@ class Tables:
         sections.append(("Notes", "The CPDAE ablation: every row continues the same base checkpoint with the same "
                          f"budget. p-values against `{t2.get('baseline')}` are in `experiments.md` "
                          f"(baseline {t2.get('baseline')})."))
+        sel = self.selections()
+        if sel:
+            sections.append(("Selected contrastive settings (training data only)", sel))
         self.w.write("table2", "Table 2: CPDAE ablation", sections, flat)
+
+    def selections(self) -> str:
+        """The chosen setting of every selection (:mod:`experiments.paper.select_tau`), its record copied beside the
+        tables as ``select_<key>.md``/``.json`` (with the L_CL curves)."""
+        import shutil
+
+        lines = []
+        for name, info in self.plan.selections.items():
+            key, f = info["key"], info["file"]
+            rows = [label for label, k in self.cfg["tables"].get("table2", {}).get("rows", [])
+                    if self.cfg["objectives"].get(k, {}).get("select") == key]
+            if not self.plan.is_done(name):
+                lines.append(f"- `{name}` ({', '.join(rows)}): {NOT_RUN}")
+                continue
+            rec = json.loads(Path(f).read_text())
+            shutil.copyfile(f, self.w.out / f"select_{key}.json")
+            shutil.copyfile(Path(f).with_suffix(".md"), self.w.out / f"select_{key}.md")
+            c = rec["candidates"][rec["chosen"]["index"]]
+            lines.append(f"- `{name}` ({', '.join(rows)}): `{rec['chosen']['setting']}`; L_CL per anchor "
+                         f"{c['l_cl_first']:.3f} -> {c['l_cl_end']:.3f} (ln(2m-1) = {c['ln_2m_minus_1']:.3f}); rule: "
+                         f"{rec['chosen']['rule']}. Every candidate's curve and held-aside metric: "
+                         f"[select_{key}.md](select_{key}.md).")
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ table 3
     def table3(self) -> None:
