@@ -368,3 +368,23 @@ def test_eval_set_adds_a_collection_to_a_finished_run_without_training(tmp_path,
     assert set(ok[ok["block"] == "fine-tuned"]["model"]) == {"BM25", "BERT", "MLM", "CPDAE"}
     assert "extra nDCG@10" in pd.read_csv(out / "table2.csv").columns
     assert (work / "indices" / "extra").is_dir()                        # evaluated from the saved checkpoints
+
+
+@pytest.mark.slow
+def test_pilot_runs_at_smoke_sizes_on_training_queries_only(tmp_path, monkeypatch):
+    _need_data()
+    from experiments.paper.pilot import main as pilot
+
+    monkeypatch.setenv("IR_DATASETS_HOME", os.environ.get("IR_DATASETS_HOME", ""))
+    out = tmp_path / "pilot.md"
+    rep = pilot(["--scale", "smoke", "--work-dir", str(tmp_path / "work"), "--out", str(out), "--lengths", "0,2",
+                 "--seeds", "1,2", "--head-steps", "2"])
+    md = out.read_text()
+    assert "## 1. Is the frozen head warm-up needed?" in md and "## 2. Continuation length" in md
+    assert len(rep["head"]) == 4 and all(v is not None for v in rep["head"].values())
+    assert [len(c["per_seed"]) for c in rep["continuation"].values()] == [2, 2]
+    # the pilot's queries are the training split's only: pilot_dev and pilot_train partition it
+    split = json.loads((tmp_path / "work" / "pilot" / "split.json").read_text())
+    train = set(map(str, json.loads((REPO / "experiments/configs/msmarco_sample_split.json").read_text())["train"]))
+    assert set(split["pilot_dev"]) | set(split["pilot_train"]) == train
+    assert not set(split["pilot_dev"]) & set(split["pilot_train"])
