@@ -268,6 +268,8 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
         "finetune": {"args": {"batch_size": 4, "max_steps": 2, "num_negatives": 2, "doc_max_length": 64,
                               "save_steps": 0}},
         "finetune_sets": {"marco_doc": None},
+        "selection": {"cl": {"max_steps": 2, "candidates": [{"temperature": 1.0}, {"temperature": 0.05}],
+                             "held_aside": {"max_queries": 4, "max_docs": 30}}},
         "eval_sets": {"marco_doc_dev": None, "dl19_doc": None, "vaswani": None, "cranfield": None},
         "evaluation": {"doc_max_length": 64, "batch_size": 16, "num_results": 50},
         "tables": {"table3": {"sizes": [4], "seeds": [1]}, "table4": {"num_texts": 2, "frequent_from_docs": 5, "top_frequent": 10},
