@@ -110,6 +110,9 @@ def test_gpu_plan_is_the_same_base_with_ten_times_the_cpu_budget(tmp_path):
     gb = _pairs(gpu.stages["base"].argv)
     assert gb["--model"] == _pairs(cpu.stages["base"].argv)["--model"] and "--from-config" not in gb
     assert gb["--freeze-encoder"] is True
+    dry = _run(["--scale", "gpu", "--sizes", "smoke", "--work-dir", str(tmp_path / "gs"), "--dry-run"], timeout=300)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "[select:cl] todo" in dry.stdout and "[continue:cpdae_clactive] todo" in dry.stdout
     paper = load_config("paper", work_dir=tmp_path / "p")
     assert paper["pretrain"]["base_model"] == "bert-base-uncased" and "base" not in paper["pretrain"]
 
