@@ -156,6 +156,34 @@ def default_cache_dir(config: PretrainConfig) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(config.output)), ".token_cache")
 
 
+def freeze_encoder(objective: Any) -> None:
+    """``--freeze-encoder``: stop gradients to every parameter of the objective's encoder (embeddings included, so an
+    MLM decoder tied to the word embeddings stays fixed); the heads still train.
+
+    Raises (at the first training forward pass):
+        ValueError: if the loss depends on no trainable parameter (an objective whose only trained parameters are the
+            encoder's, e.g. simcse).
+    """
+    for p in objective.encoder.parameters():
+        p.requires_grad_(False)
+
+    def check(module: Any, inputs: Any, output: Any) -> None:
+        import torch
+
+        loss = output.get("loss") if isinstance(output, dict) else None
+        if not torch.is_grad_enabled() or loss is None:
+            return
+        if not loss.requires_grad:
+            raise ValueError(f"--freeze-encoder: the loss of objective {objective.name!r} depends on no parameter "
+                             "outside the encoder, so nothing would train; drop --freeze-encoder or use an objective "
+                             "with a head (e.g. mlm)")
+        handle.remove()  # checked once
+
+    handle = objective.register_forward_hook(check)
+    logger.info("--freeze-encoder: the encoder is frozen; %d head parameters train",
+                sum(p.numel() for p in objective.parameters() if p.requires_grad))
+
+
 def pretrain(config: PretrainConfig) -> dict[str, Any]:
     """Run the pre-training pipeline for ``config`` and return the trainer's final metrics.
 
@@ -193,6 +221,8 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
     objective = build_objective(config.objective, model, tokenizer, config, **extra)
     if config.decoder_from:  # two-stage pre-training: stage 2 continues stage 1's decoder
         objective.load_decoder(config.decoder_from)
+    if config.freeze_encoder:
+        freeze_encoder(objective)
     logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
                 config.max_length)
     trainer = Trainer(objective, cache, objective.collate, config)

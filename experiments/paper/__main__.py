@@ -6,6 +6,8 @@
     python -m experiments.paper --scale cpu --stages 'base,continue:*' --no-tables   # a part of the run
     python -m experiments.paper --scale gpu --sizes smoke           # the GPU protocol at smoke sizes
     python -m experiments.paper --scale paper --corpus wiki:/data/enwiki --dry-run
+    python -m experiments.paper --scale cpu --work-dir /work/paper-cpu --eval-set nfc=beir:/data/nfcorpus:test
+                                                                    # a finished run on one more collection
 
 See docs/paper.md for the protocol, the scales and their costs.
 """
@@ -26,7 +28,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m experiments.paper", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", default="smoke", help="smoke | cpu | gpu | paper (experiments/configs/paper_<scale>.json)")
-    p.add_argument("--tables", default=",".join(TABLES), help="comma-separated: 1,2,3,4,coverage (default: all)")
+    p.add_argument("--tables", default=None, help="comma-separated: 1,2,3,4,coverage (default: all; 1,2 with --eval-set)")
     p.add_argument("--work-dir", default=None, help="where stages write (default: experiments/work/paper_<scale>)")
     p.add_argument("--out", default=None, help="where tables go (default: experiments/results/paper_<scale>)")
     p.add_argument("--dry-run", action="store_true", help="print every stage's command and state; run nothing")
@@ -39,12 +41,56 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="a folder with overrides.json (a config overlay: tiny model, few steps) and irds/ "
                         "(ir_datasets' cache layout) standing in for the real model and data")
     p.add_argument("--corpus", default=None, help="pre-training corpus spec (default: the config's), e.g. wiki:<dir>")
+    p.add_argument("--eval-set", action="append", default=[], metavar="NAME=SPEC",
+                   help="add an evaluation collection to a finished run (repeatable): SPEC is a load_dataset spec "
+                        "(e.g. trec:../shared/data/vaswani, beir:<dir>:test, irds:<id>); its metrics and the fine-tuning "
+                        "set whose models it evaluates come from the config's eval_set_defaults (or --eval-metrics). "
+                        "Only the evaluation runs, from the saved checkpoints: no stage runs, and a missing checkpoint "
+                        "is an error. Tables 1 and 2 are rewritten with the new columns (default --tables 1,2).")
+    p.add_argument("--eval-metrics", default=None,
+                   help="comma-separated ir_measures names for the --eval-set collections (default: eval_set_defaults)")
     a = p.parse_args(argv)
+    if a.tables is None:
+        a.tables = "1,2" if a.eval_set else ",".join(TABLES)
     a.table_list = tuple(t.strip() for t in a.tables.split(",") if t.strip())
     bad = [t for t in a.table_list if t not in TABLES]
     if bad:
         p.error(f"--tables: unknown {bad}; choose from {','.join(TABLES)}")
     return a
+
+
+def add_eval_sets(cfg: dict[str, Any], specs: list[str], metrics: Optional[str]) -> list[str]:
+    """Add ``NAME=SPEC`` collections to ``cfg["eval_sets"]`` (the config's ``eval_set_defaults`` filling in metrics,
+    ``finetuned_on`` and, e.g. at the smoke sizes, ``max_queries``/``max_docs``); returns the names added.
+
+    Raises:
+        SystemExit: for a malformed value, a name the config already evaluates, or an unknown fine-tuning set.
+    """
+    defaults = dict(cfg.get("eval_set_defaults") or {})
+    defaults.setdefault("metrics", ["nDCG@10", "R@100"])
+    defaults.setdefault("finetuned_on", next(iter(cfg["finetune_sets"]), None))
+    if metrics:
+        defaults["metrics"] = [m.strip() for m in metrics.split(",") if m.strip()]
+    added = []
+    for item in specs:
+        name, sep, spec = item.partition("=")
+        name, spec = name.strip(), spec.strip()
+        if not sep or not name or not spec or ":" in name:
+            raise SystemExit(f"--eval-set {item!r}: expected NAME=SPEC (e.g. vaswani2=trec:../shared/data/vaswani)")
+        if name in cfg["eval_sets"]:
+            raise SystemExit(f"--eval-set {name}: the config already evaluates a set of that name; choose another name")
+        if defaults["finetuned_on"] not in cfg["finetune_sets"]:
+            raise SystemExit(f"--eval-set {name}: eval_set_defaults.finetuned_on {defaults['finetuned_on']!r} is not a "
+                             f"fine-tuning set of the config ({', '.join(cfg['finetune_sets'])})")
+        for m in defaults["metrics"]:
+            from ir_measures import parse_measure
+            try:
+                parse_measure(m)
+            except Exception as e:  # noqa: BLE001 - ir_measures raises several types
+                raise SystemExit(f"--eval-metrics: {m!r} is not an ir_measures measure ({e})") from None
+        cfg["eval_sets"][name] = {"label": name, "spec": spec, **defaults, "added_by": "--eval-set"}
+        added.append(name)
+    return added
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -58,9 +104,19 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     stand_ins = Path(a.stand_ins).resolve() if a.stand_ins else None
     cfg = load_config(a.scale, sizes=a.sizes, stand_ins=stand_ins, work_dir=Path(a.work_dir) if a.work_dir else None,
                       corpus=a.corpus)
+    added = add_eval_sets(cfg, a.eval_set, a.eval_metrics)
     irds_home = use_irds_home(cfg, stand_ins, dry_run=a.dry_run)
     plan = Plan(cfg)
     needed = plan.needed_stages(a.table_list)
+    if added:  # evaluation only: every checkpoint the tables read must exist, no stage runs
+        missing = [n for n in needed if not plan.is_done(n)]
+        if missing:
+            raise SystemExit(f"--eval-set {', '.join(added)}: evaluates a finished run from its saved checkpoints, but "
+                             f"these stages of {cfg['work_dir']} are not finished: {', '.join(missing)}. Run "
+                             "`python -m experiments.paper` with the same --scale/--work-dir first (or choose --tables "
+                             "whose stages are finished).")
+        a.stages = None
+        needed = []
     patterns = [x.strip() for x in a.stages.split(",")] if a.stages else None
     chosen = select(needed, patterns)
     if patterns and not chosen:
@@ -72,6 +128,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             if name.startswith("negatives:"):
                 state = "done" if plan.is_done(name) else "todo"
                 what = f"(in-process) BM25 negatives of the training queries -> {plan.negatives_file(name.split(':')[1])}"
+            elif name in plan.selections:
+                state = "done" if plan.is_done(name) else "todo"
+                what = (f"(in-process) L_CL curves of {', '.join(plan.selections[name]['needs'])} + held-aside "
+                        f"evaluation -> {plan.selections[name]['file']}")
             else:
                 stage = plan.stages[name]
                 state = stage.state()
@@ -87,11 +147,19 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ran, skipped = [], []
     for name in chosen:
         stage = plan.stages.get(name)
-        needs = stage.needs if stage is not None else []
+        needs = plan.needs_of(name)
         missing = [n for n in needs if not plan.is_done(n)]
         if missing:
             print(f"[{name}] skipped: needs {', '.join(missing)} (not finished)")
             skipped.append(name)
+            continue
+        if name in plan.selections:  # in-process; the stages that read the choice are rebuilt with it
+            if plan.is_done(name):
+                continue
+            from .select_tau import run_selection
+            runner.save_record(run_selection(plan, name))
+            plan = Plan(cfg)
+            ran.append(name)
             continue
         if stage is None:  # BM25 negatives, in-process
             if plan.is_done(name):

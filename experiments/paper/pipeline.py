@@ -1,9 +1,14 @@
 """The stages of a scale config, in order, and the evaluation of their models.
 
-Stage names: ``base``; ``continue:<objective>`` (every objective continues from the base export);
+Stage names: ``base`` (pre-training from scratch, or a head warm-up of a pre-trained encoder with
+``--freeze-encoder``; a config without it starts from ``pretrain.base_model`` itself);
+``select:<key>:c<i>`` and ``select:<key>`` (a selection on training data: short continuations, one per
+candidate setting, then the choice, :mod:`experiments.paper.select_tau`); ``continue:<objective>`` (every
+objective continues from the base export; one with ``"select": <key>`` takes the chosen setting);
 ``negatives:<set>`` (BM25 negative pools of a fine-tuning set, mined once and shared by every model);
-``finetune:<set>:<model>``; ``lowres:<model>:n<N>:s<seed>`` (Table 3). Models are ``bert`` (the base
-checkpoint itself) and the objectives' names.
+``finetune:<set>:<model>`` (``finetune:<set>:<model>:s<seed>`` for a set with ``"seeds"``: every seed for
+the set's ``seed_models``, the first seed for the others); ``lowres:<model>:n<N>:s<seed>`` (Table 3).
+Models are ``bert`` (the base checkpoint itself) and the objectives' names.
 """
 from __future__ import annotations
 
@@ -42,19 +47,31 @@ class Plan:
         else:  # the paper scale: BERT itself is the starting point
             self.base_model = pre["base_model"]
         self.pretrained: dict[str, str] = {BERT: self.base_model}
+        from .select_tau import add_selection_stages, chosen_setting
+        self.selections: dict[str, dict[str, Any]] = {}
+        for key in sorted({e["select"] for e in cfg["objectives"].values() if e.get("select")}):
+            add_selection_stages(self, key)
         for name, extra in cfg["objectives"].items():
+            needs = ["base"] if base else []
+            chosen: dict[str, Any] = {}
+            if extra.get("select"):
+                needs.append(f"select:{extra['select']}")
+                chosen = chosen_setting(self, extra["select"])
             args = {"objective": extra["objective"], "model": self.base_model, **pre["continue"],
-                    **{k: v for k, v in extra.items() if k != "objective"},
+                    **{k: v for k, v in extra.items() if k not in ("objective", "select")}, **chosen,
                     "output": str(self.work / "pretrain" / name)}
             self._add(Stage(f"continue:{name}", "pretrain", to_argv(args), Path(args["output"]),
-                            _sequences_per_text(extra["objective"]), needs=["base"] if base else []))
+                            _sequences_per_text(extra["objective"]), needs=needs))
             self.pretrained[name] = args["output"]
         self.models = list(self.pretrained)  # bert first, then the config's order (core rows first)
         self.finetuned: dict[str, dict[str, str]] = {s: {} for s in cfg["finetune_sets"]}
+        #: set -> model -> [(seed, checkpoint)], the first seed first (a set without "seeds": [(None, checkpoint)])
+        self.finetuned_seeds: dict[str, dict[str, list[tuple[Optional[int], str]]]] = {s: {} for s in cfg["finetune_sets"]}
         ft_models = self.table_models(("1", "2"))
         for model in ft_models:
             for set_name, fs in cfg["finetune_sets"].items():
-                self._finetune_stage(set_name, fs, model)
+                for seed in self.seeds_of(set_name, model):
+                    self._finetune_stage(set_name, fs, model, seed)
         t3 = cfg["tables"].get("table3") or {}
         self.lowres: dict[tuple[str, int, int], str] = {}
         for model in t3.get("models", []):
@@ -91,16 +108,38 @@ class Plan:
                 **fs.get("args", {})}
         return args
 
-    def _finetune_stage(self, set_name: str, fs: dict[str, Any], model: str) -> None:
+    def seeds_of(self, set_name: str, model: str) -> list[Optional[int]]:
+        """Fine-tuning seeds of ``model`` on a set: all of the set's ``seeds`` for its ``seed_models`` (default: every
+        model), the first for the others; ``[None]`` for a set without ``seeds`` (the recipe's own ``seed``)."""
+        fs = self.cfg["finetune_sets"][set_name]
+        seeds = fs.get("seeds")
+        if not seeds:
+            return [None]
+        if not isinstance(seeds, list) or not all(isinstance(x, int) for x in seeds):
+            raise ValueError(f"finetune_sets.{set_name}.seeds: expected a list of integers, got {seeds!r}")
+        models = fs.get("seed_models")
+        return list(seeds) if models is None or model in models else [seeds[0]]
+
+    def finetune_stage_name(self, set_name: str, model: str, seed: Optional[int] = None) -> str:
+        """``finetune:<set>:<model>`` or, for a set with seeds, ``finetune:<set>:<model>:s<seed>`` (first seed by
+        default)."""
+        if seed is None:
+            seed = self.seeds_of(set_name, model)[0]
+        return f"finetune:{set_name}:{model}" + ("" if seed is None else f":s{seed}")
+
+    def _finetune_stage(self, set_name: str, fs: dict[str, Any], model: str, seed: Optional[int] = None) -> None:
         needs = self._pretrain_needs(model) + self._negatives_needs(set_name, fs)
         start = self.pretrained[model]
-        if fs.get("init_from"):  # e.g. documents start from the passage model
+        if fs.get("init_from"):  # e.g. documents start from the passage model (its first seed)
             start = self.finetuned[fs["init_from"]][model]
-            needs.append(f"finetune:{fs['init_from']}:{model}")
-        out = self.work / "finetune" / set_name / model
-        args = {**self._finetune_args(set_name, fs, start), "output": str(out)}
-        self._add(Stage(f"finetune:{set_name}:{model}", "finetune", ["finetune", *to_argv(args)], out, needs=needs))
-        self.finetuned[set_name][model] = str(out)
+            needs.append(self.finetune_stage_name(fs["init_from"], model))
+        out = self.work / "finetune" / set_name / (model if seed is None else f"{model}_s{seed}")
+        args = {**self._finetune_args(set_name, fs, start), **({} if seed is None else {"seed": seed}),
+                "output": str(out)}
+        self._add(Stage(self.finetune_stage_name(set_name, model, seed), "finetune", ["finetune", *to_argv(args)], out,
+                        needs=needs))
+        self.finetuned_seeds[set_name].setdefault(model, []).append((seed, str(out)))
+        self.finetuned[set_name].setdefault(model, str(out))
 
     def table_models(self, tables: tuple[str, ...]) -> list[str]:
         """Models (in :attr:`models` order) that rows of these tables show."""
@@ -128,14 +167,28 @@ class Plan:
             wanted |= {n for n in self.stages if n.startswith("finetune:") and n.split(":")[2] in ft}
         if "3" in tables:
             wanted |= {n for n in self.stages if n.startswith("lowres:")}
-        for n in list(wanted):
-            wanted |= set(self.stages[n].needs)
-        order = [n for n in self.stages if n == "base"] + [n for n in self.stages if n.startswith("continue:")]
+        todo = list(wanted)
+        while todo:  # everything the wanted stages need, transitively
+            for dep in self.needs_of(todo.pop()):
+                if dep not in wanted:
+                    wanted.add(dep)
+                    todo.append(dep)
+        order = [n for n in self.stages if n == "base"] + [n for n in self.stages if n.startswith("select:")]
+        order += [n for n in self.selections]
+        order += [n for n in self.stages if n.startswith("continue:")]
         order += [n for n in self.negative_sets() if n in wanted]
         # fine-tuning stages were added model by model (the config's order: core rows of Table 1 first)
         order += [n for n in self.stages if n.startswith("finetune:")]
         order += [n for n in self.stages if n.startswith("lowres:")]
         return [n for n in order if n in wanted]
+
+    def needs_of(self, name: str) -> list[str]:
+        """The stage names ``name`` reads the outputs of (pipeline stages, selections; BM25 negatives need none)."""
+        if name in self.stages:
+            return list(self.stages[name].needs)
+        if name in self.selections:
+            return list(self.selections[name]["needs"])
+        return []
 
     def negative_sets(self) -> list[str]:
         return [f"negatives:{s}" for s, fs in self.cfg["finetune_sets"].items() if not fs.get("negatives")]
@@ -144,6 +197,9 @@ class Plan:
     def is_done(self, name: str) -> bool:
         if name.startswith("negatives:"):
             return self.negatives_file(name.split(":", 1)[1]).exists()
+        if name in self.selections:
+            from .select_tau import selection_done
+            return selection_done(self, name)
         return self.stages[name].finished()
 
 
@@ -189,24 +245,30 @@ def _measure(name: str):
 
 
 def evaluate(plan: Plan, set_name: str, block: str, systems: dict[str, str], baselines: dict[str, str],
-             with_bm25: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+             with_bm25: bool = True, log: Callable[[str], None] = print, entry: Optional[dict[str, Any]] = None,
+             groups: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Dense retrieval ([CLS], dot product, exact search) of every system on one evaluation set, BM25 beside
     them, through ``pt.Experiment`` (runs saved and reused), once per significance baseline.
 
     Args:
         systems: name -> checkpoint directory (only finished ones).
         baselines: mark -> system name (paired two-tailed t-test against that system).
+        entry: the set's entry (default: ``cfg["eval_sets"][set_name]``), e.g. a held-aside training set.
+        groups: run name -> model for systems that are several runs (fine-tuning seeds) of one model: rows are
+            then the models, mean and ``std`` over their runs, p-values from paired tests on the per-query scores
+            averaged over each model's runs (:mod:`experiments.paper.seeds`); ``seeds`` holds the run counts.
 
     Returns:
         ``{"means": {system: {metric: value}}, "pvalues": {mark: {system: {metric: p}}}, "experiments":
         [(baseline, DataFrame)], "num_queries": n, "index_s": {...}}``
     """
+    import pandas as pd
     import pyterrier as pt
 
     from .retrievers import build_retrievers
     from pyterrier_cpdae import load_dataset
 
-    entry = plan.cfg["eval_sets"][set_name]
+    entry = entry if entry is not None else plan.cfg["eval_sets"][set_name]
     ev = {**plan.cfg["evaluation"], **entry.get("evaluation", {})}  # e.g. longer documents for one set
     spec = set_spec(set_name, entry, plan.work)
     ds = load_dataset(spec)
@@ -227,6 +289,23 @@ def evaluate(plan: Plan, set_name: str, block: str, systems: dict[str, str], bas
     save_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"means": {}, "pvalues": {}, "experiments": [], "num_queries": len(topics),
                               "index_s": index_s, "spec": spec}
+    if groups is not None:  # several runs (seeds) per model: one perquery experiment, rows over seeds
+        from .seeds import seed_summary
+
+        groups = {**{n: n for n in names if n not in groups}, **groups}
+        res = pt.Experiment([pipelines[n] for n in names], topics, qrels, eval_metrics=metrics, names=names,
+                            save_dir=str(save_dir), save_mode="reuse", verbose=False, perquery=True)
+        res = res.assign(measure=res["measure"].astype(str))
+        summary = seed_summary(res, groups, [str(m) for m in metrics], baselines)
+        result.update({k: summary[k] for k in ("means", "std", "seeds", "pvalues")})
+        rows = [{"name": model, "seeds": summary["seeds"][model],
+                 **{f"{m} mean": summary["means"][model][m] for m in map(str, metrics)},
+                 **{f"{m} std": summary["std"][model][m] for m in map(str, metrics)},
+                 **{f"{m} p-value vs {b}": summary["pvalues"].get(mark, {}).get(model, {}).get(m)
+                    for mark, b in baselines.items() for m in map(str, metrics)}} for model in summary["means"]]
+        result["experiments"].append(("seed-averaged", pd.DataFrame(rows)))
+        log(f"[eval {set_name}/{block}] {len(topics)} queries, {len(names)} runs of {len(summary['means'])} systems")
+        return result
     todo = [(mark, b) for mark, b in baselines.items() if b in names] or [(None, None)]
     for mark, b in todo:
         res = pt.Experiment([pipelines[n] for n in names], topics, qrels, eval_metrics=metrics, names=names,

@@ -113,21 +113,43 @@ class Tables:
         return out
 
     def finetuned_systems(self, set_name: str, models: list[str]) -> dict[str, str]:
+        """The first seed's fine-tuned checkpoint of each model (finished ones)."""
         ft = self.plan.finetuned.get(set_name, {})
-        return {m: ft[m] for m in models if m in ft and self.plan.is_done(f"finetune:{set_name}:{m}")}
+        return {m: ft[m] for m in models if m in ft and self.plan.is_done(self.plan.finetune_stage_name(set_name, m))}
+
+    def finetuned_seed_systems(self, set_name: str, models: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Every finished seed's checkpoint, named ``<model>@s<seed>``, and the run -> model groups."""
+        systems, groups = {}, {}
+        for m in models:
+            for seed, path in self.plan.finetuned_seeds.get(set_name, {}).get(m, []):
+                if self.plan.is_done(self.plan.finetune_stage_name(set_name, m, seed)):
+                    systems[f"{m}@s{seed}"], groups[f"{m}@s{seed}"] = path, m
+        return systems, groups
+
+    def seeded(self, eval_set: str) -> bool:
+        """Whether the fine-tuned block of ``eval_set`` reports every fine-tuning seed (``"seeds": "all"`` and a
+        fine-tuning set with seeds)."""
+        entry = self.cfg["eval_sets"][eval_set]
+        fs = self.cfg["finetune_sets"].get(entry.get("finetuned_on"), {})
+        return entry.get("seeds") == "all" and bool(fs.get("seeds"))
 
     def evaluated(self, eval_set: str, block: str) -> dict[str, Any]:
         key = (eval_set, block)
         if key not in self.results:
             models = self.plan.table_models(("1", "2"))
             entry = self.cfg["eval_sets"][eval_set]
-            systems = (self.zero_shot_systems(models) if block == "zero-shot"
-                       else self.finetuned_systems(entry["finetuned_on"], models))
+            groups = None
+            if block == "zero-shot":
+                systems = self.zero_shot_systems(models)
+            elif self.seeded(eval_set):
+                systems, groups = self.finetuned_seed_systems(entry["finetuned_on"], models)
+            else:
+                systems = self.finetuned_systems(entry["finetuned_on"], models)
             t = self.cfg["tables"]
             baselines = dict(t.get("table1", {}).get("baselines", {}))
             if t.get("table2", {}).get("baseline"):
                 baselines["vs-" + t["table2"]["baseline"]] = t["table2"]["baseline"]
-            res = evaluate(self.plan, eval_set, block, systems, baselines, log=self.log)
+            res = evaluate(self.plan, eval_set, block, systems, baselines, log=self.log, groups=groups)
             for b, df in res["experiments"]:
                 self.experiments.append((eval_set, block, b, df))
             self.results[key] = res
@@ -155,6 +177,11 @@ class Tables:
                             v = res["means"][key][m]
                             marks = _marks(res, key, m, baselines)
                             row[col], flat_row[col], flat_row[col + " marks"] = _fmt(v, marks), v, marks
+                            if "std" in res:  # rows over fine-tuning seeds
+                                sd, k = res["std"][key][m], res["seeds"][key]
+                                row[col] = (f"{v:.4f} ± {sd:.4f}{marks}" if sd is not None
+                                            else f"{v:.4f}{marks} (1 seed)")
+                                flat_row[col + " std"], flat_row[col + " seeds"] = sd, k
                             ran = True
                         else:
                             row[col], flat_row[col], flat_row[col + " marks"] = NOT_RUN, None, ""
@@ -172,13 +199,25 @@ class Tables:
         legend = ", ".join(f"{m} significant improvement over {names.get(b, b)}" for m, b in baselines.items())
         n_q = {s: self.evaluated(s, "zero-shot")["num_queries"] for s in self.cfg["eval_sets"]}
         sections = [(title, df.to_markdown(index=False, disable_numparse=True)) for title, df in shown]
-        sections.append(("Notes", f"Significance: paired two-tailed t-test (`pt.Experiment(baseline=...)`), p < {ALPHA}: "
+        seeded = [f"{self.cfg['eval_sets'][s].get('label', s)}: {self._seeds_note(s)}" for s in self.cfg["eval_sets"]
+                  if self.seeded(s)]
+        seed_note = ("Fine-tuned rows over seeds (" + "; ".join(seeded) + "): mean ± sample std over the fine-tuning "
+                     "seeds of each seed's mean; significance there is a paired two-tailed t-test "
+                     "(scipy.stats.ttest_rel) on the per-query scores averaged over each model's seeds; '(1 seed)' marks "
+                     "a row fine-tuned with one seed. Other fine-tuned cells use the first seed. ") if seeded else ""
+        sections.append(("Notes", seed_note + f"Significance: paired two-tailed t-test (`pt.Experiment(baseline=...)`), p < {ALPHA}: "
                          f"{legend}. Dense retrieval: [CLS], dot product, exact search. BM25 is the same in both "
                          f"blocks. Queries evaluated: {', '.join(f'{s} {n}' for s, n in n_q.items())}. "
                          f"A row marked '{NOT_RUN}' has no finished stage. Every pt.Experiment output (p-values "
                          "included) is in `experiments.md`; stage wall times in `stages.md`."))
         sections.append(("Stages", self.stage_table().to_markdown(index=False, disable_numparse=True)))
         self.w.write("table1", "Table 1: dense retrieval after each pre-training objective", sections, flat)
+
+    def _seeds_note(self, eval_set: str) -> str:
+        fs = self.cfg["finetune_sets"][self.cfg["eval_sets"][eval_set]["finetuned_on"]]
+        models = fs.get("seed_models")
+        return (f"seeds {fs['seeds']} for " + (", ".join(models) if models is not None else "every model")
+                + (f", seed {fs['seeds'][0]} for the others" if models is not None else ""))
 
     def table2(self) -> None:
         t2 = self.cfg["tables"]["table2"]
@@ -187,7 +226,33 @@ class Tables:
         sections.append(("Notes", "The CPDAE ablation: every row continues the same base checkpoint with the same "
                          f"budget. p-values against `{t2.get('baseline')}` are in `experiments.md` "
                          f"(baseline {t2.get('baseline')})."))
+        sel = self.selections()
+        if sel:
+            sections.append(("Selected contrastive settings (training data only)", sel))
         self.w.write("table2", "Table 2: CPDAE ablation", sections, flat)
+
+    def selections(self) -> str:
+        """The chosen setting of every selection (:mod:`experiments.paper.select_tau`), its record copied beside the
+        tables as ``select_<key>.md``/``.json`` (with the L_CL curves)."""
+        import shutil
+
+        lines = []
+        for name, info in self.plan.selections.items():
+            key, f = info["key"], info["file"]
+            rows = [label for label, k in self.cfg["tables"].get("table2", {}).get("rows", [])
+                    if self.cfg["objectives"].get(k, {}).get("select") == key]
+            if not self.plan.is_done(name):
+                lines.append(f"- `{name}` ({', '.join(rows)}): {NOT_RUN}")
+                continue
+            rec = json.loads(Path(f).read_text())
+            shutil.copyfile(f, self.w.out / f"select_{key}.json")
+            shutil.copyfile(Path(f).with_suffix(".md"), self.w.out / f"select_{key}.md")
+            c = rec["candidates"][rec["chosen"]["index"]]
+            lines.append(f"- `{name}` ({', '.join(rows)}): `{rec['chosen']['setting']}`; L_CL per anchor "
+                         f"{c['l_cl_first']:.3f} -> {c['l_cl_end']:.3f} (ln(2m-1) = {c['ln_2m_minus_1']:.3f}); rule: "
+                         f"{rec['chosen']['rule']}. Every candidate's curve and held-aside metric: "
+                         f"[select_{key}.md](select_{key}.md).")
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ table 3
     def table3(self) -> None:

@@ -1,0 +1,192 @@
+"""Choosing CPDAE's contrastive setting (τ, the reduction) on training data only (issue 22, "CPDAE, CL active").
+
+At τ = 1 CPDAE's L_CL per anchor lies in [ln m, ln(2m−1)] and cannot train (docs/objectives.md). A config's
+``selection.<key>`` block lists candidate settings; for each one the pipeline runs a short continuation of the base
+checkpoint (stage ``select:<key>:c<i>``, a normal resumable ``python -m pretrain`` stage with a per-step CSV log),
+then stage ``select:<key>`` reads each run's L_CL curve from ``logs/metrics.csv`` (column ``cl``: the objective's
+per-term loss as the trainer logs it; divided by m for ``--cl-reduction sum``, which sums over the m anchors),
+measures how far it ends below ln(2m−1) (its value when every similarity is equal: the uniform distribution over the
+2m−1 other views), and evaluates each run zero-shot on a held-aside *training* set (``held_aside``: e.g. the MARCO
+sample's train split; never evaluation queries). The rule (:func:`choose`): among the candidates whose L_CL ends at
+least ``min_drop_nats`` below ln(2m−1), the best held-aside metric; if none does, the largest drop, flagged. The
+choice is written to ``<work>/select/<key>.json`` (with every candidate's curve) and ``.md``; an objective with
+``"select": "<key>"`` continues with the chosen setting (its stage waits for the selection).
+
+    python -m experiments.paper.select_tau --scale cpu --work-dir /work/paper-cpu     # base + the selection only
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .stages import Stage, to_argv
+
+PLACEHOLDER = "<chosen by {name}>"
+
+
+def _sel(plan: Any, key: str) -> dict[str, Any]:
+    try:
+        return plan.cfg["selection"][key]
+    except KeyError:
+        raise ValueError(f"{plan.cfg.get('config_file')}: an objective selects {key!r} but selection.{key} is absent") \
+            from None
+
+
+def selection_file(plan: Any, key: str) -> Path:
+    return plan.work / "select" / f"{key}.json"
+
+
+def add_selection_stages(plan: Any, key: str) -> None:
+    """One short continuation per candidate (``select:<key>:c<i>``) and the selection itself (``select:<key>``)."""
+    from .pipeline import _sequences_per_text
+
+    sel = _sel(plan, key)
+    if not sel.get("candidates"):
+        raise ValueError(f"selection.{key}: no candidates")
+    base = {"objective": sel["objective"], "model": plan.base_model, **plan.cfg["pretrain"]["continue"],
+            "max_steps": int(sel["max_steps"]), "logging_steps": int(sel.get("logging_steps", 1)), "report_to": "csv"}
+    names = []
+    for i, cand in enumerate(sel["candidates"]):
+        out = plan.work / "select" / key / f"c{i}"
+        args = {**base, **cand, "output": str(out)}
+        name = f"select:{key}:c{i}"
+        plan._add(Stage(name, "pretrain", to_argv(args), out, _sequences_per_text(sel["objective"]),
+                        needs=["base"] if "base" in plan.stages else []))
+        names.append(name)
+    plan.selections[f"select:{key}"] = {"key": key, "needs": names, "file": selection_file(plan, key), "config": sel}
+
+
+def _record_key(plan: Any, key: str) -> dict[str, Any]:
+    info = plan.selections[f"select:{key}"]
+    return {"config": json.loads(json.dumps(info["config"])), "commands": [plan.stages[n].command for n in info["needs"]]}
+
+
+def selection_done(plan: Any, name: str) -> bool:
+    """The selection's record exists and was made from the same candidates and commands."""
+    key = plan.selections[name]["key"]
+    f = selection_file(plan, key)
+    if not f.exists():
+        return False
+    return json.loads(f.read_text()).get("key") == _record_key(plan, key)
+
+
+def chosen_setting(plan: Any, key: str) -> dict[str, Any]:
+    """The chosen setting of a finished selection; before it, a placeholder for every option the candidates set (the
+    stage that reads it waits for ``select:<key>``)."""
+    if selection_done(plan, f"select:{key}"):
+        return dict(json.loads(selection_file(plan, key).read_text())["chosen"]["setting"])
+    keys = dict.fromkeys(k for c in _sel(plan, key)["candidates"] for k in c)
+    return {k: PLACEHOLDER.format(name=f"select:{key}") for k in keys}
+
+
+def l_cl_curve(metrics_csv: Path, m: int, reduction: str = "mean") -> list[tuple[int, float]]:
+    """``(step, L_CL per anchor)`` from a run's ``logs/metrics.csv`` (the ``cl`` column; ÷ m for the sum reduction).
+
+    Raises:
+        ValueError: if the log has no ``cl`` column (not a contrastive CPDAE run) or no logged value.
+    """
+    with open(metrics_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "cl" not in rows[0]:
+        raise ValueError(f"{metrics_csv}: no 'cl' column (the per-term log of a contrastive CPDAE run)")
+    scale = 1.0 / m if reduction == "sum" else 1.0
+    out = [(int(float(r["step"])), float(r["cl"]) * scale) for r in rows if r.get("cl") not in (None, "", "nan")]
+    if not out:
+        raise ValueError(f"{metrics_csv}: no logged L_CL value")
+    return out
+
+
+def curve_end(curve: list[tuple[int, float]]) -> float:
+    """The end of a curve: the mean of its last fifth (at least one value), to damp one batch's noise."""
+    k = max(1, len(curve) // 5)
+    return sum(v for _, v in curve[-k:]) / k
+
+
+def choose(candidates: list[dict[str, Any]], min_drop: float) -> tuple[int, str]:
+    """Index of the chosen candidate and the reason. Each candidate has ``drop`` (nats below ln(2m−1) at the end) and
+    ``metric`` (held-aside, higher is better; ``None`` if not measured)."""
+    active = [i for i, c in enumerate(candidates) if c["drop"] >= min_drop]
+    if active:
+        best = max(active, key=lambda i: ((candidates[i]["metric"] if candidates[i]["metric"] is not None
+                                           else -math.inf), candidates[i]["drop"]))
+        return best, (f"L_CL ends >= {min_drop} nats below ln(2m-1) for candidates {active}; of those, the best "
+                      "held-aside metric")
+    best = max(range(len(candidates)), key=lambda i: candidates[i]["drop"])
+    return best, (f"no candidate's L_CL ends {min_drop} nats below ln(2m-1) (L_CL did not act): the largest drop, "
+                  "flagged")
+
+
+def run_selection(plan: Any, name: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Stage ``select:<key>``: read the candidates' curves, evaluate them on the held-aside set, choose, record."""
+    from .pipeline import evaluate
+
+    t0 = time.perf_counter()
+    info = plan.selections[name]
+    key, sel = info["key"], info["config"]
+    held = sel["held_aside"]
+    metric = held["metrics"][0]
+    systems = {f"c{i}": str(plan.stages[n].output) for i, n in enumerate(info["needs"])}
+    res = evaluate(plan, f"heldaside_{key}", "select", systems, {}, with_bm25=False, log=log, entry=held)
+    cands = []
+    for i, n in enumerate(info["needs"]):
+        stage = plan.stages[n]
+        cfg = json.loads((stage.output / "run_config.json").read_text())["config"]
+        m = int(cfg["batch_size"])
+        curve = l_cl_curve(stage.output / "logs" / "metrics.csv", m, cfg.get("cl_reduction", "mean"))
+        bound = math.log(2 * m - 1)
+        cands.append({"setting": sel["candidates"][i], "stage": n, "m": m, "ln_2m_minus_1": bound, "ln_m": math.log(m),
+                      "l_cl_first": curve[0][1], "l_cl_end": curve_end(curve), "drop": bound - curve_end(curve),
+                      "metric": res["means"].get(f"c{i}", {}).get(metric), "curve": curve})
+    best, why = choose(cands, float(sel.get("min_drop_nats", 0.5)))
+    record = {"key": _record_key(plan, key), "chosen": {"index": best, "setting": sel["candidates"][best], "rule": why},
+              "held_aside": {"label": held.get("label"), "metric": metric, "queries": res["num_queries"]},
+              "candidates": cands}
+    f = selection_file(plan, key)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.with_suffix(".md").write_text(selection_markdown(record))
+    tmp = f.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, f)
+    wall = time.perf_counter() - t0
+    log(f"[{name}] chose {sel['candidates'][best]} ({why}) -> {f}")
+    return {"stage": name, "command": f"(in-process) L_CL curves of {len(cands)} candidates + {metric} on "
+            f"{held.get('label', 'the held-aside set')}", "wall_s": round(wall, 1), "wall_how": "measured by the pipeline",
+            "encoder_sequences": None}
+
+
+def selection_markdown(record: dict[str, Any]) -> str:
+    h = record["held_aside"]
+    lines = [f"# Selection of the contrastive setting (training data only)", "",
+             f"Chosen: `{record['chosen']['setting']}` (candidate c{record['chosen']['index']}); rule: "
+             f"{record['chosen']['rule']}.", "",
+             f"Held-aside metric: {h['metric']} on {h['label']} ({h['queries']} queries), zero-shot after each "
+             "candidate's continuation. L_CL is per anchor; at τ = 1 it cannot leave [ln m, ln(2m−1)].", "",
+             "| candidate | setting | m | ln(2m−1) | L_CL first | L_CL end | drop (nats) | held-aside |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, c in enumerate(record["candidates"]):
+        met = "n/a" if c["metric"] is None else f"{c['metric']:.4f}"
+        lines.append(f"| c{i} | `{c['setting']}` | {c['m']} | {c['ln_2m_minus_1']:.3f} | {c['l_cl_first']:.3f} | "
+                     f"{c['l_cl_end']:.3f} | {c['drop']:.3f} | {met} |")
+    lines += ["", "## L_CL curves (step: value per anchor)", ""]
+    for i, c in enumerate(record["candidates"]):
+        lines.append(f"- c{i}: " + ", ".join(f"{s}: {v:.3f}" for s, v in c["curve"]))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> Any:
+    """Run the base stage and every selection of a scale (``--stages 'base,select:*' --no-tables``)."""
+    import sys
+
+    from .__main__ import main as pipeline_main
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    return pipeline_main([*args, "--stages", "base,select:*", "--no-tables"])
+
+
+if __name__ == "__main__":
+    main()
