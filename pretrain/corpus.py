@@ -44,6 +44,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from .inputs import corpus_fingerprints, input_changes, tokenizer_fingerprint  # noqa: F401 (re-exported)
 from .readers import Fields, corpus_files, iter_texts, parse_fields, resolve_spec
 
 logger = logging.getLogger(__name__)
@@ -195,28 +196,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.uint32)
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A hash of what determines a tokenizer's output: its vocabulary, normaliser and pre-tokenizer.
-
-    For fast tokenizers this is the serialised backend (minus its transient truncation and
-    padding state); otherwise the class name, vocabulary and lower-casing flag.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        state = json.loads(backend.to_str())
-        state.pop("truncation", None)
-        state.pop("padding", None)
-        payload = json.dumps(state, sort_keys=True)
-    else:
-        payload = json.dumps({"cls": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items()),
-                              "lower": getattr(tokenizer, "do_lower_case", None)}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
 def _corpus_fingerprint(spec: str) -> str:
     """A hash of (path, size, mtime, cheap content hash) of each local corpus file
     (:func:`pretrain.inputs.file_fingerprint`), so an edited corpus gets a new cache."""
-    from .inputs import corpus_fingerprints
 
     h = hashlib.sha256()
     for p, fp in corpus_fingerprints(spec).items():
@@ -497,7 +479,6 @@ class TokenCache(torch.utils.data.Dataset):
     def _log_changed_inputs(path: Path, key: dict[str, Any], spec: str) -> None:
         """Before a build: when a cache of the same corpus spec and settings exists beside ``path``, log what
         changed since it was built (a corpus file, the tokenizer) -- the reason a new cache is built."""
-        from .inputs import corpus_fingerprints, input_changes
 
         same = {k: key[k] for k in ("format", "spec", "fields", "max_docs", "max_length")}
         current = None
@@ -586,7 +567,6 @@ class TokenCache(torch.utils.data.Dataset):
 
 
 def _corpus_files_record(spec: str) -> dict[str, Any]:
-    from .inputs import corpus_fingerprints
     return corpus_fingerprints(spec)
 
 

@@ -11,11 +11,12 @@ Everything here runs before a run writes or computes anything:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["check_writable_dir", "check_model_arg", "file_fingerprint", "corpus_fingerprints", "run_inputs",
+__all__ = ["tokenizer_fingerprint", "check_writable_dir", "check_model_arg", "file_fingerprint", "corpus_fingerprints", "run_inputs",
            "check_resume_inputs", "input_changes"]
 
 
@@ -134,8 +135,7 @@ def corpus_fingerprints(spec: str) -> dict[str, dict[str, Any]]:
 
 def run_inputs(spec: str, tokenizer: Any) -> dict[str, Any]:
     """What a pre-training run is built from: the corpus files' fingerprints and the tokenizer's (its vocabulary,
-    normaliser and pre-tokenizer, :func:`pretrain.corpus.tokenizer_fingerprint`). Recorded in ``run_config.json``."""
-    from .corpus import tokenizer_fingerprint
+    normaliser and pre-tokenizer, :func:`tokenizer_fingerprint`). Recorded in ``run_config.json``."""
 
     return {"corpus": spec, "corpus_files": corpus_fingerprints(spec),
             "tokenizer": {"hash": tokenizer_fingerprint(tokenizer), "vocab_size": len(tokenizer)}}
@@ -182,3 +182,20 @@ def check_resume_inputs(output: str, current: dict[str, Any]) -> None:
         raise ValueError(f"--resume refused: the run in {output} was trained on other inputs: {'; '.join(changes)}; "
                          "restore them, or start a new run (another --output, or --overwrite)")
 
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of what determines a tokenizer's output: its vocabulary, normaliser and pre-tokenizer.
+
+    For fast tokenizers this is the serialised backend (minus its transient truncation and
+    padding state); otherwise the class name, vocabulary and lower-casing flag.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        state.pop("truncation", None)
+        state.pop("padding", None)
+        payload = json.dumps(state, sort_keys=True)
+    else:
+        payload = json.dumps({"cls": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items()),
+                              "lower": getattr(tokenizer, "do_lower_case", None)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -12,7 +12,7 @@ least ``min_drop_nats`` below ln(2m−1), the best held-aside metric; if none do
 choice is written to ``<work>/select/<key>.json`` (with every candidate's curve) and ``.md``; an objective with
 ``"select": "<key>"`` continues with the chosen setting (its stage waits for the selection).
 
-    python -m experiments.paper.select_tau --scale cpu --work-dir /work/paper-cpu     # base + the selection only
+    python -m experiments.paper --scale cpu --work-dir /work/paper-cpu --stages 'base,select:*' --no-tables   # base + the selection only
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from .stages import Stage, to_argv
 
@@ -43,7 +43,7 @@ def selection_file(plan: Any, key: str) -> Path:
 
 def add_selection_stages(plan: Any, key: str) -> None:
     """One short continuation per candidate (``select:<key>:c<i>``) and the selection itself (``select:<key>``)."""
-    from .pipeline import _sequences_per_text
+    from pretrain.objectives import sequences_per_text as _sequences_per_text
 
     sel = _sel(plan, key)
     if not sel.get("candidates"):
@@ -123,7 +123,7 @@ def choose(candidates: list[dict[str, Any]], min_drop: float) -> tuple[int, str]
 
 def run_selection(plan: Any, name: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Stage ``select:<key>``: read the candidates' curves, evaluate them on the held-aside set, choose, record."""
-    from .pipeline import evaluate
+    from .evaluation import evaluate
 
     t0 = time.perf_counter()
     info = plan.selections[name]
@@ -176,17 +176,3 @@ def selection_markdown(record: dict[str, Any]) -> str:
     for i, c in enumerate(record["candidates"]):
         lines.append(f"- c{i}: " + ", ".join(f"{s}: {v:.3f}" for s, v in c["curve"]))
     return "\n".join(lines) + "\n"
-
-
-def main(argv: Optional[list[str]] = None) -> Any:
-    """Run the base stage and every selection of a scale (``--stages 'base,select:*' --no-tables``)."""
-    import sys
-
-    from .__main__ import main as pipeline_main
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    return pipeline_main([*args, "--stages", "base,select:*", "--no-tables"])
-
-
-if __name__ == "__main__":
-    main()

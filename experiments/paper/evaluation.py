@@ -1,0 +1,104 @@
+"""Evaluation of the paper pipeline's models: dense retrieval ([CLS], dot product, exact search) of every
+checkpoint on one evaluation set with BM25 beside it, through ``pt.Experiment`` (runs saved and reused).
+
+``plan`` is a :class:`experiments.paper.pipeline.Plan` (its ``cfg`` and ``work``); this module does not import
+the pipeline, so that the selection stages (:mod:`experiments.paper.select_tau`) can evaluate without a cycle.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from .data import set_spec
+
+BM25 = "bm25"
+
+
+def bm25_index(plan: Any, name: str, ds: Any):
+    from pyterrier_cpdae import BM25Index
+
+    index = BM25Index(str(plan.work / "bm25" / name))
+    if not index.built():
+        index.indexer(mode="overwrite").index(ds.get_corpus_iter())
+    return index
+
+
+def _measure(name: str):
+    from ir_measures import parse_measure
+    return parse_measure(name)
+
+
+def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], baselines: dict[str, str],
+             with_bm25: bool = True, log: Callable[[str], None] = print, entry: Optional[dict[str, Any]] = None,
+             groups: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """Dense retrieval ([CLS], dot product, exact search) of every system on one evaluation set, BM25 beside
+    them, through ``pt.Experiment`` (runs saved and reused), once per significance baseline.
+
+    Args:
+        systems: name -> checkpoint directory (only finished ones).
+        baselines: mark -> system name (paired two-tailed t-test against that system).
+        entry: the set's entry (default: ``cfg["eval_sets"][set_name]``), e.g. a held-aside training set.
+        groups: run name -> model for systems that are several runs (fine-tuning seeds) of one model: rows are
+            then the models, mean and ``std`` over their runs, p-values from paired tests on the per-query scores
+            averaged over each model's runs (:mod:`experiments.paper.seeds`); ``seeds`` holds the run counts.
+
+    Returns:
+        ``{"means": {system: {metric: value}}, "pvalues": {mark: {system: {metric: p}}}, "experiments":
+        [(baseline, DataFrame)], "num_queries": n, "index_s": {...}}``
+    """
+    import pandas as pd
+    import pyterrier as pt
+
+    from .retrievers import build_retrievers
+    from pyterrier_cpdae import load_dataset
+
+    entry = entry if entry is not None else plan.cfg["eval_sets"][set_name]
+    ev = {**plan.cfg["evaluation"], **entry.get("evaluation", {})}  # e.g. longer documents for one set
+    spec = set_spec(set_name, entry, plan.work)
+    ds = load_dataset(spec)
+    topics, qrels = ds.get_topics(), ds.get_qrels()
+    topics = topics[topics["qid"].astype(str).isin({str(q) for q in qrels[qrels["label"] > 0]["qid"]})]
+    index_root = plan.work / "indices" / set_name / block
+    pipelines: dict[str, Any] = {}
+    if with_bm25:
+        pipelines[BM25] = bm25_index(plan, f"eval_{set_name}", ds).bm25(num_results=int(ev["num_results"]))
+    dense, index_s = build_retrievers({k: (v, ev.get("pooling", "cls")) for k, v in systems.items()}, spec,
+                                      doc_max_length=int(ev["doc_max_length"]),
+                                      query_max_length=int(ev["query_max_length"]), index_root=index_root,
+                                      num_results=int(ev["num_results"]), batch_size=int(ev["batch_size"]))
+    pipelines.update(dense)
+    names = list(pipelines)
+    metrics = [_measure(m) for m in entry["metrics"]]
+    save_dir = index_root / "runs"
+    save_dir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"means": {}, "pvalues": {}, "experiments": [], "num_queries": len(topics),
+                              "index_s": index_s, "spec": spec}
+    if groups is not None:  # several runs (seeds) per model: one perquery experiment, rows over seeds
+        from .seeds import seed_summary
+
+        groups = {**{n: n for n in names if n not in groups}, **groups}
+        res = pt.Experiment([pipelines[n] for n in names], topics, qrels, eval_metrics=metrics, names=names,
+                            save_dir=str(save_dir), save_mode="reuse", verbose=False, perquery=True)
+        res = res.assign(measure=res["measure"].astype(str))
+        summary = seed_summary(res, groups, [str(m) for m in metrics], baselines)
+        result.update({k: summary[k] for k in ("means", "std", "seeds", "pvalues")})
+        rows = [{"name": model, "seeds": summary["seeds"][model],
+                 **{f"{m} mean": summary["means"][model][m] for m in map(str, metrics)},
+                 **{f"{m} std": summary["std"][model][m] for m in map(str, metrics)},
+                 **{f"{m} p-value vs {b}": summary["pvalues"].get(mark, {}).get(model, {}).get(m)
+                    for mark, b in baselines.items() for m in map(str, metrics)}} for model in summary["means"]]
+        result["experiments"].append(("seed-averaged", pd.DataFrame(rows)))
+        log(f"[eval {set_name}/{block}] {len(topics)} queries, {len(names)} runs of {len(summary['means'])} systems")
+        return result
+    todo = [(mark, b) for mark, b in baselines.items() if b in names] or [(None, None)]
+    for mark, b in todo:
+        res = pt.Experiment([pipelines[n] for n in names], topics, qrels, eval_metrics=metrics, names=names,
+                            baseline=None if b is None else names.index(b), save_dir=str(save_dir),
+                            save_mode="reuse", verbose=False)
+        result["experiments"].append((b, res))
+        for _, row in res.iterrows():
+            result["means"][row["name"]] = {str(m): float(row[str(m)]) for m in metrics}
+            if mark is not None:
+                result["pvalues"].setdefault(mark, {})[row["name"]] = {
+                    str(m): (None if row["name"] == b else float(row[f"{m} p-value"])) for m in metrics}
+    log(f"[eval {set_name}/{block}] {len(topics)} queries, {len(names)} systems")
+    return result
