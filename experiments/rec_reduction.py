@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> str:
         reductions = [r for r in results if not r.startswith("(")]
         for red in reductions:
             plot_metrics(os.path.join(run_config(args, red).output, "logs", "metrics.csv"), f"{stem}_{red}.png",
-                         title=f"cpdae, --rec-reduction {red}", cl_batch_size=cl_band_batch(run_config(args, red)))
+                         title=f"cpdae, --rec-reduction {red}", cl_batch_size=(cl_band_batch(run_config(args, red)) or [None])[0])
     return text
 
 

@@ -187,44 +187,51 @@ def save_figure(fig: Any, path: str, dpi: int = 120) -> list[str]:
     return paths
 
 
-#: Objectives whose ``cl`` is CPDAE's InfoNCE over the ``2m`` views of a batch of ``m`` texts (mean over the views).
-TWO_VIEW_CONTRAST_OBJECTIVES = ("cpdae", "cpdae_r")
+#: Objectives whose ``cl`` is CPDAE's InfoNCE over the ``2m`` views of a batch of ``m`` texts with the similarity
+#: ``-JS/τ`` (bounded: ``-JS`` lies in ``[-ln 2, 0]``), so that L_CL has the range :func:`cl_band`.
+JS_CONTRAST_OBJECTIVES = ("cpdae",)
 
 
-def cl_band(batch_size: int) -> tuple[float, float]:
-    """``(ln m, ln(2m-1))`` for a global batch of ``m`` texts: the values of CPDAE's L_CL (InfoNCE over the ``2m``
-    views, each view's twin its positive among ``2m - 1`` candidates) when the views carry nothing about their
-    text beyond telling half the candidates apart (``ln m``), and when they carry nothing at all (chance,
-    ``ln(2m-1)``). An L_CL in this band is an inert contrast.
+def cl_band(batch_size: int, temperature: float = 1.0) -> tuple[float, float]:
+    """The range of CPDAE's L_CL (mean InfoNCE over the ``2m`` views of ``m`` texts, each view's twin its positive
+    among ``2m - 1`` candidates, similarity ``-JS/τ`` with ``-JS`` in ``[-ln 2, 0]``): ``(floor, chance)``.
+    Chance, every candidate alike, is ``ln(2m-1)``; the floor, the twin at JS 0 and every other view at JS ln 2,
+    is ``ln(1 + (2m-2)·2^(-1/τ))``, which is ``ln m`` at the paper's ``τ = 1``. So at ``τ = 1`` L_CL can only
+    move within ``[ln m, ln(2m-1)]``, and a curve at the top of that band is an inert contrast.
 
     Raises:
-        ValueError: for ``batch_size < 2`` (no negatives).
+        ValueError: for ``batch_size < 2`` (no negatives) or ``temperature <= 0``.
     """
     m = int(batch_size)
     if m < 2:
         raise ValueError(f"L_CL needs a batch of at least 2 texts, got {batch_size}")
-    return math.log(m), math.log(2 * m - 1)
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return math.log1p((2 * m - 2) * 2.0 ** (-1.0 / temperature)), math.log(2 * m - 1)
 
 
-def cl_band_batch(config: Any) -> Optional[int]:
-    """The global batch size ``m`` whose :func:`cl_band` applies to a run's ``cl`` column: that of a CPDAE run
-    (``cpdae``, ``cpdae_r``) with the default mean reduction of L_CL, else ``None`` (``config``: a
+def cl_band_batch(config: Any) -> Optional[tuple[int, float]]:
+    """``(m, τ)`` for :func:`cl_band` of a run's ``cl`` column: the global batch size and temperature of a
+    ``cpdae`` run with the default mean reduction of L_CL, else ``None`` (``config``: a
     :class:`~pretrain.config.PretrainConfig` or the ``"config"`` dict of ``run_config.json``)."""
     get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
-    if get("objective") in TWO_VIEW_CONTRAST_OBJECTIVES and get("cl_reduction", "mean") == "mean":
+    if get("objective") in JS_CONTRAST_OBJECTIVES and get("cl_reduction", "mean") == "mean":
         m = get("batch_size")
-        return int(m) if m is not None and int(m) >= 2 else None
+        if m is not None and int(m) >= 2:
+            return int(m), float(get("temperature", 1.0) or 1.0)
     return None
 
 
 def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
-                 columns: Optional[Iterable[str]] = None, cl_batch_size: Optional[int] = None) -> list[str]:
+                 columns: Optional[Iterable[str]] = None, cl_batch_size: Optional[int] = None,
+                 cl_temperature: float = 1.0) -> list[str]:
     """Plot each loss column of ``metrics.csv`` against the step (one panel each), written as PNG at ``png_path``
     and as SVG beside it; returns both paths.
 
     A panel whose positive values span more than two orders of magnitude gets a log y-axis. With
-    ``cl_batch_size`` (``m``: the run's global batch of texts, :func:`cl_band_batch`), the ``cl`` panel shades
-    L_CL's band ``[ln m, ln(2m-1)]`` (:func:`cl_band`), so that a contrast sitting at its chance value shows.
+    ``cl_batch_size`` (``m``: the global batch of texts of a ``cpdae`` run, :func:`cl_band_batch`), the ``cl``
+    panel shades L_CL's range (:func:`cl_band`: ``[ln m, ln(2m-1)]`` at ``cl_temperature`` 1), so that a contrast
+    sitting at its chance value ``ln(2m-1)`` shows.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -240,9 +247,10 @@ def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
         ax.plot(steps, values, lw=1.0)
         finite = [v for v in values if math.isfinite(v)]
         if c == "cl" and cl_batch_size is not None:
-            lo, hi = cl_band(cl_batch_size)
+            lo, hi = cl_band(cl_batch_size, cl_temperature)
+            floor = "ln m" if cl_temperature == 1.0 else f"floor (τ={cl_temperature:g})"
             ax.axhspan(lo, hi, color="tab:red", alpha=0.15, lw=0,
-                       label=f"inert: [ln m, ln(2m-1)], m={int(cl_batch_size)}")
+                       label=f"range [{floor}, ln(2m-1) = chance], m={int(cl_batch_size)}")
             ax.axhline(hi, color="tab:red", lw=0.8, ls="--")
             ax.axhline(lo, color="tab:red", lw=0.8, ls=":")
             ax.legend(fontsize=7, loc="lower left")
@@ -300,11 +308,12 @@ def record_run(run_dir: str, dest: str, window: int = 20, title: Optional[str] =
     if not os.path.isfile(src):
         raise FileNotFoundError(f"no metrics.csv in {run_dir}/logs")
     shutil.copyfile(src, os.path.join(dest, "metrics.csv"))
-    batch = None
+    band = None
     if os.path.isfile(os.path.join(run_dir, "run_config.json")):
         with open(os.path.join(run_dir, "run_config.json")) as f:
-            batch = cl_band_batch(json.load(f).get("config", {}))
-    plot_metrics(src, os.path.join(dest, "loss_curves.png"), title=title, cl_batch_size=batch)
+            band = cl_band_batch(json.load(f).get("config", {}))
+    plot_metrics(src, os.path.join(dest, "loss_curves.png"), title=title, cl_batch_size=band and band[0],
+                 cl_temperature=band[1] if band else 1.0)
     summary = summarize_metrics(src, window)
     w = max(1, min(window, len(read_metrics(src)) // 2))
     text = summary_markdown(summary, w)

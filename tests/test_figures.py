@@ -79,9 +79,21 @@ def test_coverage_figure_is_written_as_png_and_svg(tmp_path):
     assert b"<svg" in (tmp_path / "fig" / "coverage.svg").read_bytes()[:1000]
 
 
+def _info_nce(sims: list[float], pos: int, tau: float) -> float:
+    """-log softmax(sims/τ)[pos], written out."""
+    return -math.log(math.exp(sims[pos] / tau) / sum(math.exp(s / tau) for s in sims))
+
+
 @pytest.mark.parametrize("m", [2, 8, 64])
-def test_cl_band_values(m):
+def test_cl_band_is_the_range_of_the_js_infonce(m):
+    """The band's ends are InfoNCE over 2m-1 candidates at its two extremes of -JS in [-ln 2, 0]: all candidates
+    alike (chance) and the twin at 0 with every other view at -ln 2 (the floor, ln m at τ = 1)."""
+    chance = _info_nce([0.0] * (2 * m - 1), 0, 1.0)
+    floor = _info_nce([0.0] + [-math.log(2)] * (2 * m - 2), 0, 1.0)
+    assert cl_band(m) == (pytest.approx(floor), pytest.approx(chance))
     assert cl_band(m) == (pytest.approx(math.log(m)), pytest.approx(math.log(2 * m - 1)))
+    floor_half = _info_nce([0.0] + [-math.log(2)] * (2 * m - 2), 0, 0.5)
+    assert cl_band(m, temperature=0.5) == (pytest.approx(floor_half), pytest.approx(chance))
 
 
 def test_cl_band_needs_two_texts():
@@ -89,10 +101,11 @@ def test_cl_band_needs_two_texts():
         cl_band(1)
 
 
-def test_cl_band_batch_only_for_cpdae_mean_contrast():
-    assert cl_band_batch({"objective": "cpdae", "batch_size": 16}) == 16
-    assert cl_band_batch({"objective": "cpdae_r", "batch_size": 16, "cl_reduction": "mean"}) == 16
+def test_cl_band_batch_only_for_cpdae_mean_js_contrast():
+    assert cl_band_batch({"objective": "cpdae", "batch_size": 16}) == (16, 1.0)
+    assert cl_band_batch({"objective": "cpdae", "batch_size": 16, "cl_reduction": "mean", "temperature": 0.5}) == (16, 0.5)
     assert cl_band_batch({"objective": "cpdae", "batch_size": 16, "cl_reduction": "sum"}) is None
+    assert cl_band_batch({"objective": "cpdae_r", "batch_size": 16}) is None  # dot products: no bounded range
     assert cl_band_batch({"objective": "simcse", "batch_size": 16}) is None
 
 
@@ -128,3 +141,19 @@ def test_loss_curves_shade_the_cl_band_for_the_batch_size(tmp_path, monkeypatch)
     figs.clear()
     plot_metrics(str(path), str(tmp_path / "out2" / "loss_curves.png"))
     assert not {ax.get_title(): ax for ax in figs[-1].axes}["cl"].patches
+
+
+def test_record_run_reads_the_band_from_run_config(tmp_path, monkeypatch):
+    import json
+
+    from pretrain import logging_utils
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "metrics.csv").write_text("step,loss,cl\n1,3.0,2.7\n2,2.9,2.7\n3,2.8,2.7\n4,2.7,2.7\n")
+    (run / "run_config.json").write_text(json.dumps({"config": {"objective": "cpdae", "batch_size": 8,
+                                                                "temperature": 1.0, "cl_reduction": "mean"}}))
+    seen = {}
+    monkeypatch.setattr(logging_utils, "plot_metrics", lambda *a, **k: seen.update(k))
+    logging_utils.record_run(str(run), str(tmp_path / "rec"), window=1)
+    assert (seen["cl_batch_size"], seen["cl_temperature"]) == (8, 1.0)

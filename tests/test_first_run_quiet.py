@@ -103,3 +103,29 @@ def test_quiet_transformers_restores_the_previous_state():
             assert hf_logging.get_verbosity() == hf_logging.ERROR and not hf_logging.is_progress_bar_enabled()
             raise RuntimeError("boom")
     assert (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()) == before
+
+
+def test_encoder_load_draws_no_loading_weights_bar(minilm_path):
+    """CPDAE's first encode loads the weights without transformers' "Loading weights" bar (which broke its own
+    "Encoding" bar in two in the main job's output)."""
+    code = ("import sys\nfrom pyterrier_cpdae import CPDAE\n"
+            "CPDAE.from_pretrained(sys.argv[1], verbose=False).encode_docs(['a text'])\nprint('ok')\n")
+    proc = _run(["-c", code, minilm_path])
+    assert proc.returncode == 0, proc.stderr
+    assert "Loading weights" not in proc.stdout + proc.stderr and proc.stdout.split() == ["ok"]
+
+
+def test_main_job_drops_only_the_override_warnings(minilm_path, caplog):
+    """The main job states once that the pre-trained model is evaluated with the starting encoder's settings; the
+    per-setting override warnings of CPDAE.from_pretrained are dropped there, and only there."""
+    from experiments.main import _without_override_warnings
+    from pyterrier_cpdae import CPDAE
+
+    with caplog.at_level(logging.WARNING):
+        with _without_override_warnings():
+            CPDAE.from_pretrained(minilm_path, normalize=False)
+            logging.getLogger(CPDAE.__module__).warning("another warning")
+        inside = [r.getMessage() for r in caplog.records]
+        CPDAE.from_pretrained(minilm_path, normalize=False)
+    assert inside == ["another warning"]
+    assert any("normalize=False overrides True" in r.getMessage() for r in caplog.records[len(inside):])
