@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import logging
 import os
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -64,10 +65,19 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
         raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
     if os.path.sep in model and not os.path.exists(model):
         raise FileNotFoundError(f"model directory not found: {model}")
-    mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True)
+    from .modeling import quiet_transformers
+
+    with quiet_transformers():  # a missing head is handled here (projection); transformers' report would say "corrupt"
+        mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True)
     tokenizer = AutoTokenizer.from_pretrained(model)
+    missing = info.get("missing_keys", [])
     head_missing = any(not k.startswith(("bert.", "roberta.", "embeddings.", "encoder.")) and "position_ids" not in k
-                       for k in info.get("missing_keys", []))
+                       for k in missing)
+    encoder_missing = sorted(k for k in missing if k.startswith(("bert.", "roberta.", "embeddings.", "encoder."))
+                             and "position_ids" not in k)
+    if encoder_missing:
+        logging.getLogger(__name__).warning("%s lacks %d encoder weights, initialised randomly: %s", model,
+                                            len(encoder_missing), ", ".join(encoder_missing))
     if projection == "auto":
         projection = "embeddings" if head_missing else "mlm_head"
     elif projection == "mlm_head" and head_missing:

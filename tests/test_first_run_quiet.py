@@ -129,3 +129,15 @@ def test_main_job_drops_only_the_override_warnings(minilm_path, caplog):
         CPDAE.from_pretrained(minilm_path, normalize=False)
     assert inside == ["another warning"]
     assert any("normalize=False overrides True" in r.getMessage() for r in caplog.records[len(inside):])
+
+
+def test_coverage_and_inspect_loads_print_no_load_report(minilm_path, capfd):
+    """``python -m pretrain coverage`` on all-MiniLM-L6-v2 (no MLM head: read through [CLS]·Eᵀ) no longer prints
+    transformers' "seem corrupted" warning and LOAD REPORT, nor a progress bar."""
+    from pretrain.coverage import load_for_coverage
+
+    capfd.readouterr()
+    _, _, projection = load_for_coverage(minilm_path, "auto")
+    err = capfd.readouterr().err
+    assert projection == "embeddings"
+    assert "seem corrupted" not in err and "LOAD REPORT" not in err and "Loading weights" not in err, err
