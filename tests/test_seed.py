@@ -174,7 +174,7 @@ def test_loss_components_and_training(tiny_bert_dir, tmp_path):
     obj.save_pretrained(str(tmp_path / "out"))
     with open(tmp_path / "out" / "decoder" / "decoder_config.json") as f:
         assert json.load(f)["attention_span"] == 2
-    assert os.path.exists(tmp_path / "out" / "decoder" / "decoder.safetensors")
+    assert os.path.exists(tmp_path / "out" / "decoder" / "model.safetensors")  # an ObjectiveHead (Hugging Face)
 
 
 def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):

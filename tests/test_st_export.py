@@ -72,7 +72,7 @@ def normalized_dir(tmp_path_factory, tiny_bert_dir) -> str:
 
 
 def _st_encode(path: str) -> np.ndarray:
-    st = pytest.importorskip("sentence_transformers", reason="pip install sentence-transformers")
+    import sentence_transformers as st  # the test extra installs it
     return st.SentenceTransformer(path, device="cpu").encode(TEXTS, convert_to_numpy=True, batch_size=4)
 
 
@@ -104,7 +104,7 @@ def test_pretrain_export_is_a_cls_model_for_every_loader(pretrained_dir):
 
 
 def test_pyterrier_dr_agrees_on_the_cls_model(pretrained_dir):
-    pyterrier_dr = pytest.importorskip("pyterrier_dr", reason="pyterrier-dr is not installed")
+    import pyterrier_dr  # the test extra installs it
     hgf = pyterrier_dr.HgfBiEncoder.from_pretrained(pretrained_dir, device="cpu")
     ours = CPDAE.from_pretrained(pretrained_dir, dtype="float32").encode_docs(TEXTS)
     np.testing.assert_allclose(hgf.encode_docs(TEXTS), ours, atol=1e-5)

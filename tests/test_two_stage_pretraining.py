@@ -24,8 +24,11 @@ def _saved_decoder(run):
     """The exported decoder's tensors, keyed like the objective's ``decoder_modules()`` state."""
     from safetensors.torch import load_file
     d = run / "decoder"
-    if (d / "model.safetensors").is_file():  # CPDAE: a Hugging Face model of the objective's module "decoder"
-        return {f"decoder.{k}": v for k, v in load_file(str(d / "model.safetensors")).items()}
+    if (d / "model.safetensors").is_file():  # a Hugging Face model: CPDAE's decoder (the objective's module
+        state = load_file(str(d / "model.safetensors"))  # "decoder"), or an ObjectiveHead keyed by module names
+        if json.loads((d / "config.json").read_text())["model_type"] == "cpdae_decoder":
+            return {f"decoder.{k}": v for k, v in state.items()}
+        return state
     return load_file(str(d / "decoder.safetensors"))
 
 

@@ -47,7 +47,9 @@ def resolve_projection(path: str, projection: str = "auto") -> str:
 def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: Sequence[int] = DEFAULT_FIGURE_KS, *,
                   projection: Union[str, dict[str, str]] = "auto", prior_from: Optional[list[str]] = None,
                   max_length: int = 512, batch_size: int = 32, device: Optional[str] = None) -> dict[str, Any]:
-    """Write ``coverage.png``, ``coverage.csv`` and ``coverage.md`` under ``out_dir``.
+    """Write ``coverage.png`` / ``coverage.svg`` (baselines and CPDAE variants in separate rows of panels, every
+    model its own colour, line style and marker: :func:`pretrain.analysis.coverage.draw_coverage`), ``coverage.csv`` and
+    ``coverage.md`` under ``out_dir``.
 
     Args:
         models: ``{name: checkpoint directory}`` (legend order).
@@ -124,7 +126,7 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
         projections[label] = f"frequency prior: {prior_source}"
         references.append(label)
 
-    paths = {f: out_dir / f for f in ("coverage.png", "coverage.csv", "coverage.md")}
+    paths = {f: out_dir / f for f in ("coverage.png", "coverage.svg", "coverage.csv", "coverage.md")}
     write_csv(results, str(paths["coverage.csv"]), projections)
     plot_coverage(results, str(paths["coverage.png"]), title="Token coverage", references=references)
     md = [f"Input-token coverage of the [CLS] vector against k ({len(texts)} texts, at most {max_length} tokens each; "

@@ -49,7 +49,7 @@ import torch
 from pretrain.cli import load_model_and_tokenizer, pretrain
 from pretrain.config import PretrainConfig
 from pretrain.corpus import TokenCache, iter_texts, pack_texts
-from pretrain.logging_utils import plot_metrics, summarize_metrics
+from pretrain.logging_utils import cl_band_batch, plot_metrics, summarize_metrics
 from pretrain.losses import info_nce, pairwise_js, rec_loss, word_distribution
 from pretrain.masking import bag_of_words
 from pretrain.modeling import CPDAEDecoder, load_mlm_model, mlm_head
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> str:
         reductions = [r for r in results if not r.startswith("(")]
         for red in reductions:
             plot_metrics(os.path.join(run_config(args, red).output, "logs", "metrics.csv"), f"{stem}_{red}.png",
-                         title=f"cpdae, --rec-reduction {red}")
+                         title=f"cpdae, --rec-reduction {red}", cl_batch_size=(cl_band_batch(run_config(args, red)) or [None])[0])
     return text
 
 

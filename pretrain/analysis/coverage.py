@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import logging
 import os
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -66,10 +67,19 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
         raise FileNotFoundError(f"model directory not found: {model}")
     from pyterrier_cpdae.encoder.loading import float32_kwargs
 
-    mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True, **float32_kwargs())
+    from ..modeling import quiet_transformers
+
+    with quiet_transformers():  # a missing head is handled here (projection); transformers' report would say "corrupt"
+        mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True, **float32_kwargs())
     tokenizer = AutoTokenizer.from_pretrained(model)
+    missing = info.get("missing_keys", [])
     head_missing = any(not k.startswith(("bert.", "roberta.", "embeddings.", "encoder.")) and "position_ids" not in k
-                       for k in info.get("missing_keys", []))
+                       for k in missing)
+    encoder_missing = sorted(k for k in missing if k.startswith(("bert.", "roberta.", "embeddings.", "encoder."))
+                             and "position_ids" not in k)
+    if encoder_missing:
+        logging.getLogger(__name__).warning("%s lacks %d encoder weights, initialised randomly: %s", model,
+                                            len(encoder_missing), ", ".join(encoder_missing))
     if projection == "auto":
         projection = "embeddings" if head_missing else "mlm_head"
     elif projection == "mlm_head" and head_missing:
@@ -285,37 +295,111 @@ _YLABELS = {"precision": "share of the top-k tokens found in the input (÷k)",
             "recall": "share of the input's tokens in the top k (÷|T|)"}
 
 
-def plot_coverage(results: dict[str, dict[str, dict[int, float]]], path: str,
-                  title: str = "Input token coverage of [CLS]", references: Sequence[str] = ()) -> None:
-    """Coverage against k (log-scaled x axis): one panel per measure, one line per checkpoint.
+#: Distinct colours for the coverage curves (matplotlib's tab10, then ten dark ones unlike them); grey stays for the
+#: reference lines.
+SERIES_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+                  "#000000", "#00008b", "#b8860b", "#ff1493", "#8b0000", "#006400", "#4b0082", "#20b2aa", "#ff8c00",
+                  "#556b2f", "#7f7f7f")
+#: Distinct line styles (matplotlib dash patterns); 14 styles and 20 colours give 140 distinct pairs.
+SERIES_LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1)), (0, (1, 1)), (0, (5, 5)),
+                     (0, (3, 5, 1, 5)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 2, 2, 2)), (0, (2, 2)),
+                     (0, (6, 2, 1, 2, 1, 2)), (0, (4, 1, 4, 1, 1, 1)))
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h")
 
-    Args:
-        results: ``{model name: {measure: {k: coverage}}}`` (as :func:`main` returns).
-        references: Names in ``results`` drawn as dashed grey reference lines (e.g. the frequency prior).
-    """
+
+def series_styles(names: Sequence[str], references: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Matplotlib line styles: series ``i`` (references left out) gets colour ``i`` and line style ``i`` (both
+    cycled, so ``(colour, line style)`` pairs repeat only after 140 series); references are dashed grey."""
+    styles, i = {}, 0
+    for name in names:
+        if name in references:
+            styles[name] = dict(linestyle="--", color="0.45", marker=None, linewidth=1.6)
+            continue
+        styles[name] = dict(color=SERIES_COLOURS[i % len(SERIES_COLOURS)],
+                            linestyle=SERIES_LINESTYLES[i % len(SERIES_LINESTYLES)],
+                            marker=_MARKERS[i % len(_MARKERS)], markersize=4, linewidth=1.4)
+        i += 1
+    return styles
+
+
+def coverage_groups(names: Sequence[str], references: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Panels of the coverage figure: ``{"baselines": [...], "CPDAE variants": [...]}`` (a name containing
+    ``cpdae`` is a CPDAE variant), or one group when either is empty; references go into every panel."""
+    models = [n for n in names if n not in references]
+    cpdae = [n for n in models if "cpdae" in n.lower()]
+    base = [n for n in models if n not in cpdae]
+    if not cpdae or not base:
+        return {"": models}
+    return {"baselines": base, "CPDAE variants": cpdae}
+
+
+def draw_coverage(results: dict[str, dict[str, dict[int, float]]], title: str = "Input token coverage of [CLS]",
+                  references: Sequence[str] = (), groups: Optional[dict[str, list[str]]] = None) -> Any:
+    """The coverage figure (a matplotlib ``Figure``): one row of panels per group of models
+    (:func:`coverage_groups` unless given), one column per measure, log-scaled k; every model keeps its own colour,
+    line style and marker (:func:`series_styles`) in every panel, the references are drawn in each, and each row's
+    legend stands right of its panels, off the curves."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     measures = [m for m in MEASURES if any(m in per for per in results.values())]
-    fig, axes = plt.subplots(1, len(measures), figsize=(6 * len(measures), 4), squeeze=False)
-    for ax, measure in zip(axes[0], measures):
-        for name, per in results.items():
-            if measure in per:
-                ks = sorted(per[measure])
-                style = dict(linestyle="--", color="0.4", marker=None) if name in references else dict(marker="o")
-                ax.plot(ks, [per[measure][k] for k in ks], label=name, **style)
-        ax.set_xscale("log")
-        ax.set_xlabel("k (top-k tokens of the [CLS] projection)")
-        ax.set_ylabel(_YLABELS[measure])
-        ax.set_ylim(0, 1)
-        ax.grid(True, alpha=0.3)
-        ax.set_title(f"{title}: {measure}@k")
-        ax.legend(fontsize=8)
+    groups = groups if groups is not None else coverage_groups(list(results), references)
+    # styles in panel order, so that the curves sharing a panel take neighbouring (most distinct) colours
+    styles = series_styles([*[n for m in groups.values() for n in m], *[n for n in results if n in references]],
+                           references)
+    rows = list(groups.items())
+    fig, axes = plt.subplots(len(rows), len(measures), figsize=(5.2 * len(measures) + 2.6, 3.6 * len(rows)),
+                             squeeze=False)
+    for r, (group, members) in enumerate(rows):
+        for c, measure in enumerate(measures):
+            ax = axes[r][c]
+            for name in [*members, *[n for n in references if n in results]]:
+                per = results[name]
+                if measure in per:
+                    ks = sorted(per[measure])
+                    ax.plot(ks, [per[measure][k] for k in ks], label=name, **styles[name])
+            ax.set_xscale("log")
+            ax.set_xlabel("k (top-k tokens of the [CLS] projection)")
+            ax.set_ylabel(_YLABELS[measure], fontsize=8)
+            ax.set_ylim(0, 1)
+            ax.grid(True, alpha=0.3)
+            ax.set_title(f"{title}: {measure}@k" + (f" ({group})" if group else ""), fontsize=10)
+        axes[r][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def plot_coverage(results: dict[str, dict[str, dict[int, float]]], path: str,
+                  title: str = "Input token coverage of [CLS]", references: Sequence[str] = (),
+                  groups: Optional[dict[str, list[str]]] = None) -> list[str]:
+    """Coverage against k (:func:`draw_coverage`) written as ``<path>.png`` and ``<path>.svg``.
+
+    Args:
+        results: ``{model name: {measure: {k: coverage}}}`` (as :func:`main` returns).
+        path: The PNG's path (the SVG goes beside it).
+        references: Names in ``results`` drawn as dashed grey reference lines (e.g. the frequency prior).
+        groups: ``{panel title: [model names]}``; default: baselines and CPDAE variants (:func:`coverage_groups`).
+
+    Returns:
+        The PNG's and the SVG's paths.
+    """
+    from .logging_utils import save_figure
+
+    return save_figure(draw_coverage(results, title, references, groups), path)
+
+
+def read_csv(path: str) -> tuple[dict[str, dict[str, dict[int, float]]], dict[str, str]]:
+    """``(results, projections)`` from a :func:`write_csv` file (to re-plot a recorded run:
+    ``plot_coverage(results, "coverage.png", references=[n for n, p in projections.items() if
+    p.startswith("frequency prior")])``)."""
+    results: dict[str, dict[str, dict[int, float]]] = {}
+    projections: dict[str, str] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            results.setdefault(row["model"], {}).setdefault(row["measure"], {})[int(row["k"])] = float(row["coverage"])
+            projections[row["model"]] = row["projection"]
+    return results, projections
 
 
 def write_csv(results: dict[str, dict[str, dict[int, float]]], path: str,

@@ -122,20 +122,15 @@ class DecoderInspector:
 
         from transformers import AutoModel, AutoTokenizer
 
-        from ..modeling import CPDAEDecoder
+        from pyterrier_cpdae.encoder.loading import float32_kwargs
 
-        from transformers.utils import logging as hf_logging
+        from ..modeling import CPDAEDecoder, quiet_transformers
 
         tokenizer = AutoTokenizer.from_pretrained(os.fspath(model_dir))
         # the directory holds a masked-LM checkpoint: loading its encoder alone reports the MLM head as
-        # unused and the (unused) pooler as new -- expected, so keep the load quiet
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
-            from pyterrier_cpdae.encoder.loading import float32_kwargs
+        # unused and the (unused) pooler as new -- expected, so keep the load quiet (and without a progress bar)
+        with quiet_transformers():
             encoder = AutoModel.from_pretrained(os.fspath(model_dir), **float32_kwargs())
-        finally:
-            hf_logging.set_verbosity(verbosity)
         decoder = CPDAEDecoder.from_pretrained(ddir)
         max_pos = getattr(encoder.config, "max_position_embeddings", max_length)
         insp = cls(encoder, tokenizer, decoder, max_length=min(max_length, max_pos), device=device)

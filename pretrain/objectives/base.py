@@ -11,7 +11,8 @@ trainable parameters in one DDP module. The trainer only ever calls:
 * ``objective.on_step(step, total_steps)``: optional hook at each optimizer step;
 * ``objective.save_pretrained(path)``: write the encoder as a standard Hugging Face
   directory (config, safetensors, tokenizer) at ``path`` and any decoder under
-  ``path/decoder``.
+  ``path/decoder``, as a Hugging Face model too (the CPDAE decoder, or an
+  :class:`~pretrain.modeling.ObjectiveHead` holding ``decoder_modules()``).
 
 The pipeline (:func:`pretrain.cli.pretrain`) also calls the classmethod
 ``Objective.prepare(corpus, config)`` once, before construction, for what the objective
@@ -43,7 +44,7 @@ from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
-from ..modeling import mlm_head
+from ..modeling import mlm_head, quiet_transformers
 from .contrast import SPAN_CONTRAST_FORMS
 
 
@@ -174,9 +175,9 @@ class Objective(nn.Module):
     def load_decoder(self, path: str) -> None:
         """Continue the decoder of an exported run (``<path>/decoder``, written by :meth:`save_pretrained`).
 
-        Reads both layouts: a Hugging Face decoder (``config.json`` + ``model.safetensors``, the CPDAE
-        decoder) and the multi-module ``decoder.safetensors`` (other objectives, and CPDAE runs saved
-        before its decoder became a Hugging Face model).
+        Reads both layouts: a Hugging Face model (``config.json`` + ``model.safetensors``: a
+        :class:`~pretrain.modeling.CPDAEDecoder` or an :class:`~pretrain.modeling.ObjectiveHead`) and the
+        multi-module ``decoder.safetensors`` of runs saved before the heads became Hugging Face models.
 
         Raises:
             FileNotFoundError: if ``path`` holds no decoder.
@@ -186,9 +187,9 @@ class Objective(nn.Module):
         import logging
 
         from safetensors.torch import load_file
-        from transformers.utils import SAFE_WEIGHTS_NAME
+        from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-        from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS
+        from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHeadConfig
 
         modules = self.decoder_modules()
         if not modules:
@@ -202,13 +203,17 @@ class Objective(nn.Module):
                                         f"`python -m pretrain --objective {self.name}` run")
         with open(cfg_path) as f:
             saved = json.load(f)
-        if os.path.isfile(hf_path):  # its keys are the module's own; decoder_config.json names the module
-            names = saved.get("decoder_modules") or []
-            if len(names) != 1:
-                raise ValueError(f"--decoder-from {path}: {cfg_path} does not name the one decoder module saved in "
-                                 f"{hf_path} (\"decoder_modules\": {names}); export the run again")
-            state = {f"{names[0]}.{n}": t for n, t in load_file(hf_path).items()}
-        else:
+        if os.path.isfile(hf_path):
+            state = load_file(hf_path)
+            with open(os.path.join(ddir, CONFIG_NAME)) as f:
+                model_type = json.load(f).get("model_type")
+            if model_type != ObjectiveHeadConfig.model_type:  # the CPDAE decoder: keys are the one module's own
+                names = saved.get("decoder_modules") or []
+                if len(names) != 1:
+                    raise ValueError(f"--decoder-from {path}: {cfg_path} does not name the one decoder module saved "
+                                     f"in {hf_path} (\"decoder_modules\": {names}); export the run again")
+                state = {f"{names[0]}.{n}": t for n, t in state.items()}
+        else:  # the layout before the heads became Hugging Face models
             state = load_file(w_path)
         saved_modules = sorted({k.split(".", 1)[0] for k in state})
         if set(saved_modules) != set(modules):
@@ -250,25 +255,23 @@ class Objective(nn.Module):
         os.makedirs(path, exist_ok=True)
         if hasattr(self.config, "representation"):  # recorded for the users of the exported encoder
             self.mlm_model.config.pooling = self.config.representation
-        self.mlm_model.save_pretrained(path)
+        with quiet_transformers(warnings=True):  # no "Writing model shards" bar for one file
+            self.mlm_model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         write_st_config(path, pooling=getattr(self.config, "representation", "cls"), max_seq_length=self.config.max_length,
                         hidden_size=self.mlm_model.config.hidden_size)
         decoders = self.decoder_modules()
         if decoders:
-            from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS
+            from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHead
             ddir = os.path.join(path, "decoder")
             os.makedirs(ddir, exist_ok=True)
             only = next(iter(decoders.values())) if len(decoders) == 1 else None
-            if isinstance(only, PreTrainedModel):  # a Hugging Face decoder (CPDAE's): config.json + model.safetensors
-                only.save_pretrained(ddir)
-                if os.path.exists(os.path.join(ddir, DECODER_WEIGHTS)):  # an older layout's weights would be stale
-                    os.remove(os.path.join(ddir, DECODER_WEIGHTS))
-            else:
-                from safetensors.torch import save_file
-                state = {f"{k}.{n}": t.detach().contiguous().cpu() for k, m in decoders.items()
-                         for n, t in m.state_dict().items()}
-                save_file(state, os.path.join(ddir, DECODER_WEIGHTS))
+            # a Hugging Face model either way: config.json + model.safetensors (AutoModel.from_pretrained reads it)
+            head = only if isinstance(only, PreTrainedModel) else ObjectiveHead.from_modules(self.name, decoders)
+            with quiet_transformers(warnings=True):
+                head.save_pretrained(ddir)
+            if os.path.exists(os.path.join(ddir, DECODER_WEIGHTS)):  # an older layout's weights would be stale
+                os.remove(os.path.join(ddir, DECODER_WEIGHTS))
             with open(os.path.join(ddir, DECODER_CONFIG), "w") as f:
                 json.dump({**self.decoder_config(), "decoder_modules": sorted(decoders)}, f, indent=2)
 

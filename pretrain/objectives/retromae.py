@@ -47,7 +47,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
-from ..modeling import mlm_head
+from ..modeling import mlm_head, register_head_module
 from . import register_objective
 from .base import (MaskedViewsMixin, MaskedViewsOptions, Objective, ReconstructionWeightsOptions,
                    RepresentationOptions)
@@ -133,6 +133,7 @@ def retromae_decoder_mask(attention_mask: torch.Tensor, special_tokens_mask: tor
     return visible
 
 
+@register_head_module("retromae_enhanced_decoder_layer")
 class EnhancedDecoderLayer(nn.Module):
     """One Transformer layer whose queries (``H1``) differ from its keys/values (``H2``).
 
@@ -153,6 +154,8 @@ class EnhancedDecoderLayer(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, dropout: float = 0.1,
                  layer_norm_eps: float = 1e-12):
         super().__init__()
+        self._args = {"hidden_size": hidden_size, "num_heads": num_heads, "intermediate_size": intermediate_size,
+                      "dropout": dropout, "layer_norm_eps": layer_norm_eps}
         if hidden_size % num_heads:
             raise ValueError(f"hidden size {hidden_size} is not a multiple of the number of heads {num_heads}")
         self.num_heads = num_heads
@@ -166,6 +169,10 @@ class EnhancedDecoderLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.dropout = nn.Dropout(dropout)
         self.attn_dropout = dropout
+
+    def head_spec(self) -> dict[str, Any]:
+        """How :class:`pretrain.modeling.ObjectiveHead` rebuilds this layer (its constructor's arguments)."""
+        return {"type": "retromae_enhanced_decoder_layer", "args": dict(self._args)}
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, L, H = x.shape

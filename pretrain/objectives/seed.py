@@ -46,6 +46,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..config import PretrainConfig, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
+from ..modeling import register_head_module
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective, ReconstructionWeightsOptions, RepresentationOptions
 
@@ -96,6 +97,7 @@ def seed_decoder_targets(input_ids: torch.Tensor, special_tokens_mask: torch.Ten
     return torch.cat([nxt[:, 1:], torch.full_like(nxt[:, :1], -100)], dim=1)
 
 
+@register_head_module("seed_decoder")
 class SEEDDecoder(nn.Module):
     """A shallow Transformer decoder with a local (span-``k``) attention window plus [CLS].
 
@@ -121,6 +123,9 @@ class SEEDDecoder(nn.Module):
                  intermediate_size: int = 3072, span: int = 2, dropout: float = 0.1, layer_norm_eps: float = 1e-12,
                  window: str = "per_layer"):
         super().__init__()
+        self._args = {"hidden_size": hidden_size, "vocab_size": vocab_size, "num_layers": num_layers,
+                      "num_heads": num_heads, "intermediate_size": intermediate_size, "span": span,
+                      "dropout": dropout, "layer_norm_eps": layer_norm_eps, "window": window}
         if window not in SEED_WINDOWS:
             raise ValueError(f"seed_window must be one of {', '.join(SEED_WINDOWS)}, got {window!r}")
         self.window = window
@@ -135,6 +140,10 @@ class SEEDDecoder(nn.Module):
             for _ in range(num_layers)])
         self.output_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def head_spec(self) -> dict[str, Any]:
+        """How :class:`pretrain.modeling.ObjectiveHead` rebuilds this decoder (its constructor's arguments)."""
+        return {"type": "seed_decoder", "args": dict(self._args)}
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Run the decoder.

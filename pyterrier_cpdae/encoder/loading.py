@@ -163,12 +163,15 @@ def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
     # transformers reports the MLM head of a pre-training checkpoint (and a pooler left out) as "unexpected"
     # keys; dropping them is the point here, and real problems (missing encoder weights) are checked below, so
     # its load report is silenced
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar (in the middle of an "Encoding" bar) for one file
     try:
         model, info = AutoModel.from_pretrained(name, output_loading_info=True, **kwargs, **float32_kwargs())
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     missing = [k for k in info.get("missing_keys", []) if "pooler" not in k]
     if missing:
         raise ValueError(f"{name} does not hold the weights of a {type(model).__name__} encoder: "
