@@ -321,7 +321,8 @@ def build_head_module(spec: dict[str, Any]) -> nn.Module:
         ValueError: for a type no imported objective registered.
     """
     if spec["type"] not in HEAD_MODULE_TYPES:
-        import pretrain.objectives  # noqa: F401  (the built-in objectives register their head modules)
+        from .registry import available_objectives
+        available_objectives()  # loads the objectives (built-in and plugins): they register their head modules
     if spec["type"] not in HEAD_MODULE_TYPES:
         raise ValueError(f"unknown head module type {spec['type']!r} (known: {', '.join(sorted(HEAD_MODULE_TYPES))}); "
                          "import the objective plugin that registers it before loading")

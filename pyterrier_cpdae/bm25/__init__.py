@@ -11,21 +11,12 @@ Names are imported lazily (importing the package starts no JVM in any case).
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from pyterrier_cpdae._lazy import lazy_exports
 
 _EXPORTS = {name: "pyterrier_cpdae.bm25.index" for name in ("BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader")}
 
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'pyterrier_cpdae.bm25' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports('pyterrier_cpdae.bm25', _EXPORTS, globals())

@@ -13,8 +13,8 @@ PyTerrier.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+
+from pyterrier_cpdae._lazy import lazy_exports
 
 _EXPORTS = {name: "pyterrier_cpdae.encoder.cpdae" for name in (
     "CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS", "BACKEND_ENV", "DTYPE_ENV", "OPENVINO_MIN_TOKENS")}
@@ -23,13 +23,4 @@ _EXPORTS["openvino_available"] = "pyterrier_cpdae.encoder.openvino_backend"
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'pyterrier_cpdae.encoder' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports('pyterrier_cpdae.encoder', _EXPORTS, globals())
