@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyterrier_cpdae import _openvino
+from pyterrier_cpdae.encoder import openvino_backend as _openvino
 from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder import CPDAE
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from pyterrier_cpdae import DenseIndex
-from pyterrier_cpdae import _faiss_retr
+from pyterrier_cpdae.dense import faiss_retr as _faiss_retr
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_dense_index import DIM, assert_matches_naive, built, make_docs, make_topics  # noqa: E402,F401
