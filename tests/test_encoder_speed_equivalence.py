@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _equivalence_module():
-    spec = importlib.util.spec_from_file_location("encode_equivalence", REPO / "experiments" / "encode_equivalence.py")
+    spec = importlib.util.spec_from_file_location("encode_equivalence", REPO / "experiments" / "studies" / "encode_equivalence.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -233,7 +233,7 @@ def test_model_negatives_equal_a_naive_dense_ranking(tmp_path, tiny_bert_dir):
 
 
 def _low_resource_module():
-    spec = importlib.util.spec_from_file_location("low_resource", REPO / "experiments" / "low_resource.py")
+    spec = importlib.util.spec_from_file_location("low_resource", REPO / "experiments" / "studies" / "low_resource.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

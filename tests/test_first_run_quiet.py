@@ -25,7 +25,7 @@ def test_two_step_run_from_minilm_is_quiet_and_its_decoder_is_a_hugging_face_mod
     out = tmp_path / "run"
     proc = _run(["-m", "pretrain", "--objective", "cpdae", "--model", minilm_path, "--new-mlm-head",
                  "--corpus", str(corpus), "--output", str(out), "--cache-dir", str(tmp_path / "cache"),
-                 "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "0",
+                 "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "1000",
                  "--logging-steps", "1"])
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]

@@ -19,7 +19,7 @@ mkdir -p runs
 for init in zero prior; do
   python -m pretrain --objective cpdae --model "$MINILM" --new-mlm-head --decoder-bias-init "$init" \
       --corpus "$WIKI" --max-docs 1000 --max-length 128 --batch-size 8 --learning-rate "$LR" \
-      --max-steps "$STEPS" --logging-steps 1 --save-steps 0 --seed 42 --cpu \
+      --max-steps "$STEPS" --logging-steps 1 --save-steps "$STEPS" --seed 42 --cpu \
       --output "runs/bias_init_$init" --overwrite 2> "runs/bias_init_$init.log"
   rm -rf "runs/bias_init_${init}_vaswani"
   python experiments/main.py --dataset "trec:$VASWANI" --model "runs/bias_init_$init" --pooling cls --no-normalize \

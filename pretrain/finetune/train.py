@@ -366,7 +366,7 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
     from pyterrier_cpdae.encoder.loading import load_tokenizer
     from transformers import AutoConfig
 
-    from .inputs import check_model_arg, check_writable_dir
+    from ..inputs import check_model_arg, check_writable_dir
 
     check_writable_dir(cfg.output, "--output")
     check_model_arg(cfg.model, "--model")
@@ -393,7 +393,7 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
 
 def _run_record(cfg: FinetuneConfig) -> dict[str, Any]:
     """The options of the run for ``training_args.json``, with the options that override ``--preset``."""
-    from .config import preset_overrides
+    from ..config import preset_overrides
 
     overrides = preset_overrides(cfg)
     return {"config": config_dict(cfg),
