@@ -100,9 +100,9 @@ def test_trainer_drives_the_schedule_per_optimizer_step(tiny_bert_dir, tmp_path)
 
 
 def test_bad_schedule(tiny_bert_dir):
-    model, tok, cfg = _load(tiny_bert_dir, bow_weight_schedule="cosine")
-    with pytest.raises(ValueError, match="bow_weight_schedule"):
-        build_objective("bow", model, tok, cfg)
+    # refused when the config is made (issue 25, class 7: options are checked before anything runs)
+    with pytest.raises(ValueError, match="--bow-weight-schedule must be one of constant, linear_decay, got 'cosine'"):
+        _load(tiny_bert_dir, bow_weight_schedule="cosine")
 
 
 def test_training_reduces_loss_and_raises_bow_rank(tiny_bert_dir):
