@@ -366,7 +366,7 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
     from pyterrier_cpdae.encoder.loading import load_tokenizer
     from transformers import AutoConfig
 
-    from .inputs import check_model_arg, check_writable_dir
+    from ..inputs import check_model_arg, check_writable_dir
 
     check_writable_dir(cfg.output, "--output")
     check_model_arg(cfg.model, "--model")
