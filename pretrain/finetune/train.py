@@ -393,7 +393,7 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
 
 def _run_record(cfg: FinetuneConfig) -> dict[str, Any]:
     """The options of the run for ``training_args.json``, with the options that override ``--preset``."""
-    from .config import preset_overrides
+    from ..config import preset_overrides
 
     overrides = preset_overrides(cfg)
     return {"config": config_dict(cfg),
