@@ -235,7 +235,8 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
         "objectives": {o: None for o in ("seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r",
                                          "cpdae_nocl", "cpdae_idfrec", "cpdae_clsum")},
         "finetune_sets": {"scifact": None}, "eval_sets": {"scifact_dev": None, "vaswani": None},
-        "tables": {"table3": {"models": []}, "table4": {"models": ["cpdae", "cpdae_clactive"]}}}))
+        "tables": {"table3": {"models": ["bert"], "sizes": [4], "seeds": [1]},
+                   "table4": {"models": ["cpdae", "cpdae_clactive"]}}}))
     bundle = tmp_path / "bundle"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     built = subprocess.run([sys.executable, str(GPU / "build_bundle.py"), "--out", str(bundle), "--sizes", "smoke",
