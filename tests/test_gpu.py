@@ -70,7 +70,7 @@ def test_encoder_bf16_close_to_fp32_and_fp32_equal_to_sentence_transformers(bert
 def test_torch_retriever_streams_chunks_through_the_device_and_ranks_like_numpy(tmp_path, monkeypatch):
     from test_dense_index import make_docs, make_topics
 
-    from pyterrier_cpdae import _exact_search
+    from pyterrier_cpdae.dense import kernels as _exact_search
     from pyterrier_cpdae.dense import DenseIndex
 
     n, dim, k, chunk = 3000, 16, 100, 256
