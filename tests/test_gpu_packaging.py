@@ -153,7 +153,7 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     eps = (target / "pyterrier_cpdae-0.1.0.dist-info" / "entry_points.txt").read_text()
     assert "dense_index.cpdae" in eps
     env = (out / "env.txt").read_text()
-    assert f"PYTHONPATH: {target}" in env and "mode: cpu-smoke" in env
+    assert f"PYTHONPATH: {REPO}:{target}" in env and "mode: cpu-smoke" in env  # the tree first, then the wheels
     # pytest -m gpu ran the GPU tests' checks on the CPU: all passed, none skipped but FAISS GPU
     suite = ET.parse(out / "gpu_tests.xml").getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
