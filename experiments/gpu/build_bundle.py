@@ -161,8 +161,9 @@ def build(out: Path, scale: str = "gpu", sizes: Optional[str] = None, stand_ins:
     manifest: dict[str, Any] = {"scale": scale, "sizes": sizes or scale, "stand_ins": str(stand_ins or "")}
     # 1. the wheelhouse
     if wheelhouse == "build":
-        import build_wheelhouse
-        build_wheelhouse.main(["--dest", str(out / "wheelhouse")])
+        # its own command (no experiment script imports another: tests/test_module_graph.py)
+        subprocess.run([sys.executable, str(HERE / "build_wheelhouse.py"), "--dest", str(out / "wheelhouse")],
+                       check=True)
     elif wheelhouse != "none":
         shutil.copytree(wheelhouse, out / "wheelhouse")
     # 2. the model
