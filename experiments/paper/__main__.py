@@ -40,6 +40,13 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--stand-ins", default=None,
                    help="a folder with overrides.json (a config overlay: tiny model, few steps) and irds/ "
                         "(ir_datasets' cache layout) standing in for the real model and data")
+    p.add_argument("--overlay", default=None,
+                   help="a JSON overlay of the config applied last (e.g. .gpu_bundle/overlay.json: bundled model and "
+                        "data paths, bm25_precomputed)")
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="start no stage after this many seconds (a wall-clock budget per call; a later call with the "
+                        "same options continues from the finished stages); tables are written only once every "
+                        "needed stage is finished")
     p.add_argument("--corpus", default=None, help="pre-training corpus spec (default: the config's), e.g. wiki:<dir>")
     p.add_argument("--eval-set", action="append", default=[], metavar="NAME=SPEC",
                    help="add an evaluation collection to a finished run (repeatable): SPEC is a load_dataset spec "
@@ -103,7 +110,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     command = "python -m experiments.paper " + " ".join(shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
     stand_ins = Path(a.stand_ins).resolve() if a.stand_ins else None
     cfg = load_config(a.scale, sizes=a.sizes, stand_ins=stand_ins, work_dir=Path(a.work_dir) if a.work_dir else None,
-                      corpus=a.corpus)
+                      corpus=a.corpus, overlay=Path(a.overlay) if a.overlay else None)
     added = add_eval_sets(cfg, a.eval_set, a.eval_metrics)
     irds_home = use_irds_home(cfg, stand_ins, dry_run=a.dry_run)
     plan = Plan(cfg)
@@ -144,8 +151,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         f"paper_{cfg['scale']}" + ("" if cfg["sizes_from"] == cfg["scale"] else f"_sizes_{cfg['sizes_from']}"))
     runner = Runner(Path(cfg["work_dir"]), mode=cfg.get("runner", "subprocess"))
     t0 = time.perf_counter()
-    ran, skipped = [], []
-    for name in chosen:
+    ran, skipped, deferred = [], [], []
+    for i, name in enumerate(chosen):
+        if a.deadline_s is not None and time.perf_counter() - t0 > a.deadline_s:
+            deferred = [n for n in chosen[i:] if not plan.is_done(n)]
+            if deferred:
+                print(f"--deadline-s {a.deadline_s:g}: {time.perf_counter() - t0:.0f} s spent; {len(deferred)} stages "
+                      f"left for the next call (first: {deferred[0]})")
+                break
         stage = plan.stages.get(name)
         needs = plan.needs_of(name)
         missing = [n for n in needs if not plan.is_done(n)]
@@ -176,7 +189,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     records.sort(key=lambda r: (order.get(r["stage"], -1), r["stage"]))
     summary: dict[str, Any] = {"command": command, "ran": ran, "skipped": skipped,
                                "stage_seconds": round(time.perf_counter() - t0, 1)}
-    if a.no_tables:
+    if deferred:
+        summary["deferred"] = deferred
+    if a.no_tables or deferred:
         print(json.dumps(summary, indent=1))
         return summary
 

@@ -6,7 +6,9 @@ keys holding everything that sets the cost (steps, batch sizes, model config, su
 effective config is ``deep_merge(protocol, sizes)``; ``"extends": "<scale>"`` takes the protocol of another
 scale (the smoke scale is the cpu protocol). ``--sizes smoke`` swaps in the smoke config's
 ``sizes`` block, so ``--scale gpu --sizes smoke`` runs the GPU protocol at smoke sizes. Stand-ins
-(``--stand-ins DIR``) overlay ``DIR/overrides.json`` last (e.g. a tiny model for the paper config).
+(``--stand-ins DIR``) overlay ``DIR/overrides.json`` (e.g. a tiny model for the paper config); ``--overlay FILE``
+overlays a JSON file last (e.g. the GPU bundle's ``overlay.json``: the bundled model, data paths and
+``bm25_precomputed``, see experiments/gpu/build_bundle.py).
 
 Placeholders in string values: ``{work}`` (the work directory), ``{corpus}`` (the pre-training
 corpus spec, ``--corpus`` overrides it) and ``$MINILM`` (the bert-base-uncased vocabulary shipped by
@@ -81,7 +83,8 @@ def substitute(value: Any, mapping: dict[str, str]) -> Any:
 
 
 def load_config(scale: str, *, sizes: Optional[str] = None, stand_ins: Optional[Path] = None,
-                work_dir: Optional[Path] = None, corpus: Optional[str] = None) -> dict[str, Any]:
+                work_dir: Optional[Path] = None, corpus: Optional[str] = None,
+                overlay: Optional[Path] = None) -> dict[str, Any]:
     """The effective config of ``scale`` (see the module docstring), placeholders resolved.
 
     Raises:
@@ -102,6 +105,10 @@ def load_config(scale: str, *, sizes: Optional[str] = None, stand_ins: Optional[
             raise FileNotFoundError(f"--stand-ins {stand_ins}: {over} is absent (a JSON overlay of the config, e.g. "
                                     "a tiny model and a few steps)")
         cfg = deep_merge(cfg, read_json(over))
+    if overlay is not None:
+        if not Path(overlay).exists():
+            raise FileNotFoundError(f"--overlay {overlay}: no such file (a JSON overlay of the config)")
+        cfg = deep_merge(cfg, read_json(Path(overlay)))
     for key in ("pretrain", "objectives", "finetune", "finetune_sets", "eval_sets", "evaluation", "tables"):
         if key not in cfg:
             raise ValueError(f"{path}: missing key {key!r}")

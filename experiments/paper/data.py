@@ -92,12 +92,17 @@ def check_split(path: Path, split: dict[str, Any], data_qids: set[str]) -> None:
                          "silently: delete the file and regenerate it only on purpose.")
 
 
+def set_key(entry: dict[str, Any]) -> dict[str, Any]:
+    """What defines a train/eval set's data: its spec, query split and size limits."""
+    return {k: entry.get(k) for k in ("spec", "queries", "max_queries", "max_docs")}
+
+
 def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False) -> str:
     """The ``load_dataset`` spec of a train/eval set, materialising a BEIR folder when needed."""
     if not (entry.get("queries") or entry.get("max_queries") or entry.get("max_docs")):
         return entry["spec"]
     out = work / "data" / name
-    key = {k: entry.get(k) for k in ("spec", "queries", "max_queries", "max_docs")}
+    key = set_key(entry)
     done = out / "materialised.json"
     spec = f"beir:{out}:train"
     if dry_run or (done.exists() and json.loads(done.read_text()).get("key") == key):

@@ -6,11 +6,17 @@ the pipeline, so that the selection stages (:mod:`experiments.paper.select_tau`)
 """
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .data import set_spec
+from .config import ROOT
+from .data import set_key, set_spec
 
 BM25 = "bm25"
+#: the manifest of a folder of BM25 results computed on another machine (config key ``bm25_precomputed``)
+PRECOMPUTED_MANIFEST = "manifest.json"
 
 
 def bm25_index(plan: Any, name: str, ds: Any):
@@ -20,6 +26,76 @@ def bm25_index(plan: Any, name: str, ds: Any):
     if not index.built():
         index.indexer(mode="overwrite").index(ds.get_corpus_iter())
     return index
+
+
+# ----------------------------------------------------------------------------- precomputed BM25
+def precomputed_root(plan: Any) -> Optional[Path]:
+    """The config's ``bm25_precomputed`` folder (relative paths: to the repository root), or None.
+
+    A config with this key takes every BM25 result from that folder (negative pools of the fine-tuning sets, runs
+    of the evaluation sets, written by :func:`export_bm25` where Java is) and never starts Java: a missing or
+    mismatched entry is an error, not a silent fall back to Pyserini."""
+    root = plan.cfg.get("bm25_precomputed")
+    if not root:
+        return None
+    root = Path(root)
+    return root if root.is_absolute() else ROOT / root
+
+
+def _bm25_what(kind: str, entry: dict[str, Any], **params: Any) -> dict[str, Any]:
+    """What a precomputed BM25 result depends on: the set's definition (spec, query split, size limits) and the
+    depth; compared exactly when it is used."""
+    return {"kind": kind, "set": set_key(entry), **params}
+
+
+def precomputed_bm25(plan: Any, kind: str, set_name: str, entry: dict[str, Any], **params: Any) -> Optional[Path]:
+    """The file of a precomputed BM25 result (``kind`` ``negatives`` or ``runs``) for this set, or None when the
+    config has no ``bm25_precomputed``.
+
+    Raises:
+        FileNotFoundError / ValueError: the folder, its manifest or the set's entry is absent, or the entry was
+            computed for another definition of the set (named field by field).
+    """
+    root = precomputed_root(plan)
+    if root is None:
+        return None
+    manifest = root / PRECOMPUTED_MANIFEST
+    if not manifest.exists():
+        raise FileNotFoundError(f"bm25_precomputed: {manifest} is absent (write the folder with "
+                                "experiments/gpu/build_bundle.py, where Java is)")
+    rec = json.loads(manifest.read_text()).get(kind, {}).get(set_name)
+    if rec is None:
+        raise FileNotFoundError(f"bm25_precomputed: {manifest} holds no {kind} of the set {set_name!r}; rebuild it "
+                                "with the same --scale/--sizes/--stand-ins as this run")
+    want = _bm25_what(kind, entry, **params)
+    if rec["for"] != want:
+        diff = sorted(k for k in set(want) | set(rec["for"]) if want.get(k) != rec["for"].get(k))
+        raise ValueError(f"bm25_precomputed: {manifest}: the {kind} of {set_name!r} were computed for another "
+                         f"definition of the set (differs in {', '.join(diff)}: stored {rec['for']}, this run "
+                         f"{want}); rebuild it with this run's config")
+    path = root / rec["file"]
+    if not path.exists():
+        raise FileNotFoundError(f"bm25_precomputed: {path} (listed in {manifest}) is absent")
+    return path
+
+
+def eval_topics(ds: Any):
+    """The queries an evaluation set is scored on (those with a judged positive)."""
+    topics, qrels = ds.get_topics(), ds.get_qrels()
+    return topics[topics["qid"].astype(str).isin({str(q) for q in qrels[qrels["label"] > 0]["qid"]})], qrels
+
+
+def precomputed_run(path: Path, topics) -> Any:
+    """A transformer answering each query with its rows of a saved BM25 run; refuses a run that lacks a query."""
+    import pyterrier as pt
+
+    run = pt.io.read_results(str(path))
+    run = run.assign(qid=run["qid"].astype(str), docno=run["docno"].astype(str))
+    missing = sorted(set(topics["qid"].astype(str)) - set(run["qid"]))
+    if missing:
+        raise ValueError(f"bm25_precomputed: {path} has no results for {len(missing)} of the set's queries "
+                         f"(e.g. {missing[:3]}); rebuild it with this run's config")
+    return pt.Transformer.from_df(run[["qid", "docno", "score", "rank"]])
 
 
 def _measure(name: str):
@@ -55,12 +131,13 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
     ev = {**plan.cfg["evaluation"], **entry.get("evaluation", {})}  # e.g. longer documents for one set
     spec = set_spec(set_name, entry, plan.work)
     ds = load_dataset(spec)
-    topics, qrels = ds.get_topics(), ds.get_qrels()
-    topics = topics[topics["qid"].astype(str).isin({str(q) for q in qrels[qrels["label"] > 0]["qid"]})]
+    topics, qrels = eval_topics(ds)
     index_root = plan.work / "indices" / set_name / block
     pipelines: dict[str, Any] = {}
     if with_bm25:
-        pipelines[BM25] = bm25_index(plan, f"eval_{set_name}", ds).bm25(num_results=int(ev["num_results"]))
+        pre = precomputed_bm25(plan, "runs", set_name, entry, num_results=int(ev["num_results"]))
+        pipelines[BM25] = (precomputed_run(pre, topics) if pre is not None else
+                           bm25_index(plan, f"eval_{set_name}", ds).bm25(num_results=int(ev["num_results"])))
     dense, index_s = build_retrievers({k: (v, ev.get("pooling", "cls")) for k, v in systems.items()}, spec,
                                       doc_max_length=int(ev["doc_max_length"]),
                                       query_max_length=int(ev["query_max_length"]), index_root=index_root,

