@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import logging.handlers
 import os
 import shutil
 import sys
@@ -321,7 +322,14 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
     if cfg.round_init not in ("base", "previous"):
         raise ValueError(f"unknown --round-init {cfg.round_init!r}; use base or previous")
     validate_finetune(cfg)  # the paths and the model, before anything is written or mined
-    data = load_training_data(cfg.train, cfg.max_train_queries, cfg.seed)
+    # the data is read before --output exists: what it logs is kept and written to finetune.log once there is one
+    early = logging.handlers.BufferingHandler(capacity=10_000)
+    early.setLevel(logging.INFO)
+    logging.getLogger("pretrain").addHandler(early)
+    try:
+        data = load_training_data(cfg.train, cfg.max_train_queries, cfg.seed)
+    finally:
+        logging.getLogger("pretrain").removeHandler(early)
     if len(data.topics) < cfg.batch_size:
         raise ValueError(f"--train {cfg.train} gives {len(data.topics)} training queries with a judged positive, "
                          f"fewer than one global batch (--batch-size {cfg.batch_size}); lower --batch-size or add data")
@@ -336,13 +344,16 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             _prepare_output(cfg)
         finally:
             procs.barrier()
-        return _finetune_main(cfg, procs, data)
+        return _finetune_main(cfg, procs, data, early.buffer)
 
 
-def _finetune_main(cfg: FinetuneConfig, procs: Processes, data: TrainingData) -> dict[str, Any]:
+def _finetune_main(cfg: FinetuneConfig, procs: Processes, data: TrainingData,
+                   earlier: Sequence[logging.LogRecord] = ()) -> dict[str, Any]:
     handler = logging.FileHandler(os.path.join(cfg.output, "finetune.log"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)
+    for record in earlier:  # logged while the training data was read, before --output existed
+        handler.handle(record)
     pkg_logger = logging.getLogger("pretrain")
     if pkg_logger.getEffectiveLevel() > logging.INFO:
         pkg_logger.setLevel(logging.INFO)
