@@ -198,7 +198,7 @@ def test_smoke_scale_end_to_end_then_reuses_everything(tmp_path):
     assert first.returncode == 0, first.stderr[-4000:]
     _check_tables(out)
     summary = json.loads((out / "run.json").read_text())
-    assert "continue:cpdae" in summary["ran"] and "finetune:marco:cpdae" in summary["ran"]
+    assert "continue:cpdae" in summary["ran"] and "finetune:marco:cpdae:s1" in summary["ran"]  # core rows: seeded
     second = _run(["--scale", "smoke", "--work-dir", str(work), "--out", str(out)])
     assert second.returncode == 0, second.stderr[-4000:]
     again = json.loads((out / "run.json").read_text())
@@ -334,21 +334,35 @@ def _small_smoke_stand_ins(root: Path) -> Path:
     return root
 
 
-@pytest.mark.slow
-def test_eval_set_adds_a_collection_to_a_finished_run_without_training(tmp_path, monkeypatch):
-    _need_data()
-    from experiments.paper import __main__ as paper
-    from experiments.paper import pipeline, select_tau
-    from experiments.paper.stages import Runner
+#: ``python -c`` driver: ``experiments.paper`` with every way of training or mining replaced by a failure, so that a
+#: run that trains anything fails; prints the summary as JSON. (A fresh interpreter: ir_datasets fixes a dataset's
+#: home when it is first imported, so the pipeline's own IR_DATASETS_HOME must come before any other test's.)
+_NO_TRAINING = """
+import json, sys
+from experiments.paper import __main__ as paper, pipeline, select_tau
+from experiments.paper.stages import Runner
+def no_training(*args, **kw):
+    raise AssertionError("a stage ran during --eval-set")
+Runner._execute = no_training
+paper.mine_negatives = no_training
+pipeline.mine_negatives = no_training
+select_tau.run_selection = no_training
+print(json.dumps(paper.main(sys.argv[1:]), default=str))
+"""
 
-    monkeypatch.setenv("IR_DATASETS_HOME", os.environ.get("IR_DATASETS_HOME", ""))
+
+@pytest.mark.slow
+def test_eval_set_adds_a_collection_to_a_finished_run_without_training(tmp_path):
+    _need_data()
     stand = _small_smoke_stand_ins(tmp_path / "stand")
     work, out = tmp_path / "work", tmp_path / "out"
     common = ["--scale", "smoke", "--stand-ins", str(stand), "--work-dir", str(work), "--out", str(out)]
     # a new collection on an unfinished run is refused, naming what is missing
-    with pytest.raises(SystemExit, match="not finished: base"):
-        paper.main([*common, "--eval-set", "extra=trec:../shared/data/vaswani"])
-    first = paper.main([*common, "--tables", "1,2"])
+    refused = _run([*common, "--eval-set", "extra=trec:../shared/data/vaswani"])
+    assert refused.returncode != 0 and "not finished: base" in refused.stderr, refused.stderr[-2000:]
+    done = _run([*common, "--tables", "1,2"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    first = json.loads((out / "run.json").read_text())
     assert "select:cl" in first["ran"] and "continue:cpdae_clactive" in first["ran"]
     t1 = pd.read_csv(out / "table1.csv")
     assert "Vaswani nDCG@10" not in t1.columns
@@ -356,14 +370,11 @@ def test_eval_set_adds_a_collection_to_a_finished_run_without_training(tmp_path,
     assert sel["chosen"]["setting"] in [{"temperature": 1.0}, {"temperature": 0.05, "cl_reduction": "sum"}]
     assert all(len(c["curve"]) == 2 for c in sel["candidates"])          # one L_CL value per step (2 steps)
 
-    def no_training(*args, **kw):
-        raise AssertionError("a stage ran during --eval-set")
-
-    monkeypatch.setattr(Runner, "_execute", no_training)
-    monkeypatch.setattr(paper, "mine_negatives", no_training, raising=False)
-    monkeypatch.setattr(pipeline, "mine_negatives", no_training)
-    monkeypatch.setattr(select_tau, "run_selection", no_training)
-    again = paper.main([*common, "--eval-set", "extra=trec:../shared/data/vaswani"])
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", _NO_TRAINING, *common, "--eval-set", "extra=trec:../shared/data/vaswani"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    again = json.loads(proc.stdout.strip().splitlines()[-1])
     assert again["ran"] == [] and again["skipped"] == []
     t1 = pd.read_csv(out / "table1.csv")
     assert {"extra nDCG@10", "extra R@100"} <= set(t1.columns)
@@ -375,14 +386,15 @@ def test_eval_set_adds_a_collection_to_a_finished_run_without_training(tmp_path,
 
 
 @pytest.mark.slow
-def test_pilot_runs_at_smoke_sizes_on_training_queries_only(tmp_path, monkeypatch):
+def test_pilot_runs_at_smoke_sizes_on_training_queries_only(tmp_path):
     _need_data()
-    from experiments.paper.pilot import main as pilot
-
-    monkeypatch.setenv("IR_DATASETS_HOME", os.environ.get("IR_DATASETS_HOME", ""))
     out = tmp_path / "pilot.md"
-    rep = pilot(["--scale", "smoke", "--work-dir", str(tmp_path / "work"), "--out", str(out), "--lengths", "0,2",
-                 "--seeds", "1,2", "--head-steps", "2"])
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "experiments.paper.pilot", "--scale", "smoke", "--work-dir",
+                           str(tmp_path / "work"), "--out", str(out), "--lengths", "0,2", "--seeds", "1,2",
+                           "--head-steps", "2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rep = json.loads(out.with_suffix(".json").read_text())
     md = out.read_text()
     assert "## 1. Is the frozen head warm-up needed?" in md and "## 2. Continuation length" in md
     assert len(rep["head"]) == 4 and all(v is not None for v in rep["head"].values())
