@@ -404,3 +404,19 @@ def test_pilot_runs_at_smoke_sizes_on_training_queries_only(tmp_path):
     train = set(map(str, json.loads((REPO / "experiments/configs/msmarco_sample_split.json").read_text())["train"]))
     assert set(split["pilot_dev"]) | set(split["pilot_train"]) == train
     assert not set(split["pilot_dev"]) & set(split["pilot_train"])
+
+
+def test_pilot_report_of_a_pilot_cut_short_keeps_its_finished_parts():
+    """pilot.md is rewritten after each part: a report with the head check only, or one length, is written (no
+    verdict on lengths it does not have) and says what finished."""
+    from experiments.paper.pilot import pilot_markdown
+
+    r = {"scale": "cpu", "sizes": "cpu", "objective": "cpdae", "metric": "nDCG@10", "head_steps": 50, "seeds": [1, 2],
+         "wall_s": 1.0, "dev_queries": 67, "continuation": {},
+         "head": {"shipped": 0.30, "warm-up": 0.30, "no warm-up": 0.20, "after warm-up": 0.28}}
+    md = pilot_markdown(r, {})
+    assert "| no warm-up | 0.2000 |" in md and "0.2000 vs 0.2800: the warm-up is needed" in md
+    assert "finished so far: none" in md and "Reading: 0 steps" not in md
+    r["continuation"] = {0: {"per_seed": [0.5, 0.52], "mean_std": (0.51, 0.0141)}}
+    md = pilot_markdown(r, {})
+    assert "| 0 | 0.5000, 0.5200 | 0.5100 ± 0.0141 |" in md and "finished so far: [0]" in md

@@ -96,6 +96,21 @@ def run_pilot(scale: str, work_dir: Path, out: Path, sizes: Optional[str] = None
         res = evaluate(plan, "pilot_dev", block, systems, {}, with_bm25=False, log=log, entry=dev)
         return {k: v[metric] for k, v in res["means"].items()}
 
+    head: dict[str, Optional[float]] = {}
+    cont: dict[int, dict[str, Any]] = {}
+
+    def write_report() -> dict[str, Any]:
+        """pilot.md/.json from what has finished so far (rewritten after each part: a long pilot cut short keeps
+        its finished parts)."""
+        report = {"scale": cfg["scale"], "sizes": cfg["sizes_from"], "objective": objective, "metric": metric,
+                  "head_steps": head_steps, "head": head, "continuation": cont, "seeds": list(seeds),
+                  "wall_s": round(time.perf_counter() - t0, 1),
+                  "dev_queries": len(json.loads((pw / "split.json").read_text())["pilot_dev"])}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(pilot_markdown(report, cfg))
+        out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        return report
+
     # 1. head warm-up
     warm_args = {**pre["continue"], "objective": "mlm", "max_steps": head_steps}
     base_src = {k: pre["base"][k] for k in ("model", "from_config", "new_mlm_head") if k in pre["base"]}
@@ -107,12 +122,12 @@ def run_pilot(scale: str, work_dir: Path, out: Path, sizes: Optional[str] = None
           f"{head_steps} unfrozen MLM steps after the warm-up": str(warmed.output)}
     names = {k: f"z{i}" for i, k in enumerate(zs)}
     z = zero_shot({names[k]: v for k, v in zs.items()}, "head")
-    head = {k: z.get(names[k]) for k in zs}
+    head.update({k: z.get(names[k]) for k in zs})
+    write_report()
 
     # 2. continuation lengths x fine-tuning seeds
     if not plan.is_done("negatives:pilot_train"):
         runner.save_record(mine_negatives(plan, "pilot_train", log=log))
-    cont: dict[int, dict[str, Any]] = {}
     for L in lengths:
         model = str(base.output) if L == 0 else str(pretrain_stage(
             f"{objective}_L{L}", {**pre["continue"], "objective": objective, "model": str(base.output), "max_steps": L}).output)
@@ -126,14 +141,8 @@ def run_pilot(scale: str, work_dir: Path, out: Path, sizes: Optional[str] = None
         vals = zero_shot(systems, "finetuned")
         per_seed = [vals[f"L{L}_s{s}"] for s in seeds if f"L{L}_s{s}" in vals]
         cont[L] = {"per_seed": per_seed, "mean_std": mean_std(per_seed)}
-    report = {"scale": cfg["scale"], "sizes": cfg["sizes_from"], "objective": objective, "metric": metric,
-              "head_steps": head_steps, "head": head, "continuation": cont, "seeds": list(seeds),
-              "wall_s": round(time.perf_counter() - t0, 1),
-              "dev_queries": len(json.loads((pw / "split.json").read_text())["pilot_dev"])}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(pilot_markdown(report, cfg))
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    return report
+        write_report()
+    return write_report()
 
 
 def pilot_markdown(r: dict[str, Any], cfg: dict[str, Any]) -> str:
@@ -149,18 +158,20 @@ def pilot_markdown(r: dict[str, Any], cfg: dict[str, Any]) -> str:
              ("" if r["sizes"] == r["scale"] else f" --sizes {r['sizes']}") + " ...`", "",
              "## 1. Is the frozen head warm-up needed?", "", f"| model | zero-shot {m} |", "|---|---|"]
     lines += [f"| {k} | {'n/a' if v is None else f'{v:.4f}'} |" for k, v in head.items()]
-    a, b = head[keys[2]], head[keys[3]]
+    a, b = (head[keys[2]], head[keys[3]]) if len(keys) == 4 else (None, None)
     if a is not None and b is not None:
         verdict = ("needed: without it the new head's first gradients cost the encoder more" if b - a > 0.01 else
                    "not shown to be needed at this length (the two differ by <= 0.01); kept, as it costs little")
         lines += ["", f"Reading: {keys[2]} vs {keys[3]}: {a:.4f} vs {b:.4f}: the warm-up is {verdict}."]
     lines += ["", f"## 2. Continuation length ({r['objective']}) x fine-tuning seeds {r['seeds']}", "",
-              f"| continuation steps | per seed | mean ± std |", "|---|---|---|"]
+              "| continuation steps | per seed | mean ± std |", "|---|---|---|"]
     for L, c in r["continuation"].items():
         mu, sd = c["mean_std"]
         ms = "n/a" if mu is None else (f"{mu:.4f} ± {sd:.4f}" if sd is not None else f"{mu:.4f}")
         lines.append(f"| {L} | {', '.join(f'{v:.4f}' for v in c['per_seed'])} | {ms} |")
     Ls = list(r["continuation"])
+    if len(Ls) < 2:  # a pilot cut short: only what finished is reported
+        return "\n".join(lines + ["", f"(continuation lengths finished so far: {Ls or 'none'})"]) + "\n"
     (m0, s0), (m1, s1) = r["continuation"][Ls[0]]["mean_std"], r["continuation"][Ls[-1]]["mean_std"]
     if m0 is not None and m1 is not None:
         spread = max(s0 or 0.0, s1 or 0.0)
