@@ -319,12 +319,26 @@ def test_output_on_a_read_only_file_system(tmp_path, corpus, tiny_bert_dir, monk
     assert code == 2 and line == f"error: ValueError: --output {ro}/run: cannot write in {ro} (read-only file system)"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
 def test_output_without_permission(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, locked / "run", tmp_path / "cache"))
-    assert code == 2 and "permission denied" in line
+    argv = pretrain_args(tiny_bert_dir, corpus, locked / "run", tmp_path / "cache")
+    if os.geteuid() != 0:
+        code, line = run_cli(monkeypatch, capsys, argv)
+    else:  # root writes through permission bits: run the CLI as root without the capabilities that allow it
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("root writes through directory permissions, and setpriv (util-linux) is absent")
+        caps = "-dac_override,-dac_read_search"
+        proc = subprocess.run([setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", sys.executable, "-m",
+                               "pretrain", *argv], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        lines = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert len(lines) == 1, proc.stderr[-2000:]
+        code, line = proc.returncode, lines[0]
+    assert code == 2 and "permission denied" in line.lower(), line
+    assert not (locked / "run").exists()
 
 
 def test_cache_dir_is_a_file(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
