@@ -100,6 +100,7 @@ def model_identity(model: str, cache_file: str) -> str:
     """
     if not os.path.isdir(model):
         return hashlib.sha256(f"name:{model}".encode()).hexdigest()
+    from pretrain.checkpoint import file_digest
     from pyterrier_cpdae._files import write_json_atomic
 
     try:
@@ -119,11 +120,7 @@ def model_identity(model: str, cache_file: str) -> str:
             key, stamp = os.path.join(folder, name), [st.st_size, st.st_mtime_ns, st.st_ino]
             entry = cache.get(key)
             if not (isinstance(entry, list) and entry[:3] == stamp):
-                digest = hashlib.sha256()
-                with open(path, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 20), b""):
-                        digest.update(block)
-                entry = cache[key] = stamp + [digest.hexdigest()]
+                entry = cache[key] = stamp + [file_digest(path)]
                 changed = True
             total.update(f"{os.path.relpath(path, root)}\0{entry[3]}\n".encode())
     if changed:
