@@ -399,6 +399,9 @@ def test_pilot_runs_at_smoke_sizes_on_training_queries_only(tmp_path):
     assert "## 1. Is the frozen head warm-up needed?" in md and "## 2. Continuation length" in md
     assert len(rep["head"]) == 4 and all(v is not None for v in rep["head"].values())
     assert [len(c["per_seed"]) for c in rep["continuation"].values()] == [2, 2]
+    # length 2 is the smoke protocol's own continuation: the pilot ran the protocol's stage, not a copy of it
+    assert (tmp_path / "work" / "pretrain" / "cpdae" / "run_config.json").exists()
+    assert not (tmp_path / "work" / "pilot" / "cpdae_L2").exists()
     # the pilot's queries are the training split's only: pilot_dev and pilot_train partition it
     split = json.loads((tmp_path / "work" / "pilot" / "split.json").read_text())
     train = set(map(str, json.loads((REPO / "experiments/configs/msmarco_sample_split.json").read_text())["train"]))

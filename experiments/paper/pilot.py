@@ -18,8 +18,9 @@ The MARCO sample's *training* split (``finetune_sets.<set>.queries``) is split o
    ``pilot_dev``: mean ± std over seeds, and whether the longest continuation differs from the base by more than
    the seed spread (the larger std).
 
-Every run is a cached, resumable ``python -m pretrain`` stage under ``<work>/pilot`` (the base stage is shared with
-the scale's own run); the report is rewritten from what finished.
+Every run is a cached, resumable ``python -m pretrain`` stage under ``<work>/pilot``; the base stage, and a
+continuation whose command equals the protocol's own ``continue:<objective>`` stage, are the scale's own stages (run
+once, shared with ``python -m experiments.paper``). The report is rewritten from what finished.
 """
 from __future__ import annotations
 
@@ -128,9 +129,19 @@ def run_pilot(scale: str, work_dir: Path, out: Path, sizes: Optional[str] = None
     # 2. continuation lengths x fine-tuning seeds
     if not plan.is_done("negatives:pilot_train"):
         runner.save_record(mine_negatives(plan, "pilot_train", log=log))
+    main_runner = Runner(plan.work, mode=cfg.get("runner", "subprocess"), log=log)
     for L in lengths:
-        model = str(base.output) if L == 0 else str(pretrain_stage(
-            f"{objective}_L{L}", {**pre["continue"], "objective": objective, "model": str(base.output), "max_steps": L}).output)
+        if L == 0:
+            model = str(base.output)
+        else:
+            # the key order of Plan's continue:<objective> stage, so that equal runs have equal commands
+            args = {"objective": objective, "model": str(base.output), **pre["continue"], "max_steps": L}
+            proto = plan.stages.get(f"continue:{objective}")
+            if proto is not None and to_argv({**args, "output": str(proto.output)}) == proto.argv:
+                main_runner.run(proto)  # the same run as the protocol's own stage: run (or reuse) it once
+                model = str(proto.output)
+            else:
+                model = str(pretrain_stage(f"{objective}_L{L}", args).output)
         systems = {}
         for s in seeds:
             out_dir = pw / "finetune" / f"{objective}_L{L}_s{s}"
