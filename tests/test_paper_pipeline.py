@@ -423,3 +423,19 @@ def test_pilot_report_of_a_pilot_cut_short_keeps_its_finished_parts():
     r["continuation"] = {0: {"per_seed": [0.5, 0.52], "mean_std": (0.51, 0.0141)}}
     md = pilot_markdown(r, {})
     assert "| 0 | 0.5000, 0.5200 | 0.5100 ± 0.0141 |" in md and "finished so far: [0]" in md
+
+
+def test_table3_with_no_models_is_reported_as_not_made(tmp_path):
+    """A config whose tables.table3 names no models writes a 'Not made' table3.md saying why (it used to raise
+    KeyError: 'model' from an empty DataFrame's groupby)."""
+    from experiments.paper.config import load_config
+    from experiments.paper.pipeline import Plan
+    from experiments.paper.tables import Tables, Writer
+
+    cfg = load_config("smoke", work_dir=tmp_path / "work")
+    cfg["tables"]["table3"] = {"models": [], "sizes": [4], "seeds": [1], "set": "marco", "eval": "marco_eval"}
+    tables = Tables(Plan(cfg), Writer(tmp_path / "out", "test", cfg), [], log=lambda *_: None)
+    tables.table3()
+    md = (tmp_path / "out" / "table3.md").read_text()
+    assert "## Not made" in md and "names no models" in md
+    assert not (tmp_path / "out" / "table3.csv").exists()

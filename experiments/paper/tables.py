@@ -258,6 +258,10 @@ class Tables:
     def table3(self) -> None:
         t3 = self.cfg["tables"]["table3"]
         metric = t3.get("metric", "R@100")
+        if not t3.get("models") or not t3.get("sizes") or not t3.get("seeds"):
+            self._missing("table3", f"Table 3: low-resource fine-tuning ({metric})",
+                          "the config's tables.table3 names no models, sizes or seeds")
+            return
         rows = []
         for model in t3["models"]:
             systems = {f"{model}_n{n}_s{s}": path for (m, n, s), path in self.plan.lowres.items()
