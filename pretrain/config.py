@@ -119,7 +119,8 @@ class TrainConfig:
     """Options shared by every training loop (see :class:`pretrain.trainer.Trainer`)."""
 
     output: Optional[str] = opt(None, "Output directory (checkpoints, logs, the exported model).")
-    overwrite: bool = opt(False, "Allow writing into an output directory that holds a different run.")
+    overwrite: bool = opt(False, "Replace a different run in --output: its checkpoints, records and exported model (weights, "
+                              "tokenizer, sentence-transformers files) are deleted first; other files are kept.")
     resume: bool = opt(False, "Resume from the last checkpoint in --output (model, optimizer, scheduler, RNG, data position).")
     seed: int = opt(42, "Random seed.", check=Range(0, 2 ** 32 - 1))
     learning_rate: float = opt(5e-5, "Peak AdamW learning rate.", check=POSITIVE)

@@ -182,13 +182,18 @@ def hold_output_lock(stack: Any, output: str, what: str, option: str) -> None:
 
 
 def _clear_previous_run(out: str) -> None:
-    """With ``overwrite``: remove what a previous run left (checkpoints, logs, run config, exported config)."""
+    """With ``overwrite``: remove what a previous run left (checkpoints, logs, run config, and the whole exported
+    model: weights, tokenizer and sentence-transformers files), so that a run cut short leaves no earlier model
+    that still loads; other files in the directory are kept."""
+    from pyterrier_cpdae.encoder.st_export import remove_exported_model
+
     for name in ("checkpoints", "logs", "decoder", ".export-tmp"):
         shutil.rmtree(os.path.join(out, name), ignore_errors=True)
     for name in (RUN_CONFIG,) + EXPORT_FILES:
         p = os.path.join(out, name)
         if os.path.isfile(p):
             os.remove(p)
+    remove_exported_model(out)
 
 
 # ----------------------------------------------------------------------------- finite training

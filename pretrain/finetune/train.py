@@ -250,12 +250,15 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
             raise ValueError(f"output directory {out} already holds this run; pass --resume to continue it "
                              "(finished rounds and saved groups are reused) or --overwrite to start again")
     elif cfg.overwrite and os.path.isdir(out):
+        from pyterrier_cpdae.encoder.st_export import remove_exported_model
+
         for name in ("groups", "rounds", "dense_index", "bm25_index", TRAINING_ARGS):
             p = os.path.join(out, name)
             if os.path.isdir(p):
                 shutil.rmtree(p)
             elif os.path.isfile(p):
                 os.remove(p)
+        remove_exported_model(out)  # the previous run's model: a run cut short must not leave it loadable
     os.makedirs(out, exist_ok=True)
     write_json_atomic(args_path, {**_run_record(cfg), "finished": False}, default=str)
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Union
 
 from .._files import write_json_atomic
 from .pooling import POOLINGS
 
-__all__ = ["write_st_config", "read_encoder_settings"]
+__all__ = ["write_st_config", "read_encoder_settings", "exported_model_files", "remove_exported_model"]
 
 MODULES = "modules.json"
 SBERT_CONFIG = "sentence_bert_config.json"
@@ -30,6 +31,41 @@ POOLING_DIR = "1_Pooling"
 NORMALIZE_DIR = "2_Normalize"
 ST_CONFIG = "config_sentence_transformers.json"
 TRAINING_ARGS = "training_args.json"
+
+#: what a saved model directory can hold besides its training records: the weights, the transformers and tokenizer
+#: files, and the sentence-transformers files (modules.json names any other module folders)
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+               "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "vocab.txt", "added_tokens.json", MODULES, SBERT_CONFIG, ST_CONFIG, POOLING_DIR, NORMALIZE_DIR)
+
+
+def exported_model_files(path: Union[str, os.PathLike]) -> list:
+    """The paths under ``path`` that a saved model wrote (``MODEL_FILES``, weight shards, and every module folder
+    its ``modules.json`` names) and that exist: what ``--overwrite`` removes so that a run cut short leaves no
+    earlier model behind that still loads. Anything else in the directory (a user's own files) is not listed."""
+    path = os.fspath(path)
+    names = set(MODEL_FILES)
+    try:
+        names |= {n for n in os.listdir(path) if n.startswith("model-") and n.endswith(".safetensors")}
+        modules = _read_json(os.path.join(path, MODULES)) if os.path.isfile(os.path.join(path, MODULES)) else []
+        names |= {m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)
+                  and m["path"] and os.path.basename(os.path.normpath(m["path"])) == m["path"]}
+    except (OSError, ValueError):
+        pass
+    return sorted(os.path.join(path, n) for n in names if os.path.lexists(os.path.join(path, n)))
+
+
+def remove_exported_model(path: Union[str, os.PathLike]) -> list:
+    """Delete ``exported_model_files(path)`` (a folder with its contents, a link itself, not its target); returns
+    what was removed."""
+    removed = exported_model_files(path)
+    for p in removed:
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        else:
+            os.remove(p)
+    return removed
+
 
 _ST_POOLING_KEYS = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}
 _OTHER_POOLING_KEYS = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
