@@ -55,3 +55,44 @@ def test_the_paper_evaluation_asks_for_dot_product(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="stop"):
         evaluation.evaluate(plan, "t", "zs", {"bert": str(gt.get_model_path())}, {}, with_bm25=False)
     assert seen["normalize"] is False
+
+
+def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsys):
+    """build_retrievers reuses an index only for the same model files, pooling, corpus, document length and
+    normalisation (encoder_settings.json beside it); another query side keeps the index but drops the saved run; an
+    index without the record is rebuilt (it used to be reused whenever it was newer than the model)."""
+    import os
+    import shutil
+
+    from experiments.paper.retrievers import SETTINGS_FILE, build_retrievers
+
+    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    model = tmp_path / "m"
+    shutil.copytree(gt.get_model_path(), model)
+    root = tmp_path / "i"
+    runs = root / "runs"
+    runs.mkdir(parents=True)
+
+    def build(**kw):
+        capsys.readouterr()
+        build_retrievers({"m": (str(model), "cls")}, spec, index_root=root, normalize=False, **kw)
+        return capsys.readouterr().out
+
+    def fake_run():
+        (runs / "m.res.gz").write_bytes(b"saved run")
+
+    assert "indexed 3 docs" in build(doc_max_length=64)
+    fake_run()
+    out = build(doc_max_length=64)
+    assert "reusing the index" in out and (runs / "m.res.gz").exists()          # same settings: index and run kept
+    out = build(doc_max_length=64, query_max_length=16)
+    assert "reusing the index" in out and not (runs / "m.res.gz").exists()      # other query side: run dropped
+    fake_run()
+    out = build(doc_max_length=32, query_max_length=16)
+    assert "rebuilding the index" in out and "indexed 3 docs" in out and not (runs / "m.res.gz").exists()
+    weights = model / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # a re-trained model
+    assert "rebuilding the index" in build(doc_max_length=32, query_max_length=16)
+    (root / "m" / SETTINGS_FILE).unlink()                                        # an index from an older version
+    assert "it records no settings" in build(doc_max_length=32, query_max_length=16)
+    assert "reusing the index" in build(doc_max_length=32, query_max_length=16)

@@ -2,16 +2,43 @@
 studies under ``experiments/studies/``)."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 
-def _newer_than_model(index_path: Path, model: str) -> bool:
-    """Whether the index was finished after the model's weights were written (a re-trained model re-indexes)."""
-    weights = [p for p in (Path(model) / "model.safetensors", Path(model) / "config.json") if p.exists()]
-    meta = index_path / "pt_meta.json"
-    return meta.exists() and all(meta.stat().st_mtime >= p.stat().st_mtime for p in weights)
+SETTINGS_FILE = "encoder_settings.json"
+"""Beside each index: what built it (model directory and its weights' size and mtime, pooling, corpus, document
+length, normalisation) and what its saved run was retrieved with (query length, depth). An index is reused only when
+the first part equals this call's, its saved run only when both parts do; an index without the file is rebuilt."""
+
+
+def _model_stamp(model: str) -> list[list[Any]]:
+    """Size and mtime of the files that define the model's vectors (a re-trained or replaced model differs)."""
+    out = []
+    for name in ("model.safetensors", "pytorch_model.bin", "config.json", "modules.json", "sentence_bert_config.json",
+                 "1_Pooling/config.json", "tokenizer.json", "vocab.txt"):
+        f = Path(model) / name
+        if f.is_file():
+            st = f.stat()
+            out.append([name, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def encoder_settings(model: str, pooling: str, corpus_spec: str, *, doc_max_length: int, query_max_length: int,
+                     num_results: int, normalize: Optional[bool]) -> dict[str, Any]:
+    return {"index": {"model": str(Path(model).resolve()), "model_files": _model_stamp(model), "pooling": pooling,
+                      "corpus": corpus_spec, "doc_max_length": doc_max_length, "normalize": normalize},
+            "run": {"query_max_length": query_max_length, "num_results": num_results}}
+
+
+def _recorded_settings(index_path: Path) -> Optional[dict[str, Any]]:
+    f = index_path / SETTINGS_FILE
+    try:
+        return json.loads(f.read_text()) if f.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, doc_max_length: int = 192,
@@ -20,17 +47,20 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
                      normalize: Optional[bool] = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
 
-    An index already built under ``index_root`` (same model name) after the model was last written is loaded,
-    not rebuilt; when an index is (re)built, the run ``experiment`` (``experiments.studies.common``) saved for that name under
-    ``index_root / "runs"`` is deleted, so that it is recomputed.
+    An index already built under ``index_root`` (same model name) is loaded, not rebuilt, when its
+    ``encoder_settings.json`` (:data:`SETTINGS_FILE`) records this model (same weights' size and mtime), pooling,
+    corpus, document length and normalisation; otherwise it is rebuilt. When an index is (re)built, or the query
+    side (query length, depth) changed, the run ``pt.Experiment`` saved for that name under ``index_root / "runs"``
+    is deleted, so that it is recomputed.
 
     Args:
         models: name -> (checkpoint directory, pooling).
         corpus_spec: Dataset spec whose corpus is indexed (all 5,183 SciFact documents).
-        reuse: Keep any built index, even one older than its model (``--skip-train``).
+        reuse: Keep any built index and its saved run whatever its settings (``--skip-train``).
         normalize: L2-normalise every model's vectors (``None``: as each model directory says, e.g. the
             ``2_Normalize`` module that all-MiniLM-L6-v2 ships; the paper pipeline passes ``False``: dot product).
     """
+    from pyterrier_cpdae._files import write_json_atomic
     from pyterrier_cpdae.datasets import load_dataset
     from pyterrier_cpdae.dense import DenseIndex
     from pyterrier_cpdae.encoder import CPDAE
@@ -42,13 +72,25 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
                                     doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
         index_path = index_root / name.split(" ")[0]
         index = DenseIndex(str(index_path))
-        if index.built() and (reuse or _newer_than_model(index_path, path)):
+        run_file = index_root / "runs" / f"{name}.res.gz"
+        want = encoder_settings(path, pooling, corpus_spec, doc_max_length=doc_max_length,
+                                query_max_length=query_max_length, num_results=num_results, normalize=normalize)
+        have = _recorded_settings(index_path) if index.built() else None
+        if index.built() and (reuse or (have is not None and have.get("index") == want["index"])):
             print(f"reusing the index {index_path} ({len(index)} docs)", flush=True)
+            if not reuse and have.get("run") != want["run"]:  # same vectors, other query side: retrieve again
+                run_file.unlink(missing_ok=True)
+                write_json_atomic(index_path / SETTINGS_FILE, want)
         else:
-            (index_root / "runs" / f"{name}.res.gz").unlink(missing_ok=True)
+            if index.built():
+                why = "it records no settings" if have is None else "its model or settings changed"
+                print(f"rebuilding the index {index_path}: {why}", flush=True)
+            run_file.unlink(missing_ok=True)
+            (index_path / SETTINGS_FILE).unlink(missing_ok=True)
             t0 = time.perf_counter()
             (enc.doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
             timings[name] = round(time.perf_counter() - t0, 1)
             print(f"indexed {len(index)} docs with {name} in {timings[name]} s", flush=True)
+            write_json_atomic(index_path / SETTINGS_FILE, want)
         pipelines[name] = enc.query_encoder() >> index.retriever(num_results=num_results)
     return pipelines, timings
