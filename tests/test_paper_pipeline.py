@@ -83,12 +83,14 @@ def test_cpu_plan_continues_minilm_after_a_frozen_head_warmup(tmp_path):
     # selection candidates continue the same base on training data only
     held = plan.selections["select:cl"]["config"]["held_aside"]
     assert held["queries"].endswith(":train")
-    # seeds: 3 for the core rows on the MARCO sample, 1 for the others and on SciFact
+    # seeds: 3 for the core rows on the MARCO sample, 1 for the others
     for model in ("bert", "mlm", "cpdae", "seed", "bow", "retromae", "cpdae_r", "cpdae_nocl", "cpdae_clactive"):
         seeds = [_pairs(plan.stages[f"finetune:marco:{model}:s{k}"].argv)["--seed"] for k in (1, 2, 3)]
         assert seeds == ["1", "2", "3"]
     assert "finetune:marco:simcse:s1" in plan.stages and "finetune:marco:simcse:s2" not in plan.stages
-    assert "finetune:scifact:cpdae" in plan.stages
+    # SciFact, Vaswani and Cranfield are evaluated zero-shot only: the SciFact fine-tuning set is defined, not run
+    assert plan.used_sets == ["marco"] and not [n for n in plan.stages if n.startswith("finetune:scifact")]
+    assert plan.negative_sets() == ["negatives:marco"]
     # one recipe for every model: the STAR warm-up stage alone
     for name, st in plan.stages.items():
         if st.kind == "finetune":
@@ -164,6 +166,10 @@ def _check_tables(out: Path) -> None:
     assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
     assert list(t1[t1["block"] == "fine-tuned"]["model"]) == TABLE1_ROWS
     assert all(c in t1.columns for c in TABLE1_COLS)
+    # MARCO in both blocks; SciFact, Vaswani, Cranfield zero-shot only ("blocks": ["zero-shot"])
+    zs, ftb = t1[t1["block"] == "zero-shot"], t1[t1["block"] == "fine-tuned"]
+    assert zs[TABLE1_COLS].notna().all().all() and ftb[TABLE1_COLS[:3]].notna().all().all()
+    assert ftb[TABLE1_COLS[3:]].isna().all().all()
     assert (t1["status"] == "ok").all(), t1[["block", "model", "status"]]
     md = (out / "table1.md").read_text()
     assert "Command: `python -m experiments.paper" in md and "CPU cores" in md and "## Stages" in md
@@ -222,7 +228,8 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
     run = _run(["--scale", "cpu", "--work-dir", str(work), "--dry-run"], timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "[base] todo\n    python -m pretrain --objective mlm" in run.stdout
-    assert "[finetune:scifact:cpdae] todo" in run.stdout and "[lowres:cpdae:n30:s3] todo" in run.stdout
+    assert "[finetune:marco:cpdae:s3] todo" in run.stdout and "[lowres:cpdae:n30:s3] todo" in run.stdout
+    assert "finetune:scifact" not in run.stdout          # zero-shot only there: no SciFact fine-tuning
     assert not work.exists()
 
 
@@ -439,3 +446,29 @@ def test_table3_with_no_models_is_reported_as_not_made(tmp_path):
     md = (tmp_path / "out" / "table3.md").read_text()
     assert "## Not made" in md and "names no models" in md
     assert not (tmp_path / "out" / "table3.csv").exists()
+
+
+def test_blocks_are_checked_and_a_set_nothing_reads_is_not_run(tmp_path):
+    """An eval set's "blocks" must name zero-shot/fine-tuned; a fine-tuned block needs an existing finetuned_on; a
+    fine-tuning set that no fine-tuned block, Table 3 or init_from reads gets no stages (the paper scale used to
+    fine-tune on SciFact for nothing)."""
+    from experiments.paper.config import check_blocks, used_finetune_sets
+
+    cfg = {"eval_sets": {"a": {"finetuned_on": "x"}, "b": {"finetuned_on": "y", "blocks": ["zero-shot"]}},
+           "finetune_sets": {"x": {}, "y": {}, "z": {"init_from": "x"}, "w": {}}, "tables": {}}
+    check_blocks(cfg, "c.json")
+    assert used_finetune_sets(cfg) == ["x"]
+    cfg["eval_sets"]["b"]["blocks"] = ["fine-tuned"]
+    cfg["eval_sets"]["a"]["finetuned_on"] = "z"
+    assert used_finetune_sets(cfg) == ["x", "y", "z"]          # z starts from x
+    cfg["tables"]["table3"] = {"models": ["bert"], "set": "w"}
+    assert used_finetune_sets(cfg) == ["x", "y", "z", "w"]
+    for bad in ([], ["zero"], "zero-shot"):
+        cfg["eval_sets"]["b"]["blocks"] = bad
+        with pytest.raises(ValueError, match="eval_sets.b.blocks"):
+            check_blocks(cfg, "c.json")
+    cfg["eval_sets"]["b"] = {"finetuned_on": "nope"}
+    with pytest.raises(ValueError, match="eval_sets.b.finetuned_on: 'nope' is not a fine-tuning set"):
+        check_blocks(cfg, "c.json")
+    from experiments.paper.pipeline import Plan
+    assert Plan(load_config("paper", work_dir=tmp_path)).used_sets == ["marco", "marco_doc"]

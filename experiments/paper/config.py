@@ -82,6 +82,39 @@ def substitute(value: Any, mapping: dict[str, str]) -> Any:
     return value
 
 
+BLOCKS = ("zero-shot", "fine-tuned")
+"""Blocks of Tables 1 and 2. An evaluation set reports both unless its entry names some (``"blocks": ["zero-shot"]``:
+the pre-trained checkpoints only, so no fine-tuned model is evaluated on it)."""
+
+
+def check_blocks(cfg: dict[str, Any], path: Any) -> None:
+    """Each eval set's ``blocks`` is a non-empty list of :data:`BLOCKS`; a set with a fine-tuned block names an existing
+    fine-tuning set in ``finetuned_on``."""
+    for name, e in cfg["eval_sets"].items():
+        blocks = e.get("blocks", list(BLOCKS))
+        if not isinstance(blocks, list) or not blocks or any(b not in BLOCKS for b in blocks):
+            raise ValueError(f"{path}: eval_sets.{name}.blocks: expected a non-empty list of {list(BLOCKS)}, got {blocks!r}")
+        if "fine-tuned" in blocks and e.get("finetuned_on") not in cfg["finetune_sets"]:
+            raise ValueError(f"{path}: eval_sets.{name}.finetuned_on: {e.get('finetuned_on')!r} is not a fine-tuning set "
+                             f"({', '.join(cfg['finetune_sets'])}); name one, or set \"blocks\": [\"zero-shot\"]")
+
+
+def used_finetune_sets(cfg: dict[str, Any]) -> list[str]:
+    """The fine-tuning sets some result reads (an eval set's fine-tuned block, Table 3, and the sets those start
+    from, ``init_from``), in config order: a set nothing reads is defined but not run."""
+    used = {e.get("finetuned_on") for e in cfg["eval_sets"].values() if "fine-tuned" in e.get("blocks", BLOCKS)}
+    t3 = cfg["tables"].get("table3") or {}
+    if t3.get("models"):
+        used.add(t3.get("set"))
+    todo = list(used)
+    while todo:
+        start = (cfg["finetune_sets"].get(todo.pop()) or {}).get("init_from")
+        if start and start not in used:
+            used.add(start)
+            todo.append(start)
+    return [s for s in cfg["finetune_sets"] if s in used]
+
+
 def load_config(scale: str, *, sizes: Optional[str] = None, stand_ins: Optional[Path] = None,
                 work_dir: Optional[Path] = None, corpus: Optional[str] = None,
                 overlay: Optional[Path] = None) -> dict[str, Any]:
@@ -112,6 +145,7 @@ def load_config(scale: str, *, sizes: Optional[str] = None, stand_ins: Optional[
     for key in ("pretrain", "objectives", "finetune", "finetune_sets", "eval_sets", "evaluation", "tables"):
         if key not in cfg:
             raise ValueError(f"{path}: missing key {key!r}")
+    check_blocks(cfg, path)
     cfg["scale"] = raw.get("scale", scale)
     cfg["sizes_from"] = sizes or scale
     cfg["config_file"] = str(path)

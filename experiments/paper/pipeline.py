@@ -68,9 +68,12 @@ class Plan:
         self.finetuned: dict[str, dict[str, str]] = {s: {} for s in cfg["finetune_sets"]}
         #: set -> model -> [(seed, checkpoint)], the first seed first (a set without "seeds": [(None, checkpoint)])
         self.finetuned_seeds: dict[str, dict[str, list[tuple[Optional[int], str]]]] = {s: {} for s in cfg["finetune_sets"]}
+        from .config import used_finetune_sets
+        self.used_sets = used_finetune_sets(cfg)  # a fine-tuning set no result reads gets no stages
         ft_models = self.table_models(("1", "2"))
         for model in ft_models:
-            for set_name, fs in cfg["finetune_sets"].items():
+            for set_name in self.used_sets:
+                fs = cfg["finetune_sets"][set_name]
                 for seed in self.seeds_of(set_name, model):
                     self._finetune_stage(set_name, fs, model, seed)
         t3 = cfg["tables"].get("table3") or {}
@@ -192,7 +195,7 @@ class Plan:
         return []
 
     def negative_sets(self) -> list[str]:
-        return [f"negatives:{s}" for s, fs in self.cfg["finetune_sets"].items() if not fs.get("negatives")]
+        return [f"negatives:{s}" for s in self.used_sets if not self.cfg["finetune_sets"][s].get("negatives")]
 
     # ------------------------------------------------------------------ state
     def is_done(self, name: str) -> bool:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from .data import head_texts, held_out_texts
 from .pipeline import BM25, BERT, Plan, evaluate
+from .config import BLOCKS
 
 NOT_RUN = "not run"
 ALPHA = 0.05
@@ -155,10 +156,18 @@ class Tables:
             self.results[key] = res
         return self.results[key]
 
+    def sets_of(self, block: str) -> list[str]:
+        """The evaluation sets that report ``block`` (an entry's ``"blocks"``, default both)."""
+        return [s for s, e in self.cfg["eval_sets"].items() if block in e.get("blocks", BLOCKS)]
+
     def blocks(self) -> list[tuple[str, str]]:
-        return [("zero-shot", "zero-shot (pre-trained only)"),
-                ("fine-tuned", "fine-tuned (" + "; ".join(
-                    f"{e.get('label', s)}: on {e['finetuned_on']}" for s, e in self.cfg["eval_sets"].items()) + ")")]
+        ft = [s for s in self.sets_of("fine-tuned")]
+        out = [("zero-shot", "zero-shot (pre-trained only)")] if self.sets_of("zero-shot") else []
+        if ft:
+            out.append(("fine-tuned", "fine-tuned (" + "; ".join(
+                f"{self.cfg['eval_sets'][s].get('label', s)}: on {self.cfg['eval_sets'][s]['finetuned_on']}"
+                for s in ft) + ")"))
+        return out
 
     # ------------------------------------------------------------------ tables 1 and 2
     def _grid(self, rows: list[list[str]], baselines: dict[str, str]) -> tuple[list[tuple[str, pd.DataFrame]], pd.DataFrame]:
@@ -169,7 +178,8 @@ class Tables:
                 row: dict[str, Any] = {"Model": label}
                 flat_row: dict[str, Any] = {"block": block, "model": label, "key": key}
                 ran = False
-                for s, entry in self.cfg["eval_sets"].items():
+                for s in self.sets_of(block):
+                    entry = self.cfg["eval_sets"][s]
                     res = self.evaluated(s, block)
                     for m in entry["metrics"]:
                         col = f"{entry.get('label', s)} {_metric_label(m)}"
@@ -197,9 +207,10 @@ class Tables:
         shown, flat = self._grid(t1["rows"], baselines)
         names = {k: label for label, k in t1["rows"]}
         legend = ", ".join(f"{m} significant improvement over {names.get(b, b)}" for m, b in baselines.items())
-        n_q = {s: self.evaluated(s, "zero-shot")["num_queries"] for s in self.cfg["eval_sets"]}
+        n_q = {s: self.evaluated(s, next(b for b in BLOCKS if s in self.sets_of(b)))["num_queries"]
+               for s in self.cfg["eval_sets"]}
         sections = [(title, df.to_markdown(index=False, disable_numparse=True)) for title, df in shown]
-        seeded = [f"{self.cfg['eval_sets'][s].get('label', s)}: {self._seeds_note(s)}" for s in self.cfg["eval_sets"]
+        seeded = [f"{self.cfg['eval_sets'][s].get('label', s)}: {self._seeds_note(s)}" for s in self.sets_of("fine-tuned")
                   if self.seeded(s)]
         seed_note = ("Fine-tuned rows over seeds (" + "; ".join(seeded) + "): mean ± sample std over the fine-tuning "
                      "seeds of each seed's mean; significance there is a paired two-tailed t-test "
