@@ -40,7 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from pyterrier_cpdae.encoder.pooling import pool
 from pyterrier_cpdae.encoder.st_export import write_st_config
 
-from ..config import PretrainConfig, opt
+from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
@@ -56,13 +56,14 @@ class ObjectiveOptions:
     (:mod:`pretrain.objectives.contrast`: span contrast, the RetroMAE extension's Eq. 8 or coCondenser's form)."""
 
     span_contrast_weight: float = opt(0.0, "Weight w of the span-contrast add-on term (the RetroMAE extension's "
-                                      "second stage; coCondenser): L = L_objective + w*L_span; 0 = off.")
+                                      "second stage; coCondenser): L = L_objective + w*L_span; 0 = off.",
+                                      check=NON_NEGATIVE)
     span_contrast_form: str = opt("eq8", "Span-contrast loss: eq8 (the RetroMAE extension's Eq. 8: each text's anchor "
                                   "span h_i against its other span h_i+, the other texts' positives h_j+ the m-1 "
                                   "negatives; one-sided) or cocondenser (coCondenser's symmetric NT-Xent over the "
                                   "2m spans, 2m-2 negatives).", choices=list(SPAN_CONTRAST_FORMS))
     span_contrast_temperature: float = opt(1.0, "Temperature of the span-contrast InfoNCE over dot products "
-                                           "(both papers: none, i.e. 1).")
+                                           "(both papers: none, i.e. 1).", check=POSITIVE)
 
 
 @dataclass
@@ -76,8 +77,8 @@ class MaskedViewsOptions(ObjectiveOptions):
 class ReconstructionWeightsOptions(ObjectiveOptions):
     """Loss weights of the autoencoders with an auxiliary decoder: ``L = w_mlm·L_MLM + w_rec·L_REC``."""
 
-    mlm_weight: float = opt(1.0, "Weight of the encoder's MLM loss (the papers: 1).")
-    rec_weight: float = opt(1.0, "Weight of the decoder's reconstruction loss (the papers: 1).")
+    mlm_weight: float = opt(1.0, "Weight of the encoder's MLM loss (the papers: 1).", check=NON_NEGATIVE)
+    rec_weight: float = opt(1.0, "Weight of the decoder's reconstruction loss (the papers: 1).", check=NON_NEGATIVE)
 
 
 @dataclass
@@ -94,7 +95,7 @@ class RepresentationOptions(ObjectiveOptions):
 class MLMOptions(MaskedViewsOptions):
     """Masked views at BERT's masking ratio (objectives whose encoder is trained with BERT's MLM)."""
 
-    mlm_probability: float = opt(0.15, "Masking ratio (BERT 80/10/10) for the encoder's views.")
+    mlm_probability: float = opt(0.15, "Masking ratio (BERT 80/10/10) for the encoder's views.", check=UNIT)
 
 
 class Objective(nn.Module):

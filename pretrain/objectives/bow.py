@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, opt
+from ..config import PretrainConfig, NON_NEGATIVE, opt
 from ..masking import bag_of_words
 from ..modeling import mlm_head
 from . import register_objective
@@ -41,7 +41,7 @@ BOW_SCHEDULES = ("constant", "linear_decay")
 class BoWOptions(RepresentationOptions, MLMOptions):
     """Options of the bag-of-words prediction objective."""
 
-    bow_weight: float = opt(1.0, "BoW: weight of the bag-of-words loss.")
+    bow_weight: float = opt(1.0, "BoW: weight of the bag-of-words loss.", check=NON_NEGATIVE)
     bow_weight_schedule: str = opt("constant", "BoW: schedule of the BoW weight over optimizer steps.",
                                    choices=list(BOW_SCHEDULES))
     bow_projection: str = opt("mlm_head", "BoW: how [CLS] becomes vocabulary logits: mlm_head (the checkpoint's full "

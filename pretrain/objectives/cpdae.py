@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, opt
+from ..config import PretrainConfig, AT_LEAST_1, NON_NEGATIVE, POSITIVE, opt
 from ..distributed import world_size
 from ..losses import pairwise_js, rec_loss, word_distribution
 from ..masking import bag_of_words
@@ -63,8 +63,8 @@ class CPDAEAutoencoderOptions(RepresentationOptions, MLMOptions):
 class CPDAEContrastOptions(CPDAEAutoencoderOptions):
     """Options of the contrastive CPDAE objectives (``cpdae_r``; ``cpdae`` adds the JS options)."""
 
-    cl_weight: float = opt(0.1, "Weight λ of the contrastive loss: L = L_REC + L_MLM + λ·L_CL.")
-    temperature: float = opt(1.0, "InfoNCE temperature τ (the paper's Eq. 5 has none, i.e. τ=1).")
+    cl_weight: float = opt(0.1, "Weight λ of the contrastive loss: L = L_REC + L_MLM + λ·L_CL.", check=NON_NEGATIVE)
+    temperature: float = opt(1.0, "InfoNCE temperature τ (the paper's Eq. 5 has none, i.e. τ=1).", check=POSITIVE)
     cl_reduction: str = opt("mean", "Reduction of L_CL: mean over all 2m views as anchors (default), or sum over the "
                             "m anchors (Eq. 5 literally: the first view of each text; scales the effective λ by about m).",
                             choices=["mean", "sum"])
@@ -76,7 +76,7 @@ class CPDAEOptions(CPDAEContrastOptions):
 
     cl_distribution: str = opt("sigmoid", "How logits become word distributions ž for JS: sigmoid outputs normalised to sum 1 (paper) or softmax.",
                                choices=["sigmoid", "softmax"])
-    js_chunk_size: int = opt(8, "Rows per chunk in the memory-efficient pairwise JS divergence.")
+    js_chunk_size: int = opt(8, "Rows per chunk in the memory-efficient pairwise JS divergence.", check=AT_LEAST_1)
 
 
 #: CPDAE (Ma et al., CIKM 2022), Sec. 5.1: continue bert-base-uncased on English Wikipedia for 3 epochs, batch 64,

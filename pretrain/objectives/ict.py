@@ -31,7 +31,7 @@ from typing import Any, Optional
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, opt
+from ..config import PretrainConfig, POSITIVE, UNIT, opt
 from ..distributed import world_size
 from ..masking import pad_and_add_special
 from . import register_objective
@@ -48,8 +48,9 @@ SENTENCE_END_TOKENS = (".", "?", "!")
 class ICTOptions(ObjectiveOptions):
     """Options of the Inverse Cloze Task."""
 
-    temperature: float = opt(1.0, "InfoNCE temperature τ over inner products (ICT: none, i.e. 1).")
-    ict_keep_probability: float = opt(0.1, "ICT: probability that the query sentence stays in its passage (Lee et al.: 0.1).")
+    temperature: float = opt(1.0, "InfoNCE temperature τ over inner products (ICT: none, i.e. 1).", check=POSITIVE)
+    ict_keep_probability: float = opt(0.1, "ICT: probability that the query sentence stays in its passage (Lee et al.: 0.1).",
+                                      check=UNIT)
 
 
 def split_token_sentences(ids: list[int], end_ids: set[int]) -> list[list[int]]:

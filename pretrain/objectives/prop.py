@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, opt
+from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, opt
 from ..masking import mask_tokens, wordpiece_word_ids
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective
@@ -57,10 +57,12 @@ class PROPOptions(MLMOptions):
     """Options of PROP (the masking options apply to the document part of each input)."""
 
     whole_word_mask: bool = opt(True, "Mask whole words (PROP's code: yes).")
-    prop_poisson_lambda: float = opt(3.0, "PROP: mean λ of the Poisson distribution of word-set sizes (paper: 3).")
+    prop_poisson_lambda: float = opt(3.0, "PROP: mean λ of the Poisson distribution of word-set sizes (paper: 3).",
+                                     check=POSITIVE)
     prop_subsample_t: float = opt(1e-4, "PROP: word2vec subsampling threshold t of frequent words in the word sets "
-                                  "(keep probability min(1, sqrt(t/f) + t/f)); 0 disables.")
-    prop_margin: float = opt(1.0, "PROP: margin of the pairwise hinge loss on the softmax-normalised pair scores (paper: 1).")
+                                  "(keep probability min(1, sqrt(t/f) + t/f)); 0 disables.", check=POSITIVE)
+    prop_margin: float = opt(1.0, "PROP: margin of the pairwise hinge loss on the softmax-normalised pair scores (paper: 1).",
+                             check=NON_NEGATIVE)
 
 
 def prop_corpus_statistics(corpus: Any) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, opt
+from ..config import PretrainConfig, AT_LEAST_1, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..modeling import register_head_module
@@ -60,8 +60,9 @@ SEED_WINDOWS = ("per_layer", "exact")
 class SEEDOptions(RepresentationOptions, ReconstructionWeightsOptions, MLMOptions):
     """Options of the SEED-Encoder objective."""
 
-    seed_decoder_layers: int = opt(3, "SEED-Encoder: decoder layers.")
-    seed_attention_span: int = opt(2, "SEED-Encoder: each decoder position attends to the previous k tokens plus [CLS].")
+    seed_decoder_layers: int = opt(3, "SEED-Encoder: decoder layers.", check=AT_LEAST_1)
+    seed_attention_span: int = opt(2, "SEED-Encoder: each decoder position attends to the previous k tokens plus [CLS].",
+                                   check=AT_LEAST_1)
     seed_window: str = opt("per_layer", "SEED-Encoder: per_layer applies the k-token window in every decoder layer (so "
                            "after n layers a position depends on up to n·(k-1)+1 tokens); exact makes the receptive "
                            "field exactly the k tokens of Eq. 9 (window in the first layer, then only the position "

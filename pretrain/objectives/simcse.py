@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, opt
+from ..config import PretrainConfig, POSITIVE, opt
 from ..distributed import world_size
 from ..masking import pad_and_add_special
 from . import register_objective
@@ -39,7 +39,7 @@ __all__ = ["SimCSEObjective", "SimCSEOptions"]
 class SimCSEOptions(ObjectiveOptions):
     """Options of unsupervised SimCSE."""
 
-    temperature: float = opt(0.05, "InfoNCE temperature τ over cosine similarities (SimCSE: 0.05).")
+    temperature: float = opt(0.05, "InfoNCE temperature τ over cosine similarities (SimCSE: 0.05).", check=POSITIVE)
 
 
 @register_objective
