@@ -141,6 +141,36 @@ def run_inputs(spec: str, tokenizer: Any) -> dict[str, Any]:
             "tokenizer": {"hash": tokenizer_fingerprint(tokenizer), "vocab_size": len(tokenizer)}}
 
 
+def spec_files(spec: Optional[str]) -> list[Path]:
+    """The local files behind a fine-tuning data spec, to fingerprint them: ``groups:<file>`` / ``file:<file>``
+    (that file), ``beir:<folder>[:split]``, ``trec:``, ``cranfield:``... (every file under the folder, hidden ones
+    and ir_datasets' caches aside); ``[]`` for ``irds:``, ``bm25``, ``sample`` and specs without a local path."""
+    if not spec or ":" not in spec:
+        return []
+    kind, _, rest = spec.partition(":")
+    if kind == "irds":
+        return []
+    path = Path(rest).expanduser()
+    if not path.exists() and ":" in rest:  # beir:<folder>:<split>
+        path = Path(rest.rsplit(":", 1)[0]).expanduser()
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    return sorted(f for f in path.rglob("*") if f.is_file()
+                  and not any(part.startswith(".") for part in f.relative_to(path).parts))
+
+
+def training_inputs(*specs: Optional[str]) -> dict[str, Any]:
+    """What a fine-tuning run is built from: its data specs and the fingerprints of their local files (the
+    ``corpus_files`` key, so :func:`input_changes` compares them). Recorded in ``training_args.json``."""
+    files: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        for f in spec_files(spec):
+            files[str(f)] = file_fingerprint(f)
+    return {"specs": [s for s in specs if s], "corpus_files": files}
+
+
 def input_changes(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """What differs between two :func:`run_inputs` records, one phrase per change."""
     changes = []

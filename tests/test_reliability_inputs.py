@@ -443,3 +443,28 @@ def test_full_disk_under_finetune_bm25(tmp_path, tiny_bert_dir, monkeypatch, cap
     code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, f"beir:{beir}:train", full / "ft",
                                                             "--negatives", "bm25"))
     assert code == 2 and f"no space left on {full}/ft/bm25_index" in line and "AlreadyClosed" not in line
+
+
+def test_finetune_resume_refuses_changed_training_data(tmp_path, tiny_bert_dir, monkeypatch, capsys):
+    """training_args.json records the fine-tuning data's files (fingerprints, kept when the run finishes); --resume
+    of the same command after the data changed is refused naming the file: its saved groups and rounds were made
+    from the old data. Unchanged data resumes."""
+    from pretrain.config import FinetuneConfig, parse_config
+    from pretrain.finetune.train import _prepare_output
+
+    train = _groups_file(tmp_path)
+    groups = Path(train[len("groups:"):])
+    out = tmp_path / "ft"
+    code, _ = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out))
+    assert code == 0
+    record = json.loads((out / "training_args.json").read_text())
+    assert record["finished"] is True and str(groups) in record["inputs"]["corpus_files"]
+    # an unfinished run of the same command (as if killed), resumed: unchanged data is accepted
+    record["finished"] = False
+    (out / "training_args.json").write_text(json.dumps(record))
+    argv = finetune_args(tiny_bert_dir, train, out, "--resume")[1:]
+    _prepare_output(parse_config(FinetuneConfig, argv))
+    groups.write_text(groups.read_text().replace("query 3", "query three"))
+    with pytest.raises(ValueError, match=r"--resume refused: the fine-tuning run in .* was started on other data: "
+                                         r"corpus file .*groups.jsonl changed"):
+        _prepare_output(parse_config(FinetuneConfig, argv))

@@ -237,8 +237,12 @@ def _round_dir(cfg: FinetuneConfig, round_: int) -> str:
 
 def _prepare_output(cfg: FinetuneConfig) -> None:
     """Create ``--output`` or check that it holds this run (refuse another one unless --overwrite)."""
+    from ..inputs import input_changes, training_inputs
+
     out = cfg.output
     args_path = os.path.join(out, TRAINING_ARGS)
+    # the training data's local files (queries, qrels, corpus, a negatives or groups file), fingerprinted
+    inputs = training_inputs(cfg.train, cfg.negatives if str(cfg.negatives).startswith("file:") else None)
     if os.path.isdir(out) and os.listdir(out) and not cfg.overwrite:
         if not os.path.isfile(args_path):
             raise ValueError(f"output directory {out} is not empty and holds no {TRAINING_ARGS}; "
@@ -249,6 +253,12 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
         if not cfg.resume:
             raise ValueError(f"output directory {out} already holds this run; pass --resume to continue it "
                              "(finished rounds and saved groups are reused) or --overwrite to start again")
+        if previous.get("inputs"):  # saved groups and rounds were made from the recorded data: it must not differ
+            changes = input_changes(previous["inputs"], inputs)
+            if changes:
+                raise ValueError(f"--resume refused: the fine-tuning run in {out} was started on other data: "
+                                 f"{'; '.join(changes)}; restore it, or start a new run (another --output, or "
+                                 "--overwrite)")
     elif cfg.overwrite and os.path.isdir(out):
         from pyterrier_cpdae.encoder.st_export import remove_exported_model
 
@@ -260,7 +270,7 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
                 os.remove(p)
         remove_exported_model(out)  # the previous run's model: a run cut short must not leave it loadable
     os.makedirs(out, exist_ok=True)
-    write_json_atomic(args_path, {**_run_record(cfg), "finished": False}, default=str)
+    write_json_atomic(args_path, {**_run_record(cfg), "inputs": inputs, "finished": False}, default=str)
 
 
 def _copy_export(src: str, dst: str) -> None:
@@ -449,9 +459,12 @@ def _finetune(cfg: FinetuneConfig, procs: Processes, data: TrainingData) -> dict
     summary["output"] = cfg.output
     if not procs.is_main:
         return summary
+    args_path = os.path.join(cfg.output, TRAINING_ARGS)
+    with open(args_path) as f:
+        inputs = json.load(f).get("inputs")  # recorded when the run started (its data is checked on --resume)
     _copy_export(_round_dir(cfg, cfg.mining_rounds), cfg.output)
-    write_json_atomic(os.path.join(cfg.output, TRAINING_ARGS), {**_run_record(cfg), "finished": True, **summary},
-                      default=str)
+    write_json_atomic(args_path, {**_run_record(cfg), **({"inputs": inputs} if inputs else {}), "finished": True,
+                                  **summary}, default=str)
     logger.info("fine-tuned model written to %s", cfg.output)
     return summary
 
