@@ -461,7 +461,9 @@ def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, 
     """
     import argparse
 
-    parser = parser or argparse.ArgumentParser(**parser_kw)
+    # no abbreviations: "--rec-weight" on an objective without it must not silently mean "--rec-weighting", and a
+    # recorded command must mean the same after an option with a longer name is added
+    parser = parser or argparse.ArgumentParser(**{"allow_abbrev": False, **parser_kw})
     parser.add_argument("--config", default=argparse.SUPPRESS,
                         help="YAML or JSON file holding options (field names as keys); command-line flags override it.")
     own: set[str] = set()
@@ -529,7 +531,7 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
     from_file: dict[str, Any] = {}
     path = None
     if issubclass(cls, PretrainConfig) and cls.__dict__.get("_objective_name") is None:
-        pre = argparse.ArgumentParser(add_help=False)
+        pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
         pre.add_argument("--config", default=None)
         pre.add_argument("--objective", default=None)
         known, _ = pre.parse_known_args(argv)

@@ -36,7 +36,28 @@ def test_every_numeric_objective_option_declares_a_range():
     probability, temperature or layer count has a meaningful range)."""
     from pretrain.registry import available_objectives
 
-    missing = sorted({f"{name}.{f.name}" for name, cls in available_objectives().items()
+    builtin = {n: c for n, c in available_objectives().items() if c.__module__.startswith("pretrain.objectives")}
+    assert {"mlm", "cpdae", "seed", "retromae", "bow", "simcse", "ict", "prop"} <= set(builtin)
+    missing = sorted({f"{name}.{f.name}" for name, cls in builtin.items()
                       for f in dataclasses.fields(cls.Options)
                       if f.type in ("float", "int", float, int) and "check" not in f.metadata})
     assert not missing, missing
+
+
+def test_option_names_are_never_abbreviated(monkeypatch, capsys, tmp_path):
+    """argparse's prefix matching is off: '--rec-weight' on CPDAE (which has --rec-weighting, not --rec-weight) is
+    named as another objective's option instead of being read as '--rec-weighting', and '--temp' is refused."""
+    import sys
+
+    from pretrain import __main__ as entry
+
+    def run(*argv):
+        monkeypatch.setattr(sys, "argv", ["pretrain", *argv])
+        code = entry._run()
+        return code, capsys.readouterr().err
+
+    code, err = run("--objective", "cpdae", "--model", str(tmp_path), "--corpus", "x", "--rec-weight", "2")
+    assert code == 2 and "'rec_weight' (an option of seed, retromae)" in err and "rec-weighting" not in err
+    with pytest.raises(SystemExit):
+        run("--objective", "cpdae", "--model", str(tmp_path), "--corpus", "x", "--temp", "0.1")
+    assert "unrecognized arguments: --temp" in capsys.readouterr().err
