@@ -472,3 +472,22 @@ def test_blocks_are_checked_and_a_set_nothing_reads_is_not_run(tmp_path):
         check_blocks(cfg, "c.json")
     from experiments.paper.pipeline import Plan
     assert Plan(load_config("paper", work_dir=tmp_path)).used_sets == ["marco", "marco_doc"]
+
+
+def test_pilot_report_pairs_the_lengths_by_fine_tuning_seed(tmp_path):
+    """The continuation's effect is also read paired by fine-tuning seed (seed s at both lengths shares data order
+    and initialisation): the differences, their mean ± std, and whether every seed moves the same way; and
+    --report-only rewrites pilot.md from pilot.json (hand-computed: 0.02, 0.013, 0.0096 -> mean 0.0142)."""
+    from experiments.paper.pilot import main, pilot_markdown
+
+    r = {"scale": "cpu", "sizes": "cpu", "objective": "cpdae", "metric": "nDCG@10", "head_steps": 50, "seeds": [1, 2, 3],
+         "wall_s": 1.0, "dev_queries": 67, "head": {},
+         "continuation": {"0": {"per_seed": [0.48, 0.467, 0.4932], "mean_std": [0.4801, 0.0131]},
+                          "150": {"per_seed": [0.50, 0.48, 0.5028], "mean_std": [0.4943, 0.0125]}}}
+    md = pilot_markdown(r, {})
+    assert "+0.0200, +0.0130, +0.0096; mean +0.0142 ± 0.0053" in md and "every seed moves the same way" in md
+    (tmp_path / "pilot.json").write_text(json.dumps(r))
+    main(["--scale", "smoke", "--out", str(tmp_path / "pilot.md"), "--report-only", "--work-dir", str(tmp_path / "w")])
+    assert (tmp_path / "pilot.md").read_text() == md
+    r["continuation"]["150"]["per_seed"] = [0.50, 0.46, 0.5028]
+    assert "the seeds disagree on the direction" in pilot_markdown(r, {})

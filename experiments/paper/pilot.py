@@ -189,6 +189,16 @@ def pilot_markdown(r: dict[str, Any], cfg: dict[str, Any]) -> str:
         lines += ["", f"Reading: {Ls[-1]} steps vs {Ls[0]}: {m1 - m0:+.4f}; seed spread (larger std) {spread:.4f}: the "
                   f"continuation {'moves' if abs(m1 - m0) > spread else 'does not move'} the fine-tuned metric by more "
                   "than the seed spread."]
+        a, b = r["continuation"][Ls[0]]["per_seed"], r["continuation"][Ls[-1]]["per_seed"]
+        if len(a) == len(b) > 1:  # the same fine-tuning seed (data order, initialisation) on both: paired
+            d = [y - x for x, y in zip(a, b)]
+            dm, ds = mean_std(d)
+            same = all(x > 0 for x in d) or all(x < 0 for x in d)
+            lines += ["", f"Paired by fine-tuning seed (seed s of {Ls[-1]} steps minus seed s of {Ls[0]}): "
+                      f"{', '.join(f'{x:+.4f}' for x in d)}; mean {dm:+.4f} ± {ds:.4f} (std of the differences): "
+                      + (f"every seed moves the same way, the mean difference is {abs(dm) / ds:.1f} times the "
+                         "spread of the paired differences." if same and ds else
+                         "the seeds disagree on the direction.")]
     return "\n".join(lines) + "\n"
 
 
@@ -203,9 +213,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--lengths", default="0,150,450", help="continuation steps (0 = the base itself)")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--head-steps", type=int, default=50, help="unfrozen MLM steps of the warm-up check")
+    p.add_argument("--report-only", action="store_true",
+                   help="rewrite pilot.md from the pilot.json beside --out (what finished); run nothing")
     a = p.parse_args(argv)
     work = Path(a.work_dir) if a.work_dir else ROOT / "experiments" / "work" / f"paper_{a.scale}"
     out = Path(a.out) if a.out else ROOT / "experiments" / "results" / f"paper_{a.scale}" / "pilot.md"
+    if a.report_only:
+        src = out.with_suffix(".json")
+        if not src.exists():
+            raise SystemExit(f"--report-only: {src} is absent (run the pilot first)")
+        report = json.loads(src.read_text())
+        out.write_text(pilot_markdown(report, load_config(a.scale, sizes=a.sizes, work_dir=work)))
+        return report
     return run_pilot(a.scale, work, out, sizes=a.sizes, objective=a.objective,
                      lengths=tuple(int(x) for x in a.lengths.split(",")), seeds=tuple(int(x) for x in a.seeds.split(",")),
                      head_steps=a.head_steps)
