@@ -235,7 +235,7 @@ def test_retromae_stacked_decoder_layers(tiny_bert_dir, tmp_path):
     obj.save_pretrained(str(tmp_path / "m"))
     cfg = json.loads((tmp_path / "m" / "decoder" / "decoder_config.json").read_text())
     assert cfg["num_layers"] == 2
-    with pytest.raises(ValueError, match="retromae_decoder_layers"):
+    with pytest.raises(ValueError, match="retromae.decoder.layers"):  # now refused when the options are made
         _build(tiny_bert_dir, "retromae", retromae_decoder_layers=0)
 
 
