@@ -491,3 +491,24 @@ def test_pilot_report_pairs_the_lengths_by_fine_tuning_seed(tmp_path):
     assert (tmp_path / "pilot.md").read_text() == md
     r["continuation"]["150"]["per_seed"] = [0.50, 0.46, 0.5028]
     assert "the seeds disagree on the direction" in pilot_markdown(r, {})
+
+
+def test_a_candidates_own_run_length_is_not_part_of_the_chosen_setting(tmp_path):
+    """A selection candidate may run longer (max_steps) than the others; the CL-active row continues with the chosen
+    tau/reduction and the protocol's own budget, whichever candidate wins."""
+    from experiments.paper.pipeline import Plan
+    from experiments.paper.select_tau import _record_key, selection_file
+
+    plan = Plan(load_config("cpu", work_dir=tmp_path))
+    cands = plan.cfg["selection"]["cl"]["candidates"]
+    long_one = next(i for i, c in enumerate(cands) if c.get("max_steps"))
+    st = _pairs(plan.stages[f"select:cl:c{long_one}"].argv)
+    assert st["--max-steps"] == str(cands[long_one]["max_steps"])
+    assert _pairs(plan.stages["continue:cpdae_clactive"].argv)["--max-steps"] == "150"   # not a placeholder
+    f = selection_file(plan, "cl")
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps({"key": _record_key(plan, "cl"),
+                             "chosen": {"index": long_one, "setting": cands[long_one], "rule": "test"}}))
+    p = _pairs(Plan(plan.cfg).stages["continue:cpdae_clactive"].argv)
+    assert p["--max-steps"] == "150" and p["--temperature"] == str(cands[long_one]["temperature"])
+    assert _pairs(Plan(plan.cfg).stages["continue:cpdae"].argv)["--max-steps"] == p["--max-steps"]

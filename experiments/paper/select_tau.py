@@ -8,7 +8,9 @@ per-term loss as the trainer logs it; divided by m for ``--cl-reduction sum``, w
 measures how far it ends below ln(2m−1) (its value when every similarity is equal: the uniform distribution over the
 2m−1 other views), and evaluates each run zero-shot on a held-aside *training* set (``held_aside``: e.g. the MARCO
 sample's train split; never evaluation queries). The rule (:func:`choose`): among the candidates whose L_CL ends at
-least ``min_drop_nats`` below ln(2m−1), the best held-aside metric; if none does, the largest drop, flagged. The
+least ``min_drop_nats`` below ln(2m−1), the best held-aside metric; if none does, the largest drop, flagged. A
+candidate may also set its own run length (``max_steps``...: :data:`RUN_ONLY_OPTIONS`); that is not part of the
+setting the objective continues with, which keeps the protocol's budget. The
 choice is written to ``<work>/select/<key>.json`` (with every candidate's curve) and ``.md``; an objective with
 ``"select": "<key>"`` continues with the chosen setting (its stage waits for the selection).
 
@@ -75,12 +77,18 @@ def selection_done(plan: Any, name: str) -> bool:
     return json.loads(f.read_text()).get("key") == _record_key(plan, key)
 
 
+#: Options a candidate may set for its own selection run only (e.g. a longer run than the other candidates'): they
+#: shape how the candidate is tried, not the setting, so the objective that reads the choice keeps the protocol's.
+RUN_ONLY_OPTIONS = ("max_steps", "epochs", "logging_steps", "save_steps")
+
+
 def chosen_setting(plan: Any, key: str) -> dict[str, Any]:
-    """The chosen setting of a finished selection; before it, a placeholder for every option the candidates set (the
-    stage that reads it waits for ``select:<key>``)."""
+    """The chosen setting of a finished selection (without :data:`RUN_ONLY_OPTIONS`); before it, a placeholder for
+    every other option the candidates set (the stage that reads it waits for ``select:<key>``)."""
     if selection_done(plan, f"select:{key}"):
-        return dict(json.loads(selection_file(plan, key).read_text())["chosen"]["setting"])
-    keys = dict.fromkeys(k for c in _sel(plan, key)["candidates"] for k in c)
+        setting = json.loads(selection_file(plan, key).read_text())["chosen"]["setting"]
+        return {k: v for k, v in setting.items() if k not in RUN_ONLY_OPTIONS}
+    keys = dict.fromkeys(k for c in _sel(plan, key)["candidates"] for k in c if k not in RUN_ONLY_OPTIONS)
     return {k: PLACEHOLDER.format(name=f"select:{key}") for k in keys}
 
 
