@@ -11,7 +11,7 @@ BAD = [("cpdae", "--cl-weight", "-1", ">= 0"), ("cpdae", "--temperature", "0", "
        ("seed", "--rec-weight", "-0.5", ">= 0"), ("retromae", "--mlm-weight", "-2", ">= 0"),
        ("simcse", "--temperature", "-0.05", "> 0"), ("ict", "--ict-keep-probability", "2", "in [0, 1]"),
        ("prop", "--prop-poisson-lambda", "0", "> 0"), ("prop", "--prop-margin", "-1", ">= 0"),
-       ("retromae", "--decoder-mask-ratio", "1.2", "in [0, 1]"), ("retromae", "--retromae-decoder-layers", "0", ">= 1"),
+       ("retromae", "--decoder-mask-ratio", "1.2", "in (0, 1)"), ("retromae", "--retromae-decoder-layers", "0", ">= 1"),
        ("seed", "--seed-attention-span", "0", ">= 1"), ("bow", "--bow-weight", "-1", ">= 0"),
        ("mlm", "--span-contrast-temperature", "0", "> 0")]
 

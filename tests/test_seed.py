@@ -186,6 +186,6 @@ def test_refuses_tokenizer_without_mask_token(tiny_bert_dir):
 
 @pytest.mark.parametrize("option", [{"seed_attention_span": 0}, {"seed_decoder_layers": 0}])
 def test_refuses_bad_decoder_options(tiny_bert_dir, option):
-    model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed", **option)
-    with pytest.raises(ValueError, match=next(iter(option))):
+    with pytest.raises(ValueError, match=next(iter(option)).replace("_", ".")):  # refused when the options are made
+        model, tok, cfg = load_tiny(tiny_bert_dir, objective="seed", **option)
         build_objective("seed", model, tok, cfg)

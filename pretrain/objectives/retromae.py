@@ -44,7 +44,9 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, AT_LEAST_1, UNIT, opt
+from ..config import PretrainConfig, AT_LEAST_1, Range, opt
+
+OPEN_UNIT = Range(0, 1, lo_open=True, hi_open=True)
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..modeling import mlm_head, register_head_module
@@ -60,9 +62,9 @@ __all__ = ["EnhancedDecoderLayer", "RetroMAEObjective", "RetroMAEOptions", "retr
 class RetroMAEOptions(RepresentationOptions, ReconstructionWeightsOptions, MaskedViewsOptions):
     """Options of RetroMAE (its encoder view is masked at ``encoder_mask_ratio``; no ``mlm_probability``)."""
 
-    encoder_mask_ratio: float = opt(0.3, "RetroMAE: encoder masking ratio.", check=UNIT)
+    encoder_mask_ratio: float = opt(0.3, "RetroMAE: encoder masking ratio.", check=OPEN_UNIT)
     decoder_mask_ratio: float = opt(0.5, "RetroMAE: share of positions hidden in each row of the enhanced-decoding mask.",
-                                    check=UNIT)
+                                    check=OPEN_UNIT)
     retromae_decoder_layers: int = opt(1, "RetroMAE: enhanced-decoding layers (the paper: 1). Each further layer takes the "
                                        "previous layer's output as its query stream; keys/values stay H2 and the "
                                        "attention mask is the same.", check=AT_LEAST_1)
