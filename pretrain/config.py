@@ -66,6 +66,7 @@ POSITIVE = Range(0, lo_open=True)
 NON_NEGATIVE = Range(0)
 AT_LEAST_1 = Range(1)
 UNIT = Range(0, 1)
+OPEN_UNIT = Range(0, 1, lo_open=True, hi_open=True)
 
 
 def opt(default: Any, help: str, **kw: Any) -> Any:

@@ -189,11 +189,9 @@ def _clear_previous_run(out: str) -> None:
 
     for name in ("checkpoints", "logs", "decoder", ".export-tmp"):
         shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-    for name in (RUN_CONFIG,) + EXPORT_FILES:
-        p = os.path.join(out, name)
-        if os.path.isfile(p):
-            os.remove(p)
-    remove_exported_model(out)
+    if os.path.isfile(os.path.join(out, RUN_CONFIG)):
+        os.remove(os.path.join(out, RUN_CONFIG))
+    remove_exported_model(out)  # config.json and the weights included
 
 
 # ----------------------------------------------------------------------------- finite training

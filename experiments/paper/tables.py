@@ -161,7 +161,7 @@ class Tables:
         return [s for s, e in self.cfg["eval_sets"].items() if block in e.get("blocks", BLOCKS)]
 
     def blocks(self) -> list[tuple[str, str]]:
-        ft = [s for s in self.sets_of("fine-tuned")]
+        ft = self.sets_of("fine-tuned")
         out = [("zero-shot", "zero-shot (pre-trained only)")] if self.sets_of("zero-shot") else []
         if ft:
             out.append(("fine-tuned", "fine-tuned (" + "; ".join(
@@ -207,8 +207,7 @@ class Tables:
         shown, flat = self._grid(t1["rows"], baselines)
         names = {k: label for label, k in t1["rows"]}
         legend = ", ".join(f"{m} significant improvement over {names.get(b, b)}" for m, b in baselines.items())
-        n_q = {s: self.evaluated(s, next(b for b in BLOCKS if s in self.sets_of(b)))["num_queries"]
-               for s in self.cfg["eval_sets"]}
+        n_q = {s: self.evaluated(s, e.get("blocks", BLOCKS)[0])["num_queries"] for s, e in self.cfg["eval_sets"].items()}
         sections = [(title, df.to_markdown(index=False, disable_numparse=True)) for title, df in shown]
         seeded = [f"{self.cfg['eval_sets'][s].get('label', s)}: {self._seeds_note(s)}" for s in self.sets_of("fine-tuned")
                   if self.seeded(s)]

@@ -44,9 +44,7 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, AT_LEAST_1, Range, opt
-
-OPEN_UNIT = Range(0, 1, lo_open=True, hi_open=True)
+from ..config import PretrainConfig, AT_LEAST_1, OPEN_UNIT, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..modeling import mlm_head, register_head_module
