@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
@@ -260,6 +261,7 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
     with tarfile.open(out / "paper_gpu.tar.gz") as tar:
         names = tar.getnames()
     assert "./results/table1.md" in names and "./work/stages/negatives__marco.json" in names
+    assert "./work/select/cl.json" in names  # the CL-active choice with its candidates' held-aside metrics
     assert not any(n.endswith(".safetensors") for n in names)           # no checkpoints come back
     assert not (work / "paper" / "work" / "bm25").exists()               # no BM25 index built: Java never ran
     neg = json.loads((work / "paper" / "work" / "stages" / "negatives__marco.json").read_text())
@@ -272,3 +274,26 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
                             "--no-suite", "--stand-ins", str(stand), "--work", str(work), "--out", str(tmp_path / "o2")],
                            capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0 and "finished in an earlier call" in again.stderr
+
+
+def test_a_suite_step_that_overruns_its_deadline_is_stopped_and_the_results_are_still_packed(tmp_path):
+    # on the GPU (no --cpu-smoke) the tests get until 40% of --budget-s and the benchmarks until 80% (at least 10 s
+    # each): a hung step must not keep the packing from happening before the device command's own limit
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "case \"$1 $2\" in '-m pytest'|*/bench_gpu.py*) echo hung; sleep 120 ;; esac\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    t0 = time.perf_counter()
+    run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--wheelhouse", "none", "--budget-s", "20",
+                          "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHON": str(fake)})
+    wall = time.perf_counter() - t0
+    assert wall < 60, wall  # 2 x 120 s without the deadlines
+    assert run.returncode == 1  # the stopped steps count as failures
+    status = json.loads((out / "status.json").read_text())
+    assert status["suite_ran_this_call"] and status["exit_status"] == 1
+    with tarfile.open(out / "suite.tar.gz") as tar:
+        names = tar.getnames()
+    assert "suite/gpu_tests.log" in names and "suite/env.txt" in names

@@ -105,16 +105,43 @@ if [ "$SMOKE" = 1 ]; then
   [ -n "$SIZES" ] || SIZES=smoke
 fi
 elapsed() { echo $(( $(date +%s) - START )); }
+# On the GPU each suite step runs under a deadline (the tests until 40% of --budget-s, the benchmarks until 80%, at
+# least 10 s each), so that the packing below always runs before the device command's own limit kills everything
+# unpacked. A step runs in its own process group and the whole group is stopped (children too: the benchmarks start a
+# process per objective), then its log is printed.
+deadline() {  # deadline PERCENT -> seconds left until PERCENT% of --budget-s (a day in --cpu-smoke)
+  [ "$SMOKE" = 1 ] && { echo 86400; return; }
+  local left=$(( BUDGET * $1 / 100 - $(elapsed) ))
+  [ "$left" -lt 10 ] && left=10
+  echo "$left"
+}
+run_until() {  # run_until SECONDS LOG CMD...: CMD's output into LOG, its process group stopped after SECONDS
+  local secs=$1 log=$2 t=0 pid rc
+  shift 2
+  setsid "$@" >"$log" 2>&1 </dev/null &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$t" -ge "$secs" ]; then
+      echo "run_until: stopped after ${secs} s (the suite's deadline): $*" >>"$log"
+      kill -TERM -- "-$pid" 2>/dev/null; sleep 3; kill -KILL -- "-$pid" 2>/dev/null
+      break
+    fi
+    sleep 1; t=$((t + 1))
+  done
+  wait "$pid"; rc=$?
+  cat "$log"
+  return "$rc"
+}
 SUITE_DIR="$WORK/suite"
 suite_ran=0
 if [ "$SUITE" = 1 ] || { [ "$SUITE" = auto ] && [ ! -f "$WORK/suite.done" ]; }; then
   rm -rf "$SUITE_DIR"; mkdir -p "$SUITE_DIR"
   echo "== pytest -m gpu ($(elapsed) s)" >&2
-  "$PY" -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -rs -q --junitxml="$SUITE_DIR/gpu_tests.xml" \
-    2>&1 | tee "$SUITE_DIR/gpu_tests.log" || status=1
+  run_until "$(deadline 40)" "$SUITE_DIR/gpu_tests.log" "$PY" -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -rs \
+    -q --junitxml="$SUITE_DIR/gpu_tests.xml" || status=1
   echo "== bench_gpu.py ($(elapsed) s)" >&2
-  "$PY" experiments/gpu/bench_gpu.py --out "$SUITE_DIR" "${bench[@]}" "${BENCH_ARGS[@]}" 2>&1 \
-    | tee "$SUITE_DIR/bench_gpu.log" || status=1
+  run_until "$(deadline 80)" "$SUITE_DIR/bench_gpu.log" "$PY" experiments/gpu/bench_gpu.py --out "$SUITE_DIR" \
+    "${bench[@]}" "${BENCH_ARGS[@]}" || status=1
   {
     echo "date: $(date -u +%FT%TZ)"
     echo "mode: $([ "$SMOKE" = 1 ] && echo cpu-smoke || echo gpu)"
@@ -190,7 +217,7 @@ if [ "$COMPARE" = 1 ]; then
   cp "$CMP/compare.log" "$OUTDIR/compare.log" 2>/dev/null
   (cd "$CMP" && find . \( -path ./work/indices -o -path ./work/irds -o -path ./work/data -o -name '.token_cache' \
        -o -name 'token_cache' -o -name 'checkpoint-*' \) -prune -o -type f \( -path './results/*' \
-       -o -path './work/stages/*' -o -path './work/selection*' -o -name '*.log' -o -name '*.csv' -o -name '*.txt' \
+       -o -path './work/stages/*' -o -path './work/selection*' -o -path './work/select/*.json' -o -name '*.log' -o -name '*.csv' -o -name '*.txt' \
        -o -name 'select_*.json' -o -name 'run_config.json' -o -name 'training_args.json' \) -size -4M -print \
      | tar -czf "$OUTDIR/paper_gpu.tar.gz" -T -)
 fi
