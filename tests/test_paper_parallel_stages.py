@@ -130,3 +130,25 @@ def test_jobs_option_is_checked():
     assert parse_args(["--jobs", "4"]).jobs == 4
     with pytest.raises(SystemExit):
         parse_args(["--jobs", "0"])
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_smoke_continuations_run_two_at_a_time_as_real_processes(tmp_path):
+    import json
+
+    from experiments.paper.__main__ import main
+
+    summary = main(["--scale", "smoke", "--work-dir", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
+                    "--stages", "base,continue:mlm,continue:bow,continue:cpdae", "--no-tables", "--jobs", "2"])
+    assert summary["ran"][0] == "base" and sorted(summary["ran"][1:]) == ["continue:bow", "continue:cpdae",
+                                                                          "continue:mlm"]
+    recs = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "w" / "stages").glob("*.json")}
+    assert set(recs) == {"base", "continue__mlm", "continue__bow", "continue__cpdae"}
+    for name in ("mlm", "bow", "cpdae"):  # each its own process, with its own log, and a finished model
+        out = tmp_path / "w" / "pretrain" / name
+        assert (out / "config.json").exists() and (out.parent / f"{name}.log").exists()
+        assert recs[f"continue__{name}"]["wall_how"] == "measured by the pipeline"
+    # two at a time: the three continuations together took less than the sum of their walls
+    walls = sum(recs[f"continue__{n}"]["wall_s"] for n in ("mlm", "bow", "cpdae"))
+    assert summary["stage_seconds"] - recs["base"]["wall_s"] < walls
