@@ -119,6 +119,46 @@ def test_faiss_flat_resolves_ties_its_index_left_arbitrary(tie_indexes, monkeypa
     np.testing.assert_array_equal(got, ref_ids)
 
 
+class _GpuFlat(_LastOfTiesFlat):
+    """A FAISS GPU index: its k-selection refuses more than ``limit`` results per query."""
+
+    def __init__(self, vecs: np.ndarray, limit: int):
+        super().__init__(vecs)
+        self.limit = limit
+
+    def search(self, queries: np.ndarray, k: int):
+        if k > self.limit:
+            raise RuntimeError(f"k > {self.limit} is unsupported on the GPU")  # as faiss-gpu's assertion does
+        return super().search(queries, k)
+
+
+@pytest.mark.parametrize("k", [5, 7, 8, 20])
+def test_faiss_on_the_gpu_beyond_its_k_limit_gives_the_same_exact_ranking(tie_indexes, monkeypatch, k):
+    """FAISS's GPU k-selection stops at 2048 (here patched to 8); the flat retriever asks for k + 1 to see ties,
+    so from k = 2048 on the GPU it answers with the exact torch kernel instead; IVF says so in a clear error."""
+    from pyterrier_cpdae.dense import faiss_retr
+
+    single, _, vecs = tie_indexes
+    monkeypatch.setattr(faiss_retr, "FAISS_GPU_MAX_K", 8)
+    retriever = single.faiss_flat_retriever(num_results=k)
+    fake = _GpuFlat(vecs, limit=8)
+
+    def load():
+        retriever._faiss_on_gpu = True
+        return fake
+    monkeypatch.setattr(retriever, "faiss_index", load)
+    queries = tie_queries()
+    _, ref_ids = naive_order(vecs, queries, k)
+    res = retriever(pd.DataFrame({"qid": [f"q{j}" for j in range(len(queries))], "query_vec": list(queries)}))
+    got = np.stack([res[res.qid == f"q{j}"].docid.to_numpy() for j in range(len(queries))])
+    np.testing.assert_array_equal(got, ref_ids)
+    if k > 8:  # IVF asks for k itself (no tie check): its limit is k > 8
+        ivf = single.faiss_ivf_retriever(num_results=k, n_list=2)
+        monkeypatch.setattr(ivf, "faiss_index", lambda: (setattr(ivf, "_faiss_on_gpu", True), fake)[1])
+        with pytest.raises(ValueError, match=f"num_results={k}: FAISS on the GPU returns at most 8"):
+            ivf(pd.DataFrame({"qid": ["q0"], "query_vec": [queries[0]]}))
+
+
 # ------------------------------------------------------------------------------- class 9: metadata distrusted
 def small_docs(n: int = 30):
     return [{"docno": f"d{i}", "doc_vec": np.full(4, i, np.float32)} for i in range(n)]

@@ -27,6 +27,8 @@ __all__ = ["FaissRetriever", "FAISS_KINDS"]
 _UNCACHEABLE: set = set()  # FAISS cache directories whose "could not write" warning was already given
 
 FAISS_KINDS = ("flat", "hnsw", "ivf")
+#: FAISS's GPU k-selection returns at most this many results per query (``GPU_MAX_SELECTION_K`` in faiss/gpu)
+FAISS_GPU_MAX_K = 2048
 
 
 class FaissRetriever(VectorRetriever):
@@ -61,6 +63,7 @@ class FaissRetriever(VectorRetriever):
         self.use_gpu = use_gpu
         self.query_batch_size = check_int(query_batch_size, "query_batch_size")
         self._faiss_index = None
+        self._faiss_on_gpu = False  # whether the loaded FAISS index lives on the GPU
         self._loaded: Optional[Tuple[Any, Dict[str, Any]]] = None  # (files stamp, fingerprint) of _faiss_index
 
     # -- identity --------------------------------------------------------------------------------------
@@ -192,7 +195,8 @@ class FaissRetriever(VectorRetriever):
         if idx is None:
             idx = self._build(faiss)
             self._write_cache(faiss, idx, idx_path, info_path, fingerprint)
-        if self._on_gpu(faiss):
+        self._faiss_on_gpu = self._on_gpu(faiss)
+        if self._faiss_on_gpu:
             idx = faiss.index_cpu_to_all_gpus(idx)
         self._faiss_index, self._loaded = idx, (stamp, fingerprint)
         return idx
@@ -239,6 +243,14 @@ class FaissRetriever(VectorRetriever):
     def _search(self, queries: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         idx = self.faiss_index()
         k = min(self.num_results, len(self.index.store))
+        # flat: one extra result shows whether equal scores straddle the cut at k (FAISS then keeps an arbitrary
+        # subset of them); those queries are answered by the exact numpy kernel, which takes ties by ascending id
+        extra = int(self.kind == "flat" and k < len(self.index.store))
+        if self._faiss_on_gpu and k + extra > FAISS_GPU_MAX_K:
+            if self.kind == "flat":  # the same exact result, by the torch kernel on the device (any k, ties by id)
+                return self.index.store.search(queries, k, backend="torch")
+            raise ValueError(f"num_results={self.num_results}: FAISS on the GPU returns at most {FAISS_GPU_MAX_K} "
+                             f"results per query; use num_results <= {FAISS_GPU_MAX_K} or use_gpu=False")
         if self.kind == "hnsw":
             import faiss
             faiss.downcast_index(idx).hnsw.efSearch = max(self.ef_search, k)
@@ -248,9 +260,6 @@ class FaissRetriever(VectorRetriever):
                 faiss.extract_index_ivf(idx).nprobe = self.n_probe
             except Exception:  # pragma: no cover - GPU IVF
                 faiss.GpuParameterSpace().set_index_parameter(idx, "nprobe", self.n_probe)
-        # flat: one extra result shows whether equal scores straddle the cut at k (FAISS then keeps an arbitrary
-        # subset of them); those queries are answered by the exact numpy kernel, which takes ties by ascending id
-        extra = int(self.kind == "flat" and k < len(self.index.store))
         scores = np.empty((len(queries), k + extra), dtype=np.float32)
         ids = np.empty((len(queries), k + extra), dtype=np.int64)
         for s in range(0, len(queries), self.query_batch_size):
