@@ -170,6 +170,8 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     (search,) = json.loads((out / "bench_search.json").read_text())["rows"]
     assert search["streamed_qps"] > 0 and search["tighter_bound_qps"] >= search["streamed_qps"]
     assert search["top10_overlap_streamed_vs_resident"] == 1.0
+    assert search["host_copy_s"] > 0 and search["chunk_scoring_s"] > 0  # where the streamed time goes
+    assert {r["shape"] for r in enc["rows"]} == {"tiny"}
     pre = json.loads((out / "bench_pretrain.json").read_text())["rows"]
     assert [r["objective"] for r in pre] == ["mlm", "cpdae", "bow"] and all("error" not in r for r in pre)
     assert pre[0]["cost_per_sequence_vs_mlm"] == 1.0 and all(r["sequences_per_s"] > 0 for r in pre)

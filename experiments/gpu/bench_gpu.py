@@ -2,7 +2,7 @@
 
 Every figure is printed as a ratio in the same run and written with the GPU's name and the command:
 
-* ``encode``: a BERT-base-shape model with random weights (:mod:`synthetic_bert`) encodes synthetic documents of
+* ``encode``: a BERT-base-shape and a MiniLM-shape model (``--encode-shapes``) with random weights (:mod:`synthetic_bert`) encodes synthetic documents of
   exactly 128/256/512 tokens with ``CPDAE.doc_encoder()`` in bf16; docs/s and model FLOP utilisation (MFU:
   ``2 x forward multiply-adds`` per document, from ``experiments/bench/objective_runs.forward_macs``, over the peak), against
   sentence-transformers' ``encode`` on the same weights in fp32 and in bf16, and the vectors' agreement (cosine);
@@ -47,14 +47,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(REPO), str(HERE), str(HERE.parent)]
 
-from synthetic_bert import BERT_BASE, TINY, make_bert_dir, synthetic_texts  # noqa: E402
+from synthetic_bert import BERT_BASE, MINILM, TINY, make_bert_dir, synthetic_texts  # noqa: E402
+
+SHAPES = {"bert-base": BERT_BASE, "minilm": MINILM, "tiny": TINY}
 
 MSMARCO_PASSAGES = 8_841_823
 #: datasheet dense bf16 tensor-core peaks (FLOP/s) and HBM bandwidths (B/s) of the SXM parts
 DATASHEET = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12)}
-SMOKE = dict(lengths=[16, 32], docs=32, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
+SMOKE = dict(encode_shapes="tiny", lengths=[16, 32], docs=32, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
              seq_length=32, sequences=4, steps=1, warmup=1, objectives="mlm,cpdae,bow", repeats=1)
-FULL = dict(lengths=[128, 256, 512], docs=4096, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
+FULL = dict(encode_shapes="bert-base,minilm", lengths=[128, 256, 512], docs=4096, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
             k=1000, chunk_size=None, seq_length=512, sequences=32, steps=5, warmup=2,
             objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2)
 
@@ -118,7 +120,7 @@ def measure_peaks(dev, smoke: bool) -> Dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------- encoding
-def bench_encode(args, dev, peaks, model_dir: str, shape: dict) -> Dict[str, object]:
+def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str = "bert-base") -> Dict[str, object]:
     import pandas as pd
     import torch
     from experiments.bench.objective_runs import forward_macs
@@ -162,8 +164,9 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict) -> Dict[str, obj
                "msmarco_8.8M_minutes": MSMARCO_PASSAGES / rate / 60}
         if "datasheet_bf16_flops" in peaks:
             row["mfu_vs_datasheet"] = rate * flops_per_doc / peaks["datasheet_bf16_flops"]
+        row["shape"] = shape_name
         rows.append(row)
-        print(f"encode {length} tokens: {rate:.1f} docs/s, MFU {row['mfu_vs_measured_bf16']:.1%} of measured bf16, "
+        print(f"encode {shape_name} {length} tokens: {rate:.1f} docs/s, MFU {row['mfu_vs_measured_bf16']:.1%} of measured bf16, "
               f"{row['speedup_vs_st_fp32']:.2f}x ST fp32, {row['speedup_vs_st_bf16']:.2f}x ST bf16, "
               f"min cosine {row['min_cosine_cpdae_bf16_vs_st_fp32']:.5f}, MS MARCO {row['msmarco_8.8M_minutes']:.1f} min",
               flush=True)
@@ -305,7 +308,7 @@ def write_markdown(path: Path, record: Dict[str, object]) -> None:
         if not res:
             continue
         rows = res["rows"]
-        keys = sorted({k for r in rows for k in r if not isinstance(r[k], (list, dict))}, key=lambda k: (k != "tokens", k))
+        keys = sorted({k for r in rows for k in r if not isinstance(r[k], (list, dict))}, key=lambda k: (k != "shape", k != "tokens", k))
         lines += [f"## {part}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         for r in rows:
             lines.append("| " + " | ".join(f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, ""))
@@ -320,6 +323,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny sizes and a tiny model on the CPU")
     ap.add_argument("--device", default=None, help="torch device (default: cuda, or cpu with --cpu-smoke)")
     ap.add_argument("--only", default="encode,search,pretrain", help="comma-separated parts to run")
+    ap.add_argument("--encode-shapes", help="comma-separated model shapes to encode with: " + ", ".join(SHAPES))
     ap.add_argument("--lengths", type=int, nargs="+")
     ap.add_argument("--docs", type=int, help="documents encoded per length")
     ap.add_argument("--batch-size", type=int)
@@ -353,7 +357,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_bert_dir(Path(tmp) / "bert", **shape)
-        for part, fn in (("encode", lambda: bench_encode(args, dev, record["peaks"], model_dir, shape)),
+        def encode_all() -> Dict[str, object]:
+            out: Dict[str, object] = {"models": {}, "rows": []}
+            for name in args.encode_shapes.split(","):
+                if name not in SHAPES:
+                    raise ValueError(f"--encode-shapes: unknown shape {name!r}; choose from {', '.join(SHAPES)}")
+                mdir = model_dir if SHAPES[name] is shape else make_bert_dir(Path(tmp) / name, **SHAPES[name])
+                res = bench_encode(args, dev, record["peaks"], mdir, SHAPES[name], name)
+                out["models"][name] = res["model"]
+                out["rows"] += res["rows"]
+            return out
+        for part, fn in (("encode", encode_all),
                          ("search", lambda: bench_search(args, dev, record["peaks"])),
                          ("pretrain", lambda: bench_pretrain(args, dev, record["peaks"], model_dir, args.cpu_smoke))):
             if part not in parts:

@@ -15,6 +15,9 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 #: BERT-base's shape (the papers' encoder)
 BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                  vocab_size=30522, max_position_embeddings=512)
+#: all-MiniLM-L6-v2's shape (the cpu and gpu scales' encoder)
+MINILM = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
+              vocab_size=30522, max_position_embeddings=512)
 #: a tiny shape for CPU smoke runs and tests (bench_objectives draws token ids from 1000 up)
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=1100,
             max_position_embeddings=512)
