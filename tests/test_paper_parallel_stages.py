@@ -1,6 +1,7 @@
 """``python -m experiments.paper --jobs N``: independent stages run at once, a stage never before what it reads."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -152,3 +153,39 @@ def test_smoke_continuations_run_two_at_a_time_as_real_processes(tmp_path):
     # two at a time: the three continuations together took less than the sum of their walls
     walls = sum(recs[f"continue__{n}"]["wall_s"] for n in ("mlm", "bow", "cpdae"))
     assert summary["stage_seconds"] - recs["base"]["wall_s"] < walls
+
+
+def test_concurrent_stage_processes_share_the_cores(tmp_path, monkeypatch):
+    """With --jobs N each stage process gets OMP_NUM_THREADS = cores // N (unless the caller set it)."""
+    import types
+
+    from experiments.paper import __main__ as cli
+    from experiments.paper import stages as st
+
+    seen = {}
+
+    def fake_run(argv, cwd=None, stdout=None, stderr=None, env=None):
+        seen["env"] = env
+        return types.SimpleNamespace(returncode=0)
+    monkeypatch.setattr(st.subprocess, "run", fake_run)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
+    made = {}
+    real_runner = st.Runner
+
+    def capture(*a, **kw):
+        made["runner"] = real_runner(*a, **kw)
+        return made["runner"]
+    monkeypatch.setattr(st, "Runner", capture)
+    cli.main(["--scale", "smoke", "--work-dir", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--stages",
+              "negatives:*", "--no-tables", "--jobs", "4"])
+    runner = made["runner"]
+    assert runner.mode == "subprocess" and runner.env == {"OMP_NUM_THREADS": "4"}
+    stage = types.SimpleNamespace(name="x", output=tmp_path / "out" / "x")
+    (tmp_path / "out").mkdir()
+    runner._execute(stage, ["--help"])
+    assert seen["env"]["OMP_NUM_THREADS"] == "4" and seen["env"]["PATH"] == os.environ["PATH"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the caller's choice is kept
+    cli.main(["--scale", "smoke", "--work-dir", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--stages",
+              "negatives:*", "--no-tables", "--jobs", "4"])
+    assert made["runner"].env == {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -239,7 +240,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         f"paper_{cfg['scale']}" + ("" if cfg["sizes_from"] == cfg["scale"] else f"_sizes_{cfg['sizes_from']}"))
     jobs = a.jobs if a.jobs is not None else int(cfg.get("jobs", 1))
     # concurrent stages each run as their own process (in-process stages would share one interpreter's state)
-    runner = Runner(Path(cfg["work_dir"]), mode="subprocess" if jobs > 1 else cfg.get("runner", "subprocess"))
+    # ... and share the cores among them (unless the caller set the thread count)
+    threads = {} if jobs == 1 or "OMP_NUM_THREADS" in os.environ else {
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
+    runner = Runner(Path(cfg["work_dir"]), mode="subprocess" if jobs > 1 else cfg.get("runner", "subprocess"),
+                    env=threads)
     t0 = time.perf_counter()
     ran, skipped, deferred = run_stages(plan, cfg, runner, chosen, jobs=jobs, deadline_s=a.deadline_s, t0=t0)
     plan = Plan(cfg)  # selections made while running rebuilt the stages that read them

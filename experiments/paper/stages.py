@@ -168,8 +168,10 @@ def _alive(pid: int) -> bool:
 class Runner:
     """Runs stages (subprocess or in-process), records them under ``<work>/stages``."""
 
-    def __init__(self, work: Path, mode: str = "subprocess", log: Callable[[str], None] = print):
+    def __init__(self, work: Path, mode: str = "subprocess", log: Callable[[str], None] = print,
+                 env: Optional[dict[str, str]] = None):
         self.work, self.mode, self.log = work, mode, log
+        self.env = env  # extra environment variables of the stage processes (subprocess mode)
         self.records = work / "stages"
 
     def record_path(self, name: str) -> Path:
@@ -243,7 +245,7 @@ class Runner:
             logf = stage.output.parent / f"{stage.output.name}.log"
             with open(logf, "a") as f:
                 proc = subprocess.run([sys.executable, "-m", "pretrain", *argv], cwd=ROOT, stdout=f,
-                                      stderr=subprocess.STDOUT)
+                                      stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})})
             if proc.returncode != 0:
                 tail = logf.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"stage {stage.name} failed (exit {proc.returncode}); its log is {logf}:\n{tail}")
