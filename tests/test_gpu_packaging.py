@@ -299,3 +299,29 @@ def test_a_suite_step_that_overruns_its_deadline_is_stopped_and_the_results_are_
     with tarfile.open(out / "suite.tar.gz") as tar:
         names = tar.getnames()
     assert "suite/gpu_tests.log" in names and "suite/env.txt" in names
+
+
+def test_tables_option_runs_only_those_tables_and_the_default_runs_tables_1_2_first(tmp_path):
+    # a stand-in interpreter records each `-m experiments.paper` call and succeeds; everything else is real
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    f"if [ \"$1 $2\" = '-m experiments.paper' ]; then echo \"$*\" >> {calls}; exit 0; fi\n"
+                    f"exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    bundle = tmp_path / "bundle"
+    for d in ("data", "bm25"):
+        (bundle / d).mkdir(parents=True)
+    (bundle / "overlay.json").write_text("{}")
+    env = {**os.environ, "PYTHON": str(fake)}
+    for tables, want in (("3,4,coverage", [["--tables", "3,4,coverage"]]), (None, [["--tables", "1,2"], []])):
+        calls.unlink(missing_ok=True)
+        extra = ["--tables", tables] if tables else []
+        run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--no-suite", "--wheelhouse", "none",
+                              "--bundle", str(bundle), "--out", str(tmp_path / "out"),
+                              "--work", str(tmp_path / f"work{tables}"), *extra],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        got = [line.split() for line in calls.read_text().splitlines()]
+        assert [[x for i, a in enumerate(g) if a == "--tables" for x in g[i:i + 2]] for g in got] == want, got
+        assert json.loads((tmp_path / "out" / "status.json").read_text())["comparison"] == "finished"

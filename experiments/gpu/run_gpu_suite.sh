@@ -3,7 +3,7 @@
 #
 #   experiments/gpu/run_gpu_suite.sh [--bundle DIR] [--cpu-smoke] [--out DIR] [--budget-s N] [--work DIR]
 #        [--wheelhouse DIR|none] [--target DIR] [--sizes S] [--stand-ins DIR] [--no-compare] [--suite|--no-suite]
-#        [-- BENCH ARGS]
+#        [--tables T] [-- BENCH ARGS]
 #
 # 1. installs the wheelhouse (--bundle DIR: DIR/wheelhouse; else --wheelhouse, default experiments/gpu/wheelhouse;
 #    "none": nothing) into --target (default /tmp/cpdae-site) and puts the repository, then the target, on PYTHONPATH;
@@ -13,7 +13,8 @@
 # 3. with --bundle: unpacks DIR/data.tar.xz (once: DIR/data, DIR/bm25) and runs the gpu-scale comparison
 #       python -m experiments.paper --scale gpu --overlay DIR/overlay.json --work-dir WORK/paper ...
 #    in the BACKGROUND (setsid: it outlives this command while the machine stays held), Tables 1-2 first, then
-#    3, 4 and the coverage figure; a later call finds it running and waits for it, or, when it has stopped
+#    3, 4 and the coverage figure (--tables T: only those, e.g. 3,4,coverage in a lease after the one that wrote
+#    Tables 1-2: a fresh machine runs again the stages they need); a later call finds it running and waits for it, or, when it has stopped
 #    unfinished, starts it again (every stage is cached in WORK: it continues). This command waits for it until
 #    --budget-s seconds (default 540) have passed since its start, then packs what is there and returns;
 # 4. packs into OUT (at most 8 files, each well under 16 MiB): status.json (what ran, the comparison's state),
@@ -39,6 +40,7 @@ SIZES=""
 STAND_INS=""
 SUITE=auto
 COMPARE=1
+TABLES=""
 SMOKE=0
 BENCH_ARGS=()
 while [ $# -gt 0 ]; do
@@ -55,6 +57,7 @@ while [ $# -gt 0 ]; do
     --suite) SUITE=1 ;;
     --no-suite) SUITE=0 ;;
     --no-compare) COMPARE=0 ;;
+    --tables) TABLES="$2"; shift ;;
     --) shift; BENCH_ARGS=("$@"); break ;;
     -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "run_gpu_suite.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -186,12 +189,17 @@ if [ "$COMPARE" = 1 ]; then
     args=(--scale gpu --overlay "$BUNDLE/overlay.json" --work-dir "$CMP/work" --out "$CMP/results")
     [ -n "$SIZES" ] && args+=(--sizes "$SIZES")
     [ -n "$STAND_INS" ] && args+=(--stand-ins "$STAND_INS")
+    [ -n "$TABLES" ] && args+=(--tables "$TABLES")
     printf '%q ' "$PY" -m experiments.paper "${args[@]}" >"$CMP/command.txt"
     rm -f "$CMP/compare.rc"
     echo "== starting the comparison in the background ($(elapsed) s): $(cat "$CMP/command.txt")" >&2
-    # Tables 1-2 (the core) first, then everything; each pass continues from the cached stages
-    setsid nohup bash -c '"$@" --tables 1,2 && "$@"; echo $? >"'"$CMP"'/compare.rc"' _ \
-      "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
+    if [ -n "$TABLES" ]; then  # only these tables
+      setsid nohup bash -c '"$@"; echo $? >"'"$CMP"'/compare.rc"' _ \
+        "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
+    else  # Tables 1-2 (the core) first, then everything; each pass continues from the cached stages
+      setsid nohup bash -c '"$@" --tables 1,2 && "$@"; echo $? >"'"$CMP"'/compare.rc"' _ \
+        "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
+    fi
     echo $! >"$CMP/compare.pid"
     pid=$!
   fi
