@@ -67,34 +67,62 @@ def test_encoder_bf16_close_to_fp32_and_fp32_equal_to_sentence_transformers(bert
 
 
 # --------------------------------------------------------------------------------------------- search
-def test_torch_retriever_streams_chunks_through_the_device_and_ranks_like_numpy(tmp_path, monkeypatch):
+N_DOCS, DIM_SEARCH, K_SEARCH = 3000, 16, 100
+
+
+@pytest.fixture
+def staged_search(tmp_path, monkeypatch):
+    """A 3,000-document index, 40 topics, the numpy reference ranking, and the blocks the torch kernel stages."""
     from test_dense_index import make_docs, make_topics
 
     from pyterrier_cpdae.dense import kernels as _exact_search
     from pyterrier_cpdae.dense import DenseIndex
 
-    n, dim, k, chunk = 3000, 16, 100, 256
-    docs, _ = make_docs(n, dim)
+    docs, _ = make_docs(N_DOCS, DIM_SEARCH)
     index = DenseIndex(tmp_path / "ix")
     index.indexer().index(docs)
-    topics = make_topics(40, dim)
+    topics = make_topics(40, DIM_SEARCH)
     staged = []
     stage = _exact_search._ChunkStager.__call__
 
     def spy(self, block):
         out = stage(self, block)
-        staged.append((len(block), out.device.type))
+        staged.append((type(block).__name__, len(block), out.device.type))
         return out
     monkeypatch.setattr(_exact_search._ChunkStager, "__call__", spy)
-    got = index.torch_retriever(num_results=k, device=DEVICE, chunk_size=chunk)(topics)
-    # the index went through the device in chunks smaller than the index (streaming), all of it once
-    assert [s for s, _ in staged] == [min(chunk, n - s) for s in range(0, n, chunk)]
-    assert {d for _, d in staged} == {torch.device(DEVICE).type}
-    ref = index.np_retriever(num_results=k, block_size=512)(topics)
-    for qid in topics["qid"]:
+    ref = index.np_retriever(num_results=K_SEARCH, block_size=512)(topics)
+    return index, topics, staged, ref
+
+
+def _same_ranking(got, ref):
+    for qid in ref["qid"].unique():
         a, b = got[got["qid"] == qid], ref[ref["qid"] == qid]
         assert list(a["docno"]) == list(b["docno"]) and list(a["rank"]) == list(b["rank"])
         np.testing.assert_allclose(a["score"].to_numpy(), b["score"].to_numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_retriever_streams_chunks_through_the_device_and_ranks_like_numpy(staged_search):
+    index, topics, staged, ref = staged_search
+    chunk = 256
+    got = index.torch_retriever(num_results=K_SEARCH, device=DEVICE, chunk_size=chunk, resident=False)(topics)
+    # the index went through the device in chunks smaller than the index (streaming), all of it once
+    assert [n for _, n, _ in staged] == [min(chunk, N_DOCS - s) for s in range(0, N_DOCS, chunk)]
+    assert "Tensor" not in {kind for kind, _, _ in staged}  # host arrays, staged
+    assert {d for _, _, d in staged} == {torch.device(DEVICE).type}
+    _same_ranking(got, ref)
+
+
+def test_torch_retriever_holds_a_fitting_index_on_the_device_and_ranks_like_numpy(staged_search):
+    index, topics, staged, ref = staged_search
+    # default on CUDA: a small index is held on the device (on the CPU test device: asked for explicitly)
+    retr = index.torch_retriever(num_results=K_SEARCH, device=DEVICE, resident=None if DEVICE == "cuda" else True)
+    got, again = retr(topics), retr(topics)
+    assert {kind for kind, _, _ in staged} == {"Tensor"}  # nothing streamed from the memmap
+    (held,) = index.store.device_parts(DEVICE)
+    assert held[0].device.type == torch.device(DEVICE).type and len(held[0]) == N_DOCS
+    assert index.store.device_parts(DEVICE)[0][0] is held[0]  # loaded once, kept for the next searches
+    _same_ranking(got, ref)
+    _same_ranking(again, ref)
 
 
 # --------------------------------------------------------------------------------------------- trainer

@@ -171,6 +171,7 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     assert search["streamed_qps"] > 0 and search["tighter_bound_qps"] >= search["streamed_qps"]
     assert search["top10_overlap_streamed_vs_resident"] == 1.0
     assert search["host_copy_s"] > 0 and search["chunk_scoring_s"] > 0  # where the streamed time goes
+    assert search["resident_torch_search_equals_streamed"] is True and search["resident_torch_search_qps"] > 0
     assert {r["shape"] for r in enc["rows"]} == {"tiny"}
     pre = json.loads((out / "bench_pretrain.json").read_text())["rows"]
     assert [r["objective"] for r in pre] == ["mlm", "cpdae", "bow"] and all("error" not in r for r in pre)

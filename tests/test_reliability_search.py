@@ -80,8 +80,9 @@ def test_ties_follow_ascending_docid_on_every_backend(tie_indexes, k):
                     queries, k, backend="numpy", block_size=bs, query_batch_size=qbs)
         for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
             for cs in (1, 7, 1000):
-                runs[f"{name} torch {device} chunk_size={cs}"] = index.search(queries, k, backend="torch",
-                                                                              device=device, chunk_size=cs)
+                for resident in (False, True):  # streamed from the memmap / held as tensors on the device
+                    runs[f"{name} torch {device} chunk_size={cs} resident={resident}"] = index.search(
+                        queries, k, backend="torch", device=device, chunk_size=cs, resident=resident)
     topics = pd.DataFrame({"qid": [f"q{j}" for j in range(len(queries))], "query_vec": list(queries)})
     res = single.faiss_flat_retriever(num_results=k)(topics)
     runs["faiss flat"] = (np.stack([res[res.qid == q].score.to_numpy() for q in topics.qid]),

@@ -36,7 +36,9 @@ def _topics(queries: np.ndarray) -> pd.DataFrame:
 
 @pytest.mark.parametrize("factory", [lambda ix: ix.faiss_flat_retriever(num_results=5),
                                      lambda ix: ix.faiss_hnsw_retriever(num_results=5, ef_search=512),
-                                     lambda ix: ix.np_retriever(num_results=5)], ids=["flat", "hnsw", "np"])
+                                     lambda ix: ix.np_retriever(num_results=5),
+                                     lambda ix: ix.torch_retriever(num_results=5, device="cpu", resident=True)],
+                         ids=["flat", "hnsw", "np", "torch-resident"])
 def test_a_live_retriever_answers_from_the_rebuilt_vectors(tmp_path, factory):
     """The FAISS fingerprint sampled the first and last MiB of vectors.bin: a rebuild that changed only the middle
     rows kept being answered from the old vectors."""
@@ -102,3 +104,19 @@ def test_every_build_commits_a_new_build_id(tmp_path):
     sharded.merge_shards()
     ids.append(sharded.meta()["build_id"])
     assert len(set(ids)) == len(ids) and all(isinstance(i, str) and len(i) >= 32 for i in ids)
+
+
+def test_resident_by_default_only_on_a_cuda_device_with_room(tmp_path, monkeypatch):
+    """``resident=None``: on CUDA when the vectors take at most half of the free memory; never on the CPU."""
+    import torch
+
+    from pyterrier_cpdae.dense import store as st
+
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(_docs(np.ones((100, DIM), np.float32)))
+    size = index.store.vector_bytes()
+    assert size == 100 * DIM * 4
+    assert not st.fits_on_device(index.store, "cpu")
+    for free, want in ((2 * size, True), (2 * size - 1, False)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, 10 * free))
+        assert st.fits_on_device(index.store, "cuda") is want

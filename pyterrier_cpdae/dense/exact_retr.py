@@ -22,12 +22,15 @@ class ExactRetriever(VectorRetriever):
     """Exact (brute-force) inner-product retrieval streaming the index from disk.
 
     ``backend="numpy"`` scores blocks of ``block_size`` rows with a BLAS matmul and merges per-block top-k
-    candidates; ``backend="torch"`` streams chunks through ``device`` (CUDA: pinned, asynchronous copies).
+    candidates; ``backend="torch"`` streams chunks through ``device`` (CUDA: pinned, asynchronous copies), or, with
+    ``resident`` (default on CUDA: when the vectors take at most half of the free device memory), loads the vectors
+    onto the device once and searches them there (the copy is kept for the next calls and reloaded after a rebuild).
     """
 
     def __init__(self, index: DenseIndex, *, backend: str = "numpy", num_results: int = 1000,
                  device: Optional[str] = None, block_size: Optional[int] = None,
-                 query_batch_size: Optional[int] = None, drop_query_vec: bool = False):
+                 query_batch_size: Optional[int] = None, drop_query_vec: bool = False,
+                 resident: Optional[bool] = None):
         if backend not in ("numpy", "torch"):
             raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
@@ -35,10 +38,15 @@ class ExactRetriever(VectorRetriever):
         self.device = None if device is None else str(device)
         self.block_size = optional_int(block_size, "chunk_size" if backend == "torch" else "block_size")
         self.query_batch_size = optional_int(query_batch_size, "query_batch_size")
+        if resident not in (None, True, False):
+            raise ValueError(f"resident must be None, True or False, got {resident!r}")
+        if resident is not None and backend != "torch":
+            raise ValueError("resident applies to backend='torch' only")
+        self.resident = resident
 
     def _params(self) -> Tuple:
         return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
-                self.query_batch_size, self.drop_query_vec)
+                self.query_batch_size, self.drop_query_vec, self.resident)
 
     def __repr__(self) -> str:
         extra = f", device={self.device!r}" if self.backend == "torch" else ""
@@ -50,7 +58,7 @@ class ExactRetriever(VectorRetriever):
         if self.query_batch_size:
             kwargs["query_batch_size"] = self.query_batch_size
         if self.backend == "torch":
-            kwargs.update(device=self.device, chunk_size=self.block_size)
+            kwargs.update(device=self.device, chunk_size=self.block_size, resident=self.resident)
         elif self.block_size:
             kwargs["block_size"] = self.block_size
         return self.index.store.search(queries, self.num_results, backend=self.backend, **kwargs)
@@ -127,10 +135,11 @@ def _np_retriever(self: DenseIndex, num_results: int = 1000, *, block_size: int 
 
 def _torch_retriever(self: DenseIndex, num_results: int = 1000, *, device: Optional[str] = None,
                      chunk_size: Optional[int] = None, query_batch_size: int = 4096,
-                     drop_query_vec: bool = False) -> ExactRetriever:
-    """Exact torch retrieval streaming the index through ``device`` (default CUDA if available) in chunks."""
+                     drop_query_vec: bool = False, resident: Optional[bool] = None) -> ExactRetriever:
+    """Exact torch retrieval on ``device`` (default CUDA if available): the vectors held on the device when
+    ``resident`` (default: on CUDA, when they take at most half of its free memory), else streamed in chunks."""
     return ExactRetriever(self, backend="torch", num_results=num_results, device=device, block_size=chunk_size,
-                          query_batch_size=query_batch_size, drop_query_vec=drop_query_vec)
+                          query_batch_size=query_batch_size, drop_query_vec=drop_query_vec, resident=resident)
 
 
 def _scorer(self: DenseIndex, num_results: Optional[int] = None) -> DenseScorer:

@@ -208,9 +208,11 @@ class _ChunkStager:
         self.events: list = [None, None]  # per slot: the event recorded after its last copy
         self.step = 0
 
-    def __call__(self, block: np.ndarray):
+    def __call__(self, block):
         import torch
 
+        if isinstance(block, torch.Tensor):  # a part already held on the device (``resident``): nothing to stage
+            return block.to(self.device)
         if not self.pinned:
             return torch.from_numpy(np.array(block))
         slot = self.step % 2
@@ -240,7 +242,8 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
     memory work.  On CPU the same code runs without pinning.
 
     Args:
-        parts: the index parts ``(vectors, offset, stride)``.
+        parts: the index parts ``(vectors, offset, stride)``: numpy arrays (streamed through the device in chunks)
+            or torch tensors already held on ``device`` (:meth:`DenseStore.device_parts`: nothing is copied).
         queries: ``(q, dim)`` query vectors.
         k: number of results per query, >= 1 (capped at the number of documents).
         device: a torch device (default: CUDA when available, else CPU).

@@ -31,13 +31,15 @@ class DenseStore:
     def __init__(self, path: Union[str, Path]):
         self.path = Path(path)
         self._cache: Optional[Tuple[Any, dict, List[Part], list]] = None
+        # (build stamp, device) -> the parts as torch tensors on that device (see device_parts)
+        self._device_cache: Optional[Tuple[Tuple[Any, str], List[Part]]] = None
 
     def __repr__(self) -> str:
         return f"DenseStore({str(self.path)!r})"
 
     def __getstate__(self) -> dict:
         """Pickles the path only: the opened memmaps and lookups are reopened (and checked) on first use."""
-        return {"path": self.path, "_cache": None}
+        return {"path": self.path, "_cache": None, "_device_cache": None}
 
     def meta(self) -> dict:
         """The checked ``pt_meta.json`` (:func:`~pyterrier_cpdae.dense.format.read_meta`).
@@ -62,8 +64,35 @@ class DenseStore:
         return (st.st_ino, st.st_mtime_ns, st.st_size, build_id(self.path))
 
     def invalidate(self) -> None:
-        """Forgets the opened files (they are reopened on next use)."""
+        """Forgets the opened files and any device copy (they are reopened / reloaded on next use)."""
         self._cache = None
+        self._device_cache = None
+
+    def device_parts(self, device: Any) -> List[Part]:
+        """The index's parts as torch tensors held on ``device`` (stored dtype), loaded on first use and kept for
+        the next searches while the build is unchanged (a rebuild is noticed by :meth:`_stamp`, as for the files).
+        """
+        import torch
+
+        self.open()
+        key = (self._cache[0], str(torch.device(device)))
+        if self._device_cache is not None and self._device_cache[0] == key:
+            return self._device_cache[1]
+        self._device_cache = None  # free the old copy before loading the new one
+        parts = [(_to_device(v, device), offset, stride) for v, offset, stride in self._cache[2]]
+        self._device_cache = (key, parts)
+        return parts
+
+    def holds_device_copy(self, device: Any) -> bool:
+        """Whether :meth:`device_parts` of the current build on ``device`` is already loaded."""
+        import torch
+
+        return (self._device_cache is not None and self._cache is not None
+                and self._device_cache[0] == (self._stamp(), str(torch.device(device))))
+
+    def vector_bytes(self) -> int:
+        """Bytes of all stored vectors (what :meth:`device_parts` puts on the device)."""
+        return int(sum(np.asarray(v).nbytes for v, _, _ in self.open()[1]))
 
     def open(self) -> Tuple[dict, List[Part], list]:
         """``(meta, parts, lookups)``: the index's vectors as search parts ``(vectors, offset, stride)`` (one per
@@ -219,8 +248,53 @@ class DenseStore:
         if backend == "numpy":
             return numpy_search(parts, query_vecs, k, **kwargs)
         if backend == "torch":
+            resident = kwargs.pop("resident", None)
+            device = resolve_device(kwargs.get("device"))
+            if resident is None:
+                resident = fits_on_device(self, device)
+            if resident:
+                parts = self.device_parts(device)
+            kwargs["device"] = device
             return torch_search(parts, query_vecs, k, **kwargs)
         raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', got {backend!r}")
+
+
+def _to_device(vectors: np.ndarray, device: Any, slice_bytes: int = 64 << 20):
+    """A copy of ``vectors`` (e.g. a read-only memmap) as a torch tensor on ``device``, moved in slices of about
+    ``slice_bytes`` (no second host copy of the whole index)."""
+    import torch
+
+    dtype = torch.from_numpy(np.empty(0, dtype=vectors.dtype)).dtype
+    out = torch.empty(tuple(vectors.shape), dtype=dtype, device=device)
+    step = max(1, slice_bytes // max(1, vectors[:1].nbytes))
+    for s in range(0, len(vectors), step):
+        out[s:s + step].copy_(torch.from_numpy(np.array(vectors[s:s + step])))
+    return out
+
+
+#: ``resident=None`` keeps the index on a CUDA device when its vectors take at most this share of the free memory
+RESIDENT_SHARE = 0.5
+
+
+def resolve_device(device: Any = None):
+    """``device`` as a ``torch.device`` (default: CUDA when available, else the CPU)."""
+    import torch
+
+    return torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def fits_on_device(store: "DenseStore", device: Any) -> bool:
+    """The default of ``resident``: on a CUDA device, when the vectors take at most :data:`RESIDENT_SHARE` of its
+    free memory (or are already there); on the CPU never (the memmap is streamed, nothing is copied)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    if store.holds_device_copy(device):
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return store.vector_bytes() <= RESIDENT_SHARE * free
 
 
 def auto_backend() -> str:
