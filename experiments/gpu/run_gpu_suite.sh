@@ -193,13 +193,12 @@ if [ "$COMPARE" = 1 ]; then
     printf '%q ' "$PY" -m experiments.paper "${args[@]}" >"$CMP/command.txt"
     rm -f "$CMP/compare.rc"
     echo "== starting the comparison in the background ($(elapsed) s): $(cat "$CMP/command.txt")" >&2
-    if [ -n "$TABLES" ]; then  # only these tables
-      setsid nohup bash -c '"$@"; echo $? >"'"$CMP"'/compare.rc"' _ \
-        "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
-    else  # Tables 1-2 (the core) first, then everything; each pass continues from the cached stages
-      setsid nohup bash -c '"$@" --tables 1,2 && "$@"; echo $? >"'"$CMP"'/compare.rc"' _ \
-        "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
-    fi
+    # with --tables: only those; else Tables 1-2 (the core) first, then everything (each pass continues from the
+    # cached stages)
+    passes='"$@" --tables 1,2 && "$@"'
+    [ -n "$TABLES" ] && passes='"$@"'
+    setsid nohup bash -c "$passes"'; echo $? >"'"$CMP"'/compare.rc"' _ \
+      "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
     echo $! >"$CMP/compare.pid"
     pid=$!
   fi

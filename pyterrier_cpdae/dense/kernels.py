@@ -189,6 +189,13 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
     return out_scores, out_ids
 
 
+def resolve_device(device=None):
+    """``device`` as a ``torch.device`` (default: CUDA when available, else the CPU)."""
+    import torch
+
+    return torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 class _ChunkStager:
     """Moves index chunks to a torch device, at most two chunks' worth of staging memory at a time.
 
@@ -256,7 +263,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
     """
     import torch
 
-    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     query_batch_size = check_int(query_batch_size, "query_batch_size")
     queries, k, out_scores, out_ids = _outputs(parts, queries, k)
     if k == 0 or not len(queries):

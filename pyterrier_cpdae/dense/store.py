@@ -16,7 +16,7 @@ import numpy as np
 from .._artifact import IncompleteIndexError
 from .._locking import ConcurrentBuildError, build_lock, describe_holder, holder
 from . import format as io
-from .kernels import Part, numpy_search, torch_search
+from .kernels import Part, numpy_search, resolve_device, torch_search
 
 __all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id"]
 
@@ -72,10 +72,7 @@ class DenseStore:
         """The index's parts as torch tensors held on ``device`` (stored dtype), loaded on first use and kept for
         the next searches while the build is unchanged (a rebuild is noticed by :meth:`_stamp`, as for the files).
         """
-        import torch
-
-        self.open()
-        key = (self._cache[0], str(torch.device(device)))
+        key = self._device_key(device)
         if self._device_cache is not None and self._device_cache[0] == key:
             return self._device_cache[1]
         self._device_cache = None  # free the old copy before loading the new one
@@ -85,10 +82,12 @@ class DenseStore:
 
     def holds_device_copy(self, device: Any) -> bool:
         """Whether :meth:`device_parts` of the current build on ``device`` is already loaded."""
-        import torch
+        return self._device_cache is not None and self._device_cache[0] == self._device_key(device)
 
-        return (self._device_cache is not None and self._cache is not None
-                and self._device_cache[0] == (self._stamp(), str(torch.device(device))))
+    def _device_key(self, device: Any) -> Tuple[Any, str]:
+        """``(build stamp, device)``: what a device copy of the vectors belongs to."""
+        self.open()  # checks the build now in the directory, reopening it after a rebuild
+        return self._cache[0], str(resolve_device(device))
 
     def vector_bytes(self) -> int:
         """Bytes of all stored vectors (what :meth:`device_parts` puts on the device)."""
@@ -274,13 +273,6 @@ def _to_device(vectors: np.ndarray, device: Any, slice_bytes: int = 64 << 20):
 
 #: ``resident=None`` keeps the index on a CUDA device when its vectors take at most this share of the free memory
 RESIDENT_SHARE = 0.5
-
-
-def resolve_device(device: Any = None):
-    """``device`` as a ``torch.device`` (default: CUDA when available, else the CPU)."""
-    import torch
-
-    return torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def fits_on_device(store: "DenseStore", device: Any) -> bool:
