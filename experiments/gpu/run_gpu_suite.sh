@@ -224,7 +224,7 @@ if [ "$COMPARE" = 1 ]; then
   cp "$CMP/compare.log" "$OUTDIR/compare.log" 2>/dev/null
   (cd "$CMP" && find . \( -path ./work/indices -o -path ./work/irds -o -path ./work/data -o -name '.token_cache' \
        -o -name 'token_cache' -o -name 'checkpoint-*' \) -prune -o -type f \( -path './results/*' \
-       -o -path './work/stages/*' -o -path './work/selection*' -o -path './work/select/*.json' -o -name '*.log' -o -name '*.csv' -o -name '*.txt' \
+       -o -path './work/stages/*' -o -path './work/selection*' -o -regex '\./work/select/[^/]*\.json' -o -name '*.log' -o -name '*.csv' -o -name '*.txt' \
        -o -name 'select_*.json' -o -name 'run_config.json' -o -name 'training_args.json' \) -size -4M -print \
      | tar -czf "$OUTDIR/paper_gpu.tar.gz" -T -)
 fi
