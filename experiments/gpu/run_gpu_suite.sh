@@ -16,7 +16,8 @@
 #    3, 4 and the coverage figure (--tables T: only those, e.g. 3,4,coverage in a lease after the one that wrote
 #    Tables 1-2: a fresh machine runs again the stages they need); a later call finds it running and waits for it, or, when it has stopped
 #    unfinished, starts it again (every stage is cached in WORK: it continues). This command waits for it until
-#    --budget-s seconds (default 540) have passed since its start, then packs what is there and returns;
+#    --budget-s seconds (default 540) have passed since its start, then packs what is there and returns (the
+#    background chain ends with experiments/studies/cls_geometry.py on the MARCO sample: results/cls_geometry.md);
 # 4. packs into OUT (at most 8 files, each well under 16 MiB): status.json (what ran, the comparison's state),
 #    suite.tar.gz (test XML and log, bench_*.json, logs), bench_gpu.md, env.txt, paper_gpu.tar.gz (tables, stage
 #    records, selection, stage logs and metrics; no checkpoints), compare.log.
@@ -197,6 +198,11 @@ if [ "$COMPARE" = 1 ]; then
     # cached stages)
     passes='"$@" --tables 1,2 && "$@"'
     [ -n "$TABLES" ] && passes='"$@"'
+    # then the [CLS] geometry study on the MARCO sample's zero-shot indexes (built first when this lease made
+    # none, e.g. with --tables 3,4,coverage); its failure fails the call like the comparison's
+    geo=("$PY" "$ROOT/experiments/studies/cls_geometry.py" --indices "$CMP/work/indices/marco_eval/zero-shot"
+         --build-from "$CMP/work" --corpus "beir:$CMP/work/data/marco_eval:train" --out "$CMP/results/cls_geometry.md")
+    passes="$passes && echo '== cls_geometry' && $(printf '%q ' "${geo[@]}")"
     setsid nohup bash -c "$passes"'; echo $? >"'"$CMP"'/compare.rc"' _ \
       "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
     echo $! >"$CMP/compare.pid"
