@@ -16,8 +16,8 @@
 #    3, 4 and the coverage figure (--tables T: only those, e.g. 3,4,coverage in a lease after the one that wrote
 #    Tables 1-2: a fresh machine runs again the stages they need); a later call finds it running and waits for it, or, when it has stopped
 #    unfinished, starts it again (every stage is cached in WORK: it continues). This command waits for it until
-#    --budget-s seconds (default 540) have passed since its start, then packs what is there and returns (the
-#    background chain ends with experiments/studies/cls_geometry.py on the MARCO sample: results/cls_geometry.md);
+#    --budget-s seconds (default 540) have passed since its start, then packs what is there and returns (after
+#    Tables 1-2, or the --tables pass, the chain runs experiments/studies/cls_geometry.py: results/cls_geometry.md);
 # 4. packs into OUT (at most 8 files, each well under 16 MiB): status.json (what ran, the comparison's state),
 #    suite.tar.gz (test XML and log, bench_*.json, logs), bench_gpu.md, env.txt, paper_gpu.tar.gz (tables, stage
 #    records, selection, stage logs and metrics; no checkpoints), compare.log.
@@ -196,13 +196,14 @@ if [ "$COMPARE" = 1 ]; then
     echo "== starting the comparison in the background ($(elapsed) s): $(cat "$CMP/command.txt")" >&2
     # with --tables: only those; else Tables 1-2 (the core) first, then everything (each pass continues from the
     # cached stages)
-    passes='"$@" --tables 1,2 && "$@"'
-    [ -n "$TABLES" ] && passes='"$@"'
-    # then the [CLS] geometry study on the MARCO sample's zero-shot indexes (built first when this lease made
-    # none, e.g. with --tables 3,4,coverage); its failure fails the call like the comparison's
+    # and the [CLS] geometry study on the MARCO sample's zero-shot indexes, right after the pass that made them
+    # (or, with --tables, after that pass, building the indexes first); its failure fails the call like the
+    # comparison's
     geo=("$PY" "$ROOT/experiments/studies/cls_geometry.py" --indices "$CMP/work/indices/marco_eval/zero-shot"
          --build-from "$CMP/work" --corpus "beir:$CMP/work/data/marco_eval:train" --out "$CMP/results/cls_geometry.md")
-    passes="$passes && echo '== cls_geometry' && $(printf '%q ' "${geo[@]}")"
+    geo="echo '== cls_geometry' && $(printf '%q ' "${geo[@]}")"
+    passes='"$@" --tables 1,2 && '"$geo"' && "$@"'
+    [ -n "$TABLES" ] && passes='"$@" && '"$geo"
     setsid nohup bash -c "$passes"'; echo $? >"'"$CMP"'/compare.rc"' _ \
       "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
     echo $! >"$CMP/compare.pid"
