@@ -83,6 +83,9 @@ def test_tables_name_the_fine_tuning_recipe():
         assert "`--preset paper-warmup`" in text and "not the paper's full recipe" in text
         assert "`--preset paper`" not in text
     assert "`--preset paper` (the CPDAE paper's passage recipe" in finetune_recipes(load_config("gpu"))  # fits an H100
+    for scale in ("cpu", "gpu"):  # SciFact is zero-shot only there: its (defined, never run) recipe is not named
+        assert "SciFact" not in finetune_recipes(load_config(scale))
+        assert "MARCO-sample train" in finetune_recipes(load_config(scale))
     # the paper scale reports R@100 for documents, as the paper does
     cfg = load_config("paper")
     assert cfg["eval_sets"]["marco_doc_dev"]["metrics"] == ["RR@100", "R@100"]

@@ -16,7 +16,7 @@ import pandas as pd
 
 from .data import head_texts, held_out_texts
 from .pipeline import BM25, BERT, Plan, evaluate
-from .config import BLOCKS
+from .config import BLOCKS, used_finetune_sets
 
 NOT_RUN = "not run"
 ALPHA = 0.05
@@ -36,11 +36,14 @@ def machine() -> str:
 def finetune_recipes(cfg: dict[str, Any]) -> str:
     """Which fine-tuning recipe each fine-tuning set of ``cfg`` runs: its ``--preset`` (with what that preset is)
     and the number of training rounds after the set's own options, so that a table says whether it shows the
-    paper's full recipe or only part of it."""
+    paper's full recipe or only part of it. A set no result reads (``used_finetune_sets``) is not named."""
     from pretrain.config import FINETUNE_PRESET_SUMMARIES, FINETUNE_PRESETS
 
     parts = []
+    used = set(used_finetune_sets(cfg))
     for name, fs in cfg.get("finetune_sets", {}).items():
+        if name not in used:
+            continue
         args = {**cfg.get("finetune", {}).get("args", {}), **(fs.get("args") or {})}
         preset = args.get("preset")
         resolved = {**FINETUNE_PRESETS.get(preset, {}), **{k: v for k, v in args.items() if v is not None}}
