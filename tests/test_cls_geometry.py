@@ -32,7 +32,8 @@ def test_effective_rank_of_known_spectra():
     y = np.array([[1, 0], [-1, 0], [0, 2], [0, -2]], dtype=float)
     assert cg.geometry(y)["eff_rank"] == pytest.approx(1 / (0.2 ** 0.2 * 0.8 ** 0.8), rel=1e-9)
     same = np.tile([1.0, 2.0, 3.0], (4, 1))  # identical vectors: no centred variance at all
-    assert cg.geometry(same + np.eye(4, 3) * 1e-3)["mean_share"] == pytest.approx(1.0, abs=1e-5)
+    assert cg.geometry(same)["eff_rank"] == 0.0 and cg.geometry(same)["mean_share"] == pytest.approx(1.0)
+    assert cg.geometry(same)["mean_cos"] == pytest.approx(1.0)
 
 
 def test_geometry_refuses_zero_or_non_finite_vectors():

@@ -53,10 +53,10 @@ def geometry(vectors: np.ndarray) -> dict[str, float]:
     mean = x.mean(0)
     centred = x - mean
     eig = np.clip(np.linalg.eigvalsh(centred.T @ centred), 0, None)
-    p = eig[eig > 0] / eig.sum()
+    p = eig[eig > 0] / eig.sum() if eig.sum() > 0 else np.ones(0)
     return {"mean_cos": float((unit_sum @ unit_sum - n) / (n * (n - 1))),  # sum over i != j of u_i . u_j
             "mean_share": float(mean @ mean / np.mean(norms ** 2)),
-            "eff_rank": float(np.exp(-(p * np.log(p)).sum())),
+            "eff_rank": float(np.exp(-(p * np.log(p)).sum())) if len(p) else 0.0,  # identical vectors: rank 0
             "norm": float(norms.mean())}
 
 
