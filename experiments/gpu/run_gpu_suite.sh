@@ -201,9 +201,9 @@ if [ "$COMPARE" = 1 ]; then
     # comparison's
     geo=("$PY" "$ROOT/experiments/studies/cls_geometry.py" --indices "$CMP/work/indices/marco_eval/zero-shot"
          --build-from "$CMP/work" --corpus "beir:$CMP/work/data/marco_eval:train" --out "$CMP/results/cls_geometry.md")
-    geo="echo '== cls_geometry' && $(printf '%q ' "${geo[@]}")"
-    passes='"$@" --tables 1,2 && '"$geo"' && "$@"'
-    [ -n "$TABLES" ] && passes='"$@" && '"$geo"
+    geo_cmd="echo '== cls_geometry' && $(printf '%q ' "${geo[@]}")"
+    passes='"$@" --tables 1,2 && '"$geo_cmd"' && "$@"'
+    [ -n "$TABLES" ] && passes='"$@" && '"$geo_cmd"
     setsid nohup bash -c "$passes"'; echo $? >"'"$CMP"'/compare.rc"' _ \
       "$PY" -m experiments.paper "${args[@]}" >>"$CMP/compare.log" 2>&1 </dev/null &
     echo $! >"$CMP/compare.pid"
