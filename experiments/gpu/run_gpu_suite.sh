@@ -195,10 +195,8 @@ if [ "$COMPARE" = 1 ]; then
     rm -f "$CMP/compare.rc"
     echo "== starting the comparison in the background ($(elapsed) s): $(cat "$CMP/command.txt")" >&2
     # with --tables: only those; else Tables 1-2 (the core) first, then everything (each pass continues from the
-    # cached stages)
-    # and the [CLS] geometry study on the MARCO sample's zero-shot indexes, right after the pass that made them
-    # (or, with --tables, after that pass, building the indexes first); its failure fails the call like the
-    # comparison's
+    # cached stages). After the first pass, the [CLS] geometry study on the MARCO sample's zero-shot indexes (it
+    # builds those a --tables pass did not make); its failure fails the call like the comparison's
     geo=("$PY" "$ROOT/experiments/studies/cls_geometry.py" --indices "$CMP/work/indices/marco_eval/zero-shot"
          --build-from "$CMP/work" --corpus "beir:$CMP/work/data/marco_eval:train" --out "$CMP/results/cls_geometry.md")
     geo_cmd="echo '== cls_geometry' && $(printf '%q ' "${geo[@]}")"
