@@ -93,6 +93,13 @@ def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsy
     weights = model / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # a re-trained model
     assert "rebuilding the index" in build(doc_max_length=32, query_max_length=16)
+    st = weights.stat()                          # other weights copied over with the size and mtime kept (cp -p)
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_size == st.st_size and weights.stat().st_mtime_ns == st.st_mtime_ns
+    assert "rebuilding the index" in build(doc_max_length=32, query_max_length=16)
     (root / "m" / SETTINGS_FILE).unlink()                                        # an index from an older version
     assert "it records no settings" in build(doc_max_length=32, query_max_length=16)
     assert "reusing the index" in build(doc_max_length=32, query_max_length=16)

@@ -9,20 +9,25 @@ from typing import Any, Optional
 
 
 SETTINGS_FILE = "encoder_settings.json"
-"""Beside each index: what built it (model directory and its weights' size and mtime, pooling, corpus, document
-length, normalisation) and what its saved run was retrieved with (query length, depth). An index is reused only when
-the first part equals this call's, its saved run only when both parts do; an index without the file is rebuilt."""
+"""Beside each index: what built it (model directory and its files' size, mtime and content hash, pooling, corpus,
+document length, normalisation) and what its saved run was retrieved with (query length, depth). An index is reused
+only when the first part equals this call's, its saved run only when both parts do; an index without the file is
+rebuilt."""
 
 
 def _model_stamp(model: str) -> list[list[Any]]:
-    """Size and mtime of the files that define the model's vectors (a re-trained or replaced model differs)."""
+    """Size, mtime and a cheap content hash (:func:`pretrain.inputs.file_fingerprint`) of the files that define the
+    model's vectors: a re-trained model differs, and so does one copied over it with its size and mtime kept
+    (``cp -p``, ``rsync -t``)."""
+    from pretrain.inputs import file_fingerprint
+
     out = []
     for name in ("model.safetensors", "pytorch_model.bin", "config.json", "modules.json", "sentence_bert_config.json",
                  "1_Pooling/config.json", "tokenizer.json", "vocab.txt"):
         f = Path(model) / name
         if f.is_file():
-            st = f.stat()
-            out.append([name, st.st_size, st.st_mtime_ns])
+            fp = file_fingerprint(f)
+            out.append([name, fp["size"], fp["mtime_ns"], fp["sha256"]])
     return out
 
 
@@ -48,10 +53,10 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
 
     An index already built under ``index_root`` (same model name) is loaded, not rebuilt, when its
-    ``encoder_settings.json`` (:data:`SETTINGS_FILE`) records this model (same weights' size and mtime), pooling,
-    corpus, document length and normalisation; otherwise it is rebuilt. When an index is (re)built, or the query
-    side (query length, depth) changed, the run ``pt.Experiment`` saved for that name under ``index_root / "runs"``
-    is deleted, so that it is recomputed.
+    ``encoder_settings.json`` (:data:`SETTINGS_FILE`) records this model (same files' size, mtime and content
+    hash), pooling, corpus, document length and normalisation; otherwise it is rebuilt. When an index is (re)built, or
+    the query side (query length, depth) changed, the run ``pt.Experiment`` saved for that name under
+    ``index_root / "runs"`` is deleted, so that it is recomputed.
 
     Args:
         models: name -> (checkpoint directory, pooling).
