@@ -100,6 +100,16 @@ def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsy
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert weights.stat().st_size == st.st_size and weights.stat().st_mtime_ns == st.st_mtime_ns
     assert "rebuilding the index" in build(doc_max_length=32, query_max_length=16)
+    fake_run()                                   # a record written before the stamp had a content hash: reused,
+    record = json.loads((root / "m" / SETTINGS_FILE).read_text())              # its saved run kept, record upgraded
+    assert all(len(f) == 4 for f in record["index"]["model_files"])
+    record["index"]["model_files"] = [f[:3] for f in record["index"]["model_files"]]
+    (root / "m" / SETTINGS_FILE).write_text(json.dumps(record))
+    assert "reusing the index" in build(doc_max_length=32, query_max_length=16) and (runs / "m.res.gz").exists()
+    assert json.loads((root / "m" / SETTINGS_FILE).read_text())["index"]["model_files"][0][3]
+    record["index"]["model_files"][0][1] += 1                                  # ... but not with another size
+    (root / "m" / SETTINGS_FILE).write_text(json.dumps(record))
+    assert "rebuilding the index" in build(doc_max_length=32, query_max_length=16)
     (root / "m" / SETTINGS_FILE).unlink()                                        # an index from an older version
     assert "it records no settings" in build(doc_max_length=32, query_max_length=16)
     assert "reusing the index" in build(doc_max_length=32, query_max_length=16)

@@ -38,6 +38,21 @@ def encoder_settings(model: str, pooling: str, corpus_spec: str, *, doc_max_leng
             "run": {"query_max_length": query_max_length, "num_results": num_results}}
 
 
+def _same_index(have: Optional[dict[str, Any]], want: dict[str, Any]) -> tuple[bool, bool]:
+    """(same index settings, the record predates content hashes): a record written before the model stamp had a
+    content hash (entries ``[name, size, mtime]``) matches when every other setting and each file's size and mtime
+    do; the caller then rewrites it with the hashes, so that a finished run's indexes stay usable."""
+    if have is None:
+        return False, False
+    if have == want:
+        return True, False
+    files = have.get("model_files")
+    if not isinstance(files, list) or not files or any(not isinstance(f, list) or len(f) != 3 for f in files):
+        return False, False
+    legacy = dict(want, model_files=[f[:3] for f in want["model_files"]])
+    return have == legacy, have == legacy
+
+
 def _recorded_settings(index_path: Path) -> Optional[dict[str, Any]]:
     f = index_path / SETTINGS_FILE
     try:
@@ -81,10 +96,13 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
         want = encoder_settings(path, pooling, corpus_spec, doc_max_length=doc_max_length,
                                 query_max_length=query_max_length, num_results=num_results, normalize=normalize)
         have = _recorded_settings(index_path) if index.built() else None
-        if index.built() and (reuse or (have is not None and have.get("index") == want["index"])):
+        same, legacy = _same_index(have.get("index") if have is not None else None, want["index"])
+        if index.built() and (reuse or same):
             print(f"reusing the index {index_path} ({len(index)} docs)", flush=True)
             if not reuse and have.get("run") != want["run"]:  # same vectors, other query side: retrieve again
                 run_file.unlink(missing_ok=True)
+                write_json_atomic(index_path / SETTINGS_FILE, want)
+            elif not reuse and legacy:
                 write_json_atomic(index_path / SETTINGS_FILE, want)
         else:
             if index.built():
