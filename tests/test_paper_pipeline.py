@@ -184,7 +184,7 @@ def _check_tables(out: Path) -> None:
     assert "CL active" in (out / "table2.md").read_text() and "select_cl.md" in (out / "table2.md").read_text()
     t3 = pd.read_csv(out / "table3.csv")
     assert list(t3.columns) == ["Model", "training queries", "runs", "R@100 mean", "R@100 std", "R@100 min",
-                                "R@100 max"]
+                                "R@100 max", "RR@10 mean", "RR@10 std", "nDCG@10 mean", "nDCG@10 std"]
     assert list(t3["Model"]) == ["BERT", "BERT", "SEED", "SEED", "CPDAE", "CPDAE"] and (t3["runs"] == 2).all()
     exps = pd.read_csv(out / "experiments.csv")
     assert {"R@100 p-value", "eval_set", "block", "baseline"} <= set(exps.columns)
@@ -446,6 +446,37 @@ def test_table3_with_no_models_is_reported_as_not_made(tmp_path):
     md = (tmp_path / "out" / "table3.md").read_text()
     assert "## Not made" in md and "names no models" in md
     assert not (tmp_path / "out" / "table3.csv").exists()
+
+
+def test_table3_reports_the_eval_sets_other_metrics_beside_its_headline(tmp_path, monkeypatch):
+    """Table 3's headline metric (mean, std, min, max over seeds) is followed by the eval set's other metrics
+    (mean, std): on a BM25 pool R@100 sits near its ceiling while MRR@10 still moves. Hand-computed values."""
+    import experiments.paper.tables as tables_mod
+    from experiments.paper.config import load_config
+    from experiments.paper.pipeline import Plan
+    from experiments.paper.tables import Tables, Writer
+
+    cfg = load_config("smoke", work_dir=tmp_path / "work")
+    cfg["tables"]["table3"] = {"models": ["bert"], "sizes": [4], "seeds": [1, 2], "set": "marco",
+                               "eval": "marco_eval", "metric": "R@100"}
+    cfg["eval_sets"]["marco_eval"]["metrics"] = ["RR@10", "R@100", "nDCG@10"]
+    plan = Plan(cfg)
+    monkeypatch.setattr(plan, "is_done", lambda name: True)
+    means = {"bert_n4_s1": {"RR@10": 0.30, "R@100": 0.98, "nDCG@10": 0.40},
+             "bert_n4_s2": {"RR@10": 0.34, "R@100": 0.96, "nDCG@10": 0.44}}
+    monkeypatch.setattr(tables_mod, "evaluate", lambda plan, e, block, systems, *a, **k:
+                        {"means": {n: means[n] for n in systems}, "experiments": []})
+    tables = Tables(plan, Writer(tmp_path / "out", "test", cfg), [], log=lambda *_: None)
+    tables.table3()
+    t3 = pd.read_csv(tmp_path / "out" / "table3.csv")
+    assert list(t3.columns) == ["Model", "training queries", "runs", "R@100 mean", "R@100 std", "R@100 min",
+                                "R@100 max", "RR@10 mean", "RR@10 std", "nDCG@10 mean", "nDCG@10 std"]
+    row = t3.iloc[0]
+    assert row["runs"] == 2 and row["R@100 mean"] == pytest.approx(0.97) and row["R@100 min"] == 0.96
+    assert row["RR@10 mean"] == pytest.approx(0.32) and row["RR@10 std"] == pytest.approx(0.0283, abs=1e-4)
+    assert row["nDCG@10 mean"] == pytest.approx(0.42)
+    runs = pd.read_csv(tmp_path / "out" / "table3_runs.csv")
+    assert list(runs["RR@10"]) == [0.30, 0.34]
 
 
 def test_blocks_are_checked_and_a_set_nothing_reads_is_not_run(tmp_path):
