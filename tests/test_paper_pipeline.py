@@ -118,6 +118,9 @@ def test_gpu_plan_is_the_same_base_with_ten_times_the_cpu_budget(tmp_path):
     gb = _pairs(gpu.stages["base"].argv)
     assert gb["--model"] == _pairs(cpu.stages["base"].argv)["--model"] and "--from-config" not in gb
     assert gb["--freeze-encoder"] is True
+    # the cpu scale's Table 3 epochs (tables.table3.args) are not inherited: the gpu runs keep the set's options
+    assert _pairs(gpu.stages["lowres:bert:n100:s1"].argv).get("--epochs") == _pairs(
+        gpu.stages["finetune:marco:bert:s1"].argv).get("--epochs")
     dry = _run(["--scale", "gpu", "--sizes", "smoke", "--work-dir", str(tmp_path / "gs"), "--dry-run"], timeout=300)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "[select:cl] todo" in dry.stdout and "[continue:cpdae_clactive] todo" in dry.stdout
