@@ -49,8 +49,8 @@ def _same_index(have: Optional[dict[str, Any]], want: dict[str, Any]) -> tuple[b
     files = have.get("model_files")
     if not isinstance(files, list) or not files or any(not isinstance(f, list) or len(f) != 3 for f in files):
         return False, False
-    legacy = dict(want, model_files=[f[:3] for f in want["model_files"]])
-    return have == legacy, have == legacy
+    match = have == dict(want, model_files=[f[:3] for f in want["model_files"]])
+    return match, match
 
 
 def _recorded_settings(index_path: Path) -> Optional[dict[str, Any]]:

@@ -316,7 +316,9 @@ class Tables:
             ("Mean ± std (sample std over seeds) and min/max", table.to_markdown(index=False, disable_numparse=True)),
             ("Protocol", f"Fine-tuning set `{t3['set']}`, evaluated on `{t3['eval']}`; for every size N and seed S, "
                          "`python -m pretrain finetune --max-train-queries N --seed S` samples N training queries "
-                         "(the sample depends on N and S) and fine-tunes with the Table 1 recipe; -1 = all. "
+                         "(the sample depends on N and S) and fine-tunes with the Table 1 recipe"
+                         + (f" with `tables.table3.args` {t3['args']} over it" if t3.get("args") else "")
+                         + "; -1 = all. "
                          f"Headline metric {metric} (with min/max); the set's other metrics follow as mean ± std."),
             ("Per run", per_run.to_markdown(index=False, disable_numparse=True))], table)
         per_run.to_csv(self.w.out / "table3_runs.csv", index=False)
