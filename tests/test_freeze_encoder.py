@@ -48,5 +48,5 @@ def test_freeze_encoder_refuses_an_objective_with_nothing_else_to_train(tmp_path
 
     with pytest.raises(ValueError, match="--freeze-encoder.*nothing would train"):
         main(["--objective", "simcse", "--model", tiny_bert_dir, "--corpus", _corpus(tmp_path / "c.txt"),
-              "--max-length", "32", "--batch-size", "4", "--max-steps", "1", "--save-steps", "1000", "--report-to", "none",
+              "--max-length", "32", "--batch-size", "4", "--max-steps", "1", "--warmup-ratio", "0", "--save-steps", "1000", "--report-to", "none",
               "--output", str(tmp_path / "run"), "--cpu", "--freeze-encoder"])

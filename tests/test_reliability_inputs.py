@@ -158,7 +158,7 @@ def test_corpus_rewritten_with_same_size_and_mtime_gets_a_new_cache(tmp_path, co
 
 def test_resume_after_the_corpus_changed_is_refused(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
     out = tmp_path / "run"
-    args = pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "cache")
+    args = pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "cache", "--warmup-ratio", "0")
     assert run_cli(monkeypatch, capsys, [*args, "--max-steps", "1"])[0] == 0
     assert json.loads((out / "run_config.json").read_text())["inputs"]["corpus_files"][str(corpus)]["size"] == \
         corpus.stat().st_size
@@ -176,7 +176,7 @@ def test_resume_after_the_tokenizer_changed_is_refused(tmp_path, corpus, tiny_be
     model = tmp_path / "model"
     shutil.copytree(tiny_bert_dir, model)
     out = tmp_path / "run"
-    args = pretrain_args(str(model), corpus, out, tmp_path / "cache")
+    args = pretrain_args(str(model), corpus, out, tmp_path / "cache", "--warmup-ratio", "0")
     assert run_cli(monkeypatch, capsys, [*args, "--max-steps", "1"])[0] == 0
     # the same path now holds a tokenizer that keeps case: another token mapping for the same vocabulary size
     cased = AutoTokenizer.from_pretrained(str(model), do_lower_case=False)
@@ -219,7 +219,7 @@ def _groups_file(tmp_path: Path) -> str:
 
 def finetune_args(model: str, train: str, out: Path, *extra: str) -> list[str]:
     return ["finetune", "--model", model, "--train", train, "--output", str(out), "--batch-size", "4",
-            "--max-steps", "1", "--num-negatives", "1", "--doc-max-length", "64", "--report-to", "none", "--cpu",
+            "--max-steps", "1", "--warmup-ratio", "0", "--num-negatives", "1", "--doc-max-length", "64", "--report-to", "none", "--cpu",
             *extra]
 
 
@@ -237,6 +237,37 @@ def test_finetune_refuses_a_bad_option_before_writing(tmp_path, tiny_bert_dir, m
     code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), out), f"{flag}={value}"])
     assert code == 2 and flag in line and problem in line
     assert not out.exists()
+
+
+def test_a_run_whose_only_step_is_warm_up_is_refused(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
+    """One optimizer step with a warm-up ratio < 1: the linear warm-up starts at 0 and its ceiling covers the step,
+    so the run would finish with its starting weights and exit 0 (the paper pipeline's first Table 3 did: 30 queries,
+    batch 16, 1 epoch). Refused before the first step; warm-up 0 or a second step trains."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "cache",
+                                                            "--max-steps", "1"))
+    assert code == 2 and "one optimizer step" in line and "learning rate 0" in line and "--warmup-ratio 0" in line
+    assert not (out / "config.json").exists()
+    # fine-tuning: 8 training groups, batch 8, 1 epoch = one step (the Table 3 case)
+    ft = tmp_path / "ft"
+    code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), ft), "--max-steps",
+                                               "-1", "--batch-size", "8", "--epochs", "1", "--warmup-ratio", "0.1"])
+    assert code == 2 and "one optimizer step (8 examples, batch_size 8, epochs 1)" in line
+    assert not json.loads((ft / "training_args.json").read_text()).get("finished")  # recorded as unfinished
+    # the refused run's unfinished record and round-0 groups are continued with more epochs (Table 3's fix)
+    code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), ft), "--max-steps",
+                                               "-1", "--batch-size", "8", "--epochs", "2", "--warmup-ratio", "0.1", "--resume"])
+    assert code == 0, line
+    assert json.loads((ft / "training_args.json").read_text())["finished"]
+    # the same run with the warm-up off changes the weights: the guard only refuses the lr-0 case
+    assert run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "cache", "--max-steps", "1",
+                                                      "--warmup-ratio", "0", "--learning-rate", "1e-2"))[0] == 0
+    before, after = load_file(f"{tiny_bert_dir}/model.safetensors"), load_file(str(out / "model.safetensors"))
+    emb = next(k for k in after if k.endswith("word_embeddings.weight"))
+    assert not torch.equal(after[emb].float(), before[next(k for k in before if k.endswith("word_embeddings.weight"))].float())
 
 
 def test_finetune_checks_the_model_before_building_bm25(tmp_path, tiny_bert_dir, monkeypatch, capsys):

@@ -142,7 +142,8 @@ def test_the_trainer_keeps_float32_master_weights(tmp_path, caplog):
 
     module = TinyRegressor().to(torch.bfloat16)
     with caplog.at_level(logging.WARNING, logger="pretrain.trainer"):
-        Trainer(module, RegressionData(16), collate, TrainConfig(output=str(tmp_path / "r"), batch_size=8, max_steps=1))
+        Trainer(module, RegressionData(16), collate, TrainConfig(output=str(tmp_path / "r"), batch_size=8, max_steps=1,
+                                                                    warmup_ratio=0))
     assert {p.dtype for p in module.parameters()} == {torch.float32}
     assert "holds bfloat16 parameters: training keeps float32 master weights" in caplog.text
     with pytest.raises(ValueError, match="--save-dtype must be one of float32, bfloat16, float16, got 'fp8'"):
