@@ -423,6 +423,17 @@ def test_pilot_runs_at_smoke_sizes_on_training_queries_only(tmp_path):
     train = set(map(str, json.loads((REPO / "experiments/configs/msmarco_sample_split.json").read_text())["train"]))
     assert set(split["pilot_dev"]) | set(split["pilot_train"]) == train
     assert not set(split["pilot_dev"]) & set(split["pilot_train"])
+    # a pilot of another objective reuses the base's fine-tunings (length 0 does not depend on the objective)
+    proc = subprocess.run([sys.executable, "-m", "experiments.paper.pilot", "--scale", "smoke", "--work-dir",
+                           str(tmp_path / "work"), "--out", str(tmp_path / "pilot_mlm.md"), "--objective", "mlm",
+                           "--lengths", "0,3", "--seeds", "1,2", "--head-steps", "2"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    mlm = json.loads((tmp_path / "pilot_mlm.json").read_text())
+    assert mlm["continuation"]["0"] == rep["continuation"]["0"]
+    assert not (tmp_path / "work" / "pilot" / "finetune" / "mlm_L0_s1").exists()
+    assert (tmp_path / "work" / "pilot" / "finetune" / "mlm_L3_s1" / "training_args.json").exists()
+    assert len(mlm["continuation"]["3"]["per_seed"]) == 2
 
 
 def test_pilot_report_of_a_pilot_cut_short_keeps_its_finished_parts():

@@ -147,7 +147,10 @@ def run_pilot(scale: str, work_dir: Path, out: Path, sizes: Optional[str] = None
             out_dir = pw / "finetune" / f"{objective}_L{L}_s{s}"
             args = {**plan._finetune_args("pilot_train", train, model), "seed": s, "output": str(out_dir)}
             st = Stage(f"pilot:finetune:{objective}:L{L}:s{s}", "finetune", ["finetune", *to_argv(args)], out_dir)
+            if L == 0 and st.state() == "todo":
+                st = _finished_base_finetuning(pw, args, s) or st
             runner.run(st)
+            out_dir = st.output
             systems[f"L{L}_s{s}"] = str(out_dir)
         vals = zero_shot(systems, "finetuned")
         per_seed = [vals[f"L{L}_s{s}"] for s in seeds if f"L{L}_s{s}" in vals]
@@ -200,6 +203,17 @@ def pilot_markdown(r: dict[str, Any], cfg: dict[str, Any]) -> str:
                          "spread of the paired differences." if same and ds else
                          "the seeds disagree on the direction.")]
     return "\n".join(lines) + "\n"
+
+
+def _finished_base_finetuning(pw: Path, args: dict[str, Any], seed: int) -> Optional[Stage]:
+    """Length 0 fine-tunes the base itself, whatever ``--objective`` the pilot studies: a finished one made by a
+    pilot of another objective (``<objective>_L0_s<seed>``, the same command but its output) is reused, not re-run."""
+    for other in sorted((pw / "finetune").glob(f"*_L0_s{seed}")):
+        st = Stage(f"pilot:finetune:{other.name.rsplit('_L0_', 1)[0]}:L0:s{seed}", "finetune",
+                   ["finetune", *to_argv({**args, "output": str(other)})], other)
+        if other.is_dir() and st.state() == "done":
+            return st
+    return None
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
