@@ -415,9 +415,10 @@ class Trainer:
         if self.total_steps == 1 and self.warmup_steps >= 1 and config.warmup_ratio < 1:
             # the linear warm-up starts at 0 and the ceiling makes any warm-up ratio cover the only step: the run
             # would finish, saved and exit 0, with the weights it started from (--warmup-ratio 1 asks for that)
+            length = (f"max_steps {config.max_steps}" if config.max_steps and config.max_steps > 0
+                      else f"epochs {config.epochs:g}")
             raise ValueError(
-                f"one optimizer step ({n} examples, batch_size {config.batch_size}, "
-                f"{'max_steps ' + str(config.max_steps) if config.max_steps and config.max_steps > 0 else f'epochs {config.epochs:g}'}) "
+                f"one optimizer step ({n} examples, batch_size {config.batch_size}, {length}) "
                 f"with warmup_ratio {config.warmup_ratio:g} runs that step at learning rate 0 (the warm-up starts at 0 "
                 f"and rounds up to the whole run): nothing would be trained. Give more steps (--epochs, --max-steps, "
                 f"more data or a smaller --batch-size) or set --warmup-ratio 0")
