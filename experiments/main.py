@@ -12,7 +12,11 @@ What is already computed is reused: the pre-trained model (one directory per pre
 weights), the indexes built by an earlier run in ``--work-dir``, and the runs that ``pt.Experiment`` saved there
 (``save_dir``, one directory per topic set, depth and encoder settings), so a second run only re-evaluates.  A
 dense index and its runs are named by a digest of the model directory's content (:func:`model_identity`), so a
-``--model`` directory re-trained in place is indexed and evaluated again, never served from its old weights.
+``--model`` directory re-trained in place is indexed and evaluated again, never served from its old weights; every
+index records the fingerprint of the documents it was built from (``<index>.built_from.json``,
+:func:`experiments.caches.corpus_fingerprint`) and is rebuilt, saying why, when ``--dataset`` reads other documents
+(the collection edited in place, or another collection in the same ``--work-dir``); the saved runs are named by
+that fingerprint and the topics' ids and texts.
 ``--rebuild`` pre-trains again, rebuilds the indexes and recomputes the runs.
 
 With no arguments it runs fully offline on the built-in sample collection with the real
@@ -44,6 +48,11 @@ from typing import Iterator, Optional
 import pandas as pd
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # `python experiments/main.py`: the experiments package is importable from the root
+    sys.path.insert(0, REPO)
+from experiments.caches import (corpus_fingerprint, file_digests, forget_built_from,  # noqa: E402
+                                model_identity, record_built_from, stale_reason, topics_digest)
+
 PAPER_COMMAND = "python -m experiments.paper"
 
 
@@ -84,51 +93,6 @@ def sample_corpus() -> str:
 def slug(spec: str) -> str:
     """A file-name-safe short name for a dataset spec."""
     return re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(spec.rstrip("/:")) or spec).strip("_")
-
-
-#: parts of a model directory that never change what the encoder computes (a run's optimizer state and logs)
-_NOT_MODEL = ("checkpoints", "logs")
-
-
-def model_identity(model: str, cache_file: str) -> str:
-    """A digest of everything in the model directory ``model`` (weights, config, tokenizer, pooling files).
-
-    It changes whenever the weights do, e.g. when the directory is re-trained in place, so that indexes and saved
-    runs computed with other weights are never reused.  Each file's SHA-256 is kept in ``cache_file`` under its
-    (size, mtime_ns, inode), so an unchanged model is not read again.  A model that is not a directory (a hub id)
-    is identified by its name.
-    """
-    if not os.path.isdir(model):
-        return hashlib.sha256(f"name:{model}".encode()).hexdigest()
-    from pretrain.checkpoint import file_digest
-    from pyterrier_cpdae._files import write_json_atomic
-
-    try:
-        with open(cache_file, encoding="utf8") as f:
-            cache = json.load(f)
-        if not isinstance(cache, dict):
-            cache = {}
-    except (OSError, ValueError):
-        cache = {}
-    root = os.path.realpath(model)
-    total, changed = hashlib.sha256(), False
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (folder == root and d in _NOT_MODEL))
-        for name in sorted(f for f in files if not f.startswith(".")):
-            path = os.path.join(folder, name)
-            st = os.stat(path)
-            key, stamp = os.path.join(folder, name), [st.st_size, st.st_mtime_ns, st.st_ino]
-            entry = cache.get(key)
-            if not (isinstance(entry, list) and entry[:3] == stamp):
-                entry = cache[key] = stamp + [file_digest(path)]
-                changed = True
-            total.update(f"{os.path.relpath(path, root)}\0{entry[3]}\n".encode())
-    if changed:
-        try:
-            write_json_atomic(cache_file, cache)
-        except OSError:  # the digest is still right; only the next run reads the files again
-            pass
-    return total.hexdigest()
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -268,16 +232,22 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
 
     timings = {}
     # the identity of each model's weights names its dense index (and so its saved runs): a model directory
-    # re-trained in place gets a new index and new runs, never those of its earlier weights
-    digests_file = os.path.join(work, ".model_digests.json")
+    # re-trained in place gets a new index and new runs, never those of its earlier weights. Each file's SHA-256
+    # is cached by its (size, mtime, inode, ctime), so an unchanged model or collection is not read again.
+    digests_file = os.path.join(work, ".digests.json")
     model_id = model_identity(model, digests_file)
+    # the documents' fingerprint keys the indexes (recorded beside each) and names the saved runs: a collection
+    # edited in place, or another collection in the same --work-dir, is indexed and evaluated again
+    corpus_fp = corpus_fingerprint(args.dataset, digests_file)
     # the systems: (name, encoder directory, dense index); the pre-trained model is evaluated exactly as its start
     encoders = [(f"dense ({model_name}, {pooling})", model)]
     pretrain_cmd, note = None, None
     if args.pretrain:
         corpus = args.pretrain_corpus or sample_corpus()
         pretrain_cmd = pretrain_command(args, model, pooling, corpus, output="")
-        digest = hashlib.sha256(json.dumps(pretrain_cmd[1:] + [model_id]).encode()).hexdigest()[:10]
+        from pretrain.readers import corpus_files
+        corpus_id = sorted(file_digests(corpus_files(corpus), digests_file).values())  # its texts, not its path
+        digest = hashlib.sha256(json.dumps(pretrain_cmd[1:] + [model_id, corpus_id]).encode()).hexdigest()[:10]
         pt_name = f"{args.pretrain_objective}_{slug(model_name)}_s{args.pretrain_steps}_b{args.pretrain_batch_size}_{digest}"
         pt_dir = os.path.join(os.path.abspath(work), "pretrain", pt_name)
         pretrain_cmd[-1] = pt_dir
@@ -299,12 +269,25 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     if args.rebuild:
         for index in [bm25_index] + dense_indexes:
             shutil.rmtree(index.path, ignore_errors=True)
+            forget_built_from(index.path)
+
+    def stale(index, what: str) -> bool:
+        """Whether ``index`` must be (re)built for this collection; says why when it was built from another."""
+        why = stale_reason(index.path, index.built(), corpus_fp)
+        if why is None:
+            print(f"Reusing the {what} {index.path}: built from this collection (fingerprint {corpus_fp['digest'][:12]}).")
+        elif why != "not built yet":
+            print(f"Rebuilding the {what} {index.path}: {why}.")
+        if why is not None:
+            forget_built_from(index.path)
+        return why is not None
 
     t0 = time.time()
-    if bm25_index.built():
+    if not stale(bm25_index, "BM25 index"):
         timings["bm25_index_s"] = "reused"
     else:
         bm25_index.indexer(mode="overwrite").index(ds.get_corpus_iter())
+        record_built_from(bm25_index.path, corpus_fp)
         timings["bm25_index_s"] = time.time() - t0
 
     systems, names = [bm25_index.bm25(num_results=args.num_results)], ["BM25 (pyserini, k1=0.9 b=0.4)"]
@@ -314,19 +297,20 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
                                         batch_size=args.batch_size, verbose=True)
         key = "dense_index_s" if i == 0 else "pretrained_index_s"
         t0 = time.time()
-        if dense_index.built():
+        if not stale(dense_index, "dense index"):
             timings[key] = "reused"
         else:
             (enc >> dense_index.indexer(mode="overwrite")).index(ds.get_corpus_iter())
+            record_built_from(dense_index.path, corpus_fp)
             timings[key] = time.time() - t0
         systems.append(enc >> dense_index.retriever(num_results=args.num_results))
         names.append(system_name)
 
-    # pt.Experiment reuses a saved run by system name only: one directory per topic set, depth and encoder
-    # settings (the dense index directories name the encoders and the pre-training setting)
-    qid_digest = hashlib.sha256("\n".join(map(str, topics["qid"])).encode()).hexdigest()[:10]
+    # pt.Experiment reuses a saved run by system name only: one directory per collection, topic set (ids and
+    # texts), depth and encoder settings (the dense index directories name the encoders and the pre-training setting)
     runs_dir = os.path.join(work, "runs", "+".join(os.path.basename(p) for p in dense_paths)
-                            + f"_dl{args.doc_max_length}_k{args.num_results}_q{qid_digest}")
+                            + f"_dl{args.doc_max_length}_k{args.num_results}_c{corpus_fp['digest'][:10]}"
+                            f"_q{topics_digest(topics)[:10]}")
     os.makedirs(runs_dir, exist_ok=True)
     saved = sum(n.endswith(".res.gz") for n in os.listdir(runs_dir)) if not args.rebuild else 0
     timings["runs"] = f"{saved} of {len(systems)} reused from {runs_dir}"
