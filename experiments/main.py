@@ -92,7 +92,7 @@ def sample_corpus() -> str:
 
 def slug(spec: str) -> str:
     """A file-name-safe short name for a dataset spec."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(spec.rstrip("/:")) or spec).strip("_")
+    return re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(spec.rstrip("/:")) or spec).strip("_") or "dataset"
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:

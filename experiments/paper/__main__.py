@@ -62,6 +62,21 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval-metrics", default=None,
                    help="comma-separated ir_measures names for the --eval-set collections (default: eval_set_defaults)")
     a = p.parse_args(argv)
+    from .config import check_name, scale_name
+    for item in a.eval_set:  # NAME names folders under --work-dir: never a path
+        name, sep, spec = item.partition("=")
+        if not sep or not spec.strip():
+            p.error(f"--eval-set {item!r}: expected NAME=SPEC (e.g. vaswani2=trec:../shared/data/vaswani)")
+        try:
+            check_name(name.strip(), f"--eval-set {item!r}: NAME")
+        except ValueError as e:
+            p.error(str(e))
+    for value, option in ((a.scale, "--scale"), (a.sizes, "--sizes")):  # they name the default folders
+        try:
+            if value is not None:
+                scale_name(value, option)
+        except ValueError as e:
+            p.error(str(e))
     if a.tables is None:
         a.tables = "1,2" if a.eval_set else ",".join(TABLES)
     a.table_list = tuple(t.strip() for t in a.tables.split(",") if t.strip())
@@ -91,6 +106,11 @@ def add_eval_sets(cfg: dict[str, Any], specs: list[str], metrics: Optional[str])
         name, spec = name.strip(), spec.strip()
         if not sep or not name or not spec or ":" in name:
             raise SystemExit(f"--eval-set {item!r}: expected NAME=SPEC (e.g. vaswani2=trec:../shared/data/vaswani)")
+        from .config import check_name
+        try:
+            check_name(name, f"--eval-set {item!r}: NAME")
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
         if name in cfg["eval_sets"]:
             raise SystemExit(f"--eval-set {name}: the config already evaluates a set of that name; choose another name")
         if defaults["finetuned_on"] not in cfg["finetune_sets"]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,11 +42,52 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: what a name in a config or on the command line may be: it names folders and files under the work and results
+#: directories, so it holds no '/', '\\' or '..' and is never empty or absolute
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def check_name(value: Any, what: str) -> str:
+    """``value`` when it is a name (:data:`NAME`: letters, digits, '_', '-', '.' but not first; at most 100).
+
+    Raises:
+        ValueError: naming ``what`` (the option or the config key) and the value.
+    """
+    if not isinstance(value, str) or not NAME.fullmatch(value):
+        raise ValueError(f"{what}: {value!r} is not a name (letters, digits, '_', '-' and '.', not starting with '.' "
+                         "or '-', at most 100 characters): it names folders under the work directory, so '/', '..', "
+                         "an absolute path or an empty name would write elsewhere")
+    return value
+
+
+def under_work(work: Any, *parts: str, what: str) -> Path:
+    """``<work>/<parts...>`` (``work``: a directory or a plan), refused unless it stays inside the work directory.
+
+    Raises:
+        ValueError: naming ``what`` and both paths.
+    """
+    root = Path(getattr(work, "work", work))
+    path = root.joinpath(*map(str, parts))
+    if not os.path.normpath(path).startswith(os.path.join(os.path.normpath(root), "")):
+        raise ValueError(f"{what}: {path} is outside the work directory {root}; a set, objective or model name is "
+                         "never a path")
+    return path
+
+
+def scale_name(scale: str, option: str = "--scale") -> str:
+    """The name of a scale given by name or as a config file (its stem), checked with :func:`check_name`."""
+    p = Path(scale)
+    if p.suffix == ".json" and p.exists():
+        return check_name(p.stem.removeprefix("paper_"), f"{option} {scale}: the file's name")
+    return check_name(scale, option)
+
+
 def config_path(scale: str) -> Path:
     """``experiments/configs/paper_<scale>.json`` (or ``scale`` itself when it names a file)."""
     p = Path(scale)
     if p.suffix == ".json" and p.exists():
         return p
+    check_name(scale, "--scale/--sizes")
     path = CONFIGS / f"paper_{scale}.json"
     if not path.exists():
         raise FileNotFoundError(f"no config for scale {scale!r}: {path} is absent (scales: {', '.join(SCALES)})")
@@ -99,6 +142,17 @@ def check_blocks(cfg: dict[str, Any], path: Any) -> None:
                              f"({', '.join(cfg['finetune_sets'])}); name one, or set \"blocks\": [\"zero-shot\"]")
 
 
+def check_names(cfg: dict[str, Any], path: Any) -> None:
+    """Every name the pipeline makes a folder of is a name (:func:`check_name`): objectives, fine-tuning and
+    evaluation sets, selection keys."""
+    for section in ("objectives", "finetune_sets", "eval_sets"):
+        for name in cfg[section]:
+            check_name(name, f"{path}: a key of {section}")
+    for name, entry in cfg["objectives"].items():
+        if isinstance(entry, dict) and entry.get("select") is not None:
+            check_name(entry["select"], f"{path}: objectives.{name}.select")
+
+
 def used_finetune_sets(cfg: dict[str, Any]) -> list[str]:
     """The fine-tuning sets some result reads (an eval set's fine-tuned block, Table 3, and the sets those start
     from, ``init_from``), in config order: a set nothing reads is defined but not run."""
@@ -146,12 +200,13 @@ def load_config(scale: str, *, sizes: Optional[str] = None, stand_ins: Optional[
         if key not in cfg:
             raise ValueError(f"{path}: missing key {key!r}")
     check_blocks(cfg, path)
-    cfg["scale"] = raw.get("scale", scale)
-    cfg["sizes_from"] = sizes or scale
+    check_names(cfg, path)
+    cfg["scale"] = check_name(raw.get("scale", scale_name(scale)), f"{path}: scale")
+    cfg["sizes_from"] = scale_name(sizes, "--sizes") if sizes else scale_name(scale)
     cfg["config_file"] = str(path)
     if corpus:
         cfg["corpus"] = corpus
-    work = Path(work_dir or ROOT / "experiments" / "work" / f"paper_{scale}" /
-                ("" if not sizes or sizes == scale else f"sizes_{sizes}")).resolve()
+    work = Path(work_dir or ROOT / "experiments" / "work" / f"paper_{scale_name(scale)}" /
+                ("" if not sizes or sizes == scale else f"sizes_{scale_name(sizes, '--sizes')}")).resolve()
     cfg["work_dir"] = str(work)
     return substitute(cfg, {"work": str(work), "corpus": cfg.get("corpus", "")})

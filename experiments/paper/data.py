@@ -16,7 +16,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import ROOT
+from .config import ROOT, under_work
 
 MSMARCO_SPLIT = ROOT / "experiments" / "configs" / "msmarco_sample_split.json"
 
@@ -98,15 +98,32 @@ def set_key(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False) -> str:
-    """The ``load_dataset`` spec of a train/eval set, materialising a BEIR folder when needed."""
+    """The ``load_dataset`` spec of a train/eval set, materialising a BEIR folder when needed.
+
+    The folder is written again when the set's definition (:func:`set_key`) or the data it was written from
+    (:func:`experiments.caches.corpus_fingerprint` of the spec's documents, topics and qrels) changed."""
     if not (entry.get("queries") or entry.get("max_queries") or entry.get("max_docs")):
         return entry["spec"]
-    out = work / "data" / name
+    out = under_work(work, "data", name, what=f"the data of the set {name!r}")
     key = set_key(entry)
     done = out / "materialised.json"
     spec = f"beir:{out}:train"
-    if dry_run or (done.exists() and json.loads(done.read_text()).get("key") == key):
+    if dry_run:
         return spec
+    from experiments.caches import corpus_fingerprint
+
+    source = corpus_fingerprint(entry["spec"], Path(work) / ".digests.json", everything=True)["digest"]
+    try:
+        have = json.loads(done.read_text()) if done.exists() else None
+    except ValueError:
+        have = None
+    if have is not None and have.get("key") == key and have.get("source") == source:
+        return spec
+    if have is not None:
+        why = ("the set's definition changed" if have.get("key") != key else
+               "it records no fingerprint of the data it was written from" if "source" not in have else
+               f"the data of {entry['spec']} changed since it was written")
+        print(f"writing {out} again: {why}", flush=True)
     from pyterrier_cpdae.datasets import load_dataset
 
     ds = load_dataset(entry["spec"])
@@ -147,8 +164,8 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
         f.write("query-id\tcorpus-id\tscore\n")
         for q, d, l in zip(qrels["qid"], qrels["docno"], qrels["label"]):
             f.write(f"{q}\t{d}\t{int(l)}\n")
-    (tmp / "materialised.json").write_text(json.dumps({"key": key, "num_queries": len(topics), "num_docs": n_docs,
-                                                        "num_qrels": len(qrels)}, indent=1))
+    (tmp / "materialised.json").write_text(json.dumps({"key": key, "source": source, "num_queries": len(topics),
+                                                        "num_docs": n_docs, "num_qrels": len(qrels)}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return spec

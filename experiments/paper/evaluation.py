@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .config import ROOT
+from .config import ROOT, under_work
 from .data import set_key, set_spec
 
 BM25 = "bm25"
@@ -18,13 +18,49 @@ BM25 = "bm25"
 PRECOMPUTED_MANIFEST = "manifest.json"
 
 
-def bm25_index(plan: Any, name: str, ds: Any):
+def digests_file(plan: Any) -> Path:
+    """The cache of file digests behind the work directory's fingerprints (:mod:`experiments.caches`)."""
+    return Path(plan.work) / ".digests.json"
+
+
+def bm25_index(plan: Any, name: str, ds: Any, spec: str):
+    """The BM25 index ``<work>/bm25/<name>`` of ``ds`` (read from ``spec``), built unless it was built from the same
+    documents (``<index>.built_from.json``); a rebuild of an index built from other documents says why."""
+    from experiments.caches import corpus_fingerprint, forget_built_from, record_built_from, stale_reason
     from pyterrier_cpdae import BM25Index
 
-    index = BM25Index(str(plan.work / "bm25" / name))
-    if not index.built():
+    index = BM25Index(str(under_work(plan, "bm25", name, what="a BM25 index")))
+    fp = corpus_fingerprint(spec, digests_file(plan))
+    why = stale_reason(index.path, index.built(), fp)
+    if why is not None:
+        if why != "not built yet":
+            print(f"rebuilding the BM25 index {index.path}: {why}", flush=True)
+        forget_built_from(index.path)
         index.indexer(mode="overwrite").index(ds.get_corpus_iter())
+        record_built_from(index.path, fp)
     return index
+
+
+def keep_saved_runs_for(save_dir: Path, key: dict[str, Any]) -> None:
+    """Drop the runs ``pt.Experiment`` saved in ``save_dir`` (it reuses them by system name only) unless they were
+    computed for ``key`` (the documents' fingerprint, the queries, the depth), recorded in ``save_dir/.runs_for.json``."""
+    from pyterrier_cpdae._files import write_json_atomic
+
+    record = save_dir / ".runs_for.json"
+    try:
+        have = json.loads(record.read_text())
+    except (OSError, ValueError):
+        have = None
+    if have == key:
+        return
+    saved = sorted(save_dir.glob("*.res.gz"))
+    if saved:
+        what = "they record no collection or queries" if have is None else "they were computed for " + ", ".join(
+            k for k in key if have.get(k) != key[k]) + " other than this run's"
+        print(f"dropping {len(saved)} saved runs in {save_dir}: {what}", flush=True)
+        for f in saved:
+            f.unlink()
+    write_json_atomic(record, key)
 
 
 # ----------------------------------------------------------------------------- precomputed BM25
@@ -131,24 +167,28 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
     spec = set_spec(set_name, entry, plan.work)
     ds = load_dataset(spec)
     topics, qrels = eval_topics(ds)
-    index_root = plan.work / "indices" / set_name / block
+    index_root = under_work(plan, "indices", set_name, block, what=f"the indexes of the set {set_name!r}")
     pipelines: dict[str, Any] = {}
     if with_bm25:
         pre = precomputed_bm25(plan, "runs", set_name, entry, num_results=int(ev["num_results"]))
         pipelines[BM25] = (precomputed_run(pre, topics) if pre is not None else
-                           bm25_index(plan, f"eval_{set_name}", ds).bm25(num_results=int(ev["num_results"])))
+                           bm25_index(plan, f"eval_{set_name}", ds, spec).bm25(num_results=int(ev["num_results"])))
     dense, index_s = build_retrievers({k: (v, ev.get("pooling", "cls")) for k, v in systems.items()}, spec,
                                       doc_max_length=int(ev["doc_max_length"]),
                                       query_max_length=int(ev["query_max_length"]), index_root=index_root,
                                       num_results=int(ev["num_results"]), batch_size=int(ev["batch_size"]),
                                       # the protocol's similarity is the dot product of [CLS] vectors for every row,
                                       # also for a model directory that ships a Normalize module (all-MiniLM-L6-v2)
-                                      normalize=bool(ev.get("normalize", False)))
+                                      normalize=bool(ev.get("normalize", False)),
+                                      digests_file=digests_file(plan))
     pipelines.update(dense)
     names = list(pipelines)
     metrics = [_measure(m) for m in entry["metrics"]]
     save_dir = index_root / "runs"
     save_dir.mkdir(parents=True, exist_ok=True)
+    from experiments.caches import corpus_fingerprint, topics_digest
+    keep_saved_runs_for(save_dir, {"corpus": corpus_fingerprint(spec, digests_file(plan))["digest"],
+                                   "topics": topics_digest(topics), "num_results": int(ev["num_results"])})
     result: dict[str, Any] = {"means": {}, "pvalues": {}, "experiments": [], "num_queries": len(topics),
                               "index_s": index_s, "spec": spec}
     if groups is not None:  # several runs (seeds) per model: one perquery experiment, rows over seeds

@@ -230,8 +230,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--report-only", action="store_true",
                    help="rewrite pilot.md from the pilot.json beside --out (what finished); run nothing")
     a = p.parse_args(argv)
-    work = Path(a.work_dir) if a.work_dir else ROOT / "experiments" / "work" / f"paper_{a.scale}"
-    out = Path(a.out) if a.out else ROOT / "experiments" / "results" / f"paper_{a.scale}" / "pilot.md"
+    from .config import check_name, scale_name
+    for value, option in ((a.scale, "--scale"), (a.objective, "--objective")):  # both name folders
+        try:
+            scale_name(value, option) if option == "--scale" else check_name(value, option)
+        except ValueError as e:
+            p.error(str(e))
+    work = Path(a.work_dir) if a.work_dir else ROOT / "experiments" / "work" / f"paper_{scale_name(a.scale)}"
+    out = Path(a.out) if a.out else ROOT / "experiments" / "results" / f"paper_{scale_name(a.scale)}" / "pilot.md"
     if a.report_only:
         src = out.with_suffix(".json")
         if not src.exists():

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .config import ROOT
+from .config import ROOT, under_work
 from .data import set_spec
 from .evaluation import (BM25, PRECOMPUTED_MANIFEST, _bm25_what, bm25_index, eval_topics, evaluate,  # noqa: F401
                          precomputed_bm25, precomputed_root)  # (BM25, evaluate: re-exported for the tables and the pilot)
@@ -60,7 +60,7 @@ class Plan:
                 chosen = chosen_setting(self, extra["select"])
             args = {"objective": extra["objective"], "model": self.base_model, **pre["continue"],
                     **{k: v for k, v in extra.items() if k not in ("objective", "select")}, **chosen,
-                    "output": str(self.work / "pretrain" / name)}
+                    "output": str(under_work(self, "pretrain", name, what=f"the objective {name!r}"))}
             self._add(Stage(f"continue:{name}", "pretrain", to_argv(args), Path(args["output"]),
                             _sequences_per_text(extra["objective"]), needs=needs))
             self.pretrained[name] = args["output"]
@@ -82,7 +82,8 @@ class Plan:
             for n in t3["sizes"]:
                 for seed in t3["seeds"]:
                     name = f"lowres:{model}:n{n}:s{seed}"
-                    out = self.work / "finetune" / f"{t3['set']}_lowres" / f"{model}_n{n}_s{seed}"
+                    out = under_work(self, "finetune", f"{t3['set']}_lowres", f"{model}_n{n}_s{seed}",
+                                     what=f"Table 3's model {model!r}")
                     fs = cfg["finetune_sets"][t3["set"]]
                     # tables.table3.args override the set's fine-tuning options for the low-resource runs (e.g.
                     # more epochs, so that N queries still make the full run's optimizer steps)
@@ -102,7 +103,7 @@ class Plan:
         return [f"continue:{model}"]
 
     def negatives_file(self, set_name: str) -> Path:
-        return self.work / "negatives" / f"{set_name}.jsonl"
+        return under_work(self, "negatives", f"{set_name}.jsonl", what=f"the negatives of the set {set_name!r}")
 
     def _negatives_needs(self, set_name: str, fs: dict[str, Any]) -> list[str]:
         return [] if fs.get("negatives") else [f"negatives:{set_name}"]
@@ -139,7 +140,8 @@ class Plan:
         if fs.get("init_from"):  # e.g. documents start from the passage model (its first seed)
             start = self.finetuned[fs["init_from"]][model]
             needs.append(self.finetune_stage_name(fs["init_from"], model))
-        out = self.work / "finetune" / set_name / (model if seed is None else f"{model}_s{seed}")
+        out = under_work(self, "finetune", set_name, model if seed is None else f"{model}_s{seed}",
+                         what=f"the fine-tuning set {set_name!r}")
         args = {**self._finetune_args(set_name, fs, start), **({} if seed is None else {"seed": seed}),
                 "output": str(out)}
         self._add(Stage(self.finetune_stage_name(set_name, model, seed), "finetune", ["finetune", *to_argv(args)], out,
@@ -219,7 +221,8 @@ def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print
     fs = plan.cfg["finetune_sets"][set_name]
     out = plan.negatives_file(set_name)
     t0 = time.perf_counter()
-    ds = load_dataset(set_spec(set_name, fs, plan.work))
+    spec = set_spec(set_name, fs, plan.work)
+    ds = load_dataset(spec)
     depth = int(plan.cfg["finetune"]["args"].get("negatives_depth", 200))
     topics, positives = neg.select_queries(ds.get_topics(), ds.get_qrels())
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -238,7 +241,7 @@ def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print
         return {"stage": f"negatives:{set_name}", "command": f"(precomputed on CPU) BM25 top-{depth} minus positives "
                 f"of {len(got)} training queries, copied from {pre}", "wall_s": round(wall, 1),
                 "wall_how": "measured by the pipeline (the copy only)", "encoder_sequences": None}
-    index = bm25_index(plan, f"train_{set_name}", ds)
+    index = bm25_index(plan, f"train_{set_name}", ds, spec)
     pools = neg.mine_bm25(index.bm25(num_results=depth + 10), topics, positives, depth)
     neg.write_groups(str(tmp), neg.make_groups(topics, positives, pools))
     os.replace(tmp, out)
@@ -276,9 +279,10 @@ def export_bm25(plan: Any, dest: Path, log: Callable[[str], None] = print) -> di
     ev = plan.cfg["evaluation"]
     for set_name, entry in plan.cfg["eval_sets"].items():
         n = int({**ev, **entry.get("evaluation", {})}["num_results"])
-        ds = load_dataset(set_spec(set_name, entry, plan.work))
+        spec = set_spec(set_name, entry, plan.work)
+        ds = load_dataset(spec)
         topics, _ = eval_topics(ds)
-        run = bm25_index(plan, f"eval_{set_name}", ds).bm25(num_results=n).transform(topics)
+        run = bm25_index(plan, f"eval_{set_name}", ds, spec).bm25(num_results=n).transform(topics)
         file = f"runs/{set_name}.res.gz"
         pt.io.write_results(run, str(dest / file))
         manifest["runs"][set_name] = {"file": file, "for": _bm25_what("runs", entry, num_results=n),

@@ -3,14 +3,15 @@ studies under ``experiments/studies/``)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 
 SETTINGS_FILE = "encoder_settings.json"
-"""Beside each index: what built it (model directory and its files' size, mtime and content hash, pooling, corpus,
-document length, normalisation) and what its saved run was retrieved with (query length, depth). An index is reused
+"""Beside each index: what built it (model directory and its files' size, mtime and content hash, pooling, corpus
+spec and the fingerprint of its documents, document length, normalisation) and what its saved run was retrieved with (query length, depth). An index is reused
 only when the first part equals this call's, its saved run only when both parts do; an index without the file is
 rebuilt."""
 
@@ -32,9 +33,10 @@ def _model_stamp(model: str) -> list[list[Any]]:
 
 
 def encoder_settings(model: str, pooling: str, corpus_spec: str, *, doc_max_length: int, query_max_length: int,
-                     num_results: int, normalize: Optional[bool]) -> dict[str, Any]:
+                     num_results: int, normalize: Optional[bool], corpus_digest: Optional[str] = None) -> dict[str, Any]:
     return {"index": {"model": str(Path(model).resolve()), "model_files": _model_stamp(model), "pooling": pooling,
-                      "corpus": corpus_spec, "doc_max_length": doc_max_length, "normalize": normalize},
+                      "corpus": corpus_spec, "corpus_digest": corpus_digest, "doc_max_length": doc_max_length,
+                      "normalize": normalize},
             "run": {"query_max_length": query_max_length, "num_results": num_results}}
 
 
@@ -63,13 +65,15 @@ def _recorded_settings(index_path: Path) -> Optional[dict[str, Any]]:
 
 def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, doc_max_length: int = 192,
                      query_max_length: int = 32, index_root: Path, num_results: int = 100,
-                     batch_size: int = 64, reuse: bool = False,
-                     normalize: Optional[bool] = None) -> tuple[dict[str, Any], dict[str, float]]:
+                     batch_size: int = 64, reuse: bool = False, normalize: Optional[bool] = None,
+                     digests_file: Optional[Path] = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
 
     An index already built under ``index_root`` (same model name) is loaded, not rebuilt, when its
     ``encoder_settings.json`` (:data:`SETTINGS_FILE`) records this model (same files' size, mtime and content
-    hash), pooling, corpus, document length and normalisation; otherwise it is rebuilt. When an index is (re)built, or
+    hash), pooling, corpus (its spec and the fingerprint of its documents,
+    :func:`experiments.caches.corpus_fingerprint`: a collection edited in place is indexed again), document length
+    and normalisation; otherwise it is rebuilt. When an index is (re)built, or
     the query side (query length, depth) changed, the run ``pt.Experiment`` saved for that name under
     ``index_root / "runs"`` is deleted, so that it is recomputed.
 
@@ -79,22 +83,30 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
         reuse: Keep any built index and its saved run whatever its settings (``--skip-train``).
         normalize: L2-normalise every model's vectors (``None``: as each model directory says, e.g. the
             ``2_Normalize`` module that all-MiniLM-L6-v2 ships; the paper pipeline passes ``False``: dot product).
+        digests_file: the cache of the corpus files' digests (default: ``index_root/.digests.json``).
     """
+    from experiments.caches import corpus_fingerprint
     from pyterrier_cpdae._files import write_json_atomic
     from pyterrier_cpdae.datasets import load_dataset
     from pyterrier_cpdae.dense import DenseIndex
     from pyterrier_cpdae.encoder import CPDAE
 
     corpus = load_dataset(corpus_spec)
+    corpus_digest = corpus_fingerprint(corpus_spec, digests_file or Path(index_root) / ".digests.json")["digest"]
     pipelines, timings = {}, {}
+    for name in models:  # each index is a folder of its own under index_root, checked before anything is built
+        if Path(os.path.normpath(Path(index_root) / name.split(" ")[0])).parent != Path(os.path.normpath(index_root)):
+            raise ValueError(f"the system name {name!r} names no folder of its own under {index_root} (its index "
+                             "would be written elsewhere); name it with letters, digits, '_', '-', '.', '='")
     for name, (path, pooling) in models.items():
         enc = CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
                                     doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
-        index_path = index_root / name.split(" ")[0]
+        index_path = Path(index_root) / name.split(" ")[0]
         index = DenseIndex(str(index_path))
         run_file = index_root / "runs" / f"{name}.res.gz"
         want = encoder_settings(path, pooling, corpus_spec, doc_max_length=doc_max_length,
-                                query_max_length=query_max_length, num_results=num_results, normalize=normalize)
+                                query_max_length=query_max_length, num_results=num_results, normalize=normalize,
+                                corpus_digest=corpus_digest)
         have = _recorded_settings(index_path) if index.built() else None
         same, legacy = _same_index(have.get("index") if have is not None else None, want["index"])
         if index.built() and (reuse or same):
@@ -106,7 +118,11 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
                 write_json_atomic(index_path / SETTINGS_FILE, want)
         else:
             if index.built():
-                why = "it records no settings" if have is None else "its model or settings changed"
+                why = ("it records no settings" if have is None else
+                       "its collection changed (another corpus spec, or its documents were edited)"
+                       if have.get("index", {}).get("corpus_digest") != want["index"]["corpus_digest"] and
+                       {**have.get("index", {}), "corpus_digest": None, "corpus": None} ==
+                       {**want["index"], "corpus_digest": None, "corpus": None} else "its model or settings changed")
                 print(f"rebuilding the index {index_path}: {why}", flush=True)
             run_file.unlink(missing_ok=True)
             (index_path / SETTINGS_FILE).unlink(missing_ok=True)

@@ -40,12 +40,15 @@ def _sel(plan: Any, key: str) -> dict[str, Any]:
 
 
 def selection_file(plan: Any, key: str) -> Path:
-    return plan.work / "select" / f"{key}.json"
+    from .config import under_work
+    return under_work(plan, "select", f"{key}.json", what=f"the selection {key!r}")
 
 
 def add_selection_stages(plan: Any, key: str) -> None:
     """One short continuation per candidate (``select:<key>:c<i>``) and the selection itself (``select:<key>``)."""
     from pretrain.objectives import sequences_per_text as _sequences_per_text
+
+    from .config import under_work
 
     sel = _sel(plan, key)
     if not sel.get("candidates"):
@@ -54,7 +57,7 @@ def add_selection_stages(plan: Any, key: str) -> None:
             "max_steps": int(sel["max_steps"]), "logging_steps": int(sel.get("logging_steps", 1)), "report_to": "csv"}
     names = []
     for i, cand in enumerate(sel["candidates"]):
-        out = plan.work / "select" / key / f"c{i}"
+        out = under_work(plan, "select", key, f"c{i}", what=f"the selection {key!r}")
         args = {**base, **cand, "output": str(out)}
         name = f"select:{key}:c{i}"
         plan._add(Stage(name, "pretrain", to_argv(args), out, _sequences_per_text(sel["objective"]),

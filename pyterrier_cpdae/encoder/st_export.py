@@ -49,7 +49,8 @@ def exported_model_files(path: Union[str, os.PathLike]) -> list:
         names |= {n for n in os.listdir(path) if n.startswith("model-") and n.endswith(".safetensors")}
         modules = _read_json(os.path.join(path, MODULES)) if os.path.isfile(os.path.join(path, MODULES)) else []
         names |= {m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)
-                  and m["path"] and os.path.basename(os.path.normpath(m["path"])) == m["path"]}
+                  and m["path"] not in (".", "..") and os.path.basename(os.path.normpath(m["path"])) == m["path"]}
+        # (a module folder is one name inside the model directory: "..", "." or a path would delete elsewhere)
     except (OSError, ValueError):
         pass
     return sorted(os.path.join(path, n) for n in names if os.path.lexists(os.path.join(path, n)))

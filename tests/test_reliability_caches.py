@@ -1,0 +1,205 @@
+"""Issue 35, class 1: a cached result is keyed by the data it came from, not only by the model.
+
+Every index and saved run that ``experiments/main.py`` and the paper pipeline reuse is checked against the
+fingerprint of the documents (and, for runs, of the queries) it was computed from; the reference each time is a
+fresh run of the same command in an empty work directory. The collections are a few TREC documents written here;
+the edits keep every docno and the file's size and modification time (two documents swap their texts), which only
+the content digest (re-read when the file's ctime changes) can see.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+TEXTS = ["photon energy of light in a vacuum", "the roman empire and its history", "a recipe for bread and butter",
+         "energy levels of the hydrogen atom", "football results of the season", "the photon as a light quantum"]
+OTHER = ["stock markets fell on monday", "a photon of high energy light", "rivers of northern europe",
+         "light and energy of a photon beam", "the senate of ancient rome", "bread baking at home"]
+TOPICS = [("1", "photon energy"), ("2", "roman history"), ("3", "bread recipe")]
+QRELS = [("1", "d0"), ("1", "d5"), ("2", "d1"), ("3", "d2")]
+
+
+def _write_trec(folder: Path, texts: list[str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "docs.trec").write_text("".join(f"<DOC>\n<DOCNO>d{i}</DOCNO>\n{t}\n</DOC>\n" for i, t in enumerate(texts)))
+    (folder / "query-text.trec").write_text("".join(f"<top>\n<num>{q}</num>\n<title>{t}</title>\n</top>\n"
+                                                    for q, t in TOPICS))
+    (folder / "qrels").write_text("".join(f"{q} 0 {d} 1\n" for q, d in QRELS))
+    return folder
+
+
+def _swap_in_place(folder: Path, i: int, j: int, texts: list[str]) -> None:
+    """Rewrite the documents with texts ``i`` and ``j`` swapped: same docnos, same size, same mtime."""
+    f = folder / "docs.trec"
+    st = f.stat()
+    swapped = list(texts)
+    swapped[i], swapped[j] = swapped[j], swapped[i]
+    with open(f, "r+") as out:  # in place: the same inode
+        out.write("".join(f"<DOC>\n<DOCNO>d{k}</DOCNO>\n{t}\n</DOC>\n" for k, t in enumerate(swapped)))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns and f.stat().st_ino == st.st_ino
+
+
+def _load_main():
+    spec = importlib.util.spec_from_file_location("cpdae_main_job_caches", REPO / "experiments" / "main.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ----------------------------------------------------------------------------- the fingerprints themselves
+def test_corpus_fingerprint_sees_an_in_place_edit_and_ignores_the_folder_path(tmp_path):
+    from experiments.caches import corpus_fingerprint, file_digests
+
+    a = _write_trec(tmp_path / "a", TEXTS)
+    cache = tmp_path / "digests.json"
+    first = corpus_fingerprint(f"trec:{a}", cache)
+    assert set(first["files"]) == {"docs.trec", "query-text.trec"}            # documents (and topics), no qrels
+    (a / "qrels").write_text("1 0 d1 1\n")
+    assert corpus_fingerprint(f"trec:{a}", cache)["digest"] == first["digest"]  # judgements are not the corpus
+    b = _write_trec(tmp_path / "b", TEXTS)                                      # a copy elsewhere: same documents
+    assert corpus_fingerprint(f"trec:{b}", cache)["digest"] == first["digest"]
+    _swap_in_place(a, 0, 1, TEXTS)
+    after = corpus_fingerprint(f"trec:{a}", cache)
+    assert after["digest"] != first["digest"]
+    import hashlib                                                             # independent reference: sha256
+    assert after["files"]["docs.trec"] == hashlib.sha256((a / "docs.trec").read_bytes()).hexdigest()
+    # the cache holds each file's digest under (size, mtime, inode, ctime): an unchanged file is not read again
+    stamp = json.loads(cache.read_text())[os.path.realpath(a / "docs.trec")]
+    st = (a / "docs.trec").stat()
+    assert stamp[:4] == [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+    entry = json.loads(cache.read_text())
+    entry[os.path.realpath(a / "docs.trec")][4] = "0" * 64                       # a planted digest is served ...
+    cache.write_text(json.dumps(entry))
+    assert file_digests([a / "docs.trec"], cache)[str(a / "docs.trec")] == "0" * 64
+    _swap_in_place(a, 0, 1, TEXTS)                                               # ... until the file is rewritten
+    assert file_digests([a / "docs.trec"], cache)[str(a / "docs.trec")] == hashlib.sha256(
+        (a / "docs.trec").read_bytes()).hexdigest()
+
+
+def test_beir_sample_and_irds_fingerprints_cover_their_documents(tmp_path, shared_data):
+    import subprocess
+    import sys
+
+    from experiments.caches import corpus_fingerprint
+
+    sample = corpus_fingerprint("sample", tmp_path / "d.json")
+    assert list(sample["files"]) == ["corpus.jsonl"]
+    assert set(corpus_fingerprint("sample", tmp_path / "d.json", everything=True)["files"]) == {
+        "corpus.jsonl", "queries.jsonl", "qrels.tsv"}
+    beir = corpus_fingerprint(f"beir:{shared_data / 'scifact'}:train", tmp_path / "d.json")
+    assert list(beir["files"]) == ["corpus.jsonl"]
+    # irds: the document file ir_datasets reads (ir_datasets fixes its home on import: a fresh interpreter)
+    home = tmp_path / "irds"
+    import shutil
+    shutil.copytree(shared_data / "msmarco-dev-sample" / "irds", home)
+    code = ("import json; from experiments.caches import corpus_fingerprint as f; "
+            f"print(json.dumps(f('irds:msmarco-passage/dev/small', {str(tmp_path / 'd.json')!r})))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "IR_DATASETS_HOME": str(home), "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    irds = json.loads(out.stdout.strip().splitlines()[-1])
+    assert list(irds["files"]) == ["msmarco-passage/collection.tsv"]
+    import hashlib
+    assert irds["files"]["msmarco-passage/collection.tsv"] == hashlib.sha256(
+        (home / "msmarco-passage" / "collection.tsv").read_bytes()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- experiments/main.py
+def test_main_job_rebuilds_for_an_edited_or_another_collection_in_the_same_work_dir(tmp_path, tiny_bert_dir, capsys):
+    """A second run after the collection was edited in place (same docnos, size and mtime) reported the first run's
+    figures with exit 0; a second collection run into the same --work-dir got the first one's indexes. Both must
+    give what a fresh run in an empty work directory gives, and say that they rebuilt."""
+    a = _write_trec(tmp_path / "a", TEXTS)
+    b = _write_trec(tmp_path / "b", OTHER)
+    common = ["--model", tiny_bert_dir, "--no-pretrain", "--pooling", "mean", "--doc-max-length", "32",
+              "--num-results", "10"]
+
+    def run(dataset: Path, work: str) -> tuple[pd.DataFrame, str]:
+        capsys.readouterr()
+        table = _load_main().main(common + ["--dataset", f"trec:{dataset}", "--work-dir", str(tmp_path / work),
+                                            "--results-dir", str(tmp_path / f"results-{work}")])
+        return table, capsys.readouterr().out
+
+    first, _ = run(a, "work")
+    # another collection (same docnos, other texts) into the same work directory
+    other, out = run(b, "work")
+    fresh, _ = run(b, "fresh-b")
+    pd.testing.assert_frame_equal(other, fresh)
+    assert "Rebuilding the BM25 index" in out and "built from another collection" in out
+    assert "Rebuilding the dense index" in out
+    assert first.iloc[0]["AP"] != other.iloc[0]["AP"]
+    # the collection edited in place: two documents swap their texts
+    _swap_in_place(b, 1, 3, OTHER)
+    edited, out = run(b, "work")
+    fresh_edited, _ = run(b, "fresh-edited")
+    pd.testing.assert_frame_equal(edited, fresh_edited)
+    assert "Rebuilding the BM25 index" in out and "docs.trec changed" in out
+    assert not other[["AP", "nDCG@10"]].equals(edited[["AP", "nDCG@10"]])
+    assert "0 of 2 reused" in (tmp_path / "results-work" / "table.md").read_text()
+    # unchanged since: everything is reused, and the run says so
+    again, out = run(b, "work")
+    pd.testing.assert_frame_equal(again, edited)
+    assert "Reusing the BM25 index" in out and "2 of 2 reused" in (tmp_path / "results-work" / "table.md").read_text()
+
+
+# ----------------------------------------------------------------------------- the paper pipeline's evaluation
+def _plan(work: Path, entry: dict):
+    return type("P", (), {"cfg": {"eval_sets": {"extra": {"metrics": ["nDCG@10", "AP"], **entry}},
+                                  "evaluation": {"pooling": "cls", "query_max_length": 16, "doc_max_length": 32,
+                                                 "num_results": 10, "batch_size": 8}},
+                          "work": work})()
+
+
+def test_paper_eval_set_of_the_same_name_and_another_spec_or_edited_data_is_evaluated_again(tmp_path, tiny_bert_dir):
+    """``--eval-set NAME=SPEC`` with a NAME evaluated before from another SPEC reused that SPEC's BM25 index and saved
+    run by name; a collection edited in place reused every index and run. Reference: a fresh work directory."""
+    from experiments.paper.evaluation import evaluate
+
+    a = _write_trec(tmp_path / "a", TEXTS)
+    b = _write_trec(tmp_path / "b", OTHER)
+    systems = {"bert": tiny_bert_dir}
+
+    def means(spec: Path, work: str) -> dict:
+        return evaluate(_plan(tmp_path / work, {"spec": f"trec:{spec}"}), "extra", "zero-shot", systems, {},
+                        log=lambda _: None)["means"]
+
+    first = means(a, "w")
+    second = means(b, "w")                            # same NAME, another SPEC
+    assert second == means(b, "fresh-b")
+    assert second["bm25"] != first["bm25"]
+    _swap_in_place(b, 1, 3, OTHER)                    # the same SPEC edited in place
+    third = means(b, "w")
+    assert third == means(b, "fresh-edited")
+    assert third != second
+    assert third == means(b, "w")                     # unchanged: reused, same figures
+
+
+def test_paper_materialised_subset_is_written_again_when_its_source_changes(tmp_path, capsys):
+    """A set with a size limit is written once under <work>/data/<name>; it was reused by its definition alone after
+    the collection it came from was edited."""
+    from experiments.paper.data import set_spec
+    from pyterrier_cpdae import load_dataset
+
+    b = _write_trec(tmp_path / "b", OTHER)
+    entry = {"spec": f"trec:{b}", "max_queries": 2}
+    work = tmp_path / "w"
+
+    def docs() -> dict:
+        return {d["docno"]: d["text"] for d in load_dataset(set_spec("extra", entry, work)).get_corpus_iter()}
+
+    before = docs()
+    _swap_in_place(b, 1, 3, OTHER)
+    capsys.readouterr()
+    after = docs()
+    assert "changed since it was written" in capsys.readouterr().out
+    assert after == {d["docno"]: d["text"] for d in load_dataset(set_spec("extra", entry, tmp_path / "fresh"))
+                     .get_corpus_iter()}
+    assert after["d1"] == before["d3"] and after["d3"] == before["d1"]
