@@ -113,41 +113,47 @@ def test_beir_sample_and_irds_fingerprints_cover_their_documents(tmp_path, share
 
 
 # ----------------------------------------------------------------------------- experiments/main.py
-def test_main_job_rebuilds_for_an_edited_or_another_collection_in_the_same_work_dir(tmp_path, tiny_bert_dir, capsys):
-    """A second run after the collection was edited in place (same docnos, size and mtime) reported the first run's
-    figures with exit 0; a second collection run into the same --work-dir got the first one's indexes. Both must
-    give what a fresh run in an empty work directory gives, and say that they rebuilt."""
-    a = _write_trec(tmp_path / "a", TEXTS)
-    b = _write_trec(tmp_path / "b", OTHER)
-    common = ["--model", tiny_bert_dir, "--no-pretrain", "--pooling", "mean", "--doc-max-length", "32",
-              "--num-results", "10"]
+_COMMON = ["--no-pretrain", "--pooling", "mean", "--doc-max-length", "32", "--num-results", "10"]
 
-    def run(dataset: Path, work: str) -> tuple[pd.DataFrame, str]:
-        capsys.readouterr()
-        table = _load_main().main(common + ["--dataset", f"trec:{dataset}", "--work-dir", str(tmp_path / work),
-                                            "--results-dir", str(tmp_path / f"results-{work}")])
-        return table, capsys.readouterr().out
 
-    first, _ = run(a, "work")
-    # another collection (same docnos, other texts) into the same work directory
-    other, out = run(b, "work")
-    fresh, _ = run(b, "fresh-b")
-    pd.testing.assert_frame_equal(other, fresh)
-    assert "Rebuilding the BM25 index" in out and "built from another collection" in out
-    assert "Rebuilding the dense index" in out
-    assert first.iloc[0]["AP"] != other.iloc[0]["AP"]
-    # the collection edited in place: two documents swap their texts
-    _swap_in_place(b, 1, 3, OTHER)
-    edited, out = run(b, "work")
-    fresh_edited, _ = run(b, "fresh-edited")
-    pd.testing.assert_frame_equal(edited, fresh_edited)
-    assert "Rebuilding the BM25 index" in out and "docs.trec changed" in out
-    assert not other[["AP", "nDCG@10"]].equals(edited[["AP", "nDCG@10"]])
+def _main_run(capsys, tmp_path: Path, model: str, dataset: Path, work: str) -> tuple[pd.DataFrame, str]:
+    capsys.readouterr()
+    table = _load_main().main(_COMMON + ["--model", model, "--dataset", f"trec:{dataset}", "--work-dir",
+                                         str(tmp_path / work), "--results-dir", str(tmp_path / f"results-{work}")])
+    return table, capsys.readouterr().out
+
+
+def test_main_job_rebuilds_after_the_collection_was_edited_in_place(tmp_path, tiny_bert_dir, capsys):
+    """A second run after the collection was edited in place (same docnos, file size, mtime and inode) reported the
+    first run's figures with exit 0. It must give what a fresh run in an empty work directory gives, say that it
+    rebuilt and why, and reuse everything once nothing changed."""
+    b = _write_trec(tmp_path / "b", TEXTS)
+    before, _ = _main_run(capsys, tmp_path, tiny_bert_dir, b, "work")
+    _swap_in_place(b, 0, 1, TEXTS)                   # two documents swap their texts
+    edited, out = _main_run(capsys, tmp_path, tiny_bert_dir, b, "work")
+    fresh, _ = _main_run(capsys, tmp_path, tiny_bert_dir, b, "fresh")
+    pd.testing.assert_frame_equal(edited, fresh)
+    assert before.iloc[0]["AP"] != edited.iloc[0]["AP"]              # BM25 too
+    assert "Rebuilding the BM25 index" in out and "docs.trec changed" in out and "Rebuilding the dense index" in out
     assert "0 of 2 reused" in (tmp_path / "results-work" / "table.md").read_text()
-    # unchanged since: everything is reused, and the run says so
-    again, out = run(b, "work")
+    again, out = _main_run(capsys, tmp_path, tiny_bert_dir, b, "work")     # unchanged since: all reused, and said
     pd.testing.assert_frame_equal(again, edited)
     assert "Reusing the BM25 index" in out and "2 of 2 reused" in (tmp_path / "results-work" / "table.md").read_text()
+
+
+def test_main_job_gives_a_second_collection_its_own_indexes_in_the_same_work_dir(tmp_path, tiny_bert_dir, capsys):
+    """A second collection (same docnos, other texts) run into the same --work-dir was given the first one's BM25 and
+    dense indexes, which carried no dataset identity."""
+    a, b = _write_trec(tmp_path / "a", TEXTS), _write_trec(tmp_path / "b", OTHER)
+    first, _ = _main_run(capsys, tmp_path, tiny_bert_dir, a, "work")
+    other, out = _main_run(capsys, tmp_path, tiny_bert_dir, b, "work")
+    fresh, _ = _main_run(capsys, tmp_path, tiny_bert_dir, b, "fresh")
+    pd.testing.assert_frame_equal(other, fresh)
+    assert first.iloc[0]["AP"] != other.iloc[0]["AP"]
+    assert "Rebuilding the BM25 index" in out and "built from another collection" in out
+    assert "Rebuilding the dense index" in out
+    built_from = json.loads((tmp_path / "work" / "bm25.built_from.json").read_text())
+    assert built_from["spec"] == f"trec:{b}" and set(built_from["files"]) == {"docs.trec", "query-text.trec"}
 
 
 # ----------------------------------------------------------------------------- the paper pipeline's evaluation
@@ -158,28 +164,32 @@ def _plan(work: Path, entry: dict):
                           "work": work})()
 
 
-def test_paper_eval_set_of_the_same_name_and_another_spec_or_edited_data_is_evaluated_again(tmp_path, tiny_bert_dir):
-    """``--eval-set NAME=SPEC`` with a NAME evaluated before from another SPEC reused that SPEC's BM25 index and saved
-    run by name; a collection edited in place reused every index and run. Reference: a fresh work directory."""
+def _means(tmp_path: Path, model: str, spec: Path, work: str) -> dict:
     from experiments.paper.evaluation import evaluate
 
-    a = _write_trec(tmp_path / "a", TEXTS)
-    b = _write_trec(tmp_path / "b", OTHER)
-    systems = {"bert": tiny_bert_dir}
+    return evaluate(_plan(tmp_path / work, {"spec": f"trec:{spec}"}), "extra", "zero-shot", {"bert": model}, {},
+                    log=lambda _: None)["means"]
 
-    def means(spec: Path, work: str) -> dict:
-        return evaluate(_plan(tmp_path / work, {"spec": f"trec:{spec}"}), "extra", "zero-shot", systems, {},
-                        log=lambda _: None)["means"]
 
-    first = means(a, "w")
-    second = means(b, "w")                            # same NAME, another SPEC
-    assert second == means(b, "fresh-b")
+def test_paper_eval_set_of_the_same_name_and_another_spec_is_evaluated_again(tmp_path, tiny_bert_dir):
+    """``--eval-set NAME=SPEC`` with a NAME evaluated before from another SPEC reused that SPEC's BM25 index and saved
+    run by name. Reference: the same evaluation in a fresh work directory."""
+    a, b = _write_trec(tmp_path / "a", TEXTS), _write_trec(tmp_path / "b", OTHER)
+    first = _means(tmp_path, tiny_bert_dir, a, "w")
+    second = _means(tmp_path, tiny_bert_dir, b, "w")             # same NAME, another SPEC
+    assert second == _means(tmp_path, tiny_bert_dir, b, "fresh")
     assert second["bm25"] != first["bm25"]
-    _swap_in_place(b, 1, 3, OTHER)                    # the same SPEC edited in place
-    third = means(b, "w")
-    assert third == means(b, "fresh-edited")
-    assert third != second
-    assert third == means(b, "w")                     # unchanged: reused, same figures
+
+
+def test_paper_eval_set_edited_in_place_is_evaluated_again(tmp_path, tiny_bert_dir):
+    """The same SPEC edited in place reused every index and saved run (the dense index by its spec string)."""
+    b = _write_trec(tmp_path / "b", TEXTS)
+    before = _means(tmp_path, tiny_bert_dir, b, "w")
+    _swap_in_place(b, 0, 1, TEXTS)
+    edited = _means(tmp_path, tiny_bert_dir, b, "w")
+    assert edited == _means(tmp_path, tiny_bert_dir, b, "fresh")
+    assert edited["bm25"] != before["bm25"] and edited["bert"] != before["bert"]
+    assert edited == _means(tmp_path, tiny_bert_dir, b, "w")     # unchanged since: reused, same figures
 
 
 def test_paper_materialised_subset_is_written_again_when_its_source_changes(tmp_path, capsys):
