@@ -158,11 +158,37 @@ def load_training_data(spec: str, max_train_queries: int = -1, seed: int = 42) -
 def _pools_bm25(cfg: FinetuneConfig, data: TrainingData) -> dict[str, list[str]]:
     from pyterrier_cpdae.bm25 import BM25Index
 
-    index = BM25Index(os.path.join(cfg.output, "bm25_index"))
-    if not index.built():
-        logger.info("building the BM25 index at %s", os.path.join(cfg.output, "bm25_index"))
+    from pretrain.inputs import training_inputs
+    from pyterrier_cpdae._files import write_json_atomic
+
+    path = os.path.join(cfg.output, "bm25_index")
+    index = BM25Index(path)
+    # the index is reused only for the same --train data (its files' size, mtime and content hash), recorded
+    # beside it: an --overwrite run on other data, or on data edited in place, builds it again
+    record, want = path + ".inputs.json", training_inputs(cfg.train)
+    try:
+        with open(record, encoding="utf8") as f:
+            have = json.load(f)
+    except (OSError, ValueError):
+        have = None
+    if not index.built() or have != want:
+        if index.built():
+            logger.warning("rebuilding the BM25 index at %s: it was built from other --train data (%s)", path,
+                           "no record of its data" if have is None else
+                           "; ".join(_changes(have, want)) or "its files' modification times changed")
+        if os.path.exists(record):
+            os.remove(record)
+        logger.info("building the BM25 index at %s", path)
         index.indexer(mode="overwrite").index(data.corpus())
+        write_json_atomic(record, want)
     return neg.mine_bm25(index.bm25(num_results=cfg.negatives_depth), data.topics, data.positives, cfg.negatives_depth)
+
+
+def _changes(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    from pretrain.inputs import input_changes
+
+    specs = [] if have.get("specs") == want.get("specs") else [f"--train {have.get('specs')} -> {want.get('specs')}"]
+    return specs + input_changes(have, want)
 
 
 def _model_pooling(checkpoint: str, default: str) -> str:
