@@ -152,7 +152,8 @@ def corpus_files(spec: str, everything: bool = False) -> tuple[str, list[Path], 
         return kind, [p for p in under(folder) if not p.name.lower().startswith("qrels")], folder
     if kind in SMART_LAYOUTS:
         docs = SMART_LAYOUTS[kind].docs.lower()
-        return kind, sorted(p for p in folder.iterdir() if p.is_file() and p.name.lower() in (docs, docs + ".txt")), folder
+        return kind, sorted(p for p in folder.iterdir()
+                            if p.is_file() and p.name.lower() in (docs, docs + ".txt")), folder
     raise ValueError(f"unknown dataset kind {kind!r} in {spec!r}")
 
 

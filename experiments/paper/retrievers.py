@@ -11,9 +11,9 @@ from typing import Any, Optional
 
 SETTINGS_FILE = "encoder_settings.json"
 """Beside each index: what built it (model directory and its files' size, mtime and content hash, pooling, corpus
-spec and the fingerprint of its documents, document length, normalisation) and what its saved run was retrieved with (query length, depth). An index is reused
-only when the first part equals this call's, its saved run only when both parts do; an index without the file is
-rebuilt."""
+spec and the fingerprint of its documents, document length, normalisation) and what its saved run was retrieved
+with (query length, depth). An index is reused only when the first part equals this call's, its saved run only when
+both parts do; an index without the file is rebuilt."""
 
 
 def _model_stamp(model: str) -> list[list[Any]]:
