@@ -229,6 +229,9 @@ def _unique_topics(rows: list[tuple[str, str]], where: Callable[[int], str]) -> 
     one qid, and the measures would judge the mixture); given twice with the same text it is kept once, with a
     warning naming both places.
     """
+    frame = _topics_frame(rows)
+    if not frame["qid"].duplicated().any():  # the usual case, vectorised
+        return frame
     first: dict[str, int] = {}
     kept: list[tuple[str, str]] = []
     repeats: list[tuple[int, int]] = []
@@ -256,6 +259,9 @@ def _unique_qrels(rows: list[tuple[str, str, int]], where: Callable[[int], str])
     A pair judged twice with different labels is refused (which label counts would be up to the evaluation tool); an
     exact repeat (same pair, same label) is kept once, with a warning naming both places.
     """
+    frame = _qrels_frame(rows)
+    if not frame.duplicated(["qid", "docno"]).any():  # the usual case, vectorised
+        return frame
     first: dict[tuple[str, str], int] = {}
     kept: list[tuple[str, str, int]] = []
     repeats: list[tuple[int, int]] = []
@@ -562,7 +568,7 @@ def _beir_topics(queries: Path, qrels: Path) -> pd.DataFrame:
     if missing:
         raise ValueError(f"{queries}: {len(missing)} queries judged in {qrels} are missing, e.g. {missing[:5]}; "
                          "every judged query needs a line in queries.jsonl")
-    return topics[topics["qid"].isin(judged)].reset_index(drop=True)
+    return topics[topics["qid"].isin(list(judged))].reset_index(drop=True)
 
 
 def _beir_files(name: str, corpus: Path, queries: Path, qrels: Path) -> LocalDataset:
