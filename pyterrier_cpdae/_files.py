@@ -186,12 +186,20 @@ def read_config_file(path: PathLike, *, normalize_key: Optional[Callable[[str], 
     if size > CONFIG_MAX_BYTES:
         raise ValueError(f"{path}: a config file of {size} bytes is refused (at most {CONFIG_MAX_BYTES}); is it the "
                          "right file?")
-    text = read_text(path)
+    with open_text(path) as f:  # a compressed file is bounded by what it decompresses to
+        text = f.read(CONFIG_MAX_BYTES + 1)
+    if len(text) > CONFIG_MAX_BYTES:
+        raise ValueError(f"{path}: a config file of more than {CONFIG_MAX_BYTES} characters is refused; is it the "
+                         "right file?")
     yaml_file = path.suffix.lower() in (".yaml", ".yml")
     try:
         data, key_line = (_yaml_config if yaml_file else _json_config)(path, text)
     except RecursionError:
         raise ValueError(f"{path}: nested too deeply to be a config file") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        if str(e).startswith(str(path)):
+            raise
+        raise ValueError(f"{path}: cannot be read ({short_repr(str(e), 200)})") from None
     if data is None and yaml_file:  # an empty YAML file
         data = {}
     if not isinstance(data, dict):
@@ -203,7 +211,7 @@ def read_config_file(path: PathLike, *, normalize_key: Optional[Callable[[str], 
     for key, value in data.items():
         name = normalize_key(str(key))
         if name in out:
-            raise ValueError(f"{path}:{key_line(key)}: key {short_repr(key)} sets {name!r}, which key "
+            raise ValueError(f"{path}:{key_line(key)}: key {short_repr(key)} sets {short_repr(name)}, which key "
                              f"{short_repr(first[name])} (line {key_line(first[name])}) sets already; give it once")
         out[name], first[name] = value, key
     return out

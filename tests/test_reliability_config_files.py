@@ -8,6 +8,7 @@ built, trained or printed at length.
 """
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import subprocess
@@ -194,8 +195,17 @@ def test_a_deeply_nested_or_huge_file_is_refused(tmp_path: Path, monkeypatch) ->
     deep.write_text("{\"a\": " + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(ValueError, match=re.escape(f"{deep}: nested too deeply")):
         _files.read_config_file(deep)
+    digits = tmp_path / "digits.yaml"
+    digits.write_text("batch_size: " + "9" * 5000 + "\n")  # more digits than Python converts to an int
+    with pytest.raises(ValueError, match=re.escape(f"{digits}: cannot be read") + ".*4300 digits"):
+        _files.read_config_file(digits)
     monkeypatch.setattr(_files, "CONFIG_MAX_BYTES", 10)
     big = tmp_path / "big.json"
     big.write_text('{"batch_size": 4}')
     with pytest.raises(ValueError, match=re.escape(f"{big}: a config file of 17 bytes is refused")):
         _files.read_config_file(big)
+    packed = tmp_path / "packed.json.gz"  # small on disk, large once decompressed
+    packed.write_bytes(gzip.compress(b'{"a": "' + b"x" * 100 + b'"}'))
+    monkeypatch.setattr(_files, "CONFIG_MAX_BYTES", 50)
+    with pytest.raises(ValueError, match=re.escape(f"{packed}: a config file of more than 50 characters")):
+        _files.read_config_file(packed)
