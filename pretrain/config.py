@@ -537,7 +537,11 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
         path = known.config
         if path:
             from_file = load_config_file(path)
-        objective = known.objective or from_file.get("objective") or cls.__dataclass_fields__["objective"].default
+        from_file_objective = from_file.get("objective")
+        if from_file_objective is not None:  # its type checked before it is looked up (a list is no objective)
+            from_file_objective = coerce_value(cls.__dataclass_fields__["objective"], from_file_objective,
+                                               f"config file {path}")
+        objective = known.objective or from_file_objective or cls.__dataclass_fields__["objective"].default
         from .registry import available_objectives
         if objective not in available_objectives():
             where = "--objective" if known.objective else f"option 'objective' in the config file {path}"

@@ -209,3 +209,12 @@ def test_a_deeply_nested_or_huge_file_is_refused(tmp_path: Path, monkeypatch) ->
     monkeypatch.setattr(_files, "CONFIG_MAX_BYTES", 50)
     with pytest.raises(ValueError, match=re.escape(f"{packed}: a config file of more than 50 characters")):
         _files.read_config_file(packed)
+
+
+def test_an_objective_of_the_wrong_type_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``objective: [a, b]`` was looked up among the objectives before its type was checked (TypeError traceback)."""
+    f = tmp_path / "run.yaml"
+    f.write_text("objective: [cpdae, mlm]\n")
+    code, line = run_cli(monkeypatch, capsys, ["--config", str(f)])
+    assert code == 2 and line == f"error: ValueError: option 'objective' in the config file {f} must be a string, " \
+                                 "got list ['cpdae', 'mlm']"
