@@ -143,8 +143,8 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
             "from pyterrier_cpdae._files import read_config_file; read_config_file(sys.argv[1])")
     try:
-        proc = subprocess.run([sys.executable, "-c", code, str(f)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-c", code, str(f)], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("the alias bomb was still being expanded after 120 s")
     last = proc.stderr.strip().splitlines()[-1]
