@@ -18,6 +18,8 @@ import argparse
 import math
 from typing import Any, ClassVar, Optional
 
+from pyterrier_cpdae._files import short_repr
+
 
 @dataclass(frozen=True)
 class Range:
@@ -87,12 +89,12 @@ def option_problem(f: dataclasses.Field, value: Any) -> Optional[str]:
         return None
     check: Optional[Range] = f.metadata.get("check")
     if isinstance(value, float) and not math.isfinite(value):
-        return f"must be a finite number{' ' + check.describe() if check else ''}, got {value!r}"
+        return f"must be a finite number{' ' + check.describe() if check else ''}, got {short_repr(value)}"
     if check is not None and isinstance(value, (int, float)) and not check.contains(value):
-        return f"must be {check.describe()}, got {value!r}"
+        return f"must be {check.describe()}, got {short_repr(value)}"
     choices = f.metadata.get("choices")
     if choices and isinstance(value, str) and value not in choices:
-        return f"must be one of {', '.join(choices)}, got {value!r}"
+        return f"must be one of {', '.join(choices)}, got {short_repr(value)}"
     return None
 
 
@@ -422,7 +424,7 @@ def coerce_value(f: dataclasses.Field, value: Any, source: str = "config file") 
             return value
         if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no"):
             return value.strip().lower() in ("true", "yes")
-        raise ValueError(f"{where} must be true or false, got {value!r}")
+        raise ValueError(f"{where} must be true or false, got {short_repr(value)}")
     if kind in ("int", "float"):
         convert = int if kind == "int" else float
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -433,13 +435,15 @@ def coerce_value(f: dataclasses.Field, value: Any, source: str = "config file") 
                 return convert(value.strip())
             except ValueError:
                 pass
-        raise ValueError(f"{where} must be {'an integer' if kind == 'int' else 'a number'}, got {value!r}")
+        raise ValueError(f"{where} must be {'an integer' if kind == 'int' else 'a number'}, got {short_repr(value)}")
     if not isinstance(value, (str, int, float)):
-        raise ValueError(f"{where} must be a string, got {type(value).__name__} {value!r}")
+        # the type is checked before the value is shown, and only a short repr is shown: a crafted value (e.g. a
+        # YAML list of 9**8 strings) is never expanded into a message
+        raise ValueError(f"{where} must be a string, got {type(value).__name__} {short_repr(value)}")
     value = str(value)
     choices = f.metadata.get("choices")
     if choices and value not in choices:
-        raise ValueError(f"{where} must be one of {', '.join(choices)}; got {value!r}")
+        raise ValueError(f"{where} must be one of {', '.join(choices)}; got {short_repr(value)}")
     return value
 
 
@@ -492,21 +496,15 @@ def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, 
 
 
 def load_config_file(path: str) -> dict[str, Any]:
-    """Read a YAML (``.yaml``/``.yml``) or JSON config file into a dict (dashes in keys become underscores)."""
-    import json
-    import os
+    """Read a YAML (``.yaml``/``.yml``) or JSON config file into a dict (dashes in keys become underscores).
 
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"config file not found: {path}")
-    with open(path) as f:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-            data = yaml.safe_load(f) or {}
-        else:
-            data = json.load(f)
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {path} must hold a mapping of option names to values, got {type(data).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    Read by :func:`pyterrier_cpdae._files.read_config_file`: a key given twice (``learning_rate`` twice, or
+    ``learning-rate`` and ``learning_rate``), a ``!!python/...`` tag, aliases that expand beyond a small bound, bytes
+    that are not UTF-8 and a truncated file are refused, naming the file and the line.
+    """
+    from pyterrier_cpdae._files import read_config_file
+
+    return read_config_file(path, normalize_key=lambda k: k.replace("-", "_"))
 
 
 def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) -> Any:
@@ -539,13 +537,17 @@ def parse_config(cls: type, argv: Optional[list[str]] = None, **parser_kw: Any) 
         path = known.config
         if path:
             from_file = load_config_file(path)
-        objective = known.objective or from_file.get("objective") or cls.__dataclass_fields__["objective"].default
+        from_file_objective = from_file.get("objective")
+        if from_file_objective is not None:  # its type checked before it is looked up (a list is no objective)
+            from_file_objective = coerce_value(cls.__dataclass_fields__["objective"], from_file_objective,
+                                               f"config file {path}")
+        objective = known.objective or from_file_objective or cls.__dataclass_fields__["objective"].default
         from .registry import available_objectives
         if objective not in available_objectives():
             where = "--objective" if known.objective else f"option 'objective' in the config file {path}"
             if known.objective:  # argparse names the flag and lists the choices
                 build_parser(cls, **parser_kw).parse_args(argv)
-            raise ValueError(f"{where} must be one of {', '.join(available_objectives())}; got {objective!r}")
+            raise ValueError(f"{where} must be one of {', '.join(available_objectives())}; got {short_repr(objective)}")
         cls = pretrain_config_class(str(objective), base=cls)
     parser = build_parser(cls, **parser_kw)
     ns, rest = parser.parse_known_args(argv)

