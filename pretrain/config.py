@@ -190,8 +190,8 @@ class PretrainConfig(TrainConfig):
                      "row, attention kept inside each text (varlen kernels; docs/pretraining.md, Unpadded training). "
                      "auto: unpadded on CUDA for the BERT family, padded otherwise; on: unpadded on any device "
                      "(refused for an unsupported model); off: the padded path.", choices=["auto", "on", "off"])
-    compile: bool = opt(False, "torch.compile each encoder layer (dynamic shapes; the first steps compile, the "
-                        "weights and checkpoints are unchanged).")
+    compile: bool = opt(False, "torch.compile each encoder layer in place (the first steps compile; parameter names, "
+                        "checkpoints and the export are unchanged).")
     decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the objective's decoder from this exported run "
                                       "(its <dir>/decoder) instead of initialising a new one; pass the stage-1 run "
                                       "directory here and as --model.")

@@ -335,7 +335,7 @@ def compile_module(module: nn.Module) -> None:
     if callable(fn):
         fn()
     else:
-        module.compile(dynamic=True)
+        module.compile()
 
 
 def _default_save(module: nn.Module, path: str) -> None:

@@ -209,9 +209,11 @@ def unpadded_last_hidden(mlm_model: Any, input_ids: torch.Tensor, attention_mask
 
 
 def compile_encoder(mlm_model: Any) -> int:
-    """``--compile``: ``torch.compile`` every Transformer layer of the encoder in place (``nn.Module.compile``,
-    dynamic shapes: the packed length changes with every batch), so that parameter names, checkpoints and the
-    export stay those of the eager model. Returns the number of layers compiled.
+    """``--compile``: ``torch.compile`` every Transformer layer of the encoder in place (``nn.Module.compile``), so
+    that parameter names, checkpoints and the export stay those of the eager model. torch's default shape policy:
+    the first batch compiles for its shapes, the first batch of another length recompiles with dynamic shapes (the
+    packed length changes with every batch; ``dynamic=True`` from the start fails in inductor's CPU
+    code generation for the unpadded layers with torch 2.13). Returns the number of layers compiled.
 
     Raises:
         ValueError: when the encoder has no list of layers (``encoder.layer``) to compile.
@@ -220,5 +222,5 @@ def compile_encoder(mlm_model: Any) -> int:
     if layers is None or not len(layers):
         raise ValueError(f"--compile: {type(mlm_model.base_model).__name__} has no encoder.layer list to compile")
     for layer in layers:
-        layer.compile(dynamic=True)
+        layer.compile()
     return len(layers)

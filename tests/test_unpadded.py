@@ -246,3 +246,16 @@ def test_roberta_positions_start_after_the_padding_index():
         padded = model.base_model(input_ids=ids, attention_mask=am).last_hidden_state
         hidden = unpadded.unpadded_last_hidden(model, ids, am)
     torch.testing.assert_close(hidden[am.bool()], padded[am.bool()], rtol=1e-5, atol=1e-5)
+
+
+def test_compile_compiles_every_encoder_layer_in_place(sharp_model, tok):
+    """``--compile`` (the trainer's ``compile_module``): each encoder layer compiled in place, the parameter names (and
+    so checkpoints and the export) unchanged. Compilation itself runs at the first step (not here: minutes on a CPU)."""
+    from pretrain.trainer import compile_module
+
+    obj = build("mlm", {}, "on", sharp_model, tok)
+    names = [n for n, _ in obj.named_parameters()]
+    compile_module(obj)
+    layers = obj.encoder.encoder.layer
+    assert len(layers) == 2 and all(layer._compiled_call_impl is not None for layer in layers)
+    assert [n for n, _ in obj.named_parameters()] == names
