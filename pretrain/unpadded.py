@@ -95,13 +95,17 @@ def use_unpadded(mode: str, device: torch.device) -> bool:
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
+_REGISTERED: list = []
+
+
 def _register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if ATTN_IMPLEMENTATION not in AttentionInterface._global_mapping:
+    if not _REGISTERED:
         AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
         AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)  # padded calls: transformers' SDPA masks
+        _REGISTERED.append(True)
 
 
 def _enable(mlm_model: Any) -> None:
