@@ -188,6 +188,12 @@ class PretrainConfig(TrainConfig):
                                 "flags still override it): paper = the objective's paper's own reported settings "
                                 "(docs/pretraining.md lists them with their sources). The controlled comparison "
                                 "(python -m experiments.paper) uses none: one shared budget for every objective.")
+    unpad: str = opt("auto", "Run the encoder without computing on padding: the real tokens of a batch packed into one "
+                     "row, attention kept inside each text (varlen kernels; docs/pretraining.md, Unpadded training). "
+                     "auto: unpadded on CUDA for the BERT family, padded otherwise; on: unpadded on any device "
+                     "(refused for an unsupported model); off: the padded path.", choices=["auto", "on", "off"])
+    compile: bool = opt(False, "torch.compile each encoder layer in place (the first steps compile; parameter names, "
+                        "checkpoints and the export are unchanged).")
     decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the objective's decoder from this exported run "
                                       "(its <dir>/decoder) instead of initialising a new one; pass the stage-1 run "
                                       "directory here and as --model.")
@@ -354,11 +360,12 @@ class FinetuneConfig(TrainConfig):
 # ----------------------------------------------------------------------------- resuming
 #: The one rule for ``--resume``, shared by pre-training and fine-tuning (and each fine-tuning round): the options
 #: that may differ between a run and its continuation. They say how long to train (``--max-steps``, ``--epochs``,
-#: ``--mining-rounds``), how often to save or log and where, and how to run (workers, device, token cache); none
+#: ``--mining-rounds``), how often to save or log and where, and how to run (workers, device, token cache, unpadded
+#: or padded, compiled or not); none
 #: changes what was learnt up to the last checkpoint. A change of any other option is a different run.
 RESUME_MUTABLE_OPTIONS = frozenset({
     "resume", "overwrite", "max_steps", "epochs", "mining_rounds", "save_steps", "save_total_limit", "logging_steps",
-    "report_to", "num_workers", "cpu", "cache_dir"})
+    "report_to", "num_workers", "cpu", "cache_dir", "unpad", "compile"})
 
 
 #: Options that only name a set of values (``--preset``): resuming compares the values they resolved to instead.

@@ -5,9 +5,9 @@
 ``collate_fn``. It is used for pre-training (``python -m pretrain``) and bi-encoder
 fine-tuning (``python -m pretrain finetune``).
 
-Features: AdamW (no weight decay on biases and LayerNorm weights), linear warm-up then
+Features: AdamW (no weight decay on biases and LayerNorm weights; the fused kernel on CUDA), linear warm-up then
 linear decay, gradient clipping and accumulation, bf16/fp16 autocast on CUDA, gradient
-checkpointing, DDP under ``torchrun``/``accelerate launch`` with a *global* batch size,
+checkpointing, optional ``torch.compile`` (``--compile``), DDP under ``torchrun``/``accelerate launch`` with a *global* batch size,
 a seeded deterministic data order, atomic resumable checkpoints ``checkpoint-N`` (model,
 optimizer, scheduler, RNG states and data position, stored as safetensors/JSON and never
 unpickled, see :mod:`pretrain.checkpoint`: a run killed and resumed reproduces the loss
@@ -321,6 +321,23 @@ def enable_gradient_checkpointing(module: nn.Module) -> None:
                      "gradient_checkpointing_enable() (nor its mlm_model/encoder)")
 
 
+def adamw_options(device: torch.device) -> dict[str, Any]:
+    """Extra ``torch.optim.AdamW`` arguments for the training device: the fused kernel on CUDA (one kernel for all
+    parameters instead of a loop over them; the same update up to rounding), torch's default elsewhere (so that the
+    numbers of CPU runs stay as they were)."""
+    return {"fused": True} if torch.device(device).type == "cuda" else {}
+
+
+def compile_module(module: nn.Module) -> None:
+    """``--compile``: the module's own ``compile_encoder()`` (the objectives: every encoder layer,
+    :func:`pretrain.unpadded.compile_encoder`), else ``module.compile()`` (in place: parameter names unchanged)."""
+    fn = getattr(module, "compile_encoder", None)
+    if callable(fn):
+        fn()
+    else:
+        module.compile()
+
+
 def _default_save(module: nn.Module, path: str) -> None:
     module.save_pretrained(path)
 
@@ -459,8 +476,11 @@ class Trainer:
         module = self.module
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(module)
+        if getattr(cfg, "compile", False):
+            compile_module(module)
         optimizer = torch.optim.AdamW(parameter_groups(module, cfg.weight_decay), lr=cfg.learning_rate,
-                                      betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon)
+                                      betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
+                                      **adamw_options(acc.device))
         scheduler = get_linear_schedule_with_warmup(optimizer, self.warmup_steps, self.total_steps)
         # the scheduler is not prepared: accelerate would step it once per process
         model, optimizer = acc.prepare(module, optimizer)
@@ -717,5 +737,5 @@ class Trainer:
         acc.wait_for_everyone()
 
 
-__all__ = ["Trainer", "NonFiniteError", "FiniteGuard", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
+__all__ = ["Trainer", "adamw_options", "compile_module", "NonFiniteError", "FiniteGuard", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
            "parameter_groups", "resolve_mixed_precision", "warmup_steps"]

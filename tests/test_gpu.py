@@ -228,6 +228,40 @@ def test_objective_loss_and_gradients_on_the_device_equal_cpu(name, bert_dir, te
         torch.testing.assert_close(grads["device"][key], g, rtol=1e-3, atol=1e-5, msg=key)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["mlm", "cpdae"])  # every objective unpadded on CUDA: the test above (auto)
+def test_objective_unpadded_equals_padded_on_the_device(name, precision, bert_dir, texts):
+    """``--unpad on`` (the device's varlen kernel: FlashAttention-2 or nested-tensor SDPA on CUDA) against ``off`` on
+    the same device: fp32 to 1e-4 relative; under bf16 autocast the loss to 2e-2 relative and every gradient to 5e-2
+    in relative L2 norm (bf16 rounds the two paths' differently shaped matmuls differently), the attention's key bias
+    aside (its exact gradient is 0; both paths give rounding noise)."""
+    from transformers import AutoTokenizer
+
+    from test_cpdae_objective import make
+
+    tok = AutoTokenizer.from_pretrained(bert_dir)
+    examples = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[:8]]
+    objs = {mode: make(name, bert_dir, tok, batch_size=8, unpad=mode).eval().to(DEVICE) for mode in ("off", "on")}
+    batch = objs["off"].collate(examples)
+    outs, grads = {}, {}
+    for mode, obj in objs.items():
+        with torch.autocast(device_type=torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = obj({k: v.to(DEVICE) for k, v in batch.items()})
+        out["loss"].backward()
+        outs[mode] = {k: float(v.detach()) for k, v in out.items() if torch.is_tensor(v) and v.dim() == 0}
+        grads[mode] = {n: p.grad.detach().float().cpu() for n, p in obj.named_parameters() if p.grad is not None}
+    rel = 1e-4 if precision == "fp32" else 2e-2
+    for key, value in outs["off"].items():
+        assert outs["on"][key] == pytest.approx(value, rel=rel, abs=1e-5), (key, outs)
+    assert grads["off"].keys() == grads["on"].keys() and grads["off"]
+    for key, g in grads["off"].items():
+        if precision == "fp32":
+            torch.testing.assert_close(grads["on"][key], g, rtol=1e-3, atol=1e-5, msg=key)
+        elif not key.endswith("attention.self.key.bias"):  # its exact gradient is 0 (softmax ignores a shift of
+            err = float((grads["on"][key] - g).norm() / g.norm().clamp_min(1e-12))  # a row's scores): bf16 noise
+            assert err < 5e-2, (key, err)
+
+
 # --------------------------------------------------------------------------------------------- FAISS GPU
 def test_faiss_gpu_flat_matches_exact_search(tmp_path):
     faiss = pytest.importorskip("faiss")

@@ -176,6 +176,14 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     pre = json.loads((out / "bench_pretrain.json").read_text())["rows"]
     assert [r["objective"] for r in pre] == ["mlm", "cpdae", "bow"] and all("error" not in r for r in pre)
     assert pre[0]["cost_per_sequence_vs_mlm"] == 1.0 and all(r["sequences_per_s"] > 0 for r in pre)
+    # issue 34: MLM and CPDAE padded vs unpadded on texts of Wikipedia's block lengths, MFU on real tokens only
+    unpad = json.loads((out / "bench_pretrain.json").read_text())["unpad_rows"]
+    assert [(r["objective"], r["path"], r.get("unpad")) for r in unpad] == [
+        ("mlm", "padded", "off"), ("mlm", "unpadded", "on"), ("cpdae", "padded", "off"), ("cpdae", "unpadded", "on")]
+    for r in unpad:
+        assert "error" not in r and 0 < r["real_tokens_per_step"] <= r["padded_tokens_per_step"], r
+        assert 0 < r["mfu_real_vs_measured_bf16"] < 1 and r["real_macs_per_step"] <= r["padded_macs_per_step"]
+    assert "padded vs unpadded" in (out / "bench_gpu.md").read_text()
     assert "## encode" in (out / "bench_gpu.md").read_text()
 
 

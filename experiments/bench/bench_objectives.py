@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="run all objectives this many times, interleaved; "
                     "report the median over the rounds and the range of the per-round (paired) slowdown vs mlm")
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast")
+    ap.add_argument("--unpad", choices=["auto", "on", "off"], default=None,
+                    help="the objectives' --unpad (default: the option's default, auto)")
+    ap.add_argument("--length-dist", default=None, help="draw text lengths from this block-length histogram "
+                    "(experiments/results/padding_share.json) instead of full-length texts")
     ap.add_argument("--out", default=None, help="write the Markdown table here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--objective", default="mlm", help=argparse.SUPPRESS)

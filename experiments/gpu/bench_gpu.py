@@ -14,7 +14,10 @@ Every figure is printed as a ratio in the same run and written with the GPU's na
   whole index on the device) shows what the card reaches without streaming.
 * ``pretrain``: ``objective_runs.run_one`` per objective (forward + backward + AdamW, bf16 autocast) at the
   given shape; sequences/s, MFU (``6 x forward multiply-adds`` per sequence) and the cost per sequence relative
-  to MLM.
+  to MLM. Then ``--unpad-objectives`` (MLM and CPDAE) on texts of Wikipedia's real block lengths
+  (``--length-dist``), the padded path (``--unpad off``) beside the unpadded one (``on``) in the same run: real
+  tokens/s, MFU counting the real tokens only (the MLM head at the masked share of them) on the measured and the
+  datasheet peak, the padded path's MFU counting its padded work too, and the unpadded path's speed-up.
 
 Peaks are *measured* in the same run (a large bf16 / fp32 matmul, a device-to-device copy, a pinned
 host-to-device copy) and, where the card is known, also given as the datasheet figure.
@@ -55,10 +58,12 @@ MSMARCO_PASSAGES = 8_841_823
 #: datasheet dense bf16 tensor-core peaks (FLOP/s) and HBM bandwidths (B/s) of the SXM parts
 DATASHEET = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12)}
 SMOKE = dict(encode_shapes="tiny", lengths=[16, 32], docs=32, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
-             seq_length=32, sequences=4, steps=1, warmup=1, objectives="mlm,cpdae,bow", repeats=1)
+             seq_length=32, sequences=4, steps=1, warmup=1, objectives="mlm,cpdae,bow", repeats=1,
+             unpad_objectives="mlm,cpdae")
 FULL = dict(encode_shapes="bert-base,minilm", lengths=[128, 256, 512], docs=4096, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
             k=1000, chunk_size=None, seq_length=512, sequences=32, steps=5, warmup=2,
-            objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2)
+            objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2,
+            unpad_objectives="mlm,cpdae")
 
 
 def sync(dev) -> None:
@@ -305,20 +310,65 @@ def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool) -> Dict[str, o
     for r in rows:
         if ref is not None and "error" not in r:
             r["cost_per_sequence_vs_mlm"] = r["per_seq_ms"] / ref["per_seq_ms"]
-    return {"length": args.seq_length, "sequences_per_step": args.sequences, "bf16": True, "rows": rows}
+    return {"length": args.seq_length, "sequences_per_step": args.sequences, "bf16": True, "rows": rows,
+            "unpad_rows": bench_unpad(args, ns, peaks, smoke) if args.unpad_objectives else []}
+
+
+def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
+    """The padded and the unpadded path (``--unpad off`` / ``on``) of ``--unpad-objectives`` on texts whose lengths
+    follow Wikipedia's block lengths (``--length-dist``, recorded by ``experiments/bench/bench_padding.py``), in the
+    same run. MFU counts the work the objective needs only: each sequence at its real length, the MLM head at the
+    masked share of its tokens (``real_macs_per_step``); the padded row also gives its MFU counting the padded
+    work it does (``mfu_padded_work_vs_measured_bf16``)."""
+    from experiments.bench import objective_runs as bench_objectives
+
+    rows: List[Dict[str, object]] = []
+    for name in args.unpad_objectives.split(","):
+        for mode in ("off", "on"):
+            run = SimpleNamespace(**vars(ns), unpad=mode, length_dist=str(args.length_dist))
+            if smoke:
+                buf = io.StringIO()
+                try:
+                    with contextlib.redirect_stdout(buf):
+                        bench_objectives.worker(SimpleNamespace(**vars(run), objective=name))
+                    r = json.loads(buf.getvalue().strip().splitlines()[-1])
+                except Exception as e:
+                    r = {"objective": name, "error": f"{type(e).__name__}: {e}"}
+            else:
+                r = bench_objectives.run_one(name, run)
+            r["path"] = "unpadded" if mode == "on" else "padded"
+            if "error" not in r:
+                r["sequences_per_s"] = r["sequences"] / r["step_s"]
+                r["real_tokens_per_s"] = r["real_tokens_per_step"] / r["step_s"]
+                r["padding_share"] = 1 - r["real_tokens_per_step"] / r["padded_tokens_per_step"]
+                for label, peak in (("measured_bf16", peaks["bf16_flops"]),
+                                    ("datasheet", peaks.get("datasheet_bf16_flops"))):
+                    if peak:
+                        r[f"mfu_real_vs_{label}"] = 6 * r["real_macs_per_step"] / r["step_s"] / peak
+                if mode == "off":
+                    r["mfu_padded_work_vs_measured_bf16"] = 6 * r["padded_macs_per_step"] / r["step_s"] / peaks["bf16_flops"]
+            rows.append(r)
+            print(f"pretrain {name} {r['path']}: " + (r["error"] if "error" in r else
+                  f"{r['sequences_per_s']:.2f} seq/s, {r['real_tokens_per_s']:.0f} real tokens/s, "
+                  f"MFU (real tokens) {r['mfu_real_vs_measured_bf16']:.1%}"), flush=True)
+        pair = [r for r in rows[-2:] if "error" not in r]
+        if len(pair) == 2:
+            pair[1]["speedup_vs_padded"] = pair[0]["step_s"] / pair[1]["step_s"]
+    return rows
 
 
 def write_markdown(path: Path, record: Dict[str, object]) -> None:
     lines = [f"# GPU benchmarks ({record['info'].get('gpu')})", "", f"Command: `{record['command']}`",
              f"Machine: {json.dumps(record['info'])}",
              f"Measured peaks: " + ", ".join(f"{k} {v:.3g}" for k, v in record["peaks"].items()), ""]
-    for part in ("encode", "search", "pretrain"):
-        res = record.get(part)
-        if not res:
+    for part in ("encode", "search", "pretrain", "unpad_rows"):
+        res = record.get(part) if part != "unpad_rows" else {"rows": (record.get("pretrain") or {}).get(part)}
+        if not res or not res["rows"]:
             continue
         rows = res["rows"]
         keys = sorted({k for r in rows for k in r if not isinstance(r[k], (list, dict))}, key=lambda k: (k != "shape", k != "tokens", k))
-        lines += [f"## {part}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        title = "pretrain: padded vs unpadded (real length distribution)" if part == "unpad_rows" else part
+        lines += [f"## {title}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         for r in rows:
             lines.append("| " + " | ".join(f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, ""))
                                           for k in keys) + " |")
@@ -347,6 +397,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--objectives")
     ap.add_argument("--repeats", type=int)
+    ap.add_argument("--unpad-objectives", help="objectives timed padded vs unpadded on real text lengths "
+                    "(default mlm,cpdae; '' skips)")
+    ap.add_argument("--length-dist", type=Path, default=REPO / "experiments" / "results" / "padding_share.json",
+                    help="block-length histograms (experiments/bench/bench_padding.py) the unpadded comparison "
+                    "draws its text lengths from")
     args = ap.parse_args(argv)
     for key, value in (SMOKE if args.cpu_smoke else FULL).items():
         if getattr(args, key) is None:

@@ -45,6 +45,7 @@ from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
 from ..modeling import mlm_head, quiet_transformers
+from ..unpadded import compile_encoder, resolve_unpad, unpadded_last_hidden, use_unpadded
 from .contrast import SPAN_CONTRAST_FORMS
 
 
@@ -166,8 +167,25 @@ class Objective(nn.Module):
         self.mlm_model = mlm_model
         self.tokenizer = tokenizer
         self.config = config
+        #: ``--unpad`` resolved against the model (:func:`pretrain.unpadded.resolve_unpad`): auto, on or off.
+        self.unpad = resolve_unpad(getattr(config, "unpad", "auto"), mlm_model)
         from .contrast import attach_span_contrast
         attach_span_contrast(self)  # the add-on term of --span-contrast-weight (no-op at 0)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The encoder's ``(N, L, H)`` last hidden states of a right-padded batch: unpadded (the real tokens only,
+        :mod:`pretrain.unpadded`) or padded, as ``--unpad`` and the device say. Every objective's encoder pass goes
+        through here; no objective reads the hidden states at padding positions (zeros on the unpadded path)."""
+        if use_unpadded(self.unpad, input_ids.device):
+            return unpadded_last_hidden(self.mlm_model, input_ids, attention_mask, token_type_ids)
+        kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+
+    def compile_encoder(self) -> None:
+        """``--compile`` (the trainer calls it): ``torch.compile`` every encoder layer in place
+        (:func:`pretrain.unpadded.compile_encoder`)."""
+        compile_encoder(self.mlm_model)
 
     def text_vectors(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``(B, L, H)`` last hidden states → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""
@@ -337,7 +355,7 @@ class MaskedViewsMixin:
         k = batch["masked_input_ids"].shape[1]
         ids = self.views(batch["masked_input_ids"])
         am = batch["attention_mask"].repeat(k, 1)
-        hidden = self.encoder(input_ids=ids, attention_mask=am).last_hidden_state
+        hidden = self.encode(ids, am)
         return hidden, self.views(batch["mlm_labels"])
 
     def masked_lm_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

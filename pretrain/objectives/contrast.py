@@ -194,7 +194,7 @@ def span_contrast_loss(objective: Any, batch: dict[str, torch.Tensor]) -> torch.
     length = batch["span_input_ids"].shape[-1]
     ids = batch["span_input_ids"].transpose(0, 1).reshape(-1, length)  # view-major: the m anchors, then the m positives
     am = batch["span_attention_mask"].transpose(0, 1).reshape(-1, length)
-    h = objective.text_vectors(objective.encoder(input_ids=ids, attention_mask=am).last_hidden_state, am)
+    h = objective.text_vectors(objective.encode(ids, am), am)
     return span_contrast(h, span_contrast_form(objective.config), float(objective.config.span_contrast_temperature))
 
 

@@ -130,8 +130,7 @@ class ICTObjective(Objective):
         return {"query_input_ids": q_ids, "query_attention_mask": q_am, "input_ids": b_ids, "attention_mask": b_am}
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        hq = self.encoder(input_ids=batch["query_input_ids"], attention_mask=batch["query_attention_mask"]
-                          ).last_hidden_state[:, 0]
-        hb = self.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[:, 0]
+        hq = self.encode(batch["query_input_ids"], batch["query_attention_mask"])[:, 0]
+        hb = self.encode(batch["input_ids"], batch["attention_mask"])[:, 0]
         loss = paired_info_nce(hq, hb, float(self.config.temperature), dot)
         return {"loss": loss, "cl": loss.detach()}

@@ -225,9 +225,8 @@ class PROPObjective(MaskedViewsMixin, Objective):
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{"loss": L_ROP + L_MLM, "mlm", "rop"}``; one encoder pass over the ``2m`` masked pairs."""
         L = batch["masked_input_ids"].shape[-1]
-        hidden = self.encoder(input_ids=batch["masked_input_ids"].reshape(-1, L),
-                              attention_mask=batch["attention_mask"].reshape(-1, L),
-                              token_type_ids=batch["token_type_ids"].reshape(-1, L)).last_hidden_state
+        hidden = self.encode(batch["masked_input_ids"].reshape(-1, L), batch["attention_mask"].reshape(-1, L),
+                             token_type_ids=batch["token_type_ids"].reshape(-1, L))
         l_mlm = self.masked_lm_loss(hidden, batch["mlm_labels"].reshape(-1, L))
         scores = self.score_head(hidden[:, 0]).view(-1, 2)
         l_rop = rop_loss(scores, float(self.config.prop_margin))

@@ -84,6 +84,6 @@ class SimCSEObjective(Objective):
         m = batch["input_ids"].shape[0]
         ids = batch["input_ids"].repeat(2, 1)
         am = batch["attention_mask"].repeat(2, 1)
-        h = self.encoder(input_ids=ids, attention_mask=am).last_hidden_state[:, 0]
+        h = self.encode(ids, am)[:, 0]
         loss = paired_info_nce(h[:m], h[m:], float(self.config.temperature), cosine)
         return {"loss": loss, "cl": loss.detach()}

@@ -1,0 +1,230 @@
+"""Running the encoder without computing on padding (``--unpad``).
+
+A padded batch ``(N, L)`` of texts of unequal lengths spends the encoder's work on ``N·L`` positions, of which only
+``T = Σ n_i`` are real; on Wikipedia blocks of 512 tokens about half are padding
+(``experiments/results/padding_share.md``). The unpadded path removes the padding *before the embedding layer*: the
+real tokens of all rows are concatenated into one packed row ``(1, T)``, each text keeps its own [CLS] and its own
+positions ``0 .. n_i-1`` (``position_ids``), every linear layer, LayerNorm and dropout works on the ``T`` real tokens
+only, and attention stays inside each text (variable-length attention over the cumulative lengths ``cu_seqlens``,
+never across two texts). The last hidden states are scattered back to ``(N, L, H)`` (zeros at padding), so that the
+objectives' heads read them as before; none of them reads a padding position (the MLM loss gathers the masked
+positions before the vocabulary projection, pooling is [CLS] or a masked mean).
+
+The attention kernel (:func:`varlen_kernel`), chosen per call:
+
+* ``flash_attn``: ``flash_attn.flash_attn_varlen_func`` (FlashAttention-2's varlen kernel, attention dropout
+  included) on CUDA in bf16/fp16, when the ``flash-attn`` package is installed;
+* ``njt``: ``torch.nn.functional.scaled_dot_product_attention`` on nested (jagged) tensors, torch's own varlen
+  dispatch to its fused kernels (CUDA; it runs on the CPU too, which the reference tests use to check its plumbing);
+* ``loop``: one ``scaled_dot_product_attention`` per text (the CPU's kernel: no launch overhead to speak of there).
+
+The model is switched to the attention function :data:`ATTN_IMPLEMENTATION` registered with transformers'
+``AttentionInterface`` (its calls without ``cu_seq_lens_q`` go to transformers' own SDPA, so a padded call through
+the same model is unchanged); the switch is not saved with the model (``config.json`` keeps no attention
+implementation). Supported: the BERT family as transformers 5 writes it (``model_type`` ``bert``, ``roberta``,
+``xlm-roberta``: attention through ``ALL_ATTENTION_FUNCTIONS`` and explicit ``position_ids``).
+
+``--unpad auto`` (default) runs unpadded on CUDA when the model is supported, padded otherwise (on the CPU the
+numbers of a run, dropout's random draws included, stay those of the padded path); ``on`` runs unpadded on any
+device (the loop kernel on the CPU) and refuses an unsupported model; ``off`` is the padded path.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["UNPAD_CHOICES", "ATTN_IMPLEMENTATION", "VARLEN_KERNELS", "unpad_problem", "resolve_unpad",
+           "use_unpadded", "unpadded_last_hidden", "varlen_kernel", "varlen_attention", "compile_encoder"]
+
+logger = logging.getLogger(__name__)
+
+#: ``--unpad`` choices.
+UNPAD_CHOICES = ("auto", "on", "off")
+#: Name of the attention function registered with transformers (``model.config._attn_implementation``).
+ATTN_IMPLEMENTATION = "pretrain_varlen"
+#: Variable-length attention kernels (:func:`varlen_kernel`).
+VARLEN_KERNELS = ("flash_attn", "njt", "loop")
+#: Force one kernel (tests: ``"njt"`` on the CPU); ``None``: :func:`varlen_kernel` chooses.
+FORCE_KERNEL: Optional[str] = None
+
+#: Position id of a text's first token per model type (RoBERTa's positions start after its padding index).
+_POSITION_START = {"bert": lambda c: 0, "roberta": lambda c: int(c.pad_token_id) + 1,
+                   "xlm-roberta": lambda c: int(c.pad_token_id) + 1}
+
+
+def unpad_problem(mlm_model: Any) -> Optional[str]:
+    """Why ``mlm_model`` cannot run unpadded (``None``: it can)."""
+    config = getattr(mlm_model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _POSITION_START:
+        return (f"model type {model_type!r} is not one the unpadded path supports "
+                f"({', '.join(sorted(_POSITION_START))})")
+    if not hasattr(mlm_model, "set_attn_implementation"):
+        return "the installed transformers has no set_attn_implementation (transformers >= 5 is needed)"
+    if getattr(config, "is_decoder", False):
+        return "the model is a decoder (causal attention)"
+    return None
+
+
+def resolve_unpad(choice: str, mlm_model: Any) -> str:
+    """``--unpad`` checked against the model: ``"auto"`` (unpadded on CUDA), ``"on"`` or ``"off"``; ``auto`` with an
+    unsupported model becomes ``off`` (logged once).
+
+    Raises:
+        ValueError: for an unknown choice, or ``on`` with a model the unpadded path does not support.
+    """
+    if choice not in UNPAD_CHOICES:
+        raise ValueError(f"--unpad must be one of {', '.join(UNPAD_CHOICES)}, got {choice!r}")
+    if choice == "off":
+        return "off"
+    problem = unpad_problem(mlm_model)
+    if problem is None:
+        return choice
+    if choice == "on":
+        raise ValueError(f"--unpad on: {problem}; use --unpad auto or off (the padded path)")
+    logger.info("--unpad auto: the padded path (%s)", problem)
+    return "off"
+
+
+def use_unpadded(mode: str, device: torch.device) -> bool:
+    """Whether a batch on ``device`` runs unpadded under the resolved ``mode`` (:func:`resolve_unpad`)."""
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
+
+
+_REGISTERED: list = []
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if not _REGISTERED:
+        AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)  # padded calls: transformers' SDPA masks
+        _REGISTERED.append(True)
+
+
+def _enable(mlm_model: Any) -> None:
+    """Switch ``mlm_model`` (and its base model, which shares the config) to :data:`ATTN_IMPLEMENTATION`."""
+    if getattr(mlm_model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION:
+        return
+    _register()
+    mlm_model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
+def varlen_kernel(query: torch.Tensor, dropout: float) -> str:
+    """The kernel of one call (module docstring): ``flash_attn`` on CUDA in half precision when installed, ``njt``
+    on CUDA otherwise, ``loop`` on the CPU; :data:`FORCE_KERNEL` wins."""
+    if FORCE_KERNEL is not None:
+        return FORCE_KERNEL
+    if query.device.type != "cuda":
+        return "loop"
+    if query.dtype in (torch.float16, torch.bfloat16) and _flash_attn() is not None:
+        return "flash_attn"
+    return "njt"
+
+
+_FLASH: list = []
+
+
+def _flash_attn() -> Any:
+    if not _FLASH:
+        try:
+            from flash_attn import flash_attn_varlen_func
+        except Exception:  # not installed, or built for another torch / CUDA
+            flash_attn_varlen_func = None
+        _FLASH.append(flash_attn_varlen_func)
+    return _FLASH[0]
+
+
+def varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                     cu_seq_lens_q: Optional[torch.Tensor] = None, max_length_q: Optional[int] = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: ``query/key/value`` ``(B, heads, S, d)``; returns
+    ``((B, S, heads, d), None)``. With ``cu_seq_lens_q`` (a packed row ``B = 1`` of texts ``[cu[i], cu[i+1])``):
+    attention inside each text only; without: transformers' SDPA (the padded path, unchanged)."""
+    if cu_seq_lens_q is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **{k: v for k, v in kwargs.items() if k in ("is_causal",)})
+    if query.shape[0] != 1:
+        raise ValueError(f"unpadded attention expects one packed row, got a batch of {query.shape[0]}")
+    p = dropout if module.training else 0.0
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, d)
+    kernel = varlen_kernel(q, p)
+    if kernel == "flash_attn":
+        cu = cu_seq_lens_q.to(torch.int32)
+        out = _flash_attn()(q, k, v, cu, cu, int(max_length_q), int(max_length_q), dropout_p=p, softmax_scale=scaling)
+    elif kernel == "njt":
+        offsets = cu_seq_lens_q.to(torch.int64)
+
+        def nested(t: torch.Tensor) -> torch.Tensor:
+            return torch.nested.nested_tensor_from_jagged(t, offsets=offsets).transpose(1, 2)  # (N, heads, j, d)
+        with warnings.catch_warnings():  # torch's "prototype" notices of nested tensors
+            warnings.simplefilter("ignore", UserWarning)
+            out = F.scaled_dot_product_attention(nested(q), nested(k), nested(v), dropout_p=p, scale=scaling)
+            out = out.transpose(1, 2).values()
+    elif kernel == "loop":
+        bounds = cu_seq_lens_q.tolist()
+        out = torch.cat([F.scaled_dot_product_attention(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1),
+                                                        v[s:e].transpose(0, 1), dropout_p=p, scale=scaling
+                                                        ).transpose(0, 1)
+                         for s, e in zip(bounds[:-1], bounds[1:])])
+    else:
+        raise ValueError(f"unknown varlen attention kernel {kernel!r} (known: {', '.join(VARLEN_KERNELS)})")
+    return out.unsqueeze(0), None
+
+
+def unpadded_last_hidden(mlm_model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The encoder's ``(N, L, H)`` last hidden states of a right-padded batch, computed on its real tokens only
+    (module docstring); zeros at padding positions.
+
+    Raises:
+        ValueError: for a batch that is not right-padded (a row whose real tokens are not a prefix) or has an
+            empty row.
+    """
+    n, length = input_ids.shape
+    mask = attention_mask.bool()
+    lengths = mask.sum(1)
+    prefix = torch.arange(length, device=mask.device).unsqueeze(0) < lengths.unsqueeze(1)
+    stats = torch.stack([lengths.min(), lengths.max(), (prefix != mask).sum()]).tolist()  # one host sync
+    if stats[0] < 1 or stats[2]:
+        raise ValueError("the unpadded path needs right-padded rows of at least one real token each "
+                         f"(attention_mask rows with {stats[0]} real tokens, {stats[2]} positions out of order); "
+                         "use --unpad off")
+    _enable(mlm_model)
+    flat = mask.reshape(-1).nonzero().squeeze(1)  # (T,) positions of the real tokens in the (N·L) grid
+    start = _POSITION_START[mlm_model.config.model_type](mlm_model.config)
+    positions = (flat % length + start).unsqueeze(0)
+    ids = input_ids.reshape(-1).index_select(0, flat).unsqueeze(0)
+    types = None if token_type_ids is None else token_type_ids.reshape(-1).index_select(0, flat).unsqueeze(0)
+    cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    hidden = mlm_model.base_model(input_ids=ids, token_type_ids=types, position_ids=positions,
+                                  cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=int(stats[1]),
+                                  max_length_k=int(stats[1])).last_hidden_state[0]  # (T, H)
+    out = hidden.new_zeros(n * length, hidden.shape[-1]).index_copy(0, flat, hidden)
+    return out.view(n, length, -1)
+
+
+def compile_encoder(mlm_model: Any) -> int:
+    """``--compile``: ``torch.compile`` every Transformer layer of the encoder in place (``nn.Module.compile``), so
+    that parameter names, checkpoints and the export stay those of the eager model. torch's default shape policy:
+    the first batch compiles for its shapes, the first batch of another length recompiles with dynamic shapes (the
+    packed length changes with every batch; ``dynamic=True`` from the start fails in inductor's CPU
+    code generation for the unpadded layers with torch 2.13). Returns the number of layers compiled.
+
+    Raises:
+        ValueError: when the encoder has no list of layers (``encoder.layer``) to compile.
+    """
+    layers = getattr(getattr(mlm_model.base_model, "encoder", None), "layer", None)
+    if layers is None or not len(layers):
+        raise ValueError(f"--compile: {type(mlm_model.base_model).__name__} has no encoder.layer list to compile")
+    for layer in layers:
+        layer.compile()
+    return len(layers)
