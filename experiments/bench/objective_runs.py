@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 #: the script whose ``--worker`` mode :func:`run_one` starts
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_objectives.py")
@@ -150,7 +151,9 @@ def worker(args: argparse.Namespace) -> None:
         extra = {"collection_prob": (counts > 0).float() / float((counts > 0).sum()), "mu": float(args.length - 2),
                  "token_frequency": counts / counts.sum()}
     obj = build_objective(name, mlm, tok, config, **extra).to(dev).train()
-    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5)
+    from pretrain.trainer import adamw_options
+
+    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5, **adamw_options(dev))  # as the trainer: fused on CUDA
     torch.manual_seed(1)
     batches = [{k: v.to(dev) for k, v in obj.collate(texts).items()} for _ in range(args.warmup + args.steps)]
     amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.bf16)
@@ -178,6 +181,22 @@ def worker(args: argparse.Namespace) -> None:
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024.0
     if dev.type == "cuda":
         peak = (torch.cuda.max_memory_allocated() - base_cuda) / 2**20
+    if getattr(args, "profile_out", None):  # where the time goes: two more steps under torch.profiler
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            for batch in batches[-2:]:
+                with amp:
+                    loss = obj(batch)["loss"]
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            sync()
+        key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+        Path(args.profile_out).write_text(f"{args.objective} unpad={getattr(obj, 'unpad', None)} "
+                                          f"{len(texts)} texts, 2 steps, sorted by {key}\n"
+                                          + prof.key_averages().table(sort_by=key, row_limit=25) + "\n")
     step = statistics.median(times)
     mc = mlm.config
     macs = forward_macs(args.objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size,
@@ -200,7 +219,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
            "--sequences", str(args.sequences), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", str(args.threads)] + (["--bf16"] if args.bf16 else []) \
         + (["--unpad", args.unpad] if getattr(args, "unpad", None) else []) \
-        + (["--length-dist", args.length_dist] if getattr(args, "length_dist", None) else [])
+        + (["--length-dist", args.length_dist] if getattr(args, "length_dist", None) else []) \
+        + (["--profile-out", args.profile_out] if getattr(args, "profile_out", None) else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         err = (out.stderr.strip().splitlines() or ["?"])[-1]

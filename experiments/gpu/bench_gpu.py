@@ -325,7 +325,8 @@ def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
     rows: List[Dict[str, object]] = []
     for name in args.unpad_objectives.split(","):
         for mode in ("off", "on"):
-            run = SimpleNamespace(**vars(ns), unpad=mode, length_dist=str(args.length_dist))
+            run = SimpleNamespace(**vars(ns), unpad=mode, length_dist=str(args.length_dist),
+                                  profile_out=str(args.out / f"profile_{name}_{'unpadded' if mode == 'on' else 'padded'}.txt"))
             if smoke:
                 buf = io.StringIO()
                 try:
