@@ -416,9 +416,15 @@ def check_moved_run(record: dict[str, Any], output: str, resume: bool, what: str
         raise ValueError(f"output directory {output} holds a {what} that was started in {moved_from} (the directory "
                          f"was moved or copied to {output}); pass --resume to continue it in {output} from its last "
                          "checkpoint, or --overwrite to start it again")
+    if (moved_from, output) in _MOVED_RUNS_TOLD:  # checked by the CLI and again by the trainer: told once
+        return
+    _MOVED_RUNS_TOLD.add((moved_from, output))
     logging.getLogger("pretrain").warning(
         "%s: this %s was started in %s and has been moved (or copied) here: continuing it here from its last "
         "checkpoint; its record now names %s", output, what, moved_from, os.path.realpath(output))
+
+
+_MOVED_RUNS_TOLD: set[tuple[str, str]] = set()
 
 
 def check_same_run(previous: dict[str, Any], current: dict[str, Any], output: str, what: str = "run") -> None:
