@@ -174,8 +174,11 @@ class OutputPlace:
 
     def __init__(self, path: str, marker: str):
         self.path, self.marker = path, marker
-        self.fd: Optional[int] = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        st = os.fstat(self.fd)
+        try:
+            self.fd: Optional[int] = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:  # a system that cannot open a directory (Windows): the identity alone
+            self.fd = None
+        st = os.fstat(self.fd) if self.fd is not None else os.stat(path)
         self.identity = (st.st_dev, st.st_ino)
 
     def close(self) -> None:

@@ -219,13 +219,13 @@ class Runner:
             return self.adopt(stage)
         if state.startswith("conflict"):
             raise StageError(f"stage {stage.name}: {state}. Delete {stage.output} to run it again with this "
-                               "config, or use another --work-dir.")
+                             "config, or use another --work-dir.")
         if state == "running":
             who = (f"process {stage.owner()} is running it" if stage.owner() is not None else
                    f"it was written to {stage.last_write():.0f} s ago: it looks like it is still running")
             raise StageError(f"stage {stage.name}: {stage.output} is unfinished and {who}. Wait for it to finish "
-                               f"(a run started outside this pipeline and killed is resumed with --resume once it has "
-                               f"not been written to for {RUNNING_WINDOW_S} s).")
+                             f"(a run started outside this pipeline and killed is resumed with --resume once it has "
+                             f"not been written to for {RUNNING_WINDOW_S} s).")
         argv = stage.argv + (["--resume"] if state == "resume" else [])
         self.log(f"[{stage.name}] {'resuming' if state == 'resume' else 'running'}: python -m pretrain "
                  + " ".join(shlex.quote(a) for a in argv))
