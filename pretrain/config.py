@@ -371,6 +371,10 @@ RESUME_MUTABLE_OPTIONS = frozenset({
 #: Options that only name a set of values (``--preset``): resuming compares the values they resolved to instead.
 LABEL_OPTIONS = frozenset({"preset"})
 
+#: Options that say where a run lives, not what it is: a run directory that was moved (or copied) holds the same run
+#: under another ``--output``; :func:`run_moved` tells it, and ``--resume`` continues it in its new place.
+PLACE_OPTIONS = frozenset({"output"})
+
 
 def flag(name: str) -> str:
     """The command-line flag of an option: ``max_steps`` -> ``--max-steps``."""
@@ -381,8 +385,55 @@ def resume_conflicts(previous: dict[str, Any], current: dict[str, Any]) -> list[
     """Names of the options that differ between a recorded run's options and the current ones and may not change on
     ``--resume`` (:data:`RESUME_MUTABLE_OPTIONS`). Options only one side has are ignored (each objective has its own
     options; a run recorded before an option existed)."""
-    keys = (set(previous) & set(current)) - RESUME_MUTABLE_OPTIONS - LABEL_OPTIONS
+    keys = (set(previous) & set(current)) - RESUME_MUTABLE_OPTIONS - LABEL_OPTIONS - PLACE_OPTIONS
     return sorted(k for k in keys if previous[k] != current[k])
+
+
+def run_moved(record: dict[str, Any], output: str) -> Optional[str]:
+    """Where the run recorded in ``output`` (its ``run_config.json`` / ``training_args.json``, ``record``) was
+    started, when that is another directory than ``output`` (the run was moved or copied there); else ``None``.
+
+    The record's ``output_path`` (the real path of the directory when the run last started) is compared with
+    ``output``'s real path; a record without one (older runs) compares its ``--output`` as resolved here.
+    """
+    import os
+
+    here = os.path.realpath(output)
+    where = record.get("output_path")
+    if not isinstance(where, str):
+        where = (record.get("config") or {}).get("output")
+        if not isinstance(where, str) or os.path.realpath(where) == here:
+            return None
+        return where
+    return None if where == here else where
+
+
+def check_moved_run(record: dict[str, Any], output: str, resume: bool, what: str = "run") -> None:
+    """A run found in another directory than the one it recorded (:func:`run_moved`): continued there with
+    ``--resume`` (a warning says from where it was moved), refused without it, naming both places.
+
+    Raises:
+        ValueError: the run was moved and ``resume`` is false.
+    """
+    import logging
+    import os
+
+    moved_from = run_moved(record, output)
+    if moved_from is None:
+        return
+    if not resume:
+        raise ValueError(f"output directory {output} holds a {what} that was started in {moved_from} (the directory "
+                         f"was moved or copied to {output}); pass --resume to continue it in {output} from its last "
+                         "checkpoint, or --overwrite to start it again")
+    if (moved_from, output) in _MOVED_RUNS_TOLD:  # checked by the CLI and again by the trainer: told once
+        return
+    _MOVED_RUNS_TOLD.add((moved_from, output))
+    logging.getLogger("pretrain").warning(
+        "%s: this %s was started in %s and has been moved (or copied) here: continuing it here from its last "
+        "checkpoint; its record now names %s", output, what, moved_from, os.path.realpath(output))
+
+
+_MOVED_RUNS_TOLD: set[tuple[str, str]] = set()
 
 
 def check_same_run(previous: dict[str, Any], current: dict[str, Any], output: str, what: str = "run") -> None:

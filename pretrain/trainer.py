@@ -47,7 +47,7 @@ from pyterrier_cpdae._files import write_json_atomic
 
 from .checkpoint import (TRAINER_STATE, checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
                          save_rng_state, save_train_state, write_trainer_state)
-from .config import TrainConfig, check_same_run
+from .config import TrainConfig, check_moved_run, check_same_run
 
 logger = logging.getLogger(__name__)
 
@@ -148,13 +148,82 @@ def check_output_dir(config: Any) -> None:
                          f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
                          "choose another --output or pass --overwrite")
     with open(run_cfg) as f:
-        previous = json.load(f).get("config", {})
-    check_same_run(previous, config_dict(config), out)
+        record = json.load(f)
+    check_same_run(record.get("config", {}), config_dict(config), out)
+    check_moved_run(record, out, config.resume)
     if config.resume:
         return
     if list_checkpoints(out) or any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES):
         raise ValueError(f"output directory {out} already holds checkpoints or an exported model of this run; "
                          "pass --resume to continue it or --overwrite to start again")
+
+
+class RunDirectoryError(OSError):
+    """A run's output directory was moved, removed or replaced while the run was writing into it."""
+
+
+class OutputPlace:
+    """The identity of a run's output directory (device and inode of the directory, through a descriptor held open),
+    taken when the run starts: :meth:`problem` tells whether ``path`` still names that directory and it still holds
+    the run's record (``marker``: ``run_config.json`` / ``training_args.json``).
+
+    A run whose directory was moved (``mv``) or removed (``rm -rf``) while it ran would otherwise re-create the old
+    path at its next checkpoint or export, with checkpoints and a model but no record: a directory that looks
+    trained and cannot be resumed.
+    """
+
+    def __init__(self, path: str, marker: str):
+        self.path, self.marker = path, marker
+        try:
+            self.fd: Optional[int] = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:  # a system that cannot open a directory (Windows): the identity alone
+            self.fd = None
+        st = os.fstat(self.fd) if self.fd is not None else os.stat(path)
+        self.identity = (st.st_dev, st.st_ino)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def now_at(self) -> Optional[str]:
+        """Where the directory is now (Linux: through the descriptor held open), if it still exists."""
+        if self.fd is None:
+            return None
+        try:
+            where = os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return None
+        return None if where.endswith(" (deleted)") or not os.path.isdir(where) else where
+
+    def problem(self) -> Optional[str]:
+        """``None`` while ``path`` is the run's directory and holds its record; else what happened to it."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self.identity:
+            where = self.now_at()
+            gone = f"was moved to {where}" if where else "was removed"
+            other = "" if st is None else f" (and {self.path} is now another directory)"
+            return f"the output directory {self.path} {gone} while the run was writing into it{other}"
+        if not os.path.isfile(os.path.join(self.path, self.marker)):
+            return f"the output directory {self.path} no longer holds the run's {self.marker} (it was removed)"
+        return None
+
+    def error(self, what: str, problem: str, run: str = "run") -> "RunDirectoryError":
+        """The error that stops a run before it writes ``what`` into a directory that is no longer its own."""
+        where = self.now_at()
+        advice = (f"continue it there with the same command and --output {where} --resume" if where else
+                  "start it again")
+        return RunDirectoryError(f"refusing to write {what}: {problem}; the {run} stops rather than re-create "
+                                 f"{self.path} without its {self.marker}. To finish the {run}, {advice}")
+
+    def check(self, what: str, run: str = "run") -> None:
+        """Raises :meth:`error` when :meth:`problem` finds one."""
+        problem = self.problem()
+        if problem is not None:
+            raise self.error(what, problem, run)
 
 
 def hold_output_lock(stack: Any, output: str, what: str, option: str) -> None:
@@ -449,10 +518,12 @@ class Trainer:
         return self.accelerator.is_main_process
 
     def train(self) -> dict[str, Any]:
-        """Run (or resume) training, export the model and return the final metrics."""
-        from accelerate.utils import set_seed
-        from transformers import get_linear_schedule_with_warmup
+        """Run (or resume) training, export the model and return the final metrics.
 
+        Raises:
+            RunDirectoryError: the output directory was moved or removed while the run wrote into it (checked at
+                each log row, checkpoint and before the export; see :class:`OutputPlace`).
+        """
         acc, cfg = self.accelerator, self.config
         check_output_dir(cfg)
         acc.wait_for_everyone()
@@ -471,6 +542,21 @@ class Trainer:
                         shutil.rmtree(os.path.join(ckpt_root, name), ignore_errors=True)
             write_json_atomic(os.path.join(self.output, RUN_CONFIG), self._run_config(), default=str)
         acc.wait_for_everyone()
+        self._place = OutputPlace(self.output, RUN_CONFIG)
+        try:
+            return self._train(resume)
+        except RunDirectoryError:
+            if getattr(self, "_bar", None) is not None:
+                self._bar.close()  # the error line starts on a line of its own
+            raise
+        finally:
+            self._place.close()
+
+    def _train(self, resume: Optional[tuple[int, str]]) -> dict[str, Any]:
+        from accelerate.utils import set_seed
+        from transformers import get_linear_schedule_with_warmup
+
+        acc, cfg = self.accelerator, self.config
 
         set_seed(cfg.seed, device_specific=True)
         module = self.module
@@ -506,8 +592,8 @@ class Trainer:
 
         self._guard = FiniteGuard(loss_scaling=acc.scaler is not None)
         from tqdm.auto import tqdm
-        bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_local_main_process, desc="train",
-                   dynamic_ncols=True)
+        bar = self._bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_local_main_process,
+                               desc="train", dynamic_ncols=True)
         # losses summed since the last log row (restored when resuming between two log steps, so that
         # the logged averages equal those of an uninterrupted run)
         window = {k: torch.tensor(v, device=acc.device) for k, v in restored_window.get("sums", {}).items()}
@@ -542,6 +628,7 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in last.items()}, refresh=False)
                 if step % max(1, cfg.logging_steps) == 0 or step == self.total_steps:
+                    self._check_output(f"the log of step {step}")
                     row = self._reduce_window(window, window_steps)
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
                     row = {"step": step, "epoch": epoch + pos / self.steps_per_epoch, "lr": lr, **row,
@@ -555,6 +642,7 @@ class Trainer:
                     break
         bar.close()
         runtime = time.perf_counter() - t0
+        self._check_output("the loss curves and the exported model")
         if self.is_main_process:
             for tracker in acc.trackers:  # (not acc.end_training(): it would end the process group)
                 tracker.finish()
@@ -576,6 +664,8 @@ class Trainer:
         import accelerate
         import transformers
         return {"config": config_dict(self.config),
+                # where the run is (run_moved tells a run directory moved since from this)
+                "output_path": os.path.realpath(self.output),
                 "trainer": {"world_size": self.world_size, "micro_batch_size": self.micro_batch_size,
                             "grad_accum": self.config.grad_accum, "mixed_precision": self.mixed_precision,
                             "master_dtype": "float32",
@@ -655,6 +745,22 @@ class Trainer:
                 f"refusing to write {what}: {len(bad)} weight tensor(s) are not finite "
                 f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"))
 
+    def _check_output(self, what: str) -> None:
+        """Stop, writing nothing, when the output directory is no longer the one the run started in (see
+        :class:`OutputPlace`); every process stops together.
+
+        Raises:
+            RunDirectoryError: naming the directory, what happened to it and what to do.
+        """
+        place = getattr(self, "_place", None)
+        problem = place.problem() if place is not None else None
+        if self.world_size > 1:
+            flag = torch.tensor([0.0 if problem is None else 1.0], device=self.accelerator.device)
+            if float(self.accelerator.reduce(flag, reduction="sum").item()) > 0 and problem is None:
+                problem = "another process of the run found the output directory moved or removed"
+        if problem is not None:
+            raise place.error(what, problem)
+
     def _reduce_window(self, window: dict[str, torch.Tensor], n: int) -> dict[str, float]:
         keys = ["loss"] + [k for k in window if k != "loss"]
         keys = [k for k in keys if k in window]
@@ -678,6 +784,7 @@ class Trainer:
         """
         acc = self.accelerator
         self._check_finite(acc.unwrap_model(model), f"checkpoint {checkpoint_name(step)}")
+        self._check_output(f"checkpoint {checkpoint_name(step)}")
         # unlogged loss sums, averaged over processes (mean(saved + local) = saved + mean(local) on resume)
         log_window = {"steps": window_steps, "sums": self._reduce_window(window, 1) if window_steps else {}}
         root = os.path.join(self.output, "checkpoints")
@@ -714,6 +821,7 @@ class Trainer:
         """``save_fn`` into a temp dir, then move the files into ``output`` with ``config.json`` last."""
         acc = self.accelerator
         self._check_finite(acc.unwrap_model(model), "the exported model")
+        self._check_output("the exported model")
         acc.wait_for_everyone()
         if self.is_main_process:
             unwrapped = acc.unwrap_model(model)
@@ -737,5 +845,5 @@ class Trainer:
         acc.wait_for_everyone()
 
 
-__all__ = ["Trainer", "adamw_options", "compile_module", "NonFiniteError", "FiniteGuard", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
+__all__ = ["Trainer", "adamw_options", "compile_module", "NonFiniteError", "RunDirectoryError", "OutputPlace", "FiniteGuard", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
            "parameter_groups", "resolve_mixed_precision", "warmup_steps"]

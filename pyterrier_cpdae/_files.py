@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Optional, Union
 
 __all__ = ["open_text", "read_lines", "read_text", "read_head", "read_jsonl", "read_config_file", "short_repr",
-           "atomic_write", "write_json_atomic", "fsync_dir", "current_umask", "COMPRESSED_SUFFIXES"]
+           "atomic_write", "write_json_atomic", "write_text_atomic", "fsync_dir", "current_umask", "COMPRESSED_SUFFIXES"]
 
 PathLike = Union[str, Path]
 
@@ -447,6 +447,12 @@ def write_json_atomic(path: PathLike, data: Any, *, default: Optional[Callable[[
     """
     with atomic_write(path) as fout:
         json.dump(data, fout, indent=1, sort_keys=True, default=default)
+
+
+def write_text_atomic(path: PathLike, text: str, *, encoding: str = "utf8", newline: Optional[str] = None) -> None:
+    """Writes ``text`` to ``path`` with :func:`atomic_write`: readers (and a crash) see the old or the new file."""
+    with atomic_write(path, encoding=encoding, newline=newline) as fout:
+        fout.write(text)
 
 
 def temporary_files(directory: PathLike, name: str) -> list:

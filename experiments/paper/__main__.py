@@ -203,9 +203,13 @@ def run_stages(plan, cfg: dict[str, Any], runner, chosen: list[str], jobs: int =
                     break
                 raise RuntimeError(f"stages {pending} wait for each other (a cycle in the plan's needs)")
     if failed:
+        from .stages import StageError
         for name, err in failed[1:]:
             print(f"[{name}] failed too: {err}")
-        raise failed[0][1]
+        name, err = failed[0]
+        if isinstance(err, StageError) or not isinstance(err, Exception):
+            raise err
+        raise StageError(f"stage {name} failed: {type(err).__name__}: {err}") from err  # (an in-process stage)
     return ran, skipped, deferred
 
 
@@ -213,8 +217,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     a = parse_args(argv)
     from .config import ROOT, load_config
     from .data import use_irds_home
-    from .pipeline import Plan, mine_negatives
-    from .stages import Runner, select
+    from .pipeline import Plan
+    from .stages import select
 
     command = "python -m experiments.paper " + " ".join(shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
     stand_ins = Path(a.stand_ins).resolve() if a.stand_ins else None
@@ -258,6 +262,30 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
     out = Path(a.out) if a.out else ROOT / "experiments" / "results" / (
         f"paper_{cfg['scale']}" + ("" if cfg["sizes_from"] == cfg["scale"] else f"_sizes_{cfg['sizes_from']}"))
+    with work_dir_lock(Path(cfg["work_dir"])):
+        return _run_pipeline(a, cfg, plan, chosen, out, command)
+
+
+def work_dir_lock(work: Path) -> Any:
+    """The OS lock of ``work`` held for a whole (non-dry) run: a second pipeline started into the same work
+    directory, by any path to it, is refused at once, naming the running one (pid, host, since when), before it
+    touches a stage. The OS releases it when the process ends, however it ends.
+
+    Raises:
+        ConcurrentBuildError: another pipeline runs into ``work``.
+    """
+    from pyterrier_cpdae._locking import build_lock
+    work.mkdir(parents=True, exist_ok=True)
+    return build_lock(work, "work directory of a paper pipeline (python -m experiments.paper)", "used")
+
+
+def _run_pipeline(a: argparse.Namespace, cfg: dict[str, Any], plan: Any, chosen: list[str], out: Path,
+                  command: str) -> dict[str, Any]:
+    """The stages and the tables of :func:`main` (under the work directory's lock)."""
+    from pyterrier_cpdae._files import write_text_atomic
+
+    from .pipeline import Plan
+    from .stages import Runner
     jobs = a.jobs if a.jobs is not None else int(cfg.get("jobs", 1))
     # concurrent stages each run as their own process (in-process stages would share one interpreter's state)
     # ... and share the cores among them (unless the caller set the thread count)
@@ -297,10 +325,32 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     tables.write_stages()
     summary.update({"tables_seconds": round(time.perf_counter() - t1, 1), "out": str(out),
                     "work_dir": cfg["work_dir"], "table4": extra.get("table4"), "coverage": extra.get("coverage")})
-    (out / "run.json").write_text(json.dumps(summary, indent=1, default=str))
+    write_text_atomic(out / "run.json", json.dumps(summary, indent=1, default=str))
     print(json.dumps({k: v for k, v in summary.items() if k not in ("table4", "coverage")}, indent=1))
     return summary
 
 
+def _run(argv: Optional[list[str]] = None) -> int:
+    """``python -m experiments.paper``: :func:`main`, with a failure it can name printed as one line (``error:
+    <Type>: <message>``) instead of a traceback: another pipeline in the same --work-dir (exit 2); a failed stage
+    (exit 1, with the tail of its log). Set PAPER_DEBUG=1 for the traceback."""
+    from pyterrier_cpdae._locking import ConcurrentBuildError
+
+    from .stages import StageError
+    try:
+        main(argv)
+    except ConcurrentBuildError as e:
+        if os.environ.get("PAPER_DEBUG"):
+            raise
+        print(f"error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except StageError as e:
+        if os.environ.get("PAPER_DEBUG"):
+            raise
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(_run())

@@ -23,6 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from pyterrier_cpdae._files import write_text_atomic
+
 __all__ = ["make_coverage", "resolve_projection", "DEFAULT_FIGURE_KS"]
 
 DEFAULT_FIGURE_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -141,6 +143,6 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
         md += [f"| {name} | {projections[name]} | " + " | ".join(f"{per[measure][k]:.3f}" for k in ks) + " |"
                for name, per in results.items()]
         md.append("")
-    paths["coverage.md"].write_text("\n".join(md), encoding="utf-8")
+    write_text_atomic(paths["coverage.md"], "\n".join(md))
     return {"coverage": results, "projections": projections, "n_texts": len(texts), "max_length": max_length,
             "paths": paths}

@@ -35,6 +35,11 @@ RUNNING_WINDOW_S = 600
 LENGTH_OPTIONS = ("max_steps", "epochs", "mining_rounds")
 
 
+class StageError(RuntimeError):
+    """A stage failed, conflicts with what its directory holds, or is being run by another process (the message
+    names the stage; ``python -m experiments.paper`` prints it without a traceback and exits 1)."""
+
+
 def to_argv(args: dict[str, Any]) -> list[str]:
     """``{"max_steps": 4, "new_mlm_head": True}`` -> ``["--max-steps", "4", "--new-mlm-head"]`` (order kept)."""
     argv: list[str] = []
@@ -213,14 +218,14 @@ class Runner:
         if state == "done":
             return self.adopt(stage)
         if state.startswith("conflict"):
-            raise RuntimeError(f"stage {stage.name}: {state}. Delete {stage.output} to run it again with this "
-                               "config, or use another --work-dir.")
+            raise StageError(f"stage {stage.name}: {state}. Delete {stage.output} to run it again with this "
+                             "config, or use another --work-dir.")
         if state == "running":
             who = (f"process {stage.owner()} is running it" if stage.owner() is not None else
                    f"it was written to {stage.last_write():.0f} s ago: it looks like it is still running")
-            raise RuntimeError(f"stage {stage.name}: {stage.output} is unfinished and {who}. Wait for it to finish "
-                               f"(a run started outside this pipeline and killed is resumed with --resume once it has "
-                               f"not been written to for {RUNNING_WINDOW_S} s).")
+            raise StageError(f"stage {stage.name}: {stage.output} is unfinished and {who}. Wait for it to finish "
+                             f"(a run started outside this pipeline and killed is resumed with --resume once it has "
+                             f"not been written to for {RUNNING_WINDOW_S} s).")
         argv = stage.argv + (["--resume"] if state == "resume" else [])
         self.log(f"[{stage.name}] {'resuming' if state == 'resume' else 'running'}: python -m pretrain "
                  + " ".join(shlex.quote(a) for a in argv))
@@ -230,7 +235,7 @@ class Runner:
         wall = self._execute(stage, argv)
         stage.pid_file.unlink(missing_ok=True)
         if not stage.finished():
-            raise RuntimeError(f"stage {stage.name}: the command returned but {stage.output} holds no finished run")
+            raise StageError(f"stage {stage.name}: the command returned but {stage.output} holds no finished run")
         prev = self.record(stage) if state == "resume" else None
         how = "measured by the pipeline" + (" (this part only: resumed)" if state == "resume" else "")
         return self._write_record(stage, wall if prev is None else wall + (prev.get("wall_s") or 0), how)
@@ -248,7 +253,7 @@ class Runner:
                                       stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})})
             if proc.returncode != 0:
                 tail = logf.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"stage {stage.name} failed (exit {proc.returncode}); its log is {logf}:\n{tail}")
+                raise StageError(f"stage {stage.name} failed (exit {proc.returncode}); its log is {logf}:\n{tail}")
         return time.perf_counter() - t0
 
 

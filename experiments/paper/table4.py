@@ -34,6 +34,8 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
+from pyterrier_cpdae._files import atomic_write, write_text_atomic
+
 __all__ = ["make_table4", "common_word_mass", "frequent_token_ids"]
 
 OUTPUT_FILES = ("table4.html", "table4.png", "table4.md", "table4.csv", "table4_common_mass.csv", "table4_common_mass.md")
@@ -199,13 +201,13 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
     names = list(models)
     shown = texts[:display_texts]
     # ---------------------------------------------------------------- table4.csv
-    with open(paths["table4.csv"], "w", newline="", encoding="utf-8") as f:
+    with atomic_write(paths["table4.csv"], newline="") as f:
         w = csv.DictWriter(f, fieldnames=["text", "model", "text_common_mass", "rank", "token", "probability", "common", "in_text"])
         w.writeheader()
         w.writerows(rows)
     # ---------------------------------------------------------------- common mass
     label = {"sigmoid": "σ(z)/Σσ(z)", "softmax": "softmax(z)"}[kind]
-    with open(paths["table4_common_mass.csv"], "w", newline="", encoding="utf-8") as f:
+    with atomic_write(paths["table4_common_mass.csv"], newline="") as f:
         w = csv.writer(f)
         w.writerow(["model", "distribution", "top_frequent", "n_texts", "common_mass", "common_mass_std",
                     "frequent_share_top_k", "unigram_mass", "uniform_mass"])
@@ -225,7 +227,7 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
     first = res["frequent_tokens"][names[0]]
     md += ["", f"The {min(20, top_frequent)} most frequent tokens ({names[0]}'s tokenizer): "
            + " ".join(f"`{t}`" for t in first[:20])]
-    paths["table4_common_mass.md"].write_text("\n".join(md) + "\n", encoding="utf-8")
+    write_text_atomic(paths["table4_common_mass.md"], "\n".join(md) + "\n")
     # ---------------------------------------------------------------- table4.md
     legend = (f"Top-{top_k_words} tokens of each decoder (sigmoid probability that the token occurs in the text), "
               f"for the first {len(shown)} of {len(texts)} sample texts. **bold**: the token is in the text (the part the encoder reads); "
@@ -246,7 +248,7 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
                 cells.append(f"{'**' + t + '**' if in_text else t}{' †' if common else ''} {top[r][1]:.3f}")
             md.append(f"| {r + 1} | " + " | ".join(cells) + " |")
         md.append("")
-    paths["table4.md"].write_text("\n".join(md), encoding="utf-8")
+    write_text_atomic(paths["table4.md"], "\n".join(md))
     # ---------------------------------------------------------------- table4.html
     css = ("body{font-family:sans-serif;max-width:80em;margin:auto} .text{line-height:1.8} .w{border-radius:3px;padding:0 1px} "
            "table{border-collapse:collapse} td,th{padding:2px 1em;border-bottom:1px solid #ddd;text-align:left} "
@@ -280,7 +282,7 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
             parts.append(f"<tr><td>{r + 1}</td>{''.join(cells)}</tr>")
         parts.append("</table></section>")
     parts.append("</body></html>\n")
-    paths["table4.html"].write_text("".join(parts), encoding="utf-8")
+    write_text_atomic(paths["table4.html"], "".join(parts))
     # ---------------------------------------------------------------- table4.png
     _plot(paths["table4.png"], shown, names, res, flags, top_k_words, top_frequent)
     res["paths"] = paths

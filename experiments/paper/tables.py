@@ -14,6 +14,8 @@ from typing import Any, Callable, Optional
 
 import pandas as pd
 
+from pyterrier_cpdae._files import write_text_atomic
+
 from .data import head_texts, held_out_texts
 from .pipeline import BM25, BERT, Plan, evaluate
 from .config import BLOCKS, used_finetune_sets
@@ -69,10 +71,16 @@ class Writer:
                 f"Command: `{self.command}`\n\nMachine: {machine()}\n\n")
 
     def write(self, name: str, title: str, sections: list[tuple[str, str]], csv: Optional[pd.DataFrame]) -> None:
+        """``<name>.md`` (and ``<name>.csv``), each written atomically: a run killed while writing leaves each file
+        whole, old or new (the CSV is written first, so a new ``.md`` never stands beside an old ``.csv``)."""
         body = self.header(title) + "".join(f"## {h}\n\n{b}\n\n" for h, b in sections)
-        (self.out / f"{name}.md").write_text(body)
         if csv is not None:
-            csv.to_csv(self.out / f"{name}.csv", index=False)
+            self.write_csv(f"{name}.csv", csv)
+        write_text_atomic(self.out / f"{name}.md", body)
+
+    def write_csv(self, file_name: str, frame: pd.DataFrame) -> None:
+        """``frame`` as CSV (no index) into ``out/file_name``, atomically."""
+        write_text_atomic(self.out / file_name, frame.to_csv(index=False), newline="")
 
 
 def _fmt(v: Optional[float], marks: str = "") -> str:
@@ -321,7 +329,7 @@ class Tables:
                          + "; -1 = all. "
                          f"Headline metric {metric} (with min/max); the set's other metrics follow as mean ± std."),
             ("Per run", per_run.to_markdown(index=False, disable_numparse=True))], table)
-        per_run.to_csv(self.w.out / "table3_runs.csv", index=False)
+        self.w.write_csv("table3_runs.csv", per_run)
 
     def _num_train_queries(self, set_name: str) -> Optional[int]:
         f = self.plan.work / "data" / set_name / "materialised.json"

@@ -405,8 +405,10 @@ def read_csv(path: str) -> tuple[dict[str, dict[str, dict[int, float]]], dict[st
 def write_csv(results: dict[str, dict[str, dict[int, float]]], path: str,
               projections: Optional[dict[str, str]] = None) -> None:
     """Write ``model,projection,measure,k,coverage`` rows from ``{model name: {measure: {k: coverage}}}``."""
+    from pyterrier_cpdae._files import atomic_write
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, newline="") as f:  # whole, old or new (a table of the paper pipeline)
         w = csv.writer(f)
         w.writerow(["model", "projection", "measure", "k", "coverage"])
         for name, per in results.items():

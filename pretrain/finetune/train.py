@@ -48,8 +48,8 @@ import pandas as pd
 from pyterrier_cpdae._files import write_json_atomic
 
 from . import negatives as neg
-from ..config import FinetuneConfig, check_same_run, parse_config
-from ..trainer import config_dict, hold_output_lock
+from ..config import FinetuneConfig, check_moved_run, check_same_run, parse_config
+from ..trainer import OutputPlace, config_dict, hold_output_lock
 
 logger = logging.getLogger("pretrain.finetune.train")
 
@@ -276,6 +276,7 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
         with open(args_path) as f:
             previous = json.load(f)
         check_same_run(previous.get("config", {}), config_dict(cfg), out, "fine-tuning run")
+        check_moved_run(previous, out, cfg.resume, "fine-tuning run")
         if not cfg.resume:
             raise ValueError(f"output directory {out} already holds this run; pass --resume to continue it "
                              "(finished rounds and saved groups are reused) or --overwrite to start again")
@@ -447,11 +448,20 @@ def _run_record(cfg: FinetuneConfig) -> dict[str, Any]:
 
     overrides = preset_overrides(cfg)
     return {"config": config_dict(cfg),
+            "output_path": os.path.realpath(cfg.output),  # where the run is (run_moved tells a moved run from this)
             **({"preset_overrides": {k: {"preset": p, "value": v} for k, (p, v) in overrides.items()}}
                if overrides else {})}
 
 
 def _finetune(cfg: FinetuneConfig, procs: Processes, data: TrainingData) -> dict[str, Any]:
+    place = OutputPlace(cfg.output, TRAINING_ARGS)
+    try:
+        return _finetune_rounds(cfg, procs, data, place)
+    finally:
+        place.close()
+
+
+def _finetune_rounds(cfg: FinetuneConfig, procs: Processes, data: TrainingData, place: OutputPlace) -> dict[str, Any]:
     if data.groups is not None and cfg.negatives != "bm25":
         logger.warning("--train %s gives ready-made groups: --negatives %s is ignored", cfg.train, cfg.negatives)
     logger.info("%d training queries", len(data.topics))
@@ -459,6 +469,7 @@ def _finetune(cfg: FinetuneConfig, procs: Processes, data: TrainingData) -> dict
     for r in range(cfg.mining_rounds + 1):
         groups_path = os.path.join(cfg.output, "groups", f"round-{r}.jsonl")
         round_dir = _round_dir(cfg, r)
+        place.check(f"round {r}", "fine-tuning run")  # moved or removed while it ran: stop, write nothing
         if not procs.is_main:
             procs.wait_for_file(groups_path)
         if os.path.isfile(groups_path):
@@ -486,6 +497,7 @@ def _finetune(cfg: FinetuneConfig, procs: Processes, data: TrainingData) -> dict
     if not procs.is_main:
         return summary
     args_path = os.path.join(cfg.output, TRAINING_ARGS)
+    place.check("the exported model", "fine-tuning run")
     with open(args_path) as f:
         inputs = json.load(f).get("inputs")  # recorded when the run started (its data is checked on --resume)
     _copy_export(_round_dir(cfg, cfg.mining_rounds), cfg.output)

@@ -51,6 +51,9 @@ __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader"]
 _LUCENE_DIR = "lucene"
 _META_FILE = "pt_meta.json"
 _RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
+#: The longest docno, in bytes of UTF-8: Lucene indexes the docno as one term, and refuses a term longer than
+#: this (an "immense term" exception from inside the Java indexer)
+MAX_DOCNO_BYTES = 32766
 
 
 class BM25Index(PackagedArtifact):
@@ -234,6 +237,8 @@ class BM25Indexer(pt.Indexer):
     * Java cannot hold every Python string exactly: a NUL character (``"\\x00"``) or a lone surrogate
       (e.g. ``"\\ud800"``) in a docno or a text raises ``ValueError`` naming the document, rather than being
       truncated or replaced silently.
+    * A docno longer than :data:`MAX_DOCNO_BYTES` (32766) bytes of UTF-8, Lucene's limit on one term, raises
+      ``ValueError`` naming the document and the limit before the document reaches Lucene.
     * A document whose text is empty or whitespace cannot match any query; it is skipped with
       one warning giving the count (Lucene would reject it anyway). A corpus with no document to index
       raises ``ValueError``.
@@ -387,6 +392,8 @@ class BM25Indexer(pt.Indexer):
                 # Texts are checked for NUL characters and lone surrogates a batch at a time (_batch_bytes)
                 if not (type(docno) is str and type(text) is str and docno and docno.isascii() and docno.isprintable()):
                     docno, text = _checked_document(i, doc)
+                if len(docno) > MAX_DOCNO_BYTES // 4:  # shorter ones fit whatever their characters (<= 4 bytes each)
+                    _check_docno_length(i, docno)
                 if docno in seen:
                     raise ValueError(f"duplicate docno {docno!r} (document #{i}); docnos must be unique")
                 seen.add(docno)
@@ -602,6 +609,16 @@ def _checked_document(i: int, doc: Any) -> tuple[str, str]:
     if not isinstance(text, str):
         raise ValueError(f"document #{i} ({docno!r}): text must be a str, got {type(text).__name__}")
     return docno, text  # docnos: as_docno refuses NUL and lone surrogates; texts: _batch_bytes or _check_text
+
+
+def _check_docno_length(i: int, docno: str) -> None:
+    """A ValueError naming input document #i if its docno is longer than Lucene can index (:data:`MAX_DOCNO_BYTES`
+    bytes of UTF-8), before it reaches Lucene."""
+    size = len(docno.encode("utf-8"))  # lone surrogates were refused by as_docno
+    if size > MAX_DOCNO_BYTES:
+        raise ValueError(f"document #{i} (docno {docno[:40]!r}..., {len(docno)} characters): the docno is {size} bytes "
+                         f"in UTF-8, longer than Lucene's limit of {MAX_DOCNO_BYTES} bytes for one term (the docno is "
+                         "indexed as one term); shorten the docnos (e.g. a hash of the long ones)")
 
 
 def _check_text(i: int, docno: str, text: str) -> None:
