@@ -12,6 +12,8 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 from itertools import islice
 from pathlib import Path
 from typing import Any, Optional
@@ -30,19 +32,27 @@ def use_irds_home(cfg: dict[str, Any], stand_ins: Optional[Path] = None, dry_run
     if stand_ins is not None and (Path(stand_ins) / "irds").is_dir():
         home = str((Path(stand_ins) / "irds").resolve())
     elif cfg.get("irds_copy_from"):
-        src = (ROOT / cfg["irds_copy_from"]).resolve()
         home = str(Path(cfg["work_dir"]) / "irds")
-        if not dry_run and not Path(home).exists():
-            if not src.is_dir():
-                raise FileNotFoundError(f"irds_copy_from: {src} is absent (the MS MARCO sample in ir_datasets' cache "
-                                        "layout, see ../shared/data/README.md)")
-            tmp = home + ".tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(src, tmp)
-            os.replace(tmp, home)
+        if not dry_run:
+            copy_irds(cfg["irds_copy_from"], Path(home), "irds_copy_from")
     else:
         return os.environ.get("IR_DATASETS_HOME")
     os.environ["IR_DATASETS_HOME"] = home
+    return home
+
+
+def copy_irds(source: str, home: Path, what: str) -> Path:
+    """Copy a folder in ir_datasets' cache layout (relative paths: to the repository root) to ``home``, once
+    (ir_datasets writes caches beside the files, so the shared folder itself is never used)."""
+    if not home.exists():
+        src = (ROOT / source).resolve()
+        if not src.is_dir():
+            raise FileNotFoundError(f"{what}: {src} is absent (a collection in ir_datasets' cache layout, see "
+                                    "../shared/data/README.md)")
+        tmp = home.with_name(home.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        os.replace(tmp, home)
     return home
 
 
@@ -93,13 +103,21 @@ def check_split(path: Path, split: dict[str, Any], data_qids: set[str]) -> None:
 
 
 def set_key(entry: dict[str, Any]) -> dict[str, Any]:
-    """What defines a train/eval set's data: its spec, query split and size limits."""
-    return {k: entry.get(k) for k in ("spec", "queries", "max_queries", "max_docs")}
+    """What defines a train/eval set's data: its spec, query split and size limits (and its own ir_datasets folder,
+    ``irds_copy_from``, for a set that has one)."""
+    key = {k: entry.get(k) for k in ("spec", "queries", "max_queries", "max_docs")}
+    return {**key, "irds_copy_from": entry["irds_copy_from"]} if entry.get("irds_copy_from") else key
 
 
 def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False) -> str:
-    """The ``load_dataset`` spec of a train/eval set, materialising a BEIR folder when needed."""
-    if not (entry.get("queries") or entry.get("max_queries") or entry.get("max_docs")):
+    """The ``load_dataset`` spec of a train/eval set, materialising a BEIR folder when needed.
+
+    A set with its own ``irds_copy_from`` (e.g. TREC DL 2019, whose ir_datasets folder holds another
+    ``msmarco-passage/collection.tsv`` than the MARCO sample's) is always materialised, by a child process whose
+    ``IR_DATASETS_HOME`` is a copy of that folder (``<work>/irds_sets/<name>``): ir_datasets fixes a dataset's home
+    when it is first imported, so one process cannot read two ``msmarco-passage`` folders."""
+    own_irds = entry.get("irds_copy_from")
+    if not (entry.get("queries") or entry.get("max_queries") or entry.get("max_docs") or own_irds):
         return entry["spec"]
     out = work / "data" / name
     key = set_key(entry)
@@ -107,6 +125,24 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
     spec = f"beir:{out}:train"
     if dry_run or (done.exists() and json.loads(done.read_text()).get("key") == key):
         return spec
+    if own_irds:
+        home = copy_irds(own_irds, work / "irds_sets" / name, f"eval/train set {name}: irds_copy_from")
+        job = json.dumps({"entry": entry, "out": str(out), "key": key})
+        env = {**os.environ, "IR_DATASETS_HOME": str(home),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        proc = subprocess.run([sys.executable, "-m", "experiments.paper.data", "--materialise", job], env=env,
+                              cwd=str(ROOT), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"set {name}: materialising {entry['spec']} from {home} failed: "
+                               f"{(proc.stderr.strip().splitlines() or ['(no message)'])[-1]}")
+        return spec
+    materialise(entry, out, key)
+    return spec
+
+
+def materialise(entry: dict[str, Any], out: Path, key: dict[str, Any]) -> None:
+    """Write the set's queries (those with a judged positive, split and limits applied), qrels and documents as a
+    BEIR folder ``out`` with ``materialised.json`` (``key``, counts)."""
     from pyterrier_cpdae.datasets import load_dataset
 
     ds = load_dataset(entry["spec"])
@@ -151,7 +187,6 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
                                                         "num_qrels": len(qrels)}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    return spec
 
 
 def held_out_texts(corpus: str, start: int, n: int) -> list[str]:
@@ -168,9 +203,18 @@ def head_texts(corpus: str, n: int) -> list[str]:
     return list(islice(iter_texts(corpus), n))
 
 
-def main() -> None:
-    """Create ``experiments/configs/msmarco_sample_split.json`` from ../shared/data/msmarco-dev-sample (once)."""
+def main(argv: Optional[list[str]] = None) -> None:
+    """Create ``experiments/configs/msmarco_sample_split.json`` from ../shared/data/msmarco-dev-sample (once).
+
+    ``--materialise JOB`` (used by :func:`set_spec`): materialise one set, JOB a JSON ``{"entry", "out", "key"}``,
+    with this process's ``IR_DATASETS_HOME``."""
     import tempfile
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--materialise"] and len(argv) == 2:
+        job = json.loads(argv[1])
+        materialise(job["entry"], Path(job["out"]), job["key"])
+        return
 
     if MSMARCO_SPLIT.exists():
         raise SystemExit(f"{MSMARCO_SPLIT} exists; it is never remade silently (delete it first on purpose)")
