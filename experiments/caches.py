@@ -64,6 +64,22 @@ def file_digests(paths: Iterable[os.PathLike | str], cache_file: os.PathLike | s
     return out
 
 
+def folder_digest(folder: os.PathLike | str, cache_file: os.PathLike | str) -> str:
+    """SHA-256 over the names (relative to ``folder``) and contents of every regular file under ``folder`` (hidden
+    ones aside), the contents through :func:`file_digests`' cache: a folder copied elsewhere keeps its digest, a
+    file added, removed or edited in place gives another."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder")
+    files = sorted(p for p in folder.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    digests = file_digests(files, cache_file)
+    h = hashlib.sha256(b"folder\n")
+    for f in files:
+        h.update(f"{f.relative_to(folder).as_posix()}\0{digests[str(f)]}\n".encode())
+    return h.hexdigest()
+
+
 def model_identity(model: str, cache_file: os.PathLike | str) -> str:
     """A digest of everything in the model directory ``model`` (weights, config, tokenizer, pooling files) but its
     ``checkpoints/`` and ``logs/``.

@@ -259,7 +259,7 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
     manifest = json.loads((bundle / "MANIFEST.json").read_text())
     assert manifest["model"]["dtype"] == "float16" and manifest["model"]["max_rel_change"] < 1e-3
     assert set(manifest["bm25"]["negatives"]) == {"marco"}
-    assert set(manifest["bm25"]["runs"]) == {"marco_eval", "cranfield"}
+    assert set(manifest["bm25"]["runs"]) == {"marco_eval", "dl19", "cranfield"}
     work, out = tmp_path / "work", tmp_path / "out"
     run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--bundle", str(bundle), "--no-suite",
                           "--stand-ins", str(stand), "--work", str(work), "--out", str(out)],

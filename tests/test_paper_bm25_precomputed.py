@@ -36,7 +36,7 @@ def _overlay(tmp: Path, beir: Path, **extra) -> Path:
     over = {"finetune_sets": {"marco": {"spec": spec, "queries": None, "max_queries": 5, "max_docs": None},
                               "scifact": None},
             "finetune": {"args": {"negatives_depth": 10}},
-            "eval_sets": {"marco_eval": None, "scifact_dev": None, "vaswani": None, "cranfield": None,
+            "eval_sets": {"marco_eval": None, "dl19": None, "scifact_dev": None, "vaswani": None, "cranfield": None,
                           "tiny": {"label": "Tiny", "spec": spec, "metrics": ["nDCG@10", "R@100"],
                                    "finetuned_on": "marco"}},
             "tables": {"table3": {"models": []}}, **extra}

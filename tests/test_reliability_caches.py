@@ -237,3 +237,32 @@ def test_finetune_bm25_negatives_index_is_rebuilt_for_other_train_data(tmp_path,
     _swap_in_place(b, 2, 5, OTHER)                                # the same collection edited in place
     edited = pools(b, "out")
     assert edited == pools(b, "fresh-edited") and edited != other
+
+
+def test_a_folder_digest_follows_content_not_place(tmp_path):
+    """The fingerprint of a set's own ir_datasets folder (``irds_copy_from``, e.g. TREC DL 2019): a copy elsewhere
+    keeps it, an edit in place (same size) or an added file changes it, hidden files do not count."""
+    import hashlib
+    import shutil
+
+    from experiments.caches import folder_digest
+
+    src = tmp_path / "irds" / "msmarco-passage"
+    src.mkdir(parents=True)
+    (src / "collection.tsv").write_text("0\tfirst passage\n1\tsecond passage\n")
+    (src / "irds_version.txt").write_text("v2")
+    cache = tmp_path / "digests.json"
+    d0 = folder_digest(tmp_path / "irds", cache)
+    # the reference, computed by hand: names relative to the folder, contents by sha256
+    h = hashlib.sha256(b"folder\n")
+    for name in ("msmarco-passage/collection.tsv", "msmarco-passage/irds_version.txt"):
+        h.update(f"{name}\0{hashlib.sha256((tmp_path / 'irds' / name).read_bytes()).hexdigest()}\n".encode())
+    assert d0 == h.hexdigest()
+    shutil.copytree(tmp_path / "irds", tmp_path / "copy")
+    assert folder_digest(tmp_path / "copy", cache) == d0
+    (tmp_path / "irds" / ".hidden").write_text("x")
+    assert folder_digest(tmp_path / "irds", cache) == d0
+    (src / "collection.tsv").write_text("0\tfirst passagE\n1\tsecond passage\n")  # same size, other text
+    assert folder_digest(tmp_path / "irds", cache) != d0
+    (src / "extra.tsv").write_text("")
+    assert len({folder_digest(tmp_path / "irds", cache), d0}) == 2

@@ -11,7 +11,7 @@ the repository's working tree plus up to 8 carried ignored folders, 64 MiB in al
   not fit); the loaders upcast to float32, so the gpu scale's "BERT" row starts from MiniLM rounded to fp16
   (the largest weight change is recorded in ``MANIFEST.json``);
 - ``data.tar.xz`` (unpacked by the entry script on the device into ``data/`` and ``bm25/``): the collections the
-  scale reads (MS MARCO sample in ir_datasets' layout, SciFact, Vaswani,
+  scale reads (MS MARCO sample and TREC DL 2019's judged pool in ir_datasets' layout, SciFact, Vaswani,
   Cranfield) and the first enwiki-sample files that hold the pre-training articles (``max_docs`` of the
   pre-training stages), under ``data/`` with ``../shared/data``'s layout; the entry script unpacks it on the device;
 - ``bm25/`` (inside ``data.tar.xz``): every BM25 result the scale needs, computed here with Pyserini (negative pools of each fine-tuning
@@ -51,7 +51,7 @@ SHARED = "../shared/data"
 MAX_MB = 63.5  # of the device call's 64 MiB: 0.5 MiB left for untracked files (keep the checkout clean before a call)
 MIB = 1024 * 1024
 MODEL_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-COLLECTIONS = ("msmarco-dev-sample", "scifact", "vaswani", "cranfield")
+COLLECTIONS = ("msmarco-dev-sample", "msmarco-dl19-judged", "scifact", "vaswani", "cranfield")
 
 
 def rel(path: Path) -> str:
@@ -133,6 +133,8 @@ def make_overlay(raw_cfg: dict[str, Any], data: str, model: str, bm25: str) -> d
     for key in ("finetune_sets", "eval_sets"):
         over[key] = {name: {"spec": relocate(e["spec"], SHARED, data)} for name, e in raw_cfg[key].items()}
         for name, e in raw_cfg[key].items():
+            if isinstance(e.get("irds_copy_from"), str):  # a set with its own ir_datasets folder (DL19)
+                over[key][name]["irds_copy_from"] = relocate(e["irds_copy_from"], SHARED, data)
             if e.get("evaluation", {}).get("spec"):
                 over[key][name]["evaluation"] = {"spec": relocate(e["evaluation"]["spec"], SHARED, data)}
     base = raw_cfg["pretrain"].get("base")

@@ -12,6 +12,8 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 from itertools import islice
 from pathlib import Path
 from typing import Any, Optional
@@ -30,19 +32,27 @@ def use_irds_home(cfg: dict[str, Any], stand_ins: Optional[Path] = None, dry_run
     if stand_ins is not None and (Path(stand_ins) / "irds").is_dir():
         home = str((Path(stand_ins) / "irds").resolve())
     elif cfg.get("irds_copy_from"):
-        src = (ROOT / cfg["irds_copy_from"]).resolve()
         home = str(Path(cfg["work_dir"]) / "irds")
-        if not dry_run and not Path(home).exists():
-            if not src.is_dir():
-                raise FileNotFoundError(f"irds_copy_from: {src} is absent (the MS MARCO sample in ir_datasets' cache "
-                                        "layout, see ../shared/data/README.md)")
-            tmp = home + ".tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.copytree(src, tmp)
-            os.replace(tmp, home)
+        if not dry_run:
+            copy_irds(cfg["irds_copy_from"], Path(home), "irds_copy_from")
     else:
         return os.environ.get("IR_DATASETS_HOME")
     os.environ["IR_DATASETS_HOME"] = home
+    return home
+
+
+def copy_irds(source: str, home: Path, what: str) -> Path:
+    """Copy a folder in ir_datasets' cache layout (relative paths: to the repository root) to ``home``, once
+    (ir_datasets writes caches beside the files, so the shared folder itself is never used)."""
+    if not home.exists():
+        src = (ROOT / source).resolve()
+        if not src.is_dir():
+            raise FileNotFoundError(f"{what}: {src} is absent (a collection in ir_datasets' cache layout, see "
+                                    "../shared/data/README.md)")
+        tmp = home.with_name(home.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        os.replace(tmp, home)
     return home
 
 
@@ -93,16 +103,26 @@ def check_split(path: Path, split: dict[str, Any], data_qids: set[str]) -> None:
 
 
 def set_key(entry: dict[str, Any]) -> dict[str, Any]:
-    """What defines a train/eval set's data: its spec, query split and size limits."""
-    return {k: entry.get(k) for k in ("spec", "queries", "max_queries", "max_docs")}
+    """What defines a train/eval set's data: its spec, query split and size limits (and its own ir_datasets folder,
+    ``irds_copy_from``, for a set that has one)."""
+    key = {k: entry.get(k) for k in ("spec", "queries", "max_queries", "max_docs")}
+    return {**key, "irds_copy_from": entry["irds_copy_from"]} if entry.get("irds_copy_from") else key
 
 
 def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False) -> str:
     """The ``load_dataset`` spec of a train/eval set, materialising a BEIR folder when needed.
 
     The folder is written again when the set's definition (:func:`set_key`) or the data it was written from
-    (:func:`experiments.caches.corpus_fingerprint` of the spec's documents, topics and qrels) changed."""
-    if not (entry.get("queries") or entry.get("max_queries") or entry.get("max_docs")):
+    (:func:`experiments.caches.corpus_fingerprint` of the spec's documents, topics and qrels; for a set with its own
+    ``irds_copy_from``, the files of that folder) changed.
+
+    A set with its own ``irds_copy_from`` (e.g. TREC DL 2019, whose ir_datasets folder holds another
+    ``msmarco-passage/collection.tsv`` than the MARCO sample's) is always materialised, by a child process whose
+    ``IR_DATASETS_HOME`` is a copy of that folder (``<work>/irds_sets/<name>``, copied again when its source
+    changed): ir_datasets fixes a dataset's home when it is first imported, so one process cannot read two
+    ``msmarco-passage`` folders."""
+    own_irds = entry.get("irds_copy_from")
+    if not (entry.get("queries") or entry.get("max_queries") or entry.get("max_docs") or own_irds):
         return entry["spec"]
     out = under_work(work, "data", name, what=f"the data of the set {name!r}")
     key = set_key(entry)
@@ -110,9 +130,13 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
     spec = f"beir:{out}:train"
     if dry_run:
         return spec
-    from experiments.caches import corpus_fingerprint
+    from experiments.caches import corpus_fingerprint, folder_digest
 
-    source = corpus_fingerprint(entry["spec"], Path(work) / ".digests.json", everything=True)["digest"]
+    digests = Path(work) / ".digests.json"
+    if own_irds:  # the data is the ir_datasets folder itself (read in a child process: see above)
+        source = folder_digest(ROOT / own_irds, digests)
+    else:
+        source = corpus_fingerprint(entry["spec"], digests, everything=True)["digest"]
     try:
         have = json.loads(done.read_text()) if done.exists() else None
     except ValueError:
@@ -124,6 +148,27 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
                "it records no fingerprint of the data it was written from" if "source" not in have else
                f"the data of {entry['spec']} changed since it was written")
         print(f"writing {out} again: {why}", flush=True)
+    if own_irds:
+        home = work / "irds_sets" / name
+        if have is not None and have.get("source") != source:
+            shutil.rmtree(home, ignore_errors=True)  # the copy is of the old data: copy it again
+        home = copy_irds(own_irds, home, f"eval/train set {name}: irds_copy_from")
+        job = json.dumps({"entry": entry, "out": str(out), "key": key, "source": source})
+        env = {**os.environ, "IR_DATASETS_HOME": str(home),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        proc = subprocess.run([sys.executable, "-m", "experiments.paper.data", "--materialise", job], env=env,
+                              cwd=str(ROOT), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"set {name}: materialising {entry['spec']} from {home} failed: "
+                               f"{(proc.stderr.strip().splitlines() or ['(no message)'])[-1]}")
+        return spec
+    materialise(entry, out, key, source)
+    return spec
+
+
+def materialise(entry: dict[str, Any], out: Path, key: dict[str, Any], source: str) -> None:
+    """Write the set's queries (those with a judged positive, split and limits applied), qrels and documents as a
+    BEIR folder ``out`` with ``materialised.json`` (``key``, the ``source`` data's fingerprint, counts)."""
     from pyterrier_cpdae.datasets import load_dataset
 
     ds = load_dataset(entry["spec"])
@@ -168,7 +213,6 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
                                                         "num_docs": n_docs, "num_qrels": len(qrels)}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    return spec
 
 
 def held_out_texts(corpus: str, start: int, n: int) -> list[str]:
@@ -185,9 +229,18 @@ def head_texts(corpus: str, n: int) -> list[str]:
     return list(islice(iter_texts(corpus), n))
 
 
-def main() -> None:
-    """Create ``experiments/configs/msmarco_sample_split.json`` from ../shared/data/msmarco-dev-sample (once)."""
+def main(argv: Optional[list[str]] = None) -> None:
+    """Create ``experiments/configs/msmarco_sample_split.json`` from ../shared/data/msmarco-dev-sample (once).
+
+    ``--materialise JOB`` (used by :func:`set_spec`): materialise one set, JOB a JSON ``{"entry", "out", "key", "source"}``,
+    with this process's ``IR_DATASETS_HOME``."""
     import tempfile
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--materialise"] and len(argv) == 2:
+        job = json.loads(argv[1])
+        materialise(job["entry"], Path(job["out"]), job["key"], job["source"])
+        return
 
     if MSMARCO_SPLIT.exists():
         raise SystemExit(f"{MSMARCO_SPLIT} exists; it is never remade silently (delete it first on purpose)")

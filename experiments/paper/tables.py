@@ -87,17 +87,33 @@ def _fmt(v: Optional[float], marks: str = "") -> str:
     return NOT_RUN if v is None else f"{v:.4f}{marks}"
 
 
+def _comparable(res: dict[str, Any], system: str, baseline: str) -> bool:
+    """Whether a significance mark may compare ``system`` with ``baseline``: not between fine-tuned rows of unequal
+    fine-tuning seed counts (a one-seed row's per-query test against a three-seed mean takes the seed spread for an
+    effect: issue 36). BM25 (deterministic) and rows evaluated without seeds (the zero-shot block, a set without
+    ``"seeds": "all"``) compare with any row."""
+    seeds = res.get("seeds")
+    if not seeds or BM25 in (system, baseline):
+        return True
+    return seeds.get(system) == seeds.get(baseline)
+
+
 def _marks(res: dict[str, Any], system: str, metric: str, baselines: dict[str, str]) -> str:
     out = ""
     for mark, b in baselines.items():
         p = res["pvalues"].get(mark, {}).get(system, {}).get(metric)
-        if p is not None and p < ALPHA and res["means"][system][metric] > res["means"][b][metric]:
+        if (p is not None and p < ALPHA and res["means"][system][metric] > res["means"][b][metric]
+                and _comparable(res, system, b)):
             out += mark
     return out
 
 
 def _metric_label(m: str) -> str:
-    return {"AP": "MAP", "RR@10": "MRR@10"}.get(m, m)
+    """A metric's column label: ``AP`` as MAP, ``RR@10`` as MRR@10; ``(rel=2)`` (label >= 2 relevant, as TREC DL
+    counts for RR and recall) as a ``(rel>=2)`` suffix: ``RR(rel=2)@10`` -> ``MRR@10 (rel>=2)``."""
+    base = m.replace("(rel=2)", "")
+    label = {"AP": "MAP", "RR@10": "MRR@10"}.get(base, base)
+    return f"{label} (rel>=2)" if base != m else label
 
 
 class Tables:
@@ -198,7 +214,7 @@ class Tables:
                             v = res["means"][key][m]
                             marks = _marks(res, key, m, baselines)
                             row[col], flat_row[col], flat_row[col + " marks"] = _fmt(v, marks), v, marks
-                            if "std" in res:  # rows over fine-tuning seeds
+                            if "std" in res and key != BM25:  # rows over fine-tuning seeds (BM25 has none)
                                 sd, k = res["std"][key][m], res["seeds"][key]
                                 row[col] = (f"{v:.4f} ± {sd:.4f}{marks}" if sd is not None
                                             else f"{v:.4f}{marks} (1 seed)")
@@ -225,8 +241,16 @@ class Tables:
         seed_note = ("Fine-tuned rows over seeds (" + "; ".join(seeded) + "): mean ± sample std over the fine-tuning "
                      "seeds of each seed's mean; significance there is a paired two-tailed t-test "
                      "(scipy.stats.ttest_rel) on the per-query scores averaged over each model's seeds; '(1 seed)' marks "
-                     "a row fine-tuned with one seed. Other fine-tuned cells use the first seed. ") if seeded else ""
-        sections.append(("Notes", seed_note + f"Significance: paired two-tailed t-test (`pt.Experiment(baseline=...)`), p < {ALPHA}: "
+                     "a row fine-tuned with one seed. Other fine-tuned cells use the first seed. No significance mark "
+                     "is printed between fine-tuned rows of unequal seed counts (a '(1 seed)' row against a seed-"
+                     "averaged baseline, or a model with a seed not finished): the paired test on one seed's per-query "
+                     "scores against a mean over seeds takes the spread between fine-tuning seeds for an effect "
+                     "(issue 36); their p-values stay in `experiments.md`. ") if seeded else ""
+        set_notes = " ".join(f"{e.get('label', s)}: {e['note']}" for s, e in self.cfg["eval_sets"].items() if e.get("note"))
+        rel2 = [s for s, e in self.cfg["eval_sets"].items() if any("(rel=2)" in m for m in e["metrics"])]
+        rel_note = ("'(rel>=2)': label >= 2 counts as relevant (ir_measures `RR(rel=2)@10`, `R(rel=2)@1000`), as "
+                    "TREC DL counts for RR and recall; nDCG@10 uses the graded labels. ") if rel2 else ""
+        sections.append(("Notes", seed_note + rel_note + (set_notes + " " if set_notes else "") + f"Significance: paired two-tailed t-test (`pt.Experiment(baseline=...)`), p < {ALPHA}: "
                          f"{legend}. Dense retrieval: [CLS], dot product, exact search. BM25 is the same in both "
                          f"blocks. Queries evaluated: {', '.join(f'{s} {n}' for s, n in n_q.items())}. "
                          f"A row marked '{NOT_RUN}' has no finished stage. Every pt.Experiment output (p-values "
