@@ -305,7 +305,9 @@ class DenseIndexer(pt.Indexer):
         target = self.target
         fresh = state is None
         producer = self.resolved_producer()
-        if not fresh:  # a resume continues the vectors of the producer that started the build
+        if not fresh and state.get("producer") is not None and producer is not None:
+            # a resume continues the vectors of the producer that started the build (without a recorded producer on
+            # either side, the sampled prefix check of _PrefixCheck still compares the vectors)
             check_producers(target, [("the interrupted build", state.get("producer")), ("this resume", producer)],
                             advice="resume with the encoder that started the build, or rebuild with mode='overwrite'")
         if self.num_shards:  # refused before encoding anything, naming the shard already built by another encoder
