@@ -112,10 +112,11 @@ _BOMB = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # today's code: a MemoryError, never the machine's memory
     import pretrain
     from transformers import AutoModel
-    path = sys.argv[1]
+    from pretrain.modeling import CPDAEDecoder
+    path, how = sys.argv[1], sys.argv[2]
     t = time.time()
     try:
-        AutoModel.from_pretrained(path)
+        (AutoModel if how == "auto" else CPDAEDecoder).from_pretrained(path)
         print("LOADED")
     except Exception as e:
         print(type(e).__name__, str(e)[:600])
@@ -123,8 +124,8 @@ _BOMB = textwrap.dedent("""
 """)
 
 
-def _bomb(path: Path) -> str:
-    proc = subprocess.run([sys.executable, "-c", _BOMB, str(path)], capture_output=True, text=True, timeout=240,
+def _bomb(path: Path, how: str = "auto") -> str:
+    proc = subprocess.run([sys.executable, "-c", _BOMB, str(path), how], capture_output=True, text=True, timeout=240,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return proc.stdout + proc.stderr[-2000:]
 
@@ -152,6 +153,25 @@ def test_decoder_of_200000_by_200000_beside_small_weights_is_refused_before_allo
     out = _bomb(small)
     assert "ValueError" in out and "shape" in out and "decoder.weight [30522, 64]" in out, out
     assert "[200000, 200000]" in out, out
+
+
+def test_legacy_decoder_of_200000_by_200000_is_refused_before_allocating(tmp_path):
+    """A run saved before the decoder became a Hugging Face model: decoder_config.json + decoder.safetensors."""
+    from safetensors.torch import save_file
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    dec = CPDAEDecoder(CPDAEDecoderConfig(hidden_size=64, vocab_size=30522))
+    save_file({f"decoder.{k}": v.contiguous() for k, v in dec.state_dict().items()}, legacy / "decoder.safetensors")
+    (legacy / "decoder_config.json").write_text(json.dumps({"objective": "cpdae", "hidden_size": 200_000,
+                                                            "vocab_size": 200_000}))
+    out = _bomb(legacy, how="own")
+    assert "ValueError" in out and "decoder.weight [30522, 64]" in out and "[200000, 200000]" in out, out
+    assert str(legacy / "decoder_config.json") in out, out
+    # the same files with the sizes they were saved with load, with exactly the saved weights
+    (legacy / "decoder_config.json").write_text(json.dumps({"objective": "cpdae", "hidden_size": 64,
+                                                            "vocab_size": 30522}))
+    loaded = CPDAEDecoder.from_pretrained(str(legacy))
+    assert torch.equal(loaded.decoder.weight, dec.decoder.weight)
 
 
 def test_header_shapes_are_read_without_loading(parts):
