@@ -35,7 +35,7 @@ except ImportError:  # transformers 4: from_pretrained initialises only the modu
 __all__ = ["CPDAEDecoderConfig", "CPDAEDecoderPreTrainedModel", "CPDAEDecoder", "ObjectiveHeadConfig", "ObjectiveHead",
            "register_head_module", "load_mlm_model", "quiet_transformers", "mlm_head",
            "decoder_layout", "DECODER_WEIGHTS", "DECODER_CONFIG", "read_decoder_config", "safetensors_shapes",
-           "check_weights_fit", "strict_from_pretrained", "untrained_mlm_head"]
+           "check_weights_fit", "strict_from_pretrained", "untrained_mlm_head", "weight_problems"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,11 +152,21 @@ def check_weights_fit(model_class: type, config: PretrainedConfig, shapes: dict[
             model = model_class(config)
     except (TypeError, ValueError, KeyError) as e:
         raise ValueError(f"{where}: the config does not describe a {model_class.__name__} ({e})") from None
-    expected = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+    problems = weight_problems({k: tuple(t.shape) for k, t in model.state_dict().items()}, shapes)
+    if problems:
+        raise ValueError(f"{where} does not hold the weights of this {model_class.__name__}: {problems}; "
+                         "nothing is initialised randomly (the file holds another model part, or its config "
+                         "was changed)")
+
+
+def weight_problems(expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]],
+                    needs: str = "the config needs") -> str:
+    """What differs between the tensors a module needs (``expected``: name -> shape) and those a file holds:
+    missing and unexpected names and differing shapes, as one message part (``""`` when they agree)."""
     missing = sorted(set(expected) - set(shapes))
     unexpected = sorted(set(shapes) - set(expected))
-    mismatched = [f"{k} {list(shapes[k])} where the config needs {list(expected[k])}"
-                  for k in sorted(expected) if k in shapes and tuple(shapes[k]) != expected[k]]
+    mismatched = [f"{k} {list(shapes[k])} where {needs} {list(expected[k])}"
+                  for k in sorted(expected) if k in shapes and tuple(shapes[k]) != tuple(expected[k])]
     problems = []
     if missing:
         problems.append(f"missing {len(missing)} weight(s): {', '.join(_clip(missing))}")
@@ -164,10 +174,7 @@ def check_weights_fit(model_class: type, config: PretrainedConfig, shapes: dict[
         problems.append(f"{len(unexpected)} unexpected weight(s): {', '.join(_clip(unexpected))}")
     if mismatched:
         problems.append(f"{len(mismatched)} shape(s) differ: {'; '.join(_clip(mismatched))}")
-    if problems:
-        raise ValueError(f"{where} does not hold the weights of this {model_class.__name__}: {'; '.join(problems)}; "
-                         "nothing is initialised randomly (the file holds another model part, or its config "
-                         "was changed)")
+    return "; ".join(problems)
 
 
 def _clip(items: list[str], n: int = 20) -> list[str]:

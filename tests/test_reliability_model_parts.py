@@ -254,3 +254,46 @@ def test_ict_from_an_encoder_only_checkpoint_runs_and_exports_no_untrained_mlm_h
         cli.main(["--objective", "mlm", "--model", minilm_path, "--corpus", str(corpus), "--output",
                   str(tmp_path / "mlm"), "--cache-dir", str(tmp_path / "cache"), "--batch-size", "4",
                   "--max-length", "32", "--max-steps", "1"])
+
+
+@pytest.mark.parametrize("damage", ["another_heads_weights", "one_weight_missing", "config_is_a_list"])
+def test_decoder_from_refuses_a_decoder_that_is_not_whole(tmp_path, tiny_bert_dir, damage):
+    """--decoder-from (Objective.load_decoder): a saved CPDAE decoder continues whole, or not at all."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _objective_helpers import load_tiny
+    from pretrain.objectives import build_objective
+    from safetensors.torch import load_file, save_file
+
+    model, tok, cfg = load_tiny(tiny_bert_dir, objective="cpdae", batch_size=2)
+    first = build_objective("cpdae", model, tok, cfg)
+    with torch.no_grad():  # a trained decoder differs from a new one
+        for p in first.decoder.parameters():
+            p.add_(0.5)
+    run = tmp_path / "stage1"
+    first.save_pretrained(str(run))
+    weights = run / "decoder" / "model.safetensors"
+    if damage == "another_heads_weights":
+        shutil.copy(_save_seed(tmp_path) / "model.safetensors", weights)
+    elif damage == "one_weight_missing":
+        state = load_file(weights)
+        save_file({k: v for k, v in state.items() if k != "decoder.bias"}, weights, metadata={"format": "pt"})
+    else:
+        (run / "decoder" / "decoder_config.json").write_text(json.dumps([1, 2]))
+    model2, tok2, cfg2 = load_tiny(tiny_bert_dir, objective="cpdae", batch_size=2)
+    second = build_objective("cpdae", model2, tok2, cfg2)
+    before = {k: v.clone() for k, v in second.decoder.state_dict().items()}
+    assert not torch.equal(before["decoder.weight"], first.decoder.state_dict()["decoder.weight"])
+    with pytest.raises(ValueError) as info:
+        second.load_decoder(str(run))
+    expected = {"another_heads_weights": "seed_decoder", "one_weight_missing": "decoder.bias",
+                "config_is_a_list": "JSON list"}[damage]
+    assert expected in str(info.value)
+    # nothing was half-loaded
+    for k, v in second.decoder.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def _save_seed(tmp_path: Path) -> Path:
+    out = tmp_path / "seed-head"
+    _seed_head().save_pretrained(out)
+    return out

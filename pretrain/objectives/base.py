@@ -194,7 +194,7 @@ class Objective(nn.Module):
         from safetensors.torch import load_file
         from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-        from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHeadConfig, read_decoder_config
+        from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHeadConfig, read_decoder_config, weight_problems
 
         modules = self.decoder_modules()
         if not modules:
@@ -226,10 +226,16 @@ class Objective(nn.Module):
         if saved.get("objective") != self.name:
             logging.getLogger(__name__).warning("continuing the decoder of objective %r (%s) in objective %r",
                                                 saved.get("objective"), path, self.name)
+        subs = {key: {n[len(key) + 1:]: t for n, t in state.items() if n.startswith(key + ".")} for key in modules}
+        for key, module in modules.items():  # every module checked before any is loaded: never half a decoder
+            problems = weight_problems({n: tuple(t.shape) for n, t in module.state_dict().items()},
+                                       {n: tuple(t.shape) for n, t in subs[key].items()}, needs="this run needs")
+            if problems:
+                raise ValueError(f"--decoder-from {path}: the saved {key!r} does not fit objective {self.name!r} "
+                                 f"with this run's options (saved: {saved}): {problems}")
         for key, module in modules.items():
-            sub = {n[len(key) + 1:]: t for n, t in state.items() if n.startswith(key + ".")}
             try:
-                module.load_state_dict(sub, strict=True)
+                module.load_state_dict(subs[key], strict=True)
             except RuntimeError as e:
                 raise ValueError(f"--decoder-from {path}: the saved {key!r} does not fit objective {self.name!r} "
                                  f"with this run's options (saved: {saved}): {e}") from e
