@@ -35,7 +35,7 @@ except ImportError:  # transformers 4: from_pretrained initialises only the modu
 __all__ = ["CPDAEDecoderConfig", "CPDAEDecoderPreTrainedModel", "CPDAEDecoder", "ObjectiveHeadConfig", "ObjectiveHead",
            "register_head_module", "load_mlm_model", "quiet_transformers", "mlm_head",
            "decoder_layout", "DECODER_WEIGHTS", "DECODER_CONFIG", "read_decoder_config", "safetensors_shapes",
-           "check_weights_fit", "strict_from_pretrained", "untrained_mlm_head", "weight_problems"]
+           "check_weights_fit", "strict_from_pretrained", "untrained_mlm_head", "weight_problems", "current_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +318,15 @@ class CPDAEDecoderPreTrainedModel(PreTrainedModel):
 #: Parameter names of the decoder before it became a Hugging Face model (``dense``/``LayerNorm`` at the top level).
 _LEGACY_KEYS = {"dense.weight": "transform.dense.weight", "dense.bias": "transform.dense.bias",
                 "LayerNorm.weight": "transform.LayerNorm.weight", "LayerNorm.bias": "transform.LayerNorm.bias"}
+
+
+def current_names(module: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
+    """``shapes`` (weight name -> anything) with the names of a decoder saved before the Hugging Face layout renamed as
+    :func:`_rename_legacy_keys` renames them when ``module`` (a :class:`CPDAEDecoder`) loads them."""
+    if not isinstance(module, CPDAEDecoder):
+        return shapes
+    return {(_LEGACY_KEYS[k] if k in _LEGACY_KEYS and _LEGACY_KEYS[k] not in shapes else k): v
+            for k, v in shapes.items()}
 
 
 def _rename_legacy_keys(state_dict: dict, prefix: str, *args: Any) -> None:

@@ -81,6 +81,22 @@ def test_shards_of_two_encoders_are_refused_at_the_last_shard(tmp_path, two_enco
     assert index.built() and index.meta()["producer"] == a.producer()
 
 
+def test_rebuilding_every_shard_with_a_new_encoder_by_overwrite_works(tmp_path, two_encoders):
+    """mode='overwrite' of one shard may start a rebuild with a new encoder: the view waits for the others."""
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    index = DenseIndex(tmp_path / "idx")
+    for s in (0, 1):
+        (a >> index.indexer(shard=s, num_shards=2)).index(_docs())
+    assert index.meta()["producer"] == a.producer()
+    with pytest.warns(UserWarning, match="shard 1 was encoded by"):
+        (b >> index.indexer(shard=0, num_shards=2, mode="overwrite")).index(_docs())
+    assert not index.built()  # never a searchable view of both encoders
+    with pytest.raises(ValueError, match="shard 1 was encoded by"):
+        index.merge_shards()
+    (b >> index.indexer(shard=1, num_shards=2, mode="overwrite")).index(_docs())
+    assert index.built() and index.meta()["producer"] == b.producer()
+
+
 def test_last_shard_check_also_holds_when_shards_are_built_concurrently(tmp_path, two_encoders):
     """The early check sees no sibling when both shards start at once: the view is refused when it is written."""
     from pyterrier_cpdae.dense import indexing

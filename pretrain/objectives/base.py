@@ -194,7 +194,8 @@ class Objective(nn.Module):
         from safetensors.torch import load_file
         from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-        from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHeadConfig, read_decoder_config, weight_problems
+        from ..modeling import (DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHeadConfig, current_names,
+                                read_decoder_config, weight_problems)
 
         modules = self.decoder_modules()
         if not modules:
@@ -229,7 +230,8 @@ class Objective(nn.Module):
         subs = {key: {n[len(key) + 1:]: t for n, t in state.items() if n.startswith(key + ".")} for key in modules}
         for key, module in modules.items():  # every module checked before any is loaded: never half a decoder
             problems = weight_problems({n: tuple(t.shape) for n, t in module.state_dict().items()},
-                                       {n: tuple(t.shape) for n, t in subs[key].items()}, needs="this run needs")
+                                       current_names(module, {n: tuple(t.shape) for n, t in subs[key].items()}),
+                                       needs="this run needs")
             if problems:
                 raise ValueError(f"--decoder-from {path}: the saved {key!r} does not fit objective {self.name!r} "
                                  f"with this run's options (saved: {saved}): {problems}")

@@ -310,7 +310,9 @@ class DenseIndexer(pt.Indexer):
             # either side, the sampled prefix check of _PrefixCheck still compares the vectors)
             check_producers(target, [("the interrupted build", state.get("producer")), ("this resume", producer)],
                             advice="resume with the encoder that started the build, or rebuild with mode='overwrite'")
-        if self.num_shards:  # refused before encoding anything, naming the shard already built by another encoder
+        if self.num_shards and self.mode != "overwrite":
+            # refused before encoding anything, naming the shard already built by another encoder (an overwrite may
+            # be the first of a rebuild of every shard with a new encoder: its siblings are checked at the view)
             base = Path(self.index_obj.path)
             built = [(f"shard {d.name}", io.read_meta(d)) for d in io.shard_dirs(base) if d != target]
             check_producers(base, [(x, m.get("producer")) for x, m in built if m is not None and
@@ -421,7 +423,8 @@ class DenseIndexer(pt.Indexer):
                              io.base_meta(dim=state["dim"], count=state["count"], dtype=state["dtype"], **extra))
         io.remove_leftovers(target)  # _docnos.txt and _build.json (a crash before this is finished on resume/open)
         if self.num_shards:
-            write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards)
+            write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards,
+                                           replacing=self.mode == "overwrite")
 
 
 class _PrefixCheck:
@@ -469,15 +472,20 @@ class _PrefixCheck:
                 "that started it, or rebuild with mode='overwrite'")
 
 
-def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:
+def write_sharded_meta_if_complete(base: Path, num_shards: int, *, replacing: bool = False) -> bool:
     """Writes the top-level ``pt_meta.json`` of a sharded index once all ``num_shards`` shards are built.
 
     Each shard process calls this after finishing its shard; the content is deterministic, so concurrent
     writers (atomic renames) are harmless, and the last finisher always sees every shard complete.
 
+    Args:
+        replacing: the caller has just overwritten its shard (``mode="overwrite"``), perhaps the first of a rebuild
+            of every shard with another encoder: siblings of another producer then leave the view unwritten with a
+            warning naming them (the rebuild of the last of them writes it), instead of an error.
+
     Raises:
-        ValueError: when the shards disagree on dim/dtype/num_shards or their sizes do not match the
-            round-robin split.
+        ValueError: when the shards disagree on dim/dtype/num_shards, on the producer of their vectors (unless
+            ``replacing``) or their sizes do not match the round-robin split.
     """
     metas = []
     for s in range(num_shards):
@@ -488,7 +496,14 @@ def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:
         metas.append(meta)
     check_shard_inputs(base, metas)
     check_shard_metas(base, metas)
-    check_producers(base, [(f"shard {s}", m.get("producer")) for s, m in enumerate(metas)])
+    try:
+        check_producers(base, [(f"shard {s}", m.get("producer")) for s, m in enumerate(metas)])
+    except ValueError as e:
+        if not replacing:
+            raise
+        warnings.warn(f"the sharded view of {base} is not written (not searchable) until its shards come from one "
+                      f"producer: {e}")
+        return False
     # the view's build id follows from its shards' (deterministic, as the comment above needs): a rebuilt shard
     # gives the view a new one
     build_id = hashlib.sha256(" ".join(str(m.get("build_id")) for m in metas).encode()).hexdigest()[:32]

@@ -405,15 +405,26 @@ def _copy_of(metas: List[Tuple[int, dict]]) -> Optional[Tuple[int, int]]:
 
 
 def shard_set_problem(base: Path) -> Optional[str]:
-    """What is wrong with the set of shard directories of ``base``, or ``None``: a shard that the built shards'
-    ``num_shards`` calls for but that is missing or unfinished, a shard directory beyond ``num_shards``, a shard
-    that is a copy of another (the same build) or was built as another shard number, or shards that disagree on
-    ``num_shards``."""
+    """What is wrong with the shard directories of ``base``, or ``None``: a shard that ``num_shards`` calls for but
+    that is missing or unfinished, a shard that is a copy of another (the same build) or was built as another
+    shard number, shards that disagree on ``num_shards``, or built shards whose vectors come from different
+    producers (:func:`check_producers`).
+
+    ``num_shards`` is the view's (its top-level ``pt_meta.json``) when it was written, else the one the built shards
+    agree on; directories beyond it (left by an earlier build with more shards) are not the view's and are ignored.
+    """
     dirs = io.shard_dirs(base)
     if not dirs:
         return None
+    try:
+        top = io.read_meta(base)
+    except ValueError:
+        top = None
+    n = int(top["num_shards"]) if top is not None and top.get("layout") == "sharded" else None
     metas = []
     for d in dirs:
+        if n is not None and int(d.name) >= n:
+            continue
         try:
             m = io.read_meta(d)
         except ValueError as e:
@@ -430,37 +441,34 @@ def shard_set_problem(base: Path) -> Optional[str]:
         if m.get("shard") is not None and m.get("shard") != s:
             return (f"the sharded dense index at {base}: the directory of shard {s} holds shard {m.get('shard')} "
                     f"(num_shards={m.get('num_shards')}); it was copied or moved there: rebuild shard {s} with "
-                    f"indexer(shard={s}, num_shards=n, mode='overwrite')")
-    counts = sorted({m.get("num_shards") for _, m in metas if m.get("num_shards") is not None})
-    if len(counts) > 1:
-        shown = ", ".join(f"shard {s}: num_shards={m.get('num_shards')}" for s, m in metas)
-        return (f"the sharded dense index at {base}: its shards were built for different numbers of shards "
-                f"({shown}); rebuild them with one num_shards")
-    if not counts:
-        return None
-    n = counts[0]
+                    f"indexer(shard={s}, num_shards={m.get('num_shards')}, mode='overwrite')")
+    if n is None:
+        counts = sorted({m.get("num_shards") for _, m in metas if m.get("num_shards") is not None})
+        if len(counts) > 1:
+            shown = ", ".join(f"shard {s}: num_shards={m.get('num_shards')}" for s, m in metas)
+            return (f"the sharded dense index at {base}: its shards were built for different numbers of shards "
+                    f"({shown}); rebuild them with one num_shards")
+        if not counts:
+            return None
+        n = counts[0]
     present = {int(d.name) for d in dirs}
     built = {s for s, _ in metas}
     missing = [s for s in range(n) if s not in present]
     unfinished = [s for s in range(n) if s in present and s not in built]
-    extra = sorted(s for s in present if s >= n)
-    if missing or unfinished or extra:
-        parts: List[str] = []
-        if missing:
-            parts.append(f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
-                         f"{'are' if len(missing) > 1 else 'is'} missing")
-        if unfinished:
-            parts.append(f"shard{'s' if len(unfinished) > 1 else ''} {', '.join(map(str, unfinished))} "
-                         f"{'are' if len(unfinished) > 1 else 'is'} not finished")
-        if extra:
-            parts.append(f"{io.SHARDS_DIR}/ also holds shard director{'ies' if len(extra) > 1 else 'y'} "
-                         f"{', '.join(map(str, extra))} beyond num_shards={n}")
-        if not (missing or unfinished):
-            return f"the sharded dense index at {base} (num_shards={n}): {'; '.join(parts)}; remove them"
-        todo = "them" if len(missing) + len(unfinished) > 1 else "it"
-        return (f"the sharded dense index at {base} (num_shards={n}) is incomplete: {'; '.join(parts)}; build {todo} "
-                f"with indexer(shard=i, num_shards={n}, mode='resume')")
-    return None
+    if not (missing or unfinished):
+        try:  # every shard built: their vectors must come from one producer (else the view stays unwritten)
+            check_producers(base, [(f"shard {s}", m.get("producer")) for s, m in sorted(metas) if s < n])
+        except ValueError as e:
+            return str(e)
+        return None
+    parts: List[str] = []
+    for shards, what in ((missing, "missing"), (unfinished, "not finished")):
+        if shards:
+            parts.append(f"shard{'s' if len(shards) > 1 else ''} {', '.join(map(str, shards))} "
+                         f"{'are' if len(shards) > 1 else 'is'} {what}")
+    todo = "them" if len(missing) + len(unfinished) > 1 else "it"
+    return (f"the sharded dense index at {base} (num_shards={n}) is incomplete: {'; '.join(parts)}; build {todo} "
+            f"with indexer(shard=i, num_shards={n}, mode='resume')")
 
 
 def check_shard_set(base: Path) -> None:
