@@ -137,7 +137,10 @@ def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
     if config.from_config is None:
         from pyterrier_cpdae.encoder.loading import checkpoint_keys
         checkpoint_keys(config.model)  # names a damaged weights file (and a MemoryError as such)
-    model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head)
+    from .objectives import objective_class
+
+    model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head,
+                           head_used=objective_class(config.objective).uses_mlm_head)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and config.max_length > max_pos:
         raise ValueError(f"--max-length {config.max_length} exceeds the model's max_position_embeddings ({max_pos}) "

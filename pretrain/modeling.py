@@ -34,7 +34,8 @@ except ImportError:  # transformers 4: from_pretrained initialises only the modu
 
 __all__ = ["CPDAEDecoderConfig", "CPDAEDecoderPreTrainedModel", "CPDAEDecoder", "ObjectiveHeadConfig", "ObjectiveHead",
            "register_head_module", "load_mlm_model", "quiet_transformers", "mlm_head",
-           "decoder_layout", "DECODER_WEIGHTS", "DECODER_CONFIG"]
+           "decoder_layout", "DECODER_WEIGHTS", "DECODER_CONFIG", "read_decoder_config", "safetensors_shapes",
+           "check_weights_fit", "strict_from_pretrained", "untrained_mlm_head", "weight_problems", "current_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,194 @@ logger = logging.getLogger(__name__)
 #: became a Hugging Face model). ``DECODER_CONFIG`` (the objective and its options) is written for every objective.
 DECODER_WEIGHTS = "decoder.safetensors"
 DECODER_CONFIG = "decoder_config.json"
+
+# -- loading checks: a saved model part is loaded whole or not at all ---------------------------------------------
+#: Upper bound of any size in a decoder/head config (hidden size, vocabulary, feed-forward width): far above any
+#: real model, far below what would make even the meta-device build or a shape product overflow.
+MAX_HEAD_DIM = 1 << 24
+#: Upper bound of a repetition count in a head config (``module_list`` items, a decoder's ``num_layers``) when no
+#: weights file bounds it further (see :func:`check_weights_fit`).
+MAX_HEAD_ITEMS = 4096
+#: Arguments of a head module spec that repeat modules (each repetition holds at least one weight tensor).
+_COUNT_ARGS = ("items", "num_layers")
+
+
+def check_size(name: str, value: Any, limit: int = MAX_HEAD_DIM, minimum: int = 1) -> int:
+    """``value`` as an int in ``[minimum, limit]``, refused before anything is built or printed from it.
+
+    Raises:
+        ValueError: naming ``name``, the value's type (a non-integer is not repr'd) and the allowed range.
+    """
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in [{minimum}, {limit}], got a {type(value).__name__}")
+    if not minimum <= value <= limit:
+        raise ValueError(f"{name} must be an integer in [{minimum}, {limit}], got {value}")
+    return value
+
+
+def check_head_spec(spec: Any, where: str, max_items: int = MAX_HEAD_ITEMS) -> None:
+    """Checks a :func:`head_module_spec` before it is built: a ``{"type": str, "args": dict}`` whose integer
+    arguments are sizes <= :data:`MAX_HEAD_DIM` and whose repetition counts (``items``, ``num_layers``) are at most
+    ``max_items``.
+
+    Raises:
+        ValueError: naming the spec's place (``head_modules.<name>.args.<arg>``).
+    """
+    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+        raise ValueError(f"{where} must be a head module spec {{\"type\": <name>, \"args\": {{...}}}}, got a "
+                         f"{type(spec).__name__}")
+    args = spec.get("args", {})
+    if not isinstance(args, dict):
+        raise ValueError(f"{where}.args must be a mapping, got a {type(args).__name__}")
+    for key, value in args.items():
+        if isinstance(value, dict):
+            check_head_spec(value, f"{where}.args.{key}", max_items)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            if key in _COUNT_ARGS:
+                check_size(f"{where}.args.{key}", value, max_items)
+            else:
+                check_size(f"{where}.args.{key}", value, MAX_HEAD_DIM, minimum=0)
+
+
+def safetensors_shapes(path: Union[str, os.PathLike]) -> dict[str, tuple[int, ...]]:
+    """``{name: shape}`` of every tensor in a safetensors file, read from its header alone (no tensor is loaded).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: it is not a readable safetensors file.
+    """
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file not found: {path}")
+    try:
+        with safe_open(path, framework="pt") as f:
+            return {k: tuple(int(d) for d in f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors' SafetensorError and the like: a corrupt or foreign file
+        raise ValueError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from None
+
+
+def _shapes_of_dir(path: str) -> Optional[dict[str, tuple[int, ...]]]:
+    """The tensor shapes of a Hugging Face model directory's weights (one file or an index of shards), or None."""
+    single = os.path.join(path, SAFE_WEIGHTS_NAME)
+    if os.path.isfile(single):
+        return safetensors_shapes(single)
+    index = single + ".index.json"
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map", {})
+        shapes: dict[str, tuple[int, ...]] = {}
+        for shard in sorted(set(weight_map.values())):
+            shapes.update(safetensors_shapes(os.path.join(path, os.path.basename(shard))))
+        return shapes
+    return None
+
+
+def check_weights_fit(model_class: type, config: PretrainedConfig, shapes: dict[str, tuple[int, ...]],
+                      where: str) -> None:
+    """Refuses weights whose tensors are not exactly those of ``model_class(config)``, before it is built.
+
+    The model is built on the meta device (no memory), after every repetition count of an
+    :class:`ObjectiveHeadConfig` is bounded by the number of tensors in the file (each repetition holds at least
+    one), so that neither a crafted count (a module list of 10^8 items) nor a crafted size (a 200,000 x 200,000
+    layer beside a few megabytes of weights) allocates or loops before the mismatch is reported.
+
+    Raises:
+        ValueError: naming ``where``, the missing and unexpected tensors and every shape that differs.
+    """
+    if isinstance(config, ObjectiveHeadConfig):
+        if not isinstance(config.head_modules, dict) or not config.head_modules:
+            raise ValueError(f"{where}: the config has no head_modules (the objective's decoder modules)")
+        for name, spec in config.head_modules.items():
+            check_head_spec(spec, f"{where}: head_modules.{name}", max_items=max(1, len(shapes)))
+    try:
+        with torch.device("meta"), quiet_transformers():
+            model = model_class(config)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"{where}: the config does not describe a {model_class.__name__} ({e})") from None
+    problems = weight_problems({k: tuple(t.shape) for k, t in model.state_dict().items()}, shapes)
+    if problems:
+        raise ValueError(f"{where} does not hold the weights of this {model_class.__name__}: {problems}; "
+                         "nothing is initialised randomly (the file holds another model part, or its config "
+                         "was changed)")
+
+
+def weight_problems(expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]],
+                    needs: str = "the config needs") -> str:
+    """What differs between the tensors a module needs (``expected``: name -> shape) and those a file holds:
+    missing and unexpected names and differing shapes, as one message part (``""`` when they agree)."""
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
+    mismatched = [f"{k} {list(shapes[k])} where {needs} {list(expected[k])}"
+                  for k in sorted(expected) if k in shapes and tuple(shapes[k]) != tuple(expected[k])]
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} weight(s): {', '.join(_clip(missing))}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected weight(s): {', '.join(_clip(unexpected))}")
+    if mismatched:
+        problems.append(f"{len(mismatched)} shape(s) differ: {'; '.join(_clip(mismatched))}")
+    return "; ".join(problems)
+
+
+def _clip(items: list[str], n: int = 20) -> list[str]:
+    return items if len(items) <= n else items[:n] + [f"... ({len(items) - n} more)"]
+
+
+def strict_from_pretrained(model_class: type, loader: Callable[..., Any], path: str, *args: Any,
+                           **kwargs: Any) -> Any:
+    """``loader(path, ...)`` (a ``PreTrainedModel.from_pretrained``) for the package's own model parts, strictly.
+
+    For a local directory the config's sizes are checked against the safetensors header first
+    (:func:`check_weights_fit`); after loading, any weight transformers reports missing, unexpected or mismatched
+    is an error (its load report table would otherwise be the only sign of randomly initialised weights).
+
+    Raises:
+        ValueError: naming the directory and the weights.
+    """
+    want_info = kwargs.pop("output_loading_info", False)
+    if os.path.isdir(path):
+        config = kwargs.get("config")
+        if not isinstance(config, PretrainedConfig):
+            try:
+                config = model_class.config_class.from_pretrained(path)
+            except (TypeError, ValueError, KeyError) as e:
+                raise ValueError(f"{os.path.join(path, CONFIG_NAME)}: {' '.join(str(e).split())}") from None
+        shapes = _shapes_of_dir(path)
+        if shapes is not None:
+            check_weights_fit(model_class, config, shapes, os.path.join(path, SAFE_WEIGHTS_NAME))
+    with quiet_transformers():
+        model, info = loader(path, *args, output_loading_info=True, **kwargs)
+    problems = [f"{key.replace('_', ' ')}: {', '.join(_clip(sorted(map(str, info[key]))))}"
+                for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs") if info.get(key)]
+    if problems:
+        raise ValueError(f"{path} does not hold the weights of this {model_class.__name__} "
+                         f"({'; '.join(problems)}); nothing is initialised randomly")
+    return (model, info) if want_info else model
+
+
+def read_decoder_config(path: Union[str, os.PathLike]) -> dict[str, Any]:
+    """A run's ``decoder/decoder_config.json`` as a dict.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: it is not UTF-8 JSON holding an object (naming the file and what it holds instead).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} holds a JSON {type(saved).__name__}, not an object of decoder settings "
+                         "(objective, hidden_size, vocab_size, ...): it is not a decoder config")
+    return saved
 
 
 def mlm_head(mlm_model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -89,8 +278,8 @@ class CPDAEDecoderConfig(PretrainedConfig):
                  layer_norm_eps: float = 1e-12, initializer_range: float = 0.02, **kwargs: Any):
         kwargs.setdefault("tie_word_embeddings", False)  # the decoder has no input embeddings to tie to
         super().__init__(**kwargs)
-        self.hidden_size = int(hidden_size)
-        self.vocab_size = int(vocab_size)
+        self.hidden_size = check_size("hidden_size", hidden_size)
+        self.vocab_size = check_size("vocab_size", vocab_size)
         self.hidden_act = hidden_act
         self.layer_norm_eps = float(layer_norm_eps)
         self.initializer_range = float(initializer_range)
@@ -129,6 +318,15 @@ class CPDAEDecoderPreTrainedModel(PreTrainedModel):
 #: Parameter names of the decoder before it became a Hugging Face model (``dense``/``LayerNorm`` at the top level).
 _LEGACY_KEYS = {"dense.weight": "transform.dense.weight", "dense.bias": "transform.dense.bias",
                 "LayerNorm.weight": "transform.LayerNorm.weight", "LayerNorm.bias": "transform.LayerNorm.bias"}
+
+
+def current_names(module: nn.Module, shapes: dict[str, Any]) -> dict[str, Any]:
+    """``shapes`` (weight name -> anything) with the names of a decoder saved before the Hugging Face layout renamed as
+    :func:`_rename_legacy_keys` renames them when ``module`` (a :class:`CPDAEDecoder`) loads them."""
+    if not isinstance(module, CPDAEDecoder):
+        return shapes
+    return {(_LEGACY_KEYS[k] if k in _LEGACY_KEYS and _LEGACY_KEYS[k] not in shapes else k): v
+            for k, v in shapes.items()}
 
 
 def _rename_legacy_keys(state_dict: dict, prefix: str, *args: Any) -> None:
@@ -220,7 +418,7 @@ class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
         elif os.path.isabs(path) or path.startswith((".", "~")):
             raise FileNotFoundError(f"decoder directory not found: {path}")
         from pyterrier_cpdae.encoder.loading import float32_kwargs
-        return super().from_pretrained(path, *args, **{**float32_kwargs(), **kwargs})
+        return strict_from_pretrained(cls, super().from_pretrained, path, *args, **{**float32_kwargs(), **kwargs})
 
     @classmethod
     def _from_legacy_dir(cls, path: str) -> "CPDAEDecoder":
@@ -228,8 +426,7 @@ class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
         from safetensors.torch import load_file
 
         cfg_path, w_path = os.path.join(path, DECODER_CONFIG), os.path.join(path, DECODER_WEIGHTS)
-        with open(cfg_path, encoding="utf-8") as f:
-            saved = json.load(f)
+        saved = read_decoder_config(cfg_path)
         try:
             config = CPDAEDecoderConfig(hidden_size=saved["hidden_size"], vocab_size=saved["vocab_size"],
                                         hidden_act=saved.get("hidden_act", "gelu"),
@@ -237,12 +434,18 @@ class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
                                         initializer_range=saved.get("initializer_range", 0.02))
         except KeyError as e:
             raise ValueError(f"{cfg_path} lacks {e.args[0]!r}: it does not describe a CPDAE decoder") from None
-        state = load_file(w_path)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{cfg_path}: {e}") from None
         prefix = "decoder."
-        sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        if not sub:
-            raise ValueError(f"{w_path} has no tensors under the prefix {prefix!r} (keys: {sorted(state)[:5]}...): "
+        header = safetensors_shapes(w_path)
+        sub_shapes = {k[len(prefix):]: v for k, v in header.items() if k.startswith(prefix)}
+        if not sub_shapes:
+            raise ValueError(f"{w_path} has no tensors under the prefix {prefix!r} (keys: {sorted(header)[:5]}...): "
                              f"it is the decoder of objective {saved.get('objective')!r}, not a CPDAE decoder")
+        check_weights_fit(cls, config, {_LEGACY_KEYS.get(k, k): v for k, v in sub_shapes.items()},
+                          f"{w_path} (with {cfg_path})")  # before the module is built: no allocation from the config
+        state = load_file(w_path)
+        sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         dec = cls(config)
         try:
             dec.load_state_dict(sub, strict=True)  # old parameter names: see _rename_legacy_keys
@@ -288,7 +491,7 @@ def register_head_module(type_name: str) -> Callable[[Any], Any]:
 
 
 def _module_list(items: int, item: dict) -> nn.ModuleList:
-    return nn.ModuleList([build_head_module(item) for _ in range(int(items))])
+    return nn.ModuleList([build_head_module(item) for _ in range(check_size("items", items, MAX_HEAD_ITEMS))])
 
 
 HEAD_MODULE_TYPES.update(linear=nn.Linear, module_list=_module_list)
@@ -372,7 +575,11 @@ class ObjectiveHead(PreTrainedModel):
         super().__init__(config)
         if not config.head_modules:
             raise ValueError("an ObjectiveHeadConfig needs head_modules (the objective's decoder modules)")
+        if not isinstance(config.head_modules, dict):
+            raise ValueError(f"head_modules must be a mapping of module name to spec, got "
+                             f"{type(config.head_modules).__name__}")
         for name, spec in config.head_modules.items():
+            check_head_spec(spec, f"head_modules.{name}")
             self.add_module(name, build_head_module(spec))
         self.post_init()
 
@@ -389,6 +596,15 @@ class ObjectiveHead(PreTrainedModel):
         head.load_state_dict({f"{k}.{n}": t for k, m in modules.items() for n, t in m.state_dict().items()},
                              strict=True)
         return head
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], *args: Any,
+                        **kwargs: Any) -> "ObjectiveHead":
+        """``PreTrainedModel.from_pretrained``, strict (:func:`strict_from_pretrained`): the config's sizes are
+        checked against the weights file's header before any module is built, and a missing, unexpected or
+        mismatched weight is an error naming it (never a randomly initialised module)."""
+        return strict_from_pretrained(cls, super().from_pretrained, os.fspath(pretrained_model_name_or_path),
+                                      *args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"an ObjectiveHead has no forward: run its modules ({', '.join(self.config.head_modules)})")
@@ -451,8 +667,18 @@ def checkpoint_name(name_or_path: str) -> str:
     return os.path.basename(os.path.dirname(path)) if base in ("model", "models") else base
 
 
+#: Set on a masked-LM model whose head :func:`load_mlm_model` created for an objective that does not use it.
+_UNTRAINED_HEAD = "_pretrain_untrained_mlm_head"
+
+
+def untrained_mlm_head(model: nn.Module) -> bool:
+    """Whether ``model``'s MLM head is a placeholder that no run trained (:func:`load_mlm_model` with
+    ``head_used=False`` on a checkpoint without one): such a head is never exported."""
+    return bool(getattr(model, _UNTRAINED_HEAD, False))
+
+
 def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm_head: bool = False,
-                   **kwargs: Any) -> PreTrainedModel:
+                   head_used: bool = True, **kwargs: Any) -> PreTrainedModel:
     """Load a BERT-like masked-LM model (encoder + MLM head) with float32 weights, whatever dtype the checkpoint
     or config was saved in (the master weights of training; bf16/fp16 compute comes from autocast).
 
@@ -469,6 +695,9 @@ def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm
         new_mlm_head: Accept a checkpoint without trained MLM-head weights (e.g.
             sentence-transformers' all-MiniLM-L6-v2, a bare ``BertModel``): the head's
             transform is initialised randomly and its decoder stays tied to the word embeddings.
+        head_used: Whether the objective trains the MLM head. When it does not (ICT, SimCSE), a checkpoint
+            without one is accepted without ``new_mlm_head``: a placeholder head is created (an objective needs a
+            masked-LM model) and marked untrained (:func:`untrained_mlm_head`), so that it is never exported.
         **kwargs: Passed to ``AutoModelForMaskedLM.from_pretrained`` (a ``dtype`` given here wins).
 
     Raises:
@@ -487,14 +716,20 @@ def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm
     all_missing = set(info.get("missing_keys", ()))
     head = _head_keys(model)
     missing = all_missing & (head - _tied_keys(model))
-    if missing and not new_mlm_head:
+    if missing and not new_mlm_head and head_used:
         raise ValueError(
             f"checkpoint {name_or_path!r} has no trained masked-LM head (missing: {', '.join(sorted(missing))}); "
             "it is probably an encoder-only model (e.g. a sentence-transformers BertModel). Pass --new-mlm-head "
             "(new_mlm_head=True) to train a freshly initialised head, or use a masked-LM checkpoint.")
     name = checkpoint_name(name_or_path)
     head_missing = all_missing & head
-    if missing:
+    if missing and not head_used:
+        # the objective has no MLM term: a placeholder head (the objective needs a masked-LM model), never exported
+        model.tie_weights()
+        setattr(model, _UNTRAINED_HEAD, True)
+        logger.info("%s has no MLM head; the objective does not use one (a placeholder is created, and left out of "
+                    "the export)", name)
+    elif missing:
         # freshly initialised head: BERT init of the transform, zero output bias, decoder tied to the embeddings
         model.tie_weights()
         logger.warning("%s has no MLM head: a new one is initialised (%d tensors)", name, len(head_missing))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
@@ -56,15 +55,14 @@ def decoder_dir(model_dir: Union[str, os.PathLike]) -> str:
     model_dir = os.fspath(model_dir)
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"model directory not found: {model_dir}")
-    from ..modeling import DECODER_CONFIG, decoder_layout
+    from ..modeling import DECODER_CONFIG, decoder_layout, read_decoder_config
 
     ddir = os.path.join(model_dir, "decoder")
     cfg = os.path.join(ddir, DECODER_CONFIG)
     if not os.path.isfile(cfg):
         raise FileNotFoundError(f"no CPDAE decoder in {ddir} ({DECODER_CONFIG} not found); was it "
                                 f"pre-trained with --objective cpdae (or {', '.join(CPDAE_OBJECTIVES[1:])})?")
-    with open(cfg) as f:
-        objective = json.load(f).get("objective")
+    objective = read_decoder_config(cfg).get("objective")
     if objective is not None and objective not in CPDAE_OBJECTIVES:
         raise ValueError(f"the decoder in {ddir} was trained with --objective {objective}; inspection needs a CPDAE "
                          f"bag-of-words decoder ({', '.join(CPDAE_OBJECTIVES)})")
@@ -78,8 +76,32 @@ def decoder_dir(model_dir: Union[str, os.PathLike]) -> str:
 def decoder_config(model_dir: Union[str, os.PathLike]) -> dict[str, Any]:
     """The saved configuration of ``model_dir``'s CPDAE decoder (objective, sizes and the options it was
     trained with, e.g. ``cl_distribution``); raises as :func:`decoder_dir` does."""
-    with open(os.path.join(decoder_dir(model_dir), "decoder_config.json")) as f:
-        return json.load(f)
+    from ..modeling import DECODER_CONFIG, read_decoder_config
+
+    return read_decoder_config(os.path.join(decoder_dir(model_dir), DECODER_CONFIG))
+
+
+def check_decoder_fits(model_dir: Union[str, os.PathLike], encoder: torch.nn.Module, tokenizer: Any,
+                       decoder: torch.nn.Module) -> None:
+    """Refuses a decoder that was not trained on this encoder and tokenizer: its width must be the encoder's
+    hidden size and its vocabulary the encoder's, which must hold every id of the tokenizer (otherwise token
+    ids and logits would not refer to the same tokens).
+
+    Raises:
+        ValueError: naming the directory and both sizes.
+    """
+    dec_cfg, enc_cfg = getattr(decoder, "config", None), getattr(encoder, "config", None)
+    if dec_cfg is None or enc_cfg is None:
+        return
+    ddir = os.path.join(os.fspath(model_dir), "decoder")
+    if getattr(enc_cfg, "hidden_size", dec_cfg.hidden_size) != dec_cfg.hidden_size:
+        raise ValueError(f"the decoder in {ddir} takes {dec_cfg.hidden_size}-dimensional vectors but the encoder in "
+                         f"{model_dir} gives {enc_cfg.hidden_size}: the decoder belongs to another model")
+    vocab = getattr(enc_cfg, "vocab_size", dec_cfg.vocab_size)
+    if dec_cfg.vocab_size != vocab or len(tokenizer) > dec_cfg.vocab_size:
+        raise ValueError(f"the decoder in {ddir} predicts {dec_cfg.vocab_size} tokens but the encoder in {model_dir} "
+                         f"has a vocabulary of {vocab} and its tokenizer {len(tokenizer)} tokens: the decoder "
+                         "belongs to another model (or the tokenizer was replaced)")
 
 
 class DecoderInspector:
@@ -132,6 +154,7 @@ class DecoderInspector:
         with quiet_transformers():
             encoder = AutoModel.from_pretrained(os.fspath(model_dir), **float32_kwargs())
         decoder = CPDAEDecoder.from_pretrained(ddir)
+        check_decoder_fits(model_dir, encoder, tokenizer, decoder)
         max_pos = getattr(encoder.config, "max_position_embeddings", max_length)
         insp = cls(encoder, tokenizer, decoder, max_length=min(max_length, max_pos), device=device)
         insp.decoder_config = decoder_config(model_dir)
@@ -312,4 +335,5 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     return result
 
 
-__all__ = ["DecoderInspector", "WordScore", "top_words", "render_html", "decoder_dir", "decoder_config", "main"]
+__all__ = ["DecoderInspector", "WordScore", "top_words", "render_html", "decoder_dir", "decoder_config",
+           "check_decoder_fits", "main"]

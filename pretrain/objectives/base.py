@@ -44,7 +44,7 @@ from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
 from ..distributed import global_mean_count
 from ..losses import mlm_loss
 from ..masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
-from ..modeling import mlm_head, quiet_transformers
+from ..modeling import mlm_head, quiet_transformers, untrained_mlm_head
 from ..unpadded import compile_encoder, resolve_unpad, unpadded_last_hidden, use_unpadded
 from .contrast import SPAN_CONTRAST_FORMS
 
@@ -116,6 +116,10 @@ class Objective(nn.Module):
     needs_mask_token: bool = True
     #: Whether the objective compares texts within a batch (needs >= 2 texts per batch).
     contrastive: bool = False
+    #: Whether the loss uses the masked-LM head. An objective without an MLM term (ICT, SimCSE) runs on an
+    #: encoder-only checkpoint (e.g. all-MiniLM-L6-v2) without ``--new-mlm-head``; the placeholder head such a
+    #: checkpoint is given is never trained, so it is left out of the export (:meth:`save_pretrained`).
+    uses_mlm_head: ClassVar[bool] = True
     #: Encoder sequences per text when the objective builds no ``num_views`` masked views (SimCSE, ICT, PROP: 2);
     #: ``None``: ``num_views`` (1 without views).  :func:`pretrain.objectives.sequences_per_text` reads it.
     sequences_per_text: ClassVar[Optional[int]] = None
@@ -208,7 +212,8 @@ class Objective(nn.Module):
         from safetensors.torch import load_file
         from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-        from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHeadConfig
+        from ..modeling import (DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHeadConfig, current_names,
+                                read_decoder_config, weight_problems)
 
         modules = self.decoder_modules()
         if not modules:
@@ -220,8 +225,7 @@ class Objective(nn.Module):
             if not os.path.isfile(p):
                 raise FileNotFoundError(f"--decoder-from {path}: {p} not found; pass the directory of a finished "
                                         f"`python -m pretrain --objective {self.name}` run")
-        with open(cfg_path) as f:
-            saved = json.load(f)
+        saved = read_decoder_config(cfg_path)
         if os.path.isfile(hf_path):
             state = load_file(hf_path)
             with open(os.path.join(ddir, CONFIG_NAME)) as f:
@@ -241,10 +245,17 @@ class Objective(nn.Module):
         if saved.get("objective") != self.name:
             logging.getLogger(__name__).warning("continuing the decoder of objective %r (%s) in objective %r",
                                                 saved.get("objective"), path, self.name)
+        subs = {key: {n[len(key) + 1:]: t for n, t in state.items() if n.startswith(key + ".")} for key in modules}
+        for key, module in modules.items():  # every module checked before any is loaded: never half a decoder
+            problems = weight_problems({n: tuple(t.shape) for n, t in module.state_dict().items()},
+                                       current_names(module, {n: tuple(t.shape) for n, t in subs[key].items()}),
+                                       needs="this run needs")
+            if problems:
+                raise ValueError(f"--decoder-from {path}: the saved {key!r} does not fit objective {self.name!r} "
+                                 f"with this run's options (saved: {saved}): {problems}")
         for key, module in modules.items():
-            sub = {n[len(key) + 1:]: t for n, t in state.items() if n.startswith(key + ".")}
             try:
-                module.load_state_dict(sub, strict=True)
+                module.load_state_dict(subs[key], strict=True)
             except RuntimeError as e:
                 raise ValueError(f"--decoder-from {path}: the saved {key!r} does not fit objective {self.name!r} "
                                  f"with this run's options (saved: {saved}): {e}") from e
@@ -274,8 +285,11 @@ class Objective(nn.Module):
         os.makedirs(path, exist_ok=True)
         if hasattr(self.config, "representation"):  # recorded for the users of the exported encoder
             self.mlm_model.config.pooling = self.config.representation
+        # an MLM head this run never trained (new, and unused by the objective) is not exported: a later MLM run
+        # would take it for a trained one (load_mlm_model refuses the encoder-only export instead)
+        model = self.mlm_model.base_model if untrained_mlm_head(self.mlm_model) else self.mlm_model
         with quiet_transformers(warnings=True):  # no "Writing model shards" bar for one file
-            self.mlm_model.save_pretrained(path)
+            model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         write_st_config(path, pooling=getattr(self.config, "representation", "cls"), max_seq_length=self.config.max_length,
                         hidden_size=self.mlm_model.config.hidden_size)

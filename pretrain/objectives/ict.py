@@ -100,6 +100,7 @@ class ICTObjective(Objective):
     loss_names = ("cl",)
     needs_mask_token = False
     contrastive = True
+    uses_mlm_head = False  # no MLM term: see Objective.uses_mlm_head
     ddp_find_unused_parameters = True  # the MLM head is not used
     #: Optional generator for the sentence draws (reproducible batches); default: torch's global RNG.
     generator: Optional[torch.Generator] = None

@@ -59,6 +59,7 @@ class SimCSEObjective(Objective):
     loss_names = ("cl",)
     needs_mask_token = False
     contrastive = True
+    uses_mlm_head = False  # no MLM term: see Objective.uses_mlm_head
     ddp_find_unused_parameters = True  # the MLM head is not used
 
     def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,

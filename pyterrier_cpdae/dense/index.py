@@ -110,7 +110,7 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
     # -- indexing --------------------------------------------------------------------------------------------
     def indexer(self, mode: str = "create", dtype: Optional[str] = None, shard: Optional[int] = None,
                 num_shards: Optional[int] = None, *, presharded: bool = False, batch_size: int = 1024,
-                checkpoint_every: int = 65536, verbose: bool = False) -> DenseIndexer:
+                checkpoint_every: int = 65536, verbose: bool = False, producer: Any = None) -> DenseIndexer:
         """A ``pt.Indexer`` that streams ``docno``/``doc_vec`` records into this index.
 
         Args:
@@ -128,10 +128,15 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
             batch_size: records converted and written per batch.
             checkpoint_every: records between fsyncs of the data files + progress record updates.
             verbose: unused, for interface compatibility.
+            producer: what made the vectors, recorded in ``pt_meta.json`` as ``producer``: an encoder with a
+                ``producer()`` method (a :class:`~pyterrier_cpdae.CPDAE`), a dict of its settings or a name.
+                ``enc >> index.indexer()`` with a CPDAE encoder (or its ``doc_encoder()``) records it without
+                this argument. Shards, resumed builds and merged indexes whose producers differ are refused
+                (``DenseIndex.merge``, :meth:`merge_shards`, the last shard's build), naming both.
         """
         return DenseIndexer(self, mode=mode, dtype=dtype, shard=shard, num_shards=num_shards,
                             presharded=presharded, batch_size=batch_size, checkpoint_every=checkpoint_every,
-                            verbose=verbose)
+                            verbose=verbose, producer=producer)
 
     def index(self, inp: Any) -> "DenseIndex":
         """Builds the index with the default :meth:`indexer` (``mode="create"``): ``(enc >> index).index(docs)``."""
@@ -180,7 +185,8 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
         ``mode="overwrite"``).
 
         Raises:
-            ValueError: when the sources differ in dim/dtype or share docnos (the result is left unbuilt), or
+            ValueError: when the sources differ in dim/dtype or in the producer of their vectors (the encoder and
+                its settings, when recorded: see :meth:`indexer`), or share docnos (the result is left unbuilt), or
                 when ``path`` is one of the sources or contains one (``mode="overwrite"`` would delete it
                 before reading it).
         """

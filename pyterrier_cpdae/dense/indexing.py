@@ -21,7 +21,7 @@ import pyterrier_alpha as pta
 
 from .._locking import build_lock
 from . import format as io
-from .store import DenseStore, check_shard_metas
+from .store import DenseStore, check_producer, check_producers, check_shard_metas, check_shard_set
 
 MODES = ("create", "overwrite", "resume")
 # files/directories an index directory may hold; ``overwrite`` deletes only these (never arbitrary content)
@@ -120,7 +120,8 @@ class DenseIndexer(pt.Indexer):
 
     def __init__(self, index: pta.Artifact, *, mode: str = "create", dtype: Optional[str] = None,
                  shard: Optional[int] = None, num_shards: Optional[int] = None, presharded: bool = False,
-                 batch_size: int = 1024, checkpoint_every: int = 65536, verbose: bool = False):
+                 batch_size: int = 1024, checkpoint_every: int = 65536, verbose: bool = False,
+                 producer: Any = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if dtype is not None:
@@ -145,6 +146,26 @@ class DenseIndexer(pt.Indexer):
         self.batch_size = batch_size
         self.checkpoint_every = checkpoint_every
         self.verbose = verbose
+        if producer is not None and not callable(getattr(producer, "producer", None)):
+            producer = check_producer(producer)
+        self.producer = producer
+
+    def with_producer(self, source: Any) -> "DenseIndexer":
+        """This indexer, told what makes the vectors fed to it (called by ``enc >> indexer`` for a CPDAE encoder);
+        an explicit ``producer=`` wins."""
+        if self.producer is not None:
+            return self
+        import copy
+        other = copy.copy(self)
+        other.producer = source
+        return other
+
+    def resolved_producer(self) -> Optional[dict]:
+        """The producer recorded in the index (:func:`check_producer`), or ``None`` when not known."""
+        source = self.producer
+        if source is not None and callable(getattr(source, "producer", None)):
+            return check_producer(source.producer())
+        return source
 
     def __repr__(self) -> str:
         extra = f", shard={self.shard}, num_shards={self.num_shards}" if self.num_shards else ""
@@ -283,10 +304,25 @@ class DenseIndexer(pt.Indexer):
             return self.index_obj
         target = self.target
         fresh = state is None
+        producer = self.resolved_producer()
+        if not fresh and state.get("producer") is not None and producer is not None:
+            # a resume continues the vectors of the producer that started the build (without a recorded producer on
+            # either side, the sampled prefix check of _PrefixCheck still compares the vectors)
+            check_producers(target, [("the interrupted build", state.get("producer")), ("this resume", producer)],
+                            advice="resume with the encoder that started the build, or rebuild with mode='overwrite'")
+        if self.num_shards and self.mode != "overwrite":
+            # refused before encoding anything, naming the shard already built by another encoder (an overwrite may
+            # be the first of a rebuild of every shard with a new encoder: its siblings are checked at the view)
+            base = Path(self.index_obj.path)
+            built = [(f"shard {d.name}", io.read_meta(d)) for d in io.shard_dirs(base) if d != target]
+            check_producers(base, [(x, m.get("producer")) for x, m in built if m is not None and
+                                   m.get("num_shards") == self.num_shards] + [(f"shard {self.shard}", producer)])
         if fresh:
             state = {"format_version": io.FORMAT_VERSION, "dim": None, "dtype": self.dtype or "float32",
                      "count": 0, "vec_bytes": 0, "docno_bytes": 0, "shard": self.shard,
                      "num_shards": self.num_shards, "presharded": self.presharded}
+            if producer is not None:
+                state["producer"] = producer
             # the progress record comes first: from now on the directory is a resumable build of this indexer
             io.write_json_atomic(target / io.BUILD_FILE, state)
         try:
@@ -379,13 +415,16 @@ class DenseIndexer(pt.Indexer):
         target = self.target
         io.build_docno_lookup(io.iter_text_docnos(target / io.BUILD_DOCNOS_FILE), target / io.DOCNOS_FILE)
         extra = {"layout": "single"}
+        if state.get("producer") is not None:
+            extra["producer"] = state["producer"]
         if self.num_shards:
             extra.update(shard=self.shard, num_shards=self.num_shards, input=self._input)
         io.write_json_atomic(target / io.META_FILE,
                              io.base_meta(dim=state["dim"], count=state["count"], dtype=state["dtype"], **extra))
         io.remove_leftovers(target)  # _docnos.txt and _build.json (a crash before this is finished on resume/open)
         if self.num_shards:
-            write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards)
+            write_sharded_meta_if_complete(Path(self.index_obj.path), self.num_shards,
+                                           replacing=self.mode == "overwrite")
 
 
 class _PrefixCheck:
@@ -433,15 +472,20 @@ class _PrefixCheck:
                 "that started it, or rebuild with mode='overwrite'")
 
 
-def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:
+def write_sharded_meta_if_complete(base: Path, num_shards: int, *, replacing: bool = False) -> bool:
     """Writes the top-level ``pt_meta.json`` of a sharded index once all ``num_shards`` shards are built.
 
     Each shard process calls this after finishing its shard; the content is deterministic, so concurrent
     writers (atomic renames) are harmless, and the last finisher always sees every shard complete.
 
+    Args:
+        replacing: the caller has just overwritten its shard (``mode="overwrite"``), perhaps the first of a rebuild
+            of every shard with another encoder: siblings of another producer then leave the view unwritten with a
+            warning naming them (the rebuild of the last of them writes it), instead of an error.
+
     Raises:
-        ValueError: when the shards disagree on dim/dtype/num_shards or their sizes do not match the
-            round-robin split.
+        ValueError: when the shards disagree on dim/dtype/num_shards, on the producer of their vectors (unless
+            ``replacing``) or their sizes do not match the round-robin split.
     """
     metas = []
     for s in range(num_shards):
@@ -452,12 +496,21 @@ def write_sharded_meta_if_complete(base: Path, num_shards: int) -> bool:
         metas.append(meta)
     check_shard_inputs(base, metas)
     check_shard_metas(base, metas)
+    try:
+        check_producers(base, [(f"shard {s}", m.get("producer")) for s, m in enumerate(metas)])
+    except ValueError as e:
+        if not replacing:
+            raise
+        warnings.warn(f"the sharded view of {base} is not written (not searchable) until its shards come from one "
+                      f"producer: {e}")
+        return False
     # the view's build id follows from its shards' (deterministic, as the comment above needs): a rebuilt shard
     # gives the view a new one
     build_id = hashlib.sha256(" ".join(str(m.get("build_id")) for m in metas).encode()).hexdigest()[:32]
+    extra = {"producer": metas[0]["producer"]} if metas[0].get("producer") is not None else {}
     io.write_json_atomic(base / io.META_FILE, io.base_meta(
         dim=metas[0]["dim"], count=sum(m["count"] for m in metas), dtype=metas[0]["dtype"],
-        layout="sharded", num_shards=num_shards, build_id=build_id))
+        layout="sharded", num_shards=num_shards, build_id=build_id, **extra))
     return True
 
 
@@ -541,6 +594,8 @@ def merge_indexes(sources: Sequence[Path], target: Path, *, mode: str = "create"
             if (m["dim"], m["dtype"]) != (metas[0]["dim"], metas[0]["dtype"]):
                 raise ValueError(f"cannot merge {s.path} (dim={m['dim']}, dtype={m['dtype']}) with "
                                  f"{stores[0].path} (dim={metas[0]['dim']}, dtype={metas[0]['dtype']})")
+        check_producers(target, [(f"source index {s.path}", m.get("producer")) for s, m in zip(stores, metas)],
+                        what="cannot merge into")
         if target.exists() and any(target.iterdir()):
             if mode == "create":
                 raise FileExistsError(f"{target} already exists; use mode='overwrite' to replace it")
@@ -573,6 +628,7 @@ def merge_shards(store: DenseStore, *, keep_shards: bool = False, block_size: in
     with build_lock(target, "dense index"):
         finished = (target / io.MERGE_FILE).exists()
         io.remove_leftovers(target)  # of a merge killed before or after its commit
+        check_shard_set(target)  # a missing, unfinished or duplicated shard is named (before the view is opened)
         check_shard_inputs(target)  # before the view is opened: it names the cause, not a missing pt_meta.json
         store.invalidate()
         meta, parts, lookups = store.open()
@@ -583,6 +639,8 @@ def merge_shards(store: DenseStore, *, keep_shards: bool = False, block_size: in
         n = len(parts)
         total = int(meta["count"])
         rows = max(1, block_size // n)
+        shard_metas = [io.read_meta(target / io.SHARDS_DIR / str(s)) for s in range(n)]
+        check_producers(target, [(f"shard {s}", m.get("producer")) for s, m in enumerate(shard_metas)])
 
         def vector_blocks():
             for start in range(0, len(parts[0][0]), rows):
@@ -626,5 +684,6 @@ def _write_merged(target: Path, vector_blocks: Iterator[np.ndarray], docnos: Ite
     if written != total:
         raise ValueError(f"merge wrote {written} vectors but expected {total}")
     io.build_docno_lookup(docnos, target / io.DOCNOS_FILE)
-    out_meta = io.base_meta(dim=meta["dim"], count=total, dtype=meta["dtype"], layout="single")
+    extra = {"producer": meta["producer"]} if meta.get("producer") is not None else {}
+    out_meta = io.base_meta(dim=meta["dim"], count=total, dtype=meta["dtype"], layout="single", **extra)
     io.write_json_atomic(target / io.META_FILE, out_meta)

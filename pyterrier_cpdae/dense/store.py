@@ -18,7 +18,8 @@ from .._locking import ConcurrentBuildError, build_lock, describe_holder, holder
 from . import format as io
 from .kernels import Part, numpy_search, resolve_device, torch_search
 
-__all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id"]
+__all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id",
+           "check_producer", "check_producers", "check_shard_set"]
 
 
 class DenseStore:
@@ -306,7 +307,7 @@ def incomplete_message(path: Path) -> str:
     path = Path(path)
     for building in [path] + io.shard_dirs(path):
         info = holder(building)
-        if info is not None:
+        if info is not None and not _is_this_process(info):  # the caller's own lock (merge_shards) is no build
             return (f"the dense index at {path} is being built by {describe_holder(info)}"
                     f"{f' (shard {building.name})' if building != path else ''}; wait for that build to finish")
     if (path / io.MERGE_FILE).exists():
@@ -317,6 +318,9 @@ def incomplete_message(path: Path) -> str:
                 f"`(encoder >> DenseIndex({str(path)!r}).indexer(mode='resume')).index(<the same corpus>)` or "
                 "rebuild it with mode='overwrite'")
     shards = io.shard_dirs(path)
+    problem = shard_set_problem(path)
+    if problem:
+        return problem
     if shards:
         status = ", ".join(f"{p.name}: {'built' if (p / io.META_FILE).exists() else 'incomplete'}" for p in shards)
         todo = ("the top-level pt_meta.json is missing (the last shard's build was killed before writing it); "
@@ -382,13 +386,177 @@ def check_view_meta(base: Path, meta: dict, metas: List[dict]) -> None:
                          "any shard with indexer(shard=i, num_shards=n, mode='resume')")
 
 
+def _is_this_process(info: dict) -> bool:
+    import os
+    import socket
+    return info.get("pid") == os.getpid() and info.get("host") in (None, socket.gethostname())
+
+
+def _copy_of(metas: List[Tuple[int, dict]]) -> Optional[Tuple[int, int]]:
+    """``(copy, original)``: the first shard whose build is another shard's (same ``build_id``: copied files)."""
+    seen: dict = {}
+    for s, m in metas:
+        bid = m.get("build_id")
+        if bid is not None and bid in seen:
+            return s, seen[bid]
+        if bid is not None:
+            seen.setdefault(bid, s)
+    return None
+
+
+def shard_set_problem(base: Path) -> Optional[str]:
+    """What is wrong with the shard directories of ``base``, or ``None``: a shard that ``num_shards`` calls for but
+    that is missing or unfinished, a shard that is a copy of another (the same build) or was built as another
+    shard number, shards that disagree on ``num_shards``, or built shards whose vectors come from different
+    producers (:func:`check_producers`).
+
+    ``num_shards`` is the view's (its top-level ``pt_meta.json``) when it was written, else the one the built shards
+    agree on; directories beyond it (left by an earlier build with more shards) are not the view's and are ignored.
+    """
+    dirs = io.shard_dirs(base)
+    if not dirs:
+        return None
+    try:
+        top = io.read_meta(base)
+    except ValueError:
+        top = None
+    n = int(top["num_shards"]) if top is not None and top.get("layout") == "sharded" else None
+    metas = []
+    for d in dirs:
+        if n is not None and int(d.name) >= n:
+            continue
+        try:
+            m = io.read_meta(d)
+        except ValueError as e:
+            return f"the sharded dense index at {base}: shard {d.name} is corrupt ({e})"
+        if m is not None:
+            metas.append((int(d.name), m))
+    copy = _copy_of(metas)
+    if copy:
+        return (f"the sharded dense index at {base}: shard {copy[0]} is a copy of shard {copy[1]} (the same build, "
+                f"build_id {dict(metas)[copy[0]].get('build_id')}), so shard {copy[0]}'s own documents are missing; "
+                f"rebuild shard {copy[0]} with indexer(shard={copy[0]}, "
+                f"num_shards={dict(metas)[copy[0]].get('num_shards')}, mode='overwrite')")
+    for s, m in metas:
+        if m.get("shard") is not None and m.get("shard") != s:
+            return (f"the sharded dense index at {base}: the directory of shard {s} holds shard {m.get('shard')} "
+                    f"(num_shards={m.get('num_shards')}); it was copied or moved there: rebuild shard {s} with "
+                    f"indexer(shard={s}, num_shards={m.get('num_shards')}, mode='overwrite')")
+    if n is None:
+        counts = sorted({m.get("num_shards") for _, m in metas if m.get("num_shards") is not None})
+        if len(counts) > 1:
+            shown = ", ".join(f"shard {s}: num_shards={m.get('num_shards')}" for s, m in metas)
+            return (f"the sharded dense index at {base}: its shards were built for different numbers of shards "
+                    f"({shown}); rebuild them with one num_shards")
+        if not counts:
+            return None
+        n = counts[0]
+    present = {int(d.name) for d in dirs}
+    built = {s for s, _ in metas}
+    missing = [s for s in range(n) if s not in present]
+    unfinished = [s for s in range(n) if s in present and s not in built]
+    if not (missing or unfinished):
+        try:  # every shard built: their vectors must come from one producer (else the view stays unwritten)
+            check_producers(base, [(f"shard {s}", m.get("producer")) for s, m in sorted(metas) if s < n])
+        except ValueError as e:
+            return str(e)
+        return None
+    parts: List[str] = []
+    for shards, what in ((missing, "missing"), (unfinished, "not finished")):
+        if shards:
+            parts.append(f"shard{'s' if len(shards) > 1 else ''} {', '.join(map(str, shards))} "
+                         f"{'are' if len(shards) > 1 else 'is'} {what}")
+    todo = "them" if len(missing) + len(unfinished) > 1 else "it"
+    return (f"the sharded dense index at {base} (num_shards={n}) is incomplete: {'; '.join(parts)}; build {todo} "
+            f"with indexer(shard=i, num_shards={n}, mode='resume')")
+
+
+def check_shard_set(base: Path) -> None:
+    """Raises the :func:`shard_set_problem` of ``base`` as a ``ValueError`` (nothing when the set is sound)."""
+    problem = shard_set_problem(base)
+    if problem:
+        raise ValueError(problem)
+
+
+def check_producer(producer: Any) -> dict:
+    """A producer description as recorded in ``pt_meta.json``: a JSON object of scalars (a string becomes
+    ``{"name": <string>}``).
+
+    Raises:
+        ValueError: for anything else (naming its type).
+    """
+    if isinstance(producer, str) and producer:
+        return {"name": producer}
+    if not isinstance(producer, dict) or not producer:
+        raise ValueError(f"producer must be a non-empty dict describing the encoder (e.g. CPDAE.producer()), a "
+                         f"string or an encoder with a producer() method, got a {type(producer).__name__}")
+    out = {}
+    for k, v in producer.items():
+        if not isinstance(k, str) or not (v is None or isinstance(v, (str, int, float, bool))):
+            raise ValueError(f"producer fields must be strings mapped to strings, numbers or booleans; field {k!r} "
+                             f"holds a {type(v).__name__}")
+        out[k] = v
+    return out
+
+
+def _producer_key(producer: dict) -> dict:
+    """What two producers must share: everything but the model's name when both name their weights' digest."""
+    return {k: v for k, v in producer.items() if k != "model"} if producer.get("weights_sha256") else producer
+
+
+DEFAULT_PRODUCER_ADVICE = "Rebuild the parts with the same encoder and settings (mode='overwrite')"
+
+
+def describe_producer(producer: Optional[dict]) -> str:
+    if producer is None:
+        return "no recorded producer"
+    return "{" + ", ".join(f"{k}={v}" for k, v in producer.items()) + "}"
+
+
+def check_producers(where: Path, parts: List[Tuple[str, Optional[dict]]], *, what: str = "cannot put together",
+                    advice: Optional[str] = None) -> None:
+    """Refuses parts of one index whose vectors come from different producers (encoders, their settings).
+
+    Nothing is checked when no part records one (vectors from anywhere). A part that records none beside one that
+    does is refused too: its vectors cannot be shown to come from the same encoder.
+
+    Args:
+        parts: ``(label, producer)`` of each part, e.g. ``("shard 1", meta.get("producer"))``.
+
+    Raises:
+        ValueError: naming both parts and both producers, and what differs.
+    """
+    known = [(label, p) for label, p in parts if p is not None]
+    if not known:
+        return
+    first_label, first = known[0]
+    for label, p in parts:
+        if p is not None and _producer_key(p) == _producer_key(first):
+            continue
+        if p is None:
+            why = "records no producer (it was indexed without the encoder in front: pass producer= to its indexer)"
+        else:
+            keys = sorted(set(_producer_key(p)) | set(_producer_key(first)))
+            why = "differs in " + ", ".join(k for k in keys if p.get(k) != first.get(k))
+        raise ValueError(
+            f"{what} {where}: {label} was encoded by {describe_producer(p)}, but {first_label} by "
+            f"{describe_producer(first)} ({label} {why}); vectors of different encoders are not comparable, so one "
+            f"index of them would rank one part's documents above the other's. "
+            f"{advice or DEFAULT_PRODUCER_ADVICE}")
+
+
 def check_shard_metas(base: Path, metas: List[dict]) -> None:
     """Checks that shard metadata is consistent with a round-robin split into ``len(metas)`` shards.
 
     Raises:
-        ValueError: naming the inconsistent shard.
+        ValueError: naming the inconsistent shard (a copy of another shard as such).
     """
     n = len(metas)
+    copy = _copy_of(list(enumerate(metas)))
+    if copy:
+        raise ValueError(f"inconsistent shards in {base}: shard {copy[0]} is a copy of shard {copy[1]} (the same "
+                         f"build, build_id {metas[copy[0]].get('build_id')}); rebuild shard {copy[0]} with "
+                         f"indexer(shard={copy[0]}, num_shards={n}, mode='overwrite')")
     for s, m in enumerate(metas):
         if m.get("num_shards") != n or m.get("shard") != s:
             raise ValueError(f"inconsistent shards in {base}: shard {s} was built with shard={m.get('shard')}, "

@@ -36,7 +36,7 @@ import torch
 
 from .._checks import stack_vectors
 from .batching import check_texts, chunked, dedup, length_sorted_batches, pad
-from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer
+from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
 from .pooling import POOLINGS, pool
 
@@ -314,6 +314,30 @@ class CPDAE(pt.Transformer):
         return state
 
     # -- identity ------------------------------------------------------------------------------------------
+    def producer(self) -> Dict[str, Any]:
+        """What makes this encoder's document vectors: recorded by a dense index built through it (``enc >>
+        index.indexer()``, or ``indexer(producer=enc)``), so that shards or indexes of vectors from other encoders
+        are refused when they are put together (``DenseIndex.merge``, ``merge_shards``, a sharded view).
+
+        Returns:
+            ``{"encoder": "CPDAE", "model", "weights_sha256", "pooling", "normalize", "max_length", "dtype",
+            "dim"}``: the model's name or path (shown, not compared when the weights digest is known), a digest of
+            its weights (:func:`~pyterrier_cpdae.encoder.loading.weights_digest`), the pooling, normalisation,
+            document length in tokens and autocast dtype the vectors are computed with, and their dimension.
+        """
+        if self.name_or_path is not None:
+            digest = weights_digest(self._model, self.name_or_path) if os.path.isdir(self.name_or_path) else \
+                weights_digest(self._model)
+            model = self.name_or_path
+        else:
+            digest, model = weights_digest(self._model), f"<in-memory {type(self._model).__name__}>"
+        return {"encoder": "CPDAE", "model": str(model), "weights_sha256": digest, "pooling": self.pooling,
+                "normalize": self.normalize, "max_length": int(self.doc_max_length),
+                "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
+
+    def __rshift__(self, right: Any) -> pt.Transformer:
+        return super().__rshift__(_with_producer(right, self))
+
     def _key(self) -> Tuple:
         source = self.name_or_path if self.name_or_path is not None else self._model
         return (source, self.pooling, self.normalize, self.query_max_length, self.doc_max_length, self.dtype)
@@ -520,6 +544,13 @@ class CPDAE(pt.Transformer):
         return self._stage(mode).transform_iter(itertools.chain([first], it))
 
 
+def _with_producer(right: Any, encoder: "CPDAE") -> Any:
+    """``right``, told that ``encoder`` makes its vectors when it is an indexer that records them (a
+    :class:`~pyterrier_cpdae.dense.DenseIndexer`: ``with_producer``); the encoder does not import the index."""
+    attach = getattr(right, "with_producer", None)
+    return attach(encoder) if callable(attach) else right
+
+
 class _Stage(pt.Transformer):
     """Base of the transformers made by :class:`CPDAE`'s factories (equal when their encoders are equal)."""
 
@@ -592,6 +623,9 @@ class _QueryEncoder(_VecAdder):
 class _DocEncoder(_VecAdder):
     name = "doc_encoder"
     in_column, out_column, id_column = "text", "doc_vec", "docno"
+
+    def __rshift__(self, right: Any) -> pt.Transformer:
+        return super().__rshift__(_with_producer(right, self.encoder))
 
     def _encode(self, texts: List[str]) -> np.ndarray:
         return self.encoder._encode(texts, self.encoder.doc_max_length, unique=False)

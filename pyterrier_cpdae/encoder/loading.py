@@ -12,7 +12,8 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-__all__ = ["load_encoder", "load_tokenizer", "autocast_dtype", "check_model_dir", "check_weights_file", "float32_kwargs"]
+__all__ = ["load_encoder", "load_tokenizer", "autocast_dtype", "check_model_dir", "check_weights_file", "float32_kwargs",
+           "weights_digest"]
 
 
 def float32_kwargs() -> Dict[str, Any]:
@@ -82,6 +83,48 @@ def check_model_dir(path: str) -> None:
 #: Weight files that are loaded with pickle (they can run code when read): never loaded here.
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt", "training_args.bin")
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
+_DIGESTS: Dict[Any, str] = {}  # (files' real paths, sizes, mtimes) -> digest: a file is hashed once per process
+
+
+def weights_digest(model: Any = None, path: Optional[str] = None) -> Optional[str]:
+    """A SHA-256 (hex, 16 characters) identifying the weights of an encoder: of the safetensors file(s) of the local
+    directory ``path`` (hashed once per process and file version), else of ``model``'s state dict (names, dtypes,
+    shapes and bytes); ``None`` when neither is available (a Hub name not loaded yet).
+
+    What a dense index records as the producer of its vectors: two encoders with the same digest hold the same
+    weights, whatever their names.
+    """
+    import hashlib
+
+    if path is not None and os.path.isdir(path):
+        files = []
+        index = os.path.join(path, SAFETENSORS_WEIGHTS[1])
+        if os.path.isfile(os.path.join(path, SAFETENSORS_WEIGHTS[0])):
+            files = [os.path.join(path, SAFETENSORS_WEIGHTS[0])]
+        elif os.path.isfile(index):
+            with open(index, encoding="utf8") as f:
+                files = [index] + [os.path.join(path, os.path.basename(n))
+                                   for n in sorted(set(json.load(f).get("weight_map", {}).values()))]
+        if files:
+            key = tuple((os.path.realpath(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
+            if key not in _DIGESTS:
+                h = hashlib.sha256()
+                for f in files:
+                    with open(f, "rb") as fin:
+                        for block in iter(lambda: fin.read(8 << 20), b""):
+                            h.update(block)
+                _DIGESTS[key] = h.hexdigest()[:16]
+            return _DIGESTS[key]
+    if model is None:
+        return None
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def check_weights_file(path: str) -> None:

@@ -1,0 +1,227 @@
+"""Issue 35, class 3 (an artifact's parts come from one producer) and class 6 (merge_shards names the missing or
+duplicated shard): a dense index records the encoder that made its vectors, and shards or indexes of two encoders
+of the same dimension are refused when put together, naming both encoders and the part."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pyterrier_cpdae import CPDAE, DenseIndex
+
+TEXTS = [f"document {i} about {w} and {v}" for i, (w, v) in enumerate(
+    zip("dense sparse lexical neural vector index query model token corpus passage ranking".split() * 2,
+        "retrieval search encoding scoring learning pooling storage batching".split() * 3))]
+
+
+@pytest.fixture(scope="module")
+def two_encoders(tmp_path_factory, minilm_path):
+    """Two tiny BERT encoders of the same dimension (16) with different weights."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    dirs = []
+    for seed in (0, 1):
+        out = tmp_path_factory.mktemp(f"enc{seed}")
+        torch.manual_seed(seed)
+        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=64)
+        BertModel(cfg).save_pretrained(out)
+        tok.save_pretrained(out)
+        dirs.append(str(out))
+    return dirs
+
+
+def _enc(path, **kw):
+    return CPDAE.from_pretrained(path, device="cpu", dtype="float32", doc_max_length=kw.pop("doc_max_length", 32),
+                                 batch_size=8, backend="torch", **kw)
+
+
+def _docs():
+    return [{"docno": f"d{i}", "text": t} for i, t in enumerate(TEXTS)]
+
+
+def test_producer_is_recorded_by_the_pipeline(tmp_path, two_encoders):
+    enc = _enc(two_encoders[0])
+    index = DenseIndex(tmp_path / "idx")
+    (enc >> index.indexer()).index(_docs())
+    rec = index.meta()["producer"]
+    assert rec == enc.producer()
+    assert rec["pooling"] == "cls" and rec["normalize"] is False and rec["max_length"] == 32
+    assert rec["dtype"] == "float32" and rec["dim"] == 16 and rec["model"] == two_encoders[0]
+    # the digest is that of the weights file (independent reference: hashlib over the file)
+    import hashlib
+    with open(os.path.join(two_encoders[0], "model.safetensors"), "rb") as f:
+        assert rec["weights_sha256"] == hashlib.sha256(f.read()).hexdigest()[:16]
+    # the doc_encoder stage records it too; an encoder's settings are part of it
+    index2 = DenseIndex(tmp_path / "idx2")
+    (_enc(two_encoders[0], normalize=True).doc_encoder() >> index2.indexer()).index(_docs())
+    assert index2.meta()["producer"]["normalize"] is True
+    # an index of vectors from anywhere records none (as before)
+    vecs = DenseIndex(tmp_path / "raw")
+    vecs.indexer().index(pd.DataFrame({"docno": ["a", "b"], "doc_vec": list(np.eye(2, dtype="float32"))}))
+    assert "producer" not in vecs.meta()
+
+
+def test_shards_of_two_encoders_are_refused_at_the_last_shard(tmp_path, two_encoders):
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    index = DenseIndex(tmp_path / "idx")
+    (a >> index.indexer(shard=0, num_shards=2)).index(_docs())
+    with pytest.raises(ValueError) as info:
+        (b >> index.indexer(shard=1, num_shards=2)).index(_docs())
+    msg = str(info.value)
+    assert "shard 1" in msg and "shard 0" in msg and "weights_sha256" in msg
+    assert two_encoders[0] in msg and two_encoders[1] in msg
+    assert not index.built()  # no searchable view of mixed vectors
+    # with the same encoder the view is built and records it
+    (a >> index.indexer(shard=1, num_shards=2, mode="overwrite")).index(_docs())
+    assert index.built() and index.meta()["producer"] == a.producer()
+
+
+def test_rebuilding_every_shard_with_a_new_encoder_by_overwrite_works(tmp_path, two_encoders):
+    """mode='overwrite' of one shard may start a rebuild with a new encoder: the view waits for the others."""
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    index = DenseIndex(tmp_path / "idx")
+    for s in (0, 1):
+        (a >> index.indexer(shard=s, num_shards=2)).index(_docs())
+    assert index.meta()["producer"] == a.producer()
+    with pytest.warns(UserWarning, match="shard 1 was encoded by"):
+        (b >> index.indexer(shard=0, num_shards=2, mode="overwrite")).index(_docs())
+    assert not index.built()  # never a searchable view of both encoders
+    with pytest.raises(ValueError, match="shard 1 was encoded by"):
+        index.merge_shards()
+    (b >> index.indexer(shard=1, num_shards=2, mode="overwrite")).index(_docs())
+    assert index.built() and index.meta()["producer"] == b.producer()
+
+
+def test_last_shard_check_also_holds_when_shards_are_built_concurrently(tmp_path, two_encoders):
+    """The early check sees no sibling when both shards start at once: the view is refused when it is written."""
+    from pyterrier_cpdae.dense import indexing
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    index = DenseIndex(tmp_path / "idx")
+    (a >> index.indexer(shard=0, num_shards=2)).index(_docs())
+    meta0 = index.store.path / "shards" / "0"
+    hidden = tmp_path / "hidden0"
+    shutil.move(meta0, hidden)  # shard 0 invisible while shard 1 starts, as if both ran at once
+    (b >> index.indexer(shard=1, num_shards=2)).index(_docs())
+    shutil.move(hidden, meta0)
+    with pytest.raises(ValueError, match="shard 1 was encoded by"):
+        indexing.write_sharded_meta_if_complete(index.store.path, 2)
+    assert not index.built()
+
+
+def test_merge_shards_refuses_shards_of_two_encoders(tmp_path, two_encoders):
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    index = DenseIndex(tmp_path / "idx")
+    (a >> index.indexer(shard=0, num_shards=2)).index(_docs())
+    (a >> index.indexer(shard=1, num_shards=2)).index(_docs())
+    assert index.built()
+    other = DenseIndex(tmp_path / "other")
+    (b >> other.indexer(shard=1, num_shards=2)).index(_docs())
+    shutil.rmtree(index.store.path / "shards" / "1")  # shard 1 replaced by another encoder's (copied in)
+    shutil.copytree(other.store.path / "shards" / "1", index.store.path / "shards" / "1")
+    with pytest.raises(ValueError, match=r"shard 1 was encoded by .*weights_sha256"):
+        index.merge_shards()
+    assert index.meta()["layout"] == "sharded"  # nothing merged
+
+
+def test_dense_index_merge_refuses_indexes_of_two_encoders(tmp_path, two_encoders):
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    docs = _docs()
+    first, second = DenseIndex(tmp_path / "first"), DenseIndex(tmp_path / "second")
+    (a >> first.indexer()).index(docs[:10])
+    (b >> second.indexer()).index(docs[10:])
+    with pytest.raises(ValueError) as info:
+        DenseIndex.merge([first, second], tmp_path / "merged")
+    msg = str(info.value)
+    assert str(first.path) in msg and str(second.path) in msg and two_encoders[1] in msg
+    assert not DenseIndex(tmp_path / "merged").built()
+    # another max length is another producer too
+    third = DenseIndex(tmp_path / "third")
+    (_enc(two_encoders[0], doc_max_length=16) >> third.indexer()).index(docs[10:])
+    with pytest.raises(ValueError, match="max_length"):
+        DenseIndex.merge([first, third], tmp_path / "merged2")
+    # the same encoder merges, and the merged index keeps the producer
+    fourth = DenseIndex(tmp_path / "fourth")
+    (a >> fourth.indexer()).index(docs[10:])
+    merged = DenseIndex.merge([first, fourth], tmp_path / "merged3")
+    assert merged.meta()["producer"] == a.producer() and len(merged) == len(docs)
+
+
+def test_explicit_producer_and_resume(tmp_path, two_encoders):
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    vecs = a.encode_docs(TEXTS)
+    frame = pd.DataFrame({"docno": [f"d{i}" for i in range(len(TEXTS))], "doc_vec": list(vecs)})
+    index = DenseIndex(tmp_path / "idx")
+    index.indexer(producer=a).index(frame)
+    assert index.meta()["producer"] == a.producer()
+    named = DenseIndex(tmp_path / "named")
+    named.indexer(producer="my-encoder-v2").index(frame)
+    assert named.meta()["producer"] == {"name": "my-encoder-v2"}
+    with pytest.raises(ValueError, match="producer must be"):
+        DenseIndex(tmp_path / "bad").indexer(producer=[1, 2])
+    # a resume by another encoder is refused before anything is encoded
+    state = {"format_version": 1, "dim": 16, "dtype": "float32", "count": 0, "vec_bytes": 0, "docno_bytes": 0,
+             "shard": None, "num_shards": None, "presharded": False, "producer": a.producer()}
+    part = tmp_path / "part"
+    part.mkdir()
+    import json
+    (part / "_build.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="this resume was encoded by"):
+        (b >> DenseIndex(part).indexer(mode="resume")).index(_docs())
+
+
+def test_a_shard_without_a_producer_beside_one_with_is_refused(tmp_path, two_encoders):
+    a = _enc(two_encoders[0])
+    vecs = a.encode_docs(TEXTS)
+    index = DenseIndex(tmp_path / "idx")
+    (a >> index.indexer(shard=0, num_shards=2)).index(_docs())
+    frame = pd.DataFrame({"docno": [f"d{i}" for i in range(len(TEXTS))], "doc_vec": list(vecs)})
+    with pytest.raises(ValueError, match="records no producer"):
+        index.indexer(shard=1, num_shards=2).index(frame)
+
+
+# -- class 6: merge_shards names the missing or duplicated shard ---------------------------------------------------
+def _three_shards(tmp_path):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"docno": [f"d{i}" for i in range(20)],
+                          "doc_vec": list(rng.standard_normal((20, 8)).astype("float32"))})
+    index = DenseIndex(tmp_path / "idx")
+    index.indexer(shard=0, num_shards=3).index(frame)
+    index.indexer(shard=1, num_shards=3).index(frame)
+    return index, frame
+
+
+def test_merge_shards_names_a_missing_shard(tmp_path):
+    index, _ = _three_shards(tmp_path)
+    with pytest.raises(ValueError) as info:
+        index.merge_shards()
+    msg = str(info.value)
+    assert "shard 2 is missing" in msg and "num_shards=3" in msg
+    assert f"pid {os.getpid()}" not in msg and "being built" not in msg
+
+
+def test_merge_shards_names_a_duplicated_shard(tmp_path):
+    index, _ = _three_shards(tmp_path)
+    shutil.copytree(index.store.path / "shards" / "1", index.store.path / "shards" / "2")
+    with pytest.raises(ValueError) as info:
+        index.merge_shards()
+    msg = str(info.value)
+    assert "shard 2 is a copy of shard 1" in msg and "being built" not in msg
+
+
+def test_a_copied_shard_in_a_built_view_is_named(tmp_path):
+    index, frame = _three_shards(tmp_path)
+    index.indexer(shard=2, num_shards=3).index(frame)
+    assert index.built()
+    shards = index.store.path / "shards"
+    shutil.rmtree(shards / "2")
+    shutil.copytree(shards / "1", shards / "2")
+    with pytest.raises(ValueError, match="shard 2 is a copy of shard 1"):
+        index.merge_shards()
+    with pytest.raises(ValueError, match="shard 2 is a copy of shard 1"):
+        DenseIndex(index.path).retriever()(pd.DataFrame({"qid": ["q"], "query": ["x"],
+                                                         "query_vec": [np.ones(8, "float32")]}))
