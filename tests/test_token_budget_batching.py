@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from pyterrier_cpdae.encoder import CPDAE
+from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder.batching import length_sorted_batches, token_budget_batches
+from pyterrier_cpdae.encoder.packing import reference_kernel, supports_packing, varlen_kernel
 
 
 def _cuts(lengths, budget, padded=True):
@@ -112,7 +114,7 @@ def test_bad_batch_tokens_refused_naming_the_option(tiny_bert_dir, value):
         CPDAE.from_pretrained(tiny_bert_dir, doc_max_length=256, batch_tokens=value)
 
 
-def _scifact_varied(scifact_dir, n_docs=120):
+def _scifact_varied(scifact_dir, n_docs=48):
     """SciFact documents cut to very different lengths (titles only, a sentence, full text) and queries."""
     docs = []
     with open(scifact_dir / "corpus.jsonl", encoding="utf-8") as f:
@@ -123,28 +125,69 @@ def _scifact_varied(scifact_dir, n_docs=120):
             full = (rec.get("title", "") + " " + rec.get("text", "")).strip()
             docs.append([rec.get("title", ""), full[:200], full][i % 3])
     with open(scifact_dir / "queries.jsonl", encoding="utf-8") as f:
-        queries = [json.loads(line)["text"] for line in f][:40]
+        queries = [json.loads(line)["text"] for line in f][:20]
     return docs, queries
 
 
-def test_vectors_and_top10_equal_text_count_batching_on_minilm(minilm_path, scifact_dir):
-    torch.manual_seed(0)
+def _top10(q, d):
+    return np.argsort(-(q @ d.T), axis=1, kind="stable")[:, :10]
+
+
+def test_vectors_and_top10_equal_text_count_batching_on_minilm(minilm_path, scifact_dir, monkeypatch):
+    """Token-budget batches, padded and packed (unpadded, with the reference varlen kernel on the CPU), give the
+    text-count batching's vectors and top-10s."""
     docs, queries = _scifact_varied(scifact_dir)
-    common = dict(device="cpu", dtype="float32", backend="torch", batch_size=8, doc_max_length=256)
-    by_count = CPDAE.from_pretrained(minilm_path, batch_tokens=0, **common)
-    by_tokens = CPDAE(by_count.model, by_count.tokenizer, pooling=by_count.pooling, normalize=by_count.normalize,
-                      query_max_length=by_count.query_max_length, batch_tokens=1024,
-                      **{k: v for k, v in common.items() if k not in ("device",)})
-    lengths = [len(x) for x in by_count.tokenizer(docs, truncation=True, max_length=256)["input_ids"]]
-    assert min(lengths) < 30 and max(lengths) == 256  # very different lengths
+    common = dict(dtype="float32", backend="torch", batch_size=8, doc_max_length=160)
+    by_count = CPDAE.from_pretrained(minilm_path, batch_tokens=0, device="cpu", **common)
+    settings = dict(pooling=by_count.pooling, normalize=by_count.normalize, query_max_length=by_count.query_max_length,
+                    **common)
+    by_tokens = CPDAE(by_count.model, by_count.tokenizer, batch_tokens=640, unpad=False, **settings)
+    packed = CPDAE(by_count.model, by_count.tokenizer, batch_tokens=640, unpad=True, **settings)
+    lengths = [len(x) for x in by_count.tokenizer(docs, truncation=True, max_length=160)["input_ids"]]
+    assert min(lengths) < 30 and max(lengths) == 160  # very different lengths
     spy = _Spy(by_count.model)
     d_count, q_count = by_count.encode_docs(docs), by_count.encode_queries(queries)
     count_shapes, spy.shapes = spy.shapes, []
     d_tok, q_tok = by_tokens.encode_docs(docs), by_tokens.encode_queries(queries)
     assert len(spy.shapes) < len(count_shapes)  # really different batches: fewer, larger ones
-    assert all(r * w <= 1024 for r, w in spy.shapes)
+    assert all(r * w <= 640 for r, w in spy.shapes)
     np.testing.assert_allclose(d_tok, d_count, atol=1e-5, rtol=0)
     np.testing.assert_allclose(q_tok, q_count, atol=1e-5, rtol=0)
-    top_count = np.argsort(-(q_count @ d_count.T), axis=1, kind="stable")[:, :10]
-    top_tok = np.argsort(-(q_tok @ d_tok.T), axis=1, kind="stable")[:, :10]
-    assert (top_tok == top_count).all()
+    assert (_top10(q_tok, d_tok) == _top10(q_count, d_count)).all()
+
+    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
+    spy.shapes = []
+    d_packed, q_packed = packed.encode_docs(docs), packed.encode_queries(queries)
+    assert all(r == 1 and w <= 640 for r, w in spy.shapes)  # one row of real tokens per batch
+    assert sum(w for _, w in spy.shapes) == sum(lengths) + sum(
+        len(x) for x in by_count.tokenizer(queries, truncation=True, max_length=32)["input_ids"])
+    np.testing.assert_allclose(d_packed, d_count, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(q_packed, q_count, atol=1e-5, rtol=0)
+    assert (_top10(q_packed, d_packed) == _top10(q_count, d_count)).all()
+    assert by_count.model.config._attn_implementation == "sdpa"  # restored after the packed calls
+
+
+def test_packed_cls_pooling_and_positions_match_padded(tiny_bert_dir, monkeypatch):
+    """[CLS] pooling reads each text's own first token, and positions restart at 0 for every text."""
+    texts = _varied_texts(20)
+    padded = CPDAE.from_pretrained(tiny_bert_dir, pooling="cls", batch_size=4, doc_max_length=64, unpad=False,
+                                   device="cpu", backend="torch")
+    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
+    packed = CPDAE(padded.model, padded.tokenizer, pooling="cls", batch_size=4, doc_max_length=64,
+                   backend="torch")  # unpad=None: automatic, the (patched) kernel is there
+    spy = _Spy(padded.model)
+    np.testing.assert_allclose(packed.encode_docs(texts), padded.encode_docs(texts), atol=2e-5, rtol=0)
+    assert spy.shapes[0][0] == 1 and spy.shapes[-1][0] > 1  # the first call packed, the second padded
+
+
+def test_unpad_without_the_kernel(tiny_bert_dir):
+    """On the CPU there is no varlen kernel: automatic means padded; unpad=True is refused, naming the option."""
+    assert varlen_kernel(torch.device("cpu"), torch.bfloat16) is None
+    assert varlen_kernel(torch.device("cuda"), torch.float32) is None  # FlashAttention has no float32
+    enc = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="torch")
+    assert supports_packing(enc.model) and enc._packing_kernel(enc.model) is None
+    with pytest.raises(ValueError, match="unpad=True"):
+        CPDAE.from_pretrained(tiny_bert_dir, device="cpu", unpad=True).encode_docs(["a text"])
+    for bad in ("yes", 1, 0.0):
+        with pytest.raises(ValueError, match="unpad"):
+            CPDAE.from_pretrained(tiny_bert_dir, unpad=bad)

@@ -11,8 +11,9 @@ Example::
     reranker = bm25 >> enc.text_scorer()
 
 Encoding runs under ``torch.inference_mode`` in batches of texts of similar token count (sorted within a
-window of ``batch_size * sort_window`` inputs, then restored to input order), padded only to the longest text
-of each batch, under bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see
+window of ``batch_size * sort_window`` inputs, then restored to input order; ``batch_size`` texts per batch, or
+as many as a token budget holds: ``batch_tokens``, automatic on CUDA), padded only to the longest text of each
+batch (or packed without padding through a variable-length attention kernel where it runs: ``unpad``), under bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see
 :func:`default_dtype`); vectors are always float32.  Repeated query texts are encoded once.
 
 On the CPU in float32, a loaded model's large encoding jobs run as an OpenVINO compiled graph when the
@@ -38,6 +39,7 @@ from .._checks import stack_vectors
 from .batching import check_int, check_texts, chunked, dedup, length_sorted_batches, pad, token_budget_batches
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer
 from .openvino_backend import compile_encoder, openvino_available
+from .packing import packed_forward, supports_packing, varlen_kernel
 from .pooling import POOLINGS, pool
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
@@ -168,7 +170,7 @@ class CPDAE(pt.Transformer):
                  batch_size: int = 32, device: Union[None, str, torch.device] = None,
                  dtype: Union[None, str, torch.dtype] = None, verbose: bool = False, sort_window: int = 64,
                  name_or_path: Optional[str] = None, config: Any = None, backend: Optional[str] = None,
-                 batch_tokens: Optional[int] = None):
+                 batch_tokens: Optional[int] = None, unpad: Optional[bool] = None):
         """
         Args:
             model: a Hugging Face encoder (``AutoModel``-like: returns the last hidden states first); ``None``
@@ -187,7 +189,13 @@ class CPDAE(pt.Transformer):
                 longest texts, so no batch needs more memory than the text-count batching's largest) on CUDA,
                 and text-count batches of ``batch_size`` on the CPU (where a larger batch gains nothing);
                 ``0`` = text-count batches everywhere; a positive integer, at least the largest maximum length,
-                = that budget everywhere (``batch_size`` then does not cap the rows of a batch).
+                = that budget everywhere (``batch_size`` then does not cap the rows of a batch).  In packed
+                batches (``unpad``) the budget counts real tokens only (the sum of the texts' lengths).
+            unpad: run each batch unpadded: its texts packed end to end in one row of real tokens, attention kept
+                inside each text by torch's variable-length FlashAttention kernel (``varlen_attn``), so no layer
+                computes on padding.  ``None`` = automatic: packed where that kernel runs (CUDA in bf16/fp16, a
+                BERT model, PyTorch backend), else padded batches; ``False`` = always padded; ``True`` = packed,
+                or a ``ValueError`` at the first encoding where the kernel cannot run.
             device: ``None`` = the in-memory model's device, or cuda when available for a lazily loaded model.
             dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
                 ``None`` = automatic (:func:`default_dtype`): bf16 on CUDA (fp16 where bf16 is unsupported),
@@ -253,6 +261,9 @@ class CPDAE(pt.Transformer):
                                  "(query_max_length/doc_max_length): one text would not fit a batch; pass at least "
                                  f"{longest}, 0 (batches of batch_size texts) or None (automatic)")
         self.batch_tokens = batch_tokens
+        if unpad is not None and not isinstance(unpad, (bool, np.bool_)):
+            raise ValueError(f"unpad must be True, False or None (automatic), got {type(unpad).__name__} {unpad!r}")
+        self.unpad = None if unpad is None else bool(unpad)
 
     # -- construction --------------------------------------------------------------------------------------
     @classmethod
@@ -261,7 +272,7 @@ class CPDAE(pt.Transformer):
                         doc_max_length: Optional[int] = None, batch_size: int = 32,
                         device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
                         verbose: bool = False, sort_window: int = 64, backend: Optional[str] = None,
-                        batch_tokens: Optional[int] = None) -> "CPDAE":
+                        batch_tokens: Optional[int] = None, unpad: Optional[bool] = None) -> "CPDAE":
         """An encoder from a Hugging Face model directory or Hub name.
 
         Works for a ``python -m pretrain`` / ``finetune`` output (a ``BertForMaskedLM`` checkpoint: its MLM
@@ -307,7 +318,7 @@ class CPDAE(pt.Transformer):
             settings[key] = value
         return cls(None, tokenizer, batch_size=batch_size, device=device, dtype=dtype, verbose=verbose,
                    sort_window=sort_window, name_or_path=name, config=config, backend=backend,
-                   batch_tokens=batch_tokens, **settings)
+                   batch_tokens=batch_tokens, unpad=unpad, **settings)
 
     def _clamp_length(self, length: int, name: str) -> int:
         limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
@@ -433,12 +444,27 @@ class CPDAE(pt.Transformer):
             return self.batch_size * max_length if self.device.type == "cuda" else None
         return batch_tokens or None
 
-    def _batches(self, lengths: np.ndarray, max_length: int) -> List[np.ndarray]:
-        """The window's rows cut into length-sorted batches, by ``batch_tokens`` or by ``batch_size``."""
+    def _batches(self, lengths: np.ndarray, max_length: int, packed: bool = False) -> List[np.ndarray]:
+        """The window's rows cut into length-sorted batches, by ``batch_tokens`` (real tokens when ``packed``,
+        else rows x longest) or by ``batch_size``."""
         budget = self.token_budget(max_length)
         if budget is None:
             return length_sorted_batches(lengths, self.batch_size)
-        return token_budget_batches(lengths, budget)
+        return token_budget_batches(lengths, budget, padded=not packed)
+
+    def _packing_kernel(self, model: torch.nn.Module) -> Optional[Any]:
+        """The variable-length attention kernel when batches run packed (see ``unpad``), else ``None``."""
+        unpad = getattr(self, "unpad", None)  # an encoder pickled before the option: automatic
+        if unpad is False:
+            return None
+        dtype = self._autocast_dtype()
+        kernel = varlen_kernel(self.device, dtype) if supports_packing(model) else None
+        if kernel is None and unpad:
+            raise ValueError(f"unpad=True: packed batches need a BERT model (this one: "
+                             f"{getattr(model.config, 'model_type', type(model).__name__)}) and torch's varlen_attn "
+                             f"kernel, which runs on CUDA in bf16/fp16 (here: {self.device}, {_DTYPE_NAMES[dtype]}); "
+                             "pass unpad=None (automatic) or False for padded batches")
+        return kernel
 
     def _encode(self, texts: Sequence[str], max_length: int, unique: bool) -> np.ndarray:
         """Encodes checked texts into a float32 ``(len(texts), dim)`` matrix (rows in input order)."""
@@ -453,6 +479,7 @@ class CPDAE(pt.Transformer):
         window = self.batch_size * self.sort_window
         bar = pt.tqdm(total=len(texts), desc="Encoding", unit="text", leave=False) if self.verbose else None
         with self._inference() as model:
+            kernel = self._packing_kernel(model)
             for start in range(0, len(texts), window):
                 part = texts[start:start + window]
                 # one fast-tokenizer call per window; no padding here (batches are padded to their own max)
@@ -460,15 +487,21 @@ class CPDAE(pt.Transformer):
                                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
                 lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
                 compiled = self._openvino_encoder(int(lengths.sum()))
-                for rows in self._batches(lengths, max_length):
-                    input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
-                    if compiled is not None:
-                        out[start + rows] = compiled(input_ids, mask)
-                    else:
-                        input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-                        mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
-                        hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                packed = kernel is not None and compiled is None
+                for rows in self._batches(lengths, max_length, packed):
+                    if packed:  # unpadded: the layers compute on the real tokens only
+                        hidden, mask = packed_forward(model, [ids[i] for i in rows], lengths[rows], self.device,
+                                                      kernel)
                         out[start + rows] = self._pool(hidden, mask).cpu().numpy()
+                    else:
+                        input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
+                        if compiled is not None:
+                            out[start + rows] = compiled(input_ids, mask)
+                        else:
+                            input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+                            mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
+                            hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                            out[start + rows] = self._pool(hidden, mask).cpu().numpy()
                     if bar is not None:
                         bar.update(len(rows))
         if bar is not None:
