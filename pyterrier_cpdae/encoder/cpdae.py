@@ -13,8 +13,9 @@ Example::
 Encoding runs under ``torch.inference_mode`` in batches of texts of similar token count (sorted within a
 window of ``batch_size * sort_window`` inputs, then restored to input order; ``batch_size`` texts per batch, or
 as many as a token budget holds: ``batch_tokens``, automatic on CUDA), padded only to the longest text of each
-batch (or packed without padding through a variable-length attention kernel where it runs: ``unpad``), under bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see
-:func:`default_dtype`); vectors are always float32.  Repeated query texts are encoded once.
+batch (or packed without padding through a variable-length attention kernel where it runs: ``unpad``), under
+bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see :func:`default_dtype`); vectors
+are always float32.  Repeated query texts are encoded once.
 
 On the CPU in float32, a loaded model's large encoding jobs run as an OpenVINO compiled graph when the
 ``openvino`` package is installed (``pip install pyterrier-cpdae[openvino]``): ~1.25-1.3x faster than PyTorch
