@@ -66,6 +66,32 @@ def test_encoder_bf16_close_to_fp32_and_fp32_equal_to_sentence_transformers(bert
     assert _cosines(vecs["bf16"], ref).min() > 0.999
 
 
+
+def test_encoder_packed_batches_close_to_padded(bert_dir, texts, monkeypatch):
+    """Unpadded batches through torch's varlen FlashAttention kernel (issue 34, item 2; the default in bf16 on
+    CUDA): vectors at cosine > 0.999 to the padded path's and to float32, each forward pass one row of real tokens
+    within the token budget."""
+    from pyterrier_cpdae.encoder import CPDAE
+    from pyterrier_cpdae.encoder import cpdae as enc_mod
+    from pyterrier_cpdae.encoder.packing import reference_kernel, varlen_kernel
+
+    if torch.device(DEVICE).type != "cuda":  # the CPU run of these checks: the text-by-text reference kernel
+        monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
+    elif varlen_kernel(torch.device(DEVICE), torch.bfloat16) is None:
+        pytest.skip(f"torch's varlen_attn does not run on {DEVICE} in bf16: the encoder keeps padded batches")
+    packed = CPDAE.from_pretrained(bert_dir, pooling="mean", doc_max_length=64, batch_size=8, device=DEVICE,
+                                   dtype="bf16", unpad=True, batch_tokens=200)
+    shapes = []
+    packed.model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                           with_kwargs=True)
+    common = dict(pooling="mean", doc_max_length=64, batch_size=8)
+    a = packed.encode_docs(texts)
+    assert shapes and all(rows == 1 and width <= 200 for rows, width in shapes)
+    b = CPDAE(packed.model, packed.tokenizer, dtype="bf16", unpad=False, batch_tokens=0, **common).encode_docs(texts)
+    c = CPDAE(packed.model, packed.tokenizer, dtype="float32", **common).encode_docs(texts)
+    assert _cosines(a, b).min() > 0.999 and _cosines(a, c).min() > 0.999
+
+
 # --------------------------------------------------------------------------------------------- search
 N_DOCS, DIM_SEARCH, K_SEARCH = 3000, 16, 100
 

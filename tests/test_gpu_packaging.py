@@ -163,9 +163,12 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     assert skipped == ["test_faiss_gpu_flat_matches_exact_search"]
     # the benchmarks: every part ran and recorded its numbers
     enc = json.loads((out / "bench_encode.json").read_text())
-    assert enc["info"]["device"] == "cpu" and [r["tokens"] for r in enc["rows"]] == [16, 32]
+    assert enc["info"]["device"] == "cpu"
+    assert [(r["lengths"], r["tokens"]) for r in enc["rows"]] == [("fixed", 16), ("fixed", 32), ("varied", 32)]
+    assert enc["rows"][-1]["padded_docs_per_s"] > 0  # the padded path beside the default on varied lengths
     for r in enc["rows"]:
         assert r["cpdae_bf16_docs_per_s"] > 0 and 0 < r["mfu_vs_measured_bf16"] < 1
+        assert r["cpdae_bf16_real_tokens_per_s"] == pytest.approx(r["cpdae_bf16_docs_per_s"] * r["real_tokens_per_doc"])
         assert r["min_cosine_cpdae_bf16_vs_st_fp32"] > 0.99
     (search,) = json.loads((out / "bench_search.json").read_text())["rows"]
     assert search["streamed_qps"] > 0 and search["tighter_bound_qps"] >= search["streamed_qps"]

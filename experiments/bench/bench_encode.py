@@ -3,14 +3,17 @@
 All systems encode the same SciFact documents (``title + " " + text``) with the same all-MiniLM-L6-v2 weights,
 batch size and maximum length, on the CPU.  One run measures every maximum length of ``--max-lengths`` (default
 256 and 512).  Systems run interleaved, ``--repeats`` times each (default 3), after one warm-up; for each the
-median and range of the wall time and of the process CPU time are printed, and CPDAE's speed-up over each peer
-(peer time / CPDAE time: ratio of the medians, range over the repeats).
+median and range of the wall time and of the process CPU time are printed, with texts/s and real tokens/s (the
+tokens of the truncated texts, [CLS]/[SEP] included, no padding) per CPU-second and per wall-second, and CPDAE's
+speed-up over each peer (peer time / CPDAE time: ratio of the medians, range over the repeats).
 
 CPDAE runs with its defaults (``dtype=None``, ``backend=None``; on the CPU that is float32, and OpenVINO's
 compiled graph where ``openvino`` is installed and the job holds at least ``OPENVINO_MIN_TOKENS`` tokens: the row
 name says what it resolved to; the one-off compilation is printed and kept out of the timings), with
 ``backend="torch"`` (PyTorch eager float32), and with ``dtype="bf16"`` on PyTorch (opt-in) where the CPU has
-native bf16 (AVX512-BF16/AMX) or with ``--bf16``.  With ``--indexing`` it also runs as in an indexing pipeline
+native bf16 (AVX512-BF16/AMX) or with ``--bf16``; with ``--batch-tokens N ...`` also with batches cut by a
+token budget of ``N`` (``batch_tokens=N``; the default on the CPU cuts batches of ``--batch-size`` texts).
+With ``--indexing`` it also runs as in an indexing pipeline
 (``enc >> index.indexer()``: pyterrier 1.1's ``Compose.index`` hands the encoder chunks of ``max(100,
 batch_size)`` dict records through ``transform_iter``).
 
@@ -102,7 +105,9 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     cpdae: Dict[str, Any] = {}
     # the default (backend=None) on this job: OpenVINO where it is installed, the dtype is float32 and the job
     # is large enough; it is built with backend='openvino' so that the warm-up compiles it, outside the timings
+    default_backend = None
     if auto_dtype == "float32" and openvino_available() and tokens >= OPENVINO_MIN_TOKENS and auto._chosen_backend() is None:
+        default_backend = "openvino"
         default = CPDAE.from_pretrained(args.model, backend="openvino", **common)
         cpdae["CPDAE default (float32; backend auto -> openvino)"] = default.doc_encoder()
         t0 = time.perf_counter()
@@ -116,6 +121,11 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     if auto_dtype != "bfloat16" and (args.bf16 or cpu_has_native_bf16()):
         cpdae["CPDAE dtype='bf16' backend='torch' (opt-in)"] = CPDAE(auto.model, auto.tokenizer, dtype="bf16",
                                                                      backend="torch", **common).doc_encoder()
+    for budget in args.batch_tokens or ():
+        stage = CPDAE.from_pretrained(args.model, backend=default_backend, batch_tokens=budget, **common).doc_encoder()
+        if default_backend == "openvino":
+            stage.encoder.encode_docs(["warm-up"])  # compiled outside the timings
+        cpdae[f"CPDAE batch_tokens={budget} ({auto_dtype}; backend {default_backend or 'auto'})"] = stage
     first = next(iter(cpdae.values()))
 
     def cpdae_indexing(recs: List[dict]) -> np.ndarray:
@@ -159,10 +169,13 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     print(f"tokens/doc (truncated at {ml}): mean {np.mean(lengths):.1f}, min {min(lengths)}, max {max(lengths)}, "
           f"{np.mean(np.array(lengths) == ml) * 100:.0f}% truncated; load average (1 min) at the end: "
           f"{os.getloadavg()[0]:.1f}\n")
-    print("| system | wall s, median (range) | CPU s, median (range) | docs per CPU-s |")
-    print("|---|---|---|---|")
+    print("| system | wall s, median (range) | CPU s, median (range) | docs per CPU-s | real tokens per CPU-s | "
+          "docs/s | real tokens/s |")
+    print("|---|---|---|---|---|---|---|")
     for name in systems:
-        print(f"| {name} | {_med(times[name])} | {_med(cpu[name])} | {len(docs) / statistics.median(cpu[name]):.1f} |")
+        c, w = statistics.median(cpu[name]), statistics.median(times[name])
+        print(f"| {name} | {_med(times[name])} | {_med(cpu[name])} | {len(docs) / c:.1f} | {tokens / c:.0f} | "
+              f"{len(docs) / w:.1f} | {tokens / w:.0f} |")
     ours = [n for n in systems if n.startswith("CPDAE")]
     print("\nCPDAE speed-up (peer time / CPDAE time; median, range over the repeats), process CPU time | wall time:\n")
     print("| CPDAE | " + " | ".join(peers) + " |")
@@ -209,6 +222,8 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--bf16", action="store_true", help="also time dtype='bf16' on a CPU without native bf16")
     p.add_argument("--indexing", action="store_true", help="also time CPDAE in indexing chunks (enc >> indexer)")
     p.add_argument("--queries", default=DEFAULT_QUERIES, help="BEIR queries.jsonl for the ranking check ('' skips it)")
+    p.add_argument("--batch-tokens", type=int, nargs="*", default=[],
+                   help="also time CPDAE's default with these token budgets (batch_tokens=N; default: none)")
     p.add_argument("--skip", default="", help="comma-separated peers to leave out (e.g. 'SBertBiEncoder')")
     args = p.parse_args(argv)
     if not os.path.exists(args.corpus):

@@ -3,8 +3,10 @@
 Every figure is printed as a ratio in the same run and written with the GPU's name and the command:
 
 * ``encode``: a BERT-base-shape and a MiniLM-shape model (``--encode-shapes``) with random weights (:mod:`synthetic_bert`) encodes synthetic documents of
-  exactly 128/256/512 tokens with ``CPDAE.doc_encoder()`` in bf16; docs/s and model FLOP utilisation (MFU:
-  ``2 x forward multiply-adds`` per document, from ``experiments/bench/objective_runs.forward_macs``, over the peak), against
+  exactly 128/256/512 tokens, and of MS MARCO-like lengths (mean ~70 tokens; there also CPDAE's padded
+  text-count path, ``batch_tokens=0, unpad=False``, beside its default), with ``CPDAE.doc_encoder()`` in bf16;
+  docs/s, real tokens/s and model FLOP utilisation (MFU: ``2 x forward multiply-adds`` of each document at its
+  real length, from ``experiments/bench/objective_runs.forward_macs``, over the peak), against
   sentence-transformers' ``encode`` on the same weights in fp32 and in bf16, and the vectors' agreement (cosine);
   the time to encode MS MARCO's 8.8M passages at each length is extrapolated.
 * ``search``: exact top-k with the project's ``torch_search`` (the kernel of ``DenseIndex.torch_retriever``) over
@@ -125,27 +127,61 @@ def measure_peaks(dev, smoke: bool) -> Dict[str, float]:
 
 
 # --------------------------------------------------------------------------------------------- encoding
+#: MS MARCO-like passage lengths in word pieces (a log-normal with a mean of ~70 tokens, [CLS]/[SEP] included)
+VARIED_MEDIAN, VARIED_SIGMA, VARIED_MIN = 62, 0.5, 8
+
+
+def varied_lengths(n: int, longest: int, seed: int = 0) -> np.ndarray:
+    """``n`` token counts ([CLS]/[SEP] included) drawn MS MARCO-like (mean ~70), cut to ``[VARIED_MIN, longest]``."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.round(rng.lognormal(np.log(VARIED_MEDIAN), VARIED_SIGMA, size=n)), VARIED_MIN, longest).astype(int)
+
+
+def real_token_flops(lengths: np.ndarray, shape: dict) -> float:
+    """Forward FLOPs of encoding texts of these token counts without padding (``2 x`` the multiply-adds of each
+    text at its own length: attention spans its own tokens only)."""
+    from experiments.bench.objective_runs import forward_macs
+
+    H, F, layers, V = (shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
+    values, counts = np.unique(np.asarray(lengths), return_counts=True)
+    return float(sum(2 * c * forward_macs("mlm", H, F, layers, V, int(n), mlm_probability=0.0)
+                     for n, c in zip(values, counts)))
+
+
 def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str = "bert-base") -> Dict[str, object]:
+    """Per maximum length: documents of exactly that many tokens (``fixed``), and once MS MARCO-like lengths
+    (``varied``, cut at the largest length), where CPDAE's default (token-budget batches, unpadded where the
+    varlen kernel runs) is timed beside its padded text-count path (``batch_tokens=0, unpad=False``).  Throughput
+    is texts/s and real tokens/s; MFU counts the FLOPs of the real tokens only."""
     import pandas as pd
     import torch
-    from experiments.bench.objective_runs import forward_macs
     from sentence_transformers import SentenceTransformer
 
     from pyterrier_cpdae.encoder import CPDAE
 
-    H, F, layers, V = (shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
+    V = shape["vocab_size"]
+    cases = [("fixed", length) for length in args.lengths] + [("varied", max(args.lengths))]
     rows = []
-    for length in args.lengths:
+    for dist, length in cases:
         texts = synthetic_texts(args.docs, length - 2, V, seed=length)
+        if dist == "varied":
+            texts = [" ".join(t.split()[:n - 2]) for t, n in zip(texts, varied_lengths(args.docs, length, seed=length))]
         frame = pd.DataFrame({"docno": [str(i) for i in range(len(texts))], "text": texts})
-        enc = CPDAE.from_pretrained(model_dir, pooling="mean", normalize=False, doc_max_length=length,
-                                    batch_size=args.batch_size, device=str(dev), dtype="bf16").doc_encoder()
+        common = dict(pooling="mean", normalize=False, doc_max_length=length, batch_size=args.batch_size,
+                      device=str(dev), dtype="bf16")
+        encoder = CPDAE.from_pretrained(model_dir, **common)
+        lengths = np.array([len(x) for x in encoder.tokenizer(texts, truncation=True, max_length=length)["input_ids"]])
+        systems = {"cpdae_bf16": encoder.doc_encoder()}
+        if dist == "varied":
+            systems["cpdae_padded_bf16"] = CPDAE(encoder.model, encoder.tokenizer, batch_tokens=0, unpad=False,
+                                                 **{k: v for k, v in common.items() if k != "device"}).doc_encoder()
         vecs: Dict[str, np.ndarray] = {}
-
-        def ours():
-            vecs["cpdae_bf16"] = np.stack(enc(frame)["doc_vec"].tolist())
-        t_ours = timed(ours, dev, args.repeats)
-        peers = {}
+        times: Dict[str, float] = {}
+        for label, stage in systems.items():
+            def ours(stage=stage, label=label):
+                vecs[label] = np.stack(stage(frame)["doc_vec"].tolist())
+            times[label] = timed(ours, dev, args.repeats)
+        unpadded = encoder._packing_kernel(encoder.model) is not None
         for label, dtype in (("st_fp32", torch.float32), ("st_bf16", torch.bfloat16)):
             st = SentenceTransformer(model_dir, device=str(dev))
             st.max_seq_length = length
@@ -154,28 +190,41 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
             def run(st=st, label=label):
                 vecs[label] = np.asarray(st.encode(texts, batch_size=args.batch_size, convert_to_numpy=True),
                                          dtype=np.float32)
-            peers[label] = timed(run, dev, args.repeats)
+            times[label] = timed(run, dev, args.repeats)
             del st
-        flops_per_doc = 2 * forward_macs("mlm", H, F, layers, V, length, mlm_probability=0.0)
+        flops = real_token_flops(lengths, shape)
+        t_ours = times["cpdae_bf16"]
         rate = args.docs / t_ours
         ref = vecs["st_fp32"]
         cos = np.sum(vecs["cpdae_bf16"] * ref, 1) / (np.linalg.norm(vecs["cpdae_bf16"], axis=1) * np.linalg.norm(ref, axis=1))
-        row = {"tokens": length, "docs": args.docs, "batch_size": args.batch_size, "cpdae_bf16_docs_per_s": rate,
-               "mfu_vs_measured_bf16": rate * flops_per_doc / peaks["bf16_flops"],
-               "gflop_per_doc": flops_per_doc / 1e9,
-               "st_fp32_docs_per_s": args.docs / peers["st_fp32"], "st_bf16_docs_per_s": args.docs / peers["st_bf16"],
-               "speedup_vs_st_fp32": peers["st_fp32"] / t_ours, "speedup_vs_st_bf16": peers["st_bf16"] / t_ours,
+        budget = encoder.token_budget(length)
+        row = {"shape": shape_name, "tokens": length, "lengths": dist, "real_tokens_per_doc": float(lengths.mean()),
+               "docs": args.docs, "batch_size": args.batch_size, "batch_tokens": budget if budget else 0,
+               "unpadded": unpadded, "cpdae_bf16_docs_per_s": rate,
+               "cpdae_bf16_real_tokens_per_s": float(lengths.sum()) / t_ours,
+               "mfu_vs_measured_bf16": flops / t_ours / peaks["bf16_flops"],
+               "gflop_per_doc": flops / args.docs / 1e9,
+               "st_fp32_docs_per_s": args.docs / times["st_fp32"], "st_bf16_docs_per_s": args.docs / times["st_bf16"],
+               "speedup_vs_st_fp32": times["st_fp32"] / t_ours, "speedup_vs_st_bf16": times["st_bf16"] / t_ours,
                "min_cosine_cpdae_bf16_vs_st_fp32": float(cos.min()),
                "msmarco_8.8M_minutes": MSMARCO_PASSAGES / rate / 60}
         if "datasheet_bf16_flops" in peaks:
-            row["mfu_vs_datasheet"] = rate * flops_per_doc / peaks["datasheet_bf16_flops"]
-        row["shape"] = shape_name
+            row["mfu_vs_datasheet"] = flops / t_ours / peaks["datasheet_bf16_flops"]
+        if "cpdae_padded_bf16" in times:
+            t_pad = times["cpdae_padded_bf16"]
+            row.update(padded_docs_per_s=args.docs / t_pad, padded_real_tokens_per_s=float(lengths.sum()) / t_pad,
+                       padded_mfu_vs_measured_bf16=flops / t_pad / peaks["bf16_flops"],
+                       speedup_vs_padded=t_pad / t_ours)
         rows.append(row)
-        print(f"encode {shape_name} {length} tokens: {rate:.1f} docs/s, MFU {row['mfu_vs_measured_bf16']:.1%} of measured bf16, "
-              f"{row['speedup_vs_st_fp32']:.2f}x ST fp32, {row['speedup_vs_st_bf16']:.2f}x ST bf16, "
-              f"min cosine {row['min_cosine_cpdae_bf16_vs_st_fp32']:.5f}, MS MARCO {row['msmarco_8.8M_minutes']:.1f} min",
-              flush=True)
-        del enc
+        extra = (f", padded path {row['padded_docs_per_s']:.1f} docs/s ({row['speedup_vs_padded']:.2f}x)"
+                 if "padded_docs_per_s" in row else "")
+        print(f"encode {shape_name} {dist} {length} tokens (real {row['real_tokens_per_doc']:.1f}/doc, "
+              f"{'unpadded' if unpadded else 'padded'}): {rate:.1f} docs/s, "
+              f"{row['cpdae_bf16_real_tokens_per_s']:.0f} real tokens/s, MFU {row['mfu_vs_measured_bf16']:.1%} of "
+              f"measured bf16 (real tokens){extra}, {row['speedup_vs_st_fp32']:.2f}x ST fp32, "
+              f"{row['speedup_vs_st_bf16']:.2f}x ST bf16, min cosine {row['min_cosine_cpdae_bf16_vs_st_fp32']:.5f}, "
+              f"MS MARCO {row['msmarco_8.8M_minutes']:.1f} min", flush=True)
+        del systems, encoder
     return {"model": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")},
             "rows": rows}
 

@@ -2,8 +2,9 @@
 
 These helpers are model-agnostic (numpy only).  :func:`check_int` also checks the integer options (``k``,
 ``num_results``, batch sizes) of the retrievers and search kernels.  The encoder tokenises a *window* of texts in one fast-tokenizer
-call, sorts the window by token count, cuts it into batches padded only to their own longest sequence and
-writes each batch's vectors back to the rows they came from.
+call, sorts the window by token count, cuts it into batches (of ``batch_size`` texts, or by a token budget:
+:func:`token_budget_batches`) padded only to their own longest sequence and writes each batch's vectors back to
+the rows they came from.
 """
 from __future__ import annotations
 
@@ -103,6 +104,36 @@ def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> List[np.ndarr
     """
     order = np.argsort(-np.asarray(lengths), kind="stable")
     return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+def token_budget_batches(lengths: np.ndarray, max_tokens: int, padded: bool = True) -> List[np.ndarray]:
+    """Splits row indices into batches of rows of similar length holding at most ``max_tokens`` tokens, longest
+    first (as in text-embeddings-inference's ``max_batch_tokens``).
+
+    The rows are sorted by length, longest first (ties in input order, as :func:`length_sorted_batches`), and cut
+    greedily: a batch takes rows while its size stays within the budget, where the size of a ``padded`` batch is
+    ``rows x its longest row`` (what a padded forward pass computes on; the longest row is its first) and that of
+    a packed batch (``padded=False``) the sum of its rows' lengths.  So batches of short texts hold many rows and
+    batches of long texts few, for the same work per batch.  A row longer than the budget forms a batch of its
+    own (the caller refuses budgets below the maximum length).
+
+    Example: lengths ``[10, 3, 7, 3]``, budget 20, padded -> ``[[0, 2], [1, 3]]`` (2 x 10 = 20, then 2 x 3 = 6).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    ordered = lengths[order]
+    cumulative = np.cumsum(ordered)
+    batches: List[np.ndarray] = []
+    start, n = 0, len(order)
+    while start < n:
+        if padded:
+            end = start + max(1, max_tokens // max(int(ordered[start]), 1))
+        else:
+            before = int(cumulative[start - 1]) if start else 0
+            end = max(start + 1, int(np.searchsorted(cumulative, before + max_tokens, side="right")))
+        batches.append(order[start:min(end, n)])
+        start = min(end, n)
+    return batches
 
 
 def pad(seqs: Sequence[Sequence[int]], lengths: np.ndarray, pad_id: int) -> Tuple[np.ndarray, np.ndarray]:

@@ -11,9 +11,11 @@ Example::
     reranker = bm25 >> enc.text_scorer()
 
 Encoding runs under ``torch.inference_mode`` in batches of texts of similar token count (sorted within a
-window of ``batch_size * sort_window`` inputs, then restored to input order), padded only to the longest text
-of each batch, under bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see
-:func:`default_dtype`); vectors are always float32.  Repeated query texts are encoded once.
+window of ``batch_size * sort_window`` inputs, then restored to input order; ``batch_size`` texts per batch, or
+as many as a token budget holds: ``batch_tokens``, automatic on CUDA), padded only to the longest text of each
+batch (or packed without padding through a variable-length attention kernel where it runs: ``unpad``), under
+bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see :func:`default_dtype`); vectors
+are always float32.  Repeated query texts are encoded once.
 
 On the CPU in float32, a loaded model's large encoding jobs run as an OpenVINO compiled graph when the
 ``openvino`` package is installed (``pip install pyterrier-cpdae[openvino]``): ~1.25-1.3x faster than PyTorch
@@ -35,9 +37,10 @@ import pyterrier_alpha as pta
 import torch
 
 from .._checks import stack_vectors
-from .batching import check_texts, chunked, dedup, length_sorted_batches, pad
+from .batching import check_int, check_texts, chunked, dedup, length_sorted_batches, pad, token_budget_batches
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
+from .packing import packed_forward, supports_packing, varlen_kernel
 from .pooling import POOLINGS, pool
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
@@ -158,7 +161,8 @@ class CPDAE(pt.Transformer):
         pooling: ``"cls"`` (the last layer's ``[CLS]`` vector, as in CPDAE) or ``"mean"`` (masked mean).
         normalize: L2-normalise vectors (scores are then cosine similarities).
         query_max_length / doc_max_length: truncation lengths in tokens, special tokens included.
-        batch_size: texts per forward pass.
+        batch_size: texts per forward pass (when batches are cut by text count).
+        batch_tokens: the token budget of a batch (``None``: automatic; 0: by text count); see ``__init__``.
         sort_window: length sorting happens within windows of ``batch_size * sort_window`` inputs.
     """
 
@@ -166,7 +170,8 @@ class CPDAE(pt.Transformer):
                  normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
                  batch_size: int = 32, device: Union[None, str, torch.device] = None,
                  dtype: Union[None, str, torch.dtype] = None, verbose: bool = False, sort_window: int = 64,
-                 name_or_path: Optional[str] = None, config: Any = None, backend: Optional[str] = None):
+                 name_or_path: Optional[str] = None, config: Any = None, backend: Optional[str] = None,
+                 batch_tokens: Optional[int] = None, unpad: Optional[bool] = None):
         """
         Args:
             model: a Hugging Face encoder (``AutoModel``-like: returns the last hidden states first); ``None``
@@ -176,7 +181,22 @@ class CPDAE(pt.Transformer):
             normalize: L2-normalise the vectors.
             query_max_length: maximum query length in tokens.
             doc_max_length: maximum document length in tokens.
-            batch_size: texts per forward pass.
+            batch_size: texts per forward pass when batches are cut by text count (see ``batch_tokens``); also
+                sizes the sorting window (``batch_size * sort_window`` texts) and PyTerrier's indexing chunks.
+            batch_tokens: batches cut by a token budget instead of a text count: each batch of the length-sorted
+                window holds as many texts as fit ``rows x longest text <= batch_tokens`` (its padded size), so
+                short texts go in large batches and long ones in small batches, for the same work per batch.
+                ``None`` = automatic: ``batch_size * max_length`` (the padded size of a full batch of the
+                longest texts, so no batch needs more memory than the text-count batching's largest) on CUDA,
+                and text-count batches of ``batch_size`` on the CPU (where a larger batch gains nothing);
+                ``0`` = text-count batches everywhere; a positive integer, at least the largest maximum length,
+                = that budget everywhere (``batch_size`` then does not cap the rows of a batch).  In packed
+                batches (``unpad``) the budget counts real tokens only (the sum of the texts' lengths).
+            unpad: run each batch unpadded: its texts packed end to end in one row of real tokens, attention kept
+                inside each text by torch's variable-length FlashAttention kernel (``varlen_attn``), so no layer
+                computes on padding.  ``None`` = automatic: packed where that kernel runs (CUDA in bf16/fp16, a
+                BERT model, PyTorch backend), else padded batches; ``False`` = always padded; ``True`` = packed,
+                or a ``ValueError`` at the first encoding where the kernel cannot run.
             device: ``None`` = the in-memory model's device, or cuda when available for a lazily loaded model.
             dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
                 ``None`` = automatic (:func:`default_dtype`): bf16 on CUDA (fp16 where bf16 is unsupported),
@@ -197,7 +217,8 @@ class CPDAE(pt.Transformer):
                 may be training).  Vectors of the two backends agree to ~3e-6.
 
         Raises:
-            ValueError: for an unknown pooling/dtype or non-positive lengths/batch size.
+            ValueError: for an unknown pooling/dtype, non-positive lengths/batch size, or a ``batch_tokens`` that
+                is not ``None``, 0 or an integer >= the largest maximum length (naming the option).
         """
         super().__init__()
         if pooling not in POOLINGS:
@@ -233,6 +254,17 @@ class CPDAE(pt.Transformer):
             model.to(self.device)
         self.query_max_length = self._clamp_length(int(query_max_length), "query_max_length")
         self.doc_max_length = self._clamp_length(int(doc_max_length), "doc_max_length")
+        if batch_tokens is not None:
+            batch_tokens = check_int(batch_tokens, "batch_tokens", minimum=0)
+            longest = max(self.query_max_length, self.doc_max_length)
+            if 0 < batch_tokens < longest:
+                raise ValueError(f"batch_tokens={batch_tokens} is below the maximum length of {longest} tokens "
+                                 "(query_max_length/doc_max_length): one text would not fit a batch; pass at least "
+                                 f"{longest}, 0 (batches of batch_size texts) or None (automatic)")
+        self.batch_tokens = batch_tokens
+        if unpad is not None and not isinstance(unpad, (bool, np.bool_)):
+            raise ValueError(f"unpad must be True, False or None (automatic), got {type(unpad).__name__} {unpad!r}")
+        self.unpad = None if unpad is None else bool(unpad)
 
     # -- construction --------------------------------------------------------------------------------------
     @classmethod
@@ -240,7 +272,8 @@ class CPDAE(pt.Transformer):
                         normalize: Optional[bool] = None, query_max_length: Optional[int] = None,
                         doc_max_length: Optional[int] = None, batch_size: int = 32,
                         device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
-                        verbose: bool = False, sort_window: int = 64, backend: Optional[str] = None) -> "CPDAE":
+                        verbose: bool = False, sort_window: int = 64, backend: Optional[str] = None,
+                        batch_tokens: Optional[int] = None, unpad: Optional[bool] = None) -> "CPDAE":
         """An encoder from a Hugging Face model directory or Hub name.
 
         Works for a ``python -m pretrain`` / ``finetune`` output (a ``BertForMaskedLM`` checkpoint: its MLM
@@ -285,7 +318,8 @@ class CPDAE(pt.Transformer):
                 logger.warning("%s=%r overrides %r stored in %s", key, value, stored[key][0], stored[key][1])
             settings[key] = value
         return cls(None, tokenizer, batch_size=batch_size, device=device, dtype=dtype, verbose=verbose,
-                   sort_window=sort_window, name_or_path=name, config=config, backend=backend, **settings)
+                   sort_window=sort_window, name_or_path=name, config=config, backend=backend,
+                   batch_tokens=batch_tokens, unpad=unpad, **settings)
 
     def _clamp_length(self, length: int, name: str) -> int:
         limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
@@ -427,6 +461,36 @@ class CPDAE(pt.Transformer):
                 return None
         return self._openvino
 
+    def token_budget(self, max_length: int) -> Optional[int]:
+        """The token budget of a batch of texts truncated at ``max_length`` (``None``: batches of ``batch_size``
+        texts), as ``batch_tokens`` sets it."""
+        batch_tokens = getattr(self, "batch_tokens", None)  # an encoder pickled before the option: automatic
+        if batch_tokens is None:
+            return self.batch_size * max_length if self.device.type == "cuda" else None
+        return batch_tokens or None
+
+    def _batches(self, lengths: np.ndarray, max_length: int, packed: bool = False) -> List[np.ndarray]:
+        """The window's rows cut into length-sorted batches, by ``batch_tokens`` (real tokens when ``packed``,
+        else rows x longest) or by ``batch_size``."""
+        budget = self.token_budget(max_length)
+        if budget is None:
+            return length_sorted_batches(lengths, self.batch_size)
+        return token_budget_batches(lengths, budget, padded=not packed)
+
+    def _packing_kernel(self, model: torch.nn.Module) -> Optional[Any]:
+        """The variable-length attention kernel when batches run packed (see ``unpad``), else ``None``."""
+        unpad = getattr(self, "unpad", None)  # an encoder pickled before the option: automatic
+        if unpad is False:
+            return None
+        dtype = self._autocast_dtype()
+        kernel = varlen_kernel(self.device, dtype) if supports_packing(model) else None
+        if kernel is None and unpad:
+            raise ValueError(f"unpad=True: packed batches need a BERT model (this one: "
+                             f"{getattr(model.config, 'model_type', type(model).__name__)}) and torch's varlen_attn "
+                             f"kernel, which runs on CUDA in bf16/fp16 (here: {self.device}, {_DTYPE_NAMES[dtype]}); "
+                             "pass unpad=None (automatic) or False for padded batches")
+        return kernel
+
     def _encode(self, texts: Sequence[str], max_length: int, unique: bool) -> np.ndarray:
         """Encodes checked texts into a float32 ``(len(texts), dim)`` matrix (rows in input order)."""
         if unique:
@@ -440,6 +504,7 @@ class CPDAE(pt.Transformer):
         window = self.batch_size * self.sort_window
         bar = pt.tqdm(total=len(texts), desc="Encoding", unit="text", leave=False) if self.verbose else None
         with self._inference() as model:
+            kernel = self._packing_kernel(model)
             for start in range(0, len(texts), window):
                 part = texts[start:start + window]
                 # one fast-tokenizer call per window; no padding here (batches are padded to their own max)
@@ -447,15 +512,21 @@ class CPDAE(pt.Transformer):
                                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
                 lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
                 compiled = self._openvino_encoder(int(lengths.sum()))
-                for rows in length_sorted_batches(lengths, self.batch_size):
-                    input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
-                    if compiled is not None:
-                        out[start + rows] = compiled(input_ids, mask)
-                    else:
-                        input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-                        mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
-                        hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                packed = kernel is not None and compiled is None
+                for rows in self._batches(lengths, max_length, packed):
+                    if packed:  # unpadded: the layers compute on the real tokens only
+                        hidden, mask = packed_forward(model, [ids[i] for i in rows], lengths[rows], self.device,
+                                                      kernel)
                         out[start + rows] = self._pool(hidden, mask).cpu().numpy()
+                    else:
+                        input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
+                        if compiled is not None:
+                            out[start + rows] = compiled(input_ids, mask)
+                        else:
+                            input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+                            mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
+                            hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                            out[start + rows] = self._pool(hidden, mask).cpu().numpy()
                     if bar is not None:
                         bar.update(len(rows))
         if bar is not None:

@@ -1,0 +1,135 @@
+"""Unpadded (packed) encoding: a batch's texts laid end to end in one row of real tokens, attention kept inside
+each text by a variable-length attention kernel, so that no layer computes on padding.
+
+Hugging Face's BERT (transformers 5) sends its attention through ``ALL_ATTENTION_FUNCTIONS`` with the keyword
+arguments of the forward call, and its embeddings take ``position_ids``; so a packed batch is one row of token
+ids with positions restarting at 0 for every text, plus the cumulative text lengths (``cu_seq_lens_q``), run with
+the attention function registered here (:data:`ATTENTION`): it hands packed calls to the variable-length kernel
+and every other call to transformers' SDPA.  The kernel is torch's ``torch.nn.attention.varlen.varlen_attn``
+(FlashAttention varlen), which runs on CUDA in bf16/fp16 only; :func:`varlen_kernel` probes it once per device and
+dtype, and the encoder keeps padded batches wherever it is missing (the CPU, float32, older torch, other model
+types).  :func:`reference_kernel` computes the same attention text by text with SDPA (the CPU reference of the
+tests).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+__all__ = ["ATTENTION", "PACKED_MODEL_TYPES", "supports_packing", "varlen_kernel", "reference_kernel", "packed_forward"]
+
+ATTENTION = "cpdae_varlen"
+"""The name of the attention function registered in transformers' ``AttentionInterface``."""
+PACKED_MODEL_TYPES = ("bert",)
+"""Model types whose forward pass runs packed: BERT's embeddings take ``position_ids`` (token types are 0) and its
+attention goes through transformers' attention interface with the call's keyword arguments."""
+_KERNEL_KWARG = "cpdae_varlen_kernel"
+
+Kernel = Callable[..., torch.Tensor]
+
+
+def reference_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                     max_q: int, max_k: int, scale: Optional[float] = None) -> torch.Tensor:
+    """Variable-length attention of ``(T, heads, head_dim)`` tensors computed text by text with SDPA (any device
+    and dtype; slow): what ``varlen_attn`` computes, for the CPU tests."""
+    out = torch.empty_like(q)
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        seg = [t[a:b].transpose(0, 1) for t in (q, k, v)]
+        out[a:b] = torch.nn.functional.scaled_dot_product_attention(*seg, scale=scale).transpose(0, 1)
+    return out
+
+
+def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
+               **kwargs: Any) -> Tuple[torch.Tensor, None]:
+    kernel = kwargs.pop(_KERNEL_KWARG, None)
+    cu = kwargs.get("cu_seq_lens_q")
+    if kernel is None or cu is None:  # a padded call
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    # transformers' layout (1, heads, T, head_dim) -> the kernel's (T, heads, head_dim); back as (1, T, heads, dim)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    width = int(kwargs["max_length_q"])
+    out = kernel(q, k, v, cu, cu, width, width, scale=scaling)
+    return out.unsqueeze(0), None
+
+
+@functools.lru_cache(maxsize=None)
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _attention)
+
+
+def supports_packing(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward pass can run packed (its type is in :data:`PACKED_MODEL_TYPES` and it uses
+    transformers' attention interface)."""
+    config = getattr(model, "config", None)
+    return (getattr(config, "model_type", None) in PACKED_MODEL_TYPES
+            and bool(getattr(model, "_supports_attention_backend", False)) and not getattr(config, "is_decoder", False))
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(device: str, dtype: torch.dtype) -> Optional[Kernel]:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.9
+        return None
+    try:
+        q = torch.randn(6, 2, 32, device=device, dtype=dtype)
+        cu = torch.tensor([0, 2, 6], device=device, dtype=torch.int32)
+        out = varlen_attn(q, q, q, cu, cu, 4, 4)
+        ref = reference_kernel(q.float(), q.float(), q.float(), cu, cu, 4, 4)
+        if not torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2):
+            return None
+    except Exception:  # no FlashAttention build for this card/dtype
+        return None
+    return varlen_attn
+
+
+def varlen_kernel(device: torch.device, dtype: torch.dtype) -> Optional[Kernel]:
+    """torch's ``varlen_attn`` when it runs (and agrees with :func:`reference_kernel`) on ``device`` in ``dtype``,
+    else ``None``; probed once per device and dtype.  Only CUDA in bf16/fp16 qualifies."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return _probe(str(device), dtype)
+
+
+@contextlib.contextmanager
+def _attention_implementation(model: torch.nn.Module) -> Iterator[None]:
+    """Runs ``model`` with :data:`ATTENTION` (padded calls inside still use SDPA), restored afterwards."""
+    _register()
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def packed_forward(model: torch.nn.Module, seqs: Sequence[Sequence[int]], lengths: np.ndarray,
+                   device: torch.device, kernel: Kernel) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Runs the texts ``seqs`` as one packed row and returns their token outputs re-laid as a padded
+    ``(B, longest, H)`` batch with its ``(B, longest)`` attention mask, as a padded forward pass would return them
+    (the padding rows are zeros), for :func:`~pyterrier_cpdae.encoder.pooling.pool`."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ids = torch.from_numpy(np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(lengths.sum())))
+    positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]))
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    width = int(lengths.max())
+    with _attention_implementation(model):
+        hidden = model(input_ids=ids[None].to(device, non_blocking=True),
+                       position_ids=positions[None].to(device, non_blocking=True),
+                       cu_seq_lens_q=cu.to(device), cu_seq_lens_k=cu.to(device), max_length_q=width,
+                       max_length_k=width, **{_KERNEL_KWARG: kernel})[0]
+    mask = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None]).to(device)
+    padded = hidden.new_zeros((len(lengths), width, hidden.shape[-1]))
+    padded[mask] = hidden[0]
+    return padded, mask.long()
