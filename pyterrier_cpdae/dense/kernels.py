@@ -271,6 +271,11 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
     dim = queries.shape[1]
     if chunk_size is None:
         chunk_size = max(1, ((256 if dev.type == "cuda" else 64) << 20) // (4 * dim))
+        if dev.type == "cuda" and all(isinstance(p[0], torch.Tensor) for p in parts):
+            # parts held on the device: no copy to stage, so a chunk is bounded by its score matrix only (1 GiB of
+            # float32 scores): fewer, larger chunks mean fewer top-k merges (measured on an H200: 87k-row chunks
+            # gave 1,404 queries/s over 8.8M x 768 where the plain-torch reference's 536k-row slices gave 5,380)
+            chunk_size = max(chunk_size, (1 << 30) // (4 * min(len(queries), query_batch_size)))
     chunk_size = check_int(chunk_size, "chunk_size")
     stage = _ChunkStager(dev, chunk_size, dim, pinned=dev.type == "cuda" if pin_memory is None else pin_memory)
 
