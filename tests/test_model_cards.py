@@ -262,6 +262,9 @@ def test_finetuning_card_fields_come_from_the_run(finetuned):
     assert rec["encoder"]["max_seq_length"] == 24  # read back from the sentence-transformers files
     assert rec["data"]["num_negatives"] == 2 and rec["command"].startswith("python -m pretrain finetune --model")
     assert rec["carried"]["source"] == "base"  # the pre-trained export's pooler
+    # the pre-training card's limitations carry over (its seeded pooler), not its "not fine-tuned" line
+    inherited = [x for x in rec["limitations"] if x.startswith("From the base model's card:")]
+    assert any("initialised (seed 42)" in x for x in inherited) and not any("not fine-tuned" in x for x in inherited)
     # the round's own directory has its card too
     rmeta, _ = parse_card(Path(a, "rounds", "round-0"))
     assert read_card_state(str(Path(a, "rounds", "round-0")))["record"]["training"]["round"] == 0

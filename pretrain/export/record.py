@@ -25,6 +25,7 @@ __all__ = ["pretrain_record", "finetune_record", "weights_sha256", "toolkit_info
 OPERATIONAL = frozenset({"output", "resume", "overwrite", "cache_dir", "report_to", "num_workers", "logging_steps",
                          "save_steps", "save_total_limit"})
 REPO = Path(__file__).resolve().parents[2]
+PRETRAINED_ONLY = "A pre-trained (not fine-tuned) encoder"
 
 
 def _now() -> str:
@@ -147,6 +148,7 @@ def _base_model(name: str, from_config: Optional[str], model_config: Any) -> dic
             rec = json.loads(Path(card).read_text()).get("record", {})
             info["made_by"] = {"kind": rec.get("kind"), "objective": rec.get("objective"),
                                "base_model": rec.get("base_model", {}).get("name")}
+            info["limitations"] = [x for x in rec.get("limitations", []) if not x.startswith(PRETRAINED_ONLY)]
         except (OSError, ValueError):
             pass
     return info
@@ -193,7 +195,8 @@ def _limitations(kind: str, config: Any, base: dict[str, Any], carried: Optional
     elif carried and carried.get("source") == "base":
         out.append("The pooler is the base model's, carried unchanged (retrieval does not use it).")
     if kind == "pretrain":
-        out.append("A pre-trained (not fine-tuned) encoder: fine-tune it before using it for retrieval.")
+        out.append(PRETRAINED_ONLY + ": fine-tune it before using it for retrieval.")
+    out += [f"From the base model's card: {x}" for x in base.get("limitations", [])]
     return out
 
 
