@@ -380,13 +380,16 @@ def finetune(cfg: FinetuneConfig, argv: Optional[list[str]] = None) -> dict[str,
 
 def _write_final_card(cfg: FinetuneConfig, summary: dict[str, Any], wall_s: float,
                       argv: Optional[list[str]]) -> None:
-    """The model card of ``--output`` (rank 0), from the run's records (a resumed run adds its session)."""
+    """The model card of ``--output`` (rank 0), from the run's records (a resumed run adds its session); nothing
+    when no model was exported there."""
     from transformers import AutoConfig
 
     from ..export.card import write_card
     from ..export.record import finetune_record
     from ..export.weights import base_pooler
 
+    if not os.path.isfile(os.path.join(cfg.output, "config.json")):
+        return
     model_config = AutoConfig.from_pretrained(cfg.output)
     carried = base_pooler(round_start(cfg, cfg.mining_rounds), model_config, cfg.seed)
     write_card(cfg.output, finetune_record(cfg, cfg.output, summary, AutoConfig.from_pretrained(cfg.model),
