@@ -187,10 +187,11 @@ def freeze_encoder(objective: Any) -> None:
                 sum(p.numel() for p in objective.parameters() if p.requires_grad))
 
 
-def pretrain(config: PretrainConfig) -> dict[str, Any]:
+def pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[str, Any]:
     """Run the pre-training pipeline for ``config`` and return the trainer's final metrics.
 
     Rank 0 holds the lock of ``--output`` for the whole run (:func:`pretrain.trainer.hold_output_lock`).
+    ``argv``: the command line the options came from, recorded in the model card (``None``: started from Python).
     """
     import contextlib
 
@@ -199,13 +200,14 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     validate_config(config)
     with contextlib.ExitStack() as stack:
         hold_output_lock(stack, config.output, "output directory of a pre-training run", "--output")
-        return _pretrain(config)
+        return _pretrain(config, argv)
 
 
-def _pretrain(config: PretrainConfig) -> dict[str, Any]:
+def _pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[str, Any]:
     from accelerate.utils import set_seed
 
     from .corpus import TokenCache
+    from .export.weights import base_pooler, save_with_carried
     from .objectives import build_objective, objective_class
     from .trainer import Trainer
 
@@ -213,6 +215,8 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
 
     set_seed(config.seed)  # the random parts of the initialisation (decoders, --from-config weights)
     model, tokenizer = load_model_and_tokenizer(config)
+    # the masked-LM model has no pooler: the base's (or, without one, a seeded one) is carried into the export
+    carried = base_pooler(None if config.from_config else config.model, model.config, config.seed)
     inputs = run_inputs(config.corpus, tokenizer)  # content fingerprints of the corpus files and the tokenizer
     if config.resume:
         check_resume_inputs(config.output, inputs)
@@ -228,9 +232,16 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
         freeze_encoder(objective)
     logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
                 config.max_length)
-    trainer = Trainer(objective, cache, objective.collate, config)
+    trainer = Trainer(objective, cache, objective.collate, config,
+                      save_fn=lambda m, path: save_with_carried(type(m).save_pretrained, m, path, carried, m.mlm_model))
     trainer.inputs = {**inputs, "token_cache": {"path": str(cache.path), "checksum": cache.meta.get("checksum")}}
-    return trainer.train()
+    result = trainer.train()
+    if trainer.is_main_process:  # the model card, from what the run recorded (a resumed run adds its session)
+        from .export.card import write_card
+        from .export.record import pretrain_record
+
+        write_card(config.output, pretrain_record(config, config.output, result, cache, model.config, carried, argv))
+    return result
 
 
 def run_subcommand(name: str, argv: list[str]) -> Any:
@@ -254,7 +265,7 @@ def main(argv: Optional[list[str]] = None) -> Any:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             stream=sys.stderr)
     config = parse_config(PretrainConfig, argv, **_parser_kw())
-    return pretrain(config)
+    return pretrain(config, argv)
 
 
 __all__ = ["main", "pretrain", "validate_config", "load_model_and_tokenizer", "SUBCOMMANDS"]

@@ -138,6 +138,25 @@ def _measure(name: str):
     return parse_measure(name)
 
 
+def record_in_cards(systems: dict[str, str], figures: dict[str, dict[str, float]], *, set_name: str, block: str,
+                    spec: str, depth: int, num_queries: int, log: Callable[[str], None] = print) -> list[str]:
+    """Write each system's figures into the model card of its checkpoint directory
+    (:func:`pretrain.export.card.add_evaluation`; only directories the toolkit exported hold one, a base model's
+    directory is left alone). The search is exact (brute force over every document vector). Returns the
+    directories whose card was updated."""
+    from pretrain.export.card import add_evaluation
+
+    done = []
+    for name, path in systems.items():
+        if name in figures and add_evaluation(str(path), figures[name], name=set_name, collection=spec, depth=depth,
+                                              exact=True, num_queries=num_queries,
+                                              by=f"python -m experiments.paper ({block}, system {name})"):
+            done.append(str(path))
+    if done:
+        log(f"[eval {set_name}/{block}] figures written into {len(done)} model card(s)")
+    return done
+
+
 def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], baselines: dict[str, str],
              with_bm25: bool = True, log: Callable[[str], None] = print, entry: Optional[dict[str, Any]] = None,
              groups: Optional[dict[str, str]] = None) -> dict[str, Any]:
@@ -206,6 +225,10 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
                  **{f"{m} p-value vs {b}": summary["pvalues"].get(mark, {}).get(model, {}).get(m)
                     for mark, b in baselines.items() for m in map(str, metrics)}} for model in summary["means"]]
         result["experiments"].append(("seed-averaged", pd.DataFrame(rows)))
+        per_run = res.groupby(["name", "measure"])["value"].mean()  # each run's own figures, for its card
+        record_in_cards(systems, {n: {m: float(v) for m, v in per_run[n].items()} for n in systems
+                                  if n in per_run.index.get_level_values(0)}, set_name=set_name, block=block,
+                        spec=spec, depth=int(ev["num_results"]), num_queries=len(topics), log=log)
         log(f"[eval {set_name}/{block}] {len(topics)} queries, {len(names)} runs of {len(summary['means'])} systems")
         return result
     todo = [(mark, b) for mark, b in baselines.items() if b in names] or [(None, None)]
@@ -219,5 +242,7 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
             if mark is not None:
                 result["pvalues"].setdefault(mark, {})[row["name"]] = {
                     str(m): (None if row["name"] == b else float(row[f"{m} p-value"])) for m in metrics}
+    record_in_cards(systems, result["means"], set_name=set_name, block=block, spec=spec, depth=int(ev["num_results"]),
+                    num_queries=len(topics), log=log)
     log(f"[eval {set_name}/{block}] {len(topics)} queries, {len(names)} systems")
     return result

@@ -54,8 +54,9 @@ from ..trainer import OutputPlace, config_dict, hold_output_lock
 logger = logging.getLogger("pretrain.finetune.train")
 
 TRAINING_ARGS = "training_args.json"
-#: Files of a Trainer output directory that are not part of the exported model.
-_TRAINER_FILES = {"checkpoints", "logs", "run_config.json", ".export-tmp"}
+#: Files of a Trainer output directory that are not part of the exported model (nor of the final output's card: a
+#: round's card describes the round, the final card is written from the whole run).
+_TRAINER_FILES = {"checkpoints", "logs", "run_config.json", ".export-tmp", "README.md", "model_card.json"}
 
 
 # ----------------------------------------------------------------------------- processes
@@ -323,6 +324,9 @@ def round_start(cfg: FinetuneConfig, round_: int) -> str:
 def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], round_: int) -> dict[str, Any]:
     """Fine-tune :func:`round_start` on ``examples`` with the shared Trainer into ``rounds/round-<r>``."""
     from .biencoder import BiEncoder
+    from ..export.card import write_card
+    from ..export.record import finetune_record
+    from ..export.weights import base_pooler, save_with_carried
     from ..trainer import NonFiniteError, Trainer
 
     out = _round_dir(cfg, round_)
@@ -330,22 +334,34 @@ def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], 
     module = BiEncoder.from_pretrained(start, pooling=cfg.pooling, loss=cfg.loss,
                                        in_batch_negatives=cfg.in_batch_negatives,
                                        query_max_length=cfg.query_max_length, doc_max_length=cfg.doc_max_length)
+    # the encoder is trained without its pooler: the start checkpoint's is carried into the export
+    carried = base_pooler(start, module.encoder.config, cfg.seed)
     round_cfg = dataclasses.replace(cfg, output=out)
     args = {"config": config_dict(cfg), "round": round_, "init": start, "num_examples": len(examples)}
 
     def save_fn(m: BiEncoder, path: str) -> None:
-        m.save_pretrained(path)
+        save_with_carried(BiEncoder.save_pretrained, m, path, carried, m.encoder)
         write_json_atomic(os.path.join(path, TRAINING_ARGS), args, default=str)
 
     logger.info("round %d: fine-tuning %s on %d groups into %s", round_, start, len(examples), out)
     try:
-        return Trainer(module, list(examples), module.collate, round_cfg, save_fn=save_fn).train()
+        trainer = Trainer(module, list(examples), module.collate, round_cfg, save_fn=save_fn)
+        result = trainer.train()
     except NonFiniteError as e:  # which round; nothing of it is exported, so a rerun cannot skip it
         raise NonFiniteError(f"fine-tuning round {round_} ({out}): {e}") from None
+    if trainer.is_main_process:  # the round's own card (the final output gets the whole run's)
+        summary = {"rounds": [{"round": round_, "num_examples": len(examples), "metrics": result}]}
+        write_card(out, finetune_record(cfg, out, summary, module.encoder.config, result.get("train_runtime_s"),
+                                        carried, round_=round_, init=start))
+    return result
 
 
-def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
-    """Run fine-tuning as configured; returns a summary (data counts, per-round metrics, output)."""
+def finetune(cfg: FinetuneConfig, argv: Optional[list[str]] = None) -> dict[str, Any]:
+    """Run fine-tuning as configured; returns a summary (data counts, per-round metrics, output).
+
+    ``argv``: the command line the options came from, recorded in the model card (``None``: started from Python).
+    """
+    started = time.perf_counter()
     if not cfg.output:
         raise ValueError("no output directory given (--output)")
     if not cfg.train:
@@ -384,7 +400,27 @@ def finetune(cfg: FinetuneConfig) -> dict[str, Any]:
             _prepare_output(cfg)
         finally:
             procs.barrier()
-        return _finetune_main(cfg, procs, data, early.buffer)
+        summary = _finetune_main(cfg, procs, data, early.buffer)
+        _write_final_card(cfg, summary, time.perf_counter() - started, argv)
+        return summary
+
+
+def _write_final_card(cfg: FinetuneConfig, summary: dict[str, Any], wall_s: float,
+                      argv: Optional[list[str]]) -> None:
+    """The model card of ``--output`` (rank 0), from the run's records (a resumed run adds its session); nothing
+    when no model was exported there."""
+    from transformers import AutoConfig
+
+    from ..export.card import write_card
+    from ..export.record import finetune_record
+    from ..export.weights import base_pooler
+
+    if not os.path.isfile(os.path.join(cfg.output, "config.json")):
+        return
+    model_config = AutoConfig.from_pretrained(cfg.output)
+    carried = base_pooler(round_start(cfg, cfg.mining_rounds), model_config, cfg.seed)
+    write_card(cfg.output, finetune_record(cfg, cfg.output, summary, AutoConfig.from_pretrained(cfg.model),
+                                           wall_s, carried, argv))
 
 
 def _finetune_main(cfg: FinetuneConfig, procs: Processes, data: TrainingData,
@@ -515,7 +551,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                             stream=sys.stderr)
-    return finetune(cfg)
+    return finetune(cfg, list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

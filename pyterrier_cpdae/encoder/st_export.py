@@ -31,18 +31,33 @@ POOLING_DIR = "1_Pooling"
 NORMALIZE_DIR = "2_Normalize"
 ST_CONFIG = "config_sentence_transformers.json"
 TRAINING_ARGS = "training_args.json"
+#: the model card of a toolkit export (``pretrain.export.card``) and its stored record
+CARD = "README.md"
+CARD_STATE = "model_card.json"
+#: the words that identify a card the toolkit wrote (a README.md without them is a user's and is never removed)
+TOOLKIT_CARD_MARK = "model card written by pyterrier-cpdae"
 
 #: what a saved model directory can hold besides its training records: the weights, the transformers and tokenizer
 #: files, and the sentence-transformers files (modules.json names any other module folders)
 MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-               "vocab.txt", "added_tokens.json", MODULES, SBERT_CONFIG, ST_CONFIG, POOLING_DIR, NORMALIZE_DIR)
+               "vocab.txt", "added_tokens.json", MODULES, SBERT_CONFIG, ST_CONFIG, POOLING_DIR, NORMALIZE_DIR,
+               CARD_STATE)
+
+
+def _is_toolkit_card(path: str) -> bool:
+    try:
+        with open(path, encoding="utf8", errors="replace") as f:
+            return TOOLKIT_CARD_MARK in f.read(8192)
+    except OSError:
+        return False
 
 
 def exported_model_files(path: Union[str, os.PathLike]) -> list:
     """The paths under ``path`` that a saved model wrote (``MODEL_FILES``, weight shards, and every module folder
-    its ``modules.json`` names) and that exist: what ``--overwrite`` removes so that a run cut short leaves no
-    earlier model behind that still loads. Anything else in the directory (a user's own files) is not listed."""
+    its ``modules.json`` names, the model card when the toolkit wrote it) and that exist: what ``--overwrite``
+    removes so that a run cut short leaves no earlier model behind that still loads. Anything else in the directory
+    (a user's own files, a README.md the toolkit did not write) is not listed."""
     path = os.fspath(path)
     names = set(MODEL_FILES)
     try:
@@ -51,6 +66,8 @@ def exported_model_files(path: Union[str, os.PathLike]) -> list:
         names |= {m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)
                   and m["path"] not in (".", "..") and os.path.basename(os.path.normpath(m["path"])) == m["path"]}
         # (a module folder is one name inside the model directory: "..", "." or a path would delete elsewhere)
+        if _is_toolkit_card(os.path.join(path, CARD)):
+            names.add(CARD)
     except (OSError, ValueError):
         pass
     return sorted(os.path.join(path, n) for n in names if os.path.lexists(os.path.join(path, n)))
