@@ -71,3 +71,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: test files that take the most time, in that order (docs/development.md, "Test layout"): they are run first, so
+#: that under pytest-xdist (``--dist loadfile``, pyproject.toml) the two workers do not wait on one long file at the end
+HEAVY_FIRST = ["test_docs_examples.py", "test_paper_pipeline.py", "test_encoder_speed_equivalence.py",
+               "test_main_job.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Moves the files of ``HEAVY_FIRST`` to the front, whole and in their own order; the rest keep theirs."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: file order and order within kept

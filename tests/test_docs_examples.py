@@ -163,13 +163,41 @@ def run_page(page: Path, root: Path) -> str:
             f"real data not available ({SHARED / 'data'} is absent)")
 
 
+class _LazyRuns(dict):
+    """``{page: future}`` that starts a page's run when its test asks for it (one page at a time)."""
+
+    def __init__(self, pool, root_of):
+        super().__init__()
+        self.pool, self.root_of = pool, root_of
+
+    def __missing__(self, page):
+        self[page] = self.pool.submit(run_page, page, self.root_of(page))
+        return self[page]
+
+
+def _whole_file_on_this_process(config) -> bool:
+    """Whether every selected test of this file runs in this process: no pytest-xdist worker, or one that is given
+    whole files (``--dist loadfile``/``loadscope``, the configured default). Under ``--dist load`` a worker gets
+    only some pages, and starting all of them would run every page once per worker."""
+    if not hasattr(config, "workerinput"):
+        return True
+    return config.getoption("dist", "no") in ("loadfile", "loadscope")
+
+
 @pytest.fixture(scope="module")
 def page_runs(request, tmp_path_factory):
-    """The selected pages' runs, started together on ``WORKERS`` threads (one subprocess each at a time)."""
+    """The selected pages' runs, started together on ``WORKERS`` threads (one subprocess each at a time); on a
+    pytest-xdist worker that gets single tests, each page is run when its test comes."""
+    root_of = lambda page: tmp_path_factory.mktemp(page.stem)  # noqa: E731
+    if not _whole_file_on_this_process(request.config):
+        pool = ThreadPoolExecutor(max_workers=1)
+        yield _LazyRuns(pool, root_of)
+        pool.shutdown(wait=True, cancel_futures=True)
+        return
     selected = [item.callspec.params["page"] for item in request.session.items
                 if getattr(item, "originalname", None) == "test_runnable_blocks_of_page"]
     pool = ThreadPoolExecutor(max_workers=max(1, WORKERS))
-    runs = {page: pool.submit(run_page, page, tmp_path_factory.mktemp(page.stem)) for page in selected}
+    runs = {page: pool.submit(run_page, page, root_of(page)) for page in selected}
     yield runs
     pool.shutdown(wait=True, cancel_futures=True)
 

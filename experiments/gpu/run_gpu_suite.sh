@@ -141,7 +141,7 @@ suite_ran=0
 if [ "$SUITE" = 1 ] || { [ "$SUITE" = auto ] && [ ! -f "$WORK/suite.done" ]; }; then
   rm -rf "$SUITE_DIR"; mkdir -p "$SUITE_DIR"
   echo "== pytest -m gpu ($(elapsed) s)" >&2
-  run_until "$(deadline 40)" "$SUITE_DIR/gpu_tests.log" "$PY" -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -rs \
+  run_until "$(deadline 40)" "$SUITE_DIR/gpu_tests.log" "$PY" -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -o addopts= -rs \
     -q --junitxml="$SUITE_DIR/gpu_tests.xml" || status=1
   echo "== bench_gpu.py ($(elapsed) s)" >&2
   run_until "$(deadline 80)" "$SUITE_DIR/bench_gpu.log" "$PY" experiments/gpu/bench_gpu.py --out "$SUITE_DIR" \
