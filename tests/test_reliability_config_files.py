@@ -218,3 +218,22 @@ def test_an_objective_of_the_wrong_type_is_one_line(tmp_path: Path, monkeypatch,
     code, line = run_cli(monkeypatch, capsys, ["--config", str(f)])
     assert code == 2 and line == f"error: ValueError: option 'objective' in the config file {f} must be a string, " \
                                  "got list ['cpdae', 'mlm']"
+
+
+def test_the_paper_pipeline_names_a_bad_config_file_in_one_line(tmp_path):
+    """``python -m experiments.paper --scale FILE`` with a key twice in FILE: one line naming the file, the line and the
+    key, exit 2 (it was a traceback with exit 1)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    bad = tmp_path / "paper_bad.json"
+    bad.write_text('{"scale": "bad",\n "extends": "smoke",\n "extends": "cpu"}\n')
+    run = subprocess.run([sys.executable, "-m", "experiments.paper", "--scale", str(bad), "--dry-run",
+                          "--work-dir", str(tmp_path / "w")], cwd=repo, capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(repo)})
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert lines[0].startswith("error: ConfigFileError: ") and f"{bad}:3" in lines[0] and "'extends'" in lines[0]

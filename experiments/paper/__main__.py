@@ -213,6 +213,10 @@ def run_stages(plan, cfg: dict[str, Any], runner, chosen: list[str], jobs: int =
     return ran, skipped, deferred
 
 
+class ConfigFileError(ValueError):
+    """A scale, overlay or stand-in config that cannot be read (bad bytes, JSON/YAML, a key twice, a bad name)."""
+
+
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     a = parse_args(argv)
     from .config import ROOT, load_config
@@ -222,8 +226,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
     command = "python -m experiments.paper " + " ".join(shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
     stand_ins = Path(a.stand_ins).resolve() if a.stand_ins else None
-    cfg = load_config(a.scale, sizes=a.sizes, stand_ins=stand_ins, work_dir=Path(a.work_dir) if a.work_dir else None,
-                      corpus=a.corpus, overlay=Path(a.overlay) if a.overlay else None)
+    try:
+        cfg = load_config(a.scale, sizes=a.sizes, stand_ins=stand_ins, work_dir=Path(a.work_dir) if a.work_dir else None,
+                          corpus=a.corpus, overlay=Path(a.overlay) if a.overlay else None)
+    except (ValueError, OSError) as e:  # a config file that cannot be read: named by the loader (file, line, key)
+        raise ConfigFileError(str(e)) from e
     added = add_eval_sets(cfg, a.eval_set, a.eval_metrics)
     irds_home = use_irds_home(cfg, stand_ins, dry_run=a.dry_run)
     plan = Plan(cfg)
@@ -332,14 +339,14 @@ def _run_pipeline(a: argparse.Namespace, cfg: dict[str, Any], plan: Any, chosen:
 
 def _run(argv: Optional[list[str]] = None) -> int:
     """``python -m experiments.paper``: :func:`main`, with a failure it can name printed as one line (``error:
-    <Type>: <message>``) instead of a traceback: another pipeline in the same --work-dir (exit 2); a failed stage
-    (exit 1, with the tail of its log). Set PAPER_DEBUG=1 for the traceback."""
+    <Type>: <message>``) instead of a traceback: a config file that cannot be read and another pipeline in the same
+    --work-dir (exit 2); a failed stage (exit 1, with the tail of its log). Set PAPER_DEBUG=1 for the traceback."""
     from pyterrier_cpdae._locking import ConcurrentBuildError
 
     from .stages import StageError
     try:
         main(argv)
-    except ConcurrentBuildError as e:
+    except (ConcurrentBuildError, ConfigFileError) as e:
         if os.environ.get("PAPER_DEBUG"):
             raise
         print(f"error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
