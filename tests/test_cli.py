@@ -76,7 +76,7 @@ def test_help_lists_options_and_subcommands(capsys, monkeypatch):
 
 def test_config_file_and_flag_override(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(cli, "pretrain", lambda config: seen.__setitem__("config", config))
+    monkeypatch.setattr(cli, "pretrain", lambda config, argv=None: seen.__setitem__("config", config))
     (tmp_path / "run.yaml").write_text("objective: cpdae_r\nbatch-size: 32\nlearning_rate: 0.0003\n"
                                        "max_length: 64\ncorpus: wiki:/some/dir\n")
     cli.main(["--config", str(tmp_path / "run.yaml"), "--batch-size", "16", "--output", str(tmp_path / "o"),

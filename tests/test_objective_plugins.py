@@ -185,7 +185,7 @@ def test_config_of_an_objective_holds_its_options_only():
 
 def test_config_files_and_flags_of_other_objectives(tmp_path, monkeypatch, caplog):
     seen = {}
-    monkeypatch.setattr(cli, "pretrain", lambda config: seen.__setitem__("config", config))
+    monkeypatch.setattr(cli, "pretrain", lambda config, argv=None: seen.__setitem__("config", config))
     # one file for several objectives: options of other objectives are ignored, with a warning
     (tmp_path / "shared.yaml").write_text("cl_weight: 0.3\nseed-attention-span: 4\nbatch_size: 8\n")
     with caplog.at_level(logging.WARNING, logger="pretrain.config"):

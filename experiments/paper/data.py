@@ -133,8 +133,13 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
     from experiments.caches import corpus_fingerprint, folder_digest
 
     digests = Path(work) / ".digests.json"
+    what = f"eval/train set {name}: irds_copy_from"
     if own_irds:  # the data is the ir_datasets folder itself (read in a child process: see above)
-        source = folder_digest(ROOT / own_irds, digests)
+        src = (ROOT / own_irds).resolve()
+        if not src.is_dir():
+            raise FileNotFoundError(f"{what}: {src} is absent (a collection in ir_datasets' cache layout, see "
+                                    "../shared/data/README.md)")
+        source = folder_digest(src, digests)
     else:
         source = corpus_fingerprint(entry["spec"], digests, everything=True)["digest"]
     try:
@@ -152,7 +157,7 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
         home = work / "irds_sets" / name
         if have is not None and have.get("source") != source:
             shutil.rmtree(home, ignore_errors=True)  # the copy is of the old data: copy it again
-        home = copy_irds(own_irds, home, f"eval/train set {name}: irds_copy_from")
+        home = copy_irds(own_irds, home, what)
         job = json.dumps({"entry": entry, "out": str(out), "key": key, "source": source})
         env = {**os.environ, "IR_DATASETS_HOME": str(home),
                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
