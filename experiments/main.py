@@ -14,7 +14,7 @@ weights), the indexes built by an earlier run in ``--work-dir``, and the runs th
 dense index and its runs are named by a digest of the model directory's content (:func:`model_identity`), so a
 ``--model`` directory re-trained in place is indexed and evaluated again, never served from its old weights; every
 index records the fingerprint of the documents it was built from (``<index>.built_from.json``,
-:func:`experiments.caches.corpus_fingerprint`) and is rebuilt, saying why, when ``--dataset`` reads other documents
+:func:`experiments.paper.caches.corpus_fingerprint`) and is rebuilt, saying why, when ``--dataset`` reads other documents
 (the collection edited in place, or another collection in the same ``--work-dir``); the saved runs are named by
 that fingerprint and the topics' ids and texts.
 ``--rebuild`` pre-trains again, rebuilds the indexes and recomputes the runs.
@@ -50,7 +50,7 @@ import pandas as pd
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # `python experiments/main.py`: the experiments package is importable from the root
     sys.path.insert(0, REPO)
-from experiments.caches import (corpus_fingerprint, file_digests, forget_built_from,  # noqa: E402
+from experiments.paper.caches import (corpus_fingerprint, file_digests, forget_built_from,  # noqa: E402
                                 model_identity, record_built_from, stale_reason, topics_digest)
 
 PAPER_COMMAND = "python -m experiments.paper"

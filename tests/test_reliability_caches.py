@@ -56,7 +56,7 @@ def _load_main():
 
 # ----------------------------------------------------------------------------- the fingerprints themselves
 def test_corpus_fingerprint_sees_an_in_place_edit_and_ignores_the_folder_path(tmp_path):
-    from experiments.caches import corpus_fingerprint, file_digests
+    from experiments.paper.caches import corpus_fingerprint, file_digests
 
     a = _write_trec(tmp_path / "a", TEXTS)
     cache = tmp_path / "digests.json"
@@ -88,7 +88,7 @@ def test_beir_sample_and_irds_fingerprints_cover_their_documents(tmp_path, share
     import subprocess
     import sys
 
-    from experiments.caches import corpus_fingerprint
+    from experiments.paper.caches import corpus_fingerprint
 
     sample = corpus_fingerprint("sample", tmp_path / "d.json")
     assert list(sample["files"]) == ["corpus.jsonl"]
@@ -100,7 +100,7 @@ def test_beir_sample_and_irds_fingerprints_cover_their_documents(tmp_path, share
     home = tmp_path / "irds"
     import shutil
     shutil.copytree(shared_data / "msmarco-dev-sample" / "irds", home)
-    code = ("import json; from experiments.caches import corpus_fingerprint as f; "
+    code = ("import json; from experiments.paper.caches import corpus_fingerprint as f; "
             f"print(json.dumps(f('irds:msmarco-passage/dev/small', {str(tmp_path / 'd.json')!r})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "IR_DATASETS_HOME": str(home), "PYTHONPATH": str(REPO)})
@@ -245,7 +245,7 @@ def test_a_folder_digest_follows_content_not_place(tmp_path):
     import hashlib
     import shutil
 
-    from experiments.caches import folder_digest
+    from experiments.paper.caches import folder_digest
 
     src = tmp_path / "irds" / "msmarco-passage"
     src.mkdir(parents=True)

@@ -113,7 +113,7 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
     """The ``load_dataset`` spec of a train/eval set, materialising a BEIR folder when needed.
 
     The folder is written again when the set's definition (:func:`set_key`) or the data it was written from
-    (:func:`experiments.caches.corpus_fingerprint` of the spec's documents, topics and qrels; for a set with its own
+    (:func:`experiments.paper.caches.corpus_fingerprint` of the spec's documents, topics and qrels; for a set with its own
     ``irds_copy_from``, the files of that folder) changed.
 
     A set with its own ``irds_copy_from`` (e.g. TREC DL 2019, whose ir_datasets folder holds another
@@ -130,7 +130,7 @@ def set_spec(name: str, entry: dict[str, Any], work: Path, dry_run: bool = False
     spec = f"beir:{out}:train"
     if dry_run:
         return spec
-    from experiments.caches import corpus_fingerprint, folder_digest
+    from experiments.paper.caches import corpus_fingerprint, folder_digest
 
     digests = Path(work) / ".digests.json"
     what = f"eval/train set {name}: irds_copy_from"

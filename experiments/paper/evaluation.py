@@ -19,14 +19,14 @@ PRECOMPUTED_MANIFEST = "manifest.json"
 
 
 def digests_file(plan: Any) -> Path:
-    """The cache of file digests behind the work directory's fingerprints (:mod:`experiments.caches`)."""
+    """The cache of file digests behind the work directory's fingerprints (:mod:`experiments.paper.caches`)."""
     return Path(plan.work) / ".digests.json"
 
 
 def bm25_index(plan: Any, name: str, ds: Any, spec: str):
     """The BM25 index ``<work>/bm25/<name>`` of ``ds`` (read from ``spec``), built unless it was built from the same
     documents (``<index>.built_from.json``); a rebuild of an index built from other documents says why."""
-    from experiments.caches import corpus_fingerprint, forget_built_from, record_built_from, stale_reason
+    from experiments.paper.caches import corpus_fingerprint, forget_built_from, record_built_from, stale_reason
     from pyterrier_cpdae import BM25Index
 
     index = BM25Index(str(under_work(plan, "bm25", name, what="a BM25 index")))
@@ -205,7 +205,7 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
     metrics = [_measure(m) for m in entry["metrics"]]
     save_dir = index_root / "runs"
     save_dir.mkdir(parents=True, exist_ok=True)
-    from experiments.caches import corpus_fingerprint, topics_digest
+    from experiments.paper.caches import corpus_fingerprint, topics_digest
     keep_saved_runs_for(save_dir, {"corpus": corpus_fingerprint(spec, digests_file(plan))["digest"],
                                    "topics": topics_digest(topics), "num_results": int(ev["num_results"])})
     result: dict[str, Any] = {"means": {}, "pvalues": {}, "experiments": [], "num_queries": len(topics),

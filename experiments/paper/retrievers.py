@@ -72,7 +72,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     An index already built under ``index_root`` (same model name) is loaded, not rebuilt, when its
     ``encoder_settings.json`` (:data:`SETTINGS_FILE`) records this model (same files' size, mtime and content
     hash), pooling, corpus (its spec and the fingerprint of its documents,
-    :func:`experiments.caches.corpus_fingerprint`: a collection edited in place is indexed again), document length
+    :func:`experiments.paper.caches.corpus_fingerprint`: a collection edited in place is indexed again), document length
     and normalisation; otherwise it is rebuilt. When an index is (re)built, or
     the query side (query length, depth) changed, the run ``pt.Experiment`` saved for that name under
     ``index_root / "runs"`` is deleted, so that it is recomputed.
@@ -85,7 +85,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             ``2_Normalize`` module that all-MiniLM-L6-v2 ships; the paper pipeline passes ``False``: dot product).
         digests_file: the cache of the corpus files' digests (default: ``index_root/.digests.json``).
     """
-    from experiments.caches import corpus_fingerprint
+    from experiments.paper.caches import corpus_fingerprint
     from pyterrier_cpdae._files import write_json_atomic
     from pyterrier_cpdae.datasets import load_dataset
     from pyterrier_cpdae.dense import DenseIndex
