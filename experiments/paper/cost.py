@@ -437,8 +437,9 @@ def work_of(cfg: dict[str, Any], tp: Throughput, *, wiki_texts: int = WIKI_TEXTS
         parts.append(Part("fine-tuning", f"{label}: training", f"{len(stages)} runs, {rounds_total:,} steps",
                           "train", train_s))
         if minings:
-            parts.append(Part("fine-tuning", f"{label}: mining, encode", f"{minings} x {docs_of[_collection(spec_of, docs_of)]:,} "
-                              "docs", "encode", mine_docs))
+            n_docs = docs_of[_collection(spec_of, docs_of)]
+            parts.append(Part("fine-tuning", f"{label}: mining, encode", f"{minings} x {n_docs:,} docs", "encode",
+                              mine_docs))
             parts.append(Part("fine-tuning", f"{label}: mining, search", f"{minings} searches of the training queries",
                               "search", mine_q))
 
@@ -537,7 +538,7 @@ def report(scale: str, rows: list[dict[str, Any]], tp: Throughput, notes: Notes,
     a100 = CARDS["A100"]
     s = tp.compute_share
     cards = [
-        f"H200: the measured rates (the sources below).",
+        "H200: the measured rates (the sources below).",
         f"H100 (SXM): bf16 {h100['bf16'] / 1e12:.0f} vs {tp.h200['bf16'] / 1e12:.0f} TFLOP/s, HBM "
         f"{h100['hbm'] / 1e12:.2f} vs {tp.h200['hbm'] / 1e12:.2f} TB/s: training and encoding x "
         f"{card_factor('train', 'H100', tp):.3f} ({s:.1%} of a step's CUDA time in matmuls and attention at the bf16 "
