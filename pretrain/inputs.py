@@ -213,6 +213,11 @@ def check_resume_inputs(output: str, current: dict[str, Any]) -> None:
                          "restore them, or start a new run (another --output, or --overwrite)")
 
 
+#: fingerprints of serialised fast-tokenizer backends, by the SHA-256 of the serialisation (sorting the ~30k-entry
+#: vocabulary for the canonical form costs ~60 ms a call; a pipeline asks for the same tokenizer's fingerprint often)
+_BACKEND_FINGERPRINTS: dict[str, str] = {}
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A hash of what determines a tokenizer's output: its vocabulary, normaliser and pre-tokenizer.
 
@@ -221,10 +226,15 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        state = json.loads(backend.to_str())
-        state.pop("truncation", None)
-        state.pop("padding", None)
-        payload = json.dumps(state, sort_keys=True)
+        raw = backend.to_str()
+        key = hashlib.sha256(raw.encode()).hexdigest()
+        if key not in _BACKEND_FINGERPRINTS:  # the same serialised backend, the same fingerprint: computed once
+            state = json.loads(raw)
+            state.pop("truncation", None)
+            state.pop("padding", None)
+            payload = json.dumps(state, sort_keys=True)
+            _BACKEND_FINGERPRINTS[key] = hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return _BACKEND_FINGERPRINTS[key]
     else:
         payload = json.dumps({"cls": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items()),
                               "lower": getattr(tokenizer, "do_lower_case", None)}, sort_keys=True)

@@ -647,12 +647,16 @@ class Trainer:
             for tracker in acc.trackers:  # (not acc.end_training(): it would end the process group)
                 tracker.finish()
             acc.trackers = []
-            from .logging_utils import cl_band_batch, plot_metrics
+            from .logging_utils import cl_band_batch, plot_metrics, read_metrics
             csv_path = os.path.join(self.output, "logs", "metrics.csv")
-            if os.path.exists(csv_path):
+            rows = len(read_metrics(csv_path)) if os.path.exists(csv_path) else 0
+            if rows >= 2:
                 band = cl_band_batch(self.config)
                 plot_metrics(csv_path, os.path.join(self.output, "logs", "loss_curves.png"),
                              cl_batch_size=band and band[0], cl_temperature=band[1] if band else 1.0)
+            elif rows:  # one point is not a curve (and the figure costs ~0.5 s: most of a few-step run's tail)
+                logger.info("loss curves not plotted: %s holds 1 logged row, a curve needs 2 (see --logging-steps)",
+                            csv_path)
         self._export(model)
         result = {k: v for k, v in last.items() if k not in ("seqs_per_s",)}
         result.update({"step": step, "total_steps": self.total_steps, "train_runtime_s": runtime,

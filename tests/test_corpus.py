@@ -532,3 +532,23 @@ def test_concurrent_processes_build_once(jsonl, minilm_path, tmp_path):
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     assert log.read_text().count("build") == 1
     assert len({o[0] for o in outs}) == 1
+
+
+def test_tokenizer_fingerprint_follows_the_tokenizer_and_ignores_truncation(minilm_path):
+    """The fingerprint (remembered per serialised backend) changes with the vocabulary, even for the same object,
+    and not with the truncation/padding state; it equals the canonical form's hash computed here from scratch."""
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    state = json.loads(tok.backend_tokenizer.to_str())
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    expected = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:16]
+    assert tokenizer_fingerprint(tok) == expected == tokenizer_fingerprint(tok)
+    tok.backend_tokenizer.enable_truncation(max_length=7)
+    tok.backend_tokenizer.enable_padding(length=9)
+    assert tokenizer_fingerprint(tok) == expected
+    tok.add_tokens(["zzqxword"])
+    assert tokenizer_fingerprint(tok) != expected

@@ -38,6 +38,22 @@ def assert_same_losses(a, b, rel=1e-5):
             assert x == pytest.approx(y, rel=rel, abs=1e-7), (ra, rb)
 
 
+def test_loss_curves_need_two_logged_rows(tmp_path, caplog):
+    """A run that logged one row draws no curve (and says so); two rows are plotted as PNG + SVG."""
+    one = cfg(tmp_path, "one", max_steps=2, logging_steps=2, save_steps=100)
+    with caplog.at_level("INFO", logger="pretrain.trainer"):
+        Trainer(TinyRegressor(dropout=0.0), RegressionData(64), collate, one).train()
+    logs = Path(one.output) / "logs"
+    assert len(read_metrics(str(logs / "metrics.csv"))) == 1
+    assert not (logs / "loss_curves.png").exists() and not (logs / "loss_curves.svg").exists()
+    assert "loss curves not plotted" in caplog.text and "holds 1 logged row" in caplog.text
+    two = cfg(tmp_path, "two", max_steps=2, logging_steps=1, save_steps=100)
+    Trainer(TinyRegressor(dropout=0.0), RegressionData(64), collate, two).train()
+    logs = Path(two.output) / "logs"
+    assert len(read_metrics(str(logs / "metrics.csv"))) == 2
+    assert (logs / "loss_curves.png").stat().st_size > 1000 and (logs / "loss_curves.svg").stat().st_size > 1000
+
+
 def test_loss_falls_and_outputs(tmp_path):
     c = cfg(tmp_path, max_steps=40, learning_rate=0.1)
     module = TinyRegressor(dropout=0.0)
