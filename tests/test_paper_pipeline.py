@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,23 +16,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
+from _paper_run import TABLE1_COLS, TABLE1_ROWS  # noqa: E402
+from _paper_run import need_data as _need_data  # noqa: E402
+from _paper_run import run_paper as _run  # noqa: E402
 
 from experiments.paper.config import deep_merge, load_config  # noqa: E402
 from experiments.paper.stages import Stage, to_argv  # noqa: E402
-
-TABLE1_ROWS = ["BM25", "BERT", "MLM", "SimCSE", "ICT", "PROP", "SEED", "RetroMAE", "BoW", "CPDAE_R", "CPDAE"]
-TABLE1_COLS = ["MARCO MRR@10", "MARCO R@100", "MARCO nDCG@10", "SciFact nDCG@10", "SciFact R@100",
-               "Vaswani nDCG@10", "Vaswani MAP", "Cranfield nDCG@10", "Cranfield MAP"]
-
-
-def _need_data() -> None:
-    for sub in ("enwiki-sample", "msmarco-dev-sample", "msmarco-dl19-judged", "scifact", "vaswani", "cranfield"):
-        if not (SHARED / sub).exists():
-            pytest.skip(f"real data not available: {SHARED / sub} is absent (it lives in ../shared/data)")
-
-
 # ----------------------------------------------------------------------------- configs (no data needed)
 def test_cpu_scratch_base_stage_is_exactly_the_recorded_command(tmp_path):
     """The cpu_scratch config's base stage is the command the recorded from-scratch run was started with (issue 12)."""
@@ -164,12 +152,6 @@ def test_stage_state_done_resume_conflict(tmp_path):
 
 
 # ----------------------------------------------------------------------------- end to end
-def _run(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "experiments.paper", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def _check_tables(out: Path) -> None:
     t1 = pd.read_csv(out / "table1.csv")
     assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
@@ -244,83 +226,6 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
     assert not work.exists()
 
 
-WORDS = ("paris france capital banana yellow fruit physics quantum energy wing aircraft lift protein cell "
-         "gene river bridge music piano violin ocean whale coral desert camel sand").split()
-
-
-def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
-    """Tiny stand-ins for the paper config: overrides.json + msmarco-passage in ir_datasets' cache layout."""
-    import random
-
-    rng = random.Random(0)
-    base = root / "irds" / "msmarco-passage"
-    for sub in ("train", "dev/small", "trec-dl-2019"):
-        (base / sub).mkdir(parents=True)
-    (base / "irds_version.txt").write_text("v2")  # exactly, or the migrator deletes collection.tsv
-    docs = [" ".join(rng.sample(WORDS, 6)) for _ in range(40)]
-    (base / "collection.tsv").write_text("".join(f"{i}\t{d}\n" for i, d in enumerate(docs)))
-
-    def queries(path: Path, qids: range) -> None:
-        path.write_text("".join(f"{q}\t{' '.join(docs[q % 40].split()[:2])}\n" for q in qids))
-
-    queries(base / "train" / "queries.tsv", range(100, 112))
-    (base / "train" / "qrels").write_text("".join(f"{q} 0 {q % 40} 1\n" for q in range(100, 112)))
-    (base / "train" / "small.triples.qidpid.tsv").write_text(
-        "".join(f"{q}\t{q % 40}\t{(q + k) % 40}\n" for q in range(100, 112) for k in (3, 7, 11)))
-    queries(base / "dev" / "small" / "queries.tsv", range(200, 206))
-    (base / "dev" / "small" / "qrels").write_text("".join(f"{q} 0 {q % 40} 1\n" for q in range(200, 206)))
-    queries(base / "trec-dl-2019" / "queries.tsv", range(300, 305))
-    (base / "trec-dl-2019" / "qrels").write_text("".join(f"{q} Q0 {q % 40} {1 + q % 3}\n{q} Q0 {(q + 1) % 40} 0\n"
-                                                          for q in range(300, 305)))
-    corpus = root / "wiki.txt"
-    corpus.write_text("".join(" ".join(rng.choices(WORDS, k=40)) + ". " + " ".join(rng.choices(WORDS, k=30)) + "\n"
-                              for _ in range(40)))
-    keep = {"mlm", "cpdae", "seed", "ict"}
-    drop = {o: None for o in ("bow", "retromae", "simcse", "prop", "cpdae_r", "cpdae_nocl", "cpdae_idfrec",
-                              "cpdae_clsum")}
-    assert not keep & set(drop)
-    overrides = {
-        "corpus": str(corpus),
-        "pretrain": {"base_model": tiny_bert_dir,
-                     "continue": {"max_docs": 20, "max_length": 64, "batch_size": 4, "epochs": None, "max_steps": 2,
-                                  "save_steps": 1000, "report_to": "csv"}},
-        "objectives": drop,
-        "finetune": {"args": {"batch_size": 4, "max_steps": 2, "num_negatives": 2, "doc_max_length": 64,
-                              "save_steps": 1000}},
-        "finetune_sets": {"marco_doc": None, "marco": {"seeds": [1]}},  # one seed here: the smoke tests run three
-        "selection": {"cl": {"max_steps": 2, "candidates": [{"temperature": 1.0}, {"temperature": 0.05}],
-                             "held_aside": {"max_queries": 4, "max_docs": 30}}},
-        "eval_sets": {"marco_doc_dev": None, "dl19_doc": None, "vaswani": None, "cranfield": None},
-        "evaluation": {"doc_max_length": 64, "batch_size": 16, "num_results": 50},
-        "tables": {"table3": {"sizes": [4], "seeds": [1]}, "table4": {"num_texts": 2, "frequent_from_docs": 5, "top_frequent": 10},
-                   "coverage": {"num_texts": 2}},
-    }
-    (root / "overrides.json").write_text(json.dumps(overrides))
-    return root
-
-
-@pytest.mark.slow
-def test_paper_config_runs_with_tiny_stand_ins(tmp_path, tiny_bert_dir):
-    """The paper config, unchanged but for the stand-ins overlay, through the same code path (subprocesses,
-    irds:msmarco-passage/train with the triples-small BM25 negatives, dev/small and TREC DL 2019)."""
-    stand = _paper_stand_ins(tmp_path / "stand", tiny_bert_dir)
-    dry = _run(["--scale", "paper", "--stand-ins", str(stand), "--work-dir", str(tmp_path / "work"), "--dry-run"])
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    assert "base" not in [line.split("]")[0][1:] for line in dry.stdout.splitlines() if line.startswith("[")]
-    assert f"--model {tiny_bert_dir} --corpus {stand / 'wiki.txt'}" in dry.stdout
-    assert "--negatives file:irds:msmarco-passage/train/triples-small" in dry.stdout
-    out = tmp_path / "out"
-    run = _run(["--scale", "paper", "--stand-ins", str(stand), "--work-dir", str(tmp_path / "work"), "--out", str(out)])
-    assert run.returncode == 0, run.stderr[-4000:]
-    t1 = pd.read_csv(out / "table1.csv")
-    assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
-    ok = set(t1[(t1["block"] == "fine-tuned") & (t1["status"] == "ok")]["model"])
-    assert ok == {"BM25", "BERT", "MLM", "ICT", "SEED", "CPDAE"}     # the dropped objectives read "not run"
-    assert {"MARCO Dev MRR@10", "MARCO Dev R@1000", "DL19 passage nDCG@10"} <= set(t1.columns)
-    t3 = pd.read_csv(out / "table3.csv")
-    assert list(t3["runs"]) == [1] * 3
-
-
 def test_stage_started_by_a_dead_pipeline_process_is_resumed_at_once(tmp_path):
     """A stage whose pid file names a live process is running; a dead one's is resumable right away."""
     out = tmp_path / "run"
@@ -334,108 +239,6 @@ def test_stage_started_by_a_dead_pipeline_process_is_resumed_at_once(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stage.pid_file.write_text(dead.stdout)
     assert stage.state() == "resume"            # although written to a moment ago
-
-
-# ----------------------------------------------------------------------------- --eval-set on a finished smoke run
-def _small_smoke_stand_ins(root: Path) -> Path:
-    """The smoke scale with fewer objectives and collections (same code path): mlm, cpdae and the CL-active row
-    (its selection included), MARCO sample (2 seeds for the core rows) and Cranfield."""
-    root.mkdir(parents=True)
-    keep = {"mlm", "cpdae", "cpdae_clactive"}
-    drop = {o: None for o in ("seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r", "cpdae_nocl",
-                              "cpdae_idfrec", "cpdae_clsum")}
-    assert not keep & set(drop)
-    (root / "overrides.json").write_text(json.dumps({
-        "objectives": drop, "finetune_sets": {"scifact": None},
-        "eval_sets": {"scifact_dev": None, "vaswani": None},
-        "tables": {"table3": {"models": []}, "table4": {"models": ["cpdae", "cpdae_clactive"]}}}))
-    return root
-
-
-#: ``python -c`` driver: ``experiments.paper`` with every way of training or mining replaced by a failure, so that a
-#: run that trains anything fails; prints the summary as JSON. (A fresh interpreter: ir_datasets fixes a dataset's
-#: home when it is first imported, so the pipeline's own IR_DATASETS_HOME must come before any other test's.)
-_NO_TRAINING = """
-import json, sys
-from experiments.paper import __main__ as paper, pipeline, select_tau
-from experiments.paper.stages import Runner
-def no_training(*args, **kw):
-    raise AssertionError("a stage ran during --eval-set")
-Runner._execute = no_training
-paper.mine_negatives = no_training
-pipeline.mine_negatives = no_training
-select_tau.run_selection = no_training
-print(json.dumps(paper.main(sys.argv[1:]), default=str))
-"""
-
-
-@pytest.mark.slow
-def test_eval_set_adds_a_collection_to_a_finished_run_without_training(tmp_path):
-    _need_data()
-    stand = _small_smoke_stand_ins(tmp_path / "stand")
-    work, out = tmp_path / "work", tmp_path / "out"
-    common = ["--scale", "smoke", "--stand-ins", str(stand), "--work-dir", str(work), "--out", str(out)]
-    # a new collection on an unfinished run is refused, naming what is missing
-    refused = _run([*common, "--eval-set", "extra=trec:../shared/data/vaswani"])
-    assert refused.returncode != 0 and "not finished: base" in refused.stderr, refused.stderr[-2000:]
-    done = _run([*common, "--tables", "1,2"])
-    assert done.returncode == 0, done.stderr[-4000:]
-    first = json.loads((out / "run.json").read_text())
-    assert "select:cl" in first["ran"] and "continue:cpdae_clactive" in first["ran"]
-    t1 = pd.read_csv(out / "table1.csv")
-    assert "Vaswani nDCG@10" not in t1.columns
-    sel = json.loads((out / "select_cl.json").read_text())
-    assert sel["chosen"]["setting"] in [{"temperature": 1.0}, {"temperature": 0.05, "cl_reduction": "sum"}]
-    assert all(len(c["curve"]) == 2 for c in sel["candidates"])          # one L_CL value per step (2 steps)
-
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", _NO_TRAINING, *common, "--eval-set", "extra=trec:../shared/data/vaswani"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    again = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert again["ran"] == [] and again["skipped"] == []
-    t1 = pd.read_csv(out / "table1.csv")
-    assert {"extra nDCG@10", "extra R@100"} <= set(t1.columns)
-    ok = t1[t1["status"] == "ok"]
-    assert ok["extra nDCG@10"].notna().all()
-    assert set(ok[ok["block"] == "fine-tuned"]["model"]) == {"BM25", "BERT", "MLM", "CPDAE"}
-    assert "extra nDCG@10" in pd.read_csv(out / "table2.csv").columns
-    assert (work / "indices" / "extra").is_dir()                        # evaluated from the saved checkpoints
-
-
-@pytest.mark.slow
-def test_pilot_runs_at_smoke_sizes_on_training_queries_only(tmp_path):
-    _need_data()
-    out = tmp_path / "pilot.md"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "experiments.paper.pilot", "--scale", "smoke", "--work-dir",
-                           str(tmp_path / "work"), "--out", str(out), "--lengths", "0,2", "--seeds", "1,2",
-                           "--head-steps", "2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rep = json.loads(out.with_suffix(".json").read_text())
-    md = out.read_text()
-    assert "## 1. Is the frozen head warm-up needed?" in md and "## 2. Continuation length" in md
-    assert len(rep["head"]) == 4 and all(v is not None for v in rep["head"].values())
-    assert [len(c["per_seed"]) for c in rep["continuation"].values()] == [2, 2]
-    # length 2 is the smoke protocol's own continuation: the pilot ran the protocol's stage, not a copy of it
-    assert (tmp_path / "work" / "pretrain" / "cpdae" / "run_config.json").exists()
-    assert not (tmp_path / "work" / "pilot" / "cpdae_L2").exists()
-    # the pilot's queries are the training split's only: pilot_dev and pilot_train partition it
-    split = json.loads((tmp_path / "work" / "pilot" / "split.json").read_text())
-    train = set(map(str, json.loads((REPO / "experiments/configs/msmarco_sample_split.json").read_text())["train"]))
-    assert set(split["pilot_dev"]) | set(split["pilot_train"]) == train
-    assert not set(split["pilot_dev"]) & set(split["pilot_train"])
-    # a pilot of another objective reuses the base's fine-tunings (length 0 does not depend on the objective)
-    proc = subprocess.run([sys.executable, "-m", "experiments.paper.pilot", "--scale", "smoke", "--work-dir",
-                           str(tmp_path / "work"), "--out", str(tmp_path / "pilot_mlm.md"), "--objective", "mlm",
-                           "--lengths", "0,3", "--seeds", "1,2", "--head-steps", "2"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    mlm = json.loads((tmp_path / "pilot_mlm.json").read_text())
-    assert mlm["continuation"]["0"] == rep["continuation"]["0"]
-    assert not (tmp_path / "work" / "pilot" / "finetune" / "mlm_L0_s1").exists()
-    assert (tmp_path / "work" / "pilot" / "finetune" / "mlm_L3_s1" / "training_args.json").exists()
-    assert len(mlm["continuation"]["3"]["per_seed"]) == 2
 
 
 def test_pilot_report_of_a_pilot_cut_short_keeps_its_finished_parts():
