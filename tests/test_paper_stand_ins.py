@@ -47,6 +47,9 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
                               "cpdae_clsum")}
     assert not keep & set(drop)
     overrides = {
+        # stages in-process, as the smoke scale runs them (same argument parsing and code, without a ~7 s interpreter
+        # start-up per stage); the subprocess runner is tested by test_paper_parallel_stages.py and test_gpu_bundle.py
+        "runner": "inprocess",
         "corpus": str(corpus),
         "pretrain": {"base_model": tiny_bert_dir,
                      "continue": {"max_docs": 20, "max_length": 64, "batch_size": 4, "epochs": None, "max_steps": 2,
@@ -68,8 +71,9 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
 
 @pytest.mark.slow
 def test_paper_config_runs_with_tiny_stand_ins(tmp_path, tiny_bert_dir):
-    """The paper config, unchanged but for the stand-ins overlay, through the same code path (subprocesses,
-    irds:msmarco-passage/train with the triples-small BM25 negatives, dev/small and TREC DL 2019)."""
+    """The paper config, unchanged but for the stand-ins overlay, through the same code path (its stage commands,
+    irds:msmarco-passage/train with the triples-small BM25 negatives, dev/small and TREC DL 2019; the stages run
+    in-process)."""
     stand = _paper_stand_ins(tmp_path / "stand", tiny_bert_dir)
     dry = _run(["--scale", "paper", "--stand-ins", str(stand), "--work-dir", str(tmp_path / "work"), "--dry-run"])
     assert dry.returncode == 0, dry.stderr[-3000:]
