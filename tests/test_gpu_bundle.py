@@ -27,6 +27,9 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
     stand = tmp_path / "stand"
     stand.mkdir()
     (stand / "overrides.json").write_text(json.dumps({  # fewer rows and sets: same code path, less time
+        # one stage at a time, in-process (the config's "runner"), not the device's 4 processes on this CPU's 2 cores:
+        # the subprocess runner and --jobs are tested in test_paper_parallel_stages.py
+        "jobs": 1,
         "objectives": {o: None for o in ("seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r",
                                          "cpdae_nocl", "cpdae_idfrec", "cpdae_clsum")},
         "finetune_sets": {"scifact": None}, "eval_sets": {"scifact_dev": None, "vaswani": None},
@@ -35,7 +38,7 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
     bundle = tmp_path / "bundle"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     built = subprocess.run([sys.executable, str(GPU / "build_bundle.py"), "--out", str(bundle), "--sizes", "smoke",
-                            "--stand-ins", str(stand), "--wheelhouse", "none"], capture_output=True, text=True,
+                            "--stand-ins", str(stand), "--wheelhouse", "none", "--xz-preset", "0"], capture_output=True, text=True,
                            env=env, timeout=900)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     assert sorted(p.name for p in bundle.iterdir()) == ["MANIFEST.json", "data.tar.xz", "model", "overlay.json"]

@@ -152,7 +152,7 @@ def max_docs_of(cfg: dict[str, Any]) -> int:
 
 def build(out: Path, scale: str = "gpu", sizes: Optional[str] = None, stand_ins: Optional[Path] = None,
           wheelhouse: str = "build", max_mb: float = MAX_MB, shared: Path = REPO.parent / "shared" / "data",
-          log=print) -> dict[str, Any]:
+          log=print, xz_preset: int = 6) -> dict[str, Any]:
     from experiments.paper.config import load_config, minilm_path
     from experiments.paper.pipeline import Plan, export_bm25
 
@@ -198,7 +198,7 @@ def build(out: Path, scale: str = "gpu", sizes: Optional[str] = None, stand_ins:
         manifest["bm25"] = export_bm25(Plan(cfg), out / "bm25", log=log)
     # 6. pack the data and the BM25 results (the device unpacks them next to the archive: xz shrinks the
     #    negative pools' document ids about 5x)
-    with tarfile.open(out / "data.tar.xz", "w:xz", preset=6) as tar:
+    with tarfile.open(out / "data.tar.xz", "w:xz", preset=xz_preset) as tar:
         tar.add(data, arcname="data")
         tar.add(out / "bm25", arcname="bm25")
     shutil.rmtree(data)
@@ -237,9 +237,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--wheelhouse", default="build", help="build (default), none, or an existing wheelhouse folder")
     ap.add_argument("--shared", type=Path, default=REPO.parent / "shared" / "data", help="the real data folder")
     ap.add_argument("--max-mb", type=float, default=MAX_MB, help="refuse above this many MiB (bundle + tracked tree)")
+    ap.add_argument("--xz-preset", type=int, default=6, choices=range(10), metavar="0-9",
+                    help="xz compression of data.tar.xz (default %(default)s; 0 is ~10x faster and larger: for dry runs)")
     a = ap.parse_args(argv)
     os.chdir(REPO)
-    build(a.out, a.scale, a.sizes, a.stand_ins, a.wheelhouse, a.max_mb, a.shared)
+    build(a.out, a.scale, a.sizes, a.stand_ins, a.wheelhouse, a.max_mb, a.shared, xz_preset=a.xz_preset)
 
 
 if __name__ == "__main__":
