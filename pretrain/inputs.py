@@ -235,7 +235,6 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
             payload = json.dumps(state, sort_keys=True)
             _BACKEND_FINGERPRINTS[key] = hashlib.sha256(payload.encode()).hexdigest()[:16]
         return _BACKEND_FINGERPRINTS[key]
-    else:
-        payload = json.dumps({"cls": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items()),
-                              "lower": getattr(tokenizer, "do_lower_case", None)}, sort_keys=True)
+    payload = json.dumps({"cls": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items()),
+                          "lower": getattr(tokenizer, "do_lower_case", None)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
