@@ -206,6 +206,14 @@ def test_evaluation_section_added_replaced_and_rendered(pretrained, tmp_path):
     assert rows["dl19"][:4] == ["irds:judged-pool", "43", "1000", "exact (brute force)"]
     assert rows["dl19"][4:6] == ["0.25", "0.375"] and rows["dev"][3] == "HNSW (M=32)" and rows["dev"][4] == "–"
     assert len(read_card_state(str(out))["evaluations"]) == 2
+    # the same figures again (a table made again from saved runs): the card is left as it is, its time included
+    files = {n: (out / n).read_bytes() for n in (CARD, CARD_STATE)}
+    assert add_evaluation(str(out), {"nDCG@10": 0.375, "RR@10": 0.25}, name="dl19", collection="irds:judged-pool",
+                          depth=1000, exact=True, num_queries=43, by="test")
+    assert {n: (out / n).read_bytes() for n in (CARD, CARD_STATE)} == files
+    assert add_evaluation(str(out), {"nDCG@10": 0.375, "RR@10": 0.3}, name="dl19", collection="irds:judged-pool",
+                          depth=1000, exact=True, num_queries=43, by="test")  # another figure: written
+    assert _table_rows(parse_card(out)[1], "")["dl19"][4:6] == ["0.3", "0.375"]
     # a directory the toolkit did not export (a downloaded base) is left alone
     base = tmp_path / "base"
     base.mkdir()

@@ -113,3 +113,43 @@ def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsy
     (root / "m" / SETTINGS_FILE).unlink()                                        # an index from an older version
     assert "it records no settings" in build(doc_max_length=32, query_max_length=16)
     assert "reusing the index" in build(doc_max_length=32, query_max_length=16)
+
+
+def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_works(tmp_path, monkeypatch):
+    """A re-made table reads each system's saved run: build_retrievers then loads no encoder (no tokenizer, no
+    weights), pt.Experiment's validation does not load it either, and the figures equal the first run's. Called
+    after all (its saved run deleted), the pipeline loads the encoder then and ranks exactly as the eager one."""
+    import ir_measures
+    import pandas as pd
+    import pyterrier as pt
+
+    from experiments.paper.retrievers import build_retrievers
+    from pyterrier_cpdae import load_dataset
+    from pyterrier_cpdae.encoder import CPDAE
+
+    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    model = {"m": (str(gt.get_model_path()), "cls")}
+    root = tmp_path / "i"
+    (root / "runs").mkdir(parents=True)
+    ds = load_dataset(spec)
+    topics, qrels = ds.get_topics(), ds.get_qrels()
+
+    def experiment(pipes):
+        return pt.Experiment([pipes["m"]], topics, qrels, eval_metrics=[ir_measures.nDCG@10], names=["m"],
+                             save_dir=str(root / "runs"), save_mode="reuse", verbose=False)
+
+    eager, _ = build_retrievers(model, spec, index_root=root, normalize=False, num_results=3)
+    first = experiment(eager)
+    assert (root / "runs" / "m.res.gz").is_file()
+    loads = []
+    real = CPDAE.from_pretrained.__func__
+    monkeypatch.setattr(CPDAE, "from_pretrained", classmethod(lambda cls, *a, **k: loads.append(a) or real(cls, *a, **k)))
+    lazy, _ = build_retrievers(model, spec, index_root=root, normalize=False, num_results=3)
+    assert "saved run" in repr(lazy["m"])
+    pd.testing.assert_frame_equal(experiment(lazy), first)
+    assert loads == []                                                     # neither building nor pt.Experiment loaded it
+    assert pt.inspect.transformer_outputs(lazy["m"], ["qid", "query"]) == \
+        pt.inspect.transformer_outputs(eager["m"], ["qid", "query"])
+    assert loads == []
+    pd.testing.assert_frame_equal(lazy["m"](topics), eager["m"](topics))   # called after all: loads it, same ranking
+    assert len(loads) == 1

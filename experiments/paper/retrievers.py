@@ -99,8 +99,10 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             raise ValueError(f"the system name {name!r} names no folder of its own under {index_root} (its index "
                              "would be written elsewhere); name it with letters, digits, '_', '-', '.', '='")
     for name, (path, pooling) in models.items():
-        enc = CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
-                                    doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
+        def encoder(path: str = path, pooling: str = pooling) -> Any:
+            return CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
+                                         doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
+
         index_path = Path(index_root) / name.split(" ")[0]
         index = DenseIndex(str(index_path))
         run_file = index_root / "runs" / f"{name}.res.gz"
@@ -127,9 +129,40 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             run_file.unlink(missing_ok=True)
             (index_path / SETTINGS_FILE).unlink(missing_ok=True)
             t0 = time.perf_counter()
-            (enc.doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
+            (encoder().doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
             timings[name] = round(time.perf_counter() - t0, 1)
             print(f"indexed {len(index)} docs with {name} in {timings[name]} s", flush=True)
             write_json_atomic(index_path / SETTINGS_FILE, want)
-        pipelines[name] = enc.query_encoder() >> index.retriever(num_results=num_results)
+        if run_file.is_file():  # pt.Experiment (save_mode="reuse") reads this run: no encoder needed unless it is gone
+            pipelines[name] = on_first_use(lambda encoder=encoder, index=index: encoder().query_encoder() >>
+                                           index.retriever(num_results=num_results),
+                                           index.retriever(num_results=num_results), f"{name}: saved run {run_file}")
+        else:
+            pipelines[name] = encoder().query_encoder() >> index.retriever(num_results=num_results)
     return pipelines, timings
+
+
+def on_first_use(make: Any, retriever: Any, label: str) -> Any:
+    """``query encoder >> retriever`` of a model whose run ``pt.Experiment`` has saved, made by ``make()`` on its first
+    call: ``pt.Experiment(save_mode="reuse")`` reads the saved run instead, so a finished run's tables are re-made
+    without loading every model's tokenizer and weights. Its output columns are ``retriever``'s (inspected without
+    the encoder), so ``pt.Experiment``'s validation does not load it either."""
+    import pyterrier as pt
+
+    class OnFirstUse(pt.Transformer):
+        def __init__(self) -> None:
+            super().__init__()
+            self._pipeline: Any = None
+
+        def transform_outputs(self, input_columns: list[str]) -> list[str]:
+            return pt.inspect.transformer_outputs(retriever, [*input_columns, "query_vec"])
+
+        def transform(self, inp: Any) -> Any:
+            if self._pipeline is None:
+                self._pipeline = make()
+            return self._pipeline.transform(inp)
+
+        def __repr__(self) -> str:
+            return f"OnFirstUse({label})"
+
+    return OnFirstUse()

@@ -97,7 +97,8 @@ def add_evaluation(path: str, rows: dict[str, Optional[float]], *, name: str, co
 
     Returns:
         ``False`` (and nothing written) when ``path`` holds no card written by the toolkit: the figures of a model
-        the toolkit did not export (e.g. a downloaded base) are not written into its directory.
+        the toolkit did not export (e.g. a downloaded base) are not written into its directory. When the card
+        already holds this evaluation with the same figures of the same weights, it is left as it is (``True``).
     """
     from .record import _now, weights_sha256
 
@@ -109,7 +110,10 @@ def add_evaluation(path: str, rows: dict[str, Optional[float]], *, name: str, co
              "search": search or ("exact (brute force)" if exact else "approximate"),
              "num_queries": num_queries, "metrics": {str(k): (None if v is None else float(v)) for k, v in rows.items()},
              "by": by, "notes": notes, "weights_sha256": weights, "evaluated_at": _now()}
-    keep = [e for e in state.get("evaluations", []) if e.get("weights_sha256") == weights
+    have = state.get("evaluations", [])
+    if any({**e, "evaluated_at": None} == {**entry, "evaluated_at": None} for e in have):
+        return True  # these figures of these weights are on the card already (a table made again): left as it is
+    keep = [e for e in have if e.get("weights_sha256") == weights
             and (e.get("name"), e.get("collection")) != (name, collection)]
     state["evaluations"] = keep + [entry]
     _save(path, state)
