@@ -6,14 +6,12 @@
 - its measures on a hand-built run equal hand-computed values (graded nDCG@10, RR@10 and R@1000 with label >= 2);
 - every scale's Table 1 rows have the same >= 3 fine-tuning seeds, and no significance mark is printed between rows
   of unequal seed counts;
-- the smoke-scale pipeline (a few objectives) writes Table 1 with the DL19 columns.
+- the smoke-scale pipeline writes Table 1 with the DL19 columns (test_paper_smoke.py, on the shared smoke run).
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -207,42 +205,3 @@ def test_a_missing_dl19_folder_is_a_clear_error(tmp_path):
     entry = {**load_config("cpu")["eval_sets"]["dl19"], "irds_copy_from": str(tmp_path / "absent")}
     with pytest.raises(FileNotFoundError, match=r"eval/train set dl19: irds_copy_from: .*absent"):
         set_spec("dl19", entry, tmp_path / "work")
-
-
-def _small_stand_ins(root: Path) -> Path:
-    """The smoke scale with BERT and MLM only (3 fine-tuning seeds each), the MARCO sample (fine-tuning) and DL19
-    (evaluation): the same code path as the full smoke run at a fraction of its cost."""
-    root.mkdir(parents=True)
-    drop = {o: None for o in ("cpdae", "seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r", "cpdae_nocl",
-                              "cpdae_idfrec", "cpdae_clsum", "cpdae_clactive")}
-    (root / "overrides.json").write_text(json.dumps({
-        "objectives": drop, "finetune_sets": {"scifact": None},
-        "eval_sets": {"marco_eval": None, "scifact_dev": None, "vaswani": None, "cranfield": None},
-        "tables": {"table3": {"models": []}, "table4": {"models": []}}}))
-    return root
-
-
-@pytest.mark.slow
-def test_smoke_pipeline_writes_table1_with_the_dl19_column(tmp_path):
-    _need("msmarco-dl19-judged", "msmarco-dev-sample", "enwiki-sample")
-    stand = _small_stand_ins(tmp_path / "stand")
-    work, out = tmp_path / "work", tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "experiments.paper", "--scale", "smoke", "--stand-ins", str(stand),
-                           "--work-dir", str(work), "--out", str(out), "--tables", "1"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    t1 = pd.read_csv(out / "table1.csv")
-    cols = ["DL19 nDCG@10", "DL19 MRR@10 (rel>=2)", "DL19 R@1000 (rel>=2)"]
-    ok = t1[t1["status"] == "ok"]
-    assert set(ok[ok["block"] == "fine-tuned"]["model"]) == {"BM25", "BERT", "MLM"}
-    assert set(ok[ok["block"] == "zero-shot"]["model"]) == {"BM25", "BERT", "MLM"}
-    assert ok[cols].notna().all().all() and ((ok[cols] >= 0) & (ok[cols] <= 1)).all().all()
-    ft = ok[ok["block"] == "fine-tuned"].set_index("model")
-    assert (ft.loc[["BERT", "MLM"], "DL19 nDCG@10 seeds"] == 3).all()
-    md = (out / "table1.md").read_text()
-    assert "judged pool" in md and "(rel>=2)" in md and "unequal seed counts" in md
-    exps = pd.read_csv(out / "experiments.csv")
-    dl = exps[(exps["eval_set"] == "dl19") & (exps["block"] == "fine-tuned")]
-    assert dl["nDCG@10 p-value vs bert"].notna().any()                  # significance against the BERT row
-    assert json.loads((work / "data" / "dl19" / "materialised.json").read_text())["num_queries"] == 2

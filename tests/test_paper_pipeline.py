@@ -1,8 +1,7 @@
-"""The paper pipeline (``python -m experiments.paper``): configs, stage logic and the smoke scale end to end.
+"""The paper pipeline (``python -m experiments.paper``): configs, stage logic, dry runs and resumption.
 
-The end-to-end tests run the smoke scale (every stage, every objective, tiny sizes) and check the
-*shape* of every table (rows, columns, files), not the numbers, and that a second run re-runs no
-stage. They skip when ``../shared/data`` is absent.
+The smoke scale end to end (every stage, every objective, tiny sizes; a second run re-runs no stage) is in
+test_paper_smoke.py, which runs it once for all the tests that read a finished run.
 """
 from __future__ import annotations
 
@@ -11,13 +10,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from _paper_run import TABLE1_COLS, TABLE1_ROWS  # noqa: E402
-from _paper_run import need_data as _need_data  # noqa: E402
 from _paper_run import run_paper as _run  # noqa: E402
 
 from experiments.paper.config import deep_merge, load_config  # noqa: E402
@@ -152,70 +148,6 @@ def test_stage_state_done_resume_conflict(tmp_path):
 
 
 # ----------------------------------------------------------------------------- end to end
-def _check_tables(out: Path) -> None:
-    t1 = pd.read_csv(out / "table1.csv")
-    assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
-    assert list(t1[t1["block"] == "fine-tuned"]["model"]) == TABLE1_ROWS
-    assert all(c in t1.columns for c in TABLE1_COLS)
-    # MARCO in both blocks; SciFact, Vaswani, Cranfield zero-shot only ("blocks": ["zero-shot"])
-    zs, ftb = t1[t1["block"] == "zero-shot"], t1[t1["block"] == "fine-tuned"]
-    assert zs[TABLE1_COLS].notna().all().all() and ftb[TABLE1_COLS[:3]].notna().all().all()
-    assert ftb[TABLE1_COLS[3:]].isna().all().all()
-    assert (t1["status"] == "ok").all(), t1[["block", "model", "status"]]
-    md = (out / "table1.md").read_text()
-    assert "Command: `python -m experiments.paper" in md and "CPU cores" in md and "## Stages" in md
-    t2 = pd.read_csv(out / "table2.csv")
-    assert len(t2) == 10 and (t2["status"] == "ok").all()
-    assert "CPDAE, CL active (selected τ)" in set(t2["model"])
-    # rows over fine-tuning seeds: every fine-tuned MARCO and DL19 cell is a mean ± std over 3 seeds (issue 36)
-    ft = t1[t1["block"] == "fine-tuned"].set_index("model").drop("BM25")
-    assert (ft["MARCO MRR@10 seeds"] == 3).all() and (ft["DL19 nDCG@10 seeds"] == 3).all()
-    assert t1[["DL19 nDCG@10", "DL19 MRR@10 (rel>=2)", "DL19 R@1000 (rel>=2)"]].notna().all().all()
-    md1 = (out / "table1.md").read_text()
-    rows = [line for line in md1.splitlines() if line.startswith("|")]  # (the notes explain the "(1 seed)" mark)
-    assert " ± " in md1 and not any("(1 seed)" in line for line in rows) and "ttest_rel" in md1
-    assert "CL active" in (out / "table2.md").read_text() and "select_cl.md" in (out / "table2.md").read_text()
-    t3 = pd.read_csv(out / "table3.csv")
-    assert list(t3.columns) == ["Model", "training queries", "runs", "R@100 mean", "R@100 std", "R@100 min",
-                                "R@100 max", "RR@10 mean", "RR@10 std", "nDCG@10 mean", "nDCG@10 std"]
-    assert list(t3["Model"]) == ["BERT", "BERT", "SEED", "SEED", "CPDAE", "CPDAE"] and (t3["runs"] == 2).all()
-    exps = pd.read_csv(out / "experiments.csv")
-    assert {"R@100 p-value", "eval_set", "block", "baseline"} <= set(exps.columns)
-    stages = pd.read_csv(out / "stages.csv")
-    assert (stages["status"] == "done").all()
-    seqs = stages.set_index("stage")["encoder sequences"]
-    assert seqs["continue:cpdae"] == 2 * seqs["continue:mlm"] > 0   # two masked views per text
-    for name in ("table4", "coverage"):
-        assert (out / f"{name}.md").exists() or (out / name).is_dir()
-
-
-@pytest.mark.slow
-def test_smoke_scale_end_to_end_then_reuses_everything(tmp_path):
-    _need_data()
-    work, out = tmp_path / "work", tmp_path / "out"
-    first = _run(["--scale", "smoke", "--work-dir", str(work), "--out", str(out)])
-    assert first.returncode == 0, first.stderr[-4000:]
-    _check_tables(out)
-    summary = json.loads((out / "run.json").read_text())
-    assert "continue:cpdae" in summary["ran"] and "finetune:marco:cpdae:s1" in summary["ran"]  # core rows: seeded
-    second = _run(["--scale", "smoke", "--work-dir", str(work), "--out", str(out)])
-    assert second.returncode == 0, second.stderr[-4000:]
-    again = json.loads((out / "run.json").read_text())
-    assert again["ran"] == [] and again["skipped"] == []
-    assert "indexed" not in second.stdout                # every index and run reused
-    assert again["stage_seconds"] < 120                  # only the plan's state checks
-    _check_tables(out)
-
-    # the gpu protocol at smoke sizes: the very same stage commands (the gpu scale only changes sizes), so in
-    # the same work directory it re-runs nothing and writes its own tables
-    gpu_out = tmp_path / "gpu_out"
-    gpu = _run(["--scale", "gpu", "--sizes", "smoke", "--work-dir", str(work), "--out", str(gpu_out)])
-    assert gpu.returncode == 0, gpu.stderr[-4000:]
-    assert json.loads((gpu_out / "run.json").read_text())["ran"] == []
-    assert "Scale: `gpu` with the sizes of `smoke`" in (gpu_out / "table1.md").read_text()
-    _check_tables(gpu_out)
-
-
 def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
     work = tmp_path / "work"
     run = _run(["--scale", "cpu", "--work-dir", str(work), "--dry-run"], timeout=300)
