@@ -30,7 +30,10 @@ PRELOAD = ["numpy", "pandas", "torch", "transformers", "transformers.modeling_ut
 _SERVER = r"""
 import importlib, json, os, sys
 for name in json.loads(sys.argv[1]):
-    importlib.import_module(name)
+    try:
+        importlib.import_module(name)
+    except ImportError:  # not installed here: the scripts import it themselves (or fail as under python FILE)
+        pass
 import threading
 assert threading.active_count() == 1, "a preloaded library started a thread: forking would be unsafe"
 proto_in, proto_out = sys.stdin, os.fdopen(int(sys.argv[2]), "w", buffering=1)
