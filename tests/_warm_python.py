@@ -24,8 +24,8 @@ import threading
 from typing import Optional
 
 #: imported by the server before it forks: third-party libraries only (see the module docstring)
-PRELOAD = ["numpy", "pandas", "torch", "transformers", "transformers.modeling_utils",
-           "transformers.models.bert.modeling_bert", "tokenizers", "matplotlib", "matplotlib.pyplot"]
+PRELOAD = ["numpy", "pandas", "torch", "transformers.modeling_utils", "transformers.models.bert.modeling_bert",
+           "tokenizers", "matplotlib.pyplot"]
 
 _SERVER = r"""
 import importlib, json, os, sys

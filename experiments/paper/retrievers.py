@@ -133,12 +133,12 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             timings[name] = round(time.perf_counter() - t0, 1)
             print(f"indexed {len(index)} docs with {name} in {timings[name]} s", flush=True)
             write_json_atomic(index_path / SETTINGS_FILE, want)
+        retriever = index.retriever(num_results=num_results)
         if run_file.is_file():  # pt.Experiment (save_mode="reuse") reads this run: no encoder needed unless it is gone
-            pipelines[name] = on_first_use(lambda encoder=encoder, index=index: encoder().query_encoder() >>
-                                           index.retriever(num_results=num_results),
-                                           index.retriever(num_results=num_results), f"{name}: saved run {run_file}")
+            pipelines[name] = on_first_use(lambda encoder=encoder, retriever=retriever: encoder().query_encoder() >>
+                                           retriever, retriever, f"{name}: saved run {run_file}")
         else:
-            pipelines[name] = encoder().query_encoder() >> index.retriever(num_results=num_results)
+            pipelines[name] = encoder().query_encoder() >> retriever
     return pipelines, timings
 
 
