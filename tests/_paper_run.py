@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -27,5 +27,5 @@ def need_data() -> None:
 
 def run_paper(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-m", "experiments.paper", *args], cwd=REPO, env=env,
+    return subprocess.run([warm_python(), "-m", "experiments.paper", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -1,25 +1,41 @@
-"""``python SCRIPT`` in a fresh process that starts with the third-party libraries already imported.
+"""A ``python`` that starts with torch and transformers already imported: for the tests' many short interpreters.
 
-A test that runs many short Python scripts (the runnable documentation blocks) pays about 8 CPU-seconds per script
-for importing torch and transformers. :class:`WarmPython` imports them once, in a server process that does nothing
-else, and runs each script in a fork of it: a new process (its own pid, memory, working directory, output files and
-exit status) in which ``import torch`` costs nothing. Only third-party libraries are imported beforehand (numpy,
-pandas, torch, transformers' modelling code, tokenizers, matplotlib's Agg backend): this project's own packages are
-imported by the script itself, in its own order, exactly as in ``python SCRIPT``. Libraries that read environment
-variables when imported see the server's environment, so a server serves only scripts run with the environment it
-was started with (:meth:`WarmPython.run` refuses another one).
+Most of this suite's CPU time is spent in the Python processes its tests start (``python -m pretrain ...``,
+``python -m experiments.paper ...``, the documentation's blocks), and about 8 CPU-seconds of each go to importing
+torch and transformers. :func:`warm_python` returns the path of an executable, ``python``, that behaves as the real
+interpreter does for ``python -m MODULE ARGS``, ``python -c CODE ARGS`` and ``python FILE ARGS``, but runs the
+program in a fork of a server that imported the third-party libraries once (:data:`PRELOAD`: numpy, pandas, torch,
+transformers' modelling code, tokenizers, matplotlib). The program still gets a process of its own: its own pid,
+process group, memory, working directory, environment, umask, standard input/output/error (the caller's own file
+descriptors, passed over a Unix socket), exit status, and the same ``sys.argv``, ``sys.path[0]`` and ``__main__`` as
+under the real interpreter. This project's own packages are not imported beforehand: the program imports them
+itself, in its own order.
 
-The protocol (one request at a time, one JSON line each way): the client writes ``{"script", "cwd", "out",
-"err", "env"}`` (the script's environment: the server's, up to :data:`VOLATILE`); the server forks, answers ``{"pid"}`` at once (so that a client can kill a script that overruns) and
-``{"status"}`` when the script has ended (the exit status, or ``-signal`` when it was killed).
+What the launcher forwards and what it does not:
+
+- Signals sent to the launcher (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) are sent on to the program; when
+  the launcher dies (even by SIGKILL), the program's process group is killed. The exit status is the program's
+  (``-N`` when signal N ended it: the launcher then ends by the same signal).
+- A launcher whose environment differs from the server's in a variable the preloaded libraries read while they were
+  imported, or in ``PYTHON*`` (but ``PYTHONPATH``, whose entries the program's ``sys.path`` gets, and
+  ``PYTHONUNBUFFERED``), or whose arguments use interpreter options (``-u``, ``-X``, ...) runs the real
+  interpreter instead (``exec``): a cold start, the same behaviour. Variables nothing read at import (a test's own
+  ``IR_DATASETS_HOME``, ``PYTEST_CURRENT_TEST``, the ``PATH`` that puts this launcher first) may differ.
+- The launcher's pid is not the program's (``Popen.pid`` is the launcher's), and the program's parent is the server.
+  Tests that check a process's pid, its import behaviour in a fresh interpreter, or that kill it at a chosen moment
+  use the real ``sys.executable``.
+
+``WARM_PYTHON_DEBUG=1`` makes the launcher say why it starts a cold interpreter. ``CPDAE_TESTS_COLD_PYTHON=1`` makes :func:`warm_python` return ``sys.executable`` (every process a cold start).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
-import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import Optional
 
@@ -27,101 +43,278 @@ from typing import Optional
 PRELOAD = ["numpy", "pandas", "torch", "transformers.modeling_utils", "transformers.models.bert.modeling_bert",
            "tokenizers", "matplotlib.pyplot"]
 
+#: may differ between the server's environment and a program's although read when the libraries were imported
+#: (some libraries copy the whole environment at import, which reads every variable)
+MAY_DIFFER = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "COLUMNS", "LINES"}
+
+#: ``CPDAE_TESTS_COLD_PYTHON=1``: :func:`warm_python` is the real interpreter
+COLD = bool(os.environ.get("CPDAE_TESTS_COLD_PYTHON"))
+
 _SERVER = r"""
-import importlib, json, os, sys
-for name in json.loads(sys.argv[1]):
+import importlib, json, os, select, signal, socket, sys
+sock_path, preload = sys.argv[1], json.loads(sys.argv[2])
+env_class, read = type(os.environ), set()
+server_env = dict(os.environ)  # as started: what a program's environment is compared with
+_getitem = env_class.__getitem__
+def _recording_getitem(self, key):
+    read.add(key)
+    return _getitem(self, key)
+env_class.__getitem__ = _recording_getitem
+for name in preload:
     try:
         importlib.import_module(name)
-    except ImportError:  # not installed here: the scripts import it themselves (or fail as under python FILE)
+    except ImportError:  # not installed here: the programs import it themselves (or fail as under python)
         pass
-import threading
+env_class.__getitem__ = _getitem
+import atexit, io, runpy, threading, types
 assert threading.active_count() == 1, "a preloaded library started a thread: forking would be unsafe"
-proto_in, proto_out = sys.stdin, os.fdopen(int(sys.argv[2]), "w", buffering=1)
-proto_out.write(json.dumps({"ready": True}) + "\n")
-for line in proto_in:
-    req = json.loads(line)
-    sys.stdout.flush(); sys.stderr.flush()
+may_differ = set(json.loads(sys.argv[3]))
+#: what the imports themselves set (e.g. torch's TORCHINDUCTOR_CACHE_DIR): set again in each program, as they would be
+set_by_imports = {k: v for k, v in os.environ.items() if server_env.get(k) != v}
+must_match = {k for k in read if k not in may_differ}
+
+
+def incompatible(env):
+    for key in set(env) | set(server_env):
+        if key in set_by_imports and env.get(key) in (server_env.get(key), set_by_imports[key]):
+            continue  # a caller that imported torch itself has torch's own setting
+        if (key in must_match or (key.startswith("PYTHON") and key not in ("PYTHON", "PYTHONPATH", "PYTHONUNBUFFERED"))) \
+                and env.get(key) != server_env.get(key):
+            return key
+    return None
+
+
+def _pythonpath(env):
+    return [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+#: sys.path after [0] without the server's PYTHONPATH entries: a program's PYTHONPATH entries go before it
+site_path = list(sys.path[1:])
+for _entry in _pythonpath(server_env):
+    if _entry in site_path:
+        site_path.remove(_entry)
+
+
+def run_program(req):
+    # the caller's stdin/stdout/stderr are fds 0-2 already; the rest of the process is made the caller's
+    os.setpgid(0, 0)
+    os.umask(req["umask"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.environ.update(set_by_imports)
+    os.chdir(req["cwd"])
+    sys.path[1:] = _pythonpath(req["env"]) + site_path
+    unbuffered = bool(req["env"].get("PYTHONUNBUFFERED"))
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=os.isatty(1), write_through=unbuffered)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace",
+                                  write_through=unbuffered)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    try:
+        import numpy
+        numpy.random.seed(None)  # as a fresh interpreter's: not the server's state
+    except ImportError:
+        pass
+    argv, code = req["argv"], 1
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""
+            main = types.ModuleType("__main__")
+            main.__dict__["__builtins__"] = __builtins__
+            sys.modules["__main__"] = main
+            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        code = -signal.SIGINT
+    except BaseException:
+        kind, err, tb = sys.exc_info()
+        while tb is not None and (tb.tb_frame.f_code is run_program.__code__
+                                  or "runpy" in tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next  # the traceback starts in the program, as under python FILE / -c
+        sys.excepthook(kind, err.with_traceback(tb), tb)
+        code = 1
+    try:
+        threading._shutdown()  # non-daemon threads are joined before atexit, as at interpreter exit
+    except Exception:
+        pass
+    atexit._run_exitfuncs()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
+def supervise(conn):
+    # one program: receive the request and the caller's fds 0-2, fork the program, forward signals, report its end
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 16)
+        if not more:
+            os._exit(1)
+        data += more
+    req = json.loads(data)
+    key = incompatible(req["env"])
+    if key is not None:
+        conn.sendall((json.dumps({"cold": f"{key} differs from the server's"}) + "\n").encode())
+        os._exit(0)
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
-            import atexit, runpy, traceback
-            proto_out.close()
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            for fd, path in ((1, req["out"]), (2, req["err"])):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-            os.environ.clear()
-            os.environ.update(req["env"])
-            os.chdir(req["cwd"])
-            script = os.path.abspath(req["script"])
-            sys.argv = [req["script"]]
-            sys.path[0] = os.path.dirname(script)
+        conn.close()
+        for fd_to, fd_from in enumerate(fds):
+            os.dup2(fd_from, fd_to)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        run_program(req)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    pidfd, pending = os.pidfd_open(pid), b""
+    while True:
+        ready, _, _ = select.select([conn, pidfd], [], [])
+        if pidfd in ready:
+            _, status = os.waitpid(pid, 0)
             try:
-                runpy.run_path(script, run_name="__main__")
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                if not isinstance(e.code, (int, type(None))):
-                    print(e.code, file=sys.stderr)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            atexit._run_exitfuncs()
-            sys.stdout.flush(); sys.stderr.flush()
-        finally:
-            os._exit(code)
-    proto_out.write(json.dumps({"pid": pid}) + "\n")
-    _, status = os.waitpid(pid, 0)
-    proto_out.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+                conn.sendall((json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+            except OSError:
+                pass
+            os._exit(0)
+        chunk = conn.recv(4096)
+        if not chunk:  # the launcher died: so does the program (and what it started in its group)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            os.waitpid(pid, 0)
+            os._exit(0)
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            try:
+                os.kill(pid, json.loads(line)["signal"])
+            except ProcessLookupError:
+                pass
+
+
+def reap(signum, frame):
+    # supervisors are waited for, so that their and their programs' CPU time is counted in the server's children
+    # (and so in the test process's, as for a real interpreter it starts)
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+signal.signal(signal.SIGCHLD, reap)
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(sock_path)
+server.listen(64)
+sys.stdout.write(json.dumps({"ready": True}) + "\n")
+sys.stdout.flush()
+while True:
+    ready, _, _ = select.select([server, sys.stdin], [], [])
+    if sys.stdin in ready and not sys.stdin.readline():
+        break  # the test process closed our stdin: it is done
+    if server in ready:
+        conn, _ = server.accept()
+        if os.fork() == 0:
+            server.close()
+            supervise(conn)
+        conn.close()
+"""
+
+#: the launcher: the real interpreter without site-packages (a few milliseconds); ``{real}``/``{sock}`` filled in
+_LAUNCHER = r"""#!{real} -S
+import json, os, signal, socket, sys
+REAL, SOCK = {real!r}, {sock!r}
+args = sys.argv[1:]
+
+
+def cold():
+    os.execv(REAL, [REAL, *args])
+
+
+if not args or (args[0].startswith("-") and args[0] not in ("-m", "-c")) or (args[0] in ("-m", "-c") and len(args) < 2):
+    cold()
+try:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(SOCK)
+except OSError:
+    cold()
+umask = os.umask(0)
+os.umask(umask)
+req = json.dumps({{"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}}) + "\n"
+socket.send_fds(conn, [req.encode()], [0, 1, 2])
+answers = conn.makefile("r")
+first = json.loads(answers.readline() or '{{"cold": "no answer"}}')
+if "cold" in first:
+    conn.close()
+    if os.environ.get("WARM_PYTHON_DEBUG"):
+        print("warm python: a cold start:", first["cold"], file=sys.stderr)
+    cold()
+
+
+def forward(signum, frame):
+    try:
+        conn.sendall((json.dumps({{"signal": signum}}) + "\n").encode())
+    except OSError:
+        pass
+
+
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, forward)
+line = answers.readline()
+status = json.loads(line)["status"] if line else 1
+if status < 0:
+    signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+sys.exit(status)
 """
 
 
-class WarmPython:
-    """A server process with :data:`PRELOAD` imported, started with ``env``; :meth:`run` runs one script in a fork."""
+class WarmServer:
+    """The server (started with ``env``) and its launcher, :attr:`python`; :meth:`close` ends the server."""
 
     def __init__(self, env: dict[str, str]):
+        self.dir = tempfile.mkdtemp(prefix="warm-python-")
+        sock = os.path.join(self.dir, "server.sock")
         self.env = dict(env)
-        read, write = os.pipe()
-        self._proc = subprocess.Popen([sys.executable, "-c", _SERVER, json.dumps(PRELOAD), str(write)],
-                                      env=self.env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, pass_fds=(write,), text=True)
-        os.close(write)
-        self._answers = os.fdopen(read, "r")
-        self._lock = threading.Lock()
-        if not self._answer().get("ready"):
-            raise RuntimeError("the warm Python server did not start")
-
-    def _answer(self) -> dict:
-        line = self._answers.readline()
-        if not line:
-            raise RuntimeError(f"the warm Python server ended (exit status {self._proc.poll()})")
-        return json.loads(line)
-
-    def run(self, script: str, *, cwd: str, env: dict[str, str], out: str, err: str,
-            timeout: Optional[float] = None) -> int:
-        """Runs ``python script`` in ``cwd`` with stdout/stderr written to the files ``out``/``err``; returns its exit
-        status (``-N`` when signal N ended it). Raises ``subprocess.TimeoutExpired`` (the script killed) after
-        ``timeout`` seconds, and ``ValueError`` when ``env`` is not the server's."""
-        if _stable(env) != _stable(self.env):
-            raise ValueError("this warm Python server was started with another environment")
-        with self._lock:
-            self._proc.stdin.write(json.dumps({"script": script, "cwd": cwd, "out": out, "err": err,
-                                               "env": dict(env)}) + "\n")
-            self._proc.stdin.flush()
-            pid = self._answer()["pid"]
-            killed = threading.Event()
-            timer = threading.Timer(timeout, lambda: (killed.set(), _kill(pid))) if timeout is not None else None
-            if timer is not None:
-                timer.start()
-            try:
-                status = self._answer()["status"]
-            finally:
-                if timer is not None:
-                    timer.cancel()
-            if killed.is_set():
-                raise subprocess.TimeoutExpired([sys.executable, script], timeout)
-            return status
+        self._proc = subprocess.Popen([sys.executable, "-c", _SERVER, sock, json.dumps(PRELOAD),
+                                       json.dumps(sorted(MAY_DIFFER))], env=self.env, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self._proc.stdout.readline()
+        if not line or not json.loads(line).get("ready"):
+            raise RuntimeError(f"the warm Python server did not start (exit status {self._proc.poll()})")
+        self.bin = os.path.join(self.dir, "bin")
+        os.mkdir(self.bin)
+        #: the launcher: use it as ``sys.executable`` would be used
+        self.python = os.path.join(self.bin, "python")
+        with open(self.python, "w") as f:
+            f.write(_LAUNCHER.format(real=sys.executable, sock=sock))
+        os.chmod(self.python, os.stat(self.python).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        os.symlink("python", os.path.join(self.bin, "python3"))
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -130,19 +323,36 @@ class WarmPython:
                 self._proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
-        self._answers.close()
+                self._proc.wait()
 
 
-#: set by pytest for each test: not read by any library at import, so it may differ from the server's
-VOLATILE = {"PYTEST_CURRENT_TEST"}
+_SERVER_OF_PROCESS: Optional[WarmServer] = None
+_LOCK = threading.Lock()
+#: the environment the server is started with: this process's at import (before any test changed it)
+_START_ENV = dict(os.environ)
 
 
-def _stable(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in VOLATILE}
+def warm_server() -> Optional[WarmServer]:
+    """This process's server (started on first use), or ``None`` with ``CPDAE_TESTS_COLD_PYTHON``."""
+    global _SERVER_OF_PROCESS
+    if COLD:
+        return None
+    with _LOCK:
+        if _SERVER_OF_PROCESS is None:
+            _SERVER_OF_PROCESS = WarmServer(_START_ENV)
+            atexit.register(_SERVER_OF_PROCESS.close)
+        return _SERVER_OF_PROCESS
 
 
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def warm_python() -> str:
+    """The launcher's path (``sys.executable`` with ``CPDAE_TESTS_COLD_PYTHON``): ``[warm_python(), "-m", ...]``."""
+    server = warm_server()
+    return sys.executable if server is None else server.python
+
+
+def warm_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the launcher's directory first on ``PATH``: ``python`` in a shell script is the launcher."""
+    server = warm_server()
+    if server is None:
+        return dict(env)
+    return {**env, "PATH": server.bin + os.pathsep + env.get("PATH", "")}

@@ -14,6 +14,7 @@ import pytest
 from pretrain import cli
 from pretrain.config import PretrainConfig
 from pretrain.logging_utils import read_metrics
+from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -263,9 +264,9 @@ def test_killed_run_resumes_with_identical_losses(tmp_path, tiny_bert_dir, tiny_
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     common = dict(max_steps=24, save_steps=4, logging_steps=2, save_total_limit=10)
-    ref_cmd = [sys.executable, "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, tmp_path / "ref", cache,
+    ref_cmd = [warm_python(), "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, tmp_path / "ref", cache,
                                                              **common)]
-    kill_cmd = [sys.executable, "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, tmp_path / "killed", cache,
+    kill_cmd = [warm_python(), "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, tmp_path / "killed", cache,
                                                               **common)]
     ref = subprocess.Popen(ref_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     victim = subprocess.Popen(kill_cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -10,7 +10,6 @@ import os
 import pickle
 import re
 import subprocess
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -23,6 +22,7 @@ from pretrain.corpus import (TokenCache, block_lengths, fast_backend, idf_weight
                              split_sentences, token_dtype, tokenizer_fingerprint)
 from pretrain.corpus import encode_batch as encode_corpus_batch
 from pretrain.readers import iter_texts, iter_wiki_documents, resolve_spec
+from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -526,7 +526,7 @@ def test_concurrent_processes_build_once(jsonl, minilm_path, tmp_path):
         print(len(c), sum(len(c[i]) for i in range(len(c))), c.path)
     """)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    procs = [subprocess.Popen([warm_python(), "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**env, "LOCAL_RANK": str(r)}) for r in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]

@@ -4,9 +4,10 @@ every relative link (file and #anchor) resolves.
 The convention (docs/development.md, "Runnable documentation"): a fenced block whose info string is
 ``python runnable`` or ``bash runnable`` (optionally followed by ``needs-shared-data``) is run.  The
 blocks of one page run in order, each in a fresh process (``python FILE`` or ``bash -euo pipefail FILE``;
-a ``python`` block's process is a fork of a warm interpreter that imported the third-party libraries, torch and
-transformers among them, once: ``tests/_warm_python.py``, about 8 CPU-seconds less per block, the project's own
-packages still imported by the block; ``DOCS_EXAMPLES_COLD=1`` runs a plain ``python FILE``),
+``python`` in both is ``tests/_warm_python.py``'s launcher: a process of its own forked from an interpreter that
+imported the third-party libraries, torch and transformers among them, once, about 8 CPU-seconds less per
+``python``, the project's own packages still imported by the program; ``CPDAE_TESTS_COLD_PYTHON=1`` runs the real
+interpreter),
 all in the same new temporary working directory, so a block can use the files an earlier block of its
 page wrote (a model, an index).  ``PYTHONPATH`` holds the repository root; ``../shared`` (the real data
 beside the project) and ``experiments/configs`` are linked into place, so paths written relative to the
@@ -17,19 +18,18 @@ other block may depend on it).  Pages run two at a time (``DOCS_EXAMPLES_WORKERS
 """
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
 
 import pytest
+
+from _warm_python import warm_path, warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -137,13 +137,10 @@ def run_blocks(blocks: list[Block], root: Path) -> list[Block]:
             continue
         script = scripts / f"line{b.line}.{'py' if b.lang == 'python' else 'sh'}"
         script.write_text(b.code, encoding="utf-8")
-        cmd = [sys.executable, str(script)] if b.lang == "python" else ["bash", "-euo", "pipefail", str(script)]
+        cmd = [warm_python(), str(script)] if b.lang == "python" else ["bash", "-euo", "pipefail", str(script)]
         try:
-            warm = _warm_python(env) if b.lang == "python" else None
-            if warm is not None:  # the same `python FILE`, in a fork of a process that imported torch & co. once
-                out = _run_warm(warm, cmd, script, work, env)
-            else:
-                out = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+            out = subprocess.run(cmd, cwd=work, env=warm_path(env), capture_output=True, text=True,
+                                 timeout=BLOCK_TIMEOUT_S)
         except subprocess.TimeoutExpired as e:
             pytest.fail(f"{b.where}: the {b.lang} block did not finish within {BLOCK_TIMEOUT_S} s\n"
                         f"{_text(e.stdout)[-3000:]}\n{_text(e.stderr)[-3000:]}", pytrace=False)
@@ -152,45 +149,6 @@ def run_blocks(blocks: list[Block], root: Path) -> list[Block]:
                         f"--- code ---\n{b.code}--- stdout (tail) ---\n{out.stdout[-3000:]}\n"
                         f"--- stderr (tail) ---\n{out.stderr[-5000:]}", pytrace=False)
     return skipped
-
-
-#: ``python`` blocks run in forks of warm interpreters (tests/_warm_python.py), one per thread that runs pages;
-#: ``DOCS_EXAMPLES_COLD=1`` runs each as a plain ``python FILE`` instead
-COLD = bool(os.environ.get("DOCS_EXAMPLES_COLD"))
-_WARM: dict[int, Any] = {}
-_WARM_LOCK = threading.Lock()
-
-
-def _warm_python(env: dict) -> Optional[Any]:
-    """This thread's warm interpreter (started on first use), or ``None`` with ``DOCS_EXAMPLES_COLD``."""
-    if COLD:
-        return None
-    from _warm_python import WarmPython
-
-    with _WARM_LOCK:
-        key = threading.get_ident()
-        if key not in _WARM:
-            _WARM[key] = WarmPython(env)
-        return _WARM[key]
-
-
-def _close_warm() -> None:
-    with _WARM_LOCK:
-        while _WARM:
-            _WARM.popitem()[1].close()
-
-
-atexit.register(_close_warm)
-
-
-def _run_warm(warm: Any, cmd: list[str], script: Path, work: Path, env: dict) -> subprocess.CompletedProcess:
-    out, err = script.with_suffix(".stdout"), script.with_suffix(".stderr")
-    try:
-        status = warm.run(str(script), cwd=str(work), env=env, out=str(out), err=str(err), timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        raise subprocess.TimeoutExpired(cmd, e.timeout, output=out.read_text(errors="replace"),
-                                        stderr=err.read_text(errors="replace")) from None
-    return subprocess.CompletedProcess(cmd, status, out.read_text(errors="replace"), err.read_text(errors="replace"))
 
 
 # --------------------------------------------------------------------------------------------- the examples
@@ -242,7 +200,6 @@ def page_runs(request, tmp_path_factory):
         pool = ThreadPoolExecutor(max_workers=1)
         yield _LazyRuns(pool, root_of)
         pool.shutdown(wait=True, cancel_futures=True)
-        _close_warm()
         return
     selected = [item.callspec.params["page"] for item in request.session.items
                 if getattr(item, "originalname", None) == "test_runnable_blocks_of_page"]
@@ -250,7 +207,6 @@ def page_runs(request, tmp_path_factory):
     runs = {page: pool.submit(run_page, page, root_of(page)) for page in selected}
     yield runs
     pool.shutdown(wait=True, cancel_futures=True)
-    _close_warm()
 
 
 @pytest.mark.multiproc

@@ -17,6 +17,7 @@ import pytest
 from pretrain.finetune import negatives as neg
 from pretrain.config import FinetuneConfig, parse_config
 from pretrain.finetune.train import load_training_data, main
+from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("apple river mountain engine planet violin castle garden doctor ocean pencil rocket winter "
@@ -199,7 +200,7 @@ def test_irds_triples_small_docpairs_are_read_from_a_fixture_cache(tmp_path, tin
         from pretrain.finetune.train import main
         main({args!r})
     """
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
+    run = subprocess.run([warm_python(), "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "IR_DATASETS_HOME": str(tmp_path / "irds")}, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     groups, _ = neg.read_groups(str(out / "groups" / "round-0.jsonl"))

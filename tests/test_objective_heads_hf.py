@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _warm_python import warm_python
 
 FIXTURES = Path(__file__).parent / "fixtures" / "legacy_decoders"
 OPTIONS = {"seed": {"seed_decoder_layers": 2}, "retromae": {"retromae_decoder_layers": 2}, "prop": {}}
@@ -116,7 +116,7 @@ def test_import_pretrain_registers_the_auto_classes(tiny_bert_dir, tmp_path):
             "    m = transformers.AutoModel.from_pretrained(d)\n"
             "    assert isinstance(m, transformers.PreTrainedModel)\n"
             "    print(type(m).__name__)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cpdae"), str(tmp_path / "prop" / "decoder")],
+    out = subprocess.run([warm_python(), "-c", code, str(tmp_path / "cpdae"), str(tmp_path / "prop" / "decoder")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["CPDAEDecoder", "ObjectiveHead"]

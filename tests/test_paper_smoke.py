@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +18,7 @@ import pytest
 from _paper_run import REPO, TABLE1_COLS, TABLE1_ROWS
 from _paper_run import need_data as _need_data
 from _paper_run import run_paper as _run
+from _warm_python import warm_python
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +146,7 @@ def test_eval_set_adds_a_collection_to_a_finished_run_without_training(smoke, tm
 
     extra_out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-c", _NO_TRAINING, "--scale", "smoke", "--work-dir", str(work), "--out",
+    proc = subprocess.run([warm_python(), "-c", _NO_TRAINING, "--scale", "smoke", "--work-dir", str(work), "--out",
                            str(extra_out), "--eval-set", "extra=trec:../shared/data/vaswani"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -167,7 +167,7 @@ def test_pilot_runs_at_smoke_sizes_on_training_queries_only(smoke, tmp_path):
     work = smoke[0]
     out = tmp_path / "pilot.md"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "experiments.paper.pilot", "--scale", "smoke", "--work-dir",
+    proc = subprocess.run([warm_python(), "-m", "experiments.paper.pilot", "--scale", "smoke", "--work-dir",
                            str(work), "--out", str(out), "--lengths", "0,2", "--seeds", "1,2",
                            "--head-steps", "2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -185,7 +185,7 @@ def test_pilot_runs_at_smoke_sizes_on_training_queries_only(smoke, tmp_path):
     assert set(split["pilot_dev"]) | set(split["pilot_train"]) == train
     assert not set(split["pilot_dev"]) & set(split["pilot_train"])
     # a pilot of another objective reuses the base's fine-tunings (length 0 does not depend on the objective)
-    proc = subprocess.run([sys.executable, "-m", "experiments.paper.pilot", "--scale", "smoke", "--work-dir",
+    proc = subprocess.run([warm_python(), "-m", "experiments.paper.pilot", "--scale", "smoke", "--work-dir",
                            str(work), "--out", str(tmp_path / "pilot_mlm.md"), "--objective", "mlm",
                            "--lengths", "0,3", "--seeds", "1,2", "--head-steps", "2"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=1800)

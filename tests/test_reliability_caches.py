@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from _warm_python import warm_python
+
 REPO = Path(__file__).resolve().parents[1]
 
 TEXTS = ["photon energy of light in a vacuum", "the roman empire and its history", "a recipe for bread and butter",
@@ -86,7 +88,6 @@ def test_corpus_fingerprint_sees_an_in_place_edit_and_ignores_the_folder_path(tm
 
 def test_beir_sample_and_irds_fingerprints_cover_their_documents(tmp_path, shared_data):
     import subprocess
-    import sys
 
     from experiments.paper.caches import corpus_fingerprint
 
@@ -102,7 +103,7 @@ def test_beir_sample_and_irds_fingerprints_cover_their_documents(tmp_path, share
     shutil.copytree(shared_data / "msmarco-dev-sample" / "irds", home)
     code = ("import json; from experiments.paper.caches import corpus_fingerprint as f; "
             f"print(json.dumps(f('irds:msmarco-passage/dev/small', {str(tmp_path / 'd.json')!r})))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+    out = subprocess.run([warm_python(), "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "IR_DATASETS_HOME": str(home), "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr[-2000:]
     irds = json.loads(out.stdout.strip().splitlines()[-1])

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pretrain.config import FinetuneConfig, PretrainConfig, coerce_value, config_fields, parse_config
+from _warm_python import warm_python
 from test_reliability_inputs import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,13 +225,12 @@ def test_the_paper_pipeline_names_a_bad_config_file_in_one_line(tmp_path):
     """``python -m experiments.paper --scale FILE`` with a key twice in FILE: one line naming the file, the line and the
     key, exit 2 (it was a traceback with exit 1)."""
     import subprocess
-    import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
     bad = tmp_path / "paper_bad.json"
     bad.write_text('{"scale": "bad",\n "extends": "smoke",\n "extends": "cpu"}\n')
-    run = subprocess.run([sys.executable, "-m", "experiments.paper", "--scale", str(bad), "--dry-run",
+    run = subprocess.run([warm_python(), "-m", "experiments.paper", "--scale", str(bad), "--dry-run",
                           "--work-dir", str(tmp_path / "w")], cwd=repo, capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(repo)})
     assert run.returncode == 2, run.stderr[-2000:]

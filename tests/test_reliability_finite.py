@@ -18,7 +18,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from pretrain.checkpoint import verify_checkpoint
 from pretrain.config import TrainConfig
 from pretrain.logging_utils import read_metrics
 from pretrain.trainer import FiniteGuard, NonFiniteError, Trainer, list_checkpoints
+from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "retrieval dense encoder corpus query document ranking vector token decoder passage index search".split()
@@ -44,7 +44,7 @@ def cfg(tmp_path: Path, name: str = "run", **kw) -> TrainConfig:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "pretrain", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([warm_python(), "-m", "pretrain", *args], capture_output=True, text=True, cwd=REPO,
                           env=env, timeout=600)
 
 

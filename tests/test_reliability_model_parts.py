@@ -17,6 +17,7 @@ from torch import nn
 
 import pretrain  # noqa: F401  (registers the model types with AutoModel)
 from pretrain.modeling import CPDAEDecoder, CPDAEDecoderConfig, ObjectiveHead
+from _warm_python import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,7 +193,7 @@ def test_head_config_values_are_bounded_when_built_directly():
 
 # -- class 6: one line, exit 2 ---------------------------------------------------------------------------------------
 def _pretrain(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pretrain", *args], capture_output=True, text=True, timeout=600,
+    return subprocess.run([warm_python(), "-m", "pretrain", *args], capture_output=True, text=True, timeout=600,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 BAD_NAMES = ["/tmp/escape", "../..", "..", ".", "", "a/b", "x\\y", ".hidden", "-dash", "a" * 101]
@@ -50,7 +50,7 @@ def test_eval_set_outside_the_work_dir_writes_nothing_there(tmp_path):
     work.mkdir(parents=True)
     before = _files_under(tmp_path / "area")
     for name in (str(tmp_path / "area" / "escaped"), "../escaped"):
-        proc = subprocess.run([sys.executable, "-m", "experiments.paper", "--scale", "smoke", "--work-dir", str(work),
+        proc = subprocess.run([warm_python(), "-m", "experiments.paper", "--scale", "smoke", "--work-dir", str(work),
                                "--eval-set", f"{name}=trec:{data}"], cwd=REPO, capture_output=True, text=True,
                               timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.returncode == 2, proc.stderr[-2000:]

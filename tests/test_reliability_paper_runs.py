@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["--scale", "smoke"]
@@ -42,7 +43,7 @@ def test_a_second_pipeline_in_the_same_work_dir_is_refused_in_one_line_naming_th
     try:
         assert holder.stdout.readline().strip() == "holding"
         t0 = time.perf_counter()
-        second = subprocess.run([sys.executable, "-m", "experiments.paper", *SMOKE, "--work-dir", str(work), "--out",
+        second = subprocess.run([warm_python(), "-m", "experiments.paper", *SMOKE, "--work-dir", str(work), "--out",
                                  str(tmp_path / "out"), "--stages", "base", "--no-tables"], cwd=REPO,
                                 capture_output=True, text=True, timeout=300,
                                 env={**{k: v for k, v in os.environ.items() if k != "PAPER_DEBUG"},

@@ -1,11 +1,14 @@
-"""tests/_warm_python.py (the docs examples' ``python FILE`` in a fork of a warm interpreter) behaves as ``python FILE``
-does in what the blocks rely on: a new process, the script as ``__main__`` with its own ``argv``, ``sys.path[0]``,
-working directory and environment, its output and exit status, this project's packages not imported beforehand; an
-overrunning script is killed; a server refuses an environment it was not started with."""
+"""tests/_warm_python.py's launcher behaves as the real interpreter does in what the tests rely on, compared with
+``sys.executable`` run the same way: ``python FILE``, ``python -m MODULE`` and ``python -c CODE`` get the same
+``__main__``, ``argv``, ``sys.path`` (``[0]`` and ``PYTHONPATH``'s entries), working directory, environment, standard streams (stdin included) and exit
+status, in a process of their own with torch already imported and this project's packages not; a launcher killed by
+a timeout takes its program with it; signals are forwarded; an environment the server was not started with gets a
+cold interpreter; programs run side by side; ``python`` in a shell script is the launcher with :func:`warm_path`."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,73 +16,106 @@ from pathlib import Path
 
 import pytest
 
-from _warm_python import WarmPython
+from _warm_python import COLD, warm_path, warm_python
+
+pytestmark = pytest.mark.skipif(COLD, reason="CPDAE_TESTS_COLD_PYTHON=1: every python is the real interpreter")
 
 REPO = Path(__file__).resolve().parents[1]
 
-SCRIPT = r"""
+PROGRAM = r"""
 import json, os, sys
-print(json.dumps({"pid": os.getpid(), "name": __name__, "argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
-                  "var": os.environ.get("WARM_TEST_VAR"), "test": os.environ.get("PYTEST_CURRENT_TEST"),
+print(json.dumps({"pid": os.getpid(), "name": __name__, "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(),
+                  "var": os.environ.get("WARM_TEST_VAR"), "stdin": sys.stdin.read(),
                   "ours": sorted(m for m in ("pretrain", "pyterrier_cpdae", "experiments") if m in sys.modules),
                   "torch": "torch" in sys.modules}))
 print("to stderr", file=sys.stderr)
-sys.exit(int(sys.argv[0].endswith("exit3.py")) * 3)
+sys.exit(3 if os.environ.get("WARM_TEST_VAR") == "exit3" else 0)
 """
 
 
-@pytest.fixture(scope="module")
-def warm():
-    env = {**os.environ, "WARM_TEST_VAR": "x", "PYTHONPATH": str(REPO)}
-    server = WarmPython(env)
-    yield server, env
-    server.close()
-
-
-def _run(server, env, script: Path, tmp_path: Path, **kw) -> tuple[int, str, str]:
-    out, err = tmp_path / f"{script.stem}.out", tmp_path / f"{script.stem}.err"
-    status = server.run(str(script), cwd=str(tmp_path), env=env, out=str(out), err=str(err), **kw)
-    return status, out.read_text(), err.read_text()
-
-
-def test_a_script_runs_as_python_file_would_run_it(warm, tmp_path, monkeypatch):
-    server, env = warm
+@pytest.fixture
+def program(tmp_path):
     (tmp_path / "sub").mkdir()
-    for name in ("ok.py", "exit3.py"):
-        (tmp_path / "sub" / name).write_text(SCRIPT)
-    cold = subprocess.run([sys.executable, str(tmp_path / "sub" / "ok.py")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True)
-    status, out, err = _run(server, {**env, "PYTEST_CURRENT_TEST": "another test"}, tmp_path / "sub" / "ok.py",
-                            tmp_path)
-    seen, want = json.loads(out), json.loads(cold.stdout)
-    assert status == cold.returncode == 0 and err == cold.stderr == "to stderr\n"
-    assert seen["pid"] not in (os.getpid(), want["pid"])                 # a process of its own
-    for key in ("name", "argv", "path0", "cwd", "var", "ours"):
-        assert seen[key] == want[key], key                                # __main__, argv, sys.path[0], cwd, env
-    assert seen["ours"] == [] and seen["torch"] and seen["test"] == "another test"
-    assert _run(server, env, tmp_path / "sub" / "exit3.py", tmp_path)[0] == 3
+    (tmp_path / "sub" / "prog.py").write_text(PROGRAM)
+    return tmp_path
 
 
-def test_an_exception_is_a_traceback_and_status_1(warm, tmp_path):
-    server, env = warm
-    (tmp_path / "boom.py").write_text("raise RuntimeError('boom at line 1')\n")
-    status, _, err = _run(server, env, tmp_path / "boom.py", tmp_path)
-    assert status == 1 and "Traceback" in err and "RuntimeError: boom at line 1" in err
+def _both(argv: list[str], cwd: Path, env: dict, **kw) -> tuple[subprocess.CompletedProcess, ...]:
+    return tuple(subprocess.run([exe, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, **kw)
+                 for exe in (sys.executable, warm_python()))
 
 
-def test_an_overrunning_script_is_killed_and_the_server_serves_on(warm, tmp_path):
-    server, env = warm
-    (tmp_path / "slow.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+@pytest.mark.parametrize("how", ["file", "module", "code"])
+def test_a_program_runs_as_under_the_real_interpreter(program, how):
+    env = {**os.environ, "WARM_TEST_VAR": "exit3", "PYTHONPATH": os.pathsep.join([str(program / "sub"), str(REPO)])}
+    argv = {"file": [str(program / "sub" / "prog.py"), "a", "b"], "module": ["-m", "prog", "a", "b"],
+            "code": ["-c", PROGRAM, "a", "b"]}[how]
+    cold, warm = _both(argv, program, env, input="from stdin")
+    seen, want = json.loads(warm.stdout), json.loads(cold.stdout)
+    assert warm.returncode == cold.returncode == 3 and warm.stderr == cold.stderr == "to stderr\n"
+    for key in ("name", "argv", "path", "cwd", "var", "stdin", "ours"):  # sys.path: [0] and PYTHONPATH's
+        assert seen[key] == want[key], key
+    assert want["argv"][1:] == ["a", "b"] and want["stdin"] == "from stdin"
+    assert seen["pid"] not in (os.getpid(), want["pid"]) and seen["ours"] == []
+    assert seen["torch"] and not want["torch"]                   # the warm one had torch imported beforehand
+
+
+def test_an_exception_is_a_traceback_and_status_1(tmp_path):
+    cold, warm = _both(["-c", "raise RuntimeError('boom at line 1')"], tmp_path, dict(os.environ))
+    assert warm.returncode == cold.returncode == 1
+    assert warm.stderr == cold.stderr and "RuntimeError: boom at line 1" in warm.stderr
+
+
+def test_a_timeout_kills_the_program_too(tmp_path):
+    code = "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(600)\n"
+    out = tmp_path / "out"
+    with open(out, "w") as f, pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([warm_python(), "-c", code], stdout=f, timeout=5)
+    pid = int(out.read_text())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the program {pid} outlived its killed launcher")
+
+
+def test_signals_are_forwarded_and_a_signal_death_is_the_status(tmp_path):
+    handled = ("import os, signal, sys, time\n"
+               "signal.signal(signal.SIGTERM, lambda *a: (print('got', a[0], flush=True), sys.exit(7)))\n"
+               "print('ready', flush=True)\ntime.sleep(600)\n")
+    for code, want_status, want_out in ((handled, 7, "ready\ngot 15\n"),
+                                        (handled.replace("signal.signal(", "0 and signal.signal("), -15, "ready\n")):
+        proc = subprocess.Popen([warm_python(), "-c", code], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == want_status
+        assert "ready\n" + proc.stdout.read() == want_out
+
+
+def test_an_environment_the_server_did_not_start_with_gets_a_cold_interpreter(tmp_path):
+    code = "import json, os, sys; print(json.dumps(['torch' in sys.modules, os.environ.get('HF_HUB_OFFLINE')]))"
+    flipped = "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1"   # read by huggingface_hub at import
+    cold = subprocess.run([warm_python(), "-c", code], env={**os.environ, "HF_HUB_OFFLINE": flipped},
+                          capture_output=True, text=True, timeout=120)
+    assert cold.returncode == 0 and json.loads(cold.stdout) == [False, flipped]
+    same = subprocess.run([warm_python(), "-c", code], env={**os.environ, "WARM_TEST_VAR": "nothing reads me"},
+                          capture_output=True, text=True, timeout=120)
+    assert json.loads(same.stdout) == [True, os.environ.get("HF_HUB_OFFLINE")]
+
+
+def test_programs_run_side_by_side_and_python_in_a_script_is_the_launcher(tmp_path):
+    code = "import time, sys; t = time.time(); time.sleep(3); print(t, 'torch' in sys.modules)"
     t0 = time.monotonic()
-    with pytest.raises(subprocess.TimeoutExpired):
-        _run(server, env, tmp_path / "slow.py", tmp_path, timeout=2)
-    assert time.monotonic() - t0 < 60 and (tmp_path / "slow.out").read_text() == "started\n"
-    (tmp_path / "after.py").write_text("print('after')\n")
-    assert _run(server, env, tmp_path / "after.py", tmp_path)[:2] == (0, "after\n")
-
-
-def test_another_environment_is_refused(warm, tmp_path):
-    server, env = warm
-    (tmp_path / "x.py").write_text("")
-    with pytest.raises(ValueError, match="another environment"):
-        _run(server, {**env, "WARM_TEST_VAR": "y"}, tmp_path / "x.py", tmp_path)
+    procs = [subprocess.Popen([warm_python(), "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs) and all(o[1] == "True" for o in outs)
+    assert max(float(o[0]) for o in outs) - min(float(o[0]) for o in outs) < 2.5   # they overlapped
+    assert time.monotonic() - t0 < 60
+    (tmp_path / "s.sh").write_text("python -c \"import sys; print('torch' in sys.modules)\"\n")
+    sh = subprocess.run(["bash", "-euo", "pipefail", str(tmp_path / "s.sh")], env=warm_path(dict(os.environ)),
+                        capture_output=True, text=True, timeout=120)
+    assert sh.returncode == 0 and sh.stdout == "True\n", sh.stderr
