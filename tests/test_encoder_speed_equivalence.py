@@ -108,19 +108,21 @@ def test_dtype_env_var_replaces_the_automatic_dtype_only(fresh_detection, monkey
         auto.encode_docs(texts)
 
 
-SLICES = {"vaswani": 500, "scifact": 500}
+#: documents per slice: SciFact's abstracts fill the 256 tokens, so its slice is the smaller (300 docs: 52 train queries
+#: with a relevant doc in it, all of whose top-10s must be identical; 500 took 2 min of the suite's 15)
+SLICES = {"vaswani": 500, "scifact": 300}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("collection", sorted(SLICES))
 def test_automatic_dtype_keeps_rankings_on_real_slices(collection, shared_data, minilm_path, monkeypatch):
-    """The automatic dtype meets the bar on 500 docs of Vaswani (all 93 queries) / SciFact (its train queries
-    with a relevant doc in the slice): min cosine >= 0.9999 and identical ordered top-10 for >= 99% of queries.
+    """The automatic dtype meets the bar on 500 docs of Vaswani (all 93 queries) / 300 of SciFact (its 52 train
+    queries with a relevant doc in the slice): min cosine >= 0.9999 and identical ordered top-10 for >= 99% of queries.
     With native bf16 the bf16 opt-in is checked for the cosine (its top-10 order is not held to the bar)."""
     monkeypatch.delenv(enc_mod.DTYPE_ENV, raising=False)
     eq = _equivalence_module()
     docs, topics, qrels = eq.load_collection(collection, str(shared_data), SLICES[collection])
-    assert len(docs) == SLICES[collection] and len(topics) >= (93 if collection == "vaswani" else 20)
+    assert len(docs) == SLICES[collection] and len(topics) >= (93 if collection == "vaswani" else 50)
     monkeypatch.delenv(enc_mod.BACKEND_ENV, raising=False)
     openvino = enc_mod.openvino_available()
     results = eq.compare_dtypes(minilm_path, docs, topics, [None] + (["bf16"] if cpu_has_native_bf16() else []),

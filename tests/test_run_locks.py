@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from _warm_python import warm_python
+
 from pyterrier_cpdae._locking import ConcurrentBuildError, holder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +53,7 @@ def test_second_pretraining_run_into_the_same_output_is_refused(tmp_path, tiny_b
         assert metrics.exists(), "the first run did not start training"
         (tmp_path / "link").symlink_to(tmp_path / "runs", target_is_directory=True)
         for spelling, extra in ((out, ["--resume"]), (tmp_path / "link" / "cpdae", ["--overwrite"])):
-            second = subprocess.run([sys.executable, "-m", "pretrain",
+            second = subprocess.run([warm_python(), "-m", "pretrain",
                                      *_args(tiny_bert_dir, corpus, spelling, cache, 3), *extra],
                                     env=ENV, capture_output=True, text=True, timeout=300)
             assert second.returncode != 0, (spelling, extra)
