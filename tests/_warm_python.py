@@ -236,7 +236,7 @@ sys.stdout.flush()
 while True:
     ready, _, _ = select.select([server, sys.stdin], [], [])
     if sys.stdin in ready and not sys.stdin.readline():
-        break  # the test process closed our stdin: it is done
+        os._exit(0)  # the test process closed our stdin: it is done (no interpreter finalisation to wait for)
     if server in ready:
         conn, _ = server.accept()
         if os.fork() == 0:
@@ -356,3 +356,13 @@ def warm_path(env: dict[str, str]) -> dict[str, str]:
     if server is None:
         return dict(env)
     return {**env, "PATH": server.bin + os.pathsep + env.get("PATH", "")}
+
+
+def torchrun(options: list[str], program: list[str]) -> list[str]:
+    """``python -m torch.distributed.run OPTIONS PROGRAM`` (``PROGRAM``: ``["-m", MODULE, ...]`` or ``[FILE, ...]``)
+    with torchrun and each of its workers started by the launcher: torchrun's ``--no-python`` makes a worker
+    ``launcher PROGRAM`` instead of ``python PROGRAM``."""
+    py = warm_python()
+    if py == sys.executable:
+        return [py, "-m", "torch.distributed.run", *options, *program]
+    return [py, "-m", "torch.distributed.run", *options, "--no-python", py, *program]

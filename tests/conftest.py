@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,15 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) ->
     BertForMaskedLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture
+def warm_children(monkeypatch):
+    """The ``python -m ...`` processes the product starts itself (``sys.executable``) start warm during the test
+    (``tests/_warm_python.py``): for tests where those processes are not what is tested."""
+    from _warm_python import warm_python
+
+    monkeypatch.setattr(sys, "executable", warm_python())
 
 
 @pytest.fixture

@@ -4,13 +4,13 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from _warm_python import warm_python
 from pretrain.finetune.biencoder import BiEncoder, group_scores, listwise_loss, pairwise_loss, pool
 
 # two queries, groups of 2 (positive first)
@@ -151,7 +151,7 @@ def test_gathered_in_batch_negatives_match_single_process(tmp_path, free_port):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     port, out = str(free_port), tmp_path / "w2.pt"
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", port, str(out)], env=env, cwd=root)
+    procs = [subprocess.Popen([warm_python(), str(script), str(r), "2", port, str(out)], env=env, cwd=root)
              for r in range(2)]
     for pr in procs:
         assert pr.wait(timeout=120) == 0

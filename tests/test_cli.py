@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from _warm_python import torchrun, warm_python
+
 from pretrain import cli
 from pretrain.config import PretrainConfig
 from pretrain.logging_utils import read_metrics
-from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -241,9 +242,9 @@ def test_torchrun_two_processes_gather_negatives(tmp_path, tiny_bert_dir, tiny_c
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     out = tmp_path / "ddp"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, out, tmp_path / "cache",
-                                                        max_steps=2, save_steps=2, learning_rate="1e-12")],
+    proc = subprocess.run(torchrun(["--standalone", "--nproc_per_node", "2"],
+                                   ["-m", "pretrain", *base_args(tiny_bert_dir, tiny_corpus, out, tmp_path / "cache",
+                                                                 max_steps=2, save_steps=2, learning_rate="1e-12")]),
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((out / "run_config.json").read_text())

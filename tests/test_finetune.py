@@ -7,17 +7,17 @@ import logging
 import os
 import random
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _warm_python import torchrun, warm_python
+
 from pretrain.finetune import negatives as neg
 from pretrain.config import FinetuneConfig, parse_config
 from pretrain.finetune.train import load_training_data, main
-from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("apple river mountain engine planet violin castle garden doctor ocean pencil rocket winter "
@@ -268,9 +268,9 @@ def test_finetune_under_torchrun_two_gloo_processes(tmp_path, tiny_bert_dir):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "ft"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), "-m", "pretrain", "finetune",
-           *_args(tiny_bert_dir, spec, out, "--negatives", f"file:{groups_file}", "--mining-rounds", "1")]
+    cmd = torchrun(["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)],
+                   ["-m", "pretrain", "finetune",
+                    *_args(tiny_bert_dir, spec, out, "--negatives", f"file:{groups_file}", "--mining-rounds", "1")])
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     for r in (0, 1):

@@ -13,12 +13,15 @@ import importlib.util
 import json
 import math
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+
+from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 BM25 = "BM25 (pyserini, k1=0.9 b=0.4)"
@@ -39,7 +42,9 @@ def default_run(tmp_path_factory, minilm_path):
     root = tmp_path_factory.mktemp("main-job")
     work, results = root / "work", root / "results"
     argv = ["--work-dir", str(work), "--results-dir", str(results), "--pretrain-steps", "2"]
-    table = _load_main().main(argv)
+    with pytest.MonkeyPatch.context() as mp:  # its `python -m pretrain` starts warm (tests/_warm_python.py)
+        mp.setattr(sys, "executable", warm_python())
+        table = _load_main().main(argv)
     return SimpleNamespace(work=work, results=results, argv=argv, table=table)
 
 
@@ -178,7 +183,7 @@ def test_pretraining_is_on_by_default_only_for_the_builtin_default():
         parse(["--pretrain-steps", "0"])
 
 
-def test_failed_pretraining_names_the_run_and_the_way_out(tmp_path, minilm_path):
+def test_failed_pretraining_names_the_run_and_the_way_out(tmp_path, minilm_path, warm_children):
     work = tmp_path / "work"
     with pytest.raises(SystemExit, match=r"pre-training run failed.*--no-pretrain") as e:
         _load_main().main(["--work-dir", str(work), "--results-dir", str(tmp_path / "results"),

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from _warm_python import warm_python
+
 from pretrain import cli
 from pretrain.logging_utils import read_metrics
 
@@ -60,10 +62,10 @@ def test_listing_order_does_not_depend_on_which_module_is_imported_first():
     """Regression: a built-in module imported directly (as tests/test_bow.py does) registered itself after
     the modules that discovery imported meanwhile (the new simcse/ict/prop), so it dropped out of its place."""
     import subprocess
-    import sys
+    # (the launcher's server imported third-party libraries only: this project's modules in the order asked for)
     code = ("import pretrain.objectives.{} as _\nfrom pretrain.objectives import available_objectives\n"
             "print(','.join(available_objectives()))")
-    orders = {m: subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True, check=True
+    orders = {m: subprocess.run([warm_python(), "-c", code.format(m)], capture_output=True, text=True, check=True
                                 ).stdout.strip() for m in ("bow", "ict", "base")}
     assert len(set(orders.values())) == 1, orders
     assert orders["base"].split(",") == ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae",

@@ -135,7 +135,7 @@ def test_jobs_option_is_checked():
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_smoke_continuations_run_two_at_a_time_as_real_processes(tmp_path):
+def test_smoke_continuations_run_two_at_a_time_as_real_processes(tmp_path, warm_children):
     import json
 
     from experiments.paper.__main__ import main

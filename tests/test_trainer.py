@@ -5,10 +5,11 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _warm_python import torchrun, warm_python
 import torch
 
 from _train_worker import RegressionData, TinyRegressor, collate, collate_clean
@@ -246,11 +247,11 @@ def test_ddp_two_processes_match_single_process(tmp_path):
               "--learning-rate", "0.05", "--seed", "3", "--clean"]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     single = tmp_path / "single"
-    subprocess.run([sys.executable, str(REPO / "tests" / "_train_worker.py"), str(single), *common],
+    subprocess.run([warm_python(), str(REPO / "tests" / "_train_worker.py"), str(single), *common],
                    check=True, env=env, capture_output=True, timeout=300)
     ddp = tmp_path / "ddp"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(REPO / "tests" / "_train_worker.py"), str(ddp), *common, "--grad-accum", "2"],
+    proc = subprocess.run(torchrun(["--standalone", "--nproc_per_node", "2"],
+                                   [str(REPO / "tests" / "_train_worker.py"), str(ddp), *common, "--grad-accum", "2"]),
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((ddp / "run_config.json").read_text())
