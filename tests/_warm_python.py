@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from typing import Optional
 
 #: imported by the server before it forks: third-party libraries only (see the module docstring)
@@ -327,6 +328,7 @@ class WarmServer:
 
 
 _SERVER_OF_PROCESS: Optional[WarmServer] = None
+_FAILED = False
 _LOCK = threading.Lock()
 #: the environment the server is started with: this process's at import (before any test changed it)
 _START_ENV = dict(os.environ)
@@ -334,12 +336,17 @@ _START_ENV = dict(os.environ)
 
 def warm_server() -> Optional[WarmServer]:
     """This process's server (started on first use), or ``None`` with ``CPDAE_TESTS_COLD_PYTHON``."""
-    global _SERVER_OF_PROCESS
-    if COLD:
+    global _SERVER_OF_PROCESS, _FAILED
+    if COLD or _FAILED:
         return None
     with _LOCK:
         if _SERVER_OF_PROCESS is None:
-            _SERVER_OF_PROCESS = WarmServer(_START_ENV)
+            try:
+                _SERVER_OF_PROCESS = WarmServer(_START_ENV)
+            except (OSError, RuntimeError) as e:  # e.g. a socket path too long: every python is the real one
+                _FAILED = True
+                warnings.warn(f"the warm Python server did not start ({e}); tests start the real interpreter")
+                return None
             atexit.register(_SERVER_OF_PROCESS.close)
         return _SERVER_OF_PROCESS
 
