@@ -7,7 +7,7 @@ interpreter does for ``python -m MODULE ARGS``, ``python -c CODE ARGS`` and ``py
 program in a fork of a server that imported the third-party libraries once (:data:`PRELOAD`: numpy, pandas, torch,
 transformers' modelling code, tokenizers, matplotlib). The program still gets a process of its own: its own pid,
 process group, memory, working directory, environment, umask, standard input/output/error (the caller's own file
-descriptors, passed over a Unix socket), exit status, and the same ``sys.argv``, ``sys.path[0]`` and ``__main__`` as
+descriptors, passed over a Unix socket), exit status, and the same ``sys.argv``, ``sys.path`` and ``__main__`` as
 under the real interpreter. This project's own packages are not imported beforehand: the program imports them
 itself, in its own order.
 
@@ -22,16 +22,17 @@ What the launcher forwards and what it does not:
   interpreter instead (``exec``): a cold start, the same behaviour. Variables nothing read at import (a test's own
   ``IR_DATASETS_HOME``, ``PYTEST_CURRENT_TEST``, the ``PATH`` that puts this launcher first) may differ.
 - The launcher's pid is not the program's (``Popen.pid`` is the launcher's), and the program's parent is the server.
-  Tests that check a process's pid, its import behaviour in a fresh interpreter, or that kill it at a chosen moment
-  use the real ``sys.executable``.
+  Tests that check a process's pid or what a fresh interpreter prints or imports use the real ``sys.executable``.
 
-``WARM_PYTHON_DEBUG=1`` makes the launcher say why it starts a cold interpreter. ``CPDAE_TESTS_COLD_PYTHON=1`` makes :func:`warm_python` return ``sys.executable`` (every process a cold start).
+``WARM_PYTHON_DEBUG=1`` makes the launcher say why it starts a cold interpreter. ``CPDAE_TESTS_COLD_PYTHON=1`` makes
+:func:`warm_python` return ``sys.executable`` (every process a cold start).
 """
 from __future__ import annotations
 
 import atexit
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -79,8 +80,8 @@ def incompatible(env):
     for key in set(env) | set(server_env):
         if key in set_by_imports and env.get(key) in (server_env.get(key), set_by_imports[key]):
             continue  # a caller that imported torch itself has torch's own setting
-        if (key in must_match or (key.startswith("PYTHON") and key not in ("PYTHON", "PYTHONPATH", "PYTHONUNBUFFERED"))) \
-                and env.get(key) != server_env.get(key):
+        interpreter = key.startswith("PYTHON") and key not in ("PYTHON", "PYTHONPATH", "PYTHONUNBUFFERED")
+        if (key in must_match or interpreter) and env.get(key) != server_env.get(key):
             return key
     return None
 
@@ -107,7 +108,8 @@ def run_program(req):
     sys.path[1:] = _pythonpath(req["env"]) + site_path
     unbuffered = bool(req["env"].get("PYTHONUNBUFFERED"))
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=os.isatty(1), write_through=unbuffered)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=os.isatty(1),
+                                  write_through=unbuffered)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, errors="backslashreplace",
                                   write_through=unbuffered)
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
@@ -301,9 +303,8 @@ class WarmServer:
     def __init__(self, env: dict[str, str]):
         self.dir = tempfile.mkdtemp(prefix="warm-python-")
         sock = os.path.join(self.dir, "server.sock")
-        self.env = dict(env)
         self._proc = subprocess.Popen([sys.executable, "-c", _SERVER, sock, json.dumps(PRELOAD),
-                                       json.dumps(sorted(MAY_DIFFER))], env=self.env, stdin=subprocess.PIPE,
+                                       json.dumps(sorted(MAY_DIFFER))], env=env, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self._proc.stdout.readline()
         if not line or not json.loads(line).get("ready"):
@@ -325,6 +326,7 @@ class WarmServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)  # the socket and the launcher
 
 
 _SERVER_OF_PROCESS: Optional[WarmServer] = None
