@@ -363,6 +363,34 @@ def test_batches_are_length_sorted_padded_to_their_own_length_in_inference_mode(
     assert sum(n for _, _, n in seen) == sum(lengths)  # padding is masked out
 
 
+@pytest.mark.parametrize("stage", ["encoder", "doc_encoder"])
+def test_indexing_pipeline_sorts_over_whole_windows(tiny_bert_dir, tmp_path, stage):
+    """``enc >> indexer`` and ``enc.doc_encoder() >> indexer``: PyTerrier's ``Compose.index`` cuts the corpus into
+    chunks of the first stage's ``batch_size``; the encoder's stages report the sorting window (here 4 x 64 = 256
+    texts, above PyTerrier's floor of 100), so the batches are those of windows of 256, as ``encode_docs`` makes
+    them. Reference: the widths expected from the tokenizer's own token counts sorted within each window."""
+    from pyterrier_cpdae.dense import DenseIndex
+
+    texts = _texts(300, seed=11)
+    enc = CPDAE.from_pretrained(tiny_bert_dir, batch_size=4, sort_window=64, doc_max_length=64, backend="torch")
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    lengths = [len(tok(t, truncation=True, max_length=64)["input_ids"]) for t in texts]
+    expected = []
+    for start in range(0, len(texts), 256):
+        window = sorted(lengths[start:start + 256], reverse=True)
+        expected += [(len(window[b:b + 4]), window[b]) for b in range(0, len(window), 4)]
+    seen = []
+    handle = enc.model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    index = DenseIndex(tmp_path / "idx")
+    first = enc if stage == "encoder" else enc.doc_encoder()
+    (first >> index.indexer()).index({"docno": f"d{i}", "text": t} for i, t in enumerate(texts))
+    handle.remove()
+    assert seen == expected
+    np.testing.assert_array_equal(np.asarray(index.vectors()), enc.encode_docs(texts))
+    assert f"({enc!r} >> DenseIndexer(" in repr(enc >> index.indexer())  # shown as the encoder it is
+
+
 def test_autocast_dtype_defaults(tiny_bert_dir, monkeypatch):
     """bf16 autocast on CUDA where supported, else fp16; float32 on CPU (the model is not loaded here)."""
     cuda = CPDAE.from_pretrained(tiny_bert_dir, device="cuda")

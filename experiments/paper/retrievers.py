@@ -103,6 +103,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             return CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
                                          doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
 
+        built = None  # the encoder that indexed, kept for the query side (one tokenizer load and one weights load)
         index_path = Path(index_root) / name.split(" ")[0]
         index = DenseIndex(str(index_path))
         run_file = index_root / "runs" / f"{name}.res.gz"
@@ -129,7 +130,8 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             run_file.unlink(missing_ok=True)
             (index_path / SETTINGS_FILE).unlink(missing_ok=True)
             t0 = time.perf_counter()
-            (encoder().doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
+            built = encoder()
+            (built.doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
             timings[name] = round(time.perf_counter() - t0, 1)
             print(f"indexed {len(index)} docs with {name} in {timings[name]} s", flush=True)
             write_json_atomic(index_path / SETTINGS_FILE, want)
@@ -138,7 +140,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             pipelines[name] = on_first_use(lambda encoder=encoder, retriever=retriever: encoder().query_encoder() >>
                                            retriever, retriever, f"{name}: saved run {run_file}")
         else:
-            pipelines[name] = encoder().query_encoder() >> retriever
+            pipelines[name] = (built or encoder()).query_encoder() >> retriever
     return pipelines, timings
 
 

@@ -182,7 +182,8 @@ class CPDAE(pt.Transformer):
             query_max_length: maximum query length in tokens.
             doc_max_length: maximum document length in tokens.
             batch_size: texts per forward pass when batches are cut by text count (see ``batch_tokens``); also
-                sizes the sorting window (``batch_size * sort_window`` texts) and PyTerrier's indexing chunks.
+                sizes the sorting window (``batch_size * sort_window`` texts), which is also the size of the
+                chunks PyTerrier's ``Compose.index`` feeds an ``enc >> indexer`` pipeline.
             batch_tokens: batches cut by a token budget instead of a text count: each batch of the length-sorted
                 window holds as many texts as fit ``rows x longest text <= batch_tokens`` (its padded size), so
                 short texts go in large batches and long ones in small batches, for the same work per batch.
@@ -370,7 +371,10 @@ class CPDAE(pt.Transformer):
                 "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
 
     def __rshift__(self, right: Any) -> pt.Transformer:
-        return super().__rshift__(_with_producer(right, self))
+        right = _with_producer(right, self)
+        if isinstance(right, pt.Indexer):  # PyTerrier chunks an indexing pipeline's input by its first stage's
+            return _ByColumns(self) >> right  # batch_size: a sorting window here, not the batch_size texts of a batch
+        return super().__rshift__(right)
 
     def _key(self) -> Tuple:
         source = self.name_or_path if self.name_or_path is not None else self._model
@@ -630,7 +634,10 @@ class _Stage(pt.Transformer):
     def __init__(self, encoder: CPDAE):
         super().__init__()
         self.encoder = encoder
-        self.batch_size = encoder.batch_size  # read by pyterrier's Compose.index to size its chunks
+        # read by pyterrier's Compose.index to size its chunks: one sorting window per chunk, so that `enc >>
+        # indexer` sorts texts by length over the same windows as encode_docs (chunks of max(100, batch_size)
+        # texts would cap the window at 100 and pad each batch to the longest of ~100 unsorted texts)
+        self.batch_size = encoder.batch_size * encoder.sort_window
 
     def __eq__(self, other: Any) -> bool:
         if type(other) is not type(self):
@@ -700,6 +707,21 @@ class _DocEncoder(_VecAdder):
 
     def _encode(self, texts: List[str]) -> np.ndarray:
         return self.encoder._encode(texts, self.encoder.doc_max_length, unique=False)
+
+
+class _ByColumns(_Stage):
+    """The encoder itself (each input encoded as its columns say, :meth:`CPDAE.transform`) as the first stage of
+    ``enc >> indexer``: it reports the sorting window as its ``batch_size``, so that PyTerrier feeds it chunks of
+    whole windows."""
+
+    def __repr__(self) -> str:
+        return repr(self.encoder)
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        return self.encoder.transform(inp)
+
+    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        return self.encoder.transform_iter(inp)
 
 
 class _TextScorer(_Stage):
