@@ -6,9 +6,10 @@ torch and transformers. :func:`warm_python` returns the path of an executable, `
 interpreter does for ``python -m MODULE ARGS``, ``python -c CODE ARGS`` and ``python FILE ARGS``, but runs the
 program in a fork of a server that imported the third-party libraries once (:data:`PRELOAD`: numpy, pandas, torch,
 transformers' modelling code, tokenizers, matplotlib). The program still gets a process of its own: its own pid,
-process group, memory, working directory, environment, umask, standard input/output/error (the caller's own file
-descriptors, passed over a Unix socket), exit status, and the same ``sys.argv``, ``sys.path`` and ``__main__`` as
-under the real interpreter. This project's own packages are not imported beforehand: the program imports them
+process group, memory, working directory, environment, umask, standard input/output/error and every other file
+descriptor the launcher inherited, at the same numbers (the caller's own, passed over a Unix socket: e.g. the pipes of
+a ``multiprocessing`` "spawn" child, :func:`warm_spawn`), exit status, and the same ``sys.argv``, ``sys.path`` and
+``__main__`` as under the real interpreter. This project's own packages are not imported beforehand: the program imports them
 itself, in its own order.
 
 What the launcher forwards and what it does not:
@@ -18,8 +19,8 @@ What the launcher forwards and what it does not:
   (``-N`` when signal N ended it: the launcher then ends by the same signal).
 - A launcher whose environment differs from the server's in a variable the preloaded libraries read while they were
   imported, or in ``PYTHON*`` (but ``PYTHONPATH``, whose entries the program's ``sys.path`` gets, and
-  ``PYTHONUNBUFFERED``), or whose arguments use interpreter options (``-u``, ``-X``, ...) runs the real
-  interpreter instead (``exec``): a cold start, the same behaviour. Variables nothing read at import (a test's own
+  ``PYTHONUNBUFFERED``), or whose arguments use interpreter options (``-X``, ``-O``, ...; but ``-B`` and ``-u``,
+  which the program applies itself) runs the real interpreter instead (``exec``): a cold start, the same behaviour. Variables nothing read at import (a test's own
   ``IR_DATASETS_HOME``, ``PYTEST_CURRENT_TEST``, the ``PATH`` that puts this launcher first) may differ.
 - The launcher's pid is not the program's (``Popen.pid`` is the launcher's), and the program's parent is the server.
   Tests that check a process's pid or what a fresh interpreter prints or imports use the real ``sys.executable``.
@@ -30,6 +31,7 @@ What the launcher forwards and what it does not:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -53,8 +55,9 @@ MAY_DIFFER = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "COL
 COLD = bool(os.environ.get("CPDAE_TESTS_COLD_PYTHON"))
 
 _SERVER = r"""
-import importlib, json, os, select, signal, socket, sys
+import fcntl, importlib, json, os, select, signal, socket, sys
 sock_path, preload = sys.argv[1], json.loads(sys.argv[2])
+MAX_FDS = 64  # fds 0-2 and up to 61 inherited ones (a launcher with more starts cold)
 env_class, read = type(os.environ), set()
 server_env = dict(os.environ)  # as started: what a program's environment is compared with
 _getitem = env_class.__getitem__
@@ -106,7 +109,9 @@ def run_program(req):
     os.environ.update(set_by_imports)
     os.chdir(req["cwd"])
     sys.path[1:] = _pythonpath(req["env"]) + site_path
-    unbuffered = bool(req["env"].get("PYTHONUNBUFFERED"))
+    unbuffered = bool(req["env"].get("PYTHONUNBUFFERED")) or "-u" in req["flags"]
+    if "-B" in req["flags"]:
+        sys.dont_write_bytecode = True
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=os.isatty(1),
                                   write_through=unbuffered)
@@ -166,9 +171,10 @@ def run_program(req):
 
 
 def supervise(conn):
-    # one program: receive the request and the caller's fds 0-2, fork the program, forward signals, report its end
+    # one program: receive the request and the caller's open fds (0-2 and those it inherited, e.g. the pipes of a
+    # multiprocessing "spawn" child), fork the program, forward signals, report its end
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, MAX_FDS)
     while not data.endswith(b"\n"):
         more = conn.recv(1 << 16)
         if not more:
@@ -179,14 +185,22 @@ def supervise(conn):
     if key is not None:
         conn.sendall((json.dumps({"cold": f"{key} differs from the server's"}) + "\n").encode())
         os._exit(0)
+    targets = [0, 1, 2] + req["fds"]
+    if len(fds) != len(targets):
+        conn.sendall((json.dumps({"cold": f"{len(fds)} of {len(targets)} file descriptors arrived"}) + "\n").encode())
+        os._exit(0)
     pid = os.fork()
     if pid == 0:
         conn.close()
-        for fd_to, fd_from in enumerate(fds):
-            os.dup2(fd_from, fd_to)
+        # each fd at the caller's number: first all moved above every number in play, then placed
+        above = max(targets + fds) + 1
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, above) for fd in fds]
         for fd in fds:
-            if fd > 2:
-                os.close(fd)
+            os.close(fd)
+        for fd_to, fd_from in zip(targets, moved):
+            os.dup2(fd_from, fd_to)
+        for fd in moved:
+            os.close(fd)
         run_program(req)
     for fd in fds:
         os.close(fd)
@@ -253,13 +267,25 @@ _LAUNCHER = r"""#!{real} -S
 import json, os, signal, socket, sys
 REAL, SOCK = {real!r}, {sock!r}
 args = sys.argv[1:]
+flags = []  # the interpreter options a forked program can apply itself (multiprocessing passes -B)
+while args and args[0] in ("-B", "-u"):
+    flags.append(args.pop(0))
 
 
 def cold():
-    os.execv(REAL, [REAL, *args])
+    os.execv(REAL, [REAL, *flags, *args])
 
 
 if not args or (args[0].startswith("-") and args[0] not in ("-m", "-c")) or (args[0] in ("-m", "-c") and len(args) < 2):
+    cold()
+inherited = []  # fds beyond 0-2 that this process was started with (os.listdir's own fd is closed by now)
+for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+    try:
+        if fd > 2 and os.get_inheritable(fd):
+            inherited.append(fd)
+    except OSError:
+        pass
+if len(inherited) > 61:
     cold()
 try:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -268,8 +294,9 @@ except OSError:
     cold()
 umask = os.umask(0)
 os.umask(umask)
-req = json.dumps({{"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}}) + "\n"
-socket.send_fds(conn, [req.encode()], [0, 1, 2])
+req = json.dumps({{"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask, "fds": inherited,
+                  "flags": flags}})
+socket.send_fds(conn, [(req + "\n").encode()], [0, 1, 2, *inherited])
 answers = conn.makefile("r")
 first = json.loads(answers.readline() or '{{"cold": "no answer"}}')
 if "cold" in first:
@@ -365,6 +392,22 @@ def warm_path(env: dict[str, str]) -> dict[str, str]:
     if server is None:
         return dict(env)
     return {**env, "PATH": server.bin + os.pathsep + env.get("PATH", "")}
+
+
+@contextlib.contextmanager
+def warm_spawn():
+    """Within the block, ``multiprocessing``'s "spawn" children (``torch.multiprocessing.spawn``) start from the
+    launcher: ``python -c 'from multiprocessing.spawn import spawn_main; ...' --multiprocessing-fork`` with the
+    pipes it inherits at their numbers."""
+    import multiprocessing
+    from multiprocessing import spawn
+
+    before = spawn.get_executable()
+    multiprocessing.set_executable(warm_python())
+    try:
+        yield
+    finally:
+        multiprocessing.set_executable(before)
 
 
 def torchrun(options: list[str], program: list[str]) -> list[str]:

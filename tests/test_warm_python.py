@@ -3,7 +3,9 @@
 ``__main__``, ``argv``, ``sys.path`` (``[0]`` and ``PYTHONPATH``'s entries), working directory, environment, standard streams (stdin included) and exit
 status, in a process of their own with torch already imported and this project's packages not; a launcher killed by
 a timeout takes its program with it; signals are forwarded; an environment the server was not started with gets a
-cold interpreter; programs run side by side; ``python`` in a shell script is the launcher with :func:`warm_path`."""
+cold interpreter; programs run side by side; ``python`` in a shell script is the launcher with :func:`warm_path`;
+inherited file descriptors keep their numbers, and ``multiprocessing``'s spawn children start warm
+(:func:`warm_spawn`)."""
 from __future__ import annotations
 
 import json
@@ -119,3 +121,58 @@ def test_programs_run_side_by_side_and_python_in_a_script_is_the_launcher(tmp_pa
     sh = subprocess.run(["bash", "-euo", "pipefail", str(tmp_path / "s.sh")], env=warm_path(dict(os.environ)),
                         capture_output=True, text=True, timeout=120)
     assert sh.returncode == 0 and sh.stdout == "True\n", sh.stderr
+
+
+def test_inherited_fds_keep_their_numbers_and_b_u_flags_apply(tmp_path):
+    """A program started with extra fds (``pass_fds``) finds them at the same numbers, as under the real interpreter;
+    ``-B``/``-u`` (which multiprocessing passes) keep the launch warm and take effect."""
+    code = ("import os, sys, json; fd = int(sys.argv[1]); os.write(fd, b'through ' + sys.argv[1].encode());"
+            "print(json.dumps({'b': sys.dont_write_bytecode, 'torch': 'torch' in sys.modules}))")
+    for exe in (sys.executable, warm_python()):
+        r, w = os.pipe()
+        high = os.dup2(w, 47)  # a number no other fd of the caller has
+        os.close(w)
+        try:
+            out = subprocess.run([exe, "-B", "-u", "-c", code, str(high)], pass_fds=[high], capture_output=True,
+                                 text=True, timeout=120)
+        finally:
+            os.close(high)
+        assert out.returncode == 0, out.stderr
+        assert os.read(r, 100) == b"through 47"
+        os.close(r)
+        seen = json.loads(out.stdout)
+        assert seen["b"] is True and seen["torch"] is (exe != sys.executable)
+
+
+def test_multiprocessing_spawn_children_start_warm(tmp_path):
+    """:func:`warm_spawn`: ``torch.multiprocessing.spawn``'s children (which read their task through inherited pipes)
+    run from the server, and their results and exit statuses come back as under the real interpreter."""
+    script = tmp_path / "spawner.py"
+    script.write_text(f"""
+import os, sys
+sys.path.insert(0, {str(REPO / "tests")!r})
+def child(rank, out):
+    import torch
+    torch.save({{"rank": rank, "warm": "transformers.modeling_utils" in sys.modules, "ppid": os.getppid()}},
+               os.path.join(out, f"{{rank}}.pt"))
+    if rank == 1 and os.environ.get("FAIL"):
+        raise ValueError("rank 1 fails")
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+    from _warm_python import warm_spawn
+    with warm_spawn():
+        mp.spawn(child, args=(sys.argv[1],), nprocs=2, join=True)
+""")
+    import torch
+
+    ok = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    parents = set()
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        assert got["rank"] == rank and got["warm"]  # preloaded: a fork of the server, not a fresh interpreter
+        parents.add(got["ppid"])
+    assert len(parents) == 2  # each under its own supervisor (cold children would share the spawner as parent)
+    failed = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "FAIL": "1"})
+    assert failed.returncode != 0 and "rank 1 fails" in failed.stderr
