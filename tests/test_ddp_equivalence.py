@@ -8,6 +8,7 @@ single-process losses.
 """
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -65,8 +66,12 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
                 dist.all_reduce(v)
                 v /= world
             results[name] = {"losses": losses, "grads": _grads(obj)}
+            del model, out  # each DDP reducer (and its hold on the process group) goes now, not after
+            # destroy_process_group: a gloo group destroyed under a live reducer can deadlock in its destructor
+            gc.collect()
         if rank == 0:
             torch.save(results, os.path.join(tmp, "ddp.pt"))
+        dist.barrier()  # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 

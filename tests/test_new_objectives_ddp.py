@@ -3,6 +3,7 @@ ict gather their candidates across processes, the span-contrast add-on (both for
 normalised by the global count. Same protocol as tests/test_ddp_equivalence.py (eval mode: no dropout)."""
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -66,8 +67,12 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
                 dist.all_reduce(v)
                 v /= world
             results[case] = {"losses": losses, "grads": _grads(obj)}
+            del model, out  # each DDP reducer (and its hold on the process group) goes now, not after
+            # destroy_process_group: a gloo group destroyed under a live reducer can deadlock in its destructor
+            gc.collect()
         if rank == 0:
             torch.save(results, os.path.join(tmp, "ddp.pt"))
+        dist.barrier()  # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 
