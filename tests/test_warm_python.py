@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from _warm_python import COLD, warm_path, warm_python
+from _warm_python import COLD, warm_path, warm_python, warm_spawn
 
 pytestmark = pytest.mark.skipif(COLD, reason="CPDAE_TESTS_COLD_PYTHON=1: every python is the real interpreter")
 
@@ -144,35 +144,33 @@ def test_inherited_fds_keep_their_numbers_and_b_u_flags_apply(tmp_path):
         assert seen["b"] is True and seen["torch"] is (exe != sys.executable)
 
 
-def test_multiprocessing_spawn_children_start_warm(tmp_path):
-    """:func:`warm_spawn`: ``torch.multiprocessing.spawn``'s children (which read their task through inherited pipes)
-    run from the server, and their results and exit statuses come back as under the real interpreter."""
-    script = tmp_path / "spawner.py"
-    script.write_text(f"""
-import os, sys
-sys.path.insert(0, {str(REPO / "tests")!r})
-def child(rank, out):
-    import torch
-    torch.save({{"rank": rank, "warm": "transformers.modeling_utils" in sys.modules, "ppid": os.getppid()}},
-               os.path.join(out, f"{{rank}}.pt"))
-    if rank == 1 and os.environ.get("FAIL"):
-        raise ValueError("rank 1 fails")
-if __name__ == "__main__":
-    import torch.multiprocessing as mp
-    from _warm_python import warm_spawn
-    with warm_spawn():
-        mp.spawn(child, args=(sys.argv[1],), nprocs=2, join=True)
-""")
+def _spawned_child(rank: int, out: str, fail: bool) -> None:
     import torch
 
-    ok = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert ok.returncode == 0, ok.stderr
+    torch.save({"rank": rank, "warm": "transformers.modeling_utils" in sys.modules, "ppid": os.getppid()},
+               os.path.join(out, f"{rank}.pt"))
+    if fail and rank == 1:
+        raise ValueError("rank 1 fails")
+
+
+def test_multiprocessing_spawn_children_start_warm(tmp_path):
+    """:func:`warm_spawn`: ``torch.multiprocessing.spawn``'s children (which read their task through inherited pipes)
+    run from the server, and their results and failures come back as under the real interpreter; the executable is
+    restored after the block."""
+    import multiprocessing.spawn
+
+    import torch
+    import torch.multiprocessing as mp
+
+    before = multiprocessing.spawn.get_executable()
+    with warm_spawn():
+        mp.spawn(_spawned_child, args=(str(tmp_path), False), nprocs=2, join=True)
     parents = set()
     for rank in (0, 1):
         got = torch.load(tmp_path / f"{rank}.pt")
         assert got["rank"] == rank and got["warm"]  # preloaded: a fork of the server, not a fresh interpreter
         parents.add(got["ppid"])
-    assert len(parents) == 2  # each under its own supervisor (cold children would share the spawner as parent)
-    failed = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "FAIL": "1"})
-    assert failed.returncode != 0 and "rank 1 fails" in failed.stderr
+    assert len(parents) == 2 and os.getpid() not in parents  # each under its own supervisor, not under this process
+    with warm_spawn(), pytest.raises(mp.ProcessRaisedException, match="rank 1 fails"):
+        mp.spawn(_spawned_child, args=(str(tmp_path), True), nprocs=2, join=True)
+    assert multiprocessing.spawn.get_executable() == before
