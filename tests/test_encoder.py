@@ -344,16 +344,24 @@ def test_bf16_autocast_is_close_to_float32(tiny_bert_dir):
     assert np.all(np.sum(a * b, axis=1) > 0.99) and not np.allclose(a, b, atol=1e-6)  # autocast did run in bf16
 
 
+def _expected_batches(model_dir: str, texts: list[str], *, window: int, batch: int,
+                      max_length: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The texts' token counts from the tokenizer itself, and the ``(rows, width)`` of each batch expected when
+    each window of ``window`` texts is sorted by length (longest first) and cut into batches of ``batch``."""
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [len(tok(t, truncation=True, max_length=max_length)["input_ids"]) for t in texts]
+    expected = []
+    for start in range(0, len(texts), window):
+        part = sorted(lengths[start:start + window], reverse=True)
+        expected += [(len(part[b:b + batch]), part[b]) for b in range(0, len(part), batch)]
+    return lengths, expected
+
+
 def test_batches_are_length_sorted_padded_to_their_own_length_in_inference_mode(tiny_bert_dir):
     """Reference: the batch widths expected from the tokenizer's own token counts, sorted within each window."""
     texts = _texts(23, seed=10)
     enc = CPDAE.from_pretrained(tiny_bert_dir, batch_size=4, sort_window=2, doc_max_length=64)  # windows of 8
-    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    lengths = [len(tok(t, truncation=True, max_length=64)["input_ids"]) for t in texts]
-    expected = []
-    for start in range(0, len(texts), 8):
-        window = sorted(lengths[start:start + 8], reverse=True)
-        expected += [(len(window[b:b + 4]), window[b]) for b in range(0, len(window), 4)]
+    lengths, expected = _expected_batches(tiny_bert_dir, texts, window=8, batch=4, max_length=64)
     seen = []
     handle = enc.model.register_forward_pre_hook(
         lambda m, args, kwargs: seen.append((tuple(kwargs["input_ids"].shape), torch.is_inference_mode_enabled(),
@@ -375,12 +383,7 @@ def test_indexing_pipeline_sorts_over_whole_windows(tiny_bert_dir, tmp_path, sta
 
     texts = _texts(300, seed=11)
     enc = CPDAE.from_pretrained(tiny_bert_dir, batch_size=4, sort_window=64, doc_max_length=64, backend="torch")
-    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    lengths = [len(tok(t, truncation=True, max_length=64)["input_ids"]) for t in texts]
-    expected = []
-    for start in range(0, len(texts), 256):
-        window = sorted(lengths[start:start + 256], reverse=True)
-        expected += [(len(window[b:b + 4]), window[b]) for b in range(0, len(window), 4)]
+    _, expected = _expected_batches(tiny_bert_dir, texts, window=256, batch=4, max_length=64)
     seen = []
     handle = enc.model.register_forward_pre_hook(
         lambda m, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
