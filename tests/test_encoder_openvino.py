@@ -115,3 +115,26 @@ def test_compiled_encoder_pickles_and_is_shared_by_threads(tiny_bert_dir):
         results = list(pool.map(lambda _: enc.encode_docs(TEXTS * 3), range(8)))
     for r in results:
         np.testing.assert_allclose(r, np.concatenate([ref] * 3), atol=1e-6)
+
+
+@pytest.mark.parametrize("streams", [1, 2, 3])
+def test_streams_give_each_batch_its_one_by_one_vectors(tiny_bert_dir, streams):
+    """:class:`CompiledEncoder`: several padded batches run through the parallel streams at once, and a lone batch
+    cut into one piece per stream, each give the unpadded one-by-one PyTorch vectors of its rows, in order."""
+    from pyterrier_cpdae.encoder.batching import pad
+    from pyterrier_cpdae.encoder.loading import load_encoder, load_tokenizer
+
+    model, tok = load_encoder(tiny_bert_dir).eval(), load_tokenizer(tiny_bert_dir)
+    texts = TEXTS * 2 + ["one more", "and the last text of all"]
+    ids = tok(texts, add_special_tokens=True)["input_ids"]
+    groups = [[0, 1, 2], [3], [4, 5, 6, 7, 8, 9]]
+    batches = [pad([ids[i] for i in g], np.array([len(ids[i]) for i in g]), tok.pad_token_id) for g in groups]
+    compiled = _openvino.compile_encoder(model, "mean", True, threads=2, streams=streams)
+    assert compiled.streams == streams
+    ref = naive_vectors(model, tok, texts, "mean", True)
+    got = compiled.map(batches)
+    assert [len(v) for v in got] == [len(g) for g in groups]
+    for g, v in zip(groups, got):
+        np.testing.assert_allclose(v, ref[g], atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(compiled(*batches[2]), ref[groups[2]], atol=1e-5, rtol=1e-4)  # cut in pieces
+    np.testing.assert_allclose(compiled(*batches[1]), ref[groups[1]], atol=1e-5, rtol=1e-4)  # one row: one piece

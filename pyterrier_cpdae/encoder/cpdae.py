@@ -517,20 +517,25 @@ class CPDAE(pt.Transformer):
                 lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
                 compiled = self._openvino_encoder(int(lengths.sum()))
                 packed = kernel is not None and compiled is None
-                for rows in self._batches(lengths, max_length, packed):
+                batches = self._batches(lengths, max_length, packed)
+                if compiled is not None:  # the window's batches through OpenVINO's parallel streams at once
+                    padded = [pad([ids[i] for i in rows], lengths[rows], pad_id) for rows in batches]
+                    for rows, vecs in zip(batches, compiled.map(padded)):
+                        out[start + rows] = vecs
+                    if bar is not None:
+                        bar.update(len(part))
+                    continue
+                for rows in batches:
                     if packed:  # unpadded: the layers compute on the real tokens only
                         hidden, mask = packed_forward(model, [ids[i] for i in rows], lengths[rows], self.device,
                                                       kernel)
                         out[start + rows] = self._pool(hidden, mask).cpu().numpy()
                     else:
                         input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
-                        if compiled is not None:
-                            out[start + rows] = compiled(input_ids, mask)
-                        else:
-                            input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-                            mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
-                            hidden = model(input_ids=input_ids, attention_mask=mask)[0]
-                            out[start + rows] = self._pool(hidden, mask).cpu().numpy()
+                        input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+                        mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
+                        hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                        out[start + rows] = self._pool(hidden, mask).cpu().numpy()
                     if bar is not None:
                         bar.update(len(rows))
         if bar is not None:
