@@ -279,7 +279,11 @@ def cold():
 if not args or (args[0].startswith("-") and args[0] not in ("-m", "-c")) or (args[0] in ("-m", "-c") and len(args) < 2):
     cold()
 inherited = []  # fds beyond 0-2 that this process was started with (os.listdir's own fd is closed by now)
-for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+try:
+    open_fds = sorted(int(name) for name in os.listdir("/proc/self/fd"))
+except (OSError, ValueError):  # no /proc (not Linux): which fds to pass is unknown, so run the real interpreter
+    cold()
+for fd in open_fds:
     try:
         if fd > 2 and os.get_inheritable(fd):
             inherited.append(fd)
