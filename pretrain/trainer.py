@@ -580,6 +580,18 @@ class Trainer:
                                     device=acc.device)
             step, epoch, pos = state["step"], state["epoch"], state["step_in_epoch"]
             restored_window = state.get("log_window", {})
+            # the optimizer's learning rate is what the checkpoint's schedule set after its last step: recomputed
+            # from this run's schedule at that step (the same value, unless --max-steps/--epochs changed the total:
+            # then the next step would run at the old schedule's end, lr 0 for a linear decay, and jump after it)
+            for group, lr_lambda, base_lr in zip(optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs):
+                group["lr"] = base_lr * lr_lambda(scheduler.last_epoch)
+            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+            before = state.get("total_steps")
+            if before is not None and int(before) != self.total_steps:
+                logger.warning("resuming a run of %d steps as a run of %d steps: steps %d-%d follow the schedule of "
+                               "%d steps (warm-up %d, linear decay to 0 at step %d); the first %d followed that of %d",
+                               int(before), self.total_steps, step + 1, self.total_steps, self.total_steps,
+                               self.warmup_steps, self.total_steps, step, int(before))
             logger.info("resumed from %s (step %d, epoch %d, step in epoch %d)", resume[1], step, epoch, pos)
             self._on_step(model, step)
 
