@@ -140,7 +140,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             pipelines[name] = on_first_use(lambda encoder=encoder, retriever=retriever: encoder().query_encoder() >>
                                            retriever, retriever, f"{name}: saved run {run_file}")
         else:
-            pipelines[name] = (built or encoder()).query_encoder() >> retriever
+            pipelines[name] = (built if built is not None else encoder()).query_encoder() >> retriever
     return pipelines, timings
 
 
