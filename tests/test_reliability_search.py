@@ -92,6 +92,38 @@ def test_ties_follow_ascending_docid_on_every_backend(tie_indexes, k):
         np.testing.assert_array_equal(scores, ref_scores.astype(np.float32), err_msg=name)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("k", [1, 7, 30])
+def test_numpy_kernel_pools_survivors_and_filters_in_threads(threads, k, monkeypatch):
+    """The numpy kernel's survivors of the running threshold are pooled and merged about every ``k`` columns,
+    and its filter runs over row ranges in ``threads`` threads: the result is still the naive full sort's,
+    ties by ascending id, over many small blocks and over two interleaved shard parts, and a run over many
+    blocks merges fewer times than it has blocks."""
+    from pyterrier_cpdae.dense import kernels
+
+    rng = np.random.default_rng(7)
+    for low, high in [(-2, 3), (-1000, 1001)]:  # small integers: many ties; wide ones: few (exact in float32)
+        vecs = rng.integers(low, high, size=(3000, DIM)).astype(np.float32)
+        queries = rng.integers(low, high, size=(20, DIM)).astype(np.float32)
+        if high < 10:  # the all-ones, all-minus-ones and zero queries: every score of the last one ties
+            queries = np.vstack([tie_queries(), queries])
+        ref_scores, ref_ids = naive_order(vecs, queries, k)
+        merges = []
+        merge = kernels._NumpyTopK._merge
+        monkeypatch.setattr(kernels._NumpyTopK, "_merge",
+                            lambda self, s, i: (merges.append(s.shape[1]), merge(self, s, i)))
+        scores, ids = kernels.numpy_search([(vecs, 0, 1)], queries, k, block_size=64, threads=threads)
+        monkeypatch.undo()
+        np.testing.assert_array_equal(ids, ref_ids)
+        np.testing.assert_array_equal(scores, ref_scores.astype(np.float32))
+        halves = [(vecs[0::2], 0, 2), (vecs[1::2], 1, 2)]  # round-robin shards: ids interleave across parts
+        scores, ids = kernels.numpy_search(halves, queries, k, block_size=64, threads=threads)
+        np.testing.assert_array_equal(ids, ref_ids)
+    assert 0 < len(merges) < 3000 // 64 / 2, merges  # few ties: pooled, not one merge per block
+    with pytest.raises(ValueError, match="threads"):
+        kernels.numpy_search([(vecs, 0, 1)], queries, k, threads=0)
+
+
 class _LastOfTiesFlat:
     """Stands in for a FAISS flat index that keeps the *largest* ids of equal scores at the cut (as a GPU
     k-selection may): exact scores, order by (-score, -docid)."""

@@ -8,6 +8,8 @@ part per shard ``s`` with offset ``s`` and stride ``n``).
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -53,6 +55,9 @@ def _outputs(parts: Sequence[Part], queries: np.ndarray, k: int) -> Tuple[np.nda
     return queries, k, np.empty((num_q, k), dtype=np.float32), np.empty((num_q, k), dtype=np.int64)
 
 
+#: survivors pooled before a merge, at least (for a small k, a merge per block would cost more than the filter)
+_MIN_POOL = 32
+
 #: the id of padding entries: it loses every tie, so padding never displaces a real document of equal score
 _PAD_ID = np.iinfo(np.int64).max
 
@@ -91,21 +96,43 @@ def _top_k(scores: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
     return flat
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class _NumpyTopK:
     """Running top-k (largest scores, ties: smallest ids) per query, updated block by block.
 
     Once ``k`` candidates are known for every query, a block is filtered against each query's current
     k-th best score first (``>=``: an entry equal to it may still win the tie by a smaller id, which happens
-    when shards interleave their ids), so only the (few) entries that can still enter the top-k are merged;
-    this keeps the per-block cost close to one vectorised comparison instead of a full ``argpartition``.
+    when shards interleave their ids), so only the (few) entries that can still enter the top-k are kept.
+    The filter is one comparison pass and one ``flatnonzero`` pass over the block's scores, split over
+    ``threads`` row ranges run in parallel (numpy releases the GIL in both): on 2 cores this measures the
+    same as one thread, on many it keeps the single-threaded filter from outgrowing the threaded matmul.  Survivors are pooled and merged into the top-k only once the pool is
+    about ``max(k, 32)`` wide: until then the threshold is a little stale, which costs a few more survivors, never a
+    wrong result (the k-th best score only rises, so an old threshold lets through a superset).
     """
 
-    def __init__(self, num_queries: int, k: int):
+    def __init__(self, num_queries: int, k: int, threads: int = 1):
         self.k = k
         self.num_queries = num_queries
         self.scores = np.empty((num_queries, 0), dtype=np.float32)
         self.ids = np.empty((num_queries, 0), dtype=np.int64)
         self.threshold: Optional[np.ndarray] = None
+        self.pool: list = []  # (scores, ids) pairs, (q, m) each, not yet merged
+        self.pool_width = 0
+        self.threads = max(1, min(int(threads), num_queries))
+        self.executor = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+        bounds = np.linspace(0, num_queries, self.threads + 1).astype(int)
+        self.row_ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.executor = None
 
     def _merge(self, scores: np.ndarray, ids: np.ndarray) -> None:
         scores = np.concatenate([self.scores, scores], axis=1)
@@ -118,28 +145,51 @@ class _NumpyTopK:
         if self.scores.shape[1] == self.k:
             self.threshold = self.scores.min(axis=1)
 
+    def _flush(self) -> None:
+        if self.pool:
+            scores = np.concatenate([p[0] for p in self.pool], axis=1)
+            ids = np.concatenate([p[1] for p in self.pool], axis=1)
+            self.pool, self.pool_width = [], 0
+            self._merge(scores, ids)
+
+    def _survivors(self, block_scores: np.ndarray) -> np.ndarray:
+        """Flat indexes into ``block_scores`` of the entries ``>=`` their row's threshold, in row-major order."""
+        b = block_scores.shape[1]
+
+        def rows(span):
+            lo, hi = span
+            part = block_scores[lo:hi]
+            return np.flatnonzero(part >= self.threshold[lo:hi, None]) + lo * b
+
+        if self.executor is None:
+            return rows((0, self.num_queries))
+        return np.concatenate(list(self.executor.map(rows, self.row_ranges)))
+
     def update(self, block_scores: np.ndarray, block_ids: np.ndarray) -> None:
         """Adds a block of scores ``(num_queries, b)`` for the documents ``block_ids`` ``(b,)`` (ascending)."""
         q, b = block_scores.shape
         if b == 0:
             return
         if self.threshold is not None:
-            mask = block_scores >= self.threshold[:, None]
-            counts = np.count_nonzero(mask, axis=1)
-            m = int(counts.max())
-            if m == 0:
+            flat = self._survivors(block_scores)
+            if not len(flat):
                 return
+            rows, cols = np.divmod(flat, b)
+            counts = np.bincount(rows, minlength=q)
+            m = int(counts.max())
             if m <= max(self.k, b // 8):
-                flat = np.flatnonzero(mask)  # far faster than 2-d np.nonzero
-                rows, cols = np.divmod(flat, b)
                 starts = np.cumsum(counts) - counts
                 pos = np.arange(len(rows)) - starts[rows]
                 cand_scores = np.full((q, m), -np.inf, dtype=np.float32)
                 cand_ids = np.full((q, m), _PAD_ID, dtype=np.int64)
                 cand_scores[rows, pos] = block_scores.ravel()[flat]
                 cand_ids[rows, pos] = block_ids[cols]
-                self._merge(cand_scores, cand_ids)
+                self.pool.append((cand_scores, cand_ids))
+                self.pool_width += m
+                if self.pool_width >= max(self.k, _MIN_POOL):
+                    self._flush()
                 return
+        self._flush()
         kk = min(self.k, b)
         if kk < b:
             top = _top_k(block_scores, block_ids, kk)
@@ -149,11 +199,13 @@ class _NumpyTopK:
 
     def result(self) -> Tuple[np.ndarray, np.ndarray]:
         """The top-k scores and ids per query, sorted by descending score (ties: ascending id)."""
+        self._flush()
         return sort_results(self.scores, self.ids)
 
 
 def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
-                 block_size: int = 16384, query_batch_size: int = 1024) -> Tuple[np.ndarray, np.ndarray]:
+                 block_size: int = 16384, query_batch_size: int = 1024,
+                 threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` inner-product search with numpy, streaming ``block_size`` rows at a time.
 
     Args:
@@ -163,27 +215,37 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
         k: number of results per query, >= 1 (capped at the number of documents).
         block_size: document rows scored per matmul.
         query_batch_size: queries scored together (bounds the ``q x block_size`` score matrix).
+        threads: threads that filter each block's scores against the running top-k (default: the CPUs this
+            process may use); the matmul itself is threaded by the BLAS library.
 
     Returns:
         ``(scores, ids)``, both ``(q, min(k, n))``; scores float32 descending, ids int64 global document ids.
     """
     block_size = check_int(block_size, "block_size")
     query_batch_size = check_int(query_batch_size, "query_batch_size")
+    threads = _usable_cpus() if threads is None else check_int(threads, "threads")
     queries, k, out_scores, out_ids = _outputs(parts, queries, k)
     if k == 0 or not len(queries):
         return out_scores, out_ids
+    buffer = np.empty((min(query_batch_size, len(queries)), block_size), dtype=np.float32)
     for qs in range(0, len(queries), query_batch_size):
         qbatch = queries[qs:qs + query_batch_size]
-        topk = _NumpyTopK(len(qbatch), k)
-        for vectors, offset, stride in parts:
-            for start in range(0, len(vectors), block_size):
-                block = np.asarray(vectors[start:start + block_size])
-                if block.dtype != np.float32:
-                    block = block.astype(np.float32)
-                scores = qbatch @ block.T
-                ids = np.arange(start, start + len(block), dtype=np.int64) * stride + offset
-                topk.update(scores, ids)
-        s, i = topk.result()
+        topk = _NumpyTopK(len(qbatch), k, threads)
+        try:
+            for vectors, offset, stride in parts:
+                for start in range(0, len(vectors), block_size):
+                    block = np.asarray(vectors[start:start + block_size])
+                    if block.dtype != np.float32:
+                        block = block.astype(np.float32)
+                    if len(block) == block_size:  # scores into one reused buffer: no fresh pages per block
+                        scores = np.matmul(qbatch, block.T, out=buffer[:len(qbatch)])
+                    else:
+                        scores = qbatch @ block.T
+                    ids = np.arange(start, start + len(block), dtype=np.int64) * stride + offset
+                    topk.update(scores, ids)
+            s, i = topk.result()
+        finally:
+            topk.close()
         out_scores[qs:qs + len(qbatch)] = s
         out_ids[qs:qs + len(qbatch)] = i
     return out_scores, out_ids
