@@ -1,0 +1,36 @@
+"""Smoke run of experiments/bench/bench_search_bound.py (issue 34 item 4's benchmark) at a tiny size: the script
+runs end to end, its float64 brute-force check passes on the kernel's output, and a vectors file of other sizes
+is refused by name rather than benchmarked."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "bench" / "bench_search_bound.py"
+
+
+def run(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_bench_search_bound_smoke(tmp_path):
+    vecs = tmp_path / "v.npy"
+    small = ["--docs", "3000", "--dim", "16", "--queries", "40", "--ks", "50", "5", "--repeats", "1",
+             "--block-size", "512", "--bound-seconds", "0.05", "--check-queries", "8"]
+    res = run("--vectors", str(vecs), *small, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "for all 8 checked queries" in res.stdout
+    assert "| 50 |" in res.stdout and "| 5 |" in res.stdout
+    made = np.load(vecs, mmap_mode="r")
+    assert made.shape == (3000, 16) and made.dtype == np.float32
+    again = run("--vectors", str(vecs), *small, cwd=tmp_path)  # reused, not re-made
+    assert again.returncode == 0, again.stderr
+    wrong = run("--vectors", str(vecs), *[a if a != "3000" else "3001" for a in small], cwd=tmp_path)
+    assert wrong.returncode != 0 and "holds 3000 x 16 vectors" in wrong.stderr
