@@ -13,7 +13,9 @@ name says what it resolved to; the one-off compilation is printed and kept out o
 ``backend="torch"`` (PyTorch eager float32), and with ``dtype="bf16"`` on PyTorch (opt-in) where the CPU has
 native bf16 (AVX512-BF16/AMX) or with ``--bf16``; with ``--batch-tokens N ...`` also with batches cut by a
 token budget of ``N`` (``batch_tokens=N``; the default on the CPU cuts batches of ``--batch-size`` texts).
-With ``--indexing`` it also runs as in an indexing pipeline
+With ``--pooling cls`` every system pools the (normalised) ``[CLS]`` vector instead of all-MiniLM's mean: CPDAE's
+own pooling, where its last layer runs at ``[CLS]`` only (``cls_last_layer``), and a row with the full last layer
+shows what that gives.  With ``--indexing`` it also runs as in an indexing pipeline
 (``enc >> index.indexer()``: pyterrier 1.1's ``Compose.index`` hands the encoder chunks of ``max(100,
 batch_size)`` dict records through ``transform_iter``).
 
@@ -97,7 +99,7 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
 
     records = docs.to_dict(orient="records")
     bs = args.batch_size
-    common = dict(pooling="mean", normalize=True, doc_max_length=ml, batch_size=bs, device="cpu")
+    common = dict(pooling=args.pooling, normalize=True, doc_max_length=ml, batch_size=bs, device="cpu")
     auto = CPDAE.from_pretrained(args.model, **common)
     auto_dtype = str(auto._autocast_dtype()).replace("torch.", "")
     lengths = [len(x) for x in auto.tokenizer(docs["text"].tolist(), truncation=True, max_length=ml)["input_ids"]]
@@ -121,6 +123,12 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     if auto_dtype != "bfloat16" and (args.bf16 or cpu_has_native_bf16()):
         cpdae["CPDAE dtype='bf16' backend='torch' (opt-in)"] = CPDAE(auto.model, auto.tokenizer, dtype="bf16",
                                                                      backend="torch", **common).doc_encoder()
+    if args.pooling == "cls":  # what trimming the last layer to [CLS] gives: the default with the full layer
+        full = CPDAE.from_pretrained(args.model, backend=default_backend, cls_last_layer=False, **common)
+        if default_backend == "openvino":
+            full.encode_docs(["warm-up"])  # compiled outside the timings
+        cpdae[f"CPDAE default, cls_last_layer=False (full last layer; backend {default_backend or 'auto'})"] = \
+            full.doc_encoder()
     for budget in args.batch_tokens or ():
         stage = CPDAE.from_pretrained(args.model, backend=default_backend, batch_tokens=budget, **common).doc_encoder()
         if default_backend == "openvino":
@@ -151,6 +159,10 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
         peers["pyterrier-dr SBertBiEncoder"] = lambda df, recs: np.stack(sbert.doc_encoder()(df)["doc_vec"].tolist())
     st = SentenceTransformer(args.model, device="cpu")
     st.max_seq_length = ml
+    if args.pooling == "cls":  # the same [CLS] vectors as CPDAE (and HgfBiEncoder), normalised by st's Normalize
+        from sentence_transformers.models import Pooling
+        st = SentenceTransformer(modules=[st[0], Pooling(st[1].embedding_dimension, pooling_mode="cls"),
+                                          *list(st)[2:]], device="cpu")
     peers["sentence-transformers encode"] = lambda df, recs: st.encode(df["text"].tolist(), batch_size=bs)
     systems.update(peers)
 
@@ -224,6 +236,9 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--queries", default=DEFAULT_QUERIES, help="BEIR queries.jsonl for the ranking check ('' skips it)")
     p.add_argument("--batch-tokens", type=int, nargs="*", default=[],
                    help="also time CPDAE's default with these token budgets (batch_tokens=N; default: none)")
+    p.add_argument("--pooling", choices=["mean", "cls"], default="mean",
+                   help="CPDAE's and sentence-transformers' pooling (mean: all-MiniLM's own; cls: CPDAE's, where "
+                        "the last layer runs at [CLS] only), normalised in both")
     p.add_argument("--skip", default="", help="comma-separated peers to leave out (e.g. 'SBertBiEncoder')")
     args = p.parse_args(argv)
     if not os.path.exists(args.corpus):

@@ -38,6 +38,7 @@ import torch
 
 from .._checks import stack_vectors
 from .batching import check_int, check_texts, chunked, dedup, length_sorted_batches, pad, token_budget_batches
+from .first_token import check_first_token, first_token_model, first_token_problem
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
 from .packing import packed_forward, supports_packing, varlen_kernel
@@ -171,7 +172,8 @@ class CPDAE(pt.Transformer):
                  batch_size: int = 32, device: Union[None, str, torch.device] = None,
                  dtype: Union[None, str, torch.dtype] = None, verbose: bool = False, sort_window: int = 64,
                  name_or_path: Optional[str] = None, config: Any = None, backend: Optional[str] = None,
-                 batch_tokens: Optional[int] = None, unpad: Optional[bool] = None):
+                 batch_tokens: Optional[int] = None, unpad: Optional[bool] = None,
+                 cls_last_layer: Optional[bool] = None):
         """
         Args:
             model: a Hugging Face encoder (``AutoModel``-like: returns the last hidden states first); ``None``
@@ -198,6 +200,14 @@ class CPDAE(pt.Transformer):
                 computes on padding.  ``None`` = automatic: packed where that kernel runs (CUDA in bf16/fp16, a
                 BERT model, PyTorch backend), else padded batches; ``False`` = always padded; ``True`` = packed,
                 or a ``ValueError`` at the first encoding where the kernel cannot run.
+            cls_last_layer: under ``[CLS]`` pooling, compute the last layer at the ``[CLS]`` position only (its keys
+                and values still from every token; :mod:`pyterrier_cpdae.encoder.first_token`): nothing reads its
+                other positions, so this skips most of the last layer's work (~1/7 of MiniLM's at 256 tokens)
+                with the same vectors up to float32 summation order.  ``None`` = automatic: on with ``"cls"``
+                pooling for a BERT-like model with ``sdpa``/``eager`` attention in padded batches (PyTorch and
+                OpenVINO backends; packed batches keep the full layer), checked once per encoder against the
+                full layer on random hidden states; ``False`` = the full last layer; ``True`` = trimmed, or a
+                ``ValueError`` (``"mean"`` pooling at once, an unsupported model at the first encoding).
             device: ``None`` = the in-memory model's device, or cuda when available for a lazily loaded model.
             dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
                 ``None`` = automatic (:func:`default_dtype`): bf16 on CUDA (fp16 where bf16 is unsupported),
@@ -266,6 +276,14 @@ class CPDAE(pt.Transformer):
         if unpad is not None and not isinstance(unpad, (bool, np.bool_)):
             raise ValueError(f"unpad must be True, False or None (automatic), got {type(unpad).__name__} {unpad!r}")
         self.unpad = None if unpad is None else bool(unpad)
+        if cls_last_layer is not None and not isinstance(cls_last_layer, (bool, np.bool_)):
+            raise ValueError(f"cls_last_layer must be True, False or None (automatic), got "
+                             f"{type(cls_last_layer).__name__} {cls_last_layer!r}")
+        if cls_last_layer and pooling != "cls":
+            raise ValueError(f"cls_last_layer=True needs pooling='cls' (got {pooling!r}): mean pooling reads every "
+                             "position of the last layer")
+        self.cls_last_layer = None if cls_last_layer is None else bool(cls_last_layer)
+        self._first_token: Dict[int, Optional[str]] = {}  # id(model) -> why it cannot be trimmed (None: it can)
 
     # -- construction --------------------------------------------------------------------------------------
     @classmethod
@@ -274,7 +292,8 @@ class CPDAE(pt.Transformer):
                         doc_max_length: Optional[int] = None, batch_size: int = 32,
                         device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
                         verbose: bool = False, sort_window: int = 64, backend: Optional[str] = None,
-                        batch_tokens: Optional[int] = None, unpad: Optional[bool] = None) -> "CPDAE":
+                        batch_tokens: Optional[int] = None, unpad: Optional[bool] = None,
+                        cls_last_layer: Optional[bool] = None) -> "CPDAE":
         """An encoder from a Hugging Face model directory or Hub name.
 
         Works for a ``python -m pretrain`` / ``finetune`` output (a ``BertForMaskedLM`` checkpoint: its MLM
@@ -320,7 +339,7 @@ class CPDAE(pt.Transformer):
             settings[key] = value
         return cls(None, tokenizer, batch_size=batch_size, device=device, dtype=dtype, verbose=verbose,
                    sort_window=sort_window, name_or_path=name, config=config, backend=backend,
-                   batch_tokens=batch_tokens, unpad=unpad, **settings)
+                   batch_tokens=batch_tokens, unpad=unpad, cls_last_layer=cls_last_layer, **settings)
 
     def _clamp_length(self, length: int, name: str) -> int:
         limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
@@ -346,6 +365,7 @@ class CPDAE(pt.Transformer):
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state["_openvino"] = None  # a compiled graph does not pickle; it is rebuilt on first use
+        state["_first_token"] = {}  # keyed by id(model): checked again in the process that loads it
         return state
 
     # -- identity ------------------------------------------------------------------------------------------
@@ -433,9 +453,29 @@ class CPDAE(pt.Transformer):
             return self.backend
         return _backend_name(os.environ.get(BACKEND_ENV, "").strip() or None, f"environment variable {BACKEND_ENV}")
 
-    def _openvino_encoder(self, tokens: int) -> Optional[Any]:
+    def _first_token_view(self, model: torch.nn.Module) -> Optional[torch.nn.Module]:
+        """``model`` with its last layer at the ``[CLS]`` position only when ``cls_last_layer`` asks for it and
+        the model allows it (checked once per model against the full layer), else ``None``."""
+        choice = getattr(self, "cls_last_layer", None)  # an encoder pickled before the option: automatic
+        if choice is False or self.pooling != "cls":
+            return None
+        checked = self.__dict__.setdefault("_first_token", {})
+        if id(model) not in checked:
+            checked[id(model)] = first_token_problem(model) or check_first_token(model)
+            if checked[id(model)] is not None and first_token_problem(model) is None:
+                logger.warning("%s: the last layer trimmed to [CLS] does not reproduce the full layer; encoding "
+                               "with the full layer", type(model).__name__)
+        problem = checked[id(model)]
+        if problem is not None:
+            if choice:
+                raise ValueError(f"cls_last_layer=True: the last layer cannot be trimmed to [CLS]: {problem}; pass "
+                                 "cls_last_layer=None (automatic) or False")
+            return None
+        return first_token_model(model)
+
+    def _openvino_encoder(self, tokens: int, model: Optional[torch.nn.Module] = None) -> Optional[Any]:
         """The compiled OpenVINO graph when this window of ``tokens`` tokens should use it (see ``backend``), else
-        ``None``."""
+        ``None``; compiled from ``model`` (default: the encoder) the first time."""
         self._tokens_encoded += tokens
         chosen = self._chosen_backend()
         if chosen == "torch":
@@ -455,7 +495,8 @@ class CPDAE(pt.Transformer):
         if self._openvino is None:
             precision = "bf16" if dtype == torch.bfloat16 else "f32"
             try:
-                self._openvino = compile_encoder(self.model, self.pooling, self.normalize, precision=precision)
+                self._openvino = compile_encoder(model if model is not None else self.model, self.pooling,
+                                                 self.normalize, precision=precision)
             except Exception as ex:
                 if chosen == "openvino":
                     raise
@@ -509,13 +550,15 @@ class CPDAE(pt.Transformer):
         bar = pt.tqdm(total=len(texts), desc="Encoding", unit="text", leave=False) if self.verbose else None
         with self._inference() as model:
             kernel = self._packing_kernel(model)
+            trimmed = self._first_token_view(model)  # the last layer at [CLS] only (padded batches)
+            forward = trimmed if trimmed is not None else model
             for start in range(0, len(texts), window):
                 part = texts[start:start + window]
                 # one fast-tokenizer call per window; no padding here (batches are padded to their own max)
                 ids = self.tokenizer(list(part), truncation=True, max_length=max_length, padding=False,
                                      return_attention_mask=False, return_token_type_ids=False)["input_ids"]
                 lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-                compiled = self._openvino_encoder(int(lengths.sum()))
+                compiled = self._openvino_encoder(int(lengths.sum()), forward)
                 packed = kernel is not None and compiled is None
                 batches = self._batches(lengths, max_length, packed)
                 if compiled is not None:  # the window's batches through OpenVINO's parallel streams at once
@@ -534,7 +577,7 @@ class CPDAE(pt.Transformer):
                         input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
                         input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
                         mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
-                        hidden = model(input_ids=input_ids, attention_mask=mask)[0]
+                        hidden = forward(input_ids=input_ids, attention_mask=mask)[0]
                         out[start + rows] = self._pool(hidden, mask).cpu().numpy()
                     if bar is not None:
                         bar.update(len(rows))
