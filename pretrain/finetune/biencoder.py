@@ -20,7 +20,7 @@ of training groups.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -134,11 +134,15 @@ class BiEncoder(nn.Module):
             as negatives.
         query_max_length: Query truncation length in tokens (special tokens included).
         doc_max_length: Passage truncation length in tokens.
+        cls_last_layer: Under ``"cls"`` pooling, run the encoder's last layer at ``[CLS]`` only (as ``CPDAE`` does:
+            :mod:`pyterrier_cpdae.encoder.first_token`): the loss reads no other position of it, so the loss and
+            every gradient are the full layer's (to float32 summation order) for less work. ``None`` = where the
+            model allows it (checked once against the full layer), ``False`` = the full layer.
     """
 
     def __init__(self, encoder: "PreTrainedModel", tokenizer: "PreTrainedTokenizerBase", *, pooling: str = "cls",
                  loss: str = "listwise", in_batch_negatives: bool = True, query_max_length: int = 32,
-                 doc_max_length: int = 256, normalize: bool = False):
+                 doc_max_length: int = 256, normalize: bool = False, cls_last_layer: Optional[bool] = None):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
@@ -152,6 +156,8 @@ class BiEncoder(nn.Module):
         self.in_batch_negatives = in_batch_negatives
         self.query_max_length = query_max_length
         self.doc_max_length = doc_max_length
+        self.cls_last_layer = cls_last_layer
+        self._trimmable: Optional[bool] = None  # checked at the first encode
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, **kwargs) -> "BiEncoder":
@@ -172,8 +178,18 @@ class BiEncoder(nn.Module):
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Text vectors ``(B, H)`` of a tokenised batch."""
-        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        out = self._forward_encoder()(input_ids=input_ids, attention_mask=attention_mask)
         return pool(out.last_hidden_state, attention_mask, self.pooling, self.normalize)
+
+    def _forward_encoder(self) -> nn.Module:
+        """The encoder, or a view of it whose last layer runs at ``[CLS]`` only (see ``cls_last_layer``)."""
+        if self.pooling != "cls" or self.cls_last_layer is False:
+            return self.encoder
+        from pyterrier_cpdae.encoder.first_token import check_first_token, first_token_model, first_token_problem
+
+        if self._trimmable is None:
+            self._trimmable = first_token_problem(self.encoder) is None and check_first_token(self.encoder) is None
+        return first_token_model(self.encoder) if self._trimmable else self.encoder
 
     def collate(self, examples: Sequence[tuple[str, Sequence[str]]]) -> dict[str, torch.Tensor]:
         """Tokenise training examples ``(query, [positive, negative_1, ..., negative_n])``.
