@@ -144,3 +144,38 @@ def test_finetuning_loss_and_gradients_equal_the_full_layers(tiny_bert_dir, loss
     assert grads_t.keys() == grads_f.keys() and len(grads_t) > 10
     for name in grads_f:  # (the key biases' true gradient is 0: softmax ignores them; both are rounding noise)
         torch.testing.assert_close(grads_t[name], grads_f[name], atol=1e-12, rtol=1e-8, msg=name)
+
+
+def test_packed_rows_trim_the_last_layer_too(tiny_bert_dir, monkeypatch):
+    """Packed (unpadded) batches with the varlen kernel (here its text-by-text CPU reference): the last layer takes
+    each text's first token as its one query against that text's keys; vectors equal the padded full layer's, and
+    a kernel that cannot take query segments of length 1 keeps the full layer."""
+    from pyterrier_cpdae.encoder import cpdae as enc_mod
+    from pyterrier_cpdae.encoder import packing
+
+    texts = TEXTS * 3
+    full = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="torch", pooling="cls", batch_size=4,
+                                 unpad=False, cls_last_layer=False)
+    reference = full.encode_docs(texts)
+    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: packing.reference_kernel)
+    packed = CPDAE(full.model, full.tokenizer, pooling="cls", batch_size=4, backend="torch", unpad=True)
+    packed.encode_docs(["warm-up"])  # the once-per-model check
+    seen = _Positions(full.model.encoder.layer[-1])
+    rows = []
+    handle = full.model.register_forward_pre_hook(lambda m, a, kw: rows.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)
+    got = packed.encode_docs(texts)
+    assert rows and all(r == 1 for r, _ in rows)  # packed rows
+    assert seen.lengths == [1] * len(rows)  # the last layer's feed-forward block on one position per text
+    np.testing.assert_allclose(got, reference, atol=2e-5, rtol=1e-4)
+    # a kernel that only takes equal query and key segments (as the reference kernel did before): the full layer
+    def equal_segments_only(q, k, v, cu_q, cu_k, max_q, max_k, scale=None):
+        if not torch.equal(cu_q, cu_k):
+            raise RuntimeError("query and key segments differ")
+        return packing.reference_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale)
+
+    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: equal_segments_only)
+    seen.lengths.clear()
+    np.testing.assert_allclose(packed.encode_docs(texts), reference, atol=2e-5, rtol=1e-4)
+    assert min(seen.lengths) > 1
+    handle.remove()

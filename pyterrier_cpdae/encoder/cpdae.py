@@ -41,7 +41,7 @@ from .batching import check_int, check_texts, chunked, dedup, length_sorted_batc
 from .first_token import check_first_token, first_token_model, first_token_problem
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
-from .packing import packed_forward, supports_packing, varlen_kernel
+from .packing import first_token_kernel_ok, packed_forward, supports_packing, varlen_kernel
 from .pooling import POOLINGS, pool
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
@@ -204,9 +204,9 @@ class CPDAE(pt.Transformer):
                 and values still from every token; :mod:`pyterrier_cpdae.encoder.first_token`): nothing reads its
                 other positions, so this skips most of the last layer's work (~1/7 of MiniLM's at 256 tokens)
                 with the same vectors up to float32 summation order.  ``None`` = automatic: on with ``"cls"``
-                pooling for a BERT-like model with ``sdpa``/``eager`` attention in padded batches (PyTorch and
-                OpenVINO backends; packed batches keep the full layer), checked once per encoder against the
-                full layer on random hidden states; ``False`` = the full last layer; ``True`` = trimmed, or a
+                pooling for a BERT-like model with ``sdpa``/``eager`` attention, in padded batches (PyTorch and
+                OpenVINO backends) and in packed ones where the varlen kernel takes one query row per text;
+                checked once per encoder against the full layer on random hidden states; ``False`` = the full last layer; ``True`` = trimmed, or a
                 ``ValueError`` (``"mean"`` pooling at once, an unsupported model at the first encoding).
             device: ``None`` = the in-memory model's device, or cuda when available for a lazily loaded model.
             dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
@@ -552,6 +552,10 @@ class CPDAE(pt.Transformer):
             kernel = self._packing_kernel(model)
             trimmed = self._first_token_view(model)  # the last layer at [CLS] only (padded batches)
             forward = trimmed if trimmed is not None else model
+            packed_model = model  # packed rows: trimmed where the kernel takes one query row per text
+            if kernel is not None and trimmed is not None and first_token_kernel_ok(kernel, str(self.device),
+                                                                                     self._autocast_dtype()):
+                packed_model = trimmed
             for start in range(0, len(texts), window):
                 part = texts[start:start + window]
                 # one fast-tokenizer call per window; no padding here (batches are padded to their own max)
@@ -570,8 +574,8 @@ class CPDAE(pt.Transformer):
                     continue
                 for rows in batches:
                     if packed:  # unpadded: the layers compute on the real tokens only
-                        hidden, mask = packed_forward(model, [ids[i] for i in rows], lengths[rows], self.device,
-                                                      kernel)
+                        hidden, mask = packed_forward(packed_model, [ids[i] for i in rows], lengths[rows],
+                                                      self.device, kernel, first_token=packed_model is trimmed)
                         out[start + rows] = self._pool(hidden, mask).cpu().numpy()
                     else:
                         input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)

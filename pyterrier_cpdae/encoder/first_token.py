@@ -10,8 +10,10 @@ masked positions only.  The ``[CLS]`` vector is the full model's up to float32 s
 :func:`first_token_model` builds a view of a Hugging Face BERT-like encoder (``model.encoder.layer`` of layers with
 ``attention.self.query/key/value``, ``attention.output`` and ``feed_forward_chunk``, as in transformers' BERT,
 RoBERTa and their copies) whose last layer is :class:`FirstTokenLayer`; it shares the weights and leaves the
-model itself unchanged.  The view's last hidden state is ``(B, 1, H)``.  Only the ``sdpa`` and ``eager`` attention
-implementations are used (their mask has a query axis that can be cut to the first row); anything else gets
+model itself unchanged.  The view's last hidden state is ``(B, 1, H)``; in a packed row (:mod:`~pyterrier_cpdae.encoder.packing`) the last
+layer takes each text's first token as its one query against that text's keys through the variable-length kernel
+(query segments of length 1), where :func:`~pyterrier_cpdae.encoder.packing.first_token_kernel_ok` finds the
+kernel able to.  Only the ``sdpa`` and ``eager`` attention implementations are used (their mask has a query axis that can be cut to the first row); anything else gets
 ``None`` and the full model runs.
 """
 from __future__ import annotations
@@ -20,6 +22,8 @@ import copy
 from typing import Optional
 
 import torch
+
+from .packing import KERNEL_KWARG
 
 __all__ = ["FirstTokenLayer", "first_token_model", "first_token_problem", "check_first_token"]
 
@@ -39,6 +43,9 @@ class FirstTokenLayer(torch.nn.Module):
         from transformers.models.bert.modeling_bert import eager_attention_forward
 
         attn = self.layer.attention.self
+        kernel, cu = kwargs.get(KERNEL_KWARG), kwargs.get("cu_seq_lens_q")
+        if kernel is not None and cu is not None:  # a packed row (1, T, H): each text's first token is at cu[i]
+            return self._packed(hidden_states[0], cu, int(kwargs["max_length_k"]), kernel)
         batch, length, _ = hidden_states.shape
         head = attn.attention_head_size
         first = hidden_states[:, :1]
@@ -51,6 +58,20 @@ class FirstTokenLayer(torch.nn.Module):
         context, _ = interface(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling)
         context = context.reshape(batch, 1, -1)
         return self.layer.feed_forward_chunk(self.layer.attention.output(context, first))
+
+
+    def _packed(self, hidden: torch.Tensor, cu: torch.Tensor, longest: int, kernel) -> torch.Tensor:
+        """The first token of each packed text against all of its tokens: ``(B, 1, H)``."""
+        attn = self.layer.attention.self
+        head = attn.attention_head_size
+        first = hidden[cu[:-1].long()]  # (B, H)
+        query = attn.query(first).view(len(first), -1, head)
+        key = attn.key(hidden).view(len(hidden), -1, head)
+        value = attn.value(hidden).view(len(hidden), -1, head)
+        cu_q = torch.arange(len(first) + 1, device=cu.device, dtype=cu.dtype)
+        context = kernel(query, key, value, cu_q, cu, 1, longest, scale=attn.scaling)
+        first = first[:, None]
+        return self.layer.feed_forward_chunk(self.layer.attention.output(context.reshape(first.shape), first))
 
 
 def first_token_problem(model: torch.nn.Module) -> Optional[str]:

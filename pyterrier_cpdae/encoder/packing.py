@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-__all__ = ["ATTENTION", "PACKED_MODEL_TYPES", "supports_packing", "varlen_kernel", "reference_kernel", "packed_forward"]
+__all__ = ["ATTENTION", "PACKED_MODEL_TYPES", "supports_packing", "varlen_kernel", "reference_kernel", "packed_forward",
+           "KERNEL_KWARG", "first_token_kernel_ok"]
 
 ATTENTION = "cpdae_varlen"
 """The name of the attention function registered in transformers' ``AttentionInterface``."""
@@ -28,6 +29,8 @@ PACKED_MODEL_TYPES = ("bert",)
 """Model types whose forward pass runs packed: BERT's embeddings take ``position_ids`` (token types are 0) and its
 attention goes through transformers' attention interface with the call's keyword arguments."""
 _KERNEL_KWARG = "cpdae_varlen_kernel"
+KERNEL_KWARG = _KERNEL_KWARG
+"""The forward keyword that carries the kernel to the attention (and to a last layer trimmed to [CLS])."""
 
 Kernel = Callable[..., torch.Tensor]
 
@@ -35,10 +38,12 @@ Kernel = Callable[..., torch.Tensor]
 def reference_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                      max_q: int, max_k: int, scale: Optional[float] = None) -> torch.Tensor:
     """Variable-length attention of ``(T, heads, head_dim)`` tensors computed text by text with SDPA (any device
-    and dtype; slow): what ``varlen_attn`` computes, for the CPU tests."""
+    and dtype; slow): what ``varlen_attn`` computes, for the CPU tests.  Text ``i``'s queries are rows
+    ``cu_q[i]:cu_q[i+1]`` of ``q`` and its keys and values rows ``cu_k[i]:cu_k[i+1]`` of ``k`` and ``v``."""
     out = torch.empty_like(q)
-    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
-        seg = [t[a:b].transpose(0, 1) for t in (q, k, v)]
+    bounds = zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(), cu_k[1:].tolist())
+    for a, b, c, d in bounds:
+        seg = [q[a:b].transpose(0, 1), k[c:d].transpose(0, 1), v[c:d].transpose(0, 1)]
         out[a:b] = torch.nn.functional.scaled_dot_product_attention(*seg, scale=scale).transpose(0, 1)
     return out
 
@@ -101,6 +106,23 @@ def varlen_kernel(device: torch.device, dtype: torch.dtype) -> Optional[Kernel]:
     return _probe(str(device), dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def first_token_kernel_ok(kernel: Kernel, device: str, dtype: torch.dtype) -> bool:
+    """Whether ``kernel`` computes one query row per text against all of that text's keys (query segments of
+    length 1, key segments of the texts' lengths), as a last layer trimmed to ``[CLS]`` calls it: checked once per
+    kernel, device and dtype against :func:`reference_kernel`."""
+    try:
+        q = torch.randn(2, 2, 32, device=device, dtype=dtype)
+        kv = torch.randn(6, 2, 32, device=device, dtype=dtype)
+        cu_q = torch.tensor([0, 1, 2], device=device, dtype=torch.int32)
+        cu_k = torch.tensor([0, 2, 6], device=device, dtype=torch.int32)
+        out = kernel(q, kv, kv, cu_q, cu_k, 1, 4)
+        ref = reference_kernel(q.float(), kv.float(), kv.float(), cu_q, cu_k, 1, 4)
+        return bool(torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2))
+    except Exception:  # a kernel without separate query and key lengths
+        return False
+
+
 @contextlib.contextmanager
 def _attention_implementation(model: torch.nn.Module) -> Iterator[None]:
     """Runs ``model`` with :data:`ATTENTION` (padded calls inside still use SDPA), restored afterwards."""
@@ -115,10 +137,12 @@ def _attention_implementation(model: torch.nn.Module) -> Iterator[None]:
 
 
 def packed_forward(model: torch.nn.Module, seqs: Sequence[Sequence[int]], lengths: np.ndarray,
-                   device: torch.device, kernel: Kernel) -> Tuple[torch.Tensor, torch.Tensor]:
+                   device: torch.device, kernel: Kernel, first_token: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Runs the texts ``seqs`` as one packed row and returns their token outputs re-laid as a padded
     ``(B, longest, H)`` batch with its ``(B, longest)`` attention mask, as a padded forward pass would return them
-    (the padding rows are zeros), for :func:`~pyterrier_cpdae.encoder.pooling.pool`."""
+    (the padding rows are zeros), for :func:`~pyterrier_cpdae.encoder.pooling.pool`.  With ``first_token`` the
+    model is a view whose last layer runs at each text's first token only
+    (:mod:`~pyterrier_cpdae.encoder.first_token`): its ``(B, 1, H)`` output comes back as it is, with a mask of ones."""
     lengths = np.asarray(lengths, dtype=np.int64)
     ids = torch.from_numpy(np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(lengths.sum())))
     positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]))
@@ -129,6 +153,8 @@ def packed_forward(model: torch.nn.Module, seqs: Sequence[Sequence[int]], length
                        position_ids=positions[None].to(device, non_blocking=True),
                        cu_seq_lens_q=cu.to(device), cu_seq_lens_k=cu.to(device), max_length_q=width,
                        max_length_k=width, **{_KERNEL_KWARG: kernel})[0]
+    if first_token:
+        return hidden, torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
     mask = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None]).to(device)
     padded = hidden.new_zeros((len(lengths), width, hidden.shape[-1]))
     padded[mask] = hidden[0]
