@@ -173,8 +173,13 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
         lengths = np.array([len(x) for x in encoder.tokenizer(texts, truncation=True, max_length=length)["input_ids"]])
         systems = {"cpdae_bf16": encoder.doc_encoder()}
         if dist == "varied":
+            rest = {k: v for k, v in common.items() if k not in ("device", "pooling")}
             systems["cpdae_padded_bf16"] = CPDAE(encoder.model, encoder.tokenizer, batch_tokens=0, unpad=False,
-                                                 **{k: v for k, v in common.items() if k != "device"}).doc_encoder()
+                                                 pooling="mean", **rest).doc_encoder()
+            # [CLS] pooling (CPDAE's own): the last layer at [CLS] only (default) beside the full last layer
+            systems["cpdae_cls_bf16"] = CPDAE(encoder.model, encoder.tokenizer, pooling="cls", **rest).doc_encoder()
+            systems["cpdae_cls_full_bf16"] = CPDAE(encoder.model, encoder.tokenizer, pooling="cls",
+                                                   cls_last_layer=False, **rest).doc_encoder()
         vecs: Dict[str, np.ndarray] = {}
         times: Dict[str, float] = {}
         for label, stage in systems.items():
@@ -215,6 +220,16 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
             row.update(padded_docs_per_s=args.docs / t_pad, padded_real_tokens_per_s=float(lengths.sum()) / t_pad,
                        padded_mfu_vs_measured_bf16=flops / t_pad / peaks["bf16_flops"],
                        speedup_vs_padded=t_pad / t_ours)
+        if "cpdae_cls_bf16" in times:
+            a, b = vecs["cpdae_cls_bf16"], vecs["cpdae_cls_full_bf16"]
+            cls_cos = np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+            row.update(cls_docs_per_s=args.docs / times["cpdae_cls_bf16"],
+                       cls_full_layer_docs_per_s=args.docs / times["cpdae_cls_full_bf16"],
+                       cls_speedup_of_trimmed_last_layer=times["cpdae_cls_full_bf16"] / times["cpdae_cls_bf16"],
+                       cls_min_cosine_trimmed_vs_full=float(cls_cos.min()))
+            print(f"encode {shape_name} {dist} {length} tokens, [CLS] pooling: last layer at [CLS] only "
+                  f"{row['cls_docs_per_s']:.1f} docs/s, full last layer {row['cls_full_layer_docs_per_s']:.1f} "
+                  f"({row['cls_speedup_of_trimmed_last_layer']:.2f}x), min cosine {cls_cos.min():.5f}", flush=True)
         rows.append(row)
         extra = (f", padded path {row['padded_docs_per_s']:.1f} docs/s ({row['speedup_vs_padded']:.2f}x)"
                  if "padded_docs_per_s" in row else "")
