@@ -179,3 +179,23 @@ def test_packed_rows_trim_the_last_layer_too(tiny_bert_dir, monkeypatch):
     np.testing.assert_allclose(packed.encode_docs(texts), reference, atol=2e-5, rtol=1e-4)
     assert min(seen.lengths) > 1
     handle.remove()
+
+
+def test_trimmed_layer_keeps_attention_dropout_in_training(tiny_bert_dir):
+    """In training the trimmed last layer drops attention probabilities as the full layer does (and not in eval):
+    with dropout only in the last layer's attention, two training passes differ and two eval passes do not."""
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    model = AutoModel.from_pretrained(tiny_bert_dir)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    model.encoder.layer[-1].attention.self.dropout.p = 0.5
+    view = ft.first_token_model(model)
+    batch = tok(TEXTS, padding=True, return_tensors="pt")
+    model.train()
+    with torch.no_grad():
+        a, b = view(**batch)[0], view(**batch)[0]
+    assert not torch.allclose(a, b)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(view(**batch)[0], view(**batch)[0])

@@ -55,10 +55,10 @@ class FirstTokenLayer(torch.nn.Module):
         if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-2] > 1:
             attention_mask = attention_mask[:, :, :1]  # the first query row of a (B, 1|heads, L, L) mask
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager_attention_forward)
-        context, _ = interface(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling)
+        dropout = attn.dropout.p if attn.training else 0.0  # as the full layer: attention dropout in training
+        context, _ = interface(attn, query, key, value, attention_mask, dropout=dropout, scaling=attn.scaling)
         context = context.reshape(batch, 1, -1)
         return self.layer.feed_forward_chunk(self.layer.attention.output(context, first))
-
 
     def _packed(self, hidden: torch.Tensor, cu: torch.Tensor, longest: int, kernel) -> torch.Tensor:
         """The first token of each packed text against all of its tokens: ``(B, 1, H)``."""
