@@ -206,8 +206,9 @@ class CPDAE(pt.Transformer):
                 with the same vectors up to float32 summation order.  ``None`` = automatic: on with ``"cls"``
                 pooling for a BERT-like model with ``sdpa``/``eager`` attention, in padded batches (PyTorch and
                 OpenVINO backends) and in packed ones where the varlen kernel takes one query row per text;
-                checked once per encoder against the full layer on random hidden states; ``False`` = the full last layer; ``True`` = trimmed, or a
-                ``ValueError`` (``"mean"`` pooling at once, an unsupported model at the first encoding).
+                checked once per encoder against the full layer on random hidden states; ``False`` = the full
+                last layer; ``True`` = trimmed, or a ``ValueError`` (``"mean"`` pooling at once, an unsupported
+                model at the first encoding).
             device: ``None`` = the in-memory model's device, or cuda when available for a lazily loaded model.
             dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
                 ``None`` = automatic (:func:`default_dtype`): bf16 on CUDA (fp16 where bf16 is unsupported),
