@@ -106,14 +106,14 @@ def _usable_cpus() -> int:
 class _NumpyTopK:
     """Running top-k (largest scores, ties: smallest ids) per query, updated block by block.
 
-    Once ``k`` candidates are known for every query, a block is filtered against each query's current
-    k-th best score first (``>=``: an entry equal to it may still win the tie by a smaller id, which happens
-    when shards interleave their ids), so only the (few) entries that can still enter the top-k are kept.
-    The filter is one comparison pass and one ``flatnonzero`` pass over the block's scores, split over
-    ``threads`` row ranges run in parallel (numpy releases the GIL in both): on 2 cores this measures the
-    same as one thread, on many it keeps the single-threaded filter from outgrowing the threaded matmul.  Survivors are pooled and merged into the top-k only once the pool is
-    about ``max(k, 32)`` wide: until then the threshold is a little stale, which costs a few more survivors, never a
-    wrong result (the k-th best score only rises, so an old threshold lets through a superset).
+    Once ``k`` candidates are known for every query, a block is filtered against each query's current k-th best
+    score first (``>=``: an entry equal to it may still win the tie by a smaller id, which happens when shards
+    interleave their ids), so only the (few) entries that can still enter the top-k are kept. The filter is one
+    comparison pass and one ``flatnonzero`` pass over the block's scores, split over ``threads`` row ranges run in
+    parallel (numpy releases the GIL in both): on 2 cores this measures the same as one thread, on many it keeps the
+    single-threaded filter from outgrowing the threaded matmul. Survivors are pooled and merged into the top-k only
+    once the pool is about ``max(k, 32)`` wide: until then the threshold is a little stale, which costs a few more
+    survivors, never a wrong result (the k-th best score only rises, so an old threshold lets through a superset).
     """
 
     def __init__(self, num_queries: int, k: int, threads: int = 1):

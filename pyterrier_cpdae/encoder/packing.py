@@ -137,7 +137,8 @@ def _attention_implementation(model: torch.nn.Module) -> Iterator[None]:
 
 
 def packed_forward(model: torch.nn.Module, seqs: Sequence[Sequence[int]], lengths: np.ndarray,
-                   device: torch.device, kernel: Kernel, first_token: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                   device: torch.device, kernel: Kernel,
+                   first_token: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Runs the texts ``seqs`` as one packed row and returns their token outputs re-laid as a padded
     ``(B, longest, H)`` batch with its ``(B, longest)`` attention mask, as a padded forward pass would return them
     (the padding rows are zeros), for :func:`~pyterrier_cpdae.encoder.pooling.pool`.  With ``first_token`` the
