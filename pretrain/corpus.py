@@ -44,6 +44,8 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from pyterrier_cpdae._checks import default_num_threads
+
 from .inputs import corpus_fingerprints, input_changes, tokenizer_fingerprint  # noqa: F401 (re-exported)
 from .readers import Fields, corpus_files, iter_texts, parse_fields, resolve_spec
 
@@ -568,14 +570,6 @@ class TokenCache(torch.utils.data.Dataset):
 
 def _corpus_files_record(spec: str) -> dict[str, Any]:
     return corpus_fingerprints(spec)
-
-
-def default_num_threads() -> int:
-    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` elsewhere)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 Encoded = tuple[int, Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]

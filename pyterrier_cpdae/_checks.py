@@ -1,4 +1,5 @@
-"""Value checks that every wing shares: integer options, docnos, and vectors in a ``doc_vec``/``query_vec`` column.
+"""Value checks that every wing shares: integer options (and the default of a thread-count option), docnos, and
+vectors in a ``doc_vec``/``query_vec`` column.
 
 The encoder (:mod:`pyterrier_cpdae.encoder`), the dense index (:mod:`pyterrier_cpdae.dense`), the BM25 index
 (:mod:`pyterrier_cpdae.bm25`) and the dataset readers (:mod:`pyterrier_cpdae.datasets`) use these, so they live
@@ -6,11 +7,12 @@ here rather than inside one wing.  numpy only.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["check_int", "as_docno", "as_docnos", "stack_vectors", "check_norms", "describe_values", "MAX_NORM"]
+__all__ = ["check_int", "default_num_threads", "as_docno", "as_docnos", "stack_vectors", "check_norms", "describe_values", "MAX_NORM"]
 
 
 def check_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -24,6 +26,15 @@ def check_int(value: Any, name: str, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def default_num_threads() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` elsewhere): the default of
+    a thread-count option."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def as_docno(value: Any) -> str:

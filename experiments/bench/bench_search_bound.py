@@ -29,12 +29,12 @@ import inspect
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 
+from pretrain.export.record import toolkit_info
 from pyterrier_cpdae.dense.kernels import numpy_search
 
 
@@ -52,14 +52,9 @@ def machine() -> str:
 
 
 def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
-        return out.stdout.strip() + (" (uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """The source tree's commit (``pretrain.export.record.toolkit_info``, as model cards record it)."""
+    info = toolkit_info()
+    return (info["commit"] or "unknown")[:7] + (" (uncommitted changes)" if info.get("dirty") else "")
 
 
 def vectors(path, docs: int, dim: int) -> np.ndarray:

@@ -185,10 +185,10 @@ class BiEncoder(nn.Module):
         """The encoder, or a view of it whose last layer runs at ``[CLS]`` only (see ``cls_last_layer``)."""
         if self.pooling != "cls" or self.cls_last_layer is False:
             return self.encoder
-        from pyterrier_cpdae.encoder.first_token import check_first_token, first_token_model, first_token_problem
+        from pyterrier_cpdae.encoder.first_token import check_first_token, first_token_model
 
         if self._trimmable is None:
-            self._trimmable = first_token_problem(self.encoder) is None and check_first_token(self.encoder) is None
+            self._trimmable = check_first_token(self.encoder) is None
         return first_token_model(self.encoder) if self._trimmable else self.encoder
 
     def collate(self, examples: Sequence[tuple[str, Sequence[str]]]) -> dict[str, torch.Tensor]:

@@ -8,13 +8,12 @@ part per shard ``s`` with offset ``s`` and stride ``n``).
 """
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._checks import check_int, check_norms
+from .._checks import check_int, check_norms, default_num_threads
 
 Part = Tuple[np.ndarray, int, int]
 
@@ -94,13 +93,6 @@ def _top_k(scores: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
             cols = np.lexsort((ids[tied], -sub), axis=1)[:, :k]
         flat[tied] = cols + base[tied]
     return flat
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class _NumpyTopK:
@@ -223,7 +215,7 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
     """
     block_size = check_int(block_size, "block_size")
     query_batch_size = check_int(query_batch_size, "query_batch_size")
-    threads = _usable_cpus() if threads is None else check_int(threads, "threads")
+    threads = default_num_threads() if threads is None else check_int(threads, "threads")
     queries, k, out_scores, out_ids = _outputs(parts, queries, k)
     if k == 0 or not len(queries):
         return out_scores, out_ids

@@ -38,7 +38,7 @@ import torch
 
 from .._checks import stack_vectors
 from .batching import check_int, check_texts, chunked, dedup, length_sorted_batches, pad, token_budget_batches
-from .first_token import check_first_token, first_token_model, first_token_problem
+from .first_token import check_first_token, first_token_model
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
 from .packing import first_token_kernel_ok, packed_forward, supports_packing, varlen_kernel
@@ -462,10 +462,7 @@ class CPDAE(pt.Transformer):
             return None
         checked = self.__dict__.setdefault("_first_token", {})
         if id(model) not in checked:
-            checked[id(model)] = first_token_problem(model) or check_first_token(model)
-            if checked[id(model)] is not None and first_token_problem(model) is None:
-                logger.warning("%s: the last layer trimmed to [CLS] does not reproduce the full layer; encoding "
-                               "with the full layer", type(model).__name__)
+            checked[id(model)] = check_first_token(model)
         problem = checked[id(model)]
         if problem is not None:
             if choice:

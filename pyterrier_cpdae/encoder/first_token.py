@@ -20,6 +20,7 @@ anything else gets ``None`` and the full model runs.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Optional
 
 import torch
@@ -29,6 +30,8 @@ from .packing import KERNEL_KWARG
 __all__ = ["FirstTokenLayer", "first_token_model", "first_token_problem", "check_first_token"]
 
 _ATTENTION = ("sdpa", "eager")
+
+logger = logging.getLogger(__name__)
 
 
 class FirstTokenLayer(torch.nn.Module):
@@ -110,12 +113,16 @@ def first_token_model(model: torch.nn.Module) -> Optional[torch.nn.Module]:
 
 
 def check_first_token(model: torch.nn.Module) -> Optional[str]:
-    """Compares :class:`FirstTokenLayer` with ``model``'s last layer on seeded random hidden states (two rows, the
-    second padded, under a ``(B, 1, L, L)`` additive mask) in float32: ``None`` when position 0 agrees, else why.
+    """Why ``model`` must not be trimmed (``None``: it may): :func:`first_token_problem`, else a comparison of
+    :class:`FirstTokenLayer` with its last layer on seeded random hidden states (two rows, the second padded, under
+    a ``(B, 1, L, L)`` additive mask) in float32 that finds position 0 different (logged as a warning).
 
     Run once per model before trimming it, so that a BERT-like layer that computes something else is caught
     rather than trusted; it calls the layer, not the model, so the model's forward hooks do not see it.
     """
+    problem = first_token_problem(model)
+    if problem is not None:
+        return problem
     layer = model.encoder.layer[-1]
     param = next(layer.parameters())
     width = int(layer.attention.self.query.in_features)
@@ -131,5 +138,7 @@ def check_first_token(model: torch.nn.Module) -> Optional[str]:
         full = full[0] if isinstance(full, tuple) else full
         trimmed = FirstTokenLayer(layer)(hidden, mask)
     if trimmed.shape != (2, 1, width) or not torch.allclose(trimmed[:, 0], full[:, 0], rtol=1e-4, atol=1e-5):
+        logger.warning("%s: the last layer trimmed to [CLS] does not reproduce the full layer; the full layer runs",
+                       type(model).__name__)
         return "its trimmed last layer did not reproduce the full layer's [CLS] output"
     return None
