@@ -225,3 +225,62 @@ def test_a_copied_shard_in_a_built_view_is_named(tmp_path):
     with pytest.raises(ValueError, match="shard 2 is a copy of shard 1"):
         DenseIndex(index.path).retriever()(pd.DataFrame({"qid": ["q"], "query": ["x"],
                                                          "query_vec": [np.ones(8, "float32")]}))
+
+
+# -- a query encoder is checked against the producer of the index it searches -----------------------------------
+def _naive_top(doc_vecs, query_vec, k):
+    """Independent reference: the inner products sorted by hand."""
+    scores = doc_vecs @ query_vec
+    return [f"d{i}" for i in sorted(range(len(scores)), key=lambda i: -scores[i])[:k]]
+
+
+def test_searching_with_another_encoders_queries_is_refused(tmp_path, two_encoders):
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    index = DenseIndex(tmp_path / "idx")
+    (a >> index.indexer()).index(_docs())
+    topics = pd.DataFrame({"qid": ["q1"], "query": ["dense retrieval of passages"]})
+    # the same encoder: searched, and the ranking is the naive one over its own vectors
+    res = (a.query_encoder() >> index.np_retriever(num_results=5))(topics)
+    qv = a.encode_queries(["dense retrieval of passages"])[0]
+    assert list(res["docno"]) == _naive_top(a.encode_docs(TEXTS), qv, 5)
+    # another encoder's weights: refused at composition, naming the index, both models and the field
+    for compose in (lambda r: b.query_encoder() >> r, lambda r: b >> r):
+        with pytest.raises(ValueError) as info:
+            compose(index.np_retriever())
+        msg = str(info.value)
+        assert str(index.path) in msg and "weights_sha256" in msg
+        assert two_encoders[0] in msg and two_encoders[1] in msg and "for_any_encoder" in msg
+    with pytest.raises(ValueError, match="weights_sha256"):
+        b.query_encoder() >> index.scorer()
+    # the same weights pooled otherwise: refused, naming the pooling only
+    with pytest.raises(ValueError) as info:
+        _enc(two_encoders[0], pooling="mean").query_encoder() >> index.np_retriever()
+    assert "differ in pooling)" in str(info.value)
+    # neither the document length, the dtype nor the query normalisation changes which documents rank first
+    _enc(two_encoders[0], doc_max_length=16, normalize=True).query_encoder() >> index.np_retriever()
+    # on purpose: an asymmetric pair searches
+    out = (b.query_encoder() >> index.np_retriever(num_results=3).for_any_encoder())(topics)
+    assert len(out) == 3
+
+
+def test_the_query_encoder_check_waits_for_the_index_and_follows_rebuilds(tmp_path, two_encoders):
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
+    index = DenseIndex(tmp_path / "idx")
+    topics = pd.DataFrame({"qid": ["q1"], "query": ["vector index"]})
+    pipe = b.query_encoder() >> (index.np_retriever(num_results=3) % 2)  # composed before the index exists
+    (a >> index.indexer()).index(_docs())
+    with pytest.raises(ValueError, match="weights_sha256"):
+        pipe(topics)
+    with pytest.raises(ValueError, match="weights_sha256"):  # built: refused at composition already
+        b.query_encoder() >> index.np_retriever(num_results=3)
+    (b >> index.indexer(mode="overwrite")).index(_docs())  # rebuilt by b: b's queries search it
+    ok = b.query_encoder() >> index.np_retriever(num_results=3)
+    assert len(ok(topics)) == 3 and len(pipe(topics)) == 2
+    (a >> index.indexer(mode="overwrite")).index(_docs())  # rebuilt by a: the same pipeline now refuses
+    with pytest.raises(ValueError, match="weights_sha256"):
+        ok(topics)
+    # an index of vectors from anywhere records no producer: nothing to check
+    raw = DenseIndex(tmp_path / "raw")
+    raw.indexer().index(pd.DataFrame({"docno": [f"d{i}" for i in range(4)],
+                                      "doc_vec": list(np.random.default_rng(0).normal(size=(4, 16)).astype("f4"))}))
+    assert len((b.query_encoder() >> raw.np_retriever(num_results=2))(topics)) == 2

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -12,7 +13,7 @@ import pyterrier_alpha as pta
 
 from . import format as io
 from .index import DenseIndex
-from .retrieval import VectorRetriever, check_scores, optional_int, query_matrix
+from .retrieval import EncoderChecked, VectorRetriever, check_scores, optional_int, query_matrix
 from .store import auto_backend
 
 __all__ = ["ExactRetriever", "DenseScorer"]
@@ -64,7 +65,7 @@ class ExactRetriever(VectorRetriever):
         return self.index.store.search(queries, self.num_results, backend=self.backend, **kwargs)
 
 
-class DenseScorer(pt.Transformer):
+class DenseScorer(EncoderChecked, pt.Transformer):
     """Re-scores a result frame (``qid``, ``docno``, ``query_vec``) with the stored document vectors.
 
     Unknown docnos raise a ``KeyError`` naming them.  Output: the input with ``docid`` and ``score``
@@ -91,11 +92,14 @@ class DenseScorer(pt.Transformer):
         if not isinstance(k, (int, np.integer)) or k < 1:
             return None
         if self.num_results is None or k < self.num_results:
-            return DenseScorer(self.index, num_results=k)
+            clone = copy.copy(self)  # keeps the query encoder it checks
+            clone.num_results = k
+            return clone
         return None
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pta.validate.columns(inp, includes=["qid", "docno", "query_vec"])
+        self.check_query_encoder()
         out = inp.drop(columns=["score", "rank", "docid"], errors="ignore").reset_index(drop=True)
         if not len(out):
             return out.assign(docid=pd.Series(dtype=np.int64), score=pd.Series(dtype=np.float32),

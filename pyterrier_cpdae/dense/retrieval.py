@@ -19,6 +19,7 @@ import pyterrier_alpha as pta
 
 from .._checks import check_int
 from . import format as io
+from .store import check_query_producer
 
 RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
 
@@ -88,7 +89,47 @@ def empty_result(inp: pd.DataFrame, drop_query_vec: bool = False) -> pd.DataFram
     return out.astype({"docno": object, "docid": np.int64, "score": np.float32, "rank": np.int64})
 
 
-class VectorRetriever(pt.Transformer):
+class EncoderChecked:
+    """What the retrievers and the scorer of an index share: composed after an encoder (``enc >> retriever``,
+    ``enc.query_encoder() >> retriever``; the encoder calls :meth:`with_producer`), they compare it with the producer
+    recorded by the index (:func:`~pyterrier_cpdae.dense.store.check_query_producer`): at composition when the index
+    is built, else before the first search, and again after a rebuild. ``for_any_encoder()`` turns this off."""
+
+    check_encoder = True
+    _query_encoder: Any = None
+    _checked_build: Any = None
+
+    def with_producer(self, encoder: Any) -> Any:
+        """This transformer, told that ``encoder`` (with a ``producer()`` method) makes its query vectors.
+
+        Raises:
+            ValueError: when the index is built and its vectors come from another encoder."""
+        if not self.check_encoder or not callable(getattr(encoder, "producer", None)):
+            return self
+        clone = copy.copy(self)
+        clone._query_encoder, clone._checked_build = encoder, None
+        if clone.index.built():
+            clone.check_query_encoder()
+        return clone
+
+    def for_any_encoder(self) -> Any:
+        """This transformer without the query encoder check (an asymmetric pair of encoders on purpose)."""
+        clone = copy.copy(self)
+        clone.check_encoder, clone._query_encoder = False, None
+        return clone
+
+    def check_query_encoder(self) -> None:
+        """Checks the query encoder it was composed with against the index's producer (once per build)."""
+        if self._query_encoder is None or not self.check_encoder:
+            return
+        meta = self.index.meta()
+        if self._checked_build is not None and self._checked_build == meta.get("build_id"):
+            return
+        check_query_producer(Path(self.index.path), meta.get("producer"), self._query_encoder.producer())
+        self._checked_build = meta.get("build_id")
+
+
+class VectorRetriever(EncoderChecked, pt.Transformer):
     """Base of the retrievers: query frame (``qid``, ``query_vec``) in, standard result frame out.
 
     Subclasses implement :meth:`_search` and :meth:`_params` (their identity, used by ``==``/``hash`` so that
@@ -125,6 +166,7 @@ class VectorRetriever(pt.Transformer):
         pta.validate.query_frame(inp, extra_columns=["query_vec"])
         if not len(inp):
             return empty_result(inp, self.drop_query_vec)
+        self.check_query_encoder()
         inp = inp.reset_index(drop=True)
         scores, ids = self._search(query_matrix(inp, self.index.dim))
         return result_frame(self.index, inp, scores, ids, self.drop_query_vec)

@@ -19,7 +19,7 @@ from . import format as io
 from .kernels import Part, numpy_search, resolve_device, torch_search
 
 __all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id",
-           "check_producer", "check_producers", "check_shard_set"]
+           "check_producer", "check_producers", "check_query_producer", "check_shard_set"]
 
 
 class DenseStore:
@@ -502,6 +502,39 @@ def check_producer(producer: Any) -> dict:
 def _producer_key(producer: dict) -> dict:
     """What two producers must share: everything but the model's name when both name their weights' digest."""
     return {k: v for k, v in producer.items() if k != "model"} if producer.get("weights_sha256") else producer
+
+
+#: what a query encoder must share with the producer of an index's vectors for inner products to rank them: the
+#: encoder, its weights (their digest; the model's name when a side records no digest), the pooling and the dimension
+#: (not the document length, the dtype or the normalisation: a query vector's norm does not change its ranking)
+QUERY_PRODUCER_KEYS = ("encoder", "weights_sha256", "pooling", "dim")
+
+
+def check_query_producer(where: Path, recorded: Optional[dict], query: Optional[dict]) -> None:
+    """Refuses to search the vectors of ``where``, made by ``recorded`` (the index's ``producer``), with queries of
+    another encoder ``query`` (its :meth:`~pyterrier_cpdae.CPDAE.producer`): their inner products would rank the
+    documents at random while every figure computed from them looks valid.
+
+    Nothing is checked when either side is unknown (an index of vectors from anywhere, a query encoder without a
+    ``producer()``). Only the :data:`QUERY_PRODUCER_KEYS` both sides record are compared.
+
+    Raises:
+        ValueError: naming the index, both encoders and what differs.
+    """
+    if not recorded or not query:
+        return
+    keys = list(QUERY_PRODUCER_KEYS)
+    if not (recorded.get("weights_sha256") and query.get("weights_sha256")):
+        keys[1] = "model"
+    differ = [k for k in keys if k in recorded and k in query and recorded[k] != query[k]]
+    if differ:
+        raise ValueError(
+            f"cannot search {where} with this query encoder: the index's vectors were encoded by "
+            f"{describe_producer(recorded)}, the queries by {describe_producer(query)} (they differ in "
+            f"{', '.join(differ)}); vectors of different encoders are not comparable, so the ranking would be "
+            f"meaningless. Encode the queries with the encoder that built the index, rebuild the index with this "
+            f"encoder (indexer(mode='overwrite')), or, for an asymmetric pair on purpose, search with "
+            f"retriever.for_any_encoder()")
 
 
 DEFAULT_PRODUCER_ADVICE = "Rebuild the parts with the same encoder and settings (mode='overwrite')"

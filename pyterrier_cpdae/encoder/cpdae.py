@@ -670,10 +670,17 @@ class CPDAE(pt.Transformer):
 
 
 def _with_producer(right: Any, encoder: "CPDAE") -> Any:
-    """``right``, told that ``encoder`` makes its vectors when it is an indexer that records them (a
-    :class:`~pyterrier_cpdae.dense.DenseIndexer`: ``with_producer``); the encoder does not import the index."""
+    """``right``, told that ``encoder`` makes its vectors when it records or checks them (``with_producer``: a
+    :class:`~pyterrier_cpdae.dense.DenseIndexer` records them, a retriever or scorer of a dense index checks them
+    against the index's); the encoder does not import the index."""
     attach = getattr(right, "with_producer", None)
-    return attach(encoder) if callable(attach) else right
+    if callable(attach):
+        return attach(encoder)
+    if isinstance(right, pt.Compose) and right._transformers:  # enc >> (retriever % k), enc >> (retriever >> rr)
+        first = _with_producer(right._transformers[0], encoder)
+        if first is not right._transformers[0]:
+            return pt.Compose(first, *right._transformers[1:])
+    return right
 
 
 class _Stage(pt.Transformer):
@@ -743,6 +750,9 @@ class _VecAdder(_Stage):
 class _QueryEncoder(_VecAdder):
     name = "query_encoder"
     in_column, out_column, id_column = "query", "query_vec", "qid"
+
+    def __rshift__(self, right: Any) -> pt.Transformer:
+        return super().__rshift__(_with_producer(right, self.encoder))
 
     def _encode(self, texts: List[str]) -> np.ndarray:
         return self.encoder._encode(texts, self.encoder.query_max_length, unique=True)
