@@ -106,13 +106,21 @@ def check_model_arg(value: str, option: str = "--model", *, weights: bool = True
 _WHOLE = 1 << 20
 _CHUNK = 64 << 10
 _SAMPLES = 16
+#: :func:`file_fingerprint`'s results, by (real path, size, mtime_ns, inode, ctime_ns)
+_FINGERPRINTS: dict[tuple, dict[str, Any]] = {}
 
 
 def file_fingerprint(path: os.PathLike | str) -> dict[str, Any]:
     """``{"size", "mtime_ns", "sha256"}`` of a file; the hash covers the whole file up to 1 MiB, else 16 chunks of
     64 KiB spread evenly over it (first and last included) plus the size -- a cheap content hash that also sees a
-    rewrite which keeps the size and the modification time (``cp -p``, ``touch -r``)."""
+    rewrite which keeps the size and the modification time (``cp -p``, ``touch -r``).
+
+    Kept per process under the file's (size, mtime_ns, inode, ctime_ns): a pipeline that asks again about an
+    unchanged file does not read it again (a rewrite in place gets a new ``ctime``)."""
     st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    if key in _FINGERPRINTS:
+        return dict(_FINGERPRINTS[key])
     h = hashlib.sha256(str(st.st_size).encode())
     with open(path, "rb") as f:
         if st.st_size <= _WHOLE:
@@ -123,7 +131,8 @@ def file_fingerprint(path: os.PathLike | str) -> dict[str, Any]:
             for i in range(_SAMPLES):
                 f.seek(int(i * step))
                 h.update(f.read(_CHUNK))
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()[:32]}
+    _FINGERPRINTS[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()[:32]}
+    return dict(_FINGERPRINTS[key])
 
 
 def corpus_fingerprints(spec: str) -> dict[str, dict[str, Any]]:

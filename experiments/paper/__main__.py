@@ -300,6 +300,9 @@ def _run_pipeline(a: argparse.Namespace, cfg: dict[str, Any], plan: Any, chosen:
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
     runner = Runner(Path(cfg["work_dir"]), mode="subprocess" if jobs > 1 else cfg.get("runner", "subprocess"),
                     env=threads)
+    from .data import set_spec
+    for set_name in plan.used_sets:  # a training set whose source changed is written again before anything reads it
+        set_spec(set_name, cfg["finetune_sets"][set_name], plan.work)
     t0 = time.perf_counter()
     ran, skipped, deferred = run_stages(plan, cfg, runner, chosen, jobs=jobs, deadline_s=a.deadline_s, t0=t0)
     plan = Plan(cfg)  # selections made while running rebuilt the stages that read them

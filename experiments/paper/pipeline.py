@@ -20,8 +20,8 @@ from typing import Any, Callable, Optional
 
 from .config import ROOT, under_work
 from .data import set_spec
-from .evaluation import (BM25, PRECOMPUTED_MANIFEST, _bm25_what, bm25_index, eval_topics, evaluate,  # noqa: F401
-                         precomputed_bm25, precomputed_root)  # (BM25, evaluate: re-exported for the tables and the pilot)
+from .evaluation import (BM25, PRECOMPUTED_MANIFEST, _bm25_what, bm25_index, digests_file,  # noqa: F401
+                         eval_topics, evaluate, precomputed_bm25, precomputed_root)  # (BM25, evaluate: re-exported for the tables and the pilot)
 from .stages import Stage, to_argv
 
 BERT = "bert"
@@ -204,7 +204,8 @@ class Plan:
     # ------------------------------------------------------------------ state
     def is_done(self, name: str) -> bool:
         if name.startswith("negatives:"):
-            return self.negatives_file(name.split(":", 1)[1]).exists()
+            set_name = name.split(":", 1)[1]
+            return self.negatives_file(set_name).exists() and negatives_stale(self, set_name) is None
         if name in self.selections:
             from .select_tau import selection_done
             return selection_done(self, name)
@@ -212,14 +213,59 @@ class Plan:
 
 
 # ----------------------------------------------------------------------------- BM25 negatives
+def negatives_key(plan: Plan, set_name: str, spec: Optional[str] = None) -> dict[str, Any]:
+    """What the negatives file of a set is made from: the set's definition (:func:`~.data.set_key`), the depth, a
+    digest of its data (documents, queries and judgements, :func:`~.caches.corpus_fingerprint`) and, for a config
+    with ``bm25_precomputed``, the SHA-256 of the precomputed file it is copied from. Recorded beside the file
+    (``<set>.jsonl.built_from.json``).
+
+    Raises:
+        OSError / ValueError: the set's data or the precomputed file cannot be read."""
+    from experiments.paper.caches import corpus_fingerprint, file_digests
+
+    from .data import set_key
+    fs = plan.cfg["finetune_sets"][set_name]
+    spec = spec or set_spec(set_name, fs, plan.work, dry_run=True)
+    depth = int(plan.cfg["finetune"]["args"].get("negatives_depth", 200))
+    pre = precomputed_bm25(plan, "negatives", set_name, fs, depth=depth)
+    return {"set": set_key(fs), "depth": depth,
+            "data": corpus_fingerprint(spec, digests_file(plan), everything=True)["digest"],
+            "precomputed": None if pre is None else file_digests([pre], digests_file(plan))[str(pre)]}
+
+
+def negatives_stale(plan: Plan, set_name: str) -> Optional[str]:
+    """``None`` when the set's negatives file was made from what :func:`negatives_key` describes now; else why it
+    must be mined again, in words."""
+    from experiments.paper.caches import built_from_file
+
+    record = built_from_file(plan.negatives_file(set_name))
+    try:
+        have = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return f"it records nothing of what it was made from ({record.name} is absent or unreadable)"
+    try:
+        want = negatives_key(plan, set_name)
+    except (OSError, ValueError) as e:
+        return f"what it is made from cannot be read ({type(e).__name__}: {e})"
+    differ = [k for k in want if have.get(k) != want[k]]
+    return None if not differ else "it was made from another " + ", ".join(
+        {"set": "definition of the set", "depth": "depth", "data": "version of the set's data",
+         "precomputed": "precomputed BM25 file"}[k] for k in differ)
+
+
 def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """BM25 negative pools of every training query of a set (``pyterrier_cpdae.BM25Index`` of its corpus),
     written once as a groups file that every model's fine-tuning reads (``--negatives file:``)."""
     from pretrain.finetune import negatives as neg
     from pyterrier_cpdae import BM25Index, load_dataset
 
+    from experiments.paper.caches import forget_built_from, record_built_from
+
     fs = plan.cfg["finetune_sets"][set_name]
     out = plan.negatives_file(set_name)
+    if out.exists():
+        log(f"[negatives:{set_name}] mining again: {negatives_stale(plan, set_name)}")
+    forget_built_from(out)  # cut short, the file is mined again
     t0 = time.perf_counter()
     spec = set_spec(set_name, fs, plan.work)
     ds = load_dataset(spec)
@@ -236,6 +282,7 @@ def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print
                              f"trains on {len(want)} others (e.g. {sorted(set(want) ^ set(got))[:3]}); rebuild it")
         tmp.write_bytes(pre.read_bytes())
         os.replace(tmp, out)
+        record_built_from(out, negatives_key(plan, set_name, spec))
         wall = time.perf_counter() - t0
         log(f"[negatives:{set_name}] {len(got)} queries, precomputed BM25 depth {depth} <- {pre} -> {out}")
         return {"stage": f"negatives:{set_name}", "command": f"(precomputed on CPU) BM25 top-{depth} minus positives "
@@ -245,6 +292,7 @@ def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print
     pools = neg.mine_bm25(index.bm25(num_results=depth + 10), topics, positives, depth)
     neg.write_groups(str(tmp), neg.make_groups(topics, positives, pools))
     os.replace(tmp, out)
+    record_built_from(out, negatives_key(plan, set_name, spec))
     wall = time.perf_counter() - t0
     log(f"[negatives:{set_name}] {len(topics)} queries, BM25 depth {depth} -> {out} ({wall:.1f} s)")
     return {"stage": f"negatives:{set_name}", "command": f"(in-process) BM25 top-{depth} minus positives of "

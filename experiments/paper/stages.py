@@ -101,13 +101,45 @@ class Stage:
         """Options whose recorded value differs from this stage's command (empty if nothing is recorded)."""
         return self._compare(self._recorded())[0]
 
+    def input_changes(self, rec: Optional[dict[str, Any]] = None) -> list[str]:
+        """What the run in the stage directory was made from and no longer is, one phrase per change: its data files
+        (the fingerprints ``python -m pretrain`` recorded: the corpus of a pre-training, the training data and
+        negatives of a fine-tuning) and the weights of the model it started from (its model card's
+        ``base_model.weights_sha256``). Empty when nothing changed or nothing was recorded."""
+        from pretrain.inputs import corpus_fingerprints, input_changes, training_inputs
+        rec = self._recorded() if rec is None else rec
+        if rec is None:
+            return []
+        previous, changes = rec.get("inputs") or {}, []
+        try:
+            if self.kind == "finetune" and previous.get("specs"):
+                changes += input_changes(previous, training_inputs(*map(_anchored, previous["specs"])))
+            elif self.kind == "pretrain" and previous.get("corpus"):
+                changes += input_changes({"corpus_files": previous.get("corpus_files") or {}},
+                                         {"corpus_files": corpus_fingerprints(_anchored(previous["corpus"]))})
+        except (OSError, ValueError) as e:
+            changes.append(f"its data cannot be read any more ({type(e).__name__}: {e})")
+        try:
+            card = json.loads((self.output / "model_card.json").read_text())
+        except (OSError, ValueError):
+            card = {}
+        base = (card.get("record") or {}).get("base_model") or {}
+        if base.get("weights_sha256") and base.get("name"):
+            now = weights_digest(str(base["name"]))
+            if now != base["weights_sha256"]:
+                changes.append(f"the model it started from, {base['name']}, "
+                               + (f"has other weights now (SHA-256 {base['weights_sha256'][:12]}... -> {now[:12]}...)"
+                                  if now else "has no weights file any more"))
+        return changes
+
     def finished(self) -> bool:
+        """The directory holds a finished run of this stage's command, made from the inputs as they are now."""
         rec = self._recorded()
         if rec is None:
             return False
         done = bool(rec.get("finished")) if self.kind == "finetune" else (self.output / "config.json").exists()
         conflicts, other_length = self._compare(rec)
-        return done and not conflicts and not other_length
+        return done and not conflicts and not other_length and not self.input_changes(rec)
 
     def last_write(self) -> float:
         """Seconds since anything in the stage directory (two levels deep) was last written."""
@@ -133,6 +165,9 @@ class Stage:
         diff = self.differences()
         if diff:
             return f"conflict: {self.output} holds a different run (options differ: {', '.join(diff)})"
+        changed = self.input_changes()
+        if changed:
+            return f"conflict: {self.output} holds a run made from inputs that changed since ({'; '.join(changed)})"
         if self.finished():
             return "done"
         owner = self.owner()
@@ -158,6 +193,36 @@ class Stage:
             return None
         steps = rec.get("trainer", {}).get("total_steps")
         return None if steps is None else int(steps) * int(rec["config"]["batch_size"]) * self.sequences_per_step
+
+
+#: weights digests of model directories, by their safetensors files' (name, size, mtime_ns, inode, ctime_ns)
+_WEIGHTS: dict[tuple, Optional[str]] = {}
+
+
+def weights_digest(path: str) -> Optional[str]:
+    """:func:`pretrain.export.record.weights_sha256` of a model directory (what its model cards record), kept per
+    process under its weights files' stat: a pipeline asks about the same unchanged base many times."""
+    from pretrain.export.record import weights_sha256
+    if not os.path.isdir(path):
+        return None
+    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    key: tuple = (os.path.realpath(path),)
+    for n in files:
+        st = os.stat(os.path.join(path, n))
+        key += ((n, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns),)
+    if key not in _WEIGHTS:
+        _WEIGHTS[key] = weights_sha256(path)
+    return _WEIGHTS[key]
+
+
+def _anchored(spec: str) -> str:
+    """``spec`` with a relative local path made absolute from the repository root (the stages run there)."""
+    kind, sep, rest = spec.partition(":")
+    if sep:  # kind:path (irds: ids and absolute paths as they are)
+        if kind != "irds" and rest and not os.path.isabs(rest) and not rest.startswith("~"):
+            return f"{kind}:{ROOT / rest}"
+        return spec
+    return str(ROOT / spec) if not os.path.isabs(spec) and (ROOT / spec).exists() else spec  # a bare path
 
 
 def _alive(pid: int) -> bool:
