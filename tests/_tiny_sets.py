@@ -1,0 +1,27 @@
+"""A tiny BEIR folder shared by the paper pipeline's tests (tests/test_paper_bm25_precomputed.py,
+tests/test_reliability_stale_stages.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa"]
+
+
+def tiny_beir(root: Path, docs: int = 40, queries: int = 6, extra: str = "") -> Path:
+    """``docs`` passages of words from :data:`WORDS`, ``queries`` training queries with one judged passage each;
+    ``extra`` is appended to every third passage (from the second), to edit a collection so that BM25 ranks it
+    otherwise."""
+    (root / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(root / "corpus.jsonl", "w") as f:
+        for i in range(docs):
+            text = " ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 6)) + f" doc{i}" + (extra * (i % 3 == 1))
+            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n")
+    with open(root / "queries.jsonl", "w") as f:
+        for q in range(queries):
+            f.write(json.dumps({"_id": f"q{q}", "text": f"{WORDS[q]} {WORDS[q + 1]} doc{q * 3}"}) + "\n")
+    with open(root / "qrels" / "train.tsv", "w") as f:
+        f.write("query-id\tcorpus-id\tscore\n")
+        for q in range(queries):
+            f.write(f"q{q}\td{q * 3}\t1\n")
+    return root
