@@ -106,6 +106,7 @@ class Stage:
         (the fingerprints ``python -m pretrain`` recorded: the corpus of a pre-training, the training data and
         negatives of a fine-tuning) and the weights of the model it started from (its model card's
         ``base_model.weights_sha256``). Empty when nothing changed or nothing was recorded."""
+        from pretrain.export.record import weights_sha256
         from pretrain.inputs import corpus_fingerprints, input_changes, training_inputs
         rec = self._recorded() if rec is None else rec
         if rec is None:
@@ -125,7 +126,7 @@ class Stage:
             card = {}
         base = (card.get("record") or {}).get("base_model") or {}
         if base.get("weights_sha256") and base.get("name"):
-            now = weights_digest(str(base["name"]))
+            now = weights_sha256(str(base["name"]))
             if now != base["weights_sha256"]:
                 changes.append(f"the model it started from, {base['name']}, "
                                + (f"has other weights now (SHA-256 {base['weights_sha256'][:12]}... -> {now[:12]}...)"
@@ -193,26 +194,6 @@ class Stage:
             return None
         steps = rec.get("trainer", {}).get("total_steps")
         return None if steps is None else int(steps) * int(rec["config"]["batch_size"]) * self.sequences_per_step
-
-
-#: weights digests of model directories, by their safetensors files' (name, size, mtime_ns, inode, ctime_ns)
-_WEIGHTS: dict[tuple, Optional[str]] = {}
-
-
-def weights_digest(path: str) -> Optional[str]:
-    """:func:`pretrain.export.record.weights_sha256` of a model directory (what its model cards record), kept per
-    process under its weights files' stat: a pipeline asks about the same unchanged base many times."""
-    from pretrain.export.record import weights_sha256
-    if not os.path.isdir(path):
-        return None
-    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-    key: tuple = (os.path.realpath(path),)
-    for n in files:
-        st = os.stat(os.path.join(path, n))
-        key += ((n, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns),)
-    if key not in _WEIGHTS:
-        _WEIGHTS[key] = weights_sha256(path)
-    return _WEIGHTS[key]
 
 
 def _anchored(spec: str) -> str:

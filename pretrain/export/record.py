@@ -65,6 +65,20 @@ def weights_sha256(path: Optional[str]) -> Optional[str]:
     files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     if not files:
         return None
+    key: tuple = (os.path.realpath(path),)  # kept per process under the files' stat (a rewrite gets a new ctime)
+    for name in files:
+        st = os.stat(os.path.join(path, name))
+        key += ((name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns),)
+    if key not in _WEIGHTS_SHA256:
+        _WEIGHTS_SHA256[key] = _hash_weights(path, files)
+    return _WEIGHTS_SHA256[key]
+
+
+#: :func:`weights_sha256`'s results, by the directory and its weights files' (name, size, mtime, inode, ctime)
+_WEIGHTS_SHA256: dict[tuple, str] = {}
+
+
+def _hash_weights(path: str, files: list[str]) -> str:
     h = hashlib.sha256()
     for name in files:
         if len(files) > 1:
