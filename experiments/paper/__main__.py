@@ -149,6 +149,19 @@ def run_stages(plan, cfg: dict[str, Any], runner, chosen: list[str], jobs: int =
     running: dict[Any, str] = {}  # future -> stage name
     failed: list[tuple[str, BaseException]] = []
     was_done: dict[str, bool] = {}
+    refreshed: set[str] = set()
+
+    def fresh_set(name: str) -> None:
+        """Before the first stage that reads a fine-tuning set (its negatives, a fine-tuning on it): the set's
+        materialised subset brought up to date with its source (:func:`~.data.set_spec`), so that an edited source
+        makes its negatives stale and, through them, the fine-tunings (a conflict naming the change)."""
+        kind, _, rest = name.partition(":")
+        set_name = rest.split(":", 1)[0] if kind in ("negatives", "finetune") else None
+        if set_name and set_name not in refreshed and set_name in (cfg.get("finetune_sets") or {}):
+            from .data import set_spec
+            set_spec(set_name, cfg["finetune_sets"][set_name], plan.work)
+            refreshed.add(set_name)
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
             if not failed and deadline_s is not None and time.perf_counter() - t0 > deadline_s and pending:
@@ -172,6 +185,7 @@ def run_stages(plan, cfg: dict[str, Any], runner, chosen: list[str], jobs: int =
                     print(f"[{name}] skipped: needs {', '.join(missing)} (not finished)")
                     skipped.append(name)
                     continue
+                fresh_set(name)
                 if name in plan.selections or plan.stages.get(name) is None:
                     # in-process, in this thread: a selection, or BM25 negatives
                     if plan.is_done(name):
@@ -300,9 +314,6 @@ def _run_pipeline(a: argparse.Namespace, cfg: dict[str, Any], plan: Any, chosen:
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // jobs))}
     runner = Runner(Path(cfg["work_dir"]), mode="subprocess" if jobs > 1 else cfg.get("runner", "subprocess"),
                     env=threads)
-    from .data import set_spec
-    for set_name in plan.used_sets:  # a training set whose source changed is written again before anything reads it
-        set_spec(set_name, cfg["finetune_sets"][set_name], plan.work)
     t0 = time.perf_counter()
     ran, skipped, deferred = run_stages(plan, cfg, runner, chosen, jobs=jobs, deadline_s=a.deadline_s, t0=t0)
     plan = Plan(cfg)  # selections made while running rebuilt the stages that read them
