@@ -34,7 +34,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pretrain.export.record import toolkit_info
 from pyterrier_cpdae.dense.kernels import numpy_search
 
 
@@ -52,7 +51,10 @@ def machine() -> str:
 
 
 def commit() -> str:
-    """The source tree's commit (``pretrain.export.record.toolkit_info``, as model cards record it)."""
+    """The source tree's commit (``pretrain.export.record.toolkit_info``, as model cards record it; imported here:
+    the package registers its model types with transformers, seconds that a refused run need not spend)."""
+    from pretrain.export.record import toolkit_info
+
     info = toolkit_info()
     return (info["commit"] or "unknown")[:7] + (" (uncommitted changes)" if info.get("dirty") else "")
 
