@@ -14,7 +14,9 @@ itself, in its own order.
 
 What the launcher forwards and what it does not:
 
-- Signals sent to the launcher (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) are sent on to the program; when
+- Signals sent to the launcher (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) are sent on to the program, also
+  one that arrives as soon as the program runs (they are blocked from the request until the handlers are in place;
+  before, one sent right after the program's first output could kill the launcher: 1 suite run in 4); when
   the launcher dies (even by SIGKILL), the program's process group is killed. The exit status is the program's
   (``-N`` when signal N ended it: the launcher then ends by the same signal).
 - A launcher whose environment differs from the server's in a variable the preloaded libraries read while they were
@@ -272,7 +274,11 @@ while args and args[0] in ("-B", "-u"):
     flags.append(args.pop(0))
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def cold():
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # (the mask would outlive the exec)
     os.execv(REAL, [REAL, *flags, *args])
 
 
@@ -300,6 +306,8 @@ umask = os.umask(0)
 os.umask(umask)
 req = json.dumps({{"argv": args, "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask, "fds": inherited,
                   "flags": flags}})
+# from here the program may start (and print) before this process can forward a signal: signals wait until it can
+signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 socket.send_fds(conn, [(req + "\n").encode()], [0, 1, 2, *inherited])
 answers = conn.makefile("r")
 first = json.loads(answers.readline() or '{{"cold": "no answer"}}')
@@ -317,8 +325,9 @@ def forward(signum, frame):
         pass
 
 
-for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+for s in SIGNALS:
     signal.signal(s, forward)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # a signal that arrived meanwhile is forwarded now
 line = answers.readline()
 status = json.loads(line)["status"] if line else 1
 if status < 0:
