@@ -16,7 +16,7 @@ What the launcher forwards and what it does not:
 
 - Signals sent to the launcher (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2) are sent on to the program, also
   one that arrives as soon as the program runs (they are blocked from the request until the handlers are in place;
-  before, one sent right after the program's first output could kill the launcher: 1 suite run in 4); when
+  before, one sent right after the program's first output could kill the launcher, seen once under load); when
   the launcher dies (even by SIGKILL), the program's process group is killed. The exit status is the program's
   (``-N`` when signal N ended it: the launcher then ends by the same signal).
 - A launcher whose environment differs from the server's in a variable the preloaded libraries read while they were
