@@ -523,9 +523,8 @@ def check_query_producer(where: Path, recorded: Optional[dict], query: Optional[
     """
     if not recorded or not query:
         return
-    keys = list(QUERY_PRODUCER_KEYS)
-    if not (recorded.get("weights_sha256") and query.get("weights_sha256")):
-        keys[1] = "model"
+    by_digest = bool(recorded.get("weights_sha256") and query.get("weights_sha256"))
+    keys = [k if by_digest or k != "weights_sha256" else "model" for k in QUERY_PRODUCER_KEYS]
     differ = [k for k in keys if k in recorded and k in query and recorded[k] != query[k]]
     if differ:
         raise ValueError(
