@@ -109,13 +109,13 @@ def staged_search(tmp_path, monkeypatch):
     index.indexer().index(docs)
     topics = make_topics(40, DIM_SEARCH)
     staged = []
-    stage = _exact_search._ChunkStager.__call__
+    send = _exact_search._ChunkStager.send
 
     def spy(self, block):
-        out = stage(self, block)
+        out = send(self, block)
         staged.append((type(block).__name__, len(block), out.device.type))
         return out
-    monkeypatch.setattr(_exact_search._ChunkStager, "__call__", spy)
+    monkeypatch.setattr(_exact_search._ChunkStager, "send", spy)
     ref = index.np_retriever(num_results=K_SEARCH, block_size=512)(topics)
     return index, topics, staged, ref
 
@@ -127,10 +127,12 @@ def _same_ranking(got, ref):
         np.testing.assert_allclose(a["score"].to_numpy(), b["score"].to_numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_torch_retriever_streams_chunks_through_the_device_and_ranks_like_numpy(staged_search):
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_torch_retriever_streams_chunks_through_the_device_and_ranks_like_numpy(staged_search, precision):
     index, topics, staged, ref = staged_search
     chunk = 256
-    got = index.torch_retriever(num_results=K_SEARCH, device=DEVICE, chunk_size=chunk, resident=False)(topics)
+    got = index.torch_retriever(num_results=K_SEARCH, device=DEVICE, chunk_size=chunk, resident=False,
+                                precision=precision)(topics)
     # the index went through the device in chunks smaller than the index (streaming), all of it once
     assert [n for _, n, _ in staged] == [min(chunk, N_DOCS - s) for s in range(0, N_DOCS, chunk)]
     assert "Tensor" not in {kind for kind, _, _ in staged}  # host arrays, staged
@@ -138,12 +140,14 @@ def test_torch_retriever_streams_chunks_through_the_device_and_ranks_like_numpy(
     _same_ranking(got, ref)
 
 
-def test_torch_retriever_holds_a_fitting_index_on_the_device_and_ranks_like_numpy(staged_search):
+@pytest.mark.parametrize("precision", ["auto", "fp32"])
+def test_torch_retriever_holds_a_fitting_index_on_the_device_and_ranks_like_numpy(staged_search, precision):
     index, topics, staged, ref = staged_search
     # default on CUDA: a small index is held on the device (on the CPU test device: asked for explicitly)
-    retr = index.torch_retriever(num_results=K_SEARCH, device=DEVICE, resident=None if DEVICE == "cuda" else True)
+    retr = index.torch_retriever(num_results=K_SEARCH, device=DEVICE, resident=None if DEVICE == "cuda" else True,
+                                 precision=precision)
     got, again = retr(topics), retr(topics)
-    assert {kind for kind, _, _ in staged} == {"Tensor"}  # nothing streamed from the memmap
+    assert staged == []  # nothing sent: the chunks are slices of the copy held on the device
     (held,) = index.store.device_parts(DEVICE)
     assert held[0].device.type == torch.device(DEVICE).type and len(held[0]) == N_DOCS
     assert index.store.device_parts(DEVICE)[0][0] is held[0]  # loaded once, kept for the next searches

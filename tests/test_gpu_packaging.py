@@ -185,9 +185,13 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     # the bound comes from peaks measured in the same run; on a busy CPU both are noisy, so only the arithmetic holds
     assert search["streamed_qps"] > 0 and search["tighter_bound_qps"] > 0
     assert search["streamed_vs_tighter_bound"] == pytest.approx(search["streamed_qps"] / search["tighter_bound_qps"])
-    assert search["top10_overlap_streamed_vs_resident"] == 1.0
-    assert search["host_copy_s"] > 0 and search["chunk_scoring_s"] > 0  # where the streamed time goes
-    assert search["resident_torch_search_equals_streamed"] is True and search["resident_torch_search_qps"] > 0
+    assert search["top10_overlap_reference_vs_exact"] > 0.9  # the plain fp16 reference is not exact
+    assert search["host_copy_1_threads_s"] > 0  # where the streamed time goes
+    # the float16 paths (proved) rank as the float32 kernel, measured in the same run
+    for name in ("streamed", "resident"):
+        assert search[f"{name}_qps"] > 0 and search[f"{name}_ids_equal_fp32_up_to_ulp_ties"] is True
+        assert search[f"{name}_fp32_fallback"] <= 3
+    assert search["resident_fp32_qps"] > 0
     assert {r["shape"] for r in enc["rows"]} == {"tiny"}
     pre = json.loads((out / "bench_pretrain.json").read_text())["rows"]
     assert [r["objective"] for r in pre] == ["mlm", "cpdae", "bow"] and all("error" not in r for r in pre)

@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--length-dist", default=None, help="draw text lengths from this block-length histogram "
                     "(experiments/results/padding_share.json) instead of full-length texts")
     ap.add_argument("--out", default=None, help="write the Markdown table here")
+    ap.add_argument("--compile", action="store_true", help="worker: torch.compile every encoder layer (the "
+                    "trainer's --compile); the warm-up steps compile")
     ap.add_argument("--profile-out", default=None, help="worker: after the timed steps, profile two more with "
                     "torch.profiler and write the top kernels by device time to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -151,6 +151,8 @@ def worker(args: argparse.Namespace) -> None:
         extra = {"collection_prob": (counts > 0).float() / float((counts > 0).sum()), "mu": float(args.length - 2),
                  "token_frequency": counts / counts.sum()}
     obj = build_objective(name, mlm, tok, config, **extra).to(dev).train()
+    if getattr(args, "compile", False):  # the trainer's --compile: every encoder layer compiled in place
+        obj.compile_encoder()
     from pretrain.trainer import adamw_options
 
     opt = torch.optim.AdamW(obj.parameters(), lr=1e-5, **adamw_options(dev))  # as the trainer: fused on CUDA
@@ -205,6 +207,7 @@ def worker(args: argparse.Namespace) -> None:
                         seed_layers=getattr(config, "seed_decoder_layers", 3))
     work = step_macs(args.objective, lengths, max(lengths), config, mc)
     print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": n_texts, "sequences": n_texts * views,
+                      "compiled": bool(getattr(args, "compile", False)),
                       "unpad": getattr(obj, "unpad", None), "mean_length": sum(lengths) / len(lengths),
                       "real_macs_per_step": work["real"], "padded_macs_per_step": work["padded"],
                       "real_tokens_per_step": work["real_tokens"], "padded_tokens_per_step": work["padded_tokens"],
@@ -220,7 +223,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
            "--threads", str(args.threads)] + (["--bf16"] if args.bf16 else []) \
         + (["--unpad", args.unpad] if getattr(args, "unpad", None) else []) \
         + (["--length-dist", args.length_dist] if getattr(args, "length_dist", None) else []) \
-        + (["--profile-out", args.profile_out] if getattr(args, "profile_out", None) else [])
+        + (["--profile-out", args.profile_out] if getattr(args, "profile_out", None) else []) \
+        + (["--compile"] if getattr(args, "compile", False) else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         err = (out.stderr.strip().splitlines() or ["?"])[-1]

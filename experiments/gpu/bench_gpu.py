@@ -61,11 +61,11 @@ MSMARCO_PASSAGES = 8_841_823
 DATASHEET = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12)}
 SMOKE = dict(encode_shapes="tiny", lengths=[16, 32], docs=32, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
              seq_length=32, sequences=4, steps=1, warmup=1, objectives="mlm,cpdae,bow", repeats=1,
-             unpad_objectives="mlm,cpdae")
+             unpad_objectives="mlm,cpdae", compile_objectives="")
 FULL = dict(encode_shapes="bert-base,minilm", lengths=[128, 256, 512], docs=4096, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
             k=1000, chunk_size=None, seq_length=512, sequences=32, steps=5, warmup=2,
             objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2,
-            unpad_objectives="mlm,cpdae")
+            unpad_objectives="mlm,cpdae", compile_objectives="mlm")
 
 
 def sync(dev) -> None:
@@ -246,6 +246,10 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
 
 # --------------------------------------------------------------------------------------------- search
 def bench_search(args, dev, peaks) -> Dict[str, object]:
+    """Exact search over a synthetic fp16 index: the project's ``torch_search`` streamed from pageable host memory,
+    from a page-locked host copy, and held on the device, each in float16 with the proof of the float32 ranking
+    (``precision="fp16"``, the CUDA default) and, held on the device, in float32 (the kernel before); a plain torch
+    fp16 reference (not exact). Rankings are compared in the same run."""
     import torch
 
     from pyterrier_cpdae.dense.kernels import torch_search
@@ -260,51 +264,73 @@ def bench_search(args, dev, peaks) -> Dict[str, object]:
         index[s:s + m] = torch.randn(m, d, device=dev, generator=g).half().cpu().numpy()
     queries = np.random.default_rng(1).standard_normal((q, d)).astype(np.float32)
     kw = {} if args.chunk_size is None else {"chunk_size": args.chunk_size}
-    result = {}
-    t_stream = timed(lambda: result.update(zip(("s", "i"), torch_search([(index, 0, 1)], queries, k, device=dev, **kw))),
-                     dev, args.repeats)
-    chunk_rows = args.chunk_size or max(1, ((256 if dev.type == "cuda" else 64) << 20) // (4 * d))
+    results: Dict[str, Dict[str, np.ndarray]] = {}
     row: Dict[str, object] = {"docs": n, "dim": d, "dtype": "float16", "queries": q, "k": k,
-                              "chunk_rows": chunk_rows, "index_gib": index.nbytes / 2**30,
-                              "streamed_qps": q / t_stream}
+                              "index_gib": index.nbytes / 2**30}
+
+    def search(name, parts, **extra):
+        stats: Dict[str, int] = {}
+        out: Dict[str, np.ndarray] = {}
+
+        def run():
+            stats.clear()
+            out.update(zip(("s", "i"), torch_search(parts, queries, k, device=dev, stats=stats, **kw, **extra)))
+        t = timed(run, dev, args.repeats)
+        results[name] = out
+        row[f"{name}_qps"] = q / t
+        row[f"{name}_s"] = t
+        if stats:
+            row[f"{name}_retried"] = stats.get("retried", 0)
+            row[f"{name}_fp32_fallback"] = stats.get("fp32", 0)
+        print(f"search {name}: {q / t:.1f} queries/s {stats}", flush=True)
+
     # bounds: one pass over the index per query batch (query_batch_size 4096 >= queries) and 2*N*D FLOPs a query
     batches = -(-q // 4096)
     t_hbm = batches * index.nbytes / (peaks["device_copy_Bps"] / 2)  # copy counts read + write
     t_flops = 2 * n * d * q / peaks["bf16_flops"]
     row.update(bound_hbm_qps=q / t_hbm, bound_compute_qps=q / t_flops)
     row["tighter_bound_qps"] = min(row["bound_hbm_qps"], row["bound_compute_qps"])
+    row["bound_fp32_compute_qps"] = q / (2 * n * d * q / peaks["fp32_flops"]) if "fp32_flops" in peaks else None
+    if "host_to_device_Bps" in peaks:
+        row["bound_host_to_device_qps"] = q / (batches * index.nbytes / peaks["host_to_device_Bps"])
+    search("streamed", [(index, 0, 1)], precision="fp16")  # pageable numpy: threads copy chunks into pinned buffers
     row["streamed_vs_tighter_bound"] = row["streamed_qps"] / row["tighter_bound_qps"]
-    # where the streamed time goes (each part alone, one pass over the index): the chunked copy of the pageable
-    # index into one pinned/plain host buffer (one CPU thread), and the device's matmul + top-(k+1) per chunk
+    # where a streamed pass's host time goes: the copy of every chunk into a pinned buffer, one thread vs the kernel's
+    from pyterrier_cpdae.dense.kernels import MAX_COPY_THREADS, _ChunkStager
+
+    chunk_rows = max(1, (1 << 30) // (2 * d)) if dev.type == "cuda" else max(1, (64 << 20) // (4 * d))
+    row["chunk_rows"] = args.chunk_size or chunk_rows
     buf = torch.empty((chunk_rows, d), dtype=torch.float16)
     if dev.type == "cuda":
         buf = buf.pin_memory()
+    for threads in (1, MAX_COPY_THREADS):
+        stager = _ChunkStager(dev, chunk_rows, d, pinned=dev.type == "cuda", copy_threads=threads)
 
-    def host_copy():
-        for s in range(0, n, chunk_rows):
-            m = min(chunk_rows, n - s)
-            buf[:m].numpy()[:] = index[s:s + m]
-    row["host_copy_s"] = timed(host_copy, dev, 1)
-    qt = torch.from_numpy(queries).to(dev)
-    chunk = torch.from_numpy(index[:min(chunk_rows, n)]).to(dev)
-
-    def chunk_scoring():
-        with torch.no_grad():
-            sc = qt @ chunk.float().T
-            sc.topk(min(k + 1, sc.shape[1]), dim=1)
-    row["chunk_scoring_s"] = timed(chunk_scoring, dev, args.repeats) * -(-n // chunk_rows)
-    row["streamed_s"] = t_stream
-    del buf, chunk
-    if "host_to_device_Bps" in peaks:
-        row["bound_host_to_device_qps"] = q / (batches * index.nbytes / peaks["host_to_device_Bps"])
-        row["streamed_vs_host_to_device_bound"] = row["streamed_qps"] / row["bound_host_to_device_qps"]
-    # reference: the whole index resident on the device (if it fits), fp16 matmul + top-k per slice
+        def host_copy():
+            for s in range(0, n, chunk_rows):
+                m = min(chunk_rows, n - s)
+                if stager.executor is None:
+                    buf[:m].numpy()[:] = index[s:s + m]
+                else:
+                    stager._fill(buf[:m].numpy(), index[s:s + m])
+        row[f"host_copy_{threads}_threads_s"] = timed(host_copy, dev, 1)
+        stager.close()
+    del buf
+    if dev.type == "cuda":  # a page-locked host copy of the index: chunks are sent from it, no host copy
+        pinned = torch.from_numpy(index).pin_memory()
+        search("streamed_pinned", [(pinned, 0, 1)], precision="fp16")
+        del pinned
+    for name in ("streamed", "streamed_pinned"):
+        if f"{name}_qps" in row and row.get("bound_host_to_device_qps"):
+            row[f"{name}_vs_host_to_device_bound"] = row[f"{name}_qps"] / row["bound_host_to_device_qps"]
     free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else float("inf")
     if index.nbytes < 0.6 * free:
         resident = torch.from_numpy(index).to(dev)
+        search("resident", [(resident, 0, 1)], precision="fp16")  # torch_retriever(resident=True): fp16, proved
+        search("resident_fp32", [(resident, 0, 1)], precision="fp32")  # the kernel before: every score in fp32
         qd = torch.from_numpy(queries).to(dev, torch.float16 if dev.type == "cuda" else torch.float32)
         res_idx = resident if dev.type == "cuda" else resident.float()
-        sl = max(k, (1 << 30) // (2 * q)) if dev.type == "cuda" else max(k, chunk_rows)
+        sl = max(k, (1 << 30) // (2 * q)) if dev.type == "cuda" else max(k, row["chunk_rows"])
 
         def resident_search():
             best_s = best_i = None
@@ -319,24 +345,20 @@ def bench_search(args, dev, peaks) -> Dict[str, object]:
             return best_i
         top = resident_search()
         t_res = timed(resident_search, dev, args.repeats)
-        # the project's kernel on the same device-held index (DenseIndex.torch_retriever(resident=True)): exact,
-        # fp32 scores, ties by id
-        held = {}
-        t_held = timed(lambda: held.update(zip(("s", "i"), torch_search([(resident, 0, 1)], queries, k, device=dev,
-                                                                         **kw))), dev, args.repeats)
-        row["resident_torch_search_qps"] = q / t_held
-        row["resident_torch_search_vs_tighter_bound"] = row["resident_torch_search_qps"] / row["tighter_bound_qps"]
-        row["resident_torch_search_vs_streamed"] = row["resident_torch_search_qps"] / row["streamed_qps"]
-        row["resident_torch_search_equals_streamed"] = bool(np.array_equal(held["i"], result["i"]))
-        row["resident_reference_qps"] = q / t_res
-        row["resident_vs_tighter_bound"] = row["resident_reference_qps"] / row["tighter_bound_qps"]
-        row["streamed_vs_resident"] = row["streamed_qps"] / row["resident_reference_qps"]
-        # the two agree on the top-10 (up to fp16 rounding of the query in the reference)
-        row["top10_overlap_streamed_vs_resident"] = float(np.mean(
-            [len(set(a[:10]) & set(b[:10])) / 10 for a, b in zip(result["i"], top.cpu().numpy())]))
+        row["reference_fp16_not_exact_qps"] = q / t_res
+        row["top10_overlap_reference_vs_exact"] = float(np.mean(
+            [len(set(a[:10]) & set(b[:10])) / 10 for a, b in zip(results["resident"]["i"], top.cpu().numpy())]))
+        row["resident_vs_tighter_bound"] = row["resident_qps"] / row["tighter_bound_qps"]
+        row["resident_vs_resident_fp32"] = row["resident_qps"] / row["resident_fp32_qps"]
         del resident, res_idx
-    else:
-        row["resident_reference_qps"] = None
+    # exactness in the same run: every path's ids against the float32 kernel's (held) or the streamed fp16 one
+    base = results.get("resident_fp32", results["streamed"])
+    for name, out in results.items():
+        row[f"{name}_ids_equal_fp32"] = bool(np.array_equal(out["i"], base["i"]))
+        # a GPU's float32 sums in another order may swap two scores equal to the last bits: not counted here
+        differ = (out["i"] != base["i"]) & (np.abs(out["s"] - base["s"]) > 4e-7 * np.abs(base["s"]).max())
+        row[f"{name}_ids_equal_fp32_up_to_ulp_ties"] = not bool(differ.any())
+        row[f"{name}_max_score_diff"] = float(np.abs(out["s"] - base["s"]).max())
     print("search: " + ", ".join(f"{k_}={v:.4g}" if isinstance(v, float) else f"{k_}={v}" for k_, v in row.items()),
           flush=True)
     return {"rows": [row]}
@@ -387,10 +409,13 @@ def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
     from experiments.bench import objective_runs as bench_objectives
 
     rows: List[Dict[str, object]] = []
+    compiled = set(filter(None, (args.compile_objectives or "").split(",")))
     for name in args.unpad_objectives.split(","):
-        for mode in ("off", "on"):
-            run = SimpleNamespace(**vars(ns), unpad=mode, length_dist=str(args.length_dist),
-                                  profile_out=str(args.out / f"profile_{name}_{'unpadded' if mode == 'on' else 'padded'}.txt"))
+        for mode in ("off", "on") + (("compile",) if name in compiled else ()):
+            label = {"on": "unpadded", "off": "padded", "compile": "padded_compiled"}[mode]
+            run = SimpleNamespace(**vars(ns), unpad="off" if mode == "compile" else mode,
+                                  length_dist=str(args.length_dist), compile=mode == "compile",
+                                  profile_out=str(args.out / f"profile_{name}_{label}.txt"))
             if smoke:
                 buf = io.StringIO()
                 try:
@@ -401,7 +426,7 @@ def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
                     r = {"objective": name, "error": f"{type(e).__name__}: {e}"}
             else:
                 r = bench_objectives.run_one(name, run)
-            r["path"] = "unpadded" if mode == "on" else "padded"
+            r["path"] = label
             if "error" not in r:
                 r["sequences_per_s"] = r["sequences"] / r["step_s"]
                 r["real_tokens_per_s"] = r["real_tokens_per_step"] / r["step_s"]
@@ -410,15 +435,17 @@ def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
                                     ("datasheet", peaks.get("datasheet_bf16_flops"))):
                     if peak:
                         r[f"mfu_real_vs_{label}"] = 6 * r["real_macs_per_step"] / r["step_s"] / peak
-                if mode == "off":
+                if mode != "on":
                     r["mfu_padded_work_vs_measured_bf16"] = 6 * r["padded_macs_per_step"] / r["step_s"] / peaks["bf16_flops"]
             rows.append(r)
             print(f"pretrain {name} {r['path']}: " + (r["error"] if "error" in r else
                   f"{r['sequences_per_s']:.2f} seq/s, {r['real_tokens_per_s']:.0f} real tokens/s, "
                   f"MFU (real tokens) {r['mfu_real_vs_measured_bf16']:.1%}"), flush=True)
-        pair = [r for r in rows[-2:] if "error" not in r]
-        if len(pair) == 2:
-            pair[1]["speedup_vs_padded"] = pair[0]["step_s"] / pair[1]["step_s"]
+        mine = [r for r in rows if r.get("objective") == name and "error" not in r]
+        padded = next((r for r in mine if r["path"] == "padded"), None)
+        for r in mine:
+            if padded is not None and r is not padded:
+                r["speedup_vs_padded"] = padded["step_s"] / r["step_s"]
     return rows
 
 
@@ -464,6 +491,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--repeats", type=int)
     ap.add_argument("--unpad-objectives", help="objectives timed padded vs unpadded on real text lengths "
                     "(default mlm,cpdae; '' skips)")
+    ap.add_argument("--compile-objectives", help="of --unpad-objectives, those also timed padded with --compile "
+                    "(torch.compile of every encoder layer; the warm-up steps compile; default mlm on a GPU, '' skips)")
     ap.add_argument("--length-dist", type=Path, default=REPO / "experiments" / "results" / "padding_share.json",
                     help="block-length histograms (experiments/bench/bench_padding.py) the unpadded comparison "
                     "draws its text lengths from")

@@ -14,7 +14,7 @@ import pyterrier_alpha as pta
 from . import format as io
 from .index import DenseIndex
 from .retrieval import EncoderChecked, VectorRetriever, check_scores, optional_int, query_matrix
-from .store import auto_backend
+from .store import PRECISIONS, auto_backend
 
 __all__ = ["ExactRetriever", "DenseScorer"]
 
@@ -26,12 +26,15 @@ class ExactRetriever(VectorRetriever):
     candidates; ``backend="torch"`` streams chunks through ``device`` (CUDA: pinned, asynchronous copies), or, with
     ``resident`` (default on CUDA: when the vectors take at most half of the free device memory), loads the vectors
     onto the device once and searches them there (the copy is kept for the next calls and reloaded after a rebuild).
+    ``precision`` (torch): ``"fp16"`` scores in float16 on tensor cores and rescores the candidates in float32 with a
+    proof per query that the ranking is the float32 one (:func:`.kernels.torch_search`); ``"fp32"`` scores every
+    document in float32; ``"auto"`` (default): ``fp16`` on CUDA.
     """
 
     def __init__(self, index: DenseIndex, *, backend: str = "numpy", num_results: int = 1000,
                  device: Optional[str] = None, block_size: Optional[int] = None,
                  query_batch_size: Optional[int] = None, drop_query_vec: bool = False,
-                 resident: Optional[bool] = None):
+                 resident: Optional[bool] = None, precision: str = "auto"):
         if backend not in ("numpy", "torch"):
             raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
@@ -44,10 +47,15 @@ class ExactRetriever(VectorRetriever):
         if resident is not None and backend != "torch":
             raise ValueError("resident applies to backend='torch' only")
         self.resident = resident
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+        if precision != "auto" and backend != "torch":
+            raise ValueError("precision applies to backend='torch' only (numpy scores in float32)")
+        self.precision = precision
 
     def _params(self) -> Tuple:
         return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
-                self.query_batch_size, self.drop_query_vec, self.resident)
+                self.query_batch_size, self.drop_query_vec, self.resident, self.precision)
 
     def __repr__(self) -> str:
         extra = f", device={self.device!r}" if self.backend == "torch" else ""
@@ -59,7 +67,8 @@ class ExactRetriever(VectorRetriever):
         if self.query_batch_size:
             kwargs["query_batch_size"] = self.query_batch_size
         if self.backend == "torch":
-            kwargs.update(device=self.device, chunk_size=self.block_size, resident=self.resident)
+            kwargs.update(device=self.device, chunk_size=self.block_size, resident=self.resident,
+                          precision=self.precision)
         elif self.block_size:
             kwargs["block_size"] = self.block_size
         return self.index.store.search(queries, self.num_results, backend=self.backend, **kwargs)
@@ -139,11 +148,15 @@ def _np_retriever(self: DenseIndex, num_results: int = 1000, *, block_size: int 
 
 def _torch_retriever(self: DenseIndex, num_results: int = 1000, *, device: Optional[str] = None,
                      chunk_size: Optional[int] = None, query_batch_size: int = 4096,
-                     drop_query_vec: bool = False, resident: Optional[bool] = None) -> ExactRetriever:
+                     drop_query_vec: bool = False, resident: Optional[bool] = None,
+                     precision: str = "auto") -> ExactRetriever:
     """Exact torch retrieval on ``device`` (default CUDA if available): the vectors held on the device when
-    ``resident`` (default: on CUDA, when they take at most half of its free memory), else streamed in chunks."""
+    ``resident`` (default: on CUDA, when they take at most half of its free memory), else streamed in chunks;
+    scored in float16 with a proof of the float32 ranking, or in float32 (``precision``, see
+    :class:`ExactRetriever`)."""
     return ExactRetriever(self, backend="torch", num_results=num_results, device=device, block_size=chunk_size,
-                          query_batch_size=query_batch_size, drop_query_vec=drop_query_vec, resident=resident)
+                          query_batch_size=query_batch_size, drop_query_vec=drop_query_vec, resident=resident,
+                          precision=precision)
 
 
 def _scorer(self: DenseIndex, num_results: Optional[int] = None) -> DenseScorer:

@@ -250,105 +250,275 @@ def resolve_device(device=None):
     return torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-class _ChunkStager:
-    """Moves index chunks to a torch device, at most two chunks' worth of staging memory at a time.
+def _held(vectors, device) -> bool:
+    """Whether ``vectors`` is a torch tensor already on ``device`` (``cuda`` matches ``cuda:0``)."""
+    import torch
 
-    With ``pinned`` (the default on CUDA), chunks are copied into one of two page-locked host buffers
-    (alternating) and sent with ``non_blocking=True``; before a buffer is refilled, the CUDA event recorded
-    after its previous copy is waited on, so the copy of chunk ``i + 1`` overlaps the matmul/topk of chunk
-    ``i`` without ever overwriting a buffer that is still being read.  Without ``pinned``, each chunk is
-    simply copied (CPU).
+    if not isinstance(vectors, torch.Tensor) or vectors.device.type != device.type:
+        return False
+    return device.index is None or vectors.device.index in (None, device.index)
+
+
+#: the most threads that copy a chunk from pageable host memory into a pinned buffer (memory-bandwidth bound)
+MAX_COPY_THREADS = 8
+
+
+class _ChunkStager:
+    """Moves an index to a torch device chunk by chunk: :meth:`chunks` yields ``(start, tensor)``.
+
+    * Parts already on the device (``resident``) are sliced: nothing is copied.
+    * On CUDA with ``pinned`` (the default), the copy of chunk ``i + 1`` overlaps the scoring of chunk ``i``: host
+      arrays are copied into one of two page-locked buffers by ``copy_threads`` threads (numpy releases the GIL),
+      then sent on a separate copy stream into one of two device buffers; the scoring stream waits for that copy
+      (an event, not the host), and a buffer is refilled only after the scoring queued on its last chunk
+      (device buffer) or its copy to the device (host buffer) has finished. A part that is already a page-locked
+      host tensor (:meth:`DenseStore.pinned_parts`) is sent straight from its memory.
+    * Otherwise (the CPU), each chunk is a plain copy.
+
+    :meth:`send` is where one chunk leaves the host (tests watch it).
     """
 
-    def __init__(self, device, chunk_size: int, dim: int, pinned: bool):
+    def __init__(self, device, chunk_size: int, dim: int, pinned: bool, copy_threads: Optional[int] = None):
+        import torch
+
         self.device = device
         self.chunk_size = chunk_size
         self.dim = dim
-        self.pinned = pinned
-        self.buffers: dict = {}  # (slot, numpy dtype) -> pinned host tensor of chunk_size rows
-        self.events: list = [None, None]  # per slot: the event recorded after its last copy
+        self.overlap = bool(pinned) and device.type == "cuda"
+        threads = min(MAX_COPY_THREADS, default_num_threads()) if copy_threads is None else copy_threads
+        self.copy_threads = max(1, check_int(threads, "copy_threads"))
+        self.executor = ThreadPoolExecutor(self.copy_threads) if self.overlap and self.copy_threads > 1 else None
+        self.host: dict = {}  # (slot, dtype) -> page-locked host buffer of chunk_size rows
+        self.dev: dict = {}  # (slot, dtype) -> device buffer of chunk_size rows
+        self.sent = [None, None]  # per slot: event after its last copy to the device (copy stream)
+        self.used = [None, None]  # per slot: event after the scoring queued on its last chunk (scoring stream)
+        self.copy_stream = torch.cuda.Stream(device) if self.overlap else None
         self.step = 0
 
-    def __call__(self, block):
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.executor = None
+
+    def chunks(self, vectors):
+        """``(start, tensor on the device)`` for each chunk of ``vectors`` (numpy or torch), in order."""
         import torch
 
-        if isinstance(block, torch.Tensor):  # a part already held on the device (``resident``): nothing to stage
-            return block.to(self.device)
-        if not self.pinned:
-            return torch.from_numpy(np.array(block))
-        slot = self.step % 2
+        starts = range(0, len(vectors), self.chunk_size)
+        if _held(vectors, self.device):  # resident: nothing to stage
+            for s in starts:
+                yield s, vectors[s:s + self.chunk_size]
+            return
+        if not self.overlap:
+            for s in starts:
+                yield s, self.send(vectors[s:s + self.chunk_size])
+            return
+        scoring = torch.cuda.current_stream(self.device)
+        ahead = None
+        for n, s in enumerate(starts):
+            if ahead is None:
+                ahead = (self.send(vectors[s:s + self.chunk_size]), self.slot)
+            tensor, slot = ahead
+            scoring.wait_event(self.sent[slot])
+            yield s, tensor
+            event = torch.cuda.Event()
+            event.record(scoring)
+            self.used[slot] = event
+            nxt = s + self.chunk_size
+            ahead = (self.send(vectors[nxt:nxt + self.chunk_size]), self.slot) if nxt < len(vectors) else None
+
+    def send(self, block):
+        """One chunk to the device: asynchronously on CUDA with ``pinned`` (:attr:`slot` says which buffers)."""
+        import torch
+
+        if not self.overlap or (isinstance(block, torch.Tensor) and block.device.type != "cpu"):
+            if isinstance(block, torch.Tensor):  # (a tensor on another device: copied as it is)
+                return block.to(self.device)
+            return torch.from_numpy(np.array(block)).to(self.device)
+        self.slot = slot = self.step % 2
         self.step += 1
-        key = (slot, block.dtype.str)
-        if key not in self.buffers:
-            dtype = torch.from_numpy(np.empty(0, dtype=block.dtype)).dtype
-            self.buffers[key] = torch.empty((self.chunk_size, self.dim), dtype=dtype).pin_memory()
-        if self.events[slot] is not None:
-            self.events[slot].synchronize()  # the previous asynchronous copy out of this buffer has finished
-        host = self.buffers[key][:len(block)]
-        host.numpy()[:] = block
-        tensor = host.to(self.device, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.events[slot] = event
-        return tensor
+        n = len(block)
+        if isinstance(block, torch.Tensor) and block.is_pinned():
+            host = block  # page-locked already: sent from where it is
+        else:
+            block = block.numpy() if isinstance(block, torch.Tensor) else block
+            key = (slot, block.dtype.str)
+            if key not in self.host:
+                dtype = torch.from_numpy(np.empty(0, dtype=block.dtype)).dtype
+                self.host[key] = torch.empty((self.chunk_size, self.dim), dtype=dtype).pin_memory()
+            if self.sent[slot] is not None:
+                self.sent[slot].synchronize()  # this host buffer's last copy to the device has finished
+            host = self.host[key][:n]
+            self._fill(host.numpy(), block)
+        key = (slot, str(host.dtype))
+        if key not in self.dev:
+            self.dev[key] = torch.empty((self.chunk_size, self.dim), dtype=host.dtype, device=self.device)
+        target = self.dev[key][:n]
+        with torch.cuda.stream(self.copy_stream):
+            if self.used[slot] is not None:
+                self.copy_stream.wait_event(self.used[slot])  # the scoring of this device buffer's last chunk
+            target.copy_(host, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        self.sent[slot] = event
+        return target
+
+    def _fill(self, out: np.ndarray, block: np.ndarray) -> None:
+        """``out[:] = block``, in ``copy_threads`` row ranges at once."""
+        if self.executor is None or len(block) < 2 * self.copy_threads:
+            out[:] = block
+            return
+        bounds = np.linspace(0, len(block), self.copy_threads + 1).astype(int)
+
+        def copy(span):
+            a, b = span
+            np.copyto(out[a:b], block[a:b])
+        list(self.executor.map(copy, zip(bounds[:-1], bounds[1:])))
+
+
+#: ``precision`` of :func:`torch_search`
+PRECISIONS = ("auto", "fp32", "fp16")
 
 
 def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=None,
                  chunk_size: Optional[int] = None, query_batch_size: int = 4096,
-                 pin_memory: Optional[bool] = None) -> Tuple[np.ndarray, np.ndarray]:
+                 pin_memory: Optional[bool] = None, precision: str = "auto",
+                 copy_threads: Optional[int] = None, stats: Optional[dict] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` inner-product search with torch, streaming the index through ``device`` in chunks.
 
-    On CUDA, chunks are staged through two pinned host buffers and copied asynchronously (see
-    :class:`_ChunkStager`); only one or two chunks are ever resident on the GPU, so indexes larger than GPU
-    memory work.  On CPU the same code runs without pinning.
+    On CUDA, chunks are staged through two pinned host buffers and sent on a copy stream that overlaps the scoring
+    (see :class:`_ChunkStager`); only two chunks are ever on the GPU, so indexes larger than GPU memory work.  On
+    CPU the same code runs without pinning.
 
     Args:
-        parts: the index parts ``(vectors, offset, stride)``: numpy arrays (streamed through the device in chunks)
-            or torch tensors already held on ``device`` (:meth:`DenseStore.device_parts`: nothing is copied).
+        parts: the index parts ``(vectors, offset, stride)``: numpy arrays (streamed through the device in chunks),
+            page-locked host tensors (:meth:`DenseStore.pinned_parts`: sent without a host copy) or torch tensors
+            already held on ``device`` (:meth:`DenseStore.device_parts`: nothing is copied).
         queries: ``(q, dim)`` query vectors.
         k: number of results per query, >= 1 (capped at the number of documents).
         device: a torch device (default: CUDA when available, else CPU).
-        chunk_size: document rows per chunk (default: 256 MiB of vectors on CUDA, 64 MiB on CPU).
+        chunk_size: document rows per chunk (default on CUDA: 1 GiB of stored vectors when streamed; for a
+            resident index, 2 GiB of float16 scores (``fp16``) or 1 GiB of float32 scores (``fp32``); on CPU
+            64 MiB of float32 vectors).
         query_batch_size: queries scored together.
         pin_memory: stage chunks through pinned buffers (default: on CUDA only).
+        precision: ``"fp32"`` scores every document in float32; ``"fp16"`` scores in float16 with float32
+            accumulation and rescores the candidates in float32, with a proof per query that the result is the
+            float32 one (:mod:`.certified`; queries it cannot prove are searched again, then in float32): the same
+            rankings, several times faster on tensor cores. ``"auto"``: ``fp16`` on CUDA, ``fp32`` elsewhere.
+        copy_threads: threads that copy a streamed chunk into its pinned buffer (default: the CPUs, at most 8).
+        stats: a dict that receives, with ``fp16``, ``queries``, ``retried`` (searched again with more candidates)
+            and ``fp32`` (decided by the float32 kernel) counts.
 
     Returns:
         ``(scores, ids)`` as for :func:`numpy_search`.
     """
     import torch
 
+    from .certified import full_precision
+
     dev = resolve_device(device)
     query_batch_size = check_int(query_batch_size, "query_batch_size")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    if precision == "auto":
+        precision = "fp16" if dev.type == "cuda" else "fp32"
     queries, k, out_scores, out_ids = _outputs(parts, queries, k)
     if k == 0 or not len(queries):
         return out_scores, out_ids
     dim = queries.shape[1]
+    resident = all(_held(p[0], dev) for p in parts)
     if chunk_size is None:
-        chunk_size = max(1, ((256 if dev.type == "cuda" else 64) << 20) // (4 * dim))
-        if dev.type == "cuda" and all(isinstance(p[0], torch.Tensor) for p in parts):
-            # parts held on the device: no copy to stage, so a chunk is bounded by its score matrix only (1 GiB of
-            # float32 scores): fewer, larger chunks mean fewer top-k merges (measured on an H200: 87k-row chunks
-            # gave 1,404 queries/s over 8.8M x 768 where the plain-torch reference's 536k-row slices gave 5,380)
-            chunk_size = max(chunk_size, (1 << 30) // (4 * min(len(queries), query_batch_size)))
+        itemsize = max(p[0].element_size() if isinstance(p[0], torch.Tensor) else p[0].dtype.itemsize for p in parts)
+        if dev.type != "cuda":
+            chunk_size = max(1, (64 << 20) // (4 * dim))
+        elif not resident:
+            chunk_size = max(1, (1 << 30) // (itemsize * dim))
+        else:
+            # no copy to stage: a chunk is bounded by its score matrix only; fewer, larger chunks mean fewer merges
+            # (measured on an H200 in float32: 87k-row chunks gave 1,404 queries/s over 8.8M x 768, 1 GiB of
+            # scores 1,591)
+            score_bytes = (2 << 30) if precision == "fp16" else (1 << 30)
+            per_row = (2 if precision == "fp16" else 4) * min(len(queries), query_batch_size)
+            chunk_size = max(1, score_bytes // per_row)
     chunk_size = check_int(chunk_size, "chunk_size")
-    stage = _ChunkStager(dev, chunk_size, dim, pinned=dev.type == "cuda" if pin_memory is None else pin_memory)
-
-    with torch.no_grad():
-        for qs in range(0, len(queries), query_batch_size):
-            q = torch.from_numpy(queries[qs:qs + query_batch_size]).to(dev)
-            best_s, best_i, tied = _torch_batch(parts, q, k, stage, chunk_size, exact_ties=False)
-            rows = tied.nonzero().flatten()
-            if len(rows):  # equal scores at a cut somewhere: those queries again, resolving ties by id
-                fix_s, fix_i, _ = _torch_batch(parts, q[rows], k, stage, chunk_size, exact_ties=True)
-                best_s[rows], best_i[rows] = fix_s, fix_i
-            s_np, i_np = sort_results(best_s.cpu().numpy(), best_i.cpu().numpy())
-            out_scores[qs:qs + len(q)] = s_np
-            out_ids[qs:qs + len(q)] = i_np
+    stage = _ChunkStager(dev, chunk_size, dim, pinned=dev.type == "cuda" if pin_memory is None else pin_memory,
+                         copy_threads=copy_threads)
+    try:
+        with torch.no_grad(), full_precision():
+            for qs in range(0, len(queries), query_batch_size):
+                q = torch.from_numpy(queries[qs:qs + query_batch_size]).to(dev)
+                if precision == "fp16":
+                    best_s, best_i = _certified_search(parts, q, k, stage, stats)
+                else:
+                    best_s, best_i = _fp32_search(parts, q, k, stage)
+                s_np, i_np = sort_results(best_s.cpu().numpy(), best_i.cpu().numpy())
+                out_scores[qs:qs + len(q)] = s_np
+                out_ids[qs:qs + len(q)] = i_np
+    finally:
+        stage.close()
     return out_scores, out_ids
 
 
-def _torch_batch(parts: Sequence[Part], q, k: int, stage: _ChunkStager, chunk_size: int, exact_ties: bool):
-    """Top-``k`` ``(scores, ids, tied)`` of the queries ``q`` on their device, unordered.
+def _fp32_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager):
+    """Top-``k`` ``(scores, ids)`` of ``q``, every document scored in float32 (ties at a cut resolved again)."""
+    best_s, best_i, tied = _torch_batch(parts, q, k, stage, exact_ties=False)
+    rows = tied.nonzero().flatten()
+    if len(rows):  # equal scores at a cut somewhere: those queries again, resolving ties by id
+        fix_s, fix_i, _ = _torch_batch(parts, q[rows], k, stage, exact_ties=True)
+        best_s[rows], best_i[rows] = fix_s, fix_i
+    return best_s, best_i
+
+
+#: how many times a query that the float16 path cannot prove is searched again with 4x the candidates
+CERTIFY_RETRIES = 1
+
+
+def _certified_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager, stats: Optional[dict] = None):
+    """Top-``k`` ``(scores, ids)`` of ``q`` through :class:`.certified.CertifiedTopK`: queries whose cut cannot be
+    proved are searched again with 4x the candidates, then in float32 (:func:`_fp32_search`)."""
+    import torch
+
+    from .certified import CertifiedTopK, candidates_for
+
+    total = _total(parts)
+    width = min(candidates_for(k), total)
+    rows = torch.arange(len(q), device=q.device)
+    best_s = torch.empty((len(q), k), dtype=torch.float32, device=q.device)
+    best_i = torch.empty((len(q), k), dtype=torch.int64, device=q.device)
+    counts = {"queries": len(q), "retried": 0, "fp32": 0}
+    for attempt in range(CERTIFY_RETRIES + 2):
+        if not len(rows):
+            break
+        if attempt == CERTIFY_RETRIES + 1:  # not proved twice: the float32 kernel decides
+            counts["fp32"] += len(rows)
+            best_s[rows], best_i[rows] = _fp32_search(parts, q[rows], k, stage)
+            break
+        if attempt:
+            counts["retried"] += len(rows)
+        resident = all(_held(v, q.device) for v, _, _ in parts)
+        top = CertifiedTopK(q[rows], width, deferred=resident)
+        for vectors, offset, stride in parts:
+            for start, chunk in stage.chunks(vectors):
+                top.add(chunk, offset, stride, start)
+        if resident:  # the vectors stay on the device: the final candidates are rescored in one gather
+            top.rescore_parts(parts)
+        s, i, ok = top.result(k)
+        best_s[rows[ok]], best_i[rows[ok]] = s[ok], i[ok]
+        rows = rows[~ok]
+        width = min(4 * width, total)
+        if not top.provable:  # vectors too long for float16 (or not finite): no retry can prove a cut
+            counts["fp32"] += len(rows)
+            best_s[rows], best_i[rows] = _fp32_search(parts, q[rows], k, stage)
+            break
+    if stats is not None:
+        for key, value in counts.items():
+            stats[key] = stats.get(key, 0) + value
+    return best_s, best_i
+
+
+def _torch_batch(parts: Sequence[Part], q, k: int, stage: _ChunkStager, exact_ties: bool):
+    """Top-``k`` ``(scores, ids, tied)`` of the queries ``q`` on their device, unordered, scored in float32.
 
     With ``exact_ties=False`` (fast: ``topk`` and no host synchronisation per chunk) the result is exact unless
     equal scores straddled a cut (of a chunk, or of a merge): each cut takes one entry more than it keeps, and a
@@ -362,9 +532,8 @@ def _torch_batch(parts: Sequence[Part], q, k: int, stage: _ChunkStager, chunk_si
     best_s = best_i = None
     tied = torch.zeros(len(q), dtype=torch.bool, device=q.device)
     for vectors, offset, stride in parts:
-        for start in range(0, len(vectors), chunk_size):
-            chunk = stage(vectors[start:start + chunk_size]).float()
-            scores = q @ chunk.T
+        for start, chunk in stage.chunks(vectors):
+            scores = q @ chunk.float().T
             kk = min(k, scores.shape[1])
             if exact_ties:
                 s, i = torch.sort(scores, dim=1, descending=True, stable=True)

@@ -16,7 +16,7 @@ import numpy as np
 from .._artifact import IncompleteIndexError
 from .._locking import ConcurrentBuildError, build_lock, describe_holder, holder
 from . import format as io
-from .kernels import Part, numpy_search, resolve_device, torch_search
+from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
 
 __all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id",
            "check_producer", "check_producers", "check_query_producer", "check_shard_set"]
@@ -228,7 +228,8 @@ class DenseStore:
             k: results per query (capped at the number of documents).
             backend: ``"numpy"``, ``"torch"`` or ``"auto"`` (torch on CUDA when available, else numpy).
             **kwargs: passed to the kernel (numpy: ``block_size``, ``query_batch_size``; torch: ``device``,
-                ``chunk_size``, ``query_batch_size``, ``pin_memory``).
+                ``chunk_size``, ``query_batch_size``, ``pin_memory``, ``precision``, ``copy_threads``,
+                ``resident``).
 
         Returns:
             ``(scores, ids)``: float32 and int64 arrays ``(q, min(k, count))``, scores descending (ties: ascending
