@@ -350,10 +350,47 @@ def bench_search(args, dev, peaks) -> Dict[str, object]:
             [len(set(a[:10]) & set(b[:10])) / 10 for a, b in zip(results["resident"]["i"], top.cpu().numpy())]))
         row["resident_vs_tighter_bound"] = row["resident_qps"] / row["tighter_bound_qps"]
         row["resident_vs_resident_fp32"] = row["resident_qps"] / row["resident_fp32_qps"]
+        if args.search_sweep:  # the resident fp16 kernel's two knobs: float16 scores per chunk, block width
+            from pyterrier_cpdae.dense import certified, kernels
+
+            saved = (kernels.RESIDENT_FP16_SCORE_BYTES, certified.BLOCK)
+            sweep = []
+            try:
+                for gib in (2, 8):
+                    for block in (16, 32, 64):
+                        kernels.RESIDENT_FP16_SCORE_BYTES, certified.BLOCK = gib << 30, block
+                        out: Dict[str, np.ndarray] = {}
+                        t = timed(lambda: out.update(zip(("s", "i"), torch_search(
+                            [(resident, 0, 1)], queries, k, device=dev, precision="fp16"))), dev, args.repeats)
+                        sweep.append({"score_gib": gib, "block": block, "qps": q / t,
+                                      "ids_equal_resident": bool(np.array_equal(out["i"], results["resident"]["i"]))})
+                        print(f"search sweep: {sweep[-1]}", flush=True)
+            finally:
+                kernels.RESIDENT_FP16_SCORE_BYTES, certified.BLOCK = saved
+            row["sweep"] = json.dumps(sweep)
+        if args.out is not None and dev.type == "cuda":  # where the resident fp16 search's time goes
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                torch_search([(resident, 0, 1)], queries, k, device=dev, precision="fp16")
+                torch.cuda.synchronize()
+            (args.out / "profile_search_resident_fp16.txt").write_text(
+                "resident fp16 search, 1,000 queries, sorted by self CUDA time\n"
+                + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25) + "\n")
+        max_norm = float(torch.linalg.vector_norm(resident, dim=1, dtype=torch.float32).max())
         del resident, res_idx
     # exactness in the same run: every path's ids against the float32 kernel's (held) or the streamed fp16 one
     base = results.get("resident_fp32", results["streamed"])
+    if "max_norm" not in locals():
+        max_norm = float(np.linalg.norm(index.astype(np.float32), axis=1).max())
+    # two float32 sums of the same 768 products in different orders differ by at most ~2 D u |q| max|d|
+    tol = (2 * d * 2.0 ** -24 * np.linalg.norm(queries, axis=1) * max_norm)[:, None]
     for name, out in results.items():
+        differ = out["i"] != base["i"]
+        row[f"{name}_positions_differing"] = int(differ.sum())
+        row[f"{name}_differing_beyond_fp32_order"] = int((differ & (np.abs(out["s"] - base["s"]) > tol)).sum())
+        # the same documents in each top-k except where the k-th scores are within the summation tolerance
+        row[f"{name}_sets_differ"] = int(sum(set(a) != set(b) for a, b in zip(out["i"], base["i"])))
         row[f"{name}_ids_equal_fp32"] = bool(np.array_equal(out["i"], base["i"]))
         # a GPU's float32 sums in another order may swap two scores equal to the last bits: not counted here
         differ = (out["i"] != base["i"]) & (np.abs(out["s"] - base["s"]) > 4e-7 * np.abs(base["s"]).max())
@@ -482,6 +519,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--dim", type=int)
     ap.add_argument("--queries", type=int)
     ap.add_argument("--k", type=int)
+    ap.add_argument("--search-sweep", action="store_true", help="time the resident fp16 search at 2 and 8 GiB of "
+                    "scores per chunk x blocks of 16/32/64 columns")
     ap.add_argument("--chunk-size", type=int, help="rows per streamed chunk (default: torch_search's)")
     ap.add_argument("--seq-length", type=int, help="pre-training sequence length")
     ap.add_argument("--sequences", type=int, help="encoder sequences per pre-training step")

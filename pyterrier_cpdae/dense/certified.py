@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Optional
 
 #: columns per block of the candidate pre-selection (see the module docstring)
 BLOCK = 32
@@ -95,11 +96,12 @@ def full_precision():
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = reduced
 
 
-def block_topk(scores, width: int, block: int = BLOCK):
+def block_topk(scores, width: int, block: Optional[int] = None):
     """``(values, columns)``: each row's ``width`` largest entries of ``scores`` ``(q, n)`` (``width <= n``, in no
     particular order among equal values), found through block maxima (module docstring)."""
     import torch
 
+    block = BLOCK if block is None else block
     q, n = scores.shape
     nb = -(-n // block)
     if nb <= 2 * width:  # the pre-selection would not shrink the problem

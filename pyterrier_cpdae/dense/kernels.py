@@ -376,6 +376,9 @@ class _ChunkStager:
         list(self.executor.map(copy, zip(bounds[:-1], bounds[1:])))
 
 
+#: float16 scores per chunk of an index held on the device (bounds its chunk size)
+RESIDENT_FP16_SCORE_BYTES = 2 << 30
+
 #: ``precision`` of :func:`torch_search`
 PRECISIONS = ("auto", "fp32", "fp16")
 
@@ -438,7 +441,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
             # no copy to stage: a chunk is bounded by its score matrix only; fewer, larger chunks mean fewer merges
             # (measured on an H200 in float32: 87k-row chunks gave 1,404 queries/s over 8.8M x 768, 1 GiB of
             # scores 1,591)
-            score_bytes = (2 << 30) if precision == "fp16" else (1 << 30)
+            score_bytes = RESIDENT_FP16_SCORE_BYTES if precision == "fp16" else (1 << 30)
             per_row = (2 if precision == "fp16" else 4) * min(len(queries), query_batch_size)
             chunk_size = max(1, score_bytes // per_row)
     chunk_size = check_int(chunk_size, "chunk_size")
