@@ -203,9 +203,8 @@ class CPDAE(pt.Transformer):
             cls_last_layer: under ``[CLS]`` pooling, compute the last layer at the ``[CLS]`` position only (its keys
                 and values still from every token; :mod:`pyterrier_cpdae.encoder.first_token`): nothing reads its
                 other positions, so this skips most of the last layer's work (~1/7 of MiniLM's at 256 tokens)
-                with the same vectors up to float32 summation order.  ``None`` = automatic: on the CPU (on a GPU
-                it measured slower), with ``"cls"`` pooling for a BERT-like model with ``sdpa``/``eager``
-                attention, in padded batches (PyTorch and
+                with the same vectors up to float32 summation order.  ``None`` = automatic: on with ``"cls"``
+                pooling for a BERT-like model with ``sdpa``/``eager`` attention, in padded batches (PyTorch and
                 OpenVINO backends) and in packed ones where the varlen kernel takes one query row per text;
                 checked once per encoder against the full layer on random hidden states; ``False`` = the full
                 last layer; ``True`` = trimmed, or a ``ValueError`` (``"mean"`` pooling at once, an unsupported
@@ -460,11 +459,6 @@ class CPDAE(pt.Transformer):
         the model allows it (checked once per model against the full layer), else ``None``."""
         choice = getattr(self, "cls_last_layer", None)  # an encoder pickled before the option: automatic
         if choice is False or self.pooling != "cls":
-            return None
-        if choice is None and self.device.type != "cpu":
-            # automatic: the CPU only; on an H200 the trimmed layer was slower (0.71x BERT-base, 0.55x MiniLM on
-            # MS MARCO-like lengths, experiments/results/gpu/lease_2026-11-28): its extra kernels cost more than
-            # the skipped work
             return None
         checked = self.__dict__.setdefault("_first_token", {})
         if id(model) not in checked:
