@@ -272,7 +272,7 @@ class _ChunkStager:
       then sent on a separate copy stream into one of two device buffers; the scoring stream waits for that copy
       (an event, not the host), and a buffer is refilled only after the scoring queued on its last chunk
       (device buffer) or its copy to the device (host buffer) has finished. A part that is already a page-locked
-      host tensor (:meth:`DenseStore.pinned_parts`) is sent straight from its memory.
+      host tensor (e.g. ``torch.from_numpy(vectors).pin_memory()`` passed as a part) is sent straight from its memory.
     * Otherwise (the CPU), each chunk is a plain copy.
 
     :meth:`send` is where one chunk leaves the host (tests watch it).
@@ -395,7 +395,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
 
     Args:
         parts: the index parts ``(vectors, offset, stride)``: numpy arrays (streamed through the device in chunks),
-            page-locked host tensors (:meth:`DenseStore.pinned_parts`: sent without a host copy) or torch tensors
+            page-locked host tensors (``torch.from_numpy(v).pin_memory()``: sent without a host copy) or torch tensors
             already held on ``device`` (:meth:`DenseStore.device_parts`: nothing is copied).
         queries: ``(q, dim)`` query vectors.
         k: number of results per query, >= 1 (capped at the number of documents).
