@@ -531,7 +531,7 @@ def test_equal_scores_are_ordered_by_docid_in_every_backend(tmp_path):
 
 
 class _FakeEvent:
-    """Stands in for torch.cuda.Event on a machine without CUDA; logs record/synchronize calls."""
+    """Stands in for torch.cuda.Event on a machine without CUDA; logs record/synchronize/wait calls."""
 
     log: list = []
     count = 0
@@ -540,20 +540,35 @@ class _FakeEvent:
         self.id = _FakeEvent.count
         _FakeEvent.count += 1
 
-    def record(self):
-        _FakeEvent.log.append(("record", self.id))
+    def record(self, stream=None):
+        _FakeEvent.log.append(("record", self.id, getattr(stream, "name", None)))
 
     def synchronize(self):
-        _FakeEvent.log.append(("synchronize", self.id))
+        _FakeEvent.log.append(("synchronize", self.id, None))
+
+
+class _FakeStream:
+    """Stands in for a CUDA stream: logs which events it is made to wait for."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def wait_event(self, event):
+        _FakeEvent.log.append(("wait", event.id, self.name))
 
 
 def test_torch_pinned_double_buffering_logic_on_cpu(tmp_path, monkeypatch):
-    """The CUDA staging path (two pinned buffers, an event per copy) runs on CPU with pinning/events mocked.
+    """The CUDA staging path (two pinned buffers, a copy stream, events between the streams) runs on CPU with
+    pinning, streams and events mocked.
 
     Checks the results against a naive search (float32 and float16 shards, a short last chunk) and the protocol:
-    only two staging buffers per dtype however many chunks stream through, and each buffer is refilled only
-    after waiting for the event recorded after its previous copy (two chunks earlier).
+    only two staging buffers per dtype however many chunks stream through; each chunk's copy is recorded on the
+    copy stream and waited for by the scoring stream before it is scored; a host buffer is refilled only after
+    the host waited for its previous copy (two chunks earlier); a device buffer is overwritten only after the copy
+    stream waited for the scoring of its previous chunk.
     """
+    import contextlib
+
     import torch
 
     docs, vecs = make_docs(1001)
@@ -565,20 +580,30 @@ def test_torch_pinned_double_buffering_logic_on_cpu(tmp_path, monkeypatch):
     pinned = []
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned.append(self.dtype) or self)
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: _FakeStream("copy"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: _FakeStream("scoring"))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     q = np.stack(make_topics(5)["query_vec"])
     for index, ref_vecs, n_chunks in ((single, vecs, 9), (sharded, vecs.astype(np.float16).astype(np.float32), 10)):
         _FakeEvent.log, _FakeEvent.count, pinned[:] = [], 0, []
-        scores, ids = index.search(q, 40, backend="torch", device="cpu", chunk_size=120, pin_memory=True)
+        scores, ids = index.search(q, 40, backend="torch", device="cpu", chunk_size=120, pin_memory=True,
+                                   precision="fp32")
         ref_s, ref_i = naive_topk(ref_vecs, q, 40)
         np.testing.assert_array_equal(ids, ref_i)
         np.testing.assert_allclose(scores, ref_s, rtol=1e-4, atol=1e-4)
         assert len(pinned) == 2  # two buffers of chunk_size rows, reused for every chunk
-        records = [e for op, e in _FakeEvent.log if op == "record"]
-        syncs = [e for op, e in _FakeEvent.log if op == "synchronize"]
-        assert records == list(range(n_chunks))
-        assert syncs == list(range(n_chunks - 2))  # before chunk i + 2 reuses chunk i's buffer
-        for i, e in enumerate(syncs):  # ... and the wait comes before that refill's own copy is recorded
-            assert _FakeEvent.log.index(("synchronize", e)) < _FakeEvent.log.index(("record", i + 2))
+        log = _FakeEvent.log
+        copies = [e for op, e, st in log if op == "record" and st == "copy"]
+        scored = [e for op, e, st in log if op == "record" and st == "scoring"]
+        assert len(copies) == len(scored) == n_chunks
+        # the scoring stream waits for each chunk's copy, in order
+        assert [e for op, e, st in log if op == "wait" and st == "scoring"] == copies
+        # a host buffer is refilled only after its copy two chunks earlier finished (the host waits) ...
+        assert [e for op, e, st in log if op == "synchronize"] == copies[:n_chunks - 2]
+        for i, e in enumerate(copies[:n_chunks - 2]):
+            assert log.index(("synchronize", e, None)) < log.index(("record", copies[i + 2], "copy"))
+        # ... and a device buffer only after the scoring of its chunk two earlier (the copy stream waits)
+        assert [e for op, e, st in log if op == "wait" and st == "copy"] == scored[:n_chunks - 2]
 
 
 def test_auto_backend_is_torch_exactly_when_cuda_is_available(built, monkeypatch):

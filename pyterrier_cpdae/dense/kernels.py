@@ -284,7 +284,7 @@ class _ChunkStager:
         self.device = device
         self.chunk_size = chunk_size
         self.dim = dim
-        self.overlap = bool(pinned) and device.type == "cuda"
+        self.overlap = bool(pinned)  # (torch_search's default: on CUDA only; tests run it on the CPU with fakes)
         threads = min(MAX_COPY_THREADS, default_num_threads()) if copy_threads is None else copy_threads
         self.copy_threads = max(1, check_int(threads, "copy_threads"))
         self.executor = ThreadPoolExecutor(self.copy_threads) if self.overlap and self.copy_threads > 1 else None
