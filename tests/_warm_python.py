@@ -50,8 +50,10 @@ PRELOAD = ["numpy", "pandas", "torch", "transformers.modeling_utils", "transform
            "tokenizers", "matplotlib.pyplot"]
 
 #: may differ between the server's environment and a program's although read when the libraries were imported
-#: (some libraries copy the whole environment at import, which reads every variable)
-MAY_DIFFER = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "COLUMNS", "LINES"}
+#: (some libraries copy the whole environment at import, which reads every variable: tqdm looks for its ``TQDM_*``
+#: variables so, which made every program whose ``PYTHONPATH`` was not the server's a cold start where pytest itself
+#: was started with a ``PYTHONPATH``; the program's ``sys.path`` gets its own ``PYTHONPATH``'s entries)
+MAY_DIFFER = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "COLUMNS", "LINES", "PYTHONPATH"}
 
 #: ``CPDAE_TESTS_COLD_PYTHON=1``: :func:`warm_python` is the real interpreter
 COLD = bool(os.environ.get("CPDAE_TESTS_COLD_PYTHON"))
