@@ -50,8 +50,10 @@ PRELOAD = ["numpy", "pandas", "torch", "transformers.modeling_utils", "transform
            "tokenizers", "matplotlib.pyplot"]
 
 #: may differ between the server's environment and a program's although read when the libraries were imported
-#: (some libraries copy the whole environment at import, which reads every variable)
-MAY_DIFFER = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "COLUMNS", "LINES"}
+#: (some libraries copy the whole environment at import, which reads every variable: tqdm looks for its ``TQDM_*``
+#: variables so, which made every program whose ``PYTHONPATH`` was not the server's a cold start where pytest itself
+#: was started with a ``PYTHONPATH``; the program's ``sys.path`` gets its own ``PYTHONPATH``'s entries)
+MAY_DIFFER = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "COLUMNS", "LINES", "PYTHONPATH"}
 
 #: ``CPDAE_TESTS_COLD_PYTHON=1``: :func:`warm_python` is the real interpreter
 COLD = bool(os.environ.get("CPDAE_TESTS_COLD_PYTHON"))
@@ -369,39 +371,49 @@ class WarmServer:
         shutil.rmtree(self.dir, ignore_errors=True)  # the socket and the launcher
 
 
-_SERVER_OF_PROCESS: Optional[WarmServer] = None
+#: this process's servers, by the variables set on top of :data:`_START_ENV` (``()``: none, the tests' own server)
+_SERVERS: dict[tuple, WarmServer] = {}
 _FAILED = False
 _LOCK = threading.Lock()
 #: the environment the server is started with: this process's at import (before any test changed it)
 _START_ENV = dict(os.environ)
 
 
-def warm_server() -> Optional[WarmServer]:
-    """This process's server (started on first use), or ``None`` with ``CPDAE_TESTS_COLD_PYTHON``."""
-    global _SERVER_OF_PROCESS, _FAILED
+def warm_server(start_env: Optional[dict[str, str]] = None) -> Optional[WarmServer]:
+    """This process's server (started on first use), or ``None`` with ``CPDAE_TESTS_COLD_PYTHON``.
+
+    ``start_env``: variables that the programs' environment sets on top of this process's at import and that the
+    preloaded libraries read while they are imported (e.g. the docs blocks' ``MPLBACKEND`` and ``HF_HUB_OFFLINE``):
+    a server of its own is started with them, so that those programs start warm too (with the server of the
+    process's own environment they would all be cold starts)."""
+    global _FAILED
     if COLD or _FAILED:
         return None
+    key = tuple(sorted((start_env or {}).items()))
     with _LOCK:
-        if _SERVER_OF_PROCESS is None:
+        if key not in _SERVERS:
             try:
-                _SERVER_OF_PROCESS = WarmServer(_START_ENV)
+                server = WarmServer({**_START_ENV, **dict(key)})
             except (OSError, RuntimeError) as e:  # e.g. a socket path too long: every python is the real one
                 _FAILED = True
                 warnings.warn(f"the warm Python server did not start ({e}); tests start the real interpreter")
                 return None
-            atexit.register(_SERVER_OF_PROCESS.close)
-        return _SERVER_OF_PROCESS
+            atexit.register(server.close)
+            _SERVERS[key] = server
+        return _SERVERS[key]
 
 
-def warm_python() -> str:
-    """The launcher's path (``sys.executable`` with ``CPDAE_TESTS_COLD_PYTHON``): ``[warm_python(), "-m", ...]``."""
-    server = warm_server()
+def warm_python(start_env: Optional[dict[str, str]] = None) -> str:
+    """The launcher's path (``sys.executable`` with ``CPDAE_TESTS_COLD_PYTHON``): ``[warm_python(), "-m", ...]``
+    (``start_env``: see :func:`warm_server`)."""
+    server = warm_server(start_env)
     return sys.executable if server is None else server.python
 
 
-def warm_path(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the launcher's directory first on ``PATH``: ``python`` in a shell script is the launcher."""
-    server = warm_server()
+def warm_path(env: dict[str, str], start_env: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """``env`` with the launcher's directory first on ``PATH``: ``python`` in a shell script is the launcher
+    (``start_env``: see :func:`warm_server`)."""
+    server = warm_server(start_env)
     if server is None:
         return dict(env)
     return {**env, "PATH": server.bin + os.pathsep + env.get("PATH", "")}

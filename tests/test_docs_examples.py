@@ -112,10 +112,16 @@ def _workdir(root: Path) -> Path:
     return work
 
 
+#: what every block's environment sets; matplotlib and huggingface_hub read some of them when imported, so the blocks'
+#: warm interpreter is a server started with them (``warm_python(BLOCK_ENV)``): with the tests' own server, whose
+#: environment lacks them, every ``python`` of a block would be a cold start
+BLOCK_ENV = {"MPLBACKEND": "Agg", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(MPLBACKEND="Agg", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(BLOCK_ENV)
     return env
 
 
@@ -137,9 +143,9 @@ def run_blocks(blocks: list[Block], root: Path) -> list[Block]:
             continue
         script = scripts / f"line{b.line}.{'py' if b.lang == 'python' else 'sh'}"
         script.write_text(b.code, encoding="utf-8")
-        cmd = [warm_python(), str(script)] if b.lang == "python" else ["bash", "-euo", "pipefail", str(script)]
+        cmd = [warm_python(BLOCK_ENV), str(script)] if b.lang == "python" else ["bash", "-euo", "pipefail", str(script)]
         try:
-            out = subprocess.run(cmd, cwd=work, env=warm_path(env), capture_output=True, text=True,
+            out = subprocess.run(cmd, cwd=work, env=warm_path(env, BLOCK_ENV), capture_output=True, text=True,
                                  timeout=BLOCK_TIMEOUT_S)
         except subprocess.TimeoutExpired as e:
             pytest.fail(f"{b.where}: the {b.lang} block did not finish within {BLOCK_TIMEOUT_S} s\n"

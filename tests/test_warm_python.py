@@ -109,6 +109,24 @@ def test_an_environment_the_server_did_not_start_with_gets_a_cold_interpreter(tm
     assert json.loads(same.stdout) == [True, os.environ.get("HF_HUB_OFFLINE")]
 
 
+def test_a_server_started_with_the_programs_variables_and_another_pythonpath_start_warm(tmp_path):
+    """Programs that set a variable read at import get a server started with it (``start_env``: the docs blocks'
+    ``MPLBACKEND``, ``HF_HUB_OFFLINE``); a ``PYTHONPATH`` other than the server's starts warm (tqdm reads the whole
+    environment at import) and its entries are on the program's ``sys.path``."""
+    code = ("import json, os, sys; print(json.dumps(['torch' in sys.modules, os.environ.get('HF_HUB_OFFLINE'), "
+            f"{str(tmp_path)!r} in sys.path]))")
+    flipped = "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1"   # read by huggingface_hub at import
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    own = subprocess.run([warm_python({"HF_HUB_OFFLINE": flipped}), "-c", code],
+                         env={**os.environ, "HF_HUB_OFFLINE": flipped, "PYTHONPATH": path},
+                         capture_output=True, text=True, timeout=120)
+    assert own.returncode == 0 and json.loads(own.stdout) == [True, flipped, True], own.stderr
+    assert warm_python({"HF_HUB_OFFLINE": flipped}) != warm_python()    # a server of its own, kept for the next
+    other_path = subprocess.run([warm_python(), "-c", code], env={**os.environ, "PYTHONPATH": path},
+                                capture_output=True, text=True, timeout=120)
+    assert json.loads(other_path.stdout) == [True, os.environ.get("HF_HUB_OFFLINE"), True], other_path.stderr
+
+
 def test_programs_run_side_by_side_and_python_in_a_script_is_the_launcher(tmp_path):
     code = "import time, sys; t = time.time(); time.sleep(3); print(t, 'torch' in sys.modules)"
     t0 = time.monotonic()
