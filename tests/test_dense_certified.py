@@ -74,9 +74,9 @@ def test_vectors_too_long_for_float16_are_searched_in_float32():
     assert stats["fp32"] == 6 and stats["retried"] == 0  # no pointless retry
 
 
-def test_lower_bound16_holds_for_every_document():
+def test_lower_bound_holds_for_every_document():
     """The claim the proof rests on, checked document by document: a document whose float32 score is s gets a
-    float16-path score >= lower_bound16(s). Random float32 vectors with tiny (subnormal in float16) entries."""
+    half-precision score >= lower_bound(s). Random float32 vectors with tiny (subnormal in float16) entries."""
     rng = np.random.default_rng(5)
     dim = 48
     docs = (rng.standard_normal((5000, dim)) * rng.choice([1.0, 1e-3, 1e-6], size=(5000, 1))).astype(np.float32)
@@ -85,9 +85,9 @@ def test_lower_bound16_holds_for_every_document():
     top = certified.CertifiedTopK(q, width=100)
     d = torch.from_numpy(docs)
     top.add(d, 0, 1, 0)
-    approx = (top.q16 @ d.half().T).float()  # the float16 path's scores (scaled units)
+    approx = certified.half_scores(d.half(), top.q16).T  # the half-precision scores (scaled units)
     ref = torch.from_numpy(queries @ docs.T)  # float32 reference scores (numpy's BLAS)
-    low = certified.lower_bound16(ref * top.scale[:, None], top.q16_norm[:, None], top.q_err[:, None],
+    low = certified.lower_bound(ref * top.scale[:, None], top.q16_norm[:, None], top.q_err[:, None],
                                   float(top.max_norm), float(top.max_err), dim)
     assert bool((approx >= low).all())
     # and the bound is not vacuous: the margin is a few float16 steps of the largest possible score |q| max|d|
@@ -100,7 +100,7 @@ def test_block_topk_equals_a_full_sort(n):
     rng = np.random.default_rng(n)
     scores = torch.from_numpy(rng.integers(0, 50, size=(7, n)).astype(np.float16))  # many ties
     for width in (1, 5, 13):
-        vals, cols = certified.block_topk(scores, width, block=32)
+        vals, cols = certified.block_topk(scores.T.contiguous(), width, block=32)  # document-major
         ref = torch.sort(scores.float(), dim=1, descending=True).values[:, :width]
         assert torch.equal(torch.sort(vals.float(), dim=1, descending=True).values, ref)
         assert bool((cols < n).all()) and torch.equal(scores.gather(1, cols), vals)

@@ -1,26 +1,29 @@
-"""Exact top-k in half precision: candidates scored in float16, rescored in float32, the cut proved (torch).
+"""Exact top-k in half precision: candidates scored from float16, rescored in float32, the cut proved (torch).
 
 The float32 kernel (:func:`.kernels.torch_search` with ``precision="fp32"``) is bound by the card's float32 peak (an
-H200: ~50 TFLOP/s, i.e. ~3,700 queries/s over 8.8M x 768).  Here each chunk is scored by a float16 matmul with
-float32 accumulation (tensor cores: ~16x the float32 peak), the best ``width >= k`` entries of each query are taken
-from those approximate scores, and only they are scored again in float32.  The result is the float32 kernel's
-whenever a per-query check holds, and the check is a proof, not a heuristic:
+H200: ~50 TFLOP/s, i.e. ~3,700 queries/s over 8.8M x 768).  Here each chunk is scored from float16 queries and
+vectors on tensor cores, with float32 accumulation and a float32 result (:func:`half_scores`), the best
+``width >= k`` entries of each query are taken from those approximate scores, and only they are scored again from
+the stored values in float32.  The result is the float32 kernel's whenever a per-query check holds, and the check is
+a proof, not a heuristic:
 
 * each query is scaled by a power of two (exact) and rounded to float16; the rounding errors of the query and of the
   vectors are known exactly (their norms are measured), and the float32 accumulation of ``dim`` products is bounded
-  (:func:`lower_bound16`);
-* a document left out has a float16 score ``<=`` the ``width``-th candidate's, ``s_w``;
+  (:func:`lower_bound`);
+* a document left out has a half-precision score ``<=`` the ``width``-th candidate's, ``s_w``;
 * a document whose float32 (reference) score reaches the ``k``-th best float32 score among the candidates, ``e_k``,
-  gets a float16 score of at least ``L = lower_bound16(e_k)`` (rounding to float16 is monotone);
+  gets a half-precision score of at least ``L = lower_bound(e_k)``;
 * so if ``L > s_w``, no document left out can enter the top ``k`` (nor tie with its last entry), and the top ``k``
   of the candidates by (float32 score, ascending id) is the exact result.
 
 A query that fails the check (a dense band of near-equal scores at the cut, many duplicate documents) is searched
 again with four times the candidates, and if it fails again, by the float32 kernel: never a wrong result, only a
 slower one.  Each chunk's candidates are found without sorting its whole score matrix: the maximum of every block
-of ``BLOCK`` consecutive columns is taken, the ``width`` blocks with the largest maxima are the only ones that can
+of ``BLOCK`` consecutive documents is taken, the ``width`` blocks with the largest maxima are the only ones that can
 hold a top-``width`` entry (at least ``width`` entries reach the ``width``-th largest block maximum), and the
-top-``width`` is taken over those blocks' columns alone.
+top-``width`` is taken over those blocks' documents alone.  The scores are document-major (``(n, q)``) so that the
+block maxima are a coalesced reduction over rows (measured on an H200: a 32-wide reduction along each query's row
+ran at a tenth of the memory bandwidth).
 """
 from __future__ import annotations
 
@@ -56,67 +59,82 @@ def query_scale(q):
     return torch.exp2(-exps)
 
 
-def lower_bound16(exact_scaled, q16_norm, q_err, max_doc_norm: float, max_doc_err: float, dim: int):
-    """The float16 score that any document whose float32 reference score reaches ``exact_scaled`` must at least get
-    (scaled units, per query; float16 values widened to float32).
+def lower_bound(exact_scaled, q16_norm, q_err, max_doc_norm: float, max_doc_err: float, dim: int):
+    """The half-precision score (:func:`half_scores`) that any document whose float32 reference score reaches
+    ``exact_scaled`` must at least get (scaled units, per query).
 
     For such a document ``x`` (norm ``<= max_doc_norm``): its true inner product is ``>= exact_scaled - g`` with
-    ``g = 2 dim u32 |q| M`` (the reference's float32 accumulation); the float16 path's accumulator holds the true
-    product of the *rounded* query and vector, ``>= true - |e_q| M - |q16| |e_d|`` (``e_q``, ``e_d``: the exact
-    rounding errors of query and vector, by Cauchy-Schwarz), up to its own float32 accumulation,
-    ``2 dim u32 |q16| (M + |e_d|)``.  Rounding to float16 is monotone, so the float16 score is ``>=`` the float16
-    rounding of that lower bound.  All margins are inflated by 1% and the bound is lowered by ``2**-20`` of its
-    magnitude before rounding, for the float32/float64 evaluation of the norms and of the bound itself.
+    ``g = 2 dim u32 |q| M`` (the reference's float32 accumulation); the half-precision score sums the exact products
+    of the *rounded* query and vector, whose true sum is ``>= true - |e_q| M - |q16| |e_d|`` (``e_q``, ``e_d``: the
+    exact rounding errors of query and vector, by Cauchy-Schwarz), up to its own float32 accumulation,
+    ``2 dim u32 |q16| (M + |e_d|)``.  All margins are inflated by 1% and the bound is lowered by ``2**-20`` of its
+    magnitude before it is rounded to float32, for the float32/float64 evaluation of the norms and of the bound.
     """
-    import torch
-
     acc = 2 * dim * U32
-    margin = (acc * q16_norm.double() * max_doc_norm  # reference accumulation (|q| ~ |q16|)
+    margin = (acc * q16_norm.double() * max_doc_norm  # reference accumulation (|q| ~ |q16|, within 2**-11)
               + q_err.double() * max_doc_norm + q16_norm.double() * max_doc_err  # query and vector rounding
-              + acc * q16_norm.double() * (max_doc_norm + max_doc_err)) * 1.01  # float16 path's accumulation
+              + acc * q16_norm.double() * (max_doc_norm + max_doc_err)) * 1.01  # the half path's accumulation
     low = exact_scaled.double() - margin
     low = low - low.abs() * 2.0 ** -20
-    return low.half().float()
+    return low.float()
 
 
 @contextlib.contextmanager
 def full_precision():
-    """float32 matmuls in IEEE float32 (no TF32) and float16 matmuls with float32 reductions, for the duration:
-    the bound of :func:`lower_bound16` assumes both, whatever the caller set globally."""
+    """float32 matmuls in IEEE float32 (no TF32) for the duration, whatever the caller set globally: the rescoring
+    and the float32 kernel then compute what :func:`lower_bound` assumes."""
     import torch
 
     prec = torch.get_float32_matmul_precision()
-    reduced = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
     try:
         torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         yield
     finally:
         torch.set_float32_matmul_precision(prec)
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = reduced
+
+
+def half_scores(c16, q16):
+    """``(n, q)`` float32 scores of float16 vectors ``c16`` by float16 queries ``q16``: every product exact, summed in
+    float32, the result not rounded further (document-major, for :func:`block_topk`).
+
+    CUDA: ``torch.mm(..., out_dtype=torch.float32)`` (tensor cores, float32 accumulation and output; no
+    reduced-precision reduction applies to a float32 output). Elsewhere, or a torch without it: the float16 values
+    widened to float32 (exactly) and multiplied in IEEE float32 (:func:`full_precision`).
+    """
+    import torch
+
+    if c16.device.type == "cuda":
+        try:
+            return torch.mm(c16, q16.T, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # pragma: no cover (a torch without mm's out_dtype)
+            pass
+    return c16.float() @ q16.float().T
 
 
 def block_topk(scores, width: int, block: Optional[int] = None):
-    """``(values, columns)``: each row's ``width`` largest entries of ``scores`` ``(q, n)`` (``width <= n``, in no
-    particular order among equal values), found through block maxima (module docstring)."""
+    """``(values, rows)``, each ``(q, width)``: for each column (query) of the document-major ``scores`` ``(n, q)``,
+    its ``width`` largest entries (``width <= n``; in no particular order among equal values), found through the
+    maxima of blocks of ``block`` consecutive rows (module docstring): a reduction over rows, coalesced."""
     import torch
 
     block = BLOCK if block is None else block
-    q, n = scores.shape
+    n, q = scores.shape
     nb = -(-n // block)
     if nb <= 2 * width:  # the pre-selection would not shrink the problem
-        return scores.topk(width, dim=1)
+        top, rows = scores.T.topk(width, dim=1)
+        return top, rows
     full = n // block
-    maxima = scores[:, :full * block].unfold(1, block, block).amax(dim=2)  # (q, full): a view, no copy
+    maxima = scores[:full * block].view(full, block, q).amax(dim=1)  # (full, q)
     if full < nb:
-        maxima = torch.cat([maxima, scores[:, full * block:].amax(dim=1, keepdim=True)], dim=1)
-    chosen = maxima.topk(width, dim=1).indices  # (q, width): the blocks that can hold a top-width entry
-    cols = (chosen.unsqueeze(2) * block + torch.arange(block, device=scores.device)).reshape(q, width * block)
-    outside = cols >= n  # the last block's columns beyond the matrix (only when n is not a multiple of block)
-    values = scores.gather(1, cols.clamp_max(n - 1))
+        maxima = torch.cat([maxima, scores[full * block:].amax(dim=0, keepdim=True)], dim=0)
+    chosen = maxima.T.topk(width, dim=1).indices  # (q, width): the blocks that can hold a top-width entry
+    rows = (chosen.unsqueeze(2) * block + torch.arange(block, device=scores.device)).reshape(q, width * block)
+    outside = rows >= n  # the last block's rows beyond the matrix (only when n is not a multiple of block)
+    cols = torch.arange(q, device=scores.device).unsqueeze(1)
+    values = scores[rows.clamp_max(n - 1), cols]  # (q, width * block)
     values.masked_fill_(outside, float("-inf"))
     top, pos = values.topk(width, dim=1)
-    return top, cols.gather(1, pos)
+    return top, rows.gather(1, pos)
 
 
 class CertifiedTopK:
@@ -158,11 +176,11 @@ class CertifiedTopK:
         if c16 is not chunk:
             err = torch.linalg.vector_norm(chunk.float() - c16.float(), dim=1).max()
             self.max_err = torch.maximum(self.max_err, err)
-        scores = self.q16 @ c16.T  # (q, n) float16, float32 accumulation (full_precision)
+        scores = half_scores(c16, self.q16)  # (n, q) float32
         width = min(self.width, n)
         top, cols = block_topk(scores, width)
         del scores
-        approx = top.float() / self.scale[:, None]
+        approx = top / self.scale[:, None]
         exact = approx if self.deferred else self._rescore(chunk, cols)
         ids = (cols + start) * stride + offset
         if self.approx is not None:
@@ -217,7 +235,7 @@ class CertifiedTopK:
         self.provable = math.isfinite(max_norm) and math.isfinite(max_err) and max_norm <= MAX_FP16_NORM
         if not self.provable:
             return scores, top_ids, torch.zeros(len(scores), dtype=torch.bool, device=scores.device)
-        cut = approx.min(dim=1).values * self.scale  # the width-th float16 score, scaled back (exact)
-        low = lower_bound16(scores[:, k - 1] * self.scale, self.q16_norm, self.q_err, max_norm, max_err,
+        cut = approx.min(dim=1).values * self.scale  # the width-th half-precision score, scaled back (exact)
+        low = lower_bound(scores[:, k - 1] * self.scale, self.q16_norm, self.q_err, max_norm, max_err,
                             self.q32.shape[1])
         return scores, top_ids, low > cut

@@ -376,8 +376,8 @@ class _ChunkStager:
         list(self.executor.map(copy, zip(bounds[:-1], bounds[1:])))
 
 
-#: float16 scores per chunk of an index held on the device (bounds its chunk size)
-RESIDENT_FP16_SCORE_BYTES = 2 << 30
+#: bytes of (float32) scores per chunk of an index held on the device with ``precision="fp16"`` (its chunk size)
+RESIDENT_FP16_SCORE_BYTES = 4 << 30
 
 #: ``precision`` of :func:`torch_search`
 PRECISIONS = ("auto", "fp32", "fp16")
@@ -401,12 +401,12 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
         k: number of results per query, >= 1 (capped at the number of documents).
         device: a torch device (default: CUDA when available, else CPU).
         chunk_size: document rows per chunk (default on CUDA: 1 GiB of stored vectors when streamed; for a
-            resident index, 2 GiB of float16 scores (``fp16``) or 1 GiB of float32 scores (``fp32``); on CPU
+            resident index, 4 GiB of scores (``fp16``) or 1 GiB (``fp32``); on CPU
             64 MiB of float32 vectors).
         query_batch_size: queries scored together.
         pin_memory: stage chunks through pinned buffers (default: on CUDA only).
-        precision: ``"fp32"`` scores every document in float32; ``"fp16"`` scores in float16 with float32
-            accumulation and rescores the candidates in float32, with a proof per query that the result is the
+        precision: ``"fp32"`` scores every document in float32; ``"fp16"`` scores from float16 values with
+            float32 accumulation and rescores the candidates in float32, with a proof per query that the result is the
             float32 one (:mod:`.certified`; queries it cannot prove are searched again, then in float32): the same
             rankings, several times faster on tensor cores. ``"auto"``: ``fp16`` on CUDA, ``fp32`` elsewhere.
         copy_threads: threads that copy a streamed chunk into its pinned buffer (default: the CPUs, at most 8).
@@ -442,7 +442,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
             # (measured on an H200 in float32: 87k-row chunks gave 1,404 queries/s over 8.8M x 768, 1 GiB of
             # scores 1,591)
             score_bytes = RESIDENT_FP16_SCORE_BYTES if precision == "fp16" else (1 << 30)
-            per_row = (2 if precision == "fp16" else 4) * min(len(queries), query_batch_size)
+            per_row = 4 * min(len(queries), query_batch_size)
             chunk_size = max(1, score_bytes // per_row)
     chunk_size = check_int(chunk_size, "chunk_size")
     stage = _ChunkStager(dev, chunk_size, dim, pinned=dev.type == "cuda" if pin_memory is None else pin_memory,
