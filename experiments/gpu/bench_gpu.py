@@ -309,10 +309,7 @@ def bench_search(args, dev, peaks) -> Dict[str, object]:
         def host_copy():
             for s in range(0, n, chunk_rows):
                 m = min(chunk_rows, n - s)
-                if stager.executor is None:
-                    buf[:m].numpy()[:] = index[s:s + m]
-                else:
-                    stager._fill(buf[:m].numpy(), index[s:s + m])
+                stager._fill(buf[:m].numpy(), index[s:s + m])
         row[f"host_copy_{threads}_threads_s"] = timed(host_copy, dev, 1)
         stager.close()
     del buf
@@ -324,6 +321,7 @@ def bench_search(args, dev, peaks) -> Dict[str, object]:
         if f"{name}_qps" in row and row.get("bound_host_to_device_qps"):
             row[f"{name}_vs_host_to_device_bound"] = row[f"{name}_qps"] / row["bound_host_to_device_qps"]
     free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else float("inf")
+    max_norm = None
     if index.nbytes < 0.6 * free:
         resident = torch.from_numpy(index).to(dev)
         search("resident", [(resident, 0, 1)], precision="fp16")  # torch_retriever(resident=True): fp16, proved
@@ -381,7 +379,7 @@ def bench_search(args, dev, peaks) -> Dict[str, object]:
         del resident, res_idx
     # exactness in the same run: every path's ids against the float32 kernel's (held) or the streamed fp16 one
     base = results.get("resident_fp32", results["streamed"])
-    if "max_norm" not in locals():
+    if max_norm is None:
         max_norm = float(np.linalg.norm(index.astype(np.float32), axis=1).max())
     # two float32 sums of the same 768 products in different orders differ by at most ~2 D u |q| max|d|
     tol = (2 * d * 2.0 ** -24 * np.linalg.norm(queries, axis=1) * max_norm)[:, None]

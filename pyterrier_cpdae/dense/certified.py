@@ -34,7 +34,7 @@ from typing import Optional
 #: columns per block of the candidate pre-selection (see the module docstring)
 BLOCK = 32
 
-#: the largest scaled document norm scored in float16 (scores stay far below float16's 65,504)
+#: the largest document norm the proof is applied to (longer vectors: the float32 kernel decides)
 MAX_FP16_NORM = 2.0 ** 14
 
 #: unit roundoff of float32
@@ -121,8 +121,7 @@ def block_topk(scores, width: int, block: Optional[int] = None):
     n, q = scores.shape
     nb = -(-n // block)
     if nb <= 2 * width:  # the pre-selection would not shrink the problem
-        top, rows = scores.T.topk(width, dim=1)
-        return top, rows
+        return scores.T.topk(width, dim=1)
     full = n // block
     maxima = scores[:full * block].view(full, block, q).amax(dim=1)  # (full, q)
     if full < nb:
@@ -140,8 +139,8 @@ def block_topk(scores, width: int, block: Optional[int] = None):
 class CertifiedTopK:
     """Running candidates of a query batch over the chunks of an index (see the module docstring).
 
-    ``add(chunk, ids)`` for each chunk ``(n, dim)`` on the device (its global ids ``(n,)`` or a callable of the
-    columns); ``result(k)`` gives ``(scores, ids, certified)``: the top-``k`` float32 scores and ids of each query,
+    ``add(chunk, offset, stride, start)`` for each chunk ``(n, dim)`` on the device (rows ``start...`` of a part
+    whose row ``r`` has the id ``r * stride + offset``); ``result(k)`` gives ``(scores, ids, certified)``: the top-``k`` float32 scores and ids of each query,
     exact where ``certified``.
     """
 
@@ -197,14 +196,15 @@ class CertifiedTopK:
         held on the device (one gather for all candidates instead of one per chunk)."""
         import torch
 
+        if len(parts) == 1:
+            vectors, offset, stride = parts[0]
+            self.exact = self._rescore(vectors, (self.ids - offset) // stride)
+            return
         for vectors, offset, stride in parts:
             rel = self.ids - offset
             rows = torch.div(rel, stride, rounding_mode="floor")
             mine = (rel % stride == 0) & (rows >= 0) & (rows < len(vectors))
-            if len(parts) == 1:
-                self.exact = self._rescore(vectors, rows)
-            else:
-                self.exact = torch.where(mine, self._rescore(vectors, rows.clamp(0, len(vectors) - 1)), self.exact)
+            self.exact = torch.where(mine, self._rescore(vectors, rows.clamp(0, len(vectors) - 1)), self.exact)
 
     def _rescore(self, chunk, cols):
         """float32 scores of the rows ``cols`` ``(q, w)`` of ``chunk``: the reference's arithmetic (float32
@@ -226,7 +226,7 @@ class CertifiedTopK:
         import torch
 
         by_id = self.ids.argsort(dim=1)
-        exact, ids, approx = self.exact.gather(1, by_id), self.ids.gather(1, by_id), self.approx.gather(1, by_id)
+        exact, ids = self.exact.gather(1, by_id), self.ids.gather(1, by_id)
         order = torch.sort(exact, dim=1, descending=True, stable=True).indices[:, :k]
         scores, top_ids = exact.gather(1, order), ids.gather(1, order)
         if self.total <= self.width:  # every document is a candidate
@@ -235,7 +235,7 @@ class CertifiedTopK:
         self.provable = math.isfinite(max_norm) and math.isfinite(max_err) and max_norm <= MAX_FP16_NORM
         if not self.provable:
             return scores, top_ids, torch.zeros(len(scores), dtype=torch.bool, device=scores.device)
-        cut = approx.min(dim=1).values * self.scale  # the width-th half-precision score, scaled back (exact)
+        cut = self.approx.min(dim=1).values * self.scale  # the width-th half-precision score, scaled back (exact)
         low = lower_bound(scores[:, k - 1] * self.scale, self.q16_norm, self.q_err, max_norm, max_err,
                             self.q32.shape[1])
         return scores, top_ids, low > cut

@@ -315,7 +315,7 @@ class _ChunkStager:
             return
         scoring = torch.cuda.current_stream(self.device)
         ahead = None
-        for n, s in enumerate(starts):
+        for s in starts:
             if ahead is None:
                 ahead = (self.send(vectors[s:s + self.chunk_size]), self.slot)
             tensor, slot = ahead
@@ -490,6 +490,7 @@ def _certified_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager, sta
     best_s = torch.empty((len(q), k), dtype=torch.float32, device=q.device)
     best_i = torch.empty((len(q), k), dtype=torch.int64, device=q.device)
     counts = {"queries": len(q), "retried": 0, "fp32": 0}
+    resident = all(_held(v, q.device) for v, _, _ in parts)  # then the candidates are rescored in one gather
     for attempt in range(CERTIFY_RETRIES + 2):
         if not len(rows):
             break
@@ -499,12 +500,11 @@ def _certified_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager, sta
             break
         if attempt:
             counts["retried"] += len(rows)
-        resident = all(_held(v, q.device) for v, _, _ in parts)
         top = CertifiedTopK(q[rows], width, deferred=resident)
         for vectors, offset, stride in parts:
             for start, chunk in stage.chunks(vectors):
                 top.add(chunk, offset, stride, start)
-        if resident:  # the vectors stay on the device: the final candidates are rescored in one gather
+        if resident:
             top.rescore_parts(parts)
         s, i, ok = top.result(k)
         best_s[rows[ok]], best_i[rows[ok]] = s[ok], i[ok]
