@@ -174,6 +174,7 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     assert enc["rows"][-1]["padded_docs_per_s"] > 0  # the padded path beside the default on varied lengths
     last = enc["rows"][-1]  # [CLS] pooling with the last layer at [CLS] only, beside the full last layer
     assert last["cls_docs_per_s"] > 0 and last["cls_full_layer_docs_per_s"] > 0
+    assert last["cls_padded_docs_per_s"] > 0 and last["cls_padded_full_layer_docs_per_s"] > 0  # and padded batches
     assert last["cls_min_cosine_trimmed_vs_full"] > 0.999
     for r in enc["rows"]:
         # the measured peak and the rate are timed at different moments: on a shared CPU the ratio may pass 1 a little

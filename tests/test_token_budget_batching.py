@@ -191,3 +191,61 @@ def test_unpad_without_the_kernel(tiny_bert_dir):
     for bad in ("yes", 1, 0.0):
         with pytest.raises(ValueError, match="unpad"):
             CPDAE.from_pretrained(tiny_bert_dir, unpad=bad)
+
+
+def test_read_ahead_keeps_order_computes_in_a_worker_and_raises_at_the_failing_item():
+    """``read_ahead`` yields the same items in the same order as plain iteration; each item is computed in the
+    worker thread; an item's error comes out at that item (not earlier); closing early computes at most one more."""
+    import threading
+
+    from pyterrier_cpdae.encoder.batching import read_ahead
+
+    made = []
+
+    def make(i):
+        made.append(i)
+        if i == 3:
+            raise KeyError("item 3")
+        return i * i, threading.current_thread().name
+
+    assert [v for v, _ in read_ahead(map(make, range(3)))] == [0, 1, 4]
+    assert {name for _, name in read_ahead(map(make, range(3)))} == {"cpdae-read-ahead_0"}
+    assert [v for v, name in read_ahead(map(make, range(3)), enabled=False)] == [0, 1, 4]
+    got = []
+    with pytest.raises(KeyError, match="item 3"):
+        for v, _ in read_ahead(map(make, range(6))):
+            got.append(v)
+    assert got == [0, 1, 4]  # items before the failing one all arrived
+    made.clear()
+    gen = read_ahead(map(make, range(100)))
+    assert next(gen)[0] == 0
+    gen.close()
+    assert made == [0, 1]  # the one in flight, no further
+
+
+def test_windows_tokenized_ahead_give_the_same_vectors(tiny_bert_dir, monkeypatch):
+    """With read-ahead on (as on CUDA; here forced on the CPU) the next window is tokenized in the worker thread,
+    and padded and packed encodings of several windows equal those tokenized in turn, row for row."""
+    import threading
+
+    texts = _varied_texts() * 3
+    settings = dict(pooling="mean", batch_size=4, sort_window=2, doc_max_length=128, backend="torch")
+    plain = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", **settings)
+    ref = plain.encode_docs(texts)
+    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
+    ref_packed = CPDAE(plain.model, plain.tokenizer, unpad=True, **settings).encode_docs(texts)
+    threads = []
+    tokenize = type(plain.tokenizer).__call__
+
+    def spy(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return tokenize(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(plain.tokenizer), "__call__", spy)
+    monkeypatch.setattr(enc_mod, "READ_AHEAD_DEVICES", ("cpu",))
+    for unpad, expected in ((False, ref), (True, ref_packed)):
+        threads.clear()
+        got = CPDAE(plain.model, plain.tokenizer, unpad=unpad, **settings).encode_docs(texts)
+        assert len(threads) == -(-len(texts) // 8) > 2 and set(threads) == {"cpdae-read-ahead_0"}, threads
+        np.testing.assert_array_equal(got, expected)
+    np.testing.assert_allclose(ref_packed, ref, atol=2e-5, rtol=0)

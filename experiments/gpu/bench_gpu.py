@@ -88,6 +88,24 @@ def timed(fn: Callable[[], object], dev, repeats: int) -> float:
     return statistics.median(times)
 
 
+def timed_in_turn(fns: Dict[str, Callable[[], object]], dev, repeats: int) -> Dict[str, float]:
+    """Median wall time of each of ``fns`` over ``repeats`` rounds, every round calling each once in turn (after one
+    warm-up round), so that a drift of the host or the card during the run reaches every system alike rather than
+    whichever was timed at that moment (the encoding rows of the 2026-11-28 lease moved by up to 1.45x between two
+    systems running the same code when each was timed in its own block)."""
+    for fn in fns.values():
+        fn()
+    times: Dict[str, list] = {label: [] for label in fns}
+    for _ in range(repeats):
+        for label, fn in fns.items():
+            sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            sync(dev)
+            times[label].append(time.perf_counter() - t0)
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
 def device_info(dev) -> Dict[str, object]:
     import torch
 
@@ -176,16 +194,19 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
             rest = {k: v for k, v in common.items() if k not in ("device", "pooling")}
             systems["cpdae_padded_bf16"] = CPDAE(encoder.model, encoder.tokenizer, batch_tokens=0, unpad=False,
                                                  pooling="mean", **rest).doc_encoder()
-            # [CLS] pooling (CPDAE's own): the last layer at [CLS] only (default) beside the full last layer
-            systems["cpdae_cls_bf16"] = CPDAE(encoder.model, encoder.tokenizer, pooling="cls", **rest).doc_encoder()
-            systems["cpdae_cls_full_bf16"] = CPDAE(encoder.model, encoder.tokenizer, pooling="cls",
-                                                   cls_last_layer=False, **rest).doc_encoder()
+            # [CLS] pooling (CPDAE's own): the last layer at [CLS] only (default) beside the full last layer, in the
+            # default (packed where the kernel runs) batches and in padded text-count batches
+            for suffix, batching in (("", {}), ("_padded", {"batch_tokens": 0, "unpad": False})):
+                for layer, trim in (("", None), ("_full", False)):
+                    systems[f"cpdae_cls{suffix}{layer}_bf16"] = CPDAE(
+                        encoder.model, encoder.tokenizer, pooling="cls", cls_last_layer=trim, **batching,
+                        **rest).doc_encoder()
         vecs: Dict[str, np.ndarray] = {}
-        times: Dict[str, float] = {}
+        fns: Dict[str, Callable[[], object]] = {}
         for label, stage in systems.items():
             def ours(stage=stage, label=label):
                 vecs[label] = np.stack(stage(frame)["doc_vec"].tolist())
-            times[label] = timed(ours, dev, args.repeats)
+            fns[label] = ours
         unpadded = encoder._packing_kernel(encoder.model) is not None
         for label, dtype in (("st_fp32", torch.float32), ("st_bf16", torch.bfloat16)):
             st = SentenceTransformer(model_dir, device=str(dev))
@@ -195,8 +216,9 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
             def run(st=st, label=label):
                 vecs[label] = np.asarray(st.encode(texts, batch_size=args.batch_size, convert_to_numpy=True),
                                          dtype=np.float32)
-            times[label] = timed(run, dev, args.repeats)
-            del st
+            fns[label] = run
+        times = timed_in_turn(fns, dev, args.repeats)
+        del fns
         flops = real_token_flops(lengths, shape)
         t_ours = times["cpdae_bf16"]
         rate = args.docs / t_ours
@@ -226,10 +248,14 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
             row.update(cls_docs_per_s=args.docs / times["cpdae_cls_bf16"],
                        cls_full_layer_docs_per_s=args.docs / times["cpdae_cls_full_bf16"],
                        cls_speedup_of_trimmed_last_layer=times["cpdae_cls_full_bf16"] / times["cpdae_cls_bf16"],
-                       cls_min_cosine_trimmed_vs_full=float(cls_cos.min()))
+                       cls_min_cosine_trimmed_vs_full=float(cls_cos.min()),
+                       cls_padded_docs_per_s=args.docs / times["cpdae_cls_padded_bf16"],
+                       cls_padded_full_layer_docs_per_s=args.docs / times["cpdae_cls_padded_full_bf16"])
             print(f"encode {shape_name} {dist} {length} tokens, [CLS] pooling: last layer at [CLS] only "
                   f"{row['cls_docs_per_s']:.1f} docs/s, full last layer {row['cls_full_layer_docs_per_s']:.1f} "
-                  f"({row['cls_speedup_of_trimmed_last_layer']:.2f}x), min cosine {cls_cos.min():.5f}", flush=True)
+                  f"({row['cls_speedup_of_trimmed_last_layer']:.2f}x); padded batches: "
+                  f"{row['cls_padded_docs_per_s']:.1f} / {row['cls_padded_full_layer_docs_per_s']:.1f} docs/s; "
+                  f"min cosine {cls_cos.min():.5f}", flush=True)
         rows.append(row)
         extra = (f", padded path {row['padded_docs_per_s']:.1f} docs/s ({row['speedup_vs_padded']:.2f}x)"
                  if "padded_docs_per_s" in row else "")

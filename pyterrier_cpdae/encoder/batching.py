@@ -8,6 +8,7 @@ the rows they came from.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -146,5 +147,30 @@ def pad(seqs: Sequence[Sequence[int]], lengths: np.ndarray, pad_id: int) -> Tupl
     width = int(lengths.max()) if len(lengths) else 0
     mask = np.arange(width)[None, :] < lengths[:, None]
     ids = np.full(mask.shape, pad_id, dtype=np.int64)
-    ids[mask] = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(lengths.sum()))
+    ids[mask] = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
     return ids, mask.astype(np.int64)
+
+
+_END = object()
+
+
+def read_ahead(items: Iterable[Any], enabled: bool = True) -> Iterator[Any]:
+    """Yields ``items`` in order, computing the next one in a background thread while the caller works on the
+    current one (``enabled``; else plainly).  The encoder tokenizes its next window this way while the device
+    encodes the current one (Hugging Face's fast tokenizers release the GIL while they split a batch).  An
+    exception raised while computing an item is raised here, at that item; closing the generator early waits for
+    the one item in flight and computes no further one."""
+    it = iter(items)
+    if not enabled:
+        yield from it
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpdae-read-ahead") as worker:
+        pending = worker.submit(next, it, _END)
+        while True:
+            item = pending.result()
+            if item is _END:
+                return
+            pending = worker.submit(next, it, _END)
+            yield item

@@ -37,7 +37,8 @@ import pyterrier_alpha as pta
 import torch
 
 from .._checks import stack_vectors
-from .batching import check_int, check_texts, chunked, dedup, length_sorted_batches, pad, token_budget_batches
+from .batching import (check_int, check_texts, chunked, dedup, length_sorted_batches, pad, read_ahead,
+                       token_budget_batches)
 from .first_token import check_first_token, first_token_model
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
@@ -68,6 +69,10 @@ OPENVINO_MIN_TOKENS = 65536
 least this many tokens, counted over all its calls (~256 documents of 256 tokens), where the ~25% saved starts to
 repay the compilation; so a handful of queries stays on PyTorch, and an indexing pipeline, which hands the encoder
 chunks of ~100 documents, switches after its first few chunks."""
+READ_AHEAD_DEVICES = ("cuda",)
+"""Device types on which the encoder tokenizes its next window in a background thread while the device encodes the
+current one (:func:`~pyterrier_cpdae.encoder.batching.read_ahead`); on the CPU the tokenizer would compete with
+the encoder's own threads for the cores, so there the windows are tokenized in turn."""
 
 
 def _backend_name(backend: Optional[str], origin: str = "backend") -> Optional[str]:
@@ -554,12 +559,17 @@ class CPDAE(pt.Transformer):
             if kernel is not None and trimmed is not None and first_token_kernel_ok(kernel, str(self.device),
                                                                                      self._autocast_dtype()):
                 packed_model = trimmed
-            for start in range(0, len(texts), window):
-                part = texts[start:start + window]
+            def tokenized(start: int) -> Tuple[int, List[List[int]], np.ndarray]:
                 # one fast-tokenizer call per window; no padding here (batches are padded to their own max)
-                ids = self.tokenizer(list(part), truncation=True, max_length=max_length, padding=False,
-                                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-                lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                ids = self.tokenizer(list(texts[start:start + window]), truncation=True, max_length=max_length,
+                                     padding=False, return_attention_mask=False,
+                                     return_token_type_ids=False)["input_ids"]
+                return start, ids, np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+
+            # on an accelerator the next window is tokenized while the device encodes this one, and a window's
+            # vectors come back in one copy at its end (no batch waits for the device before the next is queued)
+            ahead = self.device.type in READ_AHEAD_DEVICES
+            for start, ids, lengths in read_ahead(map(tokenized, range(0, len(texts), window)), enabled=ahead):
                 compiled = self._openvino_encoder(int(lengths.sum()), forward)
                 packed = kernel is not None and compiled is None
                 batches = self._batches(lengths, max_length, packed)
@@ -568,21 +578,22 @@ class CPDAE(pt.Transformer):
                     for rows, vecs in zip(batches, compiled.map(padded)):
                         out[start + rows] = vecs
                     if bar is not None:
-                        bar.update(len(part))
+                        bar.update(len(ids))
                     continue
+                pooled = []
                 for rows in batches:
                     if packed:  # unpadded: the layers compute on the real tokens only
                         hidden, mask = packed_forward(packed_model, [ids[i] for i in rows], lengths[rows],
                                                       self.device, kernel, first_token=packed_model is trimmed)
-                        out[start + rows] = self._pool(hidden, mask).cpu().numpy()
                     else:
                         input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
                         input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
                         mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
                         hidden = forward(input_ids=input_ids, attention_mask=mask)[0]
-                        out[start + rows] = self._pool(hidden, mask).cpu().numpy()
+                    pooled.append(self._pool(hidden, mask))
                     if bar is not None:
                         bar.update(len(rows))
+                out[start + np.concatenate(batches)] = torch.cat(pooled).cpu().numpy()
         if bar is not None:
             bar.close()
         return out

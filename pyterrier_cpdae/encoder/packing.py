@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
@@ -145,18 +146,25 @@ def packed_forward(model: torch.nn.Module, seqs: Sequence[Sequence[int]], length
     model is a view whose last layer runs at each text's first token only
     (:mod:`~pyterrier_cpdae.encoder.first_token`): its ``(B, 1, H)`` output comes back as it is, with a mask of ones."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    ids = torch.from_numpy(np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=int(lengths.sum())))
-    positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]))
-    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    width = int(lengths.max())
+    total, rows, width = int(lengths.sum()), len(lengths), int(lengths.max())
+    starts = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    positions = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], lengths)
+    # one host-to-device copy for the ids, positions, text bounds and (unless first_token) each token's place in the
+    # padded (rows, width) layout; no step here waits for the device (no boolean-mask indexing, no .item()), so the
+    # host prepares the next batch while the device runs this one
+    parts = [np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=total), positions, starts]
+    if not first_token:
+        parts.append(positions + np.repeat(np.arange(rows, dtype=np.int64) * width, lengths))
+    host = torch.from_numpy(np.concatenate(parts))
+    dev = host.to(device, non_blocking=True)
+    ids, pos, cu = dev[:total], dev[total:2 * total], dev[2 * total:2 * total + rows + 1].to(torch.int32)
     with _attention_implementation(model):
-        hidden = model(input_ids=ids[None].to(device, non_blocking=True),
-                       position_ids=positions[None].to(device, non_blocking=True),
-                       cu_seq_lens_q=cu.to(device), cu_seq_lens_k=cu.to(device), max_length_q=width,
-                       max_length_k=width, **{_KERNEL_KWARG: kernel})[0]
+        hidden = model(input_ids=ids[None], position_ids=pos[None], cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                       max_length_q=width, max_length_k=width, **{_KERNEL_KWARG: kernel})[0]
     if first_token:
         return hidden, torch.ones(hidden.shape[:2], dtype=torch.long, device=hidden.device)
-    mask = torch.from_numpy(np.arange(width)[None, :] < lengths[:, None]).to(device)
-    padded = hidden.new_zeros((len(lengths), width, hidden.shape[-1]))
-    padded[mask] = hidden[0]
-    return padded, mask.long()
+    place = dev[2 * total + rows + 1:]
+    padded = hidden.new_zeros((rows * width, hidden.shape[-1])).index_copy_(0, place, hidden[0])
+    mask = torch.zeros(rows * width, dtype=torch.long, device=hidden.device).index_fill_(0, place, 1)
+    return padded.view(rows, width, -1), mask.view(rows, width)
