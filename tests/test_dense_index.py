@@ -738,3 +738,44 @@ def test_vaswani_minilm_backends_agree_and_hnsw_recall(vaswani_dir, minilm_path,
     hnsw = rankings(index.faiss_hnsw_retriever(num_results=10)(topics))
     recall = np.mean([len(set(hnsw[q]) & set(reference[q])) / 10 for q in reference])
     assert recall >= 0.95
+
+
+def test_pinned_option_is_checked_and_its_copy_follows_rebuilds(tmp_path, monkeypatch):
+    """``torch_retriever(pinned=True)``: refused with numpy, beside ``resident=True`` and when not a bool; where
+    torch cannot lock host memory (no CUDA) the search says so naming the option. The copy (ordinary memory
+    standing in for page-locked memory on this CPU) is made once, ranks as the naive reference, and is made again
+    with the new vectors after a rebuild."""
+    import torch
+
+    from pyterrier_cpdae.dense import store as store_mod
+    from pyterrier_cpdae.dense.exact_retr import ExactRetriever
+
+    docs, vecs = make_docs(400)
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(docs)
+    topics = make_topics(5)
+    with pytest.raises(ValueError, match="backend='torch' only"):
+        ExactRetriever(index, backend="numpy", pinned=True)
+    with pytest.raises(ValueError, match="pass one of them"):
+        index.torch_retriever(pinned=True, resident=True)
+    with pytest.raises(ValueError, match="pinned must be True or False"):
+        index.torch_retriever(pinned="yes")
+    assert index.torch_retriever(pinned=True) != index.torch_retriever()
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="pinned=True: torch cannot lock host memory"):
+            index.torch_retriever(num_results=5, device="cpu", pinned=True)(topics)
+    made = []
+
+    def empty(shape, dtype, device, pinned):
+        made.append(shape)
+        return torch.empty(shape, dtype=dtype)
+
+    monkeypatch.setattr(store_mod, "_empty", empty)
+    retr = index.torch_retriever(num_results=7, device="cpu", pinned=True)
+    assert_matches_naive(retr(topics), topics, vecs, 7)
+    assert_matches_naive(retr(topics), topics, vecs, 7)
+    assert made == [(400, DIM)]  # once
+    docs2, vecs2 = make_docs(300, seed=5)
+    index.indexer(mode="overwrite").index(docs2)
+    assert_matches_naive(retr(topics), topics, vecs2, 7)
+    assert made == [(400, DIM), (300, DIM)]

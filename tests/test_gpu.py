@@ -187,6 +187,28 @@ def test_torch_retriever_holds_a_fitting_index_on_the_device_and_ranks_like_nump
     _same_ranking(again, ref)
 
 
+def test_torch_retriever_streams_a_pinned_host_copy_and_ranks_like_numpy(staged_search, monkeypatch):
+    """``pinned=True``: a streamed index is sent from a page-locked host copy made once (no host copy per chunk),
+    and ranks as numpy does, twice."""
+    from pyterrier_cpdae.dense import store as store_mod
+
+    index, topics, staged, ref = staged_search
+    cuda = torch.device(DEVICE).type == "cuda"
+    if not cuda:  # the CPU run: ordinary memory stands in for page-locked memory (torch locks it for CUDA only)
+        monkeypatch.setattr(store_mod, "_empty", lambda shape, dtype, device, pinned: torch.empty(shape, dtype=dtype))
+    retr = index.torch_retriever(num_results=K_SEARCH, device=DEVICE, chunk_size=700, resident=False, pinned=True)
+    got, again = retr(topics), retr(topics)
+    (part,) = index.store.pinned_parts()
+    assert index.store.pinned_parts()[0][0] is part[0] and part[0].device.type == "cpu"  # made once, kept
+    np.testing.assert_array_equal(part[0].numpy(), index.store.open()[1][0][0])
+    if cuda:
+        assert part[0].is_pinned()
+        assert {kind for kind, _, _ in staged} == {"Tensor"} and {d for _, _, d in staged} == {"cuda"}
+        assert sum(n for _, n, _ in staged) == 2 * N_DOCS  # each search sent the whole index from the pinned copy
+    _same_ranking(got, ref)
+    _same_ranking(again, ref)
+
+
 # --------------------------------------------------------------------------------------------- trainer
 @pytest.fixture
 def fresh_accelerator():

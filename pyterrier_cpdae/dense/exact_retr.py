@@ -28,13 +28,15 @@ class ExactRetriever(VectorRetriever):
     onto the device once and searches them there (the copy is kept for the next calls and reloaded after a rebuild).
     ``precision`` (torch): ``"fp16"`` scores in float16 on tensor cores and rescores the candidates in float32 with a
     proof per query that the ranking is the float32 one (:func:`.kernels.torch_search`); ``"fp32"`` scores every
-    document in float32; ``"auto"`` (default): ``fp16`` on CUDA.
+    document in float32; ``"auto"`` (default): ``fp16`` on CUDA. ``pinned`` (torch, streamed): chunks are sent
+    from a page-locked host copy of the vectors, made at the first search and kept like the device copy
+    (:meth:`.store.DenseStore.pinned_parts`; the vectors' size in locked host memory; CUDA only).
     """
 
     def __init__(self, index: DenseIndex, *, backend: str = "numpy", num_results: int = 1000,
                  device: Optional[str] = None, block_size: Optional[int] = None,
                  query_batch_size: Optional[int] = None, drop_query_vec: bool = False,
-                 resident: Optional[bool] = None, precision: str = "auto"):
+                 resident: Optional[bool] = None, precision: str = "auto", pinned: bool = False):
         if backend not in ("numpy", "torch"):
             raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
@@ -52,10 +54,19 @@ class ExactRetriever(VectorRetriever):
         if precision != "auto" and backend != "torch":
             raise ValueError("precision applies to backend='torch' only (numpy scores in float32)")
         self.precision = precision
+        if pinned not in (True, False):
+            raise ValueError(f"pinned must be True or False, got {pinned!r}")
+        if pinned and backend != "torch":
+            raise ValueError("pinned applies to backend='torch' only (numpy reads the memmap in place)")
+        if pinned and resident:
+            raise ValueError("pinned=True streams the index from page-locked host memory; resident=True holds it on "
+                             "the device instead: pass one of them")
+        self.pinned = bool(pinned)
 
     def _params(self) -> Tuple:
         return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
-                self.query_batch_size, self.drop_query_vec, self.resident, self.precision)
+                self.query_batch_size, self.drop_query_vec, self.resident, self.precision,
+                self.pinned)
 
     def __repr__(self) -> str:
         extra = f", device={self.device!r}" if self.backend == "torch" else ""
@@ -68,7 +79,7 @@ class ExactRetriever(VectorRetriever):
             kwargs["query_batch_size"] = self.query_batch_size
         if self.backend == "torch":
             kwargs.update(device=self.device, chunk_size=self.block_size, resident=self.resident,
-                          precision=self.precision)
+                          precision=self.precision, pinned=self.pinned)
         elif self.block_size:
             kwargs["block_size"] = self.block_size
         return self.index.store.search(queries, self.num_results, backend=self.backend, **kwargs)
@@ -149,14 +160,14 @@ def _np_retriever(self: DenseIndex, num_results: int = 1000, *, block_size: int 
 def _torch_retriever(self: DenseIndex, num_results: int = 1000, *, device: Optional[str] = None,
                      chunk_size: Optional[int] = None, query_batch_size: int = 4096,
                      drop_query_vec: bool = False, resident: Optional[bool] = None,
-                     precision: str = "auto") -> ExactRetriever:
+                     precision: str = "auto", pinned: bool = False) -> ExactRetriever:
     """Exact torch retrieval on ``device`` (default CUDA if available): the vectors held on the device when
-    ``resident`` (default: on CUDA, when they take at most half of its free memory), else streamed in chunks;
-    scored in float16 with a proof of the float32 ranking, or in float32 (``precision``, see
-    :class:`ExactRetriever`)."""
+    ``resident`` (default: on CUDA, when they take at most half of its free memory), else streamed in chunks (from
+    a page-locked host copy with ``pinned``); scored in float16 with a proof of the float32 ranking, or in float32
+    (``precision``, see :class:`ExactRetriever`)."""
     return ExactRetriever(self, backend="torch", num_results=num_results, device=device, block_size=chunk_size,
                           query_batch_size=query_batch_size, drop_query_vec=drop_query_vec, resident=resident,
-                          precision=precision)
+                          precision=precision, pinned=pinned)
 
 
 def _scorer(self: DenseIndex, num_results: Optional[int] = None) -> DenseScorer:
