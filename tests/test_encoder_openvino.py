@@ -138,3 +138,33 @@ def test_streams_give_each_batch_its_one_by_one_vectors(tiny_bert_dir, streams):
         np.testing.assert_allclose(v, ref[g], atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(compiled(*batches[2]), ref[groups[2]], atol=1e-5, rtol=1e-4)  # cut in pieces
     np.testing.assert_allclose(compiled(*batches[1]), ref[groups[1]], atol=1e-5, rtol=1e-4)  # one row: one piece
+
+
+def test_compiling_prints_no_transformers_warning(tiny_bert_dir):
+    """The converter's trace check reads every module attribute, and a transformers model's ``loss_function``
+    property warns ``loss_type=None ... unrecognized`` when read: compiling shows no such line (the once-per-process
+    cache is cleared first, so that the warning could appear here)."""
+    import logging
+
+    import transformers.utils.logging as tlog
+
+    from pyterrier_cpdae.encoder.openvino_backend import compile_encoder
+
+    enc = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="torch")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    log = logging.getLogger("transformers.modeling_utils")
+    log.addHandler(handler)
+    level = log.level
+    try:
+        tlog.warning_once.cache_clear()
+        enc.model.loss_function  # noqa: B018 (the property itself still warns, once: the check is not vacuous)
+        assert any("loss_type" in m for m in seen)
+        seen.clear()
+        tlog.warning_once.cache_clear()
+        compile_encoder(enc.model, "mean", True)
+        assert seen == []
+        assert log.level == level  # restored
+    finally:
+        log.removeHandler(handler)

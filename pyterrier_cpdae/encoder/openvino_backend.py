@@ -17,11 +17,12 @@ Which encoders use it is decided in :mod:`pyterrier_cpdae.encoder` (``backend=``
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -98,6 +99,21 @@ class CompiledEncoder:
         return self.map([(input_ids, attention_mask)])[0]
 
 
+@contextlib.contextmanager
+def _transformers_quiet() -> Iterator[None]:
+    """Silences transformers' model warnings while the converter traces the model: torch's trace check reads every
+    attribute of every module (``torch._jit_internal.module_has_exports``), and reading a model's
+    ``loss_function`` property warns that ``loss_type=None`` is unrecognized (printed once per process, in every
+    indexing job), about a loss that encoding never uses."""
+    log = logging.getLogger("transformers.modeling_utils")
+    before = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(before)
+
+
 def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
                     threads: int | None = None, precision: str = "f32",
                     streams: int | None = None) -> CompiledEncoder:
@@ -131,7 +147,8 @@ def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         # the converter reads a deprecated transformers attribute; not the user's code
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        graph = ov.convert_model(module, example_input=example)
+        with _transformers_quiet():
+            graph = ov.convert_model(module, example_input=example)
     graph.reshape({port: ov.PartialShape([-1, -1]) for port in graph.inputs})  # any batch size and length
     threads = int(threads or torch.get_num_threads())
     streams = int(streams or max(1, min(threads, 4)))
