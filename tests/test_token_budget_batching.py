@@ -223,13 +223,16 @@ def test_read_ahead_keeps_order_computes_in_a_worker_and_raises_at_the_failing_i
     assert made == [0, 1]  # the one in flight, no further
 
 
-def test_windows_tokenized_ahead_give_the_same_vectors(tiny_bert_dir, monkeypatch):
-    """With read-ahead on (as on CUDA; here forced on the CPU) the next window is tokenized in the worker thread,
-    and padded and packed encodings of several windows equal those tokenized in turn, row for row."""
+@pytest.mark.parametrize("pooling", ["mean", "cls"])  # cls: the last layer trimmed to [CLS] takes the host mask too
+def test_windows_tokenized_ahead_give_the_same_vectors(tiny_bert_dir, monkeypatch, pooling):
+    """As on CUDA (here forced on the CPU: ``ASYNC_DEVICES``), the next window is tokenized in the worker thread and
+    a padded batch's attention mask is made on the host (none for a batch without padding, else ``(B, 1, 1, L)``
+    booleans, so transformers never tests the mask on the device); padded and packed encodings of several windows
+    equal those made the usual way, row for row."""
     import threading
 
     texts = _varied_texts() * 3
-    settings = dict(pooling="mean", batch_size=4, sort_window=2, doc_max_length=128, backend="torch")
+    settings = dict(pooling=pooling, batch_size=4, sort_window=2, doc_max_length=128, backend="torch")
     plain = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", **settings)
     ref = plain.encode_docs(texts)
     monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
@@ -242,10 +245,16 @@ def test_windows_tokenized_ahead_give_the_same_vectors(tiny_bert_dir, monkeypatc
         return tokenize(self, *args, **kwargs)
 
     monkeypatch.setattr(type(plain.tokenizer), "__call__", spy)
-    monkeypatch.setattr(enc_mod, "READ_AHEAD_DEVICES", ("cpu",))
+    masks = []
+    plain.model.register_forward_pre_hook(lambda m, a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True)
+    monkeypatch.setattr(enc_mod, "ASYNC_DEVICES", ("cpu",))
     for unpad, expected in ((False, ref), (True, ref_packed)):
         threads.clear()
+        masks.clear()
         got = CPDAE(plain.model, plain.tokenizer, unpad=unpad, **settings).encode_docs(texts)
         assert len(threads) == -(-len(texts) // 8) > 2 and set(threads) == {"cpdae-read-ahead_0"}, threads
         np.testing.assert_array_equal(got, expected)
+        if not unpad:  # batches of equal lengths (the repeats, the texts cut at 128) and padded ones, both seen
+            assert None in masks and all(m is None or (m.dim() == 4 and m.dtype == torch.bool) for m in masks)
+            assert any(m is not None and not m.all() for m in masks)
     np.testing.assert_allclose(ref_packed, ref, atol=2e-5, rtol=0)

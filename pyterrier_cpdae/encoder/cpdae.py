@@ -69,10 +69,12 @@ OPENVINO_MIN_TOKENS = 65536
 least this many tokens, counted over all its calls (~256 documents of 256 tokens), where the ~25% saved starts to
 repay the compilation; so a handful of queries stays on PyTorch, and an indexing pipeline, which hands the encoder
 chunks of ~100 documents, switches after its first few chunks."""
-READ_AHEAD_DEVICES = ("cuda",)
-"""Device types on which the encoder tokenizes its next window in a background thread while the device encodes the
-current one (:func:`~pyterrier_cpdae.encoder.batching.read_ahead`); on the CPU the tokenizer would compete with
-the encoder's own threads for the cores, so there the windows are tokenized in turn."""
+ASYNC_DEVICES = ("cuda",)
+"""Device types whose work is queued asynchronously: there the encoder tokenizes its next window in a background
+thread while the device encodes the current one (:func:`~pyterrier_cpdae.encoder.batching.read_ahead`), and makes
+a padded batch's attention mask on the host (:meth:`CPDAE._padded_forward`), so that no batch waits for the
+device. On the CPU the tokenizer would compete with the encoder's own threads for the cores, so there the windows
+are tokenized in turn and transformers makes the mask."""
 
 
 def _backend_name(backend: Optional[str], origin: str = "backend") -> Optional[str]:
@@ -539,6 +541,23 @@ class CPDAE(pt.Transformer):
                              "pass unpad=None (automatic) or False for padded batches")
         return kernel
 
+    def _padded_forward(self, model: torch.nn.Module, seqs: Sequence[Sequence[int]], lengths: np.ndarray,
+                        pad_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One padded batch through ``model``: its token outputs and ``(B, longest)`` mask, for :meth:`_pool`.
+
+        On :data:`ASYNC_DEVICES`, with SDPA attention, the attention mask is decided on the host: none when no row
+        is padded (as transformers decides), else a ``(B, 1, 1, longest)`` boolean mask, which transformers passes
+        on as it is. Given the 2D mask, transformers would test ``mask.all()`` on the device, and the host would
+        wait there for the previous batch at every batch."""
+        input_ids, mask = pad(seqs, lengths, pad_id)
+        full = int(np.min(lengths)) == mask.shape[1]
+        input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+        mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
+        attention: Optional[torch.Tensor] = mask
+        if self.device.type in ASYNC_DEVICES and getattr(model.config, "_attn_implementation", None) == "sdpa":
+            attention = None if full else mask[:, None, None, :].bool()
+        return model(input_ids=input_ids, attention_mask=attention)[0], mask
+
     def _encode(self, texts: Sequence[str], max_length: int, unique: bool) -> np.ndarray:
         """Encodes checked texts into a float32 ``(len(texts), dim)`` matrix (rows in input order)."""
         if unique:
@@ -568,7 +587,7 @@ class CPDAE(pt.Transformer):
 
             # on an accelerator the next window is tokenized while the device encodes this one, and a window's
             # vectors come back in one copy at its end (no batch waits for the device before the next is queued)
-            ahead = self.device.type in READ_AHEAD_DEVICES
+            ahead = self.device.type in ASYNC_DEVICES
             for start, ids, lengths in read_ahead(map(tokenized, range(0, len(texts), window)), enabled=ahead):
                 compiled = self._openvino_encoder(int(lengths.sum()), forward)
                 packed = kernel is not None and compiled is None
@@ -586,10 +605,7 @@ class CPDAE(pt.Transformer):
                         hidden, mask = packed_forward(packed_model, [ids[i] for i in rows], lengths[rows],
                                                       self.device, kernel, first_token=packed_model is trimmed)
                     else:
-                        input_ids, mask = pad([ids[i] for i in rows], lengths[rows], pad_id)
-                        input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-                        mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
-                        hidden = forward(input_ids=input_ids, attention_mask=mask)[0]
+                        hidden, mask = self._padded_forward(forward, [ids[i] for i in rows], lengths[rows], pad_id)
                     pooled.append(self._pool(hidden, mask))
                     if bar is not None:
                         bar.update(len(rows))
