@@ -258,3 +258,46 @@ def test_windows_tokenized_ahead_give_the_same_vectors(tiny_bert_dir, monkeypatc
             assert None in masks and all(m is None or (m.dim() == 4 and m.dtype == torch.bool) for m in masks)
             assert any(m is not None and not m.all() for m in masks)
     np.testing.assert_allclose(ref_packed, ref, atol=2e-5, rtol=0)
+
+
+def test_records_streamed_with_the_next_window_read_ahead(tiny_bert_dir, monkeypatch):
+    """``doc_encoder().transform_iter`` / ``query_encoder()`` as on CUDA (``ASYNC_DEVICES`` forced on the CPU): the
+    next window of records is read from the input, checked and tokenized in the worker thread; the vectors equal
+    those read in turn (queries: repeats encoded once); a bad record in the third window is raised after the first two
+    windows' records have come out, naming its record number."""
+    import threading
+
+    texts = _varied_texts()
+    enc = CPDAE.from_pretrained(tiny_bert_dir, pooling="mean", batch_size=4, sort_window=2, doc_max_length=128,
+                                backend="torch", device="cpu")
+    want = enc.encode_docs(texts)
+    queries = [t for t in texts[:20] for _ in range(2)]  # each query twice in a row: 4 distinct per window of 8
+    # queries' repeats are found per window when streamed, so the reference is the stream read in turn
+    want_q = np.stack([r["query_vec"] for r in enc.query_encoder().transform_iter(
+        {"qid": f"q{i}", "query": t} for i, t in enumerate(queries))])
+    np.testing.assert_allclose(want_q, enc.encode_queries(queries), atol=1e-6, rtol=0)
+    monkeypatch.setattr(enc_mod, "ASYNC_DEVICES", ("cpu",))
+    sizes = []
+    tokenize = enc._tokenize
+    monkeypatch.setattr(enc, "_tokenize", lambda t, n: sizes.append(len(t)) or tokenize(t, n))
+    readers = []
+
+    def records(bad_at=None):
+        for i, t in enumerate(texts):
+            readers.append(threading.current_thread().name)
+            yield {"docno": f"d{i}", "qid": f"q{i}"} if i == bad_at else {"docno": f"d{i}", "qid": f"q{i}",
+                                                                            "text": t, "query": t}
+
+    got = list(enc.doc_encoder().transform_iter(records()))
+    assert [r["docno"] for r in got] == [f"d{i}" for i in range(len(texts))]
+    np.testing.assert_array_equal(np.stack([r["doc_vec"] for r in got]), want)
+    assert set(readers) == {"cpdae-read-ahead_0"}  # the input itself is read in the worker
+    sizes.clear()
+    got_q = list(enc.query_encoder().transform_iter({"qid": f"q{i}", "query": t} for i, t in enumerate(queries)))
+    np.testing.assert_array_equal(np.stack([r["query_vec"] for r in got_q]), want_q)
+    assert sizes == [4] * 5  # each window's repeats tokenized and encoded once
+    out = []
+    with pytest.raises(ValueError, match="record 19 has keys"):
+        for r in enc.doc_encoder().transform_iter(records(bad_at=19)):  # windows of 8: the third holds record 19
+            out.append(r["docno"])
+    assert out == [f"d{i}" for i in range(16)]

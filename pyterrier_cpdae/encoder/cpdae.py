@@ -564,12 +564,28 @@ class CPDAE(pt.Transformer):
             uniq, inverse = dedup(texts)
             if len(uniq) < len(texts):
                 return self._encode(uniq, max_length, unique=False)[inverse]
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        if not len(texts):
+        window = self.batch_size * self.sort_window
+        windows = (self._tokenize(texts[s:s + window], max_length) for s in range(0, len(texts), window))
+        return self._encode_tokenized(read_ahead(windows, enabled=self.device.type in ASYNC_DEVICES), len(texts),
+                                      max_length)
+
+    def _tokenize(self, texts: Sequence[str], max_length: int) -> Tuple[List[List[int]], np.ndarray]:
+        """A window's token ids (one fast-tokenizer call; no padding: batches are padded to their own longest) and
+        their lengths."""
+        ids = self.tokenizer(list(texts), truncation=True, max_length=max_length, padding=False,
+                             return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        return ids, np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+
+    def _encode_tokenized(self, windows: Iterable[Tuple[List[List[int]], np.ndarray]], n: int,
+                          max_length: int) -> np.ndarray:
+        """Encodes ``n`` texts given as tokenized windows (:meth:`_tokenize`, in order) into a float32 ``(n, dim)``
+        matrix.  On :data:`ASYNC_DEVICES` no batch waits for the device: a window's vectors come back in one copy
+        at its end."""
+        out = np.empty((n, self.dim), dtype=np.float32)
+        if not n:
             return out
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        window = self.batch_size * self.sort_window
-        bar = pt.tqdm(total=len(texts), desc="Encoding", unit="text", leave=False) if self.verbose else None
+        bar = pt.tqdm(total=n, desc="Encoding", unit="text", leave=False) if self.verbose else None
         with self._inference() as model:
             kernel = self._packing_kernel(model)
             trimmed = self._first_token_view(model)  # the last layer at [CLS] only (padded batches)
@@ -578,17 +594,8 @@ class CPDAE(pt.Transformer):
             if kernel is not None and trimmed is not None and first_token_kernel_ok(kernel, str(self.device),
                                                                                      self._autocast_dtype()):
                 packed_model = trimmed
-            def tokenized(start: int) -> Tuple[int, List[List[int]], np.ndarray]:
-                # one fast-tokenizer call per window; no padding here (batches are padded to their own max)
-                ids = self.tokenizer(list(texts[start:start + window]), truncation=True, max_length=max_length,
-                                     padding=False, return_attention_mask=False,
-                                     return_token_type_ids=False)["input_ids"]
-                return start, ids, np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-
-            # on an accelerator the next window is tokenized while the device encodes this one, and a window's
-            # vectors come back in one copy at its end (no batch waits for the device before the next is queued)
-            ahead = self.device.type in ASYNC_DEVICES
-            for start, ids, lengths in read_ahead(map(tokenized, range(0, len(texts), window)), enabled=ahead):
+            start = 0
+            for ids, lengths in windows:
                 compiled = self._openvino_encoder(int(lengths.sum()), forward)
                 packed = kernel is not None and compiled is None
                 batches = self._batches(lengths, max_length, packed)
@@ -596,22 +603,26 @@ class CPDAE(pt.Transformer):
                     padded = [pad([ids[i] for i in rows], lengths[rows], pad_id) for rows in batches]
                     for rows, vecs in zip(batches, compiled.map(padded)):
                         out[start + rows] = vecs
-                    if bar is not None:
-                        bar.update(len(ids))
-                    continue
-                pooled = []
-                for rows in batches:
-                    if packed:  # unpadded: the layers compute on the real tokens only
-                        hidden, mask = packed_forward(packed_model, [ids[i] for i in rows], lengths[rows],
-                                                      self.device, kernel, first_token=packed_model is trimmed)
-                    else:
-                        hidden, mask = self._padded_forward(forward, [ids[i] for i in rows], lengths[rows], pad_id)
-                    pooled.append(self._pool(hidden, mask))
-                    if bar is not None:
-                        bar.update(len(rows))
-                out[start + np.concatenate(batches)] = torch.cat(pooled).cpu().numpy()
+                else:
+                    pooled = []
+                    for rows in batches:
+                        if packed:  # unpadded: the layers compute on the real tokens only
+                            hidden, mask = packed_forward(packed_model, [ids[i] for i in rows], lengths[rows],
+                                                          self.device, kernel, first_token=packed_model is trimmed)
+                        else:
+                            hidden, mask = self._padded_forward(forward, [ids[i] for i in rows], lengths[rows],
+                                                                pad_id)
+                        pooled.append(self._pool(hidden, mask))
+                        if bar is not None:
+                            bar.update(len(rows))
+                    out[start + np.concatenate(batches)] = torch.cat(pooled).cpu().numpy()
+                if bar is not None and compiled is not None:
+                    bar.update(len(ids))
+                start += len(ids)
         if bar is not None:
             bar.close()
+        if start != n:
+            raise RuntimeError(f"internal error: {start} texts encoded for {n}")
         return out
 
     def _encode_input(self, texts: Union[str, Iterable[str]], column: str, max_length: int,
@@ -744,9 +755,11 @@ class _VecAdder(_Stage):
     in_column = ""
     out_column = ""
     id_column = ""
+    length_option = ""  # the encoder option that holds these texts' maximum length
+    unique = False  # repeated texts encoded once
 
     def _encode(self, texts: List[str]) -> np.ndarray:
-        raise NotImplementedError
+        return self.encoder._encode(texts, getattr(self.encoder, self.length_option), unique=self.unique)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pta.validate.columns(inp, includes=[self.in_column])
@@ -757,43 +770,60 @@ class _VecAdder(_Stage):
         return inp.assign(**{self.out_column: list(self._encode(texts))})
 
     def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
-        window = self.encoder.batch_size * self.encoder.sort_window
-        offset = 0
-        for chunk in chunked(inp, window):
+        """Records window by window.  On :data:`ASYNC_DEVICES` the next window is read from ``inp``, checked and
+        tokenized in a background thread while the device encodes this one (:func:`.batching.read_ahead`); an
+        error in a record is raised after the records of the windows before it have been yielded, as without."""
+        enc = self.encoder
+        max_length = getattr(enc, self.length_option)
+
+        def numbered(chunks: Iterable[List[Dict[str, Any]]]) -> Iterator[Tuple[int, List[Dict[str, Any]]]]:
+            offset = 0
+            for chunk in chunks:
+                yield offset, chunk
+                offset += len(chunk)
+
+        def prepared(item: Tuple[int, List[Dict[str, Any]]]) -> Tuple[List[Dict[str, Any]], Any, Optional[np.ndarray]]:
+            offset, chunk = item
             missing = next((i for i, r in enumerate(chunk) if self.in_column not in r), None)
             if missing is not None:
                 raise ValueError(f"{self.name} needs a {self.in_column!r} field, but record {offset + missing} has "
                                  f"keys {sorted(chunk[missing])}")
             ids = [r.get(self.id_column) for r in chunk]
             texts = check_texts([r[self.in_column] for r in chunk], self.in_column, ids, self.id_column, offset)
-            vecs = self._encode(texts)
+            inverse = None
+            if self.unique:
+                uniq, inv = dedup(texts)
+                if len(uniq) < len(texts):
+                    texts, inverse = uniq, inv
+            return chunk, enc._tokenize(texts, max_length), inverse
+
+        windows = map(prepared, numbered(chunked(inp, enc.batch_size * enc.sort_window)))
+        for chunk, tokenized, inverse in read_ahead(windows, enabled=enc.device.type in ASYNC_DEVICES):
+            vecs = enc._encode_tokenized([tokenized], len(tokenized[0]), max_length)
+            if inverse is not None:
+                vecs = vecs[inverse]
             for rec, vec in zip(chunk, vecs):
                 out = dict(rec)
                 out[self.out_column] = vec
                 yield out
-            offset += len(chunk)
 
 
 class _QueryEncoder(_VecAdder):
     name = "query_encoder"
     in_column, out_column, id_column = "query", "query_vec", "qid"
+    length_option, unique = "query_max_length", True
 
     def __rshift__(self, right: Any) -> pt.Transformer:
         return super().__rshift__(_with_producer(right, self.encoder))
-
-    def _encode(self, texts: List[str]) -> np.ndarray:
-        return self.encoder._encode(texts, self.encoder.query_max_length, unique=True)
 
 
 class _DocEncoder(_VecAdder):
     name = "doc_encoder"
     in_column, out_column, id_column = "text", "doc_vec", "docno"
+    length_option = "doc_max_length"
 
     def __rshift__(self, right: Any) -> pt.Transformer:
         return super().__rshift__(_with_producer(right, self.encoder))
-
-    def _encode(self, texts: List[str]) -> np.ndarray:
-        return self.encoder._encode(texts, self.encoder.doc_max_length, unique=False)
 
 
 class _ByColumns(_Stage):
