@@ -175,6 +175,9 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     last = enc["rows"][-1]  # [CLS] pooling with the last layer at [CLS] only, beside the full last layer
     assert last["cls_docs_per_s"] > 0 and last["cls_full_layer_docs_per_s"] > 0
     assert last["cls_padded_docs_per_s"] > 0 and last["cls_padded_full_layer_docs_per_s"] > 0  # and padded batches
+    # the indexing path: records streamed through doc_encoder().transform_iter beside sentence-transformers
+    assert last["stream_docs"] > enc["rows"][-1]["docs"] and last["stream_docs_per_s"] > 0
+    assert last["stream_speedup_vs_st_bf16"] == pytest.approx(last["stream_docs_per_s"] / last["stream_st_bf16_docs_per_s"])
     assert last["cls_min_cosine_trimmed_vs_full"] > 0.999
     for r in enc["rows"]:
         # the measured peak and the rate are timed at different moments: on a shared CPU the ratio may pass 1 a little

@@ -59,10 +59,10 @@ SHAPES = {"bert-base": BERT_BASE, "minilm": MINILM, "tiny": TINY}
 MSMARCO_PASSAGES = 8_841_823
 #: datasheet dense bf16 tensor-core peaks (FLOP/s) and HBM bandwidths (B/s) of the SXM parts
 DATASHEET = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12)}
-SMOKE = dict(encode_shapes="tiny", lengths=[16, 32], docs=32, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
+SMOKE = dict(encode_shapes="tiny", lengths=[16, 32], docs=32, stream_docs=96, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
              seq_length=32, sequences=4, steps=1, warmup=1, objectives="mlm,cpdae,bow", repeats=1,
              unpad_objectives="mlm,cpdae", compile_objectives="")
-FULL = dict(encode_shapes="bert-base,minilm", lengths=[128, 256, 512], docs=4096, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
+FULL = dict(encode_shapes="bert-base,minilm", lengths=[128, 256, 512], docs=4096, stream_docs=65536, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
             k=1000, chunk_size=None, seq_length=512, sequences=32, steps=5, warmup=2,
             objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2,
             unpad_objectives="mlm,cpdae", compile_objectives="mlm")
@@ -265,9 +265,42 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
               f"measured bf16 (real tokens){extra}, {row['speedup_vs_st_fp32']:.2f}x ST fp32, "
               f"{row['speedup_vs_st_bf16']:.2f}x ST bf16, min cosine {row['min_cosine_cpdae_bf16_vs_st_fp32']:.5f}, "
               f"MS MARCO {row['msmarco_8.8M_minutes']:.1f} min", flush=True)
+        if dist == "varied" and args.stream_docs:
+            row.update(stream_row(args, dev, peaks, encoder, model_dir, shape, length))
         del systems, encoder
     return {"model": {k: shape[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")},
             "rows": rows}
+
+
+def stream_row(args, dev, peaks, encoder, model_dir: str, shape: dict, length: int) -> Dict[str, object]:
+    """The indexing path at the encoder's defaults: ``--stream-docs`` MS MARCO-like records streamed through
+    ``doc_encoder().transform_iter`` (windows of ``batch_size x sort_window`` texts, the next one read and tokenized
+    while the device encodes this one) beside sentence-transformers' bf16 ``encode`` of the same texts; one timed
+    pass each, after the row's systems have warmed the model and the allocator."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    n = args.stream_docs
+    texts = synthetic_texts(n, length - 2, shape["vocab_size"], seed=length + 1)
+    texts = [" ".join(t.split()[:m - 2]) for t, m in zip(texts, varied_lengths(n, length, seed=length + 1))]
+    lengths = np.array([len(x) for x in encoder.tokenizer(texts, truncation=True, max_length=length)["input_ids"]])
+    stage = encoder.doc_encoder()
+
+    def ours():
+        for _ in stage.transform_iter({"docno": str(i), "text": t} for i, t in enumerate(texts)):
+            pass
+    st = SentenceTransformer(model_dir, device=str(dev))
+    st.max_seq_length = length
+    st.to(torch.bfloat16)
+    times = timed_in_turn({"ours": ours, "st": lambda: st.encode(texts, batch_size=args.batch_size)}, dev, 1)
+    flops = real_token_flops(lengths, shape)
+    out = {"stream_docs": n, "stream_windows": -(-n // (encoder.batch_size * encoder.sort_window)),
+           "stream_docs_per_s": n / times["ours"], "stream_real_tokens_per_s": float(lengths.sum()) / times["ours"],
+           "stream_mfu_vs_measured_bf16": flops / times["ours"] / peaks["bf16_flops"],
+           "stream_st_bf16_docs_per_s": n / times["st"], "stream_speedup_vs_st_bf16": times["st"] / times["ours"]}
+    print(f"encode streamed, {n} records in {out['stream_windows']} windows: {out['stream_docs_per_s']:.1f} docs/s, "
+          f"MFU {out['stream_mfu_vs_measured_bf16']:.1%}, {out['stream_speedup_vs_st_bf16']:.2f}x ST bf16", flush=True)
+    return out
 
 
 # --------------------------------------------------------------------------------------------- search
@@ -538,6 +571,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--encode-shapes", help="comma-separated model shapes to encode with: " + ", ".join(SHAPES))
     ap.add_argument("--lengths", type=int, nargs="+")
     ap.add_argument("--docs", type=int, help="documents encoded per length")
+    ap.add_argument("--stream-docs", type=int, help="records streamed through doc_encoder().transform_iter on "
+                    "MS MARCO-like lengths, beside sentence-transformers (0: not timed)")
     ap.add_argument("--batch-size", type=int)
     ap.add_argument("--size", type=int, help="documents in the synthetic search index")
     ap.add_argument("--dim", type=int)
