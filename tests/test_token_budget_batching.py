@@ -301,3 +301,37 @@ def test_records_streamed_with_the_next_window_read_ahead(tiny_bert_dir, monkeyp
         for r in enc.doc_encoder().transform_iter(records(bad_at=19)):  # windows of 8: the third holds record 19
             out.append(r["docno"])
     assert out == [f"d{i}" for i in range(16)]
+
+
+def test_indexing_pipeline_hands_the_encoder_several_windows_on_async_devices(tiny_bert_dir, monkeypatch):
+    """``(enc >> indexer).index(corpus)``: PyTerrier's ``Compose.index`` chunks the corpus by the stage's
+    ``batch_size``, one sorting window on the CPU, ``STREAM_WINDOWS`` windows as on CUDA (forced here), so that
+    within a chunk the next window is tokenized in the worker while this one is encoded; same vectors."""
+    import threading
+
+    import pyterrier as pt
+
+    class Collect(pt.Indexer):
+        def __init__(self):
+            super().__init__()
+            self.records = []
+
+        def index(self, it):
+            self.records.extend(it)
+            return self
+
+    texts = _varied_texts(250)
+    enc = CPDAE.from_pretrained(tiny_bert_dir, pooling="mean", batch_size=4, sort_window=16, doc_max_length=128,
+                                backend="torch", device="cpu")
+    assert enc.doc_encoder().batch_size == 64
+    want = enc.encode_docs(texts)
+    monkeypatch.setattr(enc_mod, "ASYNC_DEVICES", ("cpu",))
+    assert enc.doc_encoder().batch_size == 64 * enc_mod.STREAM_WINDOWS == 256
+    threads = []
+    tokenize = enc._tokenize
+    monkeypatch.setattr(enc, "_tokenize", lambda t, n: threads.append(threading.current_thread().name) or tokenize(t, n))
+    probe = (enc.doc_encoder() >> Collect()).index({"docno": f"d{i}", "text": t} for i, t in enumerate(texts))
+    assert [r["docno"] for r in probe.records] == [f"d{i}" for i in range(len(texts))]
+    np.testing.assert_array_equal(np.stack([r["doc_vec"] for r in probe.records]), want)
+    # 252 texts: one chunk of 252 (< 256) in 4 windows, each tokenized in the worker
+    assert threads == ["cpdae-read-ahead_0"] * 4

@@ -69,6 +69,10 @@ OPENVINO_MIN_TOKENS = 65536
 least this many tokens, counted over all its calls (~256 documents of 256 tokens), where the ~25% saved starts to
 repay the compilation; so a handful of queries stays on PyTorch, and an indexing pipeline, which hands the encoder
 chunks of ~100 documents, switches after its first few chunks."""
+STREAM_WINDOWS = 4
+"""On :data:`ASYNC_DEVICES`, the sorting windows an indexing pipeline hands an encoder stage at once (its
+``batch_size``, by which PyTerrier's ``Compose.index`` chunks the corpus): within such a chunk the next window is
+read and tokenized while the device encodes the current one."""
 ASYNC_DEVICES = ("cuda",)
 """Device types whose work is queued asynchronously: there the encoder tokenizes its next window in a background
 thread while the device encodes the current one (:func:`~pyterrier_cpdae.encoder.batching.read_ahead`), and makes
@@ -729,10 +733,16 @@ class _Stage(pt.Transformer):
     def __init__(self, encoder: CPDAE):
         super().__init__()
         self.encoder = encoder
-        # read by pyterrier's Compose.index to size its chunks: one sorting window per chunk, so that `enc >>
-        # indexer` sorts texts by length over the same windows as encode_docs (chunks of max(100, batch_size)
-        # texts would cap the window at 100 and pad each batch to the longest of ~100 unsorted texts)
-        self.batch_size = encoder.batch_size * encoder.sort_window
+
+    @property
+    def batch_size(self) -> int:
+        """Read by PyTerrier's ``Compose.index`` to size the chunks it hands this stage: whole sorting windows, so
+        that ``enc >> indexer`` sorts texts by length over the same windows as ``encode_docs`` (chunks of
+        ``max(100, batch_size)`` texts would cap the window at 100 and pad each batch to the longest of ~100
+        unsorted texts); on :data:`ASYNC_DEVICES` :data:`STREAM_WINDOWS` windows at once, so that the next window is
+        tokenized while the device encodes this one."""
+        enc = self.encoder
+        return enc.batch_size * enc.sort_window * (STREAM_WINDOWS if enc.device.type in ASYNC_DEVICES else 1)
 
     def __eq__(self, other: Any) -> bool:
         if type(other) is not type(self):
