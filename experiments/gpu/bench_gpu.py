@@ -273,10 +273,11 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
 
 
 def stream_row(args, dev, peaks, encoder, model_dir: str, shape: dict, length: int) -> Dict[str, object]:
-    """The indexing path at the encoder's defaults: ``--stream-docs`` MS MARCO-like records streamed through
-    ``doc_encoder().transform_iter`` (windows of ``batch_size x sort_window`` texts, the next one read and tokenized
-    while the device encodes this one) beside sentence-transformers' bf16 ``encode`` of the same texts; one timed
-    pass each, after the row's systems have warmed the model and the allocator."""
+    """The indexing path at the encoder's defaults: ``--stream-docs`` MS MARCO-like records through
+    ``(doc_encoder() >> indexer).index(...)`` with an indexer that keeps nothing (PyTerrier hands the encoder chunks
+    of ``STREAM_WINDOWS`` sorting windows on CUDA; within a chunk the next window is read and tokenized while the
+    device encodes this one) beside sentence-transformers' bf16 ``encode`` of the same texts; one timed pass each,
+    after the row's systems have warmed the model and the allocator."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -284,11 +285,17 @@ def stream_row(args, dev, peaks, encoder, model_dir: str, shape: dict, length: i
     texts = synthetic_texts(n, length - 2, shape["vocab_size"], seed=length + 1)
     texts = [" ".join(t.split()[:m - 2]) for t, m in zip(texts, varied_lengths(n, length, seed=length + 1))]
     lengths = np.array([len(x) for x in encoder.tokenizer(texts, truncation=True, max_length=length)["input_ids"]])
-    stage = encoder.doc_encoder()
+    import pyterrier as pt
 
-    def ours():
-        for _ in stage.transform_iter({"docno": str(i), "text": t} for i, t in enumerate(texts)):
-            pass
+    class Drain(pt.Indexer):  # an indexer that keeps nothing: the pipeline's cost is the encoder's
+        def index(self, it):
+            for _ in it:
+                pass
+
+    pipeline = encoder.doc_encoder() >> Drain()
+
+    def ours():  # as `(enc >> index.indexer()).index(corpus)`: PyTerrier's Compose.index chunks by the stage's batch_size
+        pipeline.index({"docno": str(i), "text": t} for i, t in enumerate(texts))
     st = SentenceTransformer(model_dir, device=str(dev))
     st.max_seq_length = length
     st.to(torch.bfloat16)
