@@ -68,7 +68,7 @@ OPENVINO_MIN_TOKENS = 65536
 """The automatic backend compiles the OpenVINO graph (a one-off ~2-4 s for MiniLM) once an encoder has encoded at
 least this many tokens, counted over all its calls (~256 documents of 256 tokens), where the ~25% saved starts to
 repay the compilation; so a handful of queries stays on PyTorch, and an indexing pipeline, which hands the encoder
-chunks of ~100 documents, switches after its first few chunks."""
+whole sorting windows (``batch_size x sort_window`` texts, 2,048 by default), switches within its first chunk."""
 STREAM_WINDOWS = 4
 """On :data:`ASYNC_DEVICES`, the sorting windows an indexing pipeline hands an encoder stage at once (its
 ``batch_size``, by which PyTerrier's ``Compose.index`` chunks the corpus): within such a chunk the next window is
