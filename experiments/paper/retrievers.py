@@ -103,7 +103,6 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             return CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
                                          doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
 
-        built = None  # the encoder that indexed, kept for the query side (one tokenizer load and one weights load)
         index_path = Path(index_root) / name.split(" ")[0]
         index = DenseIndex(str(index_path))
         run_file = index_root / "runs" / f"{name}.res.gz"
@@ -130,17 +129,19 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             run_file.unlink(missing_ok=True)
             (index_path / SETTINGS_FILE).unlink(missing_ok=True)
             t0 = time.perf_counter()
-            built = encoder()
-            (built.doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
+            (encoder().doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
             timings[name] = round(time.perf_counter() - t0, 1)
             print(f"indexed {len(index)} docs with {name} in {timings[name]} s", flush=True)
             write_json_atomic(index_path / SETTINGS_FILE, want)
         retriever = index.retriever(num_results=num_results)
-        if run_file.is_file():  # pt.Experiment (save_mode="reuse") reads this run: no encoder needed unless it is gone
-            pipelines[name] = on_first_use(lambda encoder=encoder, retriever=retriever: encoder().query_encoder() >>
-                                           retriever, retriever, f"{name}: saved run {run_file}")
-        else:
-            pipelines[name] = (built if built is not None else encoder()).query_encoder() >> retriever
+        # the query side is loaded when first called: pt.Experiment (save_mode="reuse") reads a saved run without it,
+        # and the encoder that indexed is not kept (its compiled OpenVINO graph and buffers, ~0.8 GB for MiniLM, for
+        # each of a block's models until its pt.Experiment ends, ran a 30-model block out of 24 GB); a fresh one
+        # encodes the few query tokens with PyTorch (vectors within float32 noise of the graph's)
+        label = (f"{name}: saved run {run_file}" if run_file.is_file()
+                 else f"{name}: query encoder loaded when first called")
+        pipelines[name] = on_first_use(lambda encoder=encoder, retriever=retriever: encoder().query_encoder() >>
+                                       retriever, retriever, label)
     return pipelines, timings
 
 
