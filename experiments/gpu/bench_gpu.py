@@ -77,15 +77,7 @@ def sync(dev) -> None:
 
 def timed(fn: Callable[[], object], dev, repeats: int) -> float:
     """Median wall time of ``repeats`` calls after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        sync(dev)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timed_in_turn({"fn": fn}, dev, repeats)["fn"]
 
 
 def timed_in_turn(fns: Dict[str, Callable[[], object]], dev, repeats: int) -> Dict[str, float]:

@@ -32,17 +32,18 @@ class DenseStore:
     def __init__(self, path: Union[str, Path]):
         self.path = Path(path)
         self._cache: Optional[Tuple[Any, dict, List[Part], list]] = None
-        # (build stamp, device) -> the parts as torch tensors on that device (see device_parts)
-        self._device_cache: Optional[Tuple[Tuple[Any, str], List[Part]]] = None
-        # build stamp -> the parts as page-locked host tensors (see pinned_parts)
-        self._pinned_cache: Optional[Tuple[Any, List[Part]]] = None
+        # "device" / "pinned" -> ((build stamp, where), the parts as torch tensors there): see _copy_of_parts
+        self._copies: dict = {}
 
     def __repr__(self) -> str:
         return f"DenseStore({str(self.path)!r})"
 
     def __getstate__(self) -> dict:
         """Pickles the path only: the opened memmaps and lookups are reopened (and checked) on first use."""
-        return {"path": self.path, "_cache": None, "_device_cache": None, "_pinned_cache": None}
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])  # (a pickle from before the copies' cache held other keys: the path is enough)
 
     def meta(self) -> dict:
         """The checked ``pt_meta.json`` (:func:`~pyterrier_cpdae.dense.format.read_meta`).
@@ -69,20 +70,13 @@ class DenseStore:
     def invalidate(self) -> None:
         """Forgets the opened files and any device or pinned copy (they are reopened / reloaded on next use)."""
         self._cache = None
-        self._device_cache = None
-        self._pinned_cache = None
+        self._copies = {}
 
     def device_parts(self, device: Any) -> List[Part]:
         """The index's parts as torch tensors held on ``device`` (stored dtype), loaded on first use and kept for
         the next searches while the build is unchanged (a rebuild is noticed by :meth:`_stamp`, as for the files).
         """
-        key = self._device_key(device)
-        if self._device_cache is not None and self._device_cache[0] == key:
-            return self._device_cache[1]
-        self._device_cache = None  # free the old copy before loading the new one
-        parts = [(_to_device(v, device), offset, stride) for v, offset, stride in self._cache[2]]
-        self._device_cache = (key, parts)
-        return parts
+        return self._copy_of_parts("device", self._device_key(device), device, pinned=False)
 
     def pinned_parts(self) -> List[Part]:
         """The index's parts as page-locked (pinned) host tensors (stored dtype), made on first use and kept for the
@@ -94,18 +88,23 @@ class DenseStore:
         Raises:
             ValueError: torch cannot lock host memory here (no CUDA).
         """
-        self.open()  # checks the build now in the directory, reopening it after a rebuild
-        stamp = self._cache[0]
-        if self._pinned_cache is not None and self._pinned_cache[0] == stamp:
-            return self._pinned_cache[1]
-        self._pinned_cache = None  # free the old copy before making the new one
-        parts = [(_to_device(v, "cpu", pinned=True), offset, stride) for v, offset, stride in self._cache[2]]
-        self._pinned_cache = (stamp, parts)
+        return self._copy_of_parts("pinned", self._device_key("cpu"), "cpu", pinned=True)
+
+    def _copy_of_parts(self, kind: str, key: Tuple[Any, str], device: Any, pinned: bool) -> List[Part]:
+        """The cached copy ``kind`` of the parts when it belongs to ``key`` (build stamp, place), else a new one
+        (the old one freed first)."""
+        have = self._copies.get(kind)
+        if have is not None and have[0] == key:
+            return have[1]
+        self._copies.pop(kind, None)  # free the old copy before making the new one
+        parts = [(_to_device(v, device, pinned=pinned), offset, stride) for v, offset, stride in self._cache[2]]
+        self._copies[kind] = (key, parts)
         return parts
 
     def holds_device_copy(self, device: Any) -> bool:
         """Whether :meth:`device_parts` of the current build on ``device`` is already loaded."""
-        return self._device_cache is not None and self._device_cache[0] == self._device_key(device)
+        have = self._copies.get("device")
+        return have is not None and have[0] == self._device_key(device)
 
     def _device_key(self, device: Any) -> Tuple[Any, str]:
         """``(build stamp, device)``: what a device copy of the vectors belongs to."""

@@ -800,11 +800,7 @@ class _VecAdder(_Stage):
                                  f"keys {sorted(chunk[missing])}")
             ids = [r.get(self.id_column) for r in chunk]
             texts = check_texts([r[self.in_column] for r in chunk], self.in_column, ids, self.id_column, offset)
-            inverse = None
-            if self.unique:
-                uniq, inv = dedup(texts)
-                if len(uniq) < len(texts):
-                    texts, inverse = uniq, inv
+            texts, inverse = dedup(texts) if self.unique else (texts, None)
             return chunk, enc._tokenize(texts, max_length), inverse
 
         windows = map(prepared, numbered(chunked(inp, enc.batch_size * enc.sort_window)))
