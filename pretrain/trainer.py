@@ -17,7 +17,10 @@ Numbers: the master weights are float32 (:func:`ensure_float32`; autocast adds b
 is written in ``--save-dtype`` from a cast copy. A non-finite loss term or gradient norm (checked before each
 update, :class:`FiniteGuard`) or weight (checked after each update and before every checkpoint and export)
 raises :class:`NonFiniteError` naming the step, the terms and the last checkpoint, which stays intact; nothing
-is ever written from non-finite weights.
+is ever written from non-finite weights. On a GPU a step waits for the device once, when it reads its losses and
+gradient norm back for that check; the weight check after an update is queued and read with the next step's
+(or before the log row, checkpoint or export that follows it), still reported as the step whose update failed,
+and the next batch is copied to the device without waiting.
 
 Data order: epoch ``e`` uses the permutation ``torch.randperm(len(dataset))`` drawn from a
 generator seeded with ``seed + e``. Optimizer step ``s`` of the epoch consumes the global
@@ -268,14 +271,23 @@ class NonFiniteError(FloatingPointError):
     """Training met a non-finite loss, gradient norm or weight and stopped; nothing was saved from such weights."""
 
 
+def nonfinite_flags(module: nn.Module) -> tuple[list[str], Optional[torch.Tensor]]:
+    """The names of the floating-point parameters and buffers of ``module`` and, on their device, a float tensor
+    holding 1 for each that holds a NaN or an infinity, else 0 (None when there is none). Queued, not waited for:
+    no device synchronisation."""
+    named = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_floating_point()]
+    if not named:
+        return [], None
+    return [n for n, _ in named], (~torch.stack([torch.isfinite(t.detach()).all() for _, t in named])).float()
+
+
 def nonfinite_tensors(module: nn.Module) -> list[str]:
     """Names of the floating-point parameters and buffers of ``module`` holding a NaN or an infinity (one
     device synchronisation; empty when all are finite)."""
-    named = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_floating_point()]
-    if not named:
+    names, bad = nonfinite_flags(module)
+    if bad is None:
         return []
-    ok = torch.stack([torch.isfinite(t.detach()).all() for _, t in named]).cpu()
-    return [n for (n, _), good in zip(named, ok.tolist()) if not good]
+    return [n for n, b in zip(names, bad.tolist()) if b]
 
 
 def _fmt(values: dict[str, float]) -> str:
@@ -603,6 +615,8 @@ class Trainer:
             acc.init_trackers("pretrain")
 
         self._guard = FiniteGuard(loss_scaling=acc.scaler is not None)
+        self._pending_update: Optional[dict[str, Any]] = None
+        self.last_losses: dict[str, float] = {}
         from tqdm.auto import tqdm
         bar = self._bar = tqdm(total=self.total_steps, initial=step, disable=not acc.is_local_main_process,
                                desc="train", dynamic_ncols=True)
@@ -624,6 +638,9 @@ class Trainer:
             while step < self.total_steps:
                 try:
                     losses = self._optimizer_step(model, optimizer, scheduler, batches, step + 1)
+                    if (step + 1) % max(1, cfg.logging_steps) == 0 or step + 1 == self.total_steps or (
+                            cfg.save_steps > 0 and (step + 1) % cfg.save_steps == 0):
+                        self._settle_update_check()  # before the log row or checkpoint of this step
                 except NonFiniteError as e:
                     bar.close()
                     raise NonFiniteError(self._divergence_message(str(e))) from None
@@ -636,7 +653,7 @@ class Trainer:
                 for k, v in losses.items():
                     window[k] = window.get(k, torch.zeros((), device=v.device)) + v
                 window_steps += 1
-                last = {k: float(v) for k, v in losses.items()}
+                last = dict(self.last_losses)  # the floats the step's check read back: no synchronisation here
                 bar.update(1)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in last.items()}, refresh=False)
                 if step % max(1, cfg.logging_steps) == 0 or step == self.total_steps:
@@ -706,8 +723,11 @@ class Trainer:
 
         acc, cfg = self.accelerator, self.config
         sums: dict[str, torch.Tensor] = {}
+        # on CUDA the batch (pinned by the loader) is copied without waiting: a blocking copy would wait for the
+        # previous step's queued work, one more device synchronisation per micro-batch
+        non_blocking = acc.device.type == "cuda"
         for a in range(cfg.grad_accum):
-            batch = send_to_device(next(batches), acc.device)
+            batch = send_to_device(next(batches), acc.device, non_blocking=non_blocking)
             sync = contextlib.nullcontext() if a == cfg.grad_accum - 1 else acc.no_sync(model)
             with sync:
                 out = model(batch)
@@ -721,24 +741,56 @@ class Trainer:
         clip = cfg.max_grad_norm if cfg.max_grad_norm and cfg.max_grad_norm > 0 else math.inf
         grad_norm = acc.clip_grad_norm_(model.parameters(), clip)
         # the losses and the norm, summed over processes (a NaN anywhere is a NaN everywhere, so that every
-        # process stops at the same step), checked before the update touches the weights
+        # process stops at the same step), checked before the update touches the weights; read in the step's one
+        # device synchronisation together with the previous update's weight check (see _settle_update_check)
         keys = list(sums)
         vals = torch.stack([sums[k] for k in keys] + [torch.as_tensor(
             grad_norm if grad_norm is not None else 0.0, dtype=torch.float32, device=acc.device).reshape(())])
+        pending, self._pending_update = self._pending_update, None
+        if pending is not None:
+            vals = torch.cat([vals, pending["bad"]])
         if self.world_size > 1:
             vals = acc.reduce(vals.clone(), reduction="sum")
         vals = vals.tolist()
-        self._guard.check(step, {k: v / self.world_size for k, v in zip(keys, vals)}, vals[-1] / self.world_size)
+        if pending is not None:
+            self._raise_for_update(pending, vals[len(keys) + 1:])
+            vals = vals[:len(keys) + 1]
+        losses = {k: v / self.world_size for k, v in zip(keys, vals)}
+        self._guard.check(step, losses, vals[-1] / self.world_size)
+        self.last_losses = losses
         sums["_lr"] = scheduler.get_last_lr()[0]  # the rate applied in this update
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        bad = nonfinite_tensors(acc.unwrap_model(model))
-        if bad:
-            raise NonFiniteError(f"step {step}: the update (learning rate {sums['_lr']:.4g}) made {len(bad)} "
-                                 f"weight tensor(s) non-finite ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}) "
-                                 f"from finite losses ({_fmt({k: v / self.world_size for k, v in zip(keys, vals)})})")
+        # did the update make a weight non-finite? Queued here, read at the next synchronisation (the next step's
+        # check, a log row, a checkpoint, the export) and reported as this step's
+        names, bad = nonfinite_flags(acc.unwrap_model(model))
+        if bad is not None:
+            self._pending_update = {"step": step, "lr": sums["_lr"], "losses": losses, "names": names, "bad": bad}
         return sums
+
+    def _raise_for_update(self, pending: dict[str, Any], bad: list[float]) -> None:
+        """Raise :class:`NonFiniteError` naming ``pending``'s step when its update made a weight non-finite (``bad``:
+        the per-tensor flags read back, summed over processes)."""
+        names = [n for n, b in zip(pending["names"], bad) if b > 0]
+        if names:
+            raise NonFiniteError(f"step {pending['step']}: the update (learning rate {pending['lr']:.4g}) made "
+                                 f"{len(names)} weight tensor(s) non-finite ({', '.join(names[:3])}"
+                                 f"{', ...' if len(names) > 3 else ''}) from finite losses ({_fmt(pending['losses'])})")
+
+    def _settle_update_check(self) -> None:
+        """Read the last update's weight check now (one synchronisation), before a log row, checkpoint or export.
+
+        Raises:
+            NonFiniteError: that update made a weight non-finite.
+        """
+        pending, self._pending_update = self._pending_update, None
+        if pending is None:
+            return
+        bad = pending["bad"]
+        if self.world_size > 1:
+            bad = self.accelerator.reduce(bad.clone(), reduction="sum")
+        self._raise_for_update(pending, bad.tolist())
 
     def _divergence_message(self, what: str) -> str:
         """The error of a run stopped by :class:`NonFiniteError`: what happened, what is on disk, what to do."""
@@ -861,5 +913,5 @@ class Trainer:
         acc.wait_for_everyone()
 
 
-__all__ = ["Trainer", "adamw_options", "compile_module", "NonFiniteError", "RunDirectoryError", "OutputPlace", "FiniteGuard", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
+__all__ = ["Trainer", "adamw_options", "compile_module", "NonFiniteError", "RunDirectoryError", "OutputPlace", "FiniteGuard", "nonfinite_flags", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
            "parameter_groups", "resolve_mixed_precision", "warmup_steps"]

@@ -280,6 +280,40 @@ def test_trainer_bf16_resume_on_the_device_is_exact(tmp_path, fresh_accelerator)
     assert_same_losses(losses(full.output), losses(crash.output), rel=1e-6)
 
 
+def test_trainer_waits_for_the_device_once_per_step(tmp_path, fresh_accelerator):
+    """Between two log rows a step synchronises once, reading back its losses and gradient norm for the finite
+    check (the weight check after the update rides on the next step's read; the batch is copied without waiting):
+    counted by CUDA's sync debug mode over steps 2-9 of a 12-step run that logs and saves at its end only."""
+    if torch.device(DEVICE).type != "cuda":
+        pytest.skip("device synchronisations are counted by CUDA's sync debug mode only")
+    import warnings
+
+    from _train_worker import RegressionData, TinyRegressor, collate_clean
+
+    from pretrain.trainer import Trainer
+
+    per_step: dict[int, list[str]] = {}
+
+    class Counting(Trainer):
+        def _optimizer_step(self, model, optimizer, scheduler, batches, step):
+            if not 2 <= step <= 9:
+                return super()._optimizer_step(model, optimizer, scheduler, batches, step)
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    out = super()._optimizer_step(model, optimizer, scheduler, batches, step)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            per_step[step] = [str(w.message)[:120] for w in seen if "synchroniz" in str(w.message)]
+            return out
+
+    c = _device_cfg(tmp_path, "sync", max_steps=12, logging_steps=100, save_steps=1000, mixed_precision="bf16")
+    Counting(TinyRegressor(dropout=0.0), RegressionData(256), collate_clean, c).train()
+    assert sorted(per_step) == list(range(2, 10))
+    assert {s: len(w) for s, w in per_step.items()} == {s: 1 for s in range(2, 10)}, per_step
+
+
 # --------------------------------------------------------------------------------------------- objectives
 @pytest.mark.parametrize("name", ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae", "bow"])
 def test_objective_loss_and_gradients_on_the_device_equal_cpu(name, bert_dir, texts, monkeypatch):

@@ -153,3 +153,41 @@ def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_
     assert loads == []
     pd.testing.assert_frame_equal(lazy["m"](topics), eager["m"](topics))   # called after all: loads it, same ranking
     assert len(loads) == 1
+
+
+def test_a_block_keeps_no_indexing_encoder_and_one_query_encoder_at_a_time(tmp_path, monkeypatch):
+    """Memory of a 30-model block: the encoder that indexed a model is freed when its index is written, and the
+    query side of each model is loaded when pt.Experiment first calls it and dropped when the next model's is loaded
+    (weak references to every encoder made, checked after a garbage collection)."""
+    import gc
+    import weakref
+
+    import pandas as pd
+
+    from experiments.paper import retrievers
+    from pyterrier_cpdae.encoder import CPDAE
+
+    made = []
+    real = CPDAE.from_pretrained.__func__
+
+    def tracked(cls, *a, **kw):
+        enc = real(cls, *a, **kw)
+        made.append(weakref.ref(enc))
+        return enc
+    monkeypatch.setattr(CPDAE, "from_pretrained", classmethod(tracked))
+
+    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    model = (str(gt.get_model_path()), "cls")
+    pipes, _ = retrievers.build_retrievers({"a": model, "b": model}, spec, index_root=tmp_path / "i",
+                                           normalize=False)
+    gc.collect()
+    assert len(made) == 2 and all(r() is None for r in made)  # the two indexing encoders
+    topics = pd.DataFrame({"qid": ["q0"], "query": ["photon energy"]})
+    first = pipes["a"](topics)
+    assert len(made) == 3 and made[2]() is not None
+    second = pipes["b"](topics)
+    gc.collect()
+    assert len(made) == 4 and made[2]() is None and made[3]() is not None
+    assert first["docno"].tolist()[0] == second["docno"].tolist()[0] == "d2"
+    again = pipes["a"](topics)  # made again when called again
+    assert len(made) == 5 and again[["docno", "score"]].equals(first[["docno", "score"]])

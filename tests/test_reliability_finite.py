@@ -186,6 +186,35 @@ def test_an_update_that_makes_a_weight_non_finite_is_caught_at_its_step(tmp_path
     assert not any((out / f).exists() for f in EXPORT)
 
 
+def test_an_update_check_read_at_the_next_step_still_names_its_step(tmp_path):
+    """The weight check after an update is read with the next step's losses (one device synchronisation per
+    step): with no log row or checkpoint at step 3, the overflow of step 3 is found at step 4's check, before the
+    non-finite loss that the broken weight gives step 4 -- and is reported as step 3's."""
+    module = TinyRegressor()
+    calls, forwards = [], []
+
+    def overflow(optimizer, args, kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                module.linear.weight[0, 0] = float("inf")
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    module.register_forward_hook(lambda m, i, o: forwards.append(1))
+    handle = register_optimizer_step_post_hook(overflow)
+    try:
+        with pytest.raises(NonFiniteError, match=r"step 3: the update \(learning rate [0-9.e-]+\) made 1 weight "
+                                                 r"tensor\(s\) non-finite \(linear.weight\) from finite losses"):
+            Trainer(module, RegressionData(64), collate, cfg(tmp_path, logging_steps=100, save_steps=2)).train()
+    finally:
+        handle.remove()
+    assert len(calls) == 3 and len(forwards) == 4  # step 4 ran its forward pass, not its update
+    out = Path(tmp_path / "run")
+    assert [s for s, _ in assert_finite_checkpoints(out)] == [2]
+    assert not any((out / f).exists() for f in EXPORT)
+
+
 class CorruptAt(TinyRegressor):
     """Writes a NaN into its bias from ``on_step(at)`` on: between the update checks and the save."""
 

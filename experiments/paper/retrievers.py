@@ -94,6 +94,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     corpus = load_dataset(corpus_spec)
     corpus_digest = corpus_fingerprint(corpus_spec, digests_file or Path(index_root) / ".digests.json")["digest"]
     pipelines, timings = {}, {}
+    alive = QuerySideSlot()  # pt.Experiment runs the systems one after another: one query encoder at a time
     for name in models:  # each index is a folder of its own under index_root, checked before anything is built
         if Path(os.path.normpath(Path(index_root) / name.split(" ")[0])).parent != Path(os.path.normpath(index_root)):
             raise ValueError(f"the system name {name!r} names no folder of its own under {index_root} (its index "
@@ -141,15 +142,25 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
         label = (f"{name}: saved run {run_file}" if run_file.is_file()
                  else f"{name}: query encoder loaded when first called")
         pipelines[name] = on_first_use(lambda encoder=encoder, retriever=retriever: encoder().query_encoder() >>
-                                       retriever, retriever, label)
+                                       retriever, retriever, label, slot=alive)
     return pipelines, timings
 
 
-def on_first_use(make: Any, retriever: Any, label: str) -> Any:
+class QuerySideSlot:
+    """Holds the one pipeline made last by the :func:`on_first_use` transformers that share it: making another drops
+    it (its encoder is made again if that system is called again). The query encoders of a block's 30 models, ~100
+    MB each, are then not all kept until its ``pt.Experiment`` ends."""
+
+    def __init__(self) -> None:
+        self.owner: Any = None
+
+
+def on_first_use(make: Any, retriever: Any, label: str, slot: Optional[QuerySideSlot] = None) -> Any:
     """``query encoder >> retriever`` of a model whose run ``pt.Experiment`` has saved, made by ``make()`` on its first
     call: ``pt.Experiment(save_mode="reuse")`` reads the saved run instead, so a finished run's tables are re-made
     without loading every model's tokenizer and weights. Its output columns are ``retriever``'s (inspected without
-    the encoder), so ``pt.Experiment``'s validation does not load it either."""
+    the encoder), so ``pt.Experiment``'s validation does not load it either. With a ``slot`` shared by several, only
+    the pipeline made last is kept (:class:`QuerySideSlot`)."""
     import pyterrier as pt
 
     class OnFirstUse(pt.Transformer):
@@ -162,6 +173,10 @@ def on_first_use(make: Any, retriever: Any, label: str) -> Any:
 
         def transform(self, inp: Any) -> Any:
             if self._pipeline is None:
+                if slot is not None:
+                    if slot.owner is not None and slot.owner is not self:
+                        slot.owner._pipeline = None
+                    slot.owner = self
                 self._pipeline = make()
             return self._pipeline.transform(inp)
 
