@@ -19,6 +19,13 @@ shows what that gives.  With ``--indexing`` it also runs as in an indexing pipel
 (``enc >> index.indexer()``: pyterrier 1.1's ``Compose.index`` hands the encoder chunks of ``max(100,
 batch_size)`` dict records through ``transform_iter``).
 
+The compute bound: before and after the timings of each length, the FLOP rate of a float32 ``n x n`` matmul
+(``torch``, the same threads; ``--bound-n``, default 2048) repeated for ``--bound-seconds`` (default 2; 0 skips
+it), the best of the repeats.  Each system's rate is the real tokens' forward FLOPs (the Transformer layers at each
+text's own length: ``objective_runs.encode_flops``; padding, embeddings and element-wise work not counted) over its
+wall time, printed as GFLOP/s and as a share of the higher of the two bounds, with the rate a target speed-up over
+sentence-transformers (``--target``, default 1.5) would need: above 100% of the bound, no float32 kernel reaches it.
+
 After the timings of each length, a ranking check on the same documents: every query of ``--queries`` (default:
 SciFact's) ranks the documents by each CPDAE setting's vectors, and the share of ordered top-10s identical to
 PyTorch float32's and the minimum cosine are printed against the bar (>= 99%, >= 0.9999).
@@ -49,6 +56,8 @@ import pandas as pd
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:  # python experiments/bench/bench_encode.py
+    sys.path.insert(0, REPO)
 DEFAULT_CORPUS = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "corpus.jsonl")
 DEFAULT_QUERIES = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "queries.jsonl")
 
@@ -88,6 +97,18 @@ def _ratio(peer: List[float], ours: List[float]) -> str:
 
 def _med(xs: List[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def fp32_bound(n: int, seconds: float) -> float:
+    """The best FLOP/s of a float32 ``n x n`` matmul (torch, the current threads) over ``seconds`` of repeats."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up: thread pool, packing buffers
+    best, end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < end or best == float("inf"):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
 
 
 def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
@@ -166,6 +187,7 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
     peers["sentence-transformers encode"] = lambda df, recs: st.encode(df["text"].tolist(), batch_size=bs)
     systems.update(peers)
 
+    bounds = [fp32_bound(args.bound_n, args.bound_seconds)] if args.bound_seconds > 0 else []
     warm = docs.head(8)  # first-call overheads (lazy model load, thread pools)
     outputs = {name: fn(warm, warm.to_dict(orient="records")) for name, fn in systems.items()}
     times: Dict[str, List[float]] = {name: [] for name in systems}
@@ -177,6 +199,8 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
 
+    if bounds:
+        bounds.append(fp32_bound(args.bound_n, args.bound_seconds))
     print(f"\n## max length {ml}\n")
     print(f"tokens/doc (truncated at {ml}): mean {np.mean(lengths):.1f}, min {min(lengths)}, max {max(lengths)}, "
           f"{np.mean(np.array(lengths) == ml) * 100:.0f}% truncated; load average (1 min) at the end: "
@@ -188,6 +212,22 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
         c, w = statistics.median(cpu[name]), statistics.median(times[name])
         print(f"| {name} | {_med(times[name])} | {_med(cpu[name])} | {len(docs) / c:.1f} | {tokens / c:.0f} | "
               f"{len(docs) / w:.1f} | {tokens / w:.0f} |")
+    if bounds:
+        from experiments.bench.objective_runs import encode_flops
+
+        flops, bound = encode_flops(lengths, auto.model.config.to_dict()), max(bounds)
+        print(f"\ncompute bound: float32 {args.bound_n} x {args.bound_n} matmul at "
+              + ", ".join(f"{b / 1e9:.0f}" for b in bounds) + f" GFLOP/s (before, after the timings); the real tokens' "
+              f"forward is {flops / 1e9:.1f} GFLOP ({flops / tokens / 1e6:.2f} MFLOP a token); rate = FLOP / wall "
+              "median, share of the higher bound:\n")
+        print("| system | GFLOP/s | share of the fp32 bound |")
+        print("|---|---|---|")
+        for name in systems:
+            rate = flops / statistics.median(times[name])
+            print(f"| {name} | {rate / 1e9:.0f} | {rate / bound:.0%} |")
+        need = args.target * flops / statistics.median(times["sentence-transformers encode"])
+        print(f"\n{args.target:g}x sentence-transformers (wall) needs {need / 1e9:.0f} GFLOP/s = {need / bound:.0%} of the "
+              "fp32 bound" + (": beyond any float32 kernel on this machine" if need > bound else ""))
     ours = [n for n in systems if n.startswith("CPDAE")]
     print("\nCPDAE speed-up (peer time / CPDAE time; median, range over the repeats), process CPU time | wall time:\n")
     print("| CPDAE | " + " | ".join(peers) + " |")
@@ -239,6 +279,11 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--pooling", choices=["mean", "cls"], default="mean",
                    help="CPDAE's and sentence-transformers' pooling (mean: all-MiniLM's own; cls: CPDAE's, where "
                         "the last layer runs at [CLS] only), normalised in both")
+    p.add_argument("--bound-seconds", type=float, default=2.0,
+                   help="seconds of the float32 matmul bound, before and after each length's timings (0 skips it)")
+    p.add_argument("--bound-n", type=int, default=2048, help="size of the bound's square matmul (default 2048)")
+    p.add_argument("--target", type=float, default=1.5,
+                   help="speed-up over sentence-transformers whose FLOP rate is printed against the bound")
     p.add_argument("--skip", default="", help="comma-separated peers to leave out (e.g. 'SBertBiEncoder')")
     args = p.parse_args(argv)
     if not os.path.exists(args.corpus):

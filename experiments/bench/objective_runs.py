@@ -26,6 +26,18 @@ def sequences_per_text(name: str) -> int:
     return per_text(name)
 
 
+def encode_flops(lengths, shape: dict) -> float:
+    """Forward FLOPs of encoding texts of these token counts without padding: ``2 x`` the multiply-adds of the
+    Transformer layers (:func:`forward_macs`, no head) of each text at its own length, attention spanning its own
+    tokens only.  ``shape`` holds ``hidden_size``, ``intermediate_size`` and ``num_hidden_layers`` (a BERT config's
+    names).  The embeddings, layer norms, softmax and pooling are element-wise and left out, as MFU counts them."""
+    import numpy as np
+
+    H, F, layers = (int(shape[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers"))
+    values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
+    return float(sum(2 * int(c) * forward_macs("simcse", H, F, layers, 0, int(n)) for n, c in zip(values, counts)))
+
+
 def forward_macs(objective: str, hidden: int, intermediate: int, layers: int, vocab: int, length: int, *,
                  mlm_probability: float = 0.15, encoder_mask_ratio: float = 0.3, seed_layers: int = 3) -> float:
     """Analytic forward multiply-adds of one full-length sequence (``length`` tokens, ``length - 2`` of text).

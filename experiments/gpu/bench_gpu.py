@@ -53,6 +53,7 @@ REPO = HERE.parents[1]
 sys.path[:0] = [str(REPO), str(HERE), str(HERE.parent)]
 
 from synthetic_bert import BERT_BASE, MINILM, TINY, make_bert_dir, synthetic_texts  # noqa: E402
+from experiments.bench.objective_runs import encode_flops  # noqa: E402
 
 SHAPES = {"bert-base": BERT_BASE, "minilm": MINILM, "tiny": TINY}
 
@@ -147,17 +148,6 @@ def varied_lengths(n: int, longest: int, seed: int = 0) -> np.ndarray:
     return np.clip(np.round(rng.lognormal(np.log(VARIED_MEDIAN), VARIED_SIGMA, size=n)), VARIED_MIN, longest).astype(int)
 
 
-def real_token_flops(lengths: np.ndarray, shape: dict) -> float:
-    """Forward FLOPs of encoding texts of these token counts without padding (``2 x`` the multiply-adds of each
-    text at its own length: attention spans its own tokens only)."""
-    from experiments.bench.objective_runs import forward_macs
-
-    H, F, layers, V = (shape[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size"))
-    values, counts = np.unique(np.asarray(lengths), return_counts=True)
-    return float(sum(2 * c * forward_macs("mlm", H, F, layers, V, int(n), mlm_probability=0.0)
-                     for n, c in zip(values, counts)))
-
-
 def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str = "bert-base") -> Dict[str, object]:
     """Per maximum length: documents of exactly that many tokens (``fixed``), and once MS MARCO-like lengths
     (``varied``, cut at the largest length), where CPDAE's default (token-budget batches, unpadded where the
@@ -211,7 +201,7 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
             fns[label] = run
         times = timed_in_turn(fns, dev, args.repeats)
         del fns
-        flops = real_token_flops(lengths, shape)
+        flops = encode_flops(lengths, shape)
         t_ours = times["cpdae_bf16"]
         rate = args.docs / t_ours
         ref = vecs["st_fp32"]
@@ -292,7 +282,7 @@ def stream_row(args, dev, peaks, encoder, model_dir: str, shape: dict, length: i
     st.max_seq_length = length
     st.to(torch.bfloat16)
     times = timed_in_turn({"ours": ours, "st": lambda: st.encode(texts, batch_size=args.batch_size)}, dev, 1)
-    flops = real_token_flops(lengths, shape)
+    flops = encode_flops(lengths, shape)
     out = {"stream_docs": n, "stream_windows": -(-n // (encoder.batch_size * encoder.sort_window)),
            "stream_docs_per_s": n / times["ours"], "stream_real_tokens_per_s": float(lengths.sum()) / times["ours"],
            "stream_mfu_vs_measured_bf16": flops / times["ours"] / peaks["bf16_flops"],
