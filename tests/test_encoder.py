@@ -360,7 +360,8 @@ def _expected_batches(model_dir: str, texts: list[str], *, window: int, batch: i
 def test_batches_are_length_sorted_padded_to_their_own_length_in_inference_mode(tiny_bert_dir):
     """Reference: the batch widths expected from the tokenizer's own token counts, sorted within each window."""
     texts = _texts(23, seed=10)
-    enc = CPDAE.from_pretrained(tiny_bert_dir, batch_size=4, sort_window=2, doc_max_length=64)  # windows of 8
+    enc = CPDAE.from_pretrained(tiny_bert_dir, batch_size=4, sort_window=2, doc_max_length=64,
+                                batch_tokens=0)  # windows of 8, batches of 4 texts (not the CPU's token budget)
     lengths, expected = _expected_batches(tiny_bert_dir, texts, window=8, batch=4, max_length=64)
     seen = []
     handle = enc.model.register_forward_pre_hook(
@@ -382,7 +383,8 @@ def test_indexing_pipeline_sorts_over_whole_windows(tiny_bert_dir, tmp_path, sta
     from pyterrier_cpdae.dense import DenseIndex
 
     texts = _texts(300, seed=11)
-    enc = CPDAE.from_pretrained(tiny_bert_dir, batch_size=4, sort_window=64, doc_max_length=64, backend="torch")
+    enc = CPDAE.from_pretrained(tiny_bert_dir, batch_size=4, sort_window=64, doc_max_length=64, backend="torch",
+                                batch_tokens=0)  # batches of 4 texts, as the reference cuts them
     _, expected = _expected_batches(tiny_bert_dir, texts, window=256, batch=4, max_length=64)
     seen = []
     handle = enc.model.register_forward_pre_hook(

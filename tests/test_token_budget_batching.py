@@ -99,9 +99,15 @@ def test_encoder_batches_respect_the_budget_and_rows_come_back_in_place(tiny_ber
     assert np.allclose(vecs[-2:], vecs[:2])
 
 
-def test_default_budget_is_text_count_on_cpu_and_batch_size_times_length_on_cuda(tiny_bert_dir):
+def test_default_budget_is_batch_size_times_length_capped_on_cpu(tiny_bert_dir):
     cpu = CPDAE.from_pretrained(tiny_bert_dir, batch_size=8, device="cpu")
-    assert cpu.batch_tokens is None and cpu.token_budget(256) is None
+    assert cpu.batch_tokens is None
+    assert cpu.token_budget(32) == 8 * 32 and cpu.token_budget(256) == 2048  # 8 x 256 is 2,048, the cap
+    big = CPDAE.from_pretrained(tiny_bert_dir, batch_size=32, device="cpu")
+    assert big.token_budget(256) == 2048 and big.token_budget(64) == 2048 and big.token_budget(16) == 32 * 16
+    assert CPDAE.from_pretrained(tiny_bert_dir, batch_size=2, device="cpu", doc_max_length=4096).token_budget(4096) \
+        == 4096  # one text of the maximum length always fits
+    assert CPDAE.from_pretrained(tiny_bert_dir, batch_size=8, device="cpu", batch_tokens=0).token_budget(256) is None
     cuda = CPDAE.from_pretrained(tiny_bert_dir, batch_size=8, device="cuda")  # weights load lazily: no GPU needed
     assert cuda.token_budget(256) == 8 * 256 and cuda.token_budget(32) == 8 * 32
     assert CPDAE.from_pretrained(tiny_bert_dir, device="cuda", batch_tokens=0).token_budget(256) is None

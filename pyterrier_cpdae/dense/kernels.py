@@ -452,7 +452,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
             for qs in range(0, len(queries), query_batch_size):
                 q = torch.from_numpy(queries[qs:qs + query_batch_size]).to(dev)
                 if precision == "fp16":
-                    best_s, best_i = _certified_search(parts, q, k, stage, stats)
+                    best_s, best_i = _certified_search(parts, q, k, stage, stats, resident=resident)
                 else:
                     best_s, best_i = _fp32_search(parts, q, k, stage)
                 s_np, i_np = sort_results(best_s.cpu().numpy(), best_i.cpu().numpy())
@@ -477,9 +477,11 @@ def _fp32_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager):
 CERTIFY_RETRIES = 1
 
 
-def _certified_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager, stats: Optional[dict] = None):
+def _certified_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager, stats: Optional[dict] = None, *,
+                      resident: Optional[bool] = None):
     """Top-``k`` ``(scores, ids)`` of ``q`` through :class:`.certified.CertifiedTopK`: queries whose cut cannot be
-    proved are searched again with 4x the candidates, then in float32 (:func:`_fp32_search`)."""
+    proved are searched again with 4x the candidates, then in float32 (:func:`_fp32_search`).  ``resident``: whether
+    every part is held on ``q``'s device (the caller's answer; worked out here when ``None``)."""
     import torch
 
     from .certified import CertifiedTopK, candidates_for
@@ -490,7 +492,8 @@ def _certified_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager, sta
     best_s = torch.empty((len(q), k), dtype=torch.float32, device=q.device)
     best_i = torch.empty((len(q), k), dtype=torch.int64, device=q.device)
     counts = {"queries": len(q), "retried": 0, "fp32": 0}
-    resident = all(_held(v, q.device) for v, _, _ in parts)  # then the candidates are rescored in one gather
+    if resident is None:  # then the candidates are rescored in one gather
+        resident = all(_held(v, q.device) for v, _, _ in parts)
     for attempt in range(CERTIFY_RETRIES + 2):
         if not len(rows):
             break
