@@ -478,10 +478,10 @@ CERTIFY_RETRIES = 1
 
 
 def _certified_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager, stats: Optional[dict] = None, *,
-                      resident: Optional[bool] = None):
+                      resident: bool):
     """Top-``k`` ``(scores, ids)`` of ``q`` through :class:`.certified.CertifiedTopK`: queries whose cut cannot be
-    proved are searched again with 4x the candidates, then in float32 (:func:`_fp32_search`).  ``resident``: whether
-    every part is held on ``q``'s device (the caller's answer; worked out here when ``None``)."""
+    proved are searched again with 4x the candidates, then in float32 (:func:`_fp32_search`).  ``resident``: every
+    part is held on ``q``'s device, so the candidates are rescored in one gather."""
     import torch
 
     from .certified import CertifiedTopK, candidates_for
@@ -492,8 +492,6 @@ def _certified_search(parts: Sequence[Part], q, k: int, stage: _ChunkStager, sta
     best_s = torch.empty((len(q), k), dtype=torch.float32, device=q.device)
     best_i = torch.empty((len(q), k), dtype=torch.int64, device=q.device)
     counts = {"queries": len(q), "retried": 0, "fp32": 0}
-    if resident is None:  # then the candidates are rescored in one gather
-        resident = all(_held(v, q.device) for v, _, _ in parts)
     for attempt in range(CERTIFY_RETRIES + 2):
         if not len(rows):
             break
