@@ -124,6 +124,71 @@ def test_numpy_kernel_pools_survivors_and_filters_in_threads(threads, k, monkeyp
         kernels.numpy_search([(vecs, 0, 1)], queries, k, threads=0)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("k", [1, 30, 200])
+def test_numpy_fused_path_scores_tiles_in_workers_and_ranks_as_the_naive_sort(threads, k, monkeypatch):
+    """Once the running threshold is known, the numpy kernel scores each block tile by tile in ``threads`` workers
+    (the BLAS on one thread meanwhile) and filters the tiles without writing the block's scores: with tiles of 64 rows
+    (several per worker, the last one partial), float32 and float16 vectors and interleaved shard parts, the ranking
+    is the naive full sort's (ties by ascending id) and the unfused path's; the BLAS threads are restored after."""
+    from threadpoolctl import threadpool_info
+
+    from pyterrier_cpdae.dense import kernels
+
+    monkeypatch.setattr(kernels, "_TILE_SCORE_BYTES", 1)  # tiles of the minimum, 64 rows
+    calls, limits = [], []
+    fused = kernels._NumpyTopK.update_fused
+
+    def watch(self, queries, block, ids):
+        calls.append(len(block))
+        limits.append({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+        return fused(self, queries, block, ids)
+
+    monkeypatch.setattr(kernels._NumpyTopK, "update_fused", watch)
+    blas_before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    rng = np.random.default_rng(11)
+    for low, high in [(-2, 3), (-1000, 1001)]:
+        vecs = rng.integers(low, high, size=(3000, DIM)).astype(np.float32)
+        queries = rng.integers(low, high, size=(20, DIM)).astype(np.float32)
+        if high < 10:
+            queries = np.vstack([tie_queries(), queries])
+        ref_scores, ref_ids = naive_order(vecs, queries, k)
+        for parts in ([(vecs, 0, 1)], [(vecs.astype(np.float16), 0, 1)] if high < 10 else [],
+                      [(vecs[0::2], 0, 2), (vecs[1::2], 1, 2)]):
+            if not parts:
+                continue
+            del calls[:]
+            scores, ids = kernels.numpy_search(parts, queries, k, block_size=500, threads=threads)
+            assert calls, "the fused path never ran"
+            np.testing.assert_array_equal(ids, ref_ids)
+            np.testing.assert_array_equal(scores, ref_scores.astype(np.float32))
+            unfused = kernels.numpy_search(parts, queries, k, block_size=500, threads=threads, fused=False)
+            np.testing.assert_array_equal(unfused[1], ids)
+    assert all(lim <= {1} for lim in limits), limits  # each BLAS call on one thread while the workers score
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == blas_before
+
+
+def test_numpy_kernel_stays_unfused_when_the_blas_cannot_be_limited(monkeypatch):
+    """Workers calling a BLAS that cannot be held to one thread would oversubscribe the cores: with ``threads > 1``
+    the kernel then scores whole blocks (one threaded matmul each); one worker still takes the fused path."""
+    from pyterrier_cpdae.dense import kernels
+
+    monkeypatch.setattr(kernels, "one_blas_thread", lambda: None)
+    calls = []
+    fused = kernels._NumpyTopK.update_fused
+    monkeypatch.setattr(kernels._NumpyTopK, "update_fused",
+                        lambda self, *a: (calls.append(1), fused(self, *a))[1])
+    rng = np.random.default_rng(3)
+    vecs = rng.integers(-50, 51, size=(2000, DIM)).astype(np.float32)
+    queries = rng.integers(-50, 51, size=(9, DIM)).astype(np.float32)
+    ref_scores, ref_ids = naive_order(vecs, queries, 10)
+    for threads, expect_fused in ((2, False), (1, True)):
+        del calls[:]
+        scores, ids = kernels.numpy_search([(vecs, 0, 1)], queries, 10, block_size=256, threads=threads)
+        np.testing.assert_array_equal(ids, ref_ids)
+        assert bool(calls) is expect_fused, threads
+
+
 class _LastOfTiesFlat:
     """Stands in for a FAISS flat index that keeps the *largest* ids of equal scores at the cut (as a GPU
     k-selection may): exact scores, order by (-score, -docid)."""

@@ -8,6 +8,8 @@ part per shard ``s`` with offset ``s`` and stride ``n``).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Sequence, Tuple
 
@@ -56,6 +58,9 @@ def _outputs(parts: Sequence[Part], queries: np.ndarray, k: int) -> Tuple[np.nda
 
 #: survivors pooled before a merge, at least (for a small k, a merge per block would cost more than the filter)
 _MIN_POOL = 32
+
+#: float32 scores one worker of the fused filter computes and filters at a time: a core's L2 cache (see update_fused)
+_TILE_SCORE_BYTES = 2 << 20
 
 #: the id of padding entries: it loses every tie, so padding never displaces a real document of equal score
 _PAD_ID = np.iinfo(np.int64).max
@@ -116,8 +121,10 @@ class _NumpyTopK:
         self.threshold: Optional[np.ndarray] = None
         self.pool: list = []  # (scores, ids) pairs, (q, m) each, not yet merged
         self.pool_width = 0
-        self.threads = max(1, min(int(threads), num_queries))
-        self.executor = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+        self.workers = max(1, int(threads))  # update_fused splits a block's documents over this many
+        self.threads = min(self.workers, num_queries)  # the filter of update splits the queries
+        self.executor = ThreadPoolExecutor(self.workers) if self.workers > 1 else None
+        self.local = threading.local()  # update_fused's per-worker tile buffers
         bounds = np.linspace(0, num_queries, self.threads + 1).astype(int)
         self.row_ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
@@ -157,6 +164,28 @@ class _NumpyTopK:
             return rows((0, self.num_queries))
         return np.concatenate(list(self.executor.map(rows, self.row_ranges)))
 
+    def _pool(self, rows: np.ndarray, scores: np.ndarray, ids: np.ndarray, limit: Optional[int]) -> bool:
+        """Pools a block's survivors (row, score, id each; any order): ``False`` (nothing pooled) when a row holds
+        more than ``limit`` of them (then a top-k of the whole block costs less); ``limit=None``: no limit."""
+        counts = np.bincount(rows, minlength=self.num_queries)
+        m = int(counts.max())
+        if limit is not None and m > limit:
+            return False
+        if len(rows) > 1 and np.any(rows[1:] < rows[:-1]):  # (the tiles of update_fused): grouped by row
+            order = np.argsort(rows, kind="stable")
+            rows, scores, ids = rows[order], scores[order], ids[order]
+        starts = np.cumsum(counts) - counts
+        pos = np.arange(len(rows)) - starts[rows]
+        cand_scores = np.full((self.num_queries, m), -np.inf, dtype=np.float32)
+        cand_ids = np.full((self.num_queries, m), _PAD_ID, dtype=np.int64)
+        cand_scores[rows, pos] = scores
+        cand_ids[rows, pos] = ids
+        self.pool.append((cand_scores, cand_ids))
+        self.pool_width += m
+        if self.pool_width >= max(self.k, _MIN_POOL):
+            self._flush()
+        return True
+
     def update(self, block_scores: np.ndarray, block_ids: np.ndarray) -> None:
         """Adds a block of scores ``(num_queries, b)`` for the documents ``block_ids`` ``(b,)`` (ascending)."""
         q, b = block_scores.shape
@@ -167,19 +196,7 @@ class _NumpyTopK:
             if not len(flat):
                 return
             rows, cols = np.divmod(flat, b)
-            counts = np.bincount(rows, minlength=q)
-            m = int(counts.max())
-            if m <= max(self.k, b // 8):
-                starts = np.cumsum(counts) - counts
-                pos = np.arange(len(rows)) - starts[rows]
-                cand_scores = np.full((q, m), -np.inf, dtype=np.float32)
-                cand_ids = np.full((q, m), _PAD_ID, dtype=np.int64)
-                cand_scores[rows, pos] = block_scores.ravel()[flat]
-                cand_ids[rows, pos] = block_ids[cols]
-                self.pool.append((cand_scores, cand_ids))
-                self.pool_width += m
-                if self.pool_width >= max(self.k, _MIN_POOL):
-                    self._flush()
+            if self._pool(rows, block_scores.ravel()[flat], block_ids[cols], max(self.k, b // 8)):
                 return
         self._flush()
         kk = min(self.k, b)
@@ -189,26 +206,100 @@ class _NumpyTopK:
         else:
             self._merge(block_scores, np.broadcast_to(block_ids, (q, b)))
 
+    def update_fused(self, queries: np.ndarray, block, block_ids: np.ndarray) -> None:
+        """Scores ``queries`` against the document rows ``block`` (``block_ids``, ascending) and adds the survivors of
+        the running threshold, which must be known (:attr:`threshold`), without writing the block's score matrix.
+
+        The rows are split over the ``threads`` workers (at least 64 rows each); each scores its rows a tile at a time
+        (about ``_TILE_SCORE_BYTES`` of float32 scores, the size of a core's L2 cache; at least 64 rows) with one BLAS
+        call and filters the tile at once, while it is still in the cache, upcasting float16 rows tile by tile. The
+        BLAS library should run each call on one thread meanwhile (:func:`numpy_search` sees to it): the workers are
+        the parallelism.
+        """
+        b = len(block)
+        q = self.num_queries
+        tile = max(64, _TILE_SCORE_BYTES // (4 * q))
+        threshold = self.threshold[:, None]
+        bounds = np.linspace(0, b, min(self.workers, max(1, b // 64)) + 1).astype(int)
+        spans = [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+        def work(span):
+            lo, hi = span
+            found = []
+            buffers = getattr(self.local, "buffers", None)  # this worker's, reused: no fresh pages per tile
+            if buffers is None or len(buffers[0]) < q * tile:
+                buffers = self.local.buffers = (np.empty(q * tile, np.float32), np.empty(q * tile, bool))
+            for s in range(lo, hi, tile):
+                rows = np.asarray(block[s:min(s + tile, hi)])
+                if rows.dtype != np.float32:
+                    rows = rows.astype(np.float32)
+                n = len(rows)
+                scores = np.matmul(queries, rows.T, out=buffers[0][:q * n].reshape(q, n))
+                flat = np.flatnonzero(np.greater_equal(scores, threshold, out=buffers[1][:q * n].reshape(q, n)))
+                if len(flat):
+                    r, c = np.divmod(flat, len(rows))
+                    found.append((r, c + s, scores.ravel()[flat]))
+            return found
+
+        parts = [f for part in (self.executor.map(work, spans) if self.executor is not None and len(spans) > 1
+                                else map(work, spans)) for f in part]
+        if not parts:
+            return
+        rows = np.concatenate([p[0] for p in parts])
+        cols = np.concatenate([p[1] for p in parts])
+        self._pool(rows, np.concatenate([p[2] for p in parts]), block_ids[cols], None)
+
     def result(self) -> Tuple[np.ndarray, np.ndarray]:
         """The top-k scores and ids per query, sorted by descending score (ties: ascending id)."""
         self._flush()
         return sort_results(self.scores, self.ids)
 
 
+#: threadpoolctl's view of the BLAS libraries loaded in this process (made at the first fused search)
+_BLAS_CONTROLLER = None
+
+
+def one_blas_thread():
+    """A context manager under which numpy's BLAS runs each call on one thread (threadpoolctl), or ``None`` when no
+    BLAS library can be controlled (threadpoolctl missing, or a BLAS it does not know). The limit holds for the whole
+    process while the context is open: other threads' BLAS calls run on one thread meanwhile."""
+    global _BLAS_CONTROLLER
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover (a dependency)
+        return None
+    if _BLAS_CONTROLLER is None:
+        _BLAS_CONTROLLER = ThreadpoolController()
+    if not _BLAS_CONTROLLER.select(user_api="blas").lib_controllers:
+        return None
+    return _BLAS_CONTROLLER.limit(limits=1, user_api="blas")
+
+
 def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
                  block_size: int = 16384, query_batch_size: int = 1024,
-                 threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+                 threads: Optional[int] = None, fused: bool = True) -> Tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` inner-product search with numpy, streaming ``block_size`` rows at a time.
 
+    Until each query has ``k`` candidates, a block is scored with one (BLAS-threaded) matmul and its scores filtered
+    in ``threads`` row ranges. From then on (``fused``, the default), a block's rows are split over ``threads``
+    workers that score and filter them in tiles small enough for a core's L2 cache (about 2 MiB of scores), the BLAS
+    limited to one thread per call meanwhile (:func:`one_blas_thread`): the block's score matrix is never written
+    to memory, and the filter reads its scores from the cache (on a 2-core Xeon: 77% -> ~90% of the machine's
+    matmul bound at k = 1,000; ``experiments/results/bench_search_bound.md``). Where the BLAS cannot be limited
+    and ``threads > 1``, the unfused path runs throughout. Both paths compute every score with a float32 BLAS
+    product of the same query and document rows and return the same rankings (ties by ascending id).
+
     Args:
-        parts: the index parts ``(vectors, offset, stride)`` (vectors may be float16 memmaps; each block is
-            upcast to float32 before the BLAS matmul).
+        parts: the index parts ``(vectors, offset, stride)`` (vectors may be float16 memmaps; each block, or with
+            ``fused`` each tile, is upcast to float32 before the BLAS matmul).
         queries: ``(q, dim)`` query vectors.
         k: number of results per query, >= 1 (capped at the number of documents).
-        block_size: document rows scored per matmul.
+        block_size: document rows read per step.
         query_batch_size: queries scored together (bounds the ``q x block_size`` score matrix).
-        threads: threads that filter each block's scores against the running top-k (default: the CPUs this
-            process may use); the matmul itself is threaded by the BLAS library.
+        threads: workers that score (``fused``) or filter the blocks (default: the CPUs this process may use); on the
+            unfused path the matmul itself is threaded by the BLAS library.
+        fused: score and filter tile by tile once the running threshold is known (``False``: the whole block's
+            scores in one matmul, then filtered).
 
     Returns:
         ``(scores, ids)``, both ``(q, min(k, n))``; scores float32 descending, ids int64 global document ids.
@@ -224,17 +315,29 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
         qbatch = queries[qs:qs + query_batch_size]
         topk = _NumpyTopK(len(qbatch), k, threads)
         try:
-            for vectors, offset, stride in parts:
-                for start in range(0, len(vectors), block_size):
-                    block = np.asarray(vectors[start:start + block_size])
-                    if block.dtype != np.float32:
-                        block = block.astype(np.float32)
-                    if len(block) == block_size:  # scores into one reused buffer: no fresh pages per block
-                        scores = np.matmul(qbatch, block.T, out=buffer[:len(qbatch)])
-                    else:
-                        scores = qbatch @ block.T
-                    ids = np.arange(start, start + len(block), dtype=np.int64) * stride + offset
-                    topk.update(scores, ids)
+            with contextlib.ExitStack() as limits:
+                tiled = False  # scoring tile by tile, the BLAS on one thread per call
+                for vectors, offset, stride in parts:
+                    for start in range(0, len(vectors), block_size):
+                        stop = min(start + block_size, len(vectors))
+                        ids = np.arange(start, stop, dtype=np.int64) * stride + offset
+                        if fused and topk.threshold is not None and not tiled:
+                            one = one_blas_thread()
+                            if one is not None:
+                                limits.enter_context(one)
+                            tiled = one is not None or topk.workers == 1
+                            fused = tiled
+                        if tiled:
+                            topk.update_fused(qbatch, vectors[start:stop], ids)
+                            continue
+                        block = np.asarray(vectors[start:stop])
+                        if block.dtype != np.float32:
+                            block = block.astype(np.float32)
+                        if len(block) == block_size:  # scores into one reused buffer: no fresh pages per block
+                            scores = np.matmul(qbatch, block.T, out=buffer[:len(qbatch)])
+                        else:
+                            scores = qbatch @ block.T
+                        topk.update(scores, ids)
             s, i = topk.result()
         finally:
             topk.close()
