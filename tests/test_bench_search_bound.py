@@ -31,6 +31,11 @@ def test_bench_search_bound_smoke(tmp_path):
     assert res.returncode == 0, res.stderr + res.stdout
     assert "for all 8 checked queries" in res.stdout
     assert "| 50 |" in res.stdout and "| 5 |" in res.stdout
+    # the fused path (the default) and the unfused one, timed in turn, rank alike
+    for k in (50, 5):
+        assert f"| {k} | fused |" in res.stdout and f"| {k} | unfused |" in res.stdout
+        assert f"k={k}: fused and unfused return identical ids for 100.0% of the queries" in res.stdout
+    assert "tiled" in res.stdout  # the bound's two arrangements
     made = np.load(vecs, mmap_mode="r")
     assert made.shape == (3000, 16) and made.dtype == np.float32
     again = run("--vectors", str(vecs), *small, cwd=tmp_path)  # reused, not re-made

@@ -210,6 +210,12 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
         assert 0 < r["mfu_real_vs_measured_bf16"] < 4 and r["real_macs_per_step"] <= r["padded_macs_per_step"]
     assert "padded vs unpadded" in (out / "bench_gpu.md").read_text()
     assert "## encode" in (out / "bench_gpu.md").read_text()
+    # python -m pretrain's own loop (the Trainer) on the same lengths, beside the bare loop's padded row
+    (trainer,) = json.loads((out / "bench_pretrain.json").read_text())["trainer_rows"]
+    assert trainer["objective"] == "mlm" and trainer["loop"] == "Trainer" and "error" not in trainer, trainer
+    assert 0 < trainer["real_tokens_per_step"] <= trainer["padded_tokens_per_step"]
+    assert trainer["vs_loop"] == pytest.approx(trainer["real_tokens_per_s"] / unpad[0]["real_tokens_per_s"])
+    assert "through the Trainer" in (out / "bench_gpu.md").read_text()
 
 
 # --------------------------------------------------------------------------------------------- the bundle

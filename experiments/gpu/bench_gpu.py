@@ -62,11 +62,11 @@ MSMARCO_PASSAGES = 8_841_823
 DATASHEET = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12)}
 SMOKE = dict(encode_shapes="tiny", lengths=[16, 32], docs=32, stream_docs=96, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
              seq_length=32, sequences=4, steps=1, warmup=1, objectives="mlm,cpdae,bow", repeats=1,
-             unpad_objectives="mlm,cpdae", compile_objectives="")
+             unpad_objectives="mlm,cpdae", compile_objectives="", trainer_objectives="mlm", trainer_workers=0)
 FULL = dict(encode_shapes="bert-base,minilm", lengths=[128, 256, 512], docs=4096, stream_docs=65536, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
             k=1000, chunk_size=None, seq_length=512, sequences=32, steps=5, warmup=2,
             objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2,
-            unpad_objectives="mlm,cpdae", compile_objectives="mlm")
+            unpad_objectives="mlm,cpdae", compile_objectives="mlm", trainer_objectives="mlm", trainer_workers=0)
 
 
 def sync(dev) -> None:
@@ -479,8 +479,44 @@ def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool) -> Dict[str, o
     for r in rows:
         if ref is not None and "error" not in r:
             r["cost_per_sequence_vs_mlm"] = r["per_seq_ms"] / ref["per_seq_ms"]
+    unpad_rows = bench_unpad(args, ns, peaks, smoke) if args.unpad_objectives else []
     return {"length": args.seq_length, "sequences_per_step": args.sequences, "bf16": True, "rows": rows,
-            "unpad_rows": bench_unpad(args, ns, peaks, smoke) if args.unpad_objectives else []}
+            "unpad_rows": unpad_rows,
+            "trainer_rows": bench_trainer(args, ns, peaks, unpad_rows) if args.trainer_objectives else []}
+
+
+def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]]) -> List[Dict[str, object]]:
+    """``--trainer-objectives`` through ``pretrain.trainer.Trainer`` (``python -m pretrain``'s loop: DataLoader with
+    ``--trainer-workers`` workers, collate, the per-step finite checks, accelerate's bf16 autocast, the schedule) on
+    texts of the same length distribution as the padded rows of :func:`bench_unpad`, at the option defaults
+    (``--unpad auto``, not compiled): real tokens/s and MFU counted as there, and the share of the bare loop's
+    padded-row speed it keeps (``vs_loop``) -- what a user's run gets of the figures above."""
+    from experiments.bench import objective_runs as bench_objectives
+
+    rows: List[Dict[str, object]] = []
+    for name in args.trainer_objectives.split(","):
+        run = SimpleNamespace(**vars(ns), length_dist=str(args.length_dist), trainer=True,
+                              num_workers=args.trainer_workers)
+        r = bench_objectives.run_one(name, run)  # a process of its own: accelerate's state stays out of this one
+        r.setdefault("objective", name)
+        r["path"] = f"Trainer, {args.trainer_workers} loader workers"
+        if "error" not in r:
+            r["sequences_per_s"] = r["sequences"] / r["step_s"]
+            r["real_tokens_per_s"] = r["real_tokens_per_step"] / r["step_s"]
+            r["padding_share"] = 1 - r["real_tokens_per_step"] / r["padded_tokens_per_step"]
+            for label, peak in (("measured_bf16", peaks["bf16_flops"]), ("datasheet", peaks.get("datasheet_bf16_flops"))):
+                if peak:
+                    r[f"mfu_real_vs_{label}"] = 6 * r["real_macs_per_step"] / r["step_s"] / peak
+            loop = next((u for u in unpad_rows if u.get("objective") == name and u.get("path") == "padded"
+                         and "error" not in u), None)
+            if loop is not None:  # per real token: the two runs' batches hold other texts of the same lengths
+                r["vs_loop"] = r["real_tokens_per_s"] / loop["real_tokens_per_s"]
+        rows.append(r)
+        print(f"pretrain {name} {r['path']}: " + (r["error"] if "error" in r else
+              f"{r['sequences_per_s']:.2f} seq/s, {r['real_tokens_per_s']:.0f} real tokens/s, MFU (real tokens) "
+              f"{r['mfu_real_vs_measured_bf16']:.1%}" + (f", {r['vs_loop']:.2f}x the bare loop" if "vs_loop" in r
+                                                          else "")), flush=True)
+    return rows
 
 
 def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
@@ -536,13 +572,15 @@ def write_markdown(path: Path, record: Dict[str, object]) -> None:
     lines = [f"# GPU benchmarks ({record['info'].get('gpu')})", "", f"Command: `{record['command']}`",
              f"Machine: {json.dumps(record['info'])}",
              f"Measured peaks: " + ", ".join(f"{k} {v:.3g}" for k, v in record["peaks"].items()), ""]
-    for part in ("encode", "search", "pretrain", "unpad_rows"):
-        res = record.get(part) if part != "unpad_rows" else {"rows": (record.get("pretrain") or {}).get(part)}
+    for part in ("encode", "search", "pretrain", "unpad_rows", "trainer_rows"):
+        res = record.get(part) if part not in ("unpad_rows", "trainer_rows") else {
+            "rows": (record.get("pretrain") or {}).get(part)}
         if not res or not res["rows"]:
             continue
         rows = res["rows"]
         keys = sorted({k for r in rows for k in r if not isinstance(r[k], (list, dict))}, key=lambda k: (k != "shape", k != "tokens", k))
-        title = "pretrain: padded vs unpadded (real length distribution)" if part == "unpad_rows" else part
+        title = {"unpad_rows": "pretrain: padded vs unpadded (real length distribution)",
+                 "trainer_rows": "pretrain through the Trainer (python -m pretrain's loop) vs the bare loop"}.get(part, part)
         lines += [f"## {title}", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         for r in rows:
             lines.append("| " + " | ".join(f"{r[k]:.4g}" if isinstance(r.get(k), float) else str(r.get(k, ""))
@@ -580,6 +618,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "(default mlm,cpdae; '' skips)")
     ap.add_argument("--compile-objectives", help="of --unpad-objectives, those also timed padded with --compile "
                     "(torch.compile of every encoder layer; the warm-up steps compile; default mlm on a GPU, '' skips)")
+    ap.add_argument("--trainer-objectives", help="objectives also run through pretrain.trainer.Trainer on the padded "
+                    "rows' text lengths, beside the bare loop (default mlm; '' skips)")
+    ap.add_argument("--trainer-workers", type=int, default=None, help="the Trainer rows' DataLoader workers "
+                    "(--num-workers; default 0, the option's default)")
     ap.add_argument("--length-dist", type=Path, default=REPO / "experiments" / "results" / "padding_share.json",
                     help="block-length histograms (experiments/bench/bench_padding.py) the unpadded comparison "
                     "draws its text lengths from")

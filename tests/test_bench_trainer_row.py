@@ -1,0 +1,55 @@
+"""The GPU suite's Trainer row (issue 34): ``experiments/bench/objective_runs.trainer_worker`` runs an objective's
+steps through ``pretrain.trainer.Trainer`` and counts the work of the timed steps from the batches they consumed.
+Checked by hand: full-length texts hold ``length`` real tokens each, so every count is known in advance (texts x
+views x length tokens; ``forward_macs`` per sequence), and texts drawn from a length histogram hold fewer real than
+padded tokens."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _warm_python import warm_python
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from experiments.bench.objective_runs import default_model, forward_macs  # noqa: E402
+
+SCRIPT = ROOT / "experiments" / "bench" / "bench_objectives.py"
+
+
+def trainer_row(objective: str, *extra: str) -> dict:
+    cmd = [warm_python(), str(SCRIPT), "--worker", "--trainer", "--objective", objective, "--model", default_model(),
+           "--device", "cpu", "--length", "16", "--sequences", "4", "--steps", "2", "--warmup", "1", "--threads", "1",
+           *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("objective,views", [("mlm", 1), ("cpdae", 2)])
+def test_trainer_row_counts_the_timed_steps_work_by_hand(objective, views):
+    row = trainer_row(objective)
+    texts = 4 // views
+    assert row["loop"] == "Trainer" and row["texts"] == texts and row["sequences"] == 4
+    assert row["forwards_counted"] == 2  # the two timed steps' forwards, not the warm-up's
+    assert row["real_tokens_per_step"] == row["padded_tokens_per_step"] == views * texts * 16
+    # the model is all-MiniLM-L6-v2: 6 layers of width 384, feed-forward 1536, the bert-base-uncased vocabulary
+    macs = forward_macs(objective, 384, 1536, 6, 30522, 16)
+    assert row["macs_per_seq"] == pytest.approx(macs)
+    assert row["real_macs_per_step"] == pytest.approx(row["padded_macs_per_step"]) == pytest.approx(4 * macs)
+    assert row["step_s"] > 0 and math.isfinite(row["final_loss"])
+
+
+def test_trainer_row_on_real_block_lengths_counts_less_real_than_padded_work():
+    row = trainer_row("mlm", "--length-dist", str(ROOT / "experiments" / "results" / "padding_share.json"), "--bf16")
+    assert row["forwards_counted"] == 2
+    assert 0 < row["real_tokens_per_step"] < row["padded_tokens_per_step"] <= 4 * 16
+    assert 0 < row["real_macs_per_step"] < row["padded_macs_per_step"]
+    assert 2 <= row["mean_length"] <= 16
