@@ -20,6 +20,9 @@ Every figure is printed as a ratio in the same run and written with the GPU's na
   (``--length-dist``), the padded path (``--unpad off``) beside the unpadded one (``on``) in the same run: real
   tokens/s, MFU counting the real tokens only (the MLM head at the masked share of them) on the measured and the
   datasheet peak, the padded path's MFU counting its padded work too, and the unpadded path's speed-up.
+  Last, ``--trainer-objectives`` (MLM) through ``pretrain.trainer.Trainer``, the loop ``python -m pretrain`` runs
+  (DataLoader, per-step checks, accelerate), on the same length distribution: its real tokens/s, MFU and share of
+  the bare loop's padded row (``vs_loop``).
 
 Peaks are *measured* in the same run (a large bf16 / fp32 matmul, a device-to-device copy, a pinned
 host-to-device copy) and, where the card is known, also given as the datasheet figure.
