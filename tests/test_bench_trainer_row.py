@@ -53,3 +53,20 @@ def test_trainer_row_on_real_block_lengths_counts_less_real_than_padded_work():
     assert 0 < row["real_tokens_per_step"] < row["padded_tokens_per_step"] <= 4 * 16
     assert 0 < row["real_macs_per_step"] < row["padded_macs_per_step"]
     assert 2 <= row["mean_length"] <= 16
+
+
+def test_a_failed_trainer_row_fails_the_benchmark_and_the_finished_rows_stay_on_disk(tmp_path, monkeypatch):
+    """bench_gpu.py exits non-zero when a Trainer row failed (no quiet exit 0 with an error row), and its
+    bench_pretrain.json holds the rows finished before it."""
+    sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
+    import bench_gpu
+
+    from experiments.bench import objective_runs
+
+    monkeypatch.setattr(objective_runs, "run_one", lambda name, args: {"objective": name, "error": "boom"})
+    rc = bench_gpu.main(["--cpu-smoke", "--only", "pretrain", "--objectives", "mlm", "--unpad-objectives", "",
+                         "--out", str(tmp_path)])
+    assert rc == 1
+    record = json.loads((tmp_path / "bench_pretrain.json").read_text())
+    assert [r["objective"] for r in record["rows"]] == ["mlm"] and "error" not in record["rows"][0]
+    assert record["trainer_rows"] == [{"objective": "mlm", "error": "boom", "path": "Trainer, 0 loader workers"}]

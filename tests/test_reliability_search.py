@@ -124,7 +124,7 @@ def test_numpy_kernel_pools_survivors_and_filters_in_threads(threads, k, monkeyp
         kernels.numpy_search([(vecs, 0, 1)], queries, k, threads=0)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("k", [1, 30, 200])
 def test_numpy_fused_path_scores_tiles_in_workers_and_ranks_as_the_naive_sort(threads, k, monkeypatch):
     """Once the running threshold is known, the numpy kernel scores each block tile by tile in ``threads`` workers
@@ -136,6 +136,7 @@ def test_numpy_fused_path_scores_tiles_in_workers_and_ranks_as_the_naive_sort(th
     from pyterrier_cpdae.dense import kernels
 
     monkeypatch.setattr(kernels, "_TILE_SCORE_BYTES", 1)  # tiles of the minimum, 64 rows
+    monkeypatch.setattr(kernels, "_FUSED_MIN_SCORE_BYTES", 0)  # fused at any number of queries
     calls, limits = [], []
     fused = kernels._NumpyTopK.update_fused
 
@@ -164,16 +165,42 @@ def test_numpy_fused_path_scores_tiles_in_workers_and_ranks_as_the_naive_sort(th
             np.testing.assert_array_equal(scores, ref_scores.astype(np.float32))
             unfused = kernels.numpy_search(parts, queries, k, block_size=500, threads=threads, fused=False)
             np.testing.assert_array_equal(unfused[1], ids)
-    assert all(lim <= {1} for lim in limits), limits  # each BLAS call on one thread while the workers score
+    assert all(lim == {1} for lim in limits), limits  # each BLAS call on one thread while the workers score
     assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == blas_before
 
 
+def test_numpy_kernel_fuses_only_query_batches_whose_block_scores_outgrow_the_caches(monkeypatch):
+    """Few queries' scores of a block fit in the caches (and their products are memory-bound): they are scored by one
+    BLAS-threaded call per block; from 8 MiB of scores per block on (128 queries at 16,384 rows) the fused path runs.
+    Both give the naive full sort's ranking."""
+    from pyterrier_cpdae.dense import kernels
+
+    calls = []
+    fused = kernels._NumpyTopK.update_fused
+    monkeypatch.setattr(kernels._NumpyTopK, "update_fused",
+                        lambda self, *a: (calls.append(1), fused(self, *a))[1])
+    rng = np.random.default_rng(5)
+    vecs = rng.integers(-50, 51, size=(700, DIM)).astype(np.float32)
+    for num_queries, block_size, expect in ((127, 16384, False), (128, 16384, True), (10, 200_000, False),
+                                            (11, 200_000, True)):
+        queries = rng.integers(-50, 51, size=(num_queries, DIM)).astype(np.float32)
+        ref_scores, ref_ids = naive_order(vecs, queries, 5)
+        del calls[:]
+        # two parts of one block each: the first sets the running threshold, the second may take the fused path
+        scores, ids = kernels.numpy_search([(vecs[:350], 0, 1), (vecs[350:], 350, 1)], queries, 5,
+                                           block_size=block_size, threads=2)
+        np.testing.assert_array_equal(ids, ref_ids)
+        np.testing.assert_array_equal(scores, ref_scores.astype(np.float32))
+        assert bool(calls) is expect, (num_queries, block_size)
+
+
 def test_numpy_kernel_stays_unfused_when_the_blas_cannot_be_limited(monkeypatch):
-    """Workers calling a BLAS that cannot be held to one thread would oversubscribe the cores: with ``threads > 1``
-    the kernel then scores whole blocks (one threaded matmul each); one worker still takes the fused path."""
+    """Workers calling a BLAS that cannot be held to one thread would oversubscribe the cores: the kernel then scores
+    whole blocks (one threaded matmul each), as it does with one worker (``threads=1``) anyway."""
     from pyterrier_cpdae.dense import kernels
 
     monkeypatch.setattr(kernels, "one_blas_thread", lambda: None)
+    monkeypatch.setattr(kernels, "_FUSED_MIN_SCORE_BYTES", 0)
     calls = []
     fused = kernels._NumpyTopK.update_fused
     monkeypatch.setattr(kernels._NumpyTopK, "update_fused",
@@ -182,7 +209,7 @@ def test_numpy_kernel_stays_unfused_when_the_blas_cannot_be_limited(monkeypatch)
     vecs = rng.integers(-50, 51, size=(2000, DIM)).astype(np.float32)
     queries = rng.integers(-50, 51, size=(9, DIM)).astype(np.float32)
     ref_scores, ref_ids = naive_order(vecs, queries, 10)
-    for threads, expect_fused in ((2, False), (1, True)):
+    for threads, expect_fused in ((2, False), (1, False)):
         del calls[:]
         scores, ids = kernels.numpy_search([(vecs, 0, 1)], queries, 10, block_size=256, threads=threads)
         np.testing.assert_array_equal(ids, ref_ids)

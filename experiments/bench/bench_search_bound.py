@@ -205,6 +205,14 @@ def main() -> None:
     if any(p != "default" for p in paths) and "fused" not in inspect.signature(numpy_search).parameters:
         raise SystemExit("--paths: the installed numpy_search has no fused option; use --paths default")
     threads = args.threads or default_num_threads()
+    if "fused" in paths:
+        from pyterrier_cpdae.dense import kernels
+
+        scores_mib = min(args.queries, args.query_batch_size) * args.block_size * 4 / 2**20
+        applies = threads > 1 and scores_mib * 2**20 >= kernels._FUSED_MIN_SCORE_BYTES
+        print(f"fused path: {'taken' if applies else 'NOT taken at this shape (the kernel scores whole blocks)'} "
+              f"({threads} workers; {scores_mib:.1f} MiB of scores per block, fused from "
+              f"{kernels._FUSED_MIN_SCORE_BYTES / 2**20:.0f} MiB with more than one worker)")
     qb = queries[:args.query_batch_size]
     block = np.ascontiguousarray(vecs[:args.block_size])
     flops = 2.0 * len(queries) * n * dim

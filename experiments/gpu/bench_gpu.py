@@ -451,7 +451,10 @@ def bench_search(args, dev, peaks) -> Dict[str, object]:
 
 
 # --------------------------------------------------------------------------------------------- pre-training
-def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool) -> Dict[str, object]:
+def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool,
+                   partial: Optional[Callable[[Dict[str, object]], None]] = None) -> Dict[str, object]:
+    """The pre-training rows (see the module's docstring); ``partial(result so far)`` is called after each group of
+    rows, so that the rows finished before a deadline are on disk."""
     from experiments.bench import objective_runs as bench_objectives
 
     ns = SimpleNamespace(model=model_dir, config="checkpoint", device=str(dev), length=args.seq_length,
@@ -482,10 +485,15 @@ def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool) -> Dict[str, o
     for r in rows:
         if ref is not None and "error" not in r:
             r["cost_per_sequence_vs_mlm"] = r["per_seq_ms"] / ref["per_seq_ms"]
-    unpad_rows = bench_unpad(args, ns, peaks, smoke) if args.unpad_objectives else []
-    return {"length": args.seq_length, "sequences_per_step": args.sequences, "bf16": True, "rows": rows,
-            "unpad_rows": unpad_rows,
-            "trainer_rows": bench_trainer(args, ns, peaks, unpad_rows) if args.trainer_objectives else []}
+    result = {"length": args.seq_length, "sequences_per_step": args.sequences, "bf16": True, "rows": rows,
+              "unpad_rows": [], "trainer_rows": []}
+    for key, fn in (("unpad_rows", lambda: bench_unpad(args, ns, peaks, smoke) if args.unpad_objectives else []),
+                    ("trainer_rows", lambda: bench_trainer(args, ns, peaks, result["unpad_rows"])
+                     if args.trainer_objectives else [])):
+        if partial is not None:
+            partial(result)
+        result[key] = fn()
+    return result
 
 
 def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]]) -> List[Dict[str, object]]:
@@ -657,15 +665,26 @@ def main(argv: Optional[List[str]] = None) -> int:
                 out["models"][name] = res["model"]
                 out["rows"] += res["rows"]
             return out
+        def save(part: str, res: Dict[str, object]) -> None:
+            """bench_<part>.json and bench_gpu.md as they stand (also mid-part: a run stopped at the suite's
+            deadline keeps the rows it finished)."""
+            record[part] = res
+            (args.out / f"bench_{part}.json").write_text(json.dumps(
+                {"command": record["command"], "info": record["info"], "peaks": record["peaks"], **res},
+                indent=1) + "\n")
+            write_markdown(args.out / "bench_gpu.md", record)
+
         for part, fn in (("encode", encode_all),
                          ("search", lambda: bench_search(args, dev, record["peaks"])),
-                         ("pretrain", lambda: bench_pretrain(args, dev, record["peaks"], model_dir, args.cpu_smoke))):
+                         ("pretrain", lambda: bench_pretrain(args, dev, record["peaks"], model_dir, args.cpu_smoke,
+                                                             partial=lambda res: save("pretrain", res)))):
             if part not in parts:
                 continue
             t0 = time.perf_counter()
             try:
                 record[part] = fn()
-                errors = [r["error"] for r in record[part]["rows"] if "error" in r]
+                errors = [r["error"] for key in ("rows", "unpad_rows", "trainer_rows")
+                          for r in record[part].get(key) or [] if "error" in r]
                 if errors:
                     failed.append(part)
                     print(f"{part}: {len(errors)} failed: {errors}", file=sys.stderr)
@@ -676,10 +695,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 record[part] = {"error": f"{type(e).__name__}: {e}", "rows": []}
                 failed.append(part)
             record[part]["seconds"] = time.perf_counter() - t0
-            (args.out / f"bench_{part}.json").write_text(json.dumps(
-                {"command": record["command"], "info": record["info"], "peaks": record["peaks"], **record[part]},
-                indent=1) + "\n")
-            write_markdown(args.out / "bench_gpu.md", record)
+            save(part, record[part])
     if failed:
         print(f"failed parts: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -62,6 +62,12 @@ _MIN_POOL = 32
 #: float32 scores one worker of the fused filter computes and filters at a time: a core's L2 cache (see update_fused)
 _TILE_SCORE_BYTES = 2 << 20
 
+#: the fused path runs for query batches whose block of scores takes at least this (at 16,384-row blocks: from 128
+#: queries on); below, one BLAS-threaded product per block measured as fast or faster (2-core Xeon, 2 workers: 1 query
+#: 0.55x, 10 queries 0.81x, 100 queries 1.04x, 300-1,000 queries 1.05-1.15x the unfused path's speed; one worker
+#: calling a 2-thread BLAS per tile: 0.97-0.98x, so one worker does not fuse)
+_FUSED_MIN_SCORE_BYTES = 8 << 20
+
 #: the id of padding entries: it loses every tie, so padding never displaces a real document of equal score
 _PAD_ID = np.iinfo(np.int64).max
 
@@ -281,13 +287,14 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
     """Exact top-``k`` inner-product search with numpy, streaming ``block_size`` rows at a time.
 
     Until each query has ``k`` candidates, a block is scored with one (BLAS-threaded) matmul and its scores filtered
-    in ``threads`` row ranges. From then on (``fused``, the default), a block's rows are split over ``threads``
-    workers that score and filter them in tiles small enough for a core's L2 cache (about 2 MiB of scores), the BLAS
-    limited to one thread per call meanwhile (:func:`one_blas_thread`): the block's score matrix is never written
-    to memory, and the filter reads its scores from the cache (on a 2-core Xeon: 77% -> ~90% of the machine's
-    matmul bound at k = 1,000; ``experiments/results/bench_search_bound.md``). Where the BLAS cannot be limited
-    and ``threads > 1``, the unfused path runs throughout. Both paths compute every score with a float32 BLAS
-    product of the same query and document rows and return the same rankings (ties by ascending id).
+    in ``threads`` row ranges. From then on (``fused``, the default, with ``threads > 1`` and batches of at least 128
+    queries at the default block size), a block's rows are split over ``threads`` workers that score and filter them
+    in tiles small enough for a core's L2 cache (about 2 MiB of scores), the BLAS limited to one thread per call
+    meanwhile (:func:`one_blas_thread`): the block's score matrix is never written to memory, and the filter reads its scores from the cache (8.8M x 384 on a 2-core Xeon: 74.5% -> 83.0% of the
+    machine's matmul bound at k = 1,000, 79.5% -> 91.4% at k = 10; ``experiments/results/bench_search_bound.md``).
+    Where the BLAS cannot be limited and ``threads > 1``, the unfused path runs throughout. Both paths compute every
+    score with a float32 BLAS product of the same query and document rows and return the same rankings (ties by
+    ascending id).
 
     Args:
         parts: the index parts ``(vectors, offset, stride)`` (vectors may be float16 memmaps; each block, or with
@@ -313,6 +320,9 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
     buffer = np.empty((min(query_batch_size, len(queries)), block_size), dtype=np.float32)
     for qs in range(0, len(queries), query_batch_size):
         qbatch = queries[qs:qs + query_batch_size]
+        # a block's scores small enough for the caches gain nothing from tiles (and few queries' products are
+        # memory-bound: one BLAS-threaded call reads a block faster than workers handing tiles around)
+        fuse = fused and threads > 1 and len(qbatch) * block_size * 4 >= _FUSED_MIN_SCORE_BYTES
         topk = _NumpyTopK(len(qbatch), k, threads)
         try:
             with contextlib.ExitStack() as limits:
@@ -321,12 +331,11 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
                     for start in range(0, len(vectors), block_size):
                         stop = min(start + block_size, len(vectors))
                         ids = np.arange(start, stop, dtype=np.int64) * stride + offset
-                        if fused and topk.threshold is not None and not tiled:
-                            one = one_blas_thread()
+                        if fuse and topk.threshold is not None and not tiled:
+                            one = one_blas_thread()  # workers side by side: the BLAS on one thread per call
                             if one is not None:
                                 limits.enter_context(one)
-                            tiled = one is not None or topk.workers == 1
-                            fused = tiled
+                            tiled = fuse = one is not None
                         if tiled:
                             topk.update_fused(qbatch, vectors[start:stop], ids)
                             continue
