@@ -58,3 +58,19 @@ def test_bench_encode_prints_the_compute_bound(tiny_bert_dir, tmp_path):
     assert {r[0] for r in rows} >= {"sentence-transformers encode", "CPDAE backend='torch' (float32)"}, res.stdout
     assert re.search(r"^2x sentence-transformers \(wall\) needs \d+ GFLOP/s = \d+% of the fp32 bound", res.stdout,
                      re.M), res.stdout
+
+
+def test_profile_openvino_encoder_accounts_for_the_forward(tiny_bert_dir):
+    """experiments/bench/profile_openvino_encoder.py at a tiny size: OpenVINO's per-operation times are read, the
+    fully connected layers and the attention operations are found among them, and their rates come out as shares of
+    the float32 bound (the FLOP counts are encode_flops' parts, tested above)."""
+    pytest.importorskip("openvino")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "profile_openvino_encoder.py"),
+                          "--model", tiny_bert_dir, "--max-length", "32", "--batch-tokens", "128", "--repeats", "2",
+                          "--bound-seconds", "0.05"], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"^\| FullyConnected \(\w+\) \| [\d.]+ \| [\d.]+% \| \d+ \|$", res.stdout, re.M), res.stdout
+    m = re.search(r"fully connected layers: (\d+)% of the time at [\d.]+ GFLOP/s a stream = (\d+)% .*attention "
+                  r"\(scores \+ context, softmax not counted\): (\d+)% of the time", res.stdout)
+    assert m and 0 < int(m.group(1)) <= 100 and int(m.group(2)) > 0 and int(m.group(3)) > 0, res.stdout

@@ -58,6 +58,8 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:  # python experiments/bench/bench_encode.py
     sys.path.insert(0, REPO)
+from experiments.bench.objective_runs import fp32_bound  # noqa: E402
+
 DEFAULT_CORPUS = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "corpus.jsonl")
 DEFAULT_QUERIES = os.path.join(os.path.dirname(REPO), "shared", "data", "scifact", "queries.jsonl")
 
@@ -97,18 +99,6 @@ def _ratio(peer: List[float], ours: List[float]) -> str:
 
 def _med(xs: List[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
-
-
-def fp32_bound(n: int, seconds: float) -> float:
-    """The best FLOP/s of a float32 ``n x n`` matmul (torch, the current threads) over ``seconds`` of repeats."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # warm-up: thread pool, packing buffers
-    best, end = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < end or best == float("inf"):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
 
 
 def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:

@@ -38,6 +38,21 @@ def encode_flops(lengths, shape: dict) -> float:
     return float(sum(2 * int(c) * forward_macs("simcse", H, F, layers, 0, int(n)) for n, c in zip(values, counts)))
 
 
+def fp32_bound(n: int, seconds: float) -> float:
+    """The best FLOP/s of a float32 ``n x n`` matmul (torch, the current threads) over ``seconds`` of repeats: the
+    CPU's float32 bound the encoding benchmarks compare with."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up: thread pool, packing buffers
+    best, end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < end or best == float("inf"):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
 def forward_macs(objective: str, hidden: int, intermediate: int, layers: int, vocab: int, length: int, *,
                  mlm_probability: float = 0.15, encoder_mask_ratio: float = 0.3, seed_layers: int = 3) -> float:
     """Analytic forward multiply-adds of one full-length sequence (``length`` tokens, ``length - 2`` of text).

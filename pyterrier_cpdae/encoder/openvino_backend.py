@@ -126,7 +126,7 @@ def _transformers_quiet() -> Iterator[None]:
 
 def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
                     threads: int | None = None, precision: str = "f32",
-                    streams: int | None = None) -> CompiledEncoder:
+                    streams: int | None = None, profile: bool = False) -> CompiledEncoder:
     """Traces ``model`` + pooling into an OpenVINO graph compiled for the CPU.
 
     Args:
@@ -138,6 +138,8 @@ def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
         streams: parallel inference streams sharing the threads (default: one per thread, at most 4: on 2 cores,
             2 streams of 1 thread encoded MiniLM at 256 tokens ~10% faster than 1 stream of 2 threads, with the
             same vectors).
+        profile: compile with OpenVINO's per-operation counters (``PERF_COUNT``), read from an inference request's
+            ``profiling_info`` (``experiments/bench/profile_openvino_encoder.py``); slower, for measurements only.
 
     Returns:
         a :class:`CompiledEncoder`: ``enc.map([(input_ids, attention_mask), ...])`` or ``enc(input_ids,
@@ -163,7 +165,7 @@ def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
     threads = int(threads or torch.get_num_threads())
     streams = int(streams or max(1, min(threads, 4)))
     config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": streams,
-              "INFERENCE_NUM_THREADS": threads}
+              "INFERENCE_NUM_THREADS": threads, **({"PERF_COUNT": "YES"} if profile else {})}
     compiled = ov.Core().compile_model(graph, "CPU", config)
     names = [port.get_any_name() for port in compiled.inputs]
     if sorted(names) != ["attention_mask", "input_ids"]:
