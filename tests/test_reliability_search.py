@@ -498,3 +498,53 @@ def test_beir_jsonl_and_qrels_with_a_utf8_byte_order_mark_are_read(tmp_path):
     pd.testing.assert_frame_equal(got.get_topics(), ref.get_topics())
     pd.testing.assert_frame_equal(got.get_qrels(), ref.get_qrels())
     assert (bom / "corpus.jsonl").read_bytes().startswith(b"\xef\xbb\xbf")
+
+
+def test_overlapping_fused_searches_leave_the_blas_threads_as_they_were(monkeypatch):
+    """Two searches in two threads hold the BLAS to one thread in overlapping spans (the first to start ends first):
+    the BLAS's own thread counts come back only when the last one ends, never stay at one for the whole process,
+    and both rankings are the naive sort's. Plain nested threadpoolctl limits would restore them under the second
+    search and have it restore "one thread" at its end."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    from pyterrier_cpdae.dense import kernels
+
+    def blas():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas()
+    a, b = kernels.one_blas_thread(), kernels.one_blas_thread()
+    if a is None:
+        pytest.skip("no BLAS threadpoolctl can control")
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)  # the first ends while the second is still inside
+    assert blas() == [1] * len(before)
+    b.__exit__(None, None, None)
+    assert blas() == before
+
+    monkeypatch.setattr(kernels, "_FUSED_MIN_SCORE_BYTES", 0)
+    rng = np.random.default_rng(9)
+    vecs = rng.integers(-100, 101, size=(6000, DIM)).astype(np.float32)
+    queries = rng.integers(-100, 101, size=(30, DIM)).astype(np.float32)
+    ref_scores, ref_ids = naive_order(vecs, queries, 20)
+    results, errors = [], []
+
+    def search():
+        try:
+            for _ in range(5):
+                results.append(kernels.numpy_search([(vecs, 0, 1)], queries, 20, block_size=256, threads=2)[1])
+        except Exception as e:  # pragma: no cover (reported below)
+            errors.append(e)
+
+    workers = [threading.Thread(target=search) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors and len(results) == 15
+    for ids in results:
+        np.testing.assert_array_equal(ids, ref_ids)
+    assert blas() == before

@@ -263,12 +263,36 @@ class _NumpyTopK:
 
 #: threadpoolctl's view of the BLAS libraries loaded in this process (made at the first fused search)
 _BLAS_CONTROLLER = None
+#: the searches holding the BLAS to one thread now, and the limiter that restores it when the last one ends
+_BLAS_LOCK = threading.Lock()
+_BLAS_HOLD = {"count": 0, "limiter": None}
+
+
+@contextlib.contextmanager
+def _held_blas(controller):
+    """Holds the BLAS to one thread per call while any search in this process is inside (reference-counted: searches
+    that overlap in threads restore the BLAS's own thread counts only when the last one ends; plain nested
+    threadpoolctl limits would let the first to end restore them under the second, and the second then leave the
+    whole process on one BLAS thread)."""
+    with _BLAS_LOCK:
+        if _BLAS_HOLD["count"] == 0:
+            _BLAS_HOLD["limiter"] = controller.limit(limits=1, user_api="blas")
+        _BLAS_HOLD["count"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS_LOCK:
+            _BLAS_HOLD["count"] -= 1
+            if _BLAS_HOLD["count"] == 0:
+                _BLAS_HOLD["limiter"].restore_original_limits()
+                _BLAS_HOLD["limiter"] = None
 
 
 def one_blas_thread():
     """A context manager under which numpy's BLAS runs each call on one thread (threadpoolctl), or ``None`` when no
     BLAS library can be controlled (threadpoolctl missing, or a BLAS it does not know). The limit holds for the whole
-    process while the context is open: other threads' BLAS calls run on one thread meanwhile."""
+    process while any such context is open (other threads' BLAS calls run on one thread meanwhile); the BLAS's thread
+    counts are restored when the last one closes."""
     global _BLAS_CONTROLLER
     try:
         from threadpoolctl import ThreadpoolController
@@ -278,7 +302,7 @@ def one_blas_thread():
         _BLAS_CONTROLLER = ThreadpoolController()
     if not _BLAS_CONTROLLER.select(user_api="blas").lib_controllers:
         return None
-    return _BLAS_CONTROLLER.limit(limits=1, user_api="blas")
+    return _held_blas(_BLAS_CONTROLLER)
 
 
 def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
