@@ -169,16 +169,23 @@ def test_numpy_fused_path_scores_tiles_in_workers_and_ranks_as_the_naive_sort(th
     assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == blas_before
 
 
+def fused_calls(monkeypatch) -> list:
+    """A list that grows by one entry at each block the numpy kernel scores on its fused path."""
+    from pyterrier_cpdae.dense import kernels
+
+    calls: list = []
+    fused = kernels._NumpyTopK.update_fused
+    monkeypatch.setattr(kernels._NumpyTopK, "update_fused", lambda self, *a: (calls.append(1), fused(self, *a))[1])
+    return calls
+
+
 def test_numpy_kernel_fuses_only_query_batches_whose_block_scores_outgrow_the_caches(monkeypatch):
     """Few queries' scores of a block fit in the caches (and their products are memory-bound): they are scored by one
     BLAS-threaded call per block; from 8 MiB of scores per block on (128 queries at 16,384 rows) the fused path runs.
     Both give the naive full sort's ranking."""
     from pyterrier_cpdae.dense import kernels
 
-    calls = []
-    fused = kernels._NumpyTopK.update_fused
-    monkeypatch.setattr(kernels._NumpyTopK, "update_fused",
-                        lambda self, *a: (calls.append(1), fused(self, *a))[1])
+    calls = fused_calls(monkeypatch)
     rng = np.random.default_rng(5)
     vecs = rng.integers(-50, 51, size=(700, DIM)).astype(np.float32)
     for num_queries, block_size, expect in ((127, 16384, False), (128, 16384, True), (10, 200_000, False),
@@ -201,10 +208,7 @@ def test_numpy_kernel_stays_unfused_when_the_blas_cannot_be_limited(monkeypatch)
 
     monkeypatch.setattr(kernels, "one_blas_thread", lambda: None)
     monkeypatch.setattr(kernels, "_FUSED_MIN_SCORE_BYTES", 0)
-    calls = []
-    fused = kernels._NumpyTopK.update_fused
-    monkeypatch.setattr(kernels._NumpyTopK, "update_fused",
-                        lambda self, *a: (calls.append(1), fused(self, *a))[1])
+    calls = fused_calls(monkeypatch)
     rng = np.random.default_rng(3)
     vecs = rng.integers(-50, 51, size=(2000, DIM)).astype(np.float32)
     queries = rng.integers(-50, 51, size=(9, DIM)).astype(np.float32)
