@@ -552,3 +552,20 @@ def test_overlapping_fused_searches_leave_the_blas_threads_as_they_were(monkeypa
     for ids in results:
         np.testing.assert_array_equal(ids, ref_ids)
     assert blas() == before
+
+
+@pytest.mark.parametrize("count", [30, 2000])
+def test_docnos_of_repeated_ids_equal_the_stored_order(tie_indexes, count, monkeypatch):
+    """docnos_of maps ids to docnos by the documented order (docid i is the i-th document indexed: d000, d001, ...)
+    on a single index and on 2- and 3-shard views, both for few ids (looked up one by one) and for more ids than
+    half the documents, which repeat (each distinct id looked up once, then spread back in the given order)."""
+    from pyterrier_cpdae.dense import store
+
+    monkeypatch.setattr(store, "_DISTINCT_FROM", 10)
+    single, views, _ = tie_indexes
+    ids = np.random.default_rng(count).integers(0, 100, size=count)
+    expected = np.array([f"d{i:03d}" for i in ids], dtype=object)
+    for index in [single, *views.values()]:
+        got = index.store.docnos_of(ids)
+        assert got.dtype == object and got.shape == ids.shape
+        np.testing.assert_array_equal(got, expected)
