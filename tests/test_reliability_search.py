@@ -137,6 +137,7 @@ def test_numpy_fused_path_scores_tiles_in_workers_and_ranks_as_the_naive_sort(th
 
     monkeypatch.setattr(kernels, "_TILE_SCORE_BYTES", 1)  # tiles of the minimum, 64 rows
     monkeypatch.setattr(kernels, "_FUSED_MIN_SCORE_BYTES", 0)  # fused at any number of queries
+    monkeypatch.setattr(kernels, "_FIRST_BLOCK_ROWS", 40)  # a first block of max(40, 16 k) rows, then 500-row ones
     calls, limits = [], []
     fused = kernels._NumpyTopK.update_fused
 

@@ -70,6 +70,10 @@ _TILE_SCORE_BYTES = 2 << 20
 #: calling a 2-thread BLAS per tile: 0.97-0.98x, so one worker does not fuse)
 _FUSED_MIN_SCORE_BYTES = 8 << 20
 
+#: the fused path's first block (scored whole, to set the running threshold) has 16 x k rows, at least this many
+#: (and at most block_size): 100k x 384, 1,000 queries, k=10/100: 0.36 -> 0.32 s, 0.43 -> 0.38 s on a 2-core Xeon
+_FIRST_BLOCK_ROWS = 4096
+
 #: the id of padding entries: it loses every tie, so padding never displaces a real document of equal score
 _PAD_ID = np.iinfo(np.int64).max
 
@@ -353,9 +357,14 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
         try:
             with contextlib.ExitStack() as limits:
                 tiled = False  # scoring tile by tile, the BLAS on one thread per call
+                # before the threshold is known a block is scored whole: on the fused path a short one (16 x k rows,
+                # at least _FIRST_BLOCK_ROWS) sets it sooner
+                first = min(block_size, max(_FIRST_BLOCK_ROWS, 16 * k)) if fuse else block_size
                 for vectors, offset, stride in parts:
-                    for start in range(0, len(vectors), block_size):
-                        stop = min(start + block_size, len(vectors))
+                    stop = 0
+                    while stop < len(vectors):
+                        start = stop
+                        stop = min(start + (first if topk.threshold is None else block_size), len(vectors))
                         ids = np.arange(start, stop, dtype=np.int64) * stride + offset
                         if fuse and topk.threshold is not None and not tiled:
                             one = one_blas_thread()  # workers side by side: the BLAS on one thread per call
