@@ -122,17 +122,22 @@ def sample_lengths(length: int, n: int, dist: str | None = None, seed: int = 123
     return [int(min(length, max(2, round(x)))) for x in drawn]
 
 
+def sequence_macs(objective: str, length: int, config, model_config) -> float:
+    """:func:`forward_macs` of one ``length``-token sequence with the model's shape and the objective's options
+    (masking share, RetroMAE's encoder mask ratio, SEED's decoder layers) read from ``config``."""
+    mc = model_config
+    return forward_macs(objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size, length,
+                        mlm_probability=getattr(config, "mlm_probability", 0.15),
+                        encoder_mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
+                        seed_layers=getattr(config, "seed_decoder_layers", 3))
+
+
 def step_macs(objective: str, lengths: list[int], padded_length: int, config, model_config) -> dict:
     """Forward multiply-adds of one step's sequences: ``real`` counts each sequence at its own length (the work
     the objective needs: real tokens, the MLM head at the masked share of them), ``padded`` at the batch's padded
     length (the work of the padded path)."""
-    mc = model_config
-
     def macs(n: int) -> float:
-        return forward_macs(objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size, n,
-                            mlm_probability=getattr(config, "mlm_probability", 0.15),
-                            encoder_mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
-                            seed_layers=getattr(config, "seed_decoder_layers", 3))
+        return sequence_macs(objective, n, config, model_config)
     views = sequences_per_text(objective)
     return {"real": views * sum(macs(n) for n in lengths), "padded": views * len(lengths) * macs(padded_length),
             "real_tokens": views * sum(lengths), "padded_tokens": views * len(lengths) * padded_length}
@@ -244,10 +249,7 @@ def worker(args: argparse.Namespace) -> None:
                                           + prof.key_averages().table(sort_by=key, row_limit=25) + "\n")
     step = statistics.median(times)
     mc = mlm.config
-    macs = forward_macs(args.objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size,
-                        args.length, mlm_probability=getattr(config, "mlm_probability", 0.15),
-                        encoder_mask_ratio=getattr(config, "encoder_mask_ratio", 0.3),
-                        seed_layers=getattr(config, "seed_decoder_layers", 3))
+    macs = sequence_macs(args.objective, args.length, config, mc)
     work = step_macs(args.objective, lengths, max(lengths), config, mc)
     print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": n_texts, "sequences": n_texts * views,
                       "compiled": bool(getattr(args, "compile", False)),
@@ -323,10 +325,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
         padded += work["padded"]
         real_tokens += work["real_tokens"]
         padded_tokens += work["padded_tokens"]
-    macs = forward_macs(args.objective, mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers, mc.vocab_size,
-                        args.length, mlm_probability=getattr(run.config, "mlm_probability", 0.15),
-                        encoder_mask_ratio=getattr(run.config, "encoder_mask_ratio", 0.3),
-                        seed_layers=getattr(run.config, "seed_decoder_layers", 3))
+    macs = sequence_macs(args.objective, args.length, run.config, mc)
     n = args.steps
     print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": run.n_texts,
                       "sequences": run.n_texts * run.views, "loop": "Trainer", "num_workers": config.num_workers,

@@ -512,12 +512,7 @@ def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]]) -> List[
         r.setdefault("objective", name)
         r["path"] = f"Trainer, {args.trainer_workers} loader workers"
         if "error" not in r:
-            r["sequences_per_s"] = r["sequences"] / r["step_s"]
-            r["real_tokens_per_s"] = r["real_tokens_per_step"] / r["step_s"]
-            r["padding_share"] = 1 - r["real_tokens_per_step"] / r["padded_tokens_per_step"]
-            for label, peak in (("measured_bf16", peaks["bf16_flops"]), ("datasheet", peaks.get("datasheet_bf16_flops"))):
-                if peak:
-                    r[f"mfu_real_vs_{label}"] = 6 * r["real_macs_per_step"] / r["step_s"] / peak
+            add_real_work_rates(r, peaks)
             loop = next((u for u in unpad_rows if u.get("objective") == name and u.get("path") == "padded"
                          and "error" not in u), None)
             if loop is not None:  # per real token: the two runs' batches hold other texts of the same lengths
@@ -528,6 +523,17 @@ def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]]) -> List[
               f"{r['mfu_real_vs_measured_bf16']:.1%}" + (f", {r['vs_loop']:.2f}x the bare loop" if "vs_loop" in r
                                                           else "")), flush=True)
     return rows
+
+
+def add_real_work_rates(r: Dict[str, object], peaks: Dict[str, float]) -> None:
+    """A pre-training row's rates from its step time and the work it counted: sequences/s, real tokens/s, the padding
+    share and MFU counting the real work only (``6 x real_macs_per_step``) on the measured and the datasheet peak."""
+    r["sequences_per_s"] = r["sequences"] / r["step_s"]
+    r["real_tokens_per_s"] = r["real_tokens_per_step"] / r["step_s"]
+    r["padding_share"] = 1 - r["real_tokens_per_step"] / r["padded_tokens_per_step"]
+    for label, peak in (("measured_bf16", peaks["bf16_flops"]), ("datasheet", peaks.get("datasheet_bf16_flops"))):
+        if peak:
+            r[f"mfu_real_vs_{label}"] = 6 * r["real_macs_per_step"] / r["step_s"] / peak
 
 
 def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
@@ -558,13 +564,7 @@ def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
                 r = bench_objectives.run_one(name, run)
             r["path"] = label
             if "error" not in r:
-                r["sequences_per_s"] = r["sequences"] / r["step_s"]
-                r["real_tokens_per_s"] = r["real_tokens_per_step"] / r["step_s"]
-                r["padding_share"] = 1 - r["real_tokens_per_step"] / r["padded_tokens_per_step"]
-                for label, peak in (("measured_bf16", peaks["bf16_flops"]),
-                                    ("datasheet", peaks.get("datasheet_bf16_flops"))):
-                    if peak:
-                        r[f"mfu_real_vs_{label}"] = 6 * r["real_macs_per_step"] / r["step_s"] / peak
+                add_real_work_rates(r, peaks)
                 if mode != "on":
                     r["mfu_padded_work_vs_measured_bf16"] = 6 * r["padded_macs_per_step"] / r["step_s"] / peaks["bf16_flops"]
             rows.append(r)
