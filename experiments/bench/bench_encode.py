@@ -101,8 +101,9 @@ def _med(xs: List[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
 
 
-def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
-    """Times every system at maximum length ``ml`` and prints the tables."""
+def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> Dict[str, Any]:
+    """Times every system at maximum length ``ml``, prints the tables and returns what they show (``--json``):
+    per system its wall and CPU seconds per repeat, the CPDAE rows' names, the ranking check's verdicts."""
     import pyterrier_dr
     from sentence_transformers import SentenceTransformer
 
@@ -219,6 +220,11 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
         print(f"\n{args.target:g}x sentence-transformers (wall) needs {need / 1e9:.0f} GFLOP/s = {need / bound:.0%} of the "
               "fp32 bound" + (": beyond any float32 kernel on this machine" if need > bound else ""))
     ours = [n for n in systems if n.startswith("CPDAE")]
+    record: Dict[str, Any] = {
+        "max_length": ml, "pooling": args.pooling, "docs": len(docs), "real_tokens": tokens,
+        "load_average_end": os.getloadavg()[0], "default": next(iter(cpdae)), "cpdae": ours, "peers": list(peers),
+        "systems": {name: {"wall_s": times[name], "cpu_s": cpu[name]} for name in systems},
+        "bound_gflops": [b / 1e9 for b in bounds], "ranking": {}}
     print("\nCPDAE speed-up (peer time / CPDAE time; median, range over the repeats), process CPU time | wall time:\n")
     print("| CPDAE | " + " | ".join(peers) + " |")
     print("|---|" + "---|" * len(peers))
@@ -248,6 +254,9 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> None:
             cos = min(_min_cos(q, ref_q), _min_cos(outputs[name], outputs[torch_name]))
             verdict = "passes" if same >= 0.99 and cos >= 0.9999 else "misses the bar"
             print(f"  {name}: identical top-{top} {same:.1%}, min cosine {cos:.6f} -> {verdict}")
+            record["ranking"][name] = {"identical_top": same, "top": top, "min_cosine": cos,
+                                       "passes": verdict == "passes"}
+    return record
 
 
 
@@ -275,6 +284,8 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--target", type=float, default=1.5,
                    help="speed-up over sentence-transformers whose FLOP rate is printed against the bound")
     p.add_argument("--skip", default="", help="comma-separated peers to leave out (e.g. 'SBertBiEncoder')")
+    p.add_argument("--json", default=None, help="also write what the tables show to this JSON file (per length: "
+                   "each system's seconds per repeat, the ranking check's verdicts)")
     args = p.parse_args(argv)
     if not os.path.exists(args.corpus):
         raise SystemExit(f"corpus not found: {args.corpus}")
@@ -295,8 +306,11 @@ def main(argv: List[str] | None = None) -> None:
           f"load average (1 min) at the start: {os.getloadavg()[0]:.1f}")
     print(f"corpus: {args.corpus} (first {len(docs)} docs, title + text)")
     print(f"model: {args.model}; batch size {args.batch_size}; repeats {args.repeats}")
-    for ml in args.max_lengths:
-        bench_length(args, docs, ml)
+    lengths = [bench_length(args, docs, ml) for ml in args.max_lengths]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"argv": sys.argv[1:] if argv is None else list(argv), "cpus": os.cpu_count(),
+                       "torch_threads": torch.get_num_threads(), "lengths": lengths}, f, indent=1)
 
 if __name__ == "__main__":
     main()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import json
 import os
 import platform
 import statistics
@@ -171,7 +172,7 @@ def agrees(ids: np.ndarray, scores: np.ndarray, ref: np.ndarray, k: int, tol: fl
     return False, bool(ok)
 
 
-def main() -> None:
+def main(argv: list | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vectors", default=None, help="a .npy file of float32 vectors (created if absent)")
     parser.add_argument("--docs", type=int, default=1_000_000)
@@ -188,7 +189,8 @@ def main() -> None:
                         "both; 'default': the kernel's own, for a tree before the fused path)")
     parser.add_argument("--bound-seconds", type=float, default=3.0)
     parser.add_argument("--check-queries", type=int, default=16)
-    args = parser.parse_args()
+    parser.add_argument("--json", default=None, help="also write the result table's rows to this JSON file")
+    args = parser.parse_args(argv)
 
     print(f"machine: {machine()}; load average (1 min) at the start: {os.getloadavg()[0]:.1f}")
     print(f"code: {commit()}; kernel: pyterrier_cpdae.dense.kernels.numpy_search")
@@ -287,6 +289,12 @@ def main() -> None:
         mine = {path: wall for kk, path, wall, *_ in rows if kk == k}
         if "fused" in mine and "unfused" in mine:
             print(f"k={k}: fused is {mine['unfused'] / mine['fused']:.2f}x the unfused path's speed (same run)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"docs": n, "dim": dim, "queries": len(queries), "threads": threads, "bounds_gflops":
+                       [b0[0], b1[0]], "rows": [dict(k=k, path=path, wall_s=wall, gflops=rate, share=share,
+                                                    share_min=lo, share_max=hi, identical=same)
+                                               for k, path, wall, rate, share, lo, hi, same in rows]}, f, indent=1)
 
 
 if __name__ == "__main__":
