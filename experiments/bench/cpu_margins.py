@@ -133,6 +133,8 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
                         ("--bound-seconds", args.bound_seconds)):
         if value is not None:
             common += [flag, str(value)]
+    shown = sys.argv[1:] if argv is None else list(argv)
+    print(f"$ python experiments/bench/cpu_margins.py {' '.join(shown)}\n")
     print(f"# issue 34 item 4: the CPU margins in one run\n\nstarted {time.strftime('%Y-%m-%d %H:%M:%S')}; "
           f"{os.cpu_count()} CPUs; load average (1 min) {os.getloadavg()[0]:.1f}", flush=True)
     rows: List[Dict[str, Any]] = []
@@ -141,9 +143,10 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
         os.makedirs(tmp, exist_ok=True)
         def encode(pooling: str, busy: bool) -> None:
             out = Path(tmp) / f"encode_{pooling}_{'busy' if busy else 'quiet'}.json"
+            need = args.busy_target if busy else args.encode_target
             cmd = [sys.executable, str(BENCH / "bench_encode.py"), "--docs", str(args.encode_docs), "--repeats",
                    str(args.repeats), "--skip", "SBertBiEncoder", "--max-lengths", str(args.max_length),
-                   "--pooling", pooling, "--target", str(args.encode_target), "--json", str(out), *common]
+                   "--pooling", pooling, "--target", f"{need:g}", "--json", str(out), *common]
             what = f"encoding at {args.max_length} tokens, {pooling} pooling, {'busy' if busy else 'quiet'} machine"
             if busy:
                 n2, n1 = args.busy_sizes
@@ -154,7 +157,6 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
                 run(cmd, what)
             record = json.loads(out.read_text())["lengths"][0]
             m = encode_margin(record)
-            need = args.busy_target if busy else args.encode_target
             rank = m["ranking"]
             rows.append({"target": what, "needs": f">= {need:g}x sentence-transformers (CPU time)",
                          "measured": f"{m['cpu_s']['ratio']:.2f}x ({m['cpu_s']['min']:.2f}-{m['cpu_s']['max']:.2f}); "
