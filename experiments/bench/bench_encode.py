@@ -192,10 +192,11 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> Dict[
 
     if bounds:
         bounds.append(fp32_bound(args.bound_n, args.bound_seconds))
+    load_end = os.getloadavg()[0]
     print(f"\n## max length {ml}\n")
     print(f"tokens/doc (truncated at {ml}): mean {np.mean(lengths):.1f}, min {min(lengths)}, max {max(lengths)}, "
           f"{np.mean(np.array(lengths) == ml) * 100:.0f}% truncated; load average (1 min) at the end: "
-          f"{os.getloadavg()[0]:.1f}\n")
+          f"{load_end:.1f}\n")
     print("| system | wall s, median (range) | CPU s, median (range) | docs per CPU-s | real tokens per CPU-s | "
           "docs/s | real tokens/s |")
     print("|---|---|---|---|---|---|---|")
@@ -222,7 +223,7 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> Dict[
     ours = [n for n in systems if n.startswith("CPDAE")]
     record: Dict[str, Any] = {
         "max_length": ml, "pooling": args.pooling, "docs": len(docs), "real_tokens": tokens,
-        "load_average_end": os.getloadavg()[0], "default": next(iter(cpdae)), "cpdae": ours, "peers": list(peers),
+        "load_average_end": load_end, "default": next(iter(cpdae)), "cpdae": ours, "peers": list(peers),
         "systems": {name: {"wall_s": times[name], "cpu_s": cpu[name]} for name in systems},
         "bound_gflops": [b / 1e9 for b in bounds], "ranking": {}}
     print("\nCPDAE speed-up (peer time / CPDAE time; median, range over the repeats), process CPU time | wall time:\n")

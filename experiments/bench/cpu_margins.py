@@ -125,8 +125,6 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--keep", default=None, help="keep each benchmark's own --json result in this folder")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = ap.parse_args(argv)
-    if args.vectors is None and not args.poolings and not args.busy:
-        ap.error("nothing to measure: give --vectors, --poolings or --busy")
 
     common: List[str] = []
     for flag, value in (("--model", args.model), ("--corpus", args.corpus), ("--queries", args.queries),
