@@ -328,7 +328,7 @@ def test_readme_opens_with_the_two_commands_that_ci_runs():
     blocks = list(fenced_blocks((REPO / "README.md").read_text()))
     (_, info1, main_job), (_, info2, tests) = blocks[:2]
     assert info1 == info2 == ["bash"]
-    assert main_job == ['pip install "torch==2.13.0" -e ".[demo]" && python experiments/main.py']
+    assert main_job == ['pip install -c requirements/lock.txt "torch==2.13.0" -e ".[demo]" && python experiments/main.py']
     install, run = tests[0].split(" && ")
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert install in ci and run in ci, f".ci/run does not run the README's test command {tests[0]!r}"
