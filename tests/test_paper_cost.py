@@ -1,4 +1,4 @@
-"""experiments.paper.cost: the GPU-hours of a scale's run from recorded throughput (issue 34, item 5).
+"""experiments.paper.cost: the GPU-hours of a scale's run from recorded throughput.
 
 A tiny made-up config and throughput record, costed by hand below; the refusal of a missing or non-finite
 measured figure naming its file and key; the real records read as recorded."""

@@ -1,4 +1,4 @@
-"""GPU throughput against the card's limits: encoding, exact search and pre-training (issue 14).
+"""GPU throughput against the card's limits: encoding, exact search and pre-training.
 
 Every figure is printed as a ratio in the same run and written with the GPU's name and the command:
 
