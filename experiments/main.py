@@ -52,6 +52,7 @@ if REPO not in sys.path:  # `python experiments/main.py`: the experiments packag
     sys.path.insert(0, REPO)
 from experiments.paper.caches import (corpus_fingerprint, file_digests, forget_built_from,  # noqa: E402
                                 model_identity, record_built_from, stale_reason, topics_digest)
+from experiments.paper.tables import portable  # noqa: E402
 
 PAPER_COMMAND = "python -m experiments.paper"
 
@@ -151,7 +152,7 @@ def shown_command(cmd: list[str], work: str) -> str:
     def show(x: str) -> str:
         if os.path.isabs(x) and x.startswith(os.path.abspath(work) + os.sep):
             return os.path.join("<work-dir>", os.path.relpath(x, work))
-        return os.path.relpath(x, REPO) if os.path.isabs(x) and x.startswith(REPO + os.sep) else x
+        return os.path.relpath(x, REPO) if os.path.isabs(x) and x.startswith(REPO + os.sep) else portable(x, REPO)
     return " ".join(["python"] + [show(x) for x in cmd[1:]])
 
 
@@ -343,7 +344,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     with open(os.path.join(results_dir, "table.md"), "w") as f:
         f.write(f"# pt.Experiment on `{args.dataset}`\n\n")
-        f.write(f"Command: `python experiments/main.py {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n")
+        f.write(f"Command: `{portable('python experiments/main.py ' + ' '.join(argv if argv is not None else sys.argv[1:]))}`\n\n")
         f.write(f"Topics: {len(topics)}; qrels: {len(qrels)}; encoder: `{model_name}` "
                 f"(pooling={pooling}, normalize={normalize}, doc_max_length={args.doc_max_length}); "
                 "paired t-test with Holm correction.\n\n")

@@ -190,7 +190,7 @@ class PretrainConfig(TrainConfig):
                                 "(python -m experiments.paper) uses none: one shared budget for every objective.")
     unpad: str = opt("auto", "Run the encoder without computing on padding: the real tokens of a batch packed into one "
                      "row, attention kept inside each text (varlen kernels; docs/pretraining.md, Unpadded training). "
-                     "auto: the padded path (the unpadded one measured slower on an H200 at Wikipedia's ~10 percent padding); on: unpadded on any device "
+                     "auto: the padded path (the unpadded one measured slower at Wikipedia's ~10 percent padding: docs/pretraining.md); on: unpadded on any device "
                      "(refused for an unsupported model); off: the padded path.", choices=["auto", "on", "off"])
     compile: bool = opt(False, "torch.compile each encoder layer in place (the first steps compile; parameter names, "
                         "checkpoints and the export are unchanged).")

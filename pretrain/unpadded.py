@@ -92,9 +92,8 @@ def resolve_unpad(choice: str, mlm_model: Any) -> str:
 
 def use_unpadded(mode: str, device: torch.device) -> bool:
     """Whether a batch on ``device`` runs unpadded under the resolved ``mode`` (:func:`resolve_unpad`): only with
-    ``on``. ``auto`` keeps the padded path on every device: on an H200 (2026-11-27, ``experiments/results/gpu/``)
-    the unpadded path ran MLM at 0.80x and CPDAE at 0.55x the padded path's speed on the token cache's Wikipedia
-    blocks, which are only ~10% padding; its packing, scatter and per-call dtype copies cost more than the padding
+    ``on``. ``auto`` keeps the padded path on every device: on a GPU the unpadded path measured slower on the token
+    cache's Wikipedia blocks, which are only ~10% padding (``experiments/results/gpu/README.md``); its packing, scatter and per-call dtype copies cost more than the padding
     it saves. ``device`` is kept for a future ``auto`` that weighs a batch's padding share."""
     return mode == "on"
 

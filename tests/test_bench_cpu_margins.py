@@ -1,4 +1,4 @@
-"""experiments/bench/cpu_margins.py (issue 34 item 4's CPU targets in one run) at a tiny size: the three benchmarks
+"""experiments/bench/cpu_margins.py (the CPU targets in one run) at a tiny size: the three benchmarks
 run, their verdicts follow from their own measured seconds (recomputed here from bench_encode.py's and
 bench_search_bound.py's JSON), the busy run's load processes are gone afterwards, and --strict fails a missed target
 after writing the summary."""

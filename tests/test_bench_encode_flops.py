@@ -1,4 +1,4 @@
-"""The FLOP count behind the encoding benchmarks' MFU and compute-bound shares (issue 34):
+"""The FLOP count behind the encoding benchmarks' MFU and compute-bound shares:
 ``experiments/bench/objective_runs.encode_flops`` against torch's own FLOP counter over a real BERT forward, text by
 text at its own length, and ``bench_encode.py``'s bound section end to end at a tiny size."""
 from __future__ import annotations

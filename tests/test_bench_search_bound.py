@@ -1,4 +1,4 @@
-"""Smoke run of experiments/bench/bench_search_bound.py (issue 34 item 4's benchmark) at a tiny size: the script
+"""Smoke run of experiments/bench/bench_search_bound.py (the exact-search compute-bound benchmark) at a tiny size: the script
 runs end to end, its float64 brute-force check passes on the kernel's output, and a vectors file of other sizes
 is refused by name rather than benchmarked."""
 from __future__ import annotations

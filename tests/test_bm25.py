@@ -353,7 +353,7 @@ def test_vaswani_map_matches_anserini(vaswani_dir: Path, tmp_path: Path) -> None
     assert res["AP"].iloc[0] == pytest.approx(0.2856, abs=0.002)
 
 
-# -- stored text and text_loader (issue 11 item 2) ----------------------------------------------------------
+# -- stored text and text_loader ----------------------------------------------------------
 
 ODD_TEXTS = [
     {"docno": "w", "text": "  apple  pie \n\nsecond line\twith tab  "},

@@ -1,4 +1,4 @@
-"""The package's Java helper jar (issue 13 item 2). Indexing: ``pyterrier_cpdae.BlobIndexer`` (one UTF-8 byte[]
+"""The package's Java helper jar. Indexing: ``pyterrier_cpdae.BlobIndexer`` (one UTF-8 byte[]
 per batch, no JSON) must build the same index as Anserini's own JSON entry point (``SimpleIndexer.addRawDocuments``,
 the reference), and bad texts deep in a batch must still be named by their input position. Search:
 ``pyterrier_cpdae.FlatHits`` must give the frame that reading Anserini's hits one by one gives. And the shipped jar

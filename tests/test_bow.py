@@ -100,7 +100,7 @@ def test_trainer_drives_the_schedule_per_optimizer_step(tiny_bert_dir, tmp_path)
 
 
 def test_bad_schedule(tiny_bert_dir):
-    # refused when the config is made (issue 25, class 7: options are checked before anything runs)
+    # refused when the config is made (options are checked before anything runs)
     with pytest.raises(ValueError, match="--bow-weight-schedule must be one of constant, linear_decay, got 'cosine'"):
         _load(tiny_bert_dir, bow_weight_schedule="cosine")
 

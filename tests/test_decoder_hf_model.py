@@ -1,4 +1,4 @@
-"""The CPDAE decoder is a Hugging Face model (issue 11, item 1): ``CPDAEDecoderConfig`` + ``CPDAEDecoder`` with
+"""The CPDAE decoder is a Hugging Face model: ``CPDAEDecoderConfig`` + ``CPDAEDecoder`` with
 ``save_pretrained`` / ``from_pretrained``, transformers' ``BertPredictionHeadTransform`` inside, and the run
 layout written before it (``decoder/decoder.safetensors`` + ``decoder_config.json``) still loads."""
 from __future__ import annotations

@@ -701,7 +701,7 @@ VASWANI_SLICE = 1500  # documents (of 11,429): keeps encoding to ~20 CPU-seconds
 
 @pytest.mark.slow
 def test_vaswani_minilm_backends_agree_and_hnsw_recall(vaswani_dir, minilm_path, tmp_path):
-    """Issue 2 acceptance on real data: MiniLM (mean pooling, normalised) over the first 1,500 Vaswani documents
+    """On real data: MiniLM (mean pooling, normalised) over the first 1,500 Vaswani documents
     and all 93 queries.  numpy, torch (in chunks) and FAISS flat give identical top-10 rankings, and HNSW (its
     default parameters) keeps recall@10 >= 0.95 against exact search.  The full-collection run is recorded in
     experiments/results/vaswani_dense_backends.md (experiments/studies/vaswani_dense_backends.py)."""

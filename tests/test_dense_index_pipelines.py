@@ -1,4 +1,4 @@
-"""DenseIndex in PyTerrier pipelines (issue 11, items 2 and 4): any text loader re-ranks, the index is a
+"""DenseIndex in PyTerrier pipelines: any text loader re-ranks, the index is a
 ``pt.Indexer``/transformer like pyterrier-dr's ``FlexIndex``, and ``meta()``/``metadata()`` mean the same for the
 dense and the BM25 index.
 

@@ -1,4 +1,4 @@
-"""One encoder loader and one autocast choice for training and inference (issue 11, item 3): fine-tuning's
+"""One encoder loader and one autocast choice for training and inference: fine-tuning's
 ``BiEncoder`` loads with ``CPDAE``'s loader (:mod:`pyterrier_cpdae.encoder.loading`), and the vectors the fine-tuning loss
 sees equal the vectors ``CPDAE`` indexes, in float32 and under bf16 autocast, for [CLS] and mean pooling.
 

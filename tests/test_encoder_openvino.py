@@ -1,4 +1,4 @@
-"""The OpenVINO backend of CPDAE (issue 13, item 1): same vectors as PyTorch, chosen automatically only where it
+"""The OpenVINO backend of CPDAE: same vectors as PyTorch, chosen automatically only where it
 is safe and pays off, forced either way by ``backend=`` or ``$PYTERRIER_CPDAE_BACKEND``."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The encoder's automatic dtype, the native-bf16 detection and the ranking-equivalence bar (issue 13, item 1).
+"""The encoder's automatic dtype, the native-bf16 detection and the ranking-equivalence bar.
 
 The bar for any faster encoding path: vectors at cosine >= 0.9999 to float32 and the exact top-10 identical for
 >= 99% of queries on Vaswani and SciFact.  bf16 autocast keeps the cosine (min 0.99996) but reorders the top-10 of

@@ -1,4 +1,4 @@
-"""Issue 35 class 3 (pooler) / issue 36 item 1: an export carries every part of the model it came from.
+"""An export carries every part of the model it came from.
 
 ``transformers.AutoModel.from_pretrained(export)`` and ``SentenceTransformer(export)`` report no missing weight for a
 pre-trained export (a masked-LM checkpoint: only its MLM head may be reported, as unused) and nothing at all for a

@@ -1,4 +1,4 @@
-"""Figures readable at a glance (issue 26, item 5): the coverage figure gives each of 13 models its own colour and
+"""Figures readable at a glance: the coverage figure gives each of 13 models its own colour and
 line style, splits baselines from CPDAE variants, keeps the legend off the curves; the loss curves shade L_CL's band
 [ln m, ln(2m-1)] for the run's batch size; every figure is written as PNG and SVG."""
 from __future__ import annotations

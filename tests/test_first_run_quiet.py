@@ -1,4 +1,4 @@
-"""A quiet, honest first run (issue 26, item 3): pre-training from all-MiniLM-L6-v2 (no MLM head) says so in one
+"""A quiet, honest first run: pre-training from all-MiniLM-L6-v2 (no MLM head) says so in one
 line instead of transformers' "This checkpoint seem corrupted" warning and LOAD REPORT table; any other missing or
 unexpected weight is still reported; the run's decoder is a Hugging Face model that ``AutoModel`` loads after
 ``import pretrain``."""

@@ -1,4 +1,4 @@
-"""``--freeze-encoder``: a head warm-up that leaves the encoder untouched (issue 22: the new MLM head of MiniLM)."""
+"""``--freeze-encoder``: a head warm-up that leaves the encoder untouched (the new MLM head of MiniLM)."""
 from __future__ import annotations
 
 import pytest

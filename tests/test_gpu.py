@@ -68,7 +68,7 @@ def test_encoder_bf16_close_to_fp32_and_fp32_equal_to_sentence_transformers(bert
 
 
 def test_encoder_packed_batches_close_to_padded(bert_dir, texts, monkeypatch):
-    """Unpadded batches through torch's varlen FlashAttention kernel (issue 34, item 2; the default in bf16 on
+    """Unpadded batches through torch's varlen FlashAttention kernel (the default in bf16 on
     CUDA): vectors at cosine > 0.999 to the padded path's and to float32, each forward pass one row of real tokens
     within the token budget."""
     from pyterrier_cpdae.encoder import CPDAE

@@ -63,7 +63,7 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
     assert "./work/select/cl.json" in names  # the CL-active choice with its candidates' held-aside metrics
     assert "./results/cls_geometry.md" in names and "./results/cls_geometry.json" in names  # the [CLS] study
     assert not any(n.endswith(".safetensors") for n in names)           # no checkpoints come back
-    assert not any(n.endswith("tokenizer.json") for n in names)  # nor tokenizers (0.7 MB each in the 2026-11-26 lease)
+    assert not any(n.endswith("tokenizer.json") for n in names)  # nor tokenizers (0.7 MB each)
     assert not (work / "paper" / "work" / "bm25").exists()               # no BM25 index built: Java never ran
     neg = json.loads((work / "paper" / "work" / "stages" / "negatives__marco.json").read_text())
     assert neg["command"].startswith("(precomputed on CPU)")

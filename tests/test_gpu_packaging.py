@@ -201,7 +201,7 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     pre = json.loads((out / "bench_pretrain.json").read_text())["rows"]
     assert [r["objective"] for r in pre] == ["mlm", "cpdae", "bow"] and all("error" not in r for r in pre)
     assert pre[0]["cost_per_sequence_vs_mlm"] == 1.0 and all(r["sequences_per_s"] > 0 for r in pre)
-    # issue 34: MLM and CPDAE padded vs unpadded on texts of Wikipedia's block lengths, MFU on real tokens only
+    # MLM and CPDAE padded vs unpadded on texts of Wikipedia's block lengths, MFU on real tokens only
     unpad = json.loads((out / "bench_pretrain.json").read_text())["unpad_rows"]
     assert [(r["objective"], r["path"], r.get("unpad")) for r in unpad] == [
         ("mlm", "padded", "off"), ("mlm", "unpadded", "on"), ("cpdae", "padded", "off"), ("cpdae", "unpadded", "on")]

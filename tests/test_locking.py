@@ -1,5 +1,5 @@
 """The build lock: a second writer in another process is refused at once, whatever path it takes to the artifact,
-with a message naming the holder; a dead holder frees it (issue 25, class 3)."""
+with a message naming the holder; a dead holder frees it."""
 from __future__ import annotations
 
 import os
@@ -61,7 +61,7 @@ def test_second_process_is_refused_while_the_first_holds_the_lock(tmp_path):
 
 @pytest.mark.parametrize("spelling", ["symlink", "dotdot", "dir-symlink-dotdot"])
 def test_the_same_directory_by_another_path_is_refused(tmp_path, spelling):
-    """Issue 25 class 3: the lock was keyed on the unresolved path, so a symlink to the index got a second lock."""
+    """The lock was keyed on the unresolved path, so a symlink to the index got a second lock."""
     real = tmp_path / "a" / "idx"
     (real / "sub").mkdir(parents=True)
     if spelling == "symlink":

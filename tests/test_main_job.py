@@ -193,7 +193,7 @@ def test_failed_pretraining_names_the_run_and_the_way_out(tmp_path, minilm_path,
 
 
 def test_a_model_directory_retrained_in_place_is_indexed_and_evaluated_again(tmp_path, tiny_bert_dir):
-    """Issue 25 class 5: a second run after ``--model`` was re-trained in place reused the dense index and the saved
+    """A second run after ``--model`` was re-trained in place reused the dense index and the saved
     runs of the old weights (RR@10 0.048 reported where a rebuild gives 0.015).  Reference: a fresh run of the
     re-trained model in an empty work directory."""
     import shutil

@@ -1,4 +1,4 @@
-"""Issue 36, item 1: every export holds a model card (``README.md`` with Hugging Face front matter) whose fields are
+"""Every export holds a model card (``README.md`` with Hugging Face front matter) whose fields are
 read from the run -- pre-training, fine-tuning (the sentence-transformers export is the same directory) -- that
 renders (the YAML parses, every Markdown table is well formed), is regenerated on resume and on re-evaluation,
 and carries the evaluation figures computed for exactly these weights."""

@@ -1,5 +1,5 @@
-"""The modules of ``pyterrier_cpdae``, ``pretrain`` and ``experiments`` import each other without a cycle (issue 11,
-item 4; issue 26, item 1), no experiment script imports another script, and the layout keeps its shape.
+"""The modules of ``pyterrier_cpdae``, ``pretrain`` and ``experiments`` import each other without a cycle,
+no experiment script imports another script, and the layout keeps its shape.
 
 Which imports count: every ``import``/``from ... import`` statement anywhere in a module's source, at module level,
 inside ``if TYPE_CHECKING:`` and inside functions.  A function-level import only *postpones* a cycle (the two

@@ -1,4 +1,4 @@
-"""Issue 10 item 2: each new objective (and the span-contrast add-on) trains for two steps through
+"""Each new objective (and the span-contrast add-on) trains for two steps through
 ``python -m pretrain`` on the tiny BERT and a small corpus, logs its loss components and exports an
 encoder that loads."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""2-process DDP (gloo, CPU) == 1 process for the new in-batch objectives (issue 10 item 2): simcse and
+"""2-process DDP (gloo, CPU) == 1 process for the new in-batch objectives: simcse and
 ict gather their candidates across processes, the span-contrast add-on (both forms) its spans, prop's MLM term is
 normalised by the global count. Same protocol as tests/test_ddp_equivalence.py (eval mode: no dropout)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every saved head is a Hugging Face model part (issue 26, item 2): SEED's decoder, RetroMAE's enhanced-decoding
+"""Every saved head is a Hugging Face model part: SEED's decoder, RetroMAE's enhanced-decoding
 layers and PROP's score head are written as an ``ObjectiveHead`` (``config.json`` + ``model.safetensors``) that
 ``transformers.AutoModel.from_pretrained`` loads after ``import pretrain`` (no ``trust_remote_code``), and the
 decoder directories written before (``decoder.safetensors``; tests/fixtures/legacy_decoders, made by commit d8ee866's

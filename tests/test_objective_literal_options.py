@@ -1,4 +1,4 @@
-"""The papers' literal readings as options (issue 10, item 4), each against a reference written
+"""The papers' literal readings as options, each against a reference written
 from the paper's equation with plain loops / the model's parts, not the library's loss helpers:
 
 * ``--cl-reduction sum``: CPDAE Eq. 5, a sum over the m anchors;

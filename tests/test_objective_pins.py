@@ -1,4 +1,4 @@
-"""Pinned loss sequences of every built-in objective (issue 10: objectives become plugins
+"""Pinned loss sequences of every built-in objective (objectives become plugins
 without changing their numbers).
 
 The numbers below were recorded with the code *before* the objectives were moved to the

@@ -1,4 +1,4 @@
-"""Objectives are plugins (issue 10, item 1): a toy objective defined in this one module registers
+"""Objectives are plugins: a toy objective defined in this one module registers
 itself, gets its own options and ``--help`` section, is prepared from the corpus and trains for two
 steps through ``python -m pretrain``; the registry, the per-objective options and config files."""
 from __future__ import annotations

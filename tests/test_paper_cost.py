@@ -1,4 +1,4 @@
-"""experiments.paper.cost: the GPU-hours of a scale's run from recorded throughput (issue 34, item 5).
+"""experiments.paper.cost: the GPU-hours of a scale's run from recorded throughput.
 
 A tiny made-up config and throughput record, costed by hand below; the refusal of a missing or non-finite
 measured figure naming its file and key; the real records read as recorded."""
@@ -148,7 +148,7 @@ def test_missing_record_and_profile_refused(tmp_path):
 
 
 def test_recorded_measurements_read():
-    """The default records are the H200's of 2026-11-25 and 2026-11-27 (experiments/results/gpu/README.md)."""
+    """The default records are the H200's (experiments/results/gpu/README.md)."""
     tp = cost.Throughput.from_records()
     assert tp.anchor_seq_per_s == pytest.approx(785.02, abs=0.01)      # CPDAE padded, Wikipedia block lengths
     assert tp.compute_share == pytest.approx((22.74 + 12.07 + 12.64 + 7.64) / 100)  # mm, addmm, attention bwd/fwd

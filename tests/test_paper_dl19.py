@@ -1,4 +1,4 @@
-"""TREC DL 2019 in the paper's Table 1 (issue 36): the ``dl19`` evaluation set, its measures, seeds and marks.
+"""TREC DL 2019 in the paper's Table 1: the ``dl19`` evaluation set, its measures, seeds and marks.
 
 - the set loads offline through ``ir_datasets.load`` (the pipeline's dataset loader, in a child process whose
   ``IR_DATASETS_HOME`` is a temporary copy of ``../shared/data/msmarco-dl19-judged/irds``): 43 queries, 9,260

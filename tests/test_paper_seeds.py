@@ -1,4 +1,4 @@
-"""Seed-averaged rows of the paper tables (issue 22): mean ± std over seeds, paired tests on seed-averaged runs."""
+"""Seed-averaged rows of the paper tables: mean ± std over seeds, paired tests on seed-averaged runs."""
 from __future__ import annotations
 
 import math

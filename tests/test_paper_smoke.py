@@ -47,7 +47,7 @@ def _check_tables(out: Path) -> None:
     t2 = pd.read_csv(out / "table2.csv")
     assert len(t2) == 10 and (t2["status"] == "ok").all()
     assert "CPDAE, CL active (selected τ)" in set(t2["model"])
-    # rows over fine-tuning seeds: every fine-tuned MARCO and DL19 cell is a mean ± std over 3 seeds (issue 36)
+    # rows over fine-tuning seeds: every fine-tuned MARCO and DL19 cell is a mean ± std over 3 seeds
     ft = t1[t1["block"] == "fine-tuned"].set_index("model").drop("BM25")
     assert (ft["MARCO MRR@10 seeds"] == 3).all() and (ft["DL19 nDCG@10 seeds"] == 3).all()
     assert t1[["DL19 nDCG@10", "DL19 MRR@10 (rel>=2)", "DL19 R@1000 (rel>=2)"]].notna().all().all()

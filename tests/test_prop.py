@@ -155,7 +155,7 @@ def test_corpus_statistics_from_the_token_cache():
     assert s["token_frequency"].tolist() == pytest.approx([0, 0.4, 0.4, 0.2, 0])
 
 
-# ---------------------------------------------------------------- issue 21, item 1: one size per pair
+# ---------------------------------------------------------------- one size per pair
 def _zipf_setting(vocab: int = 2000, doc_len: int = 120, seed: int = 0):
     """A Zipfian collection LM ``P(w|C) ∝ 1/rank``, a document of ``doc_len`` tokens drawn from it,
     ``μ`` = the document length, and the subsampling keep probabilities ``min(1, √(t/f) + t/f)``."""
@@ -216,7 +216,7 @@ def _presented_pairs(sampler, n_pairs: int, seed: int = 2) -> list[tuple[int, in
 
 
 def _independent_sizes_sampler(ids, collection_prob, mu, weights, poisson_lambda, generator):
-    """The sampler before issue 21 (one Poisson size per SET), written from its description: the
+    """The earlier sampler (one Poisson size per SET), written from its description: the
     reference showing that the test below detects a length shortcut."""
     p = document_language_model(ids, collection_prob, mu)
     q = p * weights.double()
@@ -244,6 +244,6 @@ def test_the_label_is_not_predictable_from_the_set_lengths():
 
 
 def test_the_length_test_detects_independent_set_sizes():
-    """With a size per set (the old sampler) the same classifier is far above chance (issue 21 measured ~80%)."""
+    """With a size per set (the old sampler) the same classifier is far above chance (measured ~80%)."""
     acc = length_only_accuracy(_presented_pairs(_independent_sizes_sampler, N_PAIRS))
     assert acc > 0.5 + 5 * _chance_band(N_PAIRS // 2), acc

@@ -1,4 +1,4 @@
-"""BM25Index reliability: one test per promise (issue 9).
+"""BM25Index reliability: one test per promise.
 
 * fresh process: an index built by one process is searched by another, with and without JAVA_HOME;
 * concurrent writer: a second build of the same path is refused with ConcurrentBuildError;
@@ -92,7 +92,7 @@ def built_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list
 @pytest.mark.parametrize("java", list(JAVA_HOMES))
 @pytest.mark.parametrize("load", ["BM25Index", "pt.Artifact.load"])
 def test_fresh_process_searches_an_index_built_by_another(built_elsewhere, java: str, load: str) -> None:
-    """Issue 9 item 1: `BM25Index(p).bm25()(topics)` in a new process failed (jnius imported before Java setup)."""
+    """`BM25Index(p).bm25()(topics)` in a new process failed (jnius imported before Java setup)."""
     path, expected = built_elsewhere
     opener = f"BM25Index({path!r})" if load == "BM25Index" else f"pt.Artifact.load({path!r})"
     code = ("from pyterrier_cpdae import BM25Index\nimport pyterrier as pt\n"
@@ -146,7 +146,7 @@ def _start_slow_build(path: Path, mode: str, go: Path) -> subprocess.Popen:
 @pytest.mark.multiproc
 @pytest.mark.parametrize("mode", ["create", "overwrite"])
 def test_second_concurrent_writer_is_refused(tmp_path: Path, mode: str) -> None:
-    """Issue 9 item 17: two processes building the same path both 'succeeded', leaving one writer's documents."""
+    """Two processes building the same path both 'succeeded', leaving one writer's documents."""
     import pandas as pd
 
     from pyterrier_cpdae._locking import ConcurrentBuildError
@@ -162,7 +162,7 @@ def test_second_concurrent_writer_is_refused(tmp_path: Path, mode: str) -> None:
                                                            rf"{first.pid} on host .* since ") as refused:
                 BM25Index(path).indexer(mode=second_mode).index([{"docno": "second", "text": "apple"}])
             assert "overwrite" not in str(refused.value)  # never advise clobbering the live build
-        # issue 25 class 3: a reader meeting the build is told it is in progress, not that it was interrupted
+        # A reader meeting the build is told it is in progress, not that it was interrupted
         with pytest.raises(FileNotFoundError, match=rf"being built by pid {first.pid} on host .* since ") as e:
             len(BM25Index(path))
         assert "interrupted" not in str(e.value)
@@ -181,7 +181,7 @@ def test_second_concurrent_writer_is_refused(tmp_path: Path, mode: str) -> None:
 
 @pytest.mark.multiproc
 def test_killed_build_is_refused_and_the_advice_says_interrupted(tmp_path: Path) -> None:
-    """Issue 9 item 25: after a killed build the advice 'build it with indexer().index(...)' failed with
+    """After a killed build the advice 'build it with indexer().index(...)' failed with
     FileExistsError; it must say the build was interrupted and to use mode='overwrite'."""
     import pandas as pd
 
@@ -209,7 +209,7 @@ def test_killed_build_is_refused_and_the_advice_says_interrupted(tmp_path: Path)
     ([{"docno": "a", "text": "  "}, {"docno": "b", "text": "\n\t"}], r"empty input, or only the 2 with empty text"),
 ])
 def test_empty_corpus_is_refused_and_leaves_nothing(tmp_path: Path, docs: list, expect: str) -> None:
-    """Issue 9 item 29: an empty corpus built an empty BM25 index without complaint (DenseIndex refuses it)."""
+    """An empty corpus built an empty BM25 index without complaint (DenseIndex refuses it)."""
     import warnings
 
     from pyterrier_cpdae.bm25 import BM25Index
@@ -225,7 +225,7 @@ def test_empty_corpus_is_refused_and_leaves_nothing(tmp_path: Path, docs: list, 
 @pytest.mark.parametrize("k1,b", [(float("nan"), 0.4), (0.9, float("nan")), (float("inf"), 0.4),
                                   (0.9, float("-inf")), ("0.9", 0.4), (None, 0.4)])
 def test_nan_inf_bm25_parameters_are_refused(tmp_path: Path, k1, b) -> None:
-    """Issue 9 item 24: `bm25(k1=nan)` passed the range check (NaN fails every comparison) and failed in Java."""
+    """`bm25(k1=nan)` passed the range check (NaN fails every comparison) and failed in Java."""
     from pyterrier_cpdae.bm25 import BM25Index
 
     with pytest.raises(ValueError, match=r"BM25 needs finite k1 >= 0 and 0 <= b <= 1"):
@@ -239,7 +239,7 @@ def test_nan_inf_bm25_parameters_are_refused(tmp_path: Path, k1, b) -> None:
     ({"docno": "c", "text": "apple \udc80 pie"}, r"document #1 \('c'\): text contains a lone surrogate .* position 6"),
 ])
 def test_text_java_cannot_hold_is_refused_naming_the_document(tmp_path: Path, doc: dict, expect: str) -> None:
-    """Issue 9 items 6/22 for BM25: a NUL docno was stored truncated ('b\\x00' -> 'b') and a lone surrogate
+    """A NUL docno was stored truncated ('b\\x00' -> 'b') and a lone surrogate
     replaced by U+FFFD, silently; now the build stops naming the document and leaves nothing built."""
     from pyterrier_cpdae.bm25 import BM25Index
 
@@ -261,7 +261,7 @@ def test_text_that_java_trims_to_nothing_is_skipped_like_empty_text(tmp_path: Pa
 
 
 def test_threads_default_to_the_machine_cores(tmp_path: Path) -> None:
-    """Issue 13 item 2: the default number of indexing threads is the machine's cores."""
+    """The default number of indexing threads is the machine's cores."""
     from pyterrier_cpdae.bm25 import BM25Index
 
     assert BM25Index(tmp_path / "i").indexer().threads == (os.cpu_count() or 1)

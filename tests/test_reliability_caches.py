@@ -1,4 +1,4 @@
-"""Issue 35, class 1: a cached result is keyed by the data it came from, not only by the model.
+"""A cached result is keyed by the data it came from, not only by the model.
 
 Every index and saved run that ``experiments/main.py`` and the paper pipeline reuse is checked against the
 fingerprint of the documents (and, for runs, of the queries) it was computed from; the reference each time is a

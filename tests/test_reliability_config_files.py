@@ -1,6 +1,6 @@
 """``--config`` files (pre-training, fine-tuning) and the paper pipeline's config files are read by one loader,
-:func:`pyterrier_cpdae._files.read_config_file` (issue 35: class 2, a key given twice; class 5, a YAML alias bomb;
-class 6, a ``!!python`` tag, bytes that are not UTF-8, truncated JSON).
+:func:`pyterrier_cpdae._files.read_config_file` (a key given twice, a YAML alias bomb,
+a ``!!python`` tag, bytes that are not UTF-8, truncated JSON).
 
 The promise (docs/reliability.md, "Config files"): a config file holds plain values, each key once; anything else is
 one line naming the file and the line (``error: ValueError: <file>:<line>: ...``, exit code 2), before anything is

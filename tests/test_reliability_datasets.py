@@ -1,4 +1,4 @@
-"""Reliability of load_dataset's parsers (issue 9, items 12, 14, 22, 27, 28, 29 and their class).
+"""Reliability of load_dataset's parsers.
 
 The promise (docs/datasets.md, "Test collections"; docs/reliability.md): every parser yields exactly what its file holds, or
 raises a ``ValueError`` naming the file and the line. Each test below is one malformed-input case

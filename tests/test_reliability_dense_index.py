@@ -1,4 +1,4 @@
-"""Reliability promises of DenseIndex (issue 9): one test per promise, each reproducing a failure found by an
+"""Reliability promises of DenseIndex: one test per promise, each reproducing a failure found by an
 adversarial pass.
 
 Bad input is refused naming the record, before anything is written; a process killed at any point of a build
@@ -326,7 +326,7 @@ def test_second_writer_is_refused_while_a_build_runs(tmp_path):
                                                            r"on host .* since ") as refused:
                 DenseIndex(path).indexer(mode=mode).index(docs_frame(["x"])[0])
             assert "overwrite" not in str(refused.value)  # never advise clobbering the live build
-        # issue 25 class 3: a reader meeting the build is told it is in progress, not that it was interrupted
+        # A reader meeting the build is told it is in progress, not that it was interrupted
         with pytest.raises(IncompleteIndexError, match=rf"being built by pid {proc.pid} on host .* since ") as e:
             DenseIndex(path).search(np.ones((1, DIM), dtype=np.float32), 3)
         assert "interrupted" not in str(e.value)

@@ -1,5 +1,5 @@
-"""Duplicates in topics and qrels are refused or announced, never merged silently (issue 35, class 2; class 6: a
-qrels label beyond 64 bits).
+"""Duplicates in topics and qrels are refused or announced, never merged silently; a
+qrels label beyond 64 bits is refused.
 
 The promise (docs/datasets.md, "Duplicates"; docs/reliability.md): a query id given twice with two texts, and a
 (query, document) pair judged twice with two labels, are refused naming the file, the line and the id; an exact

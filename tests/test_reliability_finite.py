@@ -1,4 +1,4 @@
-"""Finite training (issue 25, class 1): a non-finite loss, gradient norm or weight stops the run.
+"""Finite training: a non-finite loss, gradient norm or weight stops the run.
 
 One test per promise:
 * ``python -m pretrain`` and ``python -m pretrain finetune`` with a learning rate that makes the loss NaN exit 1

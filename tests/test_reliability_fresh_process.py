@@ -1,4 +1,4 @@
-"""Fresh process (issue 9): every artifact built by one process is loaded and searched by another.
+"""Fresh process: every artifact built by one process is loaded and searched by another.
 
 The BM25 half of this promise (with and without ``JAVA_HOME``) is in ``tests/test_reliability_bm25.py``;
 this module checks the DenseIndex, through both ``DenseIndex(path)`` and ``pt.Artifact.load(path)``, and

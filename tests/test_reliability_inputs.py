@@ -1,4 +1,4 @@
-"""Reliability of a run's inputs (issue 25, classes 6-8): damaged or changed inputs are detected before training on
+"""Reliability of a run's inputs: damaged or changed inputs are detected before training on
 them, every option is checked before anything is written or computed, and a bad path or file gives one line
 (``error: ...``, exit code 2), never a library traceback."""
 from __future__ import annotations

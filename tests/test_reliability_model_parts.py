@@ -1,4 +1,4 @@
-"""Issue 35, the package's own model parts: a decoder or objective head loads whole or not at all (classes 3 and 6),
+"""The package's own model parts: a decoder or objective head loads whole or not at all (classes 3 and 6),
 the sizes a crafted config asks for are bounded before anything is allocated (class 5), and an objective without an
 MLM term neither needs nor exports an MLM head (class 6)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 35, class 4: a name is never a path.
+"""A name is never a path.
 
 ``--eval-set NAME=SPEC`` took an absolute path or ``../..`` as NAME and wrote the corpus, qrels, indexes and runs
 there, outside ``--work-dir``. Every name the experiments make a folder or file of (eval and fine-tuning sets,

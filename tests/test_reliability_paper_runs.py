@@ -1,4 +1,4 @@
-"""The paper pipeline as a run (issue 35, classes 6 and 8): one pipeline per work directory, tables written whole, a
+"""The paper pipeline as a run: one pipeline per work directory, tables written whole, a
 failed stage under ``--jobs 2`` named with a non-zero exit and the other stages' results kept.
 
 The stages here are fake (``python -m pretrain`` is replaced by a function writing what a finished run leaves: its

@@ -1,4 +1,4 @@
-"""Full precision on the CPU whatever the checkpoint's dtype (issue 25, class 2).
+"""Full precision on the CPU whatever the checkpoint's dtype.
 
 The reference everywhere is the same weights in float32: a bf16 checkpoint and its exact float32 upcast must
 encode, fine-tune and pre-train identically, because every loader builds float32 weights (training keeps float32

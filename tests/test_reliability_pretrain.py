@@ -1,4 +1,4 @@
-"""Reliability promises of pre-training / fine-tuning runs and of the token cache (issue 9, items 9, 10, 18-20).
+"""Reliability promises of pre-training / fine-tuning runs and of the token cache.
 
 One test per promise:
 * a run directory is data, not code: crafted pickles in it are never executed on resume

@@ -1,5 +1,5 @@
-"""Issue 35, class 3 (an artifact's parts come from one producer) and class 6 (merge_shards names the missing or
-duplicated shard): a dense index records the encoder that made its vectors, and shards or indexes of two encoders
+"""An artifact's parts come from one producer, and merge_shards names the missing or duplicated
+shard: a dense index records the encoder that made its vectors, and shards or indexes of two encoders
 of the same dimension are refused when put together, naming both encoders and the part."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reliability of the retrieval side (issue 9): one test per promise of docs/reliability.md about the
+"""Reliability of the retrieval side: one test per promise of docs/reliability.md about the
 encoder and the retrievers — a rebuilt index is noticed, a read-only index is searchable, and bad input (``k``,
 texts, vectors, paths) gets an error that names the problem.
 
@@ -27,7 +27,7 @@ from test_dense_index import DIM, assert_matches_naive, built, make_docs, make_t
 # ------------------------------------------------------------------------------------------- k and num_results
 @pytest.mark.parametrize("k", [-1, 0, 2.5, "10", None, True])
 def test_search_refuses_a_bad_k(built, k):
-    """issue 9 #23: ``index.search(q, -1)`` said numpy's "negative dimensions are not allowed"."""
+    """``index.search(q, -1)`` said numpy's "negative dimensions are not allowed"."""
     index, _ = built
     q = np.zeros((1, DIM), dtype=np.float32)
     for backend in ("numpy", "torch"):
@@ -87,7 +87,7 @@ def test_rank_cutoff_keeps_its_meaning(built):
     lambda ix: ix.faiss_ivf_retriever(num_results=10, n_list=4, n_probe=4),  # all lists probed: exact
 ], ids=["flat", "ivf"])
 def test_faiss_retriever_notices_an_overwritten_index(tmp_path, factory):
-    """issue 9 #2: the retriever kept its in-memory FAISS structure after ``mode="overwrite"``: the old rows'
+    """The retriever kept its in-memory FAISS structure after ``mode="overwrite"``: the old rows'
     scores came back under the new index's docnos."""
     docs, vecs = make_docs(300)
     index = DenseIndex(tmp_path / "ix")
@@ -133,7 +133,7 @@ def _fail_with_erofs(*args, **kwargs):
 
 @pytest.mark.parametrize("step", ["mkdir", "write_index", "write_json"])
 def test_faiss_search_works_when_the_cache_cannot_be_written(tmp_path, monkeypatch, step):
-    """issue 9 #3: ``OSError: Read-only file system`` writing the cache blocked the search.  (Tests run as root,
+    """``OSError: Read-only file system`` writing the cache blocked the search.  (Tests run as root,
     which ignores chmod, so the failing write is simulated here; the next test uses a real read-only mount.)"""
     import faiss
 
@@ -216,7 +216,7 @@ def corrupt_index(tmp_path):
     lambda ix: ix.faiss_flat_retriever(num_results=10), lambda ix: ix.faiss_hnsw_retriever(num_results=10),
 ], ids=["numpy", "torch", "faiss-flat", "faiss-hnsw"])
 def test_every_retriever_refuses_a_corrupt_nan_vector(corrupt_index, factory):
-    """issue 9 #21, index side: NaN scores were ranked arbitrarily (exact) or the row silently never returned
+    """Index side: NaN scores were ranked arbitrarily (exact) or the row silently never returned
     (FAISS); every retriever now names the docno and the damaged file."""
     with pytest.raises(ValueError, match=r"d5.* are not finite, so .*ix/vectors.bin is corrupt — rebuild"):
         factory(corrupt_index)(make_topics(2))
@@ -246,7 +246,7 @@ def enc(tiny_bert_dir):
 
 
 def test_encode_a_single_string_is_one_text(enc):
-    """issue 9 #11: ``encode_queries("hello")`` encoded each character ((5, dim)); a single string is now one
+    """``encode_queries("hello")`` encoded each character ((5, dim)); a single string is now one
     text and gives one (dim,) vector, as sentence-transformers' ``encode`` does."""
     for encode in (enc.encode_queries, enc.encode_docs):
         one = encode("hello world")
@@ -265,7 +265,7 @@ def test_encode_refuses_what_is_not_a_list_of_strings(enc, texts, message):
 
 
 def test_text_scorer_names_the_qid_of_a_nan_query_vec(enc):
-    """issue 9 #21: a NaN ``query_vec`` failed in ``add_ranks`` with pandas' IntCastingNaNError."""
+    """A NaN ``query_vec`` failed in ``add_ranks`` with pandas' IntCastingNaNError."""
     bad = np.zeros(enc.dim, dtype=np.float32)
     bad[3] = np.nan
     frame = pd.DataFrame({"qid": ["q1", "q2"], "query_vec": [np.ones(enc.dim), bad], "docno": ["a", "b"],
@@ -294,7 +294,7 @@ def test_text_scorer_names_the_row_whose_encoded_vector_is_nan(enc, monkeypatch)
 
 
 def test_lone_surrogate_is_named_by_its_row(enc):
-    """issue 9 #22 (texts): ``"\\ud800"`` gave the tokenizer's bare "TextEncodeInput must be ..." TypeError."""
+    """Texts: ``"\\ud800"`` gave the tokenizer's bare "TextEncodeInput must be ..." TypeError."""
     surrogate = r"'text' at row 1 \(docno='d2'\) is not valid Unicode: it holds the lone surrogate '\\ud800' at character 4"
     frame = pd.DataFrame({"docno": ["d1", "d2"], "text": ["fine", "bad \ud800 text"]}, dtype=object)
     with pytest.raises(ValueError, match=surrogate):
@@ -311,7 +311,7 @@ def test_lone_surrogate_is_named_by_its_row(enc):
 
 
 def test_from_pretrained_names_the_missing_config(tiny_bert_dir, tmp_path):
-    """issue 9 #30: a directory without config.json gave transformers' "Unrecognized model" ValueError."""
+    """A directory without config.json gave transformers' "Unrecognized model" ValueError."""
     from pyterrier_cpdae import CPDAE
 
     no_config = tmp_path / "no-config"

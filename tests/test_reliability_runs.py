@@ -1,4 +1,4 @@
-"""Run-level reliability (issue 35, classes 6 and 7): a run's directory moved or removed, a moved run resumed, a docno
+"""Run-level reliability: a run's directory moved or removed, a moved run resumed, a docno
 Lucene cannot index.
 
 * class 7: ``mv`` or ``rm -rf`` of a running pre-training (or fine-tuning) run's ``--output`` let it finish with exit 0,

@@ -1,4 +1,4 @@
-"""Reliability 2 (issue 25) of search and its inputs: ties ordered as documented on every backend (class 4),
+"""Reliability 2 of search and its inputs: ties ordered as documented on every backend (class 4),
 index metadata distrusted (class 9), meaningless inputs refused (class 10).
 
 References: the tie order is checked against a naive full sort of every document by (-score, docid) in
@@ -68,7 +68,7 @@ def tie_indexes(tmp_path_factory):
 
 @pytest.mark.parametrize("k", [1, 5, 39, 40, 41, 100, 150])
 def test_ties_follow_ascending_docid_on_every_backend(tie_indexes, k):
-    """issue 25 class 4: 40 identical vectors, k=5 gave numpy d35..d39, torch d25..d29."""
+    """40 identical vectors, k=5 gave numpy d35..d39, torch d25..d29."""
     single, views, vecs = tie_indexes
     queries = tie_queries()
     ref_scores, ref_ids = naive_order(vecs, queries, k)
@@ -308,7 +308,7 @@ def rewrite_meta(path: Path, **changes) -> None:
 
 
 def test_num_shards_beyond_the_shard_directories_is_refused_at_once(tmp_path):
-    """issue 25 class 9: num_shards=1e9 ran 34 s into a MemoryError."""
+    """Num_shards=1e9 ran 34 s into a MemoryError."""
     make_view(tmp_path / "v")
     rewrite_meta(tmp_path / "v", num_shards=10**9)
     t0 = time.monotonic()
@@ -324,7 +324,7 @@ def test_num_shards_beyond_the_shard_directories_is_refused_at_once(tmp_path):
     ({"dtype": "float16"}, r"says dtype='float16', but its 3 shards hold dtype='float32'"),
 ])
 def test_a_view_whose_metadata_disagrees_with_its_shards_is_refused(tmp_path, changes, said):
-    """issue 25 class 9: a wrong top-level count/dim gave a wrong len() or numpy's "mismatch in its core
+    """A wrong top-level count/dim gave a wrong len() or numpy's "mismatch in its core
     dimension"."""
     make_view(tmp_path / "v")
     rewrite_meta(tmp_path / "v", **changes)
@@ -358,7 +358,7 @@ _OPEN_IN_CHILD = textwrap.dedent("""
                                           ("dense", "docnos.npids"), ("dense", "shards/1/pt_meta.json"),
                                           ("bm25", "pt_meta.json")])
 def test_index_files_that_are_fifos_are_refused_without_hanging(tmp_path, what, victim):
-    """issue 25 class 9: a pt_meta.json that is a FIFO hung every reader forever."""
+    """A pt_meta.json that is a FIFO hung every reader forever."""
     path = tmp_path / "ix"
     if what == "bm25":
         path.mkdir()
@@ -404,7 +404,7 @@ def small_index(tmp_path_factory):
     ([1.0, None, 2.0, 3.0], r"non-numeric Python objects \(dtype object\)"),
 ])
 def test_query_vectors_that_are_not_real_numbers_are_refused(small_index, vec, what):
-    """issue 25 class 10: a complex query_vec lost its imaginary part, a string one was parsed as numbers."""
+    """A complex query_vec lost its imaginary part, a string one was parsed as numbers."""
     topics = pd.DataFrame({"qid": ["q1"], "query_vec": [vec]})
     for retriever in (small_index.np_retriever(), small_index.torch_retriever(device="cpu"),
                       small_index.faiss_flat_retriever()):
@@ -421,7 +421,7 @@ def test_documents_with_complex_vectors_are_refused_naming_the_docno(tmp_path):
 
 
 def test_vectors_whose_scores_could_overflow_float32_are_refused_where_they_enter(tmp_path, small_index):
-    """issue 25 class 10: finite vectors of norm 1e30 were indexed, then every search said "vectors.bin is
+    """Finite vectors of norm 1e30 were indexed, then every search said "vectors.bin is
     corrupt". The bound: norms <= 2**63, so |q.d| <= |q| |d| <= 2**126 < float32's largest value."""
     big = np.array([1e30, 0, 0, 0], np.float32)
     q, d = big.astype(np.float64), big.astype(np.float64)
@@ -456,7 +456,7 @@ def bm25_index(tmp_path_factory):
 
 @pytest.mark.parametrize("queries", [[""], ["   "], ["", " \t\n"], ["apple", ""], ["", "cherry", "  "]])
 def test_blank_bm25_queries_get_no_rows_and_the_others_still_run(bm25_index, queries):
-    """issue 25 class 10: a batch of only blank queries failed with pandas' "Per-column arrays must each be
+    """A batch of only blank queries failed with pandas' "Per-column arrays must each be
     1-dimensional". Reference: each query retrieved alone (Pyserini gives a blank query no hits)."""
     bm25 = bm25_index.bm25()
     topics = pd.DataFrame({"qid": [f"q{i}" for i in range(len(queries))], "query": queries})
@@ -472,7 +472,7 @@ def test_blank_bm25_queries_get_no_rows_and_the_others_still_run(bm25_index, que
 
 
 def test_a_used_bm25_retriever_and_text_loader_can_be_pickled(bm25_index):
-    """issue 25: after its first search a BM25 retriever held a Java object: "no default __reduce__"."""
+    """After its first search a BM25 retriever held a Java object: "no default __reduce__"."""
     import pickle
 
     topics = pd.DataFrame({"qid": ["1", "2"], "query": ["apple", "cherry"]})
@@ -486,7 +486,7 @@ def test_a_used_bm25_retriever_and_text_loader_can_be_pickled(bm25_index):
 
 # -------------------------------------------------------------------------------------- BEIR with a BOM
 def test_beir_jsonl_and_qrels_with_a_utf8_byte_order_mark_are_read(tmp_path):
-    """issue 25: a BEIR corpus.jsonl saved with a BOM was refused ("not valid JSON"); the BOM of a qrels file
+    """A BEIR corpus.jsonl saved with a BOM was refused ("not valid JSON"); the BOM of a qrels file
     would have become part of its header."""
     from pyterrier_cpdae.datasets import load_dataset
 

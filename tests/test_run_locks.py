@@ -1,4 +1,4 @@
-"""A run's output directory is held by one run at a time (issue 25, class 3).
+"""A run's output directory is held by one run at a time.
 
 ``python -m pretrain`` launched twice into one ``--output`` used to run twice (duplicated metric rows, interleaved
 checkpoints, both exit 0).  The second run must exit non-zero at once, naming the first (pid, host, since when),
@@ -86,7 +86,7 @@ def test_finetuning_output_is_locked_for_the_whole_run(tmp_path, monkeypatch):
     argv = ["--output", str(out), "--train", f"groups:{groups}", "--model", str(tmp_path / "model")]
     # during the run, the output directory is held by this process ...
     seen = []
-    # the model and data checks that come first (issue 25, class 7) are not under test here
+    # the model and data checks that come first are not under test here
     monkeypatch.setattr(finetune, "validate_finetune", lambda cfg: None)
     monkeypatch.setattr(finetune, "load_training_data", lambda *a, **k: types.SimpleNamespace(topics=[None] * 64))
     monkeypatch.setattr(finetune, "_finetune", lambda cfg, procs, data: seen.append(holder(out)) or {})

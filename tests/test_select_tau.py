@@ -1,4 +1,4 @@
-"""The selection of CPDAE's contrastive setting (issue 22): L_CL curves from the trainer's CSV log and the rule."""
+"""The selection of CPDAE's contrastive setting: L_CL curves from the trainer's CSV log and the rule."""
 from __future__ import annotations
 
 import math

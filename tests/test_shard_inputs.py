@@ -1,4 +1,4 @@
-"""Sharded indexing cannot silently drop data (issue 25, class 11).
+"""Sharded indexing cannot silently drop data.
 
 ``indexer(shard=i, num_shards=n)`` keeps every n-th record of its input unless ``presharded=True``: a process
 given its own part of the corpus (the usual torchrun habit) that forgets the flag indexes 1/n of that part.

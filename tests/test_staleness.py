@@ -1,4 +1,4 @@
-"""Nothing is served stale (issue 25, class 5): a retriever that outlives a rebuild of its index answers from the
+"""Nothing is served stale: a retriever that outlives a rebuild of its index answers from the
 new vectors, because every build commits a new ``build_id`` that is checked before each search.
 
 Reference: a full numpy sort of the vectors that are in the index at the time of the search.

@@ -1,4 +1,4 @@
-"""Encoding batches cut by a token budget (issue 34, item 2): ``CPDAE(batch_tokens=...)``.
+"""Encoding batches cut by a token budget: ``CPDAE(batch_tokens=...)``.
 
 The cuts are checked against hand-computed cases; the encoder is checked to respect the budget in every forward
 pass, to encode each row once and write it back to its own row, and to give the text-count batching's vectors and

@@ -1,4 +1,4 @@
-"""Two-stage pre-training (issue 10, item 3): stage 1 on Wikipedia, stage 2 on the target corpus
+"""Two-stage pre-training: stage 1 on Wikipedia, stage 2 on the target corpus
 continuing the encoder *and the decoder*; the text representation (--representation cls|mean)."""
 from __future__ import annotations
 

@@ -180,7 +180,7 @@ def test_auto_is_padded_on_the_cpu_and_unpadded_on_cuda(sharp_model, tok):
     obj = build("mlm", {}, "auto", sharp_model, tok)
     assert obj.unpad == "auto"
     assert not unpadded.use_unpadded("auto", torch.device("cpu"))
-    # auto is the padded path on CUDA too: measured slower unpadded on an H200 (0.80x MLM, 0.55x CPDAE)
+    # auto is the padded path on CUDA too: unpadded measured slower there (experiments/results/gpu/README.md)
     assert not unpadded.use_unpadded("auto", torch.device("cuda"))
     assert unpadded.use_unpadded("on", torch.device("cpu")) and not unpadded.use_unpadded("off", torch.device("cuda"))
     calls = encoder_calls(obj)

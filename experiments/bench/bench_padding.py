@@ -1,4 +1,4 @@
-"""How much of a pre-training batch is padding (issue 34): the token cache's blocks at 128 and 512 tokens, batched as
+"""How much of a pre-training batch is padding: the token cache's blocks at 128 and 512 tokens, batched as
 the trainer batches them.
 
 The token cache never merges two documents into one block (CPDAE's target describes one text), so short documents
@@ -81,7 +81,7 @@ def measure(spec: str, max_length: int, max_docs: int, cache_dir: str, batch_siz
 
 
 def write(out: Path, record: dict) -> None:
-    lines = ["# Padding share of pre-training batches (issue 34)", "",
+    lines = ["# Padding share of pre-training batches", "",
              f"Command: `{record['command']}`", f"Machine: {record['machine']}",
              f"Corpus: `{record['corpus']}`, first {record['max_docs']} articles; bert-base-uncased WordPiece "
              "(the MiniLM package's tokenizer); the trainer's data order (seed 42, epoch 0), each batch padded to "

@@ -1,4 +1,4 @@
-"""Issue 34's CPU margins (item 4) measured side by side in one run, with a verdict for each target.
+"""The CPU margins measured side by side in one run, with a verdict for each target.
 
 Runs, one after the other on this machine, as separate processes (each benchmark is its own script, with its own
 peer measured in the same run; this driver only starts them and reads their ``--json`` results):
@@ -133,7 +133,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
             common += [flag, str(value)]
     shown = sys.argv[1:] if argv is None else list(argv)
     print(f"$ python experiments/bench/cpu_margins.py {' '.join(shown)}\n")
-    print(f"# issue 34 item 4: the CPU margins in one run\n\nstarted {time.strftime('%Y-%m-%d %H:%M:%S')}; "
+    print(f"# The CPU margins in one run\n\nstarted {time.strftime('%Y-%m-%d %H:%M:%S')}; "
           f"{os.cpu_count()} CPUs; load average (1 min) {os.getloadavg()[0]:.1f}", flush=True)
     rows: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="cpu_margins_") as scratch:

@@ -7,7 +7,7 @@ stream at once, ``--repeats`` times after a warm-up, then prints per kind of ope
 the kernel it chose) the time per batch and its share, and two rates against the CPU's float32 bound measured in the
 same run (``objective_runs.fp32_bound``): the fully connected layers' (``2 x (4H^2 + 2HF)`` FLOPs a token a layer)
 and attention's (``2 x 2LH`` a token a layer: the scores and the context, softmax not counted), each over the time of
-the operations that do it. It answers issue 34 item 4's question of what bounds the float32 forward on 2 cores.
+the operations that do it. It answers the question of what bounds the float32 forward on 2 cores.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""GPU throughput against the card's limits: encoding, exact search and pre-training (issue 14).
+"""GPU throughput against the card's limits: encoding, exact search and pre-training.
 
 Every figure is printed as a ratio in the same run and written with the GPU's name and the command:
 
@@ -87,8 +87,8 @@ def timed(fn: Callable[[], object], dev, repeats: int) -> float:
 def timed_in_turn(fns: Dict[str, Callable[[], object]], dev, repeats: int) -> Dict[str, float]:
     """Median wall time of each of ``fns`` over ``repeats`` rounds, every round calling each once in turn (after one
     warm-up round), so that a drift of the host or the card during the run reaches every system alike rather than
-    whichever was timed at that moment (the encoding rows of the 2026-11-28 lease moved by up to 1.45x between two
-    systems running the same code when each was timed in its own block)."""
+    whichever was timed at that moment (timed each in its own block, two systems running the same code measured up
+    to 1.45x apart: experiments/results/gpu/README.md)."""
     for fn in fns.values():
         fn()
     times: Dict[str, list] = {label: [] for label in fns}

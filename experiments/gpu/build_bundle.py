@@ -1,4 +1,4 @@
-"""Builds the one folder a lent GPU machine needs for issue 23 (tests, benchmarks, the gpu-scale comparison).
+"""Builds the one folder a lent GPU machine needs (tests, benchmarks, the gpu-scale comparison).
 
 Run it here, where PyPI, Java and ``../shared/data`` are; the device machine has none of them and receives only
 the repository's working tree plus up to 8 carried ignored folders, 64 MiB in all. The folder (default

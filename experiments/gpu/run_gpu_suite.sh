@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23 in one command on an air-gapped GPU machine: CUDA tests, benchmarks, the gpu-scale comparison.
+# The GPU checks in one command on an air-gapped GPU machine: CUDA tests, benchmarks, the gpu-scale comparison.
 #
 #   experiments/gpu/run_gpu_suite.sh [--bundle DIR] [--cpu-smoke] [--out DIR] [--budget-s N] [--work DIR]
 #        [--wheelhouse DIR|none] [--target DIR] [--sizes S] [--stand-ins DIR] [--no-compare] [--suite|--no-suite]

@@ -1,4 +1,4 @@
-"""The GPU-hours of a scale's run, recomputed from the throughput measured on a GPU (issue 34, item 5).
+"""The GPU-hours of a scale's run, recomputed from the throughput measured on a GPU.
 
 ``python -m experiments.paper.cost [--scale paper] [--out FILE]`` counts the work of every stage of a scale
 (:class:`experiments.paper.pipeline.Plan` of its config, read by :func:`experiments.paper.config.load_config`):
@@ -222,7 +222,7 @@ class Throughput:
                                r, f"rows[{i}].")
         s = read_record(files["search"])
         r, k = row(s, files["search"], "rows")
-        # "resident_qps" since the float16 kernel with its proof (issue 34); records before it: the float32 kernel's
+        # "resident_qps" since the float16 kernel with its proof; records before it: the float32 kernel's
         key = "resident_qps" if isinstance(r, dict) and "resident_qps" in r else "resident_torch_search_qps"
         qps = get("search", s, key, "exact search, index resident: queries/s", r, k + ".")
         docs = int(get("search", s, "docs", "  over this many vectors", r, k + "."))
@@ -589,7 +589,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.out:
         from pyterrier_cpdae._files import write_text_atomic
 
-        cmd = "python -m experiments.paper.cost " + " ".join(argv if argv is not None else sys.argv[1:])
+        from .tables import portable
+
+        cmd = portable("python -m experiments.paper.cost " + " ".join(argv if argv is not None else sys.argv[1:]))
         write_text_atomic(args.out, f"# The cost of a `{cfg['scale']}` run, from measured throughput\n\n"
                           f"Command: `{cmd.strip()}` ({datetime.date.today().isoformat()}; arithmetic only, no "
                           "timing: it reads the records below)\n\n" + text)

@@ -1,4 +1,4 @@
-"""Pilot of a scale's protocol on TRAINING queries only (issue 22): is the frozen head warm-up needed, and does the
+"""Pilot of a scale's protocol on TRAINING queries only: is the frozen head warm-up needed, and does the
 continuation move a fine-tuned metric by more than the spread of fine-tuning seeds?
 
     python -m experiments.paper.pilot --scale cpu --work-dir /work/paper-cpu \\

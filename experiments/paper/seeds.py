@@ -3,7 +3,7 @@
 A model fine-tuned with seeds s1..sk gives k runs. Its row reports the mean and the sample standard deviation
 (``ddof=1``) over seeds of each run's mean metric. Its significance test against a baseline is a paired two-tailed
 t-test (:func:`scipy.stats.ttest_rel`) over queries, on each query's score averaged over the model's seeds against
-the same for the baseline (issue 22: "per-query paired tests on the seed-averaged runs").
+the same for the baseline (per-query paired tests on the seed-averaged runs).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Choosing CPDAE's contrastive setting (τ, the reduction) on training data only (issue 22, "CPDAE, CL active").
+"""Choosing CPDAE's contrastive setting (τ, the reduction) on training data only (the "CPDAE, CL active" row).
 
 At τ = 1 CPDAE's L_CL per anchor lies in [ln m, ln(2m−1)] and cannot train (docs/objectives.md). A config's
 ``selection.<key>`` block lists candidate settings; for each one the pipeline runs a short continuation of the base

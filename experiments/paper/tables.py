@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -22,6 +24,33 @@ from .config import BLOCKS, used_finetune_sets
 
 NOT_RUN = "not run"
 ALPHA = 0.05
+
+
+#: an absolute path in a recorded command: at the start, or after a space, quote, ``=``, ``:``, ``(`` or a backquote
+#: (not the rest of a path, nor a placeholder's such as ``<work-dir>/x`` or ``$HOME/x``)
+_ABS_PATH = re.compile(r"(?<![\w.~/<>{}\[\]$*%-])/[\w.+@%*-]+(?:/[\w.+@%*-]*)*")
+
+
+def portable(text: str, cwd: Optional[str] = None) -> str:
+    """``text`` (a command) with every absolute path written relative to the working directory ``cwd`` (default: the
+    current one); a path inside an installed package is written from ``<site-packages>``, and one far from ``cwd``
+    in the temporary or home directory from ``$TMPDIR`` or ``$HOME``: a record names the paths as the user would
+    give them from the repository, never one machine's own directories."""
+    cwd = os.path.abspath(cwd or os.getcwd())
+    homes = [(os.path.abspath(tempfile.gettempdir()), "$TMPDIR"), (os.path.abspath(os.path.expanduser("~")), "$HOME")]
+
+    def rel(m: "re.Match[str]") -> str:
+        path = m.group(0)
+        for marker in ("/site-packages/", "/dist-packages/"):
+            if marker in path:
+                return "<site-packages>/" + path.split(marker, 1)[1]
+        relative = os.path.relpath(path, cwd)
+        if relative.startswith(os.path.join(os.pardir, os.pardir, "")):
+            for root, name in homes:
+                if root != os.sep and (path == root or path.startswith(root + os.sep)):
+                    return name + path[len(root):]
+        return relative
+    return _ABS_PATH.sub(rel, text)
 
 
 def machine() -> str:
@@ -60,7 +89,7 @@ class Writer:
     """Writes tables (Markdown + CSV) with a common header under ``out``."""
 
     def __init__(self, out: Path, command: str, cfg: dict[str, Any]):
-        self.out, self.command, self.cfg = out, command, cfg
+        self.out, self.command, self.cfg = out, portable(command), cfg
         out.mkdir(parents=True, exist_ok=True)
 
     def header(self, title: str) -> str:
@@ -90,7 +119,7 @@ def _fmt(v: Optional[float], marks: str = "") -> str:
 def _comparable(res: dict[str, Any], system: str, baseline: str) -> bool:
     """Whether a significance mark may compare ``system`` with ``baseline``: not between fine-tuned rows of unequal
     fine-tuning seed counts (a one-seed row's per-query test against a three-seed mean takes the seed spread for an
-    effect: issue 36). BM25 (deterministic) and rows evaluated without seeds (the zero-shot block, a set without
+    effect). BM25 (deterministic) and rows evaluated without seeds (the zero-shot block, a set without
     ``"seeds": "all"``) compare with any row."""
     seeds = res.get("seeds")
     if not seeds or BM25 in (system, baseline):
@@ -245,7 +274,7 @@ class Tables:
                      "is printed between fine-tuned rows of unequal seed counts (a '(1 seed)' row against a seed-"
                      "averaged baseline, or a model with a seed not finished): the paired test on one seed's per-query "
                      "scores against a mean over seeds takes the spread between fine-tuning seeds for an effect "
-                     "(issue 36); their p-values stay in `experiments.md`. ") if seeded else ""
+                     "; their p-values stay in `experiments.md`. ") if seeded else ""
         set_notes = " ".join(f"{e.get('label', s)}: {e['note']}" for s, e in self.cfg["eval_sets"].items() if e.get("note"))
         rel2 = [s for s, e in self.cfg["eval_sets"].items() if any("(rel=2)" in m for m in e["metrics"])]
         rel_note = ("'(rel>=2)': label >= 2 counts as relevant (ir_measures `RR(rel=2)@10`, `R(rel=2)@1000`), as "
@@ -407,12 +436,13 @@ class Tables:
 
     def write_stages(self) -> None:
         table = self.stage_table()
-        cmds = "\n".join(f"    {r['command']}   # {r.get('wall_s')} s ({r.get('wall_how')})" for r in self.records)
+        cmds = "\n".join(f"    {portable(r['command'])}   # {r.get('wall_s')} s ({r.get('wall_how')})" for r in self.records)
         total = sum((r.get("wall_s") or 0) for r in self.records)
         self.w.write("stages", "Stages: commands, wall times, encoder sequences", [
             ("Stages", table.to_markdown(index=False, disable_numparse=True) + f"\n\nTotal recorded stage time: {total:.0f} s."),
             ("Commands", cmds or "(none recorded)")], table.assign(
-                command=[next((r["command"] for r in self.records if r["stage"] == s), None) for s in table["stage"]]))
+                command=[next((portable(r["command"]) for r in self.records if r["stage"] == s), None)
+                         for s in table["stage"]]))
 
     def write_experiments(self) -> None:
         parts, frames = [], []

@@ -1,4 +1,4 @@
-"""Choose the fine-tuning learning rate of a paper scale on held-aside *training* queries (issue 12).
+"""Choose the fine-tuning learning rate of a paper scale on held-aside *training* queries.
 
 The cpu scale's fine-tuning recipe (``finetune.args`` of ``experiments/configs/paper_cpu.json``: the paper's
 pairwise loss with 1 positive + 7 BM25 negatives, lr 5e-5, 3 epochs) was fixed a priori. This script checks that
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     if a.out:
         lines = [
-            "# Fine-tuning learning rate, chosen on held-aside training queries (cpu scale, issue 12)", "",
+            "# Fine-tuning learning rate, chosen on held-aside training queries (cpu scale)", "",
             f"Command: `python experiments/studies/finetune_lr_dev.py {' '.join(shlex.quote(x) for x in (argv or sys.argv[1:]))}`",
             "", f"Machine: {platform.platform()}, {os.cpu_count()} CPU cores, no GPU; recorded "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: on Vaswani, the real MiniLM encoder (pooling="mean", normalize=True) with the numpy,
+"""On Vaswani, the real MiniLM encoder (pooling="mean", normalize=True) with the numpy,
 torch and FAISS-flat retrievers gives identical top-10 rankings, and HNSW keeps recall@10 >= 0.95 against
 exact search.
 

@@ -1,7 +1,6 @@
 """Exact top-k in half precision: candidates scored from float16, rescored in float32, the cut proved (torch).
 
-The float32 kernel (:func:`.kernels.torch_search` with ``precision="fp32"``) is bound by the card's float32 peak (an
-H200: ~50 TFLOP/s, i.e. ~3,700 queries/s over 8.8M x 768).  Here each chunk is scored from float16 queries and
+The float32 kernel (:func:`.kernels.torch_search` with ``precision="fp32"``) is bound by the card's float32 peak.  Here each chunk is scored from float16 queries and
 vectors on tensor cores, with float32 accumulation and a float32 result (:func:`half_scores`), the best
 ``width >= k`` entries of each query are taken from those approximate scores, and only they are scored again from
 the stored values in float32.  The result is the float32 kernel's whenever a per-query check holds, and the check is
@@ -22,8 +21,8 @@ slower one.  Each chunk's candidates are found without sorting its whole score m
 of ``BLOCK`` consecutive documents is taken, the ``width`` blocks with the largest maxima are the only ones that can
 hold a top-``width`` entry (at least ``width`` entries reach the ``width``-th largest block maximum), and the
 top-``width`` is taken over those blocks' documents alone.  The scores are document-major (``(n, q)``) so that the
-block maxima are a coalesced reduction over rows (measured on an H200: a 32-wide reduction along each query's row
-ran at a tenth of the memory bandwidth).
+block maxima are a coalesced reduction over rows (a reduction along each query's row measured at a tenth of the
+memory bandwidth on a GPU).
 """
 from __future__ import annotations
 

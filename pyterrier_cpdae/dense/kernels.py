@@ -60,18 +60,17 @@ def _outputs(parts: Sequence[Part], queries: np.ndarray, k: int) -> Tuple[np.nda
 _MIN_POOL = 32
 
 #: float32 scores one worker of the fused filter computes and filters at a time: a core's L2 cache (see update_fused).
-#: Measured (2-core Xeon, 3M x 384, 1,000 queries, k=1000): 2, 4 and 8 MiB equal (9.2-9.3 s); smaller tiles are
-#: slower, their BLAS products too narrow (1 MiB 9.9 s, 512 KiB 11.1 s, 256 KiB 12.3 s)
+#: Larger tiles measured no faster and smaller ones slower, their BLAS products too narrow
+#: (experiments/results/bench_search_bound.md)
 _TILE_SCORE_BYTES = 2 << 20
 
 #: the fused path runs for query batches whose block of scores takes at least this (at 16,384-row blocks: from 128
-#: queries on); below, one BLAS-threaded product per block measured as fast or faster (2-core Xeon, 2 workers: 1 query
-#: 0.55x, 10 queries 0.81x, 100 queries 1.04x, 300-1,000 queries 1.05-1.15x the unfused path's speed; one worker
-#: calling a 2-thread BLAS per tile: 0.97-0.98x, so one worker does not fuse)
+#: queries on); below, and with one worker, one BLAS-threaded product per block measured as fast or faster
+#: (experiments/results/bench_search_bound.md)
 _FUSED_MIN_SCORE_BYTES = 8 << 20
 
 #: the fused path's first block (scored whole, to set the running threshold) has 16 x k rows, at least this many
-#: (and at most block_size): 100k x 384, 1,000 queries, k=10/100: 0.36 -> 0.32 s, 0.43 -> 0.38 s on a 2-core Xeon
+#: (and at most block_size): a shorter first block sets the threshold sooner, measured faster at k = 10 and 100
 _FIRST_BLOCK_ROWS = 4096
 
 #: the id of padding entries: it loses every tie, so padding never displaces a real document of equal score
@@ -321,8 +320,8 @@ def numpy_search(parts: Sequence[Part], queries: np.ndarray, k: int, *,
     4,096). From then on (``fused``, the default, with ``threads > 1`` and batches of at least 128
     queries at the default block size), a block's rows are split over ``threads`` workers that score and filter them
     in tiles small enough for a core's L2 cache (about 2 MiB of scores), the BLAS limited to one thread per call
-    meanwhile (:func:`one_blas_thread`): the block's score matrix is never written to memory, and the filter reads its scores from the cache (8.8M x 384 on a 2-core Xeon: 74.5% -> 83.0% of the
-    machine's matmul bound at k = 1,000, 79.5% -> 91.4% at k = 10; ``experiments/results/bench_search_bound.md``).
+    meanwhile (:func:`one_blas_thread`): the block's score matrix is never written to memory, and the filter reads its scores from the cache, which measured faster than the unfused path
+    (``experiments/results/bench_search_bound.md``).
     Where the BLAS cannot be limited and ``threads > 1``, the unfused path runs throughout. Both paths compute every
     score with a float32 BLAS product of the same query and document rows and return the same rankings (ties by
     ascending id).
@@ -587,8 +586,7 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
             chunk_size = max(1, (1 << 30) // (itemsize * dim))
         else:
             # no copy to stage: a chunk is bounded by its score matrix only; fewer, larger chunks mean fewer merges
-            # (measured on an H200 in float32: 87k-row chunks gave 1,404 queries/s over 8.8M x 768, 1 GiB of
-            # scores 1,591)
+            # (1 GiB of scores measured faster than smaller chunks on a GPU: experiments/results/gpu/README.md)
             score_bytes = RESIDENT_FP16_SCORE_BYTES if precision == "fp16" else (1 << 30)
             per_row = 4 * min(len(queries), query_batch_size)
             chunk_size = max(1, score_bytes // per_row)

