@@ -245,3 +245,23 @@ def test_hostile_names_cannot_break_the_card(tmp_path, tiny_bert_dir):
     # the corpus row of the data table has its two cells (the | of the file name is escaped)
     row = re.search(r"<tr>\s*<td>corpus</td>(.*?)</tr>", rendered, re.S)
     assert row and row.group(1).count("<td>") == 1
+
+
+def test_front_matter_lists_only_dataset_ids(tmp_path):
+    """``datasets``: ir_datasets ids kept (with their prefix), local files, folders and the built-in sample left to the
+    body; the whole card parses with huggingface_hub and names no path."""
+    from pretrain.export.card import dataset_ids, render
+
+    assert dataset_ids(["irds:msmarco-passage/train", f"groups:{tmp_path}/g.jsonl", "sample", f"beir:{tmp_path}:train",
+                        str(tmp_path / "c.txt"), None, "irds:a b"]) == ["irds:msmarco-passage/train"]
+    state = {"record": {"kind": "finetune", "base_model": {"name": str(tmp_path / "base"), "hub_id": None},
+                        "data": {"train": "irds:msmarco-passage/train/judged"}, "encoder": {},
+                        "config": {"output": str(tmp_path / "out"), "model": str(tmp_path / "base"),
+                                   "train": "irds:msmarco-passage/train/judged"},
+                        "command": f"python -m pretrain finetune --model {tmp_path}/base --output {tmp_path}/out"},
+             "sessions": [], "evaluations": []}
+    text = render(state, where=str(tmp_path / "out"))
+    meta = _front_matter(text)
+    assert meta["datasets"] == ["irds:msmarco-passage/train/judged"] and "base_model" not in meta
+    _assert_no_absolute_path(text, tmp_path)
+    assert "--model <dir>/base --output ." in text
