@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import json
 import math
 import os
@@ -42,9 +41,10 @@ import pyterrier_alpha as pta
 
 from pyterrier_cpdae._artifact import IncompleteIndexError, PackagedArtifact, read_pt_meta
 from pyterrier_cpdae._checks import as_docno
-from pyterrier_cpdae._files import disk_full, temporary_files, write_json_atomic
+from pyterrier_cpdae._files import temporary_files, write_json_atomic
 from pyterrier_cpdae._locking import build_lock, describe_holder, holder
-from pyterrier_cpdae.bm25.jvm import autoclass, detach_thread, is_java_exception
+from pyterrier_cpdae.bm25.build_errors import LuceneFailure, NotAllIndexed, build_error
+from pyterrier_cpdae.bm25.jvm import autoclass, detach_thread
 
 __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader"]
 
@@ -354,7 +354,7 @@ class BM25Indexer(pt.Indexer):
                 else:
                     shutil.rmtree(lucene_path, ignore_errors=True)
                     (path / _META_FILE).unlink(missing_ok=True)
-                error = _build_error(path, e)
+                error = build_error(path, e)
                 if error is None:
                     raise
                 raise error from e
@@ -423,7 +423,7 @@ class BM25Indexer(pt.Indexer):
             except Exception:  # pragma: no cover - best effort; the caller removes the folder
                 pass
             if tragedy is not None:
-                raise _LuceneFailure(tragedy) from e
+                raise LuceneFailure(tragedy) from e
             raise
         return num_docs, num_empty
 
@@ -466,86 +466,9 @@ class _Sink:
     def _check_added(self, added: int, refused: Optional[str] = None) -> int:
         if added != self.num_sent:
             first = f"; the first refused docno is {refused!r}" if refused else ""
-            raise _NotAllIndexed(f"Lucene indexed {added} of the {self.num_sent} documents sent{first} (see the Java "
+            raise NotAllIndexed(f"Lucene indexed {added} of the {self.num_sent} documents sent{first} (see the Java "
                                "log above)")
         return added
-
-
-class _NotAllIndexed(RuntimeError):
-    """Lucene accepted fewer documents than were sent (its reasons are in the Java log)."""
-
-
-class _LuceneFailure(Exception):
-    """Lucene's first failure during a build (:meth:`_Sink.tragedy`), carried to :func:`_build_error`."""
-
-    def __init__(self, tragedy: Any):
-        super().__init__(_java_text(tragedy))
-        self.io = _is_io_error(tragedy)
-
-
-def _java_text(throwable: Any) -> str:
-    """``ClassName: message`` of a Java ``Throwable``, on one line."""
-    try:
-        return _one_line(str(throwable.toString()))
-    except Exception:  # pragma: no cover - a Throwable always has toString()
-        return _one_line(str(throwable))
-
-
-def _is_io_error(throwable: Any) -> bool:
-    """Whether a Java ``Throwable`` is an ``IOException`` (or wraps one: ``UncheckedIOException``)."""
-    try:
-        t = throwable
-        while t is not None:
-            c = t.getClass()
-            while c is not None:
-                if c.getName() == "java.io.IOException":
-                    return True
-                c = c.getSuperclass()
-            t = t.getCause()
-    except Exception:  # pragma: no cover
-        pass
-    return False
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _java_exception_cause(e: BaseException) -> tuple[str, bool]:
-    """(the first cause as ``ClassName: message``, whether it is an I/O error) of a pyjnius ``JavaException``: the
-    deepest ``Caused by`` of its Java stack trace, else the exception itself."""
-    lines = [str(x) for x in (getattr(e, "stacktrace", None) or [])]
-    causes = [x.split("Caused by:", 1)[1].strip() for x in lines if "Caused by:" in x]
-    name = str(getattr(e, "classname", None) or "")
-    inner = getattr(e, "innermessage", None)
-    text = causes[-1] if causes else (f"{name}: {inner}" if name and inner else (name or str(e)))
-    cause_name = text.split(":", 1)[0]
-    return _one_line(text), "IOException" in cause_name or cause_name.startswith("java.io.")
-
-
-def _build_error(path: Path, e: BaseException) -> Optional[BaseException]:
-    """The one-line error that replaces ``e``, a failed build of the BM25 index at ``path`` whose unfinished index
-    was removed; None when ``e`` is to be raised as it is (a Python error that already names its problem)."""
-    if isinstance(e, _LuceneFailure):
-        cause, io = str(e), e.io
-    elif is_java_exception(e):
-        cause, io = _java_exception_cause(e)
-    elif disk_full(e):  # Python's own writes (pt_meta.json)
-        cause, io = _one_line(str(e)), True
-    elif isinstance(e, _NotAllIndexed):
-        return RuntimeError(f"building the BM25 index at {path} failed: {_one_line(str(e))}; the unfinished index "
-                            "was removed")
-    else:
-        return None
-    if disk_full(e) or "No space left on device" in cause:
-        return OSError(errno.ENOSPC, f"no space left on {path} while building the BM25 index there ({cause}); the "
-                                     "unfinished index was removed; free some space or choose another path", str(path))
-    if io:
-        return OSError(errno.EIO, f"I/O error while building the BM25 index at {path} ({cause}); the unfinished "
-                                  "index was removed", str(path))
-    return RuntimeError(f"building the BM25 index at {path} failed in Lucene ({cause}); the unfinished index was "
-                        "removed")
 
 
 def _batch_bytes(batch: list[str], positions: list[int]) -> bytes:
