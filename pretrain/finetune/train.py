@@ -331,8 +331,13 @@ def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], 
 
     out = _round_dir(cfg, round_)
     start = round_start(cfg, round_)
+    # trained, mined and exported with the start's normalisation (its Normalize module is kept unless --pooling
+    # replaces its pipeline), so that the export encodes as the model was trained
+    from pyterrier_cpdae.encoder.st_export import export_pipeline
+
+    normalize = export_pipeline(start, cfg.pooling, "--pooling")["normalize"]
     module = BiEncoder.from_pretrained(start, pooling=cfg.pooling, loss=cfg.loss,
-                                       in_batch_negatives=cfg.in_batch_negatives,
+                                       in_batch_negatives=cfg.in_batch_negatives, normalize=normalize,
                                        query_max_length=cfg.query_max_length, doc_max_length=cfg.doc_max_length)
     # the encoder is trained without its pooler: the start checkpoint's is carried into the export
     carried = base_pooler(start, module.encoder.config, cfg.seed)

@@ -38,7 +38,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pyterrier_cpdae.encoder.pooling import pool
-from pyterrier_cpdae.encoder.st_export import write_st_config
+from pyterrier_cpdae.encoder.st_export import export_pipeline, write_st_config
 
 from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
 from ..distributed import global_mean_count
@@ -291,8 +291,13 @@ class Objective(nn.Module):
         with quiet_transformers(warnings=True):  # no "Writing model shards" bar for one file
             model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-        write_st_config(path, pooling=getattr(self.config, "representation", "cls"), max_seq_length=self.config.max_length,
-                        hidden_size=self.mlm_model.config.hidden_size)
+        # the base's sentence-transformers pipeline (Normalize included) is kept unless --representation replaces it
+        representation = getattr(self.config, "representation", "cls")
+        base = None if getattr(self.config, "from_config", None) else getattr(self.config, "model", None)
+        pipe = export_pipeline(base, representation, "--representation")
+        write_st_config(path, pooling=representation, max_seq_length=pipe["max_seq_length"] or self.config.max_length,
+                        hidden_size=self.mlm_model.config.hidden_size, normalize=pipe["normalize"],
+                        do_lower_case=bool(pipe["do_lower_case"]))
         decoders = self.decoder_modules()
         if decoders:
             from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHead

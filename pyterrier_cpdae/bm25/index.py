@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import json
 import math
 import os
@@ -42,8 +41,9 @@ import pyterrier_alpha as pta
 
 from pyterrier_cpdae._artifact import IncompleteIndexError, PackagedArtifact, read_pt_meta
 from pyterrier_cpdae._checks import as_docno
-from pyterrier_cpdae._files import disk_full, temporary_files, write_json_atomic
+from pyterrier_cpdae._files import temporary_files, write_json_atomic
 from pyterrier_cpdae._locking import build_lock, describe_holder, holder
+from pyterrier_cpdae.bm25.build_errors import LuceneFailure, NotAllIndexed, build_error
 from pyterrier_cpdae.bm25.jvm import autoclass, detach_thread
 
 __all__ = ["BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader"]
@@ -321,8 +321,10 @@ class BM25Indexer(pt.Indexer):
         Raises:
             ConcurrentBuildError: another process is building the same path.
             ValueError: a document breaks the input rules above (the message names it), or nothing was indexed.
-            OSError: ``errno.ENOSPC``, "no space left on <path>", when the disk fills up during the build (the
-                unfinished index is removed).
+            OSError: ``errno.ENOSPC``, "no space left on <path>", when the disk fills up during the build, or
+                ``errno.EIO`` for another I/O error of Lucene's (one line naming the folder and Lucene's first
+                failure, whichever indexing thread met it; the unfinished index is removed).
+            RuntimeError: another failure inside Lucene (one line, as above); no raw Java exception is raised.
         """
         simple_indexer = autoclass("io.anserini.index.SimpleIndexer")  # sets up Java before touching the folder
         path = Path(self.index_ref.path)
@@ -335,30 +337,30 @@ class BM25Indexer(pt.Indexer):
                     raise ValueError(f"no documents were indexed into {path} (empty input"
                                      f"{f', or only the {num_empty} with empty text' if num_empty else ''}); "
                                      "a BM25 index needs at least one document with text")
+                meta = {
+                    "type": BM25Index.ARTIFACT_TYPE,
+                    "format": BM25Index.ARTIFACT_FORMAT,
+                    "package_hint": BM25Index.ARTIFACT_PACKAGE_HINT,
+                    "num_docs": num_docs,
+                    "num_empty_skipped": num_empty,
+                    "stored_fields": ["contents"] if self.store_text else [],
+                    "analyzer": "anserini-default (Lucene standard tokenizer, English stop words, Porter stemmer)",
+                }
+                # written last: its presence is what built() checks
+                write_json_atomic(path / _META_FILE, meta)
             except BaseException as e:
                 if created:
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     shutil.rmtree(lucene_path, ignore_errors=True)
-                if disk_full(e):  # Lucene reports it as "AlreadyClosedException: this IndexWriter is closed"
-                    raise OSError(errno.ENOSPC, f"no space left on {path} while building the BM25 index there "
-                                                "(the unfinished index was removed); free some space or choose "
-                                                "another path", str(path)) from e
-                raise
+                    (path / _META_FILE).unlink(missing_ok=True)
+                error = build_error(path, e)
+                if error is None:
+                    raise
+                raise error from e
             if num_empty:
                 warnings.warn(f"{num_empty} document(s) with empty text were not indexed (they cannot match any "
                               "query)", stacklevel=2)
-            meta = {
-                "type": BM25Index.ARTIFACT_TYPE,
-                "format": BM25Index.ARTIFACT_FORMAT,
-                "package_hint": BM25Index.ARTIFACT_PACKAGE_HINT,
-                "num_docs": num_docs,
-                "num_empty_skipped": num_empty,
-                "stored_fields": ["contents"] if self.store_text else [],
-                "analyzer": "anserini-default (Lucene standard tokenizer, English stop words, Porter stemmer)",
-            }
-            # written last: its presence is what built() checks
-            write_json_atomic(path / _META_FILE, meta)
         return self.index_ref
 
     def _open_sink(self, simple_indexer: Any, lucene_path: Path) -> "_Sink":
@@ -411,13 +413,18 @@ class BM25Indexer(pt.Indexer):
             if batch:
                 sink.send(batch, positions)
             num_docs = sink.finish()
-        except BaseException:
+            sink.close()  # commits
+        except BaseException as e:
+            # Lucene keeps the first failure of any of its threads (its "tragedy"), which closes the writer: the
+            # error that reached this thread may be a later one (another thread's "this DocumentsWriter is closed")
+            tragedy = sink.tragedy() if isinstance(e, Exception) else None
             try:
                 sink.abort()
             except Exception:  # pragma: no cover - best effort; the caller removes the folder
                 pass
+            if tragedy is not None:
+                raise LuceneFailure(tragedy) from e
             raise
-        sink.close()  # commits
         return num_docs, num_empty
 
 
@@ -449,10 +456,17 @@ class _Sink:
         """Stops after a failure (no batch runs any more) and closes the writer; the caller removes the index."""
         self.writer.close()
 
+    def tragedy(self) -> Optional[Any]:
+        """The first failure of Lucene's writer (a Java ``Throwable``, whichever thread met it), or None."""
+        try:
+            return self.writer.writer.getTragicException()  # SimpleIndexer's IndexWriter (pyjnius reaches it)
+        except Exception:  # another Anserini version: no such field; the error that reached Python is named
+            return None
+
     def _check_added(self, added: int, refused: Optional[str] = None) -> int:
         if added != self.num_sent:
             first = f"; the first refused docno is {refused!r}" if refused else ""
-            raise RuntimeError(f"Lucene indexed {added} of the {self.num_sent} documents sent{first} (see the Java "
+            raise NotAllIndexed(f"Lucene indexed {added} of the {self.num_sent} documents sent{first} (see the Java "
                                "log above)")
         return added
 

@@ -38,7 +38,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["ensure_java", "autoclass", "detach_thread", "JAVA_MIN_VERSION"]
+__all__ = ["ensure_java", "autoclass", "detach_thread", "is_java_exception", "JAVA_MIN_VERSION"]
 
 #: The Java feature version Anserini 1.7.1 (Pyserini 1.6.0) is compiled for.
 JAVA_MIN_VERSION = 21
@@ -221,3 +221,9 @@ def detach_thread() -> None:
         import jnius
 
         jnius.detach()
+
+
+def is_java_exception(exc: BaseException) -> bool:
+    """Whether ``exc`` is pyjnius' ``JavaException`` (a Java exception thrown into Python), told without importing
+    ``jnius``."""
+    return any(c.__name__ == "JavaException" and c.__module__.split(".")[0] == "jnius" for c in type(exc).__mro__)

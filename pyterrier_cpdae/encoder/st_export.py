@@ -11,6 +11,8 @@ that reads them) rebuilds the same text encoder::
 
 :func:`write_st_config` writes them; :func:`read_encoder_settings` reads them back (or, for directories exported
 before these files existed, the ``training_args.json`` of a fine-tuning run) for :meth:`CPDAE.from_pretrained`.
+:func:`export_pipeline` says which of them a run continued from a base model keeps: the base's own pipeline
+(``Normalize`` included) unless the run's pooling option replaces it.
 """
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Union
 
 from .._files import write_json_atomic
 from .pooling import POOLINGS
 
-__all__ = ["write_st_config", "read_encoder_settings", "exported_model_files", "remove_exported_model"]
+__all__ = ["write_st_config", "read_encoder_settings", "exported_model_files", "remove_exported_model", "base_pipeline",
+           "export_pipeline"]
 
 MODULES = "modules.json"
 SBERT_CONFIG = "sentence_bert_config.json"
@@ -192,3 +195,59 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
             if key not in out and config.get(key) is not None:
                 out[key] = (config[key], args_path)
     return out
+
+
+def base_pipeline(base: Union[str, os.PathLike, None]) -> Optional[Dict[str, Any]]:
+    """The sentence-transformers pipeline that model directory ``base`` declares, or None when it declares none (a
+    Hub name, a plain Hugging Face directory, unreadable files).
+
+    Returns:
+        ``{"modules": [module type names, in order], "pooling", "normalize", "max_seq_length", "do_lower_case"}``
+        (the last two None where the directory does not say).
+    """
+    if not base or not os.path.isdir(base) or not os.path.isfile(os.path.join(base, MODULES)):
+        return None
+    try:
+        modules = _read_json(os.path.join(base, MODULES))
+        types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        settings = read_encoder_settings(base)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if "pooling" not in settings:
+        return None
+    return {"modules": types, "pooling": settings["pooling"][0], "normalize": bool(settings["normalize"][0]),
+            "max_seq_length": settings.get("doc_max_length", (None,))[0],
+            "do_lower_case": settings.get("do_lower_case", (None,))[0]}
+
+
+_KEPT_TYPES = ("Transformer", "Pooling", "Normalize")
+
+
+def export_pipeline(base: Union[str, os.PathLike, None], pooling: str, option: str = "pooling") -> Dict[str, Any]:
+    """The sentence-transformers pipeline of an export continued from ``base`` with the run's ``pooling``.
+
+    The base's own pipeline is kept, ``Normalize`` included, with its maximum length and lower-casing, when the run
+    pools as the base does; a run whose pooling option (``option``) differs replaces the base's Pooling and what
+    follows it by its own ``Transformer -> Pooling``. Modules that CPDAE does not implement (e.g. ``Dense``) are never
+    exported, and the note says so.
+
+    Returns:
+        ``{"normalize": bool, "max_seq_length": int or None, "do_lower_case": bool or None, "kept": bool,
+        "modules": [module type names of the export], "note": one sentence for the model card}``.
+    """
+    pipe = base_pipeline(base)
+    own = ["Transformer", "Pooling"]
+    if pipe is None:
+        return {"normalize": False, "max_seq_length": None, "do_lower_case": None, "kept": False, "modules": own,
+                "note": f"Transformer → Pooling ({pooling}): the base declares no sentence-transformers pipeline"}
+    if pipe["pooling"] != pooling:
+        return {"normalize": False, "max_seq_length": None, "do_lower_case": None, "kept": False, "modules": own,
+                "note": f"Transformer → Pooling ({pooling}): the run's {option} ({pooling}) replaces the base's "
+                        f"pipeline ({' → '.join(pipe['modules'])}, {pipe['pooling']} pooling)"}
+    kept = [t for t in pipe["modules"] if t in _KEPT_TYPES]
+    dropped = [t for t in pipe["modules"] if t not in _KEPT_TYPES]
+    note = f"{' → '.join(kept)} ({pooling} pooling{', L2-normalised' if pipe['normalize'] else ''}), kept from the base"
+    if dropped:
+        note += f"; the base's {', '.join(dropped)} module(s) are not exported (CPDAE does not implement them)"
+    return {"normalize": pipe["normalize"], "max_seq_length": pipe["max_seq_length"],
+            "do_lower_case": pipe["do_lower_case"], "kept": True, "modules": kept, "note": note}
