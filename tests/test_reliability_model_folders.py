@@ -254,6 +254,8 @@ def test_header_check_accepts_real_folders(encoder_dir, tiny_bert_dir, minilm_pa
     ("sentence_bert_config.json", '{"max_seq_length": "256"}', "max_seq_length must be an integer"),
     ("sentence_bert_config.json", '{"max_seq_length": 64, "do_lower_case": "false"}', "do_lower_case must be true"),
     ("sentence_bert_config.json", '{"max_seq_length": 64, "max_seq_length": 128}', "given twice"),
+    ("config.json", '[{"model_type": "bert"}]', "a mapping"),
+    ("config.json", '{"model_type": "bert", "hidden_size": 1e400}', "hidden_size"),
 ])
 def test_malformed_side_file_is_one_line_naming_it(encoder_dir, tmp_path, name, content, says):
     from pyterrier_cpdae.encoder import CPDAE

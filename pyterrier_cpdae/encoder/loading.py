@@ -5,10 +5,11 @@ Kept free of PyTerrier imports, so that ``python -m pretrain`` does not pay for 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Union
 
 import torch
 
@@ -186,12 +187,34 @@ def load_config(name_or_path: Union[str, os.PathLike]) -> Any:
     from transformers import AutoConfig
 
     name = os.fspath(name_or_path)
-    try:
+    with _one_line_config_errors(name):
         return AutoConfig.from_pretrained(name, trust_remote_code=False)
-    except ValueError as e:
+
+
+@contextlib.contextmanager
+def _one_line_config_errors(name: str) -> Iterator[None]:
+    """Around transformers' reading of a local directory's ``config.json``: the file is first read as data by the
+    bounded reader (not JSON, not an object, a key twice: one line naming it), and what transformers then refuses (a
+    size of the wrong type, custom code) becomes one ``ValueError`` naming the file (transformers' messages span
+    several lines, and some are ``TypeError`` or huggingface_hub's validation errors)."""
+    from .._files import read_config_file
+
+    config = os.path.join(name, "config.json")
+    local = os.path.isfile(config)
+    if local:
+        read_config_file(config)
+    try:
+        yield
+    except (OSError, MemoryError):
+        raise
+    except Exception as e:
         if "custom code" in str(e):
             raise _custom_code_refused(name, e) from None
-        raise
+        if not local:
+            raise
+        text = " ".join(str(e).split())
+        raise ValueError(f"{config}: transformers cannot read it ({type(e).__name__}: "
+                         f"{text[:300] + '...' if len(text) > 300 else text})") from None
 
 
 def check_auto_fits(path: str, auto_class: type, config: Any = None) -> Any:
@@ -225,12 +248,8 @@ def load_tokenizer(name_or_path: Union[str, os.PathLike]) -> Any:
     local = os.path.isdir(name)
     if local:
         check_model_dir(name)
-    try:
+    with _one_line_config_errors(name):  # the tokenizer's loader reads config.json first
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-    except ValueError as e:
-        if "custom code" in str(e):
-            raise _custom_code_refused(name, e) from None
-        raise
     if local:
         check_tokenizer_files(name, tokenizer)
     return tokenizer
