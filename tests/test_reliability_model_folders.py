@@ -299,3 +299,31 @@ def test_well_formed_side_files_still_set_the_encoder(encoder_dir, tmp_path):
                                                                       "doc_max_length": 48}}))
     enc = CPDAE.from_pretrained(str(folder))
     assert (enc.pooling, enc.query_max_length, enc.doc_max_length) == ("cls", 24, 48)
+
+
+def test_sharded_weights_are_checked_across_their_shards(encoder_dir, tmp_path, monkeypatch):
+    """A folder saved in shards (``model.safetensors.index.json``) loads, and a config claiming more than all its
+    shards hold is refused before the model is built."""
+    from transformers import AutoModel
+
+    from pyterrier_cpdae.encoder.loading import load_encoder
+
+    sharded = tmp_path / "sharded"
+    shutil.copytree(encoder_dir, sharded, ignore=shutil.ignore_patterns("model.safetensors"))
+    AutoModel.from_pretrained(str(encoder_dir)).save_pretrained(sharded, max_shard_size="1MB")
+    shards = sorted(p.name for p in sharded.glob("model-*.safetensors"))
+    assert len(shards) >= 2 and (sharded / "model.safetensors.index.json").is_file()
+    reference = load_encoder(str(encoder_dir)).state_dict()
+    loaded = load_encoder(str(sharded)).state_dict()
+    assert all(torch.equal(loaded[k], reference[k]) for k in reference)
+
+    _edit_config(sharded, num_hidden_layers=4)  # one layer more than the shards hold
+
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built before its config was checked against the weights")
+
+    monkeypatch.setattr(AutoModel, "from_pretrained", built)
+    with pytest.raises(ValueError) as info:
+        load_encoder(str(sharded))
+    msg = str(info.value)
+    assert "\n" not in msg and str(sharded / "model.safetensors.index.json") in msg and "encoder.layer.3." in msg
