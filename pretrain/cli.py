@@ -131,9 +131,9 @@ def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
     from .modeling import load_mlm_model
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        tokenizer = AutoTokenizer.from_pretrained(config.model, trust_remote_code=False)
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load a tokenizer from --model {config.model!r}: {e}") from e
+        raise ValueError(f"cannot load a tokenizer from --model {config.model!r}: {' '.join(str(e).split())}") from e
     if config.from_config is None:
         from pyterrier_cpdae.encoder.loading import checkpoint_keys
         checkpoint_keys(config.model)  # names a damaged weights file (and a MemoryError as such)

@@ -27,6 +27,10 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
+from pyterrier_cpdae.encoder.weights_fit import clip as _clip
+from pyterrier_cpdae.encoder.weights_fit import dir_shapes as _shapes_of_dir
+from pyterrier_cpdae.encoder.weights_fit import safetensors_shapes, weight_problems
+
 try:  # transformers >= 5: these initialisers leave the weights that from_pretrained loaded alone
     from transformers import initialization as _init
 except ImportError:  # transformers 4: from_pretrained initialises only the modules it does not load
@@ -95,41 +99,6 @@ def check_head_spec(spec: Any, where: str, max_items: int = MAX_HEAD_ITEMS) -> N
                 check_size(f"{where}.args.{key}", value, MAX_HEAD_DIM, minimum=0)
 
 
-def safetensors_shapes(path: Union[str, os.PathLike]) -> dict[str, tuple[int, ...]]:
-    """``{name: shape}`` of every tensor in a safetensors file, read from its header alone (no tensor is loaded).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: it is not a readable safetensors file.
-    """
-    from safetensors import safe_open
-
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"weights file not found: {path}")
-    try:
-        with safe_open(path, framework="pt") as f:
-            return {k: tuple(int(d) for d in f.get_slice(k).get_shape()) for k in f.keys()}
-    except Exception as e:  # safetensors' SafetensorError and the like: a corrupt or foreign file
-        raise ValueError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from None
-
-
-def _shapes_of_dir(path: str) -> Optional[dict[str, tuple[int, ...]]]:
-    """The tensor shapes of a Hugging Face model directory's weights (one file or an index of shards), or None."""
-    single = os.path.join(path, SAFE_WEIGHTS_NAME)
-    if os.path.isfile(single):
-        return safetensors_shapes(single)
-    index = single + ".index.json"
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map", {})
-        shapes: dict[str, tuple[int, ...]] = {}
-        for shard in sorted(set(weight_map.values())):
-            shapes.update(safetensors_shapes(os.path.join(path, os.path.basename(shard))))
-        return shapes
-    return None
-
-
 def check_weights_fit(model_class: type, config: PretrainedConfig, shapes: dict[str, tuple[int, ...]],
                       where: str) -> None:
     """Refuses weights whose tensors are not exactly those of ``model_class(config)``, before it is built.
@@ -157,28 +126,6 @@ def check_weights_fit(model_class: type, config: PretrainedConfig, shapes: dict[
         raise ValueError(f"{where} does not hold the weights of this {model_class.__name__}: {problems}; "
                          "nothing is initialised randomly (the file holds another model part, or its config "
                          "was changed)")
-
-
-def weight_problems(expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]],
-                    needs: str = "the config needs") -> str:
-    """What differs between the tensors a module needs (``expected``: name -> shape) and those a file holds:
-    missing and unexpected names and differing shapes, as one message part (``""`` when they agree)."""
-    missing = sorted(set(expected) - set(shapes))
-    unexpected = sorted(set(shapes) - set(expected))
-    mismatched = [f"{k} {list(shapes[k])} where {needs} {list(expected[k])}"
-                  for k in sorted(expected) if k in shapes and tuple(shapes[k]) != tuple(expected[k])]
-    problems = []
-    if missing:
-        problems.append(f"missing {len(missing)} weight(s): {', '.join(_clip(missing))}")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected weight(s): {', '.join(_clip(unexpected))}")
-    if mismatched:
-        problems.append(f"{len(mismatched)} shape(s) differ: {'; '.join(_clip(mismatched))}")
-    return "; ".join(problems)
-
-
-def _clip(items: list[str], n: int = 20) -> list[str]:
-    return items if len(items) <= n else items[:n] + [f"... ({len(items) - n} more)"]
 
 
 def strict_from_pretrained(model_class: type, loader: Callable[..., Any], path: str, *args: Any,
@@ -703,16 +650,21 @@ def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm
     Raises:
         ValueError: if the checkpoint lacks trained MLM-head weights and ``new_mlm_head`` is False.
     """
-    from transformers import AutoConfig, AutoModelForMaskedLM
+    from transformers import AutoModelForMaskedLM
 
-    from pyterrier_cpdae.encoder.loading import float32_kwargs
+    from pyterrier_cpdae.encoder.loading import check_auto_fits, float32_kwargs, load_config
 
     if from_config is not None:
-        config = AutoConfig.from_pretrained(from_config)
-        return AutoModelForMaskedLM.from_config(config, **float32_kwargs())
+        config = load_config(from_config)
+        return AutoModelForMaskedLM.from_config(config, trust_remote_code=False, **float32_kwargs())
     kwargs = {**float32_kwargs(), **kwargs}
+    if "config" not in kwargs:  # a local checkpoint's sizes are checked against its weights before building
+        config = check_auto_fits(name_or_path, AutoModelForMaskedLM)
+        if config is not None:
+            kwargs["config"] = config
     with quiet_transformers():
-        model, info = AutoModelForMaskedLM.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+        model, info = AutoModelForMaskedLM.from_pretrained(name_or_path, output_loading_info=True,
+                                                           trust_remote_code=False, **kwargs)
     all_missing = set(info.get("missing_keys", ()))
     head = _head_keys(model)
     missing = all_missing & (head - _tied_keys(model))

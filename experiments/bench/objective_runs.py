@@ -165,7 +165,7 @@ def setup(args: argparse.Namespace, batches: int = 1) -> argparse.Namespace:
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    tok = AutoTokenizer.from_pretrained(args.model, trust_remote_code=False)
     torch.manual_seed(0)
     if args.config == "bert-base":
         mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), max_position_embeddings=max(512, args.length)))

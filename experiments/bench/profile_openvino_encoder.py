@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from pyterrier_cpdae.encoder.openvino_backend import compile_encoder
 
-    model = AutoModel.from_pretrained(args.model or default_model()).eval()
+    model = AutoModel.from_pretrained(args.model or default_model(), trust_remote_code=False).eval()
     enc = compile_encoder(model, args.pooling, True, profile=True)
     texts = max(1, args.batch_tokens // args.max_length)
     rng = np.random.default_rng(0)

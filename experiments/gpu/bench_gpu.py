@@ -194,7 +194,7 @@ def bench_encode(args, dev, peaks, model_dir: str, shape: dict, shape_name: str 
             fns[label] = ours
         unpadded = encoder._packing_kernel(encoder.model) is not None
         for label, dtype in (("st_fp32", torch.float32), ("st_bf16", torch.bfloat16)):
-            st = SentenceTransformer(model_dir, device=str(dev))
+            st = SentenceTransformer(model_dir, device=str(dev), trust_remote_code=False)
             st.max_seq_length = length
             st.to(dtype)
 
@@ -281,7 +281,7 @@ def stream_row(args, dev, peaks, encoder, model_dir: str, shape: dict, length: i
 
     def ours():  # as `(enc >> index.indexer()).index(corpus)`: PyTerrier's Compose.index chunks by the stage's batch_size
         pipeline.index({"docno": str(i), "text": t} for i, t in enumerate(texts))
-    st = SentenceTransformer(model_dir, device=str(dev))
+    st = SentenceTransformer(model_dir, device=str(dev), trust_remote_code=False)
     st.max_seq_length = length
     st.to(torch.bfloat16)
     times = timed_in_turn({"ours": ours, "st": lambda: st.encode(texts, batch_size=args.batch_size)}, dev, 1)

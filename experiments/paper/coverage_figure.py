@@ -94,7 +94,8 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
     positions = {}
     for name, path in models.items():
         try:
-            positions[name] = getattr(AutoConfig.from_pretrained(str(path)), "max_position_embeddings", max_length)
+            config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+            positions[name] = getattr(config, "max_position_embeddings", max_length)
         except (OSError, ValueError) as e:
             raise type(e)(f"coverage model {name!r} ({path}): {e}") from e
     # one truncation for every model and the prior, so that all curves measure the same token sets T

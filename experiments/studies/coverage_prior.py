@@ -37,7 +37,7 @@ def main(argv: Optional[list[str]] = None) -> dict[int, float]:
     p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_KS))
     args = p.parse_args(argv)
 
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    tok = AutoTokenizer.from_pretrained(args.tokenizer, trust_remote_code=False)
     df = token_counts(tok, iter_texts(args.fit_corpus, max_docs=args.fit_docs), unit="text",
                       max_length=args.fit_max_length)
     ranked = frequency_ranking(df, tok)

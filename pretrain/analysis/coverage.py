@@ -65,13 +65,15 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
         raise ValueError(f"unknown projection {projection!r}; choose one of {PROJECTIONS}")
     if os.path.sep in model and not os.path.exists(model):
         raise FileNotFoundError(f"model directory not found: {model}")
-    from pyterrier_cpdae.encoder.loading import float32_kwargs
+    from pyterrier_cpdae.encoder.loading import check_auto_fits, float32_kwargs
 
     from ..modeling import quiet_transformers
 
     with quiet_transformers():  # a missing head is handled here (projection); transformers' report would say "corrupt"
-        mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True, **float32_kwargs())
-    tokenizer = AutoTokenizer.from_pretrained(model)
+        check_auto_fits(model, AutoModelForMaskedLM)  # a local checkpoint's sizes, before anything is allocated
+        mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True, trust_remote_code=False,
+                                                         **float32_kwargs())
+    tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
     missing = info.get("missing_keys", [])
     head_missing = any(not k.startswith(("bert.", "roberta.", "embeddings.", "encoder.")) and "position_ids" not in k
                        for k in missing)

@@ -144,15 +144,16 @@ class DecoderInspector:
 
         from transformers import AutoModel, AutoTokenizer
 
-        from pyterrier_cpdae.encoder.loading import float32_kwargs
+        from pyterrier_cpdae.encoder.loading import check_auto_fits, float32_kwargs
 
         from ..modeling import CPDAEDecoder, quiet_transformers
 
-        tokenizer = AutoTokenizer.from_pretrained(os.fspath(model_dir))
+        tokenizer = AutoTokenizer.from_pretrained(os.fspath(model_dir), trust_remote_code=False)
         # the directory holds a masked-LM checkpoint: loading its encoder alone reports the MLM head as
         # unused and the (unused) pooler as new -- expected, so keep the load quiet (and without a progress bar)
         with quiet_transformers():
-            encoder = AutoModel.from_pretrained(os.fspath(model_dir), **float32_kwargs())
+            check_auto_fits(os.fspath(model_dir), AutoModel)  # sizes against the weights, before allocating
+            encoder = AutoModel.from_pretrained(os.fspath(model_dir), trust_remote_code=False, **float32_kwargs())
         decoder = CPDAEDecoder.from_pretrained(ddir)
         check_decoder_fits(model_dir, encoder, tokenizer, decoder)
         max_pos = getattr(encoder.config, "max_position_embeddings", max_length)

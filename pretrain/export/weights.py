@@ -86,7 +86,7 @@ def _pooler_module(config: Any) -> tuple[Optional[torch.nn.Module], Any]:
 
     try:
         with torch.device("meta"):
-            base = AutoModel.from_config(config)
+            base = AutoModel.from_config(config, trust_remote_code=False)
     except (ValueError, KeyError):  # a configuration AutoModel does not know: nothing to carry
         return None, None
     return getattr(base, "pooler", None), base

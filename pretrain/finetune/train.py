@@ -414,7 +414,7 @@ def _write_final_card(cfg: FinetuneConfig, summary: dict[str, Any], wall_s: floa
                       argv: Optional[list[str]]) -> None:
     """The model card of ``--output`` (rank 0), from the run's records (a resumed run adds its session); nothing
     when no model was exported there."""
-    from transformers import AutoConfig
+    from pyterrier_cpdae.encoder.loading import load_config
 
     from ..export.card import write_card
     from ..export.record import finetune_record
@@ -422,9 +422,9 @@ def _write_final_card(cfg: FinetuneConfig, summary: dict[str, Any], wall_s: floa
 
     if not os.path.isfile(os.path.join(cfg.output, "config.json")):
         return
-    model_config = AutoConfig.from_pretrained(cfg.output)
+    model_config = load_config(cfg.output)
     carried = base_pooler(round_start(cfg, cfg.mining_rounds), model_config, cfg.seed)
-    write_card(cfg.output, finetune_record(cfg, cfg.output, summary, AutoConfig.from_pretrained(cfg.model),
+    write_card(cfg.output, finetune_record(cfg, cfg.output, summary, load_config(cfg.model),
                                            wall_s, carried, argv))
 
 
@@ -455,8 +455,7 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
     Raises:
         ValueError, FileNotFoundError: one line naming the option.
     """
-    from pyterrier_cpdae.encoder.loading import load_tokenizer
-    from transformers import AutoConfig
+    from pyterrier_cpdae.encoder.loading import load_config, load_tokenizer
 
     from ..inputs import check_model_arg, check_writable_dir
 
@@ -467,7 +466,7 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
     if cfg.train.startswith("groups:") and not os.path.isfile(cfg.train[len("groups:"):]):
         raise FileNotFoundError(f"--train {cfg.train}: no such file")
     try:
-        model_config = AutoConfig.from_pretrained(cfg.model)
+        model_config = load_config(cfg.model)
         load_tokenizer(cfg.model)
     except (OSError, ValueError) as e:
         raise ValueError(f"--model {cfg.model}: cannot load its config and tokenizer ({' '.join(str(e).split())})") \

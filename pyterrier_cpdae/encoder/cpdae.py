@@ -330,8 +330,7 @@ class CPDAE(pt.Transformer):
                 or tokenizer files of a local directory).
             ValueError: when its sentence-transformers files are unreadable or use a pooling CPDAE lacks.
         """
-        from transformers import AutoConfig
-
+        from .loading import load_config
         from .st_export import read_encoder_settings
 
         name = os.fspath(name_or_path)
@@ -340,7 +339,7 @@ class CPDAE(pt.Transformer):
         tokenizer = load_tokenizer(name)  # names a missing config.json first
         if os.path.isdir(name):
             check_weights_file(name)  # safetensors only, refused here rather than at the first encode
-        config = AutoConfig.from_pretrained(name)
+        config = load_config(name)  # never runs code the directory names (auto_map)
         stored = read_encoder_settings(name)
         if stored.get("do_lower_case", (False,))[0]:
             logger.warning("%s: do_lower_case is true in %s, but CPDAE does not lower-case texts; lower-case "

@@ -5,15 +5,16 @@ Kept free of PyTerrier imports, so that ``python -m pretrain`` does not pay for 
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Union
 
 import torch
 
-__all__ = ["load_encoder", "load_tokenizer", "autocast_dtype", "check_model_dir", "check_weights_file", "float32_kwargs",
-           "weights_digest"]
+__all__ = ["load_encoder", "load_tokenizer", "load_config", "check_auto_fits", "autocast_dtype", "check_model_dir",
+           "check_weights_file", "float32_kwargs", "weights_digest"]
 
 
 def float32_kwargs() -> Dict[str, Any]:
@@ -158,6 +159,83 @@ def check_tokenizer_files(path: str, tokenizer: Any) -> None:
                       "tokenizer.save_pretrained(...)")
 
 
+def _custom_code_refused(name: str, error: ValueError) -> ValueError:
+    """One line for transformers' multi-line "contains custom code" refusal (``trust_remote_code=False``)."""
+    where = name
+    for file in ("config.json", "tokenizer_config.json"):
+        if os.path.isfile(os.path.join(name, file)):
+            try:
+                with open(os.path.join(name, file), encoding="utf8") as f:
+                    if "auto_map" in json.load(f):
+                        where = os.path.join(name, file)
+                        break
+            except (OSError, ValueError, TypeError):
+                continue
+    return ValueError(f"{where} asks to run custom code (auto_map) that transformers does not ship; code in a model "
+                      "directory is never run here (a model directory is data): use a model whose type transformers "
+                      "implements")
+
+
+def load_config(name_or_path: Union[str, os.PathLike]) -> Any:
+    """``AutoConfig.from_pretrained`` with ``trust_remote_code=False``: a config whose ``auto_map`` names code in
+    the directory is refused in one line (transformers would otherwise ask "Do you wish to run the custom code?" on a
+    terminal, or read the answer from stdin).
+
+    Raises:
+        ValueError: naming the file that asks for custom code.
+    """
+    from transformers import AutoConfig
+
+    name = os.fspath(name_or_path)
+    with _one_line_config_errors(name):
+        return AutoConfig.from_pretrained(name, trust_remote_code=False)
+
+
+@contextlib.contextmanager
+def _one_line_config_errors(name: str) -> Iterator[None]:
+    """Around transformers' reading of a local directory's ``config.json``: the file is first read as data by the
+    bounded reader (not JSON, not an object, a key twice: one line naming it), and what transformers then refuses (a
+    size of the wrong type, custom code) becomes one ``ValueError`` naming the file (transformers' messages span
+    several lines, and some are ``TypeError`` or huggingface_hub's validation errors)."""
+    from .._files import read_config_file
+
+    config = os.path.join(name, "config.json")
+    local = os.path.isfile(config)
+    if local:
+        read_config_file(config)
+    try:
+        yield
+    except (OSError, MemoryError):
+        raise
+    except Exception as e:
+        if "custom code" in str(e):
+            raise _custom_code_refused(name, e) from None
+        if not local:
+            raise
+        text = " ".join(str(e).split())
+        raise ValueError(f"{config}: transformers cannot read it ({type(e).__name__}: "
+                         f"{text[:300] + '...' if len(text) > 300 else text})") from None
+
+
+def check_auto_fits(path: str, auto_class: type, config: Any = None) -> Any:
+    """:func:`~pyterrier_cpdae.encoder.weights_fit.check_model_fits` for the class that ``auto_class``
+    (``AutoModel``, ``AutoModelForMaskedLM``) builds from a local directory's config, read without running custom
+    code; returns that config (``config`` itself for a Hub name, which is not checked).
+
+    Raises:
+        ValueError: naming the config or weights file that disagree, or a config that asks for custom code.
+    """
+    from .weights_fit import check_model_fits
+
+    if not os.path.isdir(path):
+        return config
+    config = load_config(path) if config is None else config
+    model_class = auto_class._model_mapping.get(type(config), None)
+    if model_class is not None:
+        check_model_fits(path, model_class, config)
+    return config
+
+
 def load_tokenizer(name_or_path: Union[str, os.PathLike]) -> Any:
     """``AutoTokenizer.from_pretrained``, refusing a local directory without a config or tokenizer files.
 
@@ -170,7 +248,8 @@ def load_tokenizer(name_or_path: Union[str, os.PathLike]) -> Any:
     local = os.path.isdir(name)
     if local:
         check_model_dir(name)
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    with _one_line_config_errors(name):  # the tokenizer's loader reads config.json first
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
     if local:
         check_tokenizer_files(name, tokenizer)
     return tokenizer
@@ -188,21 +267,27 @@ def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
     Raises:
         OSError: naming a local directory's missing ``config.json``, or its weights file when it is truncated or
             corrupt.
-        ValueError: when encoder weights are missing from the checkpoint (it is not an encoder of this type).
+        ValueError: when encoder weights are missing from the checkpoint (it is not an encoder of this type), when
+            the config's shapes differ from the safetensors header (checked before the model is built,
+            :func:`~pyterrier_cpdae.encoder.weights_fit.check_model_fits`), or when it asks for custom code.
     """
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
+
+    from .weights_fit import check_model_fits
 
     name = os.fspath(name_or_path)
     if os.path.isdir(name):
         check_model_dir(name)
         check_weights_file(name)
-    config = AutoConfig.from_pretrained(name)
+    config = load_config(name)
     checkpoint_keys(name)  # a truncated or corrupt weights file is named here (transformers would not name it)
     kwargs: Dict[str, Any] = {}
     model_class = AutoModel._model_mapping.get(type(config), None)
     if model_class is not None and "add_pooling_layer" in inspect.signature(model_class.__init__).parameters:
         kwargs["add_pooling_layer"] = False
+    if model_class is not None and os.path.isdir(name):
+        check_model_fits(name, model_class, config, **kwargs)  # before anything is allocated
     # transformers reports the MLM head of a pre-training checkpoint (and a pooler left out) as "unexpected"
     # keys; dropping them is the point here, and real problems (missing encoder weights) are checked below, so
     # its load report is silenced
@@ -210,7 +295,8 @@ def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar (in the middle of an "Encoding" bar) for one file
     try:
-        model, info = AutoModel.from_pretrained(name, output_loading_info=True, **kwargs, **float32_kwargs())
+        model, info = AutoModel.from_pretrained(name, config=config, output_loading_info=True, trust_remote_code=False,
+                                                **kwargs, **float32_kwargs())
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:

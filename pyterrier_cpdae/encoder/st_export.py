@@ -16,13 +16,12 @@ before these files existed, the ``training_args.json`` of a fine-tuning run) for
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
-from .._files import write_json_atomic
+from .._files import read_config_file, short_repr, write_json_atomic
 from .pooling import POOLINGS
 
 __all__ = ["write_st_config", "read_encoder_settings", "exported_model_files", "remove_exported_model", "base_pipeline",
@@ -65,7 +64,8 @@ def exported_model_files(path: Union[str, os.PathLike]) -> list:
     names = set(MODEL_FILES)
     try:
         names |= {n for n in os.listdir(path) if n.startswith("model-") and n.endswith(".safetensors")}
-        modules = _read_json(os.path.join(path, MODULES)) if os.path.isfile(os.path.join(path, MODULES)) else []
+        modules_path = os.path.join(path, MODULES)
+        modules = _read_json(modules_path, top=list) if os.path.isfile(modules_path) else []
         names |= {m["path"] for m in modules if isinstance(m, dict) and isinstance(m.get("path"), str)
                   and m["path"] not in (".", "..") and os.path.basename(os.path.normpath(m["path"])) == m["path"]}
         # (a module folder is one name inside the model directory: "..", "." or a path would delete elsewhere)
@@ -137,13 +137,40 @@ def write_st_config(path: Union[str, os.PathLike], *, pooling: str, hidden_size:
     write_json_atomic(Path(path, MODULES), modules)
 
 
-def _read_json(path: str) -> Any:
+def _read_json(path: str, top: type = dict) -> Any:
+    """A side file of a model directory, read as data by the bounded reader (:func:`read_config_file`): one line
+    naming the file when it is not JSON, too large, or does not hold a ``top`` (an object; a list for
+    ``modules.json``)."""
     try:
-        with open(path, encoding="utf8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON (line {e.lineno}: {e.msg}); restore it or delete the "
-                         "model directory's sentence-transformers files") from e
+        return read_config_file(path, top=top)
+    except ValueError as e:
+        raise ValueError(f"{e}; restore the file, or save the model again") from None
+
+
+def _setting(path: str, key: str, value: Any) -> Any:
+    """A stored encoder setting, checked: ``pooling`` one of :data:`POOLINGS`, lengths integers >= 1, flags
+    booleans.
+
+    Raises:
+        ValueError: naming the file, the key and the value (cut short).
+    """
+    if key == "pooling":
+        ok = value in POOLINGS
+        want = f"one of {POOLINGS}"
+    elif key in ("normalize", "do_lower_case"):
+        ok, want = isinstance(value, bool), "true or false"
+    else:  # a length: an integer (256.0 too), not a boolean, not inf or 1e400
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= _MAX_LENGTH
+        want = f"an integer in [1, {_MAX_LENGTH}]"
+    if not ok:
+        raise ValueError(f"{path}: {key} must be {want}, got {short_repr(value)}")
+    return value
+
+
+#: a length in tokens far above any model's positions (positions are clamped to the model's own maximum later)
+_MAX_LENGTH = 1 << 24
 
 
 def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
@@ -166,13 +193,25 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
         return out
     modules_path = os.path.join(path, MODULES)
     if os.path.isfile(modules_path):
-        modules = _read_json(modules_path)
-        types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        modules = _read_json(modules_path, top=list)
+        for i, m in enumerate(modules):
+            if not isinstance(m, dict) or not isinstance(m.get("type", ""), str) \
+                    or not isinstance(m.get("path", ""), str):
+                raise ValueError(f"{modules_path}: module {i} must be an object with a \"type\" and a \"path\" "
+                                 f"string, got {short_repr(m)}")
+        types = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
         out["normalize"] = ("Normalize" in types, MODULES)
         for m, kind in zip(modules, types):
             if kind != "Pooling":
                 continue
-            pool_path = os.path.join(path, m.get("path", POOLING_DIR), "config.json")
+            sub = m.get("path", POOLING_DIR)
+            if os.path.isabs(sub) or ".." in sub.replace("\\", "/").split("/"):
+                raise ValueError(f"{modules_path}: the Pooling module's path {short_repr(sub)} leaves the model "
+                                 "directory; a module is a folder inside it")
+            pool_path = os.path.join(path, sub, "config.json")
+            if not os.path.isfile(pool_path):
+                raise ValueError(f"{modules_path} names a Pooling module in {short_repr(sub)}, but {pool_path} does "
+                                 "not exist")
             cfg = _read_json(pool_path)
             modes = [name for name, key in _ST_POOLING_KEYS.items() if cfg.get(key)]
             others = [k for k in _OTHER_POOLING_KEYS if cfg.get(k)]
@@ -185,15 +224,18 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     if os.path.isfile(sbert_path):
         cfg = _read_json(sbert_path)
         if cfg.get("max_seq_length") is not None:
-            out["doc_max_length"] = (int(cfg["max_seq_length"]), sbert_path)
+            out["doc_max_length"] = (_setting(sbert_path, "max_seq_length", cfg["max_seq_length"]), sbert_path)
         if "do_lower_case" in cfg:
-            out["do_lower_case"] = (bool(cfg["do_lower_case"]), sbert_path)
+            out["do_lower_case"] = (_setting(sbert_path, "do_lower_case", cfg["do_lower_case"]), sbert_path)
     args_path = os.path.join(path, TRAINING_ARGS)
     if os.path.isfile(args_path):
         config = _read_json(args_path).get("config", {})
+        if not isinstance(config, dict):
+            raise ValueError(f"{args_path}: \"config\" must be an object of the run's options, got "
+                             f"{short_repr(config)}")
         for key in ("pooling", "query_max_length", "doc_max_length"):
             if key not in out and config.get(key) is not None:
-                out[key] = (config[key], args_path)
+                out[key] = (_setting(args_path, key, config[key]), args_path)
     return out
 
 
