@@ -910,19 +910,23 @@ class Trainer:
         root = os.path.join(self.output, "checkpoints")
         final = os.path.join(root, checkpoint_name(step))
         tmp = os.path.join(root, f".tmp-{checkpoint_name(step)}")
+        try:
+            if self.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+            acc.wait_for_everyone()
+            save_rng_state(os.path.join(tmp, rng_file(acc.process_index)))
+            if self.is_main_process:
+                save_train_state(tmp, acc.unwrap_model(model), optimizer, scheduler, acc.scaler)
+            acc.wait_for_everyone()
+            if self.is_main_process:
+                write_trainer_state(tmp, {"step": step, "epoch": epoch, "step_in_epoch": pos,
+                                          "total_steps": self.total_steps, "world_size": self.world_size,
+                                          "batch_size": self.config.batch_size, "grad_accum": self.config.grad_accum,
+                                          "seed": self.config.seed, "log_window": log_window})
+        except OSError as e:
+            raise self._checkpoint_write_error(step, tmp, e) from e
         if self.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        acc.wait_for_everyone()
-        save_rng_state(os.path.join(tmp, rng_file(acc.process_index)))
-        if self.is_main_process:
-            save_train_state(tmp, acc.unwrap_model(model), optimizer, scheduler, acc.scaler)
-        acc.wait_for_everyone()
-        if self.is_main_process:
-            write_trainer_state(tmp, {"step": step, "epoch": epoch, "step_in_epoch": pos,
-                                      "total_steps": self.total_steps, "world_size": self.world_size,
-                                      "batch_size": self.config.batch_size, "grad_accum": self.config.grad_accum,
-                                      "seed": self.config.seed, "log_window": log_window})
             old = None
             if os.path.exists(final):  # e.g. a resumed run saving the same step again
                 old = os.path.join(root, f".tmp-replaced-{checkpoint_name(step)}")
@@ -936,6 +940,22 @@ class Trainer:
                 for _, path in list_checkpoints(self.output)[:-limit]:
                     shutil.rmtree(path, ignore_errors=True)
         acc.wait_for_everyone()
+
+    def _checkpoint_write_error(self, step: int, tmp: str, e: OSError) -> OSError:
+        """One line for a checkpoint that could not be written (a full disk): its partial files are removed (they
+        would only hold the space), the checkpoints before it are untouched, and ``--resume`` continues from the
+        newest of them, exactly."""
+        if getattr(self, "_bar", None) is not None:
+            self._bar.close()  # the error line starts on a line of its own
+        shutil.rmtree(tmp, ignore_errors=True)
+        found = list_checkpoints(self.output)
+        last = (f"the last checkpoint, {found[-1][1]} (step {found[-1][0]}), is intact: free space and run the same "
+                "command with --resume to continue from it" if found else
+                "no earlier checkpoint exists: free space and run the command again")
+        what = os.strerror(e.errno) if e.errno else str(e)
+        detail = str(e) if "cannot write" in str(e) else f"{what} ({e.filename or tmp})"
+        message = f"checkpoint {checkpoint_name(step)} of {self.output} could not be written: {detail}; {last}"
+        return OSError(e.errno, message) if e.errno else OSError(message)
 
     def _export(self, model: nn.Module) -> None:
         """``save_fn`` into a temp dir, then move the files into ``output`` with ``config.json`` last."""

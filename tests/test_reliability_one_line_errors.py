@@ -62,3 +62,81 @@ def test_a_fine_tuning_learning_rate_beyond_float32_is_refused(tmp_path, tiny_be
     code, line = run_cli(monkeypatch, capsys, ["finetune", "--model", tiny_bert_dir, "--train", "sample", "--output",
                                                str(tmp_path / "ft"), "--learning-rate", "1e39", "--cpu"])
     assert code == 2 and "--learning-rate must be a number within float32's range" in line
+
+
+# ----------------------------------------------------------------------------- a full disk under a checkpoint
+def tmpfs(path: Path, *options: str) -> Path:
+    """A size-limited tmpfs at ``path`` (skips the test where this process may not mount one)."""
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root")
+    return path
+
+
+@pytest.fixture
+def mounts():
+    made: list[Path] = []
+    yield made
+    for p in made:
+        subprocess.run(["umount", str(p)], capture_output=True)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """Fill ``disk`` up to ``leave`` free bytes (another process writing: the disk fills between two checkpoints)."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    size = filler.stat().st_size
+    with open(filler, "r+b") as f:
+        f.truncate(max(0, size - leave))
+    return filler
+
+
+@pytest.mark.parametrize("leave", ["nothing", "the model file"])
+def test_a_full_disk_under_a_pre_training_checkpoint_is_one_line_and_resumes_exactly(
+        tmp_path, tiny_bert_dir, corpus, monkeypatch, capsys, mounts, leave):
+    """The disk fills before checkpoint-4: with no room at all safetensors fails, with room for the model file only
+    torch.save of the optimizer fails (``RuntimeError: basic_ios::clear``, a traceback before). Now one line names
+    the file, says the disk is full and which checkpoint to resume from; the partial checkpoint is removed; after
+    space is freed ``--resume`` finishes with the weights and losses of an uninterrupted run, bit for bit."""
+    from pretrain import trainer
+    from pretrain.logging_utils import read_metrics
+    from safetensors.numpy import load_file
+
+    disk = tmpfs(tmp_path / "disk", "size=64m")
+    mounts.append(disk)
+    out, ref, cache = disk / "run", tmp_path / "ref", tmp_path / "cache"
+    assert run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, ref, cache))[0] == 0
+
+    original, calls, filler = trainer.save_train_state, [], []
+
+    def disk_fills_before_the_second_checkpoint(directory, *args, **kw):
+        calls.append(directory)
+        if len(calls) == 2:
+            model = out / "checkpoints" / "checkpoint-2" / "model.safetensors"
+            filler.append(fill(disk, 0 if leave == "nothing" else model.stat().st_size + (64 << 10)))
+        return original(directory, *args, **kw)
+
+    monkeypatch.setattr(trainer, "save_train_state", disk_fills_before_the_second_checkpoint)
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, cache))
+    failed = "model.safetensors" if leave == "nothing" else "optimizer.pt"
+    assert code == 2 and "checkpoint checkpoint-4 of" in line and "could not be written" in line
+    assert f"{failed}: no space left on device" in line and "checkpoint-2 (step 2), is intact" in line
+    assert "basic_ios" not in line and "Traceback" not in line
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-2"]  # no partial checkpoint
+    assert not (out / "config.json").exists()  # nothing exported
+
+    filler[0].unlink()
+    monkeypatch.setattr(trainer, "save_train_state", original)
+    assert run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, cache, "--resume"))[0] == 0
+    got, want = load_file(str(out / "model.safetensors")), load_file(str(ref / "model.safetensors"))
+    assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
+    losses = [[r["loss"] for r in read_metrics(str(d / "logs" / "metrics.csv"))] for d in (out, ref)]
+    assert losses[0] == losses[1] and len(losses[0]) == 4
