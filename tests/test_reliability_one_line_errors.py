@@ -140,3 +140,36 @@ def test_a_full_disk_under_a_pre_training_checkpoint_is_one_line_and_resumes_exa
     assert got.keys() == want.keys() and all((got[k] == want[k]).all() for k in want)
     losses = [[r["loss"] for r in read_metrics(str(d / "logs" / "metrics.csv"))] for d in (out, ref)]
     assert losses[0] == losses[1] and len(losses[0]) == 4
+
+
+# ----------------------------------------------------------------------------- two main jobs on one work directory
+def test_a_second_main_job_on_the_same_work_dir_is_one_line(tmp_path, monkeypatch, capsys):
+    """Two ``experiments/main.py`` on one ``--work-dir`` met inside an index build with a ``ConcurrentBuildError``
+    traceback. The job now holds its work directory's lock: the second (here by a symlink to it) exits 2 at once with
+    one line naming the holder, before it writes anything; the lock is free again when the holder ends."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cpdae_main_job_lock",
+                                                  Path(__file__).resolve().parents[1] / "experiments" / "main.py")
+    main_job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(main_job)
+
+    work = tmp_path / "work"
+    work.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(work)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pyterrier_cpdae._locking import build_lock\n"
+         "with build_lock(sys.argv[1], 'work directory of a main job (experiments/main.py)', 'used'):\n"
+         "    print('held', flush=True)\n    time.sleep(120)\n", str(work)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = main_job._run(["--work-dir", str(link), "--results-dir", str(tmp_path / "results")])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and lines[0].startswith("error: ConcurrentBuildError: ")
+        assert f"pid {holder.pid}" in lines[0] and "main job" in lines[0]
+        assert sorted(p.name for p in work.iterdir()) == []  # nothing written into it
+    finally:
+        holder.kill()
+        holder.wait()
