@@ -156,3 +156,30 @@ def test_a_pipeline_stage_shortened_is_refused_not_marked_done(tmp_path, tiny_be
         runner.run(shorter)
     assert shorter.state() != "done" and not shorter.finished()
     assert all((weights(out)[k] == six[k]).all() for k in six)
+
+
+def test_a_pipeline_fine_tuning_stage_lengthened_is_not_marked_done_with_the_old_weights(tmp_path, tiny_bert_dir,
+                                                                                          monkeypatch):
+    """A fine-tuning stage run for 2 steps (no warm-up), then configured for 4: its rerun said "round 0: already
+    trained", recorded 4 steps and the stage became done with the 2-step weights. Now the stage stops with the
+    refusal (a 4-step run gives step 2 another rate) and stays not done, its weights and record the 2-step run's."""
+    from experiments.paper import stages
+    from experiments.paper.stages import Runner, Stage, StageError
+
+    monkeypatch.setattr(stages, "RUNNING_WINDOW_S", 0)
+    train, out = groups_file(tmp_path), tmp_path / "work" / "finetune" / "m"
+
+    def stage(steps: int) -> Stage:
+        return Stage("finetune:m", "finetune", finetune_args(tiny_bert_dir, train, out, steps, "0"), out)
+
+    runner = Runner(tmp_path / "work", mode="inprocess", log=lambda _: None)
+    runner.run(stage(2))
+    assert stage(2).state() == "done"
+    two = weights(out)
+    longer = stage(4)
+    assert longer.state() == "resume"
+    with pytest.raises((ValueError, StageError), match=r"step 2: x0\.75 of the peak rate, not x0\.5"):
+        runner.run(longer)
+    assert longer.state() != "done" and not longer.finished()
+    assert all((weights(out)[k] == two[k]).all() for k in two)
+    assert json.loads((out / "training_args.json").read_text())["config"]["max_steps"] == 2
