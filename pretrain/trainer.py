@@ -645,8 +645,8 @@ class Trainer:
             step, epoch, pos = state["step"], state["epoch"], state["step_in_epoch"]
             restored_window = state.get("log_window", {})
             # the optimizer's learning rate is what the checkpoint's schedule set after its last step: recomputed
-            # from this run's schedule at that step (the same value, unless --max-steps/--epochs changed the total:
-            # then the next step would run at the old schedule's end, lr 0 for a linear decay, and jump after it)
+            # from this run's schedule at that step (another total is accepted only when the steps taken had this
+            # schedule's rates, check_resume_length; the next step's rate is then this schedule's, not the old end's)
             for group, lr_lambda, base_lr in zip(optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs):
                 group["lr"] = base_lr * lr_lambda(scheduler.last_epoch)
             scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
