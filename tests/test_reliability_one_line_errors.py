@@ -2,8 +2,6 @@
 cannot represent, a full disk while a checkpoint is written, and a second main job on one work directory."""
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
