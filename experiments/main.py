@@ -196,13 +196,33 @@ def compact(table: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
     return table[cols].rename(columns={f"{m} p-value corrected": f"p {m}" for m in metrics})
 
 
+def work_dir(args: argparse.Namespace) -> str:
+    """The job's ``--work-dir`` (default: ``experiments/work/<dataset>``)."""
+    return args.work_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "work", slug(args.dataset))
+
+
 def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     """Runs the job; returns the ``pt.Experiment`` table with BM25 as the baseline (written to ``table.csv``).
 
     With pre-training, the comparison of the pre-trained model with its starting encoder is written to
-    ``table_vs_start.csv``.
+    ``table_vs_start.csv``. The OS lock of ``--work-dir`` is held for the whole job: a second job into the same
+    work directory (by any path to it) is refused at once, naming the running one, before it reads or writes
+    anything there (its indexes, saved runs and pre-training would be built by two processes at once).
+
+    Raises:
+        ConcurrentBuildError: another job runs in ``--work-dir``.
     """
+    from pyterrier_cpdae._locking import build_lock
+
     args = parse_args(argv)
+    work = work_dir(args)
+    os.makedirs(work, exist_ok=True)
+    with build_lock(work, "work directory of a main job (experiments/main.py)", "used"):
+        return _main(args, argv)
+
+
+def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
+    """:func:`main` under the lock of its work directory."""
     import pyterrier as pt
     import torch
     from pyterrier.measures import RR, R, nDCG, MAP
@@ -221,7 +241,7 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     name = slug(args.dataset)
     model_name = "all-MiniLM-L6-v2" if using_default else os.path.basename(model.rstrip("/"))
     here = os.path.dirname(os.path.abspath(__file__))
-    work = args.work_dir or os.path.join(here, "work", name)
+    work = work_dir(args)
     results_dir = args.results_dir or os.path.join(here, "results", f"main_{name}")
     os.makedirs(work, exist_ok=True)
     os.makedirs(results_dir, exist_ok=True)
@@ -364,5 +384,17 @@ def main(argv: Optional[list[str]] = None) -> pd.DataFrame:
     return table
 
 
+def _run(argv: Optional[list[str]] = None) -> int:
+    """``python experiments/main.py``: :func:`main`, with another job in the same ``--work-dir`` told in one line
+    (``error: ConcurrentBuildError: ...``, exit 2) instead of a traceback."""
+    from pyterrier_cpdae._locking import ConcurrentBuildError
+    try:
+        main(argv)
+    except ConcurrentBuildError as e:
+        print(f"error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(_run())

@@ -22,6 +22,7 @@ next run). Directories named ``step-N`` (earlier versions, accelerate's pickle-b
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -102,7 +103,12 @@ def save_rng_state(path: str) -> None:
     """Write this process's RNG states to ``path`` (safetensors)."""
     from safetensors.torch import save_file
     tensors, meta = rng_state()
-    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=meta)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata=meta)
+    except Exception as e:  # a full disk is a SafetensorError without an errno
+        if isinstance(e, (TypeError, ValueError, AttributeError)):
+            raise
+        raise write_failure(path, e) from e
 
 
 def load_rng_state(path: str) -> None:
@@ -167,17 +173,46 @@ def manifest(directory: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def write_failure(path: str, e: BaseException) -> OSError:
+    """An ``OSError`` naming ``path`` for a failed write: torch's and safetensors' writers report a full disk as
+    ``RuntimeError: basic_ios::clear`` / ``PytorchStreamWriter failed writing file`` or a ``SafetensorError``
+    without an errno; the free space of the file's filesystem tells a full disk from another failure."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return OSError(e.errno, f"cannot write {path}: {os.strerror(e.errno)}")
+    try:
+        st = os.statvfs(os.path.dirname(path) or ".")
+        full = st.f_bavail * st.f_frsize < (1 << 20) or "No space" in str(e) or "StorageFull" in str(e)
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, f"cannot write {path}: no space left on device")
+    return OSError(errno.EIO, f"cannot write {path}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
+
+
 def save_train_state(directory: str, model: torch.nn.Module, optimizer: Any, scheduler: Any,
                      scaler: Any = None) -> None:
-    """Write the model, optimizer, scheduler (and scaler) files of a checkpoint (main process)."""
+    """Write the model, optimizer, scheduler (and scaler) files of a checkpoint (main process).
+
+    Raises:
+        OSError: naming the file that could not be written (a full disk: ``ENOSPC``), whatever library wrote it.
+    """
     from safetensors.torch import save_model
-    save_model(model, os.path.join(directory, MODEL_FILE))
-    torch.save(optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
-    with open(os.path.join(directory, SCHEDULER_FILE), "w") as f:
-        json.dump(scheduler.state_dict(), f)
-    if scaler is not None:
-        with open(os.path.join(directory, SCALER_FILE), "w") as f:
-            json.dump(scaler.state_dict(), f)
+    path = os.path.join(directory, MODEL_FILE)
+    try:
+        save_model(model, path)
+        path = os.path.join(directory, OPTIMIZER_FILE)
+        torch.save(optimizer.state_dict(), path)
+        path = os.path.join(directory, SCHEDULER_FILE)
+        with open(path, "w") as f:
+            json.dump(scheduler.state_dict(), f)
+        if scaler is not None:
+            path = os.path.join(directory, SCALER_FILE)
+            with open(path, "w") as f:
+                json.dump(scaler.state_dict(), f)
+    except Exception as e:  # torch's RuntimeError; safetensors' SafetensorError is a plain Exception
+        if isinstance(e, (TypeError, ValueError, AttributeError)):
+            raise  # a bug, not a failed write
+        raise write_failure(path, e) from e
 
 
 def write_trainer_state(directory: str, state: dict[str, Any]) -> None:
@@ -313,4 +348,4 @@ def load_checkpoint(output: str, step: int, path: str, model: torch.nn.Module, o
 
 __all__ = ["CheckpointError", "list_checkpoints", "load_checkpoint", "verify_checkpoint", "save_train_state",
            "save_rng_state", "load_rng_state", "write_trainer_state", "read_trainer_state", "previous_intact",
-           "checkpoint_name", "rng_file"]
+           "checkpoint_name", "rng_file", "write_failure"]

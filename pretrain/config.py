@@ -63,8 +63,14 @@ class Range:
         return text
 
 
+#: The largest finite float32: a float option beyond it is finite only until torch converts it.
+FLOAT32_MAX = 3.4028234663852886e38
+
 #: Common ranges.
 POSITIVE = Range(0, lo_open=True)
+#: A learning rate: above 10**6 AdamW's first step (``lr / (1 - beta1)``, beta1 < 1 in float64) can leave float32's
+#: range; far above any rate that trains (10**6 is what the divergence tests use to make a run diverge at once).
+LEARNING_RATE = Range(0, 1e6, lo_open=True)
 NON_NEGATIVE = Range(0)
 AT_LEAST_1 = Range(1)
 UNIT = Range(0, 1)
@@ -90,6 +96,10 @@ def option_problem(f: dataclasses.Field, value: Any) -> Optional[str]:
     check: Optional[Range] = f.metadata.get("check")
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number{' ' + check.describe() if check else ''}, got {short_repr(value)}"
+    if isinstance(value, float) and abs(value) > FLOAT32_MAX:
+        # finite for Python, infinite once torch makes it a float32 (a traceback deep in the optimizer or the loss)
+        return (f"must be a number within float32's range (|x| <= {FLOAT32_MAX:.4g}: training computes in float32)"
+                f"{' and ' + check.describe() if check else ''}, got {short_repr(value)}")
     if check is not None and isinstance(value, (int, float)) and not check.contains(value):
         return f"must be {check.describe()}, got {short_repr(value)}"
     choices = f.metadata.get("choices")
@@ -126,7 +136,7 @@ class TrainConfig:
                               "tokenizer, sentence-transformers files) are deleted first; other files are kept.")
     resume: bool = opt(False, "Resume from the last checkpoint in --output (model, optimizer, scheduler, RNG, data position).")
     seed: int = opt(42, "Random seed.", check=Range(0, 2 ** 32 - 1))
-    learning_rate: float = opt(5e-5, "Peak AdamW learning rate.", check=POSITIVE)
+    learning_rate: float = opt(5e-5, "Peak AdamW learning rate.", check=LEARNING_RATE)
     weight_decay: float = opt(0.01, "AdamW weight decay.", check=NON_NEGATIVE)
     adam_beta1: float = opt(0.9, "AdamW β1.", check=Range(0, 1, hi_open=True))
     adam_beta2: float = opt(0.999, "AdamW β2.", check=Range(0, 1, hi_open=True))
@@ -334,7 +344,7 @@ class FinetuneConfig(TrainConfig):
                                 "lr 5e-6, batch 64, [CLS]: " + "; ".join(
                                     f"{k} = {v}" for k, v in FINETUNE_PRESET_SUMMARIES.items()) + ".",
                                 choices=sorted(FINETUNE_PRESETS))
-    learning_rate: float = opt(5e-6, "Peak AdamW learning rate (the paper: 5e-6).", check=POSITIVE)
+    learning_rate: float = opt(5e-6, "Peak AdamW learning rate (the paper: 5e-6).", check=LEARNING_RATE)
     epochs: float = opt(1.0, "Number of passes over the training queries (per round).", check=POSITIVE)
     model: str = opt("bert-base-uncased", "Checkpoint to fine-tune: a `python -m pretrain` output or any HF encoder.")
     train: Optional[str] = opt(None, "Training data: a pyterrier_cpdae.load_dataset spec (topics, qrels, corpus) or groups:<file.jsonl> of (qid, query, pos, negs).")

@@ -378,6 +378,56 @@ def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
     return int(math.ceil(warmup_ratio * total_steps))
 
 
+def _lr_factors(total_steps: int, warmup_ratio: float, steps: int) -> list[float]:
+    """The learning-rate factors of the first ``steps`` updates of a run of ``total_steps`` (the run's own schedule,
+    transformers' linear warm-up and decay, evaluated on a throw-away optimizer)."""
+    from transformers import get_linear_schedule_with_warmup
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    factor = get_linear_schedule_with_warmup(opt, warmup_steps(total_steps, warmup_ratio), total_steps).lr_lambdas[0]
+    return [factor(k) for k in range(steps)]
+
+
+def check_resume_length(output: str, total_steps: int, warmup_ratio: float, asked: str) -> None:
+    """Refuse to continue the newest checkpoint of ``output`` as a run of ``total_steps`` unless the result is the run
+    asked for: the checkpoint has not trained more steps than that, and every step it took ran at the rate a run of
+    ``total_steps`` gives that step (the linear schedule depends on the total, so a longer or shorter run usually
+    has other rates from its first decaying step). The Hugging Face Trainer rebuilds the schedule for the new total
+    and keeps the steps taken; here a continuation must give the weights its record will describe.
+
+    Raises:
+        ValueError: one line naming the run, the steps trained, the length asked for (``asked``) and the ways out.
+    """
+    from .checkpoint import CheckpointError, read_trainer_state
+
+    found = list_checkpoints(output) if os.path.isdir(output) else []
+    if not found:
+        return
+    try:
+        state = read_trainer_state(found[-1][1])
+    except CheckpointError:
+        return  # the damage is named, with the intact checkpoint to go back to, when the checkpoint is loaded
+    step, before = int(state.get("step", found[-1][0])), state.get("total_steps")
+    if before is None or int(before) == total_steps:
+        return
+    before = int(before)
+    again = (f"resume with the length it was started with ({before} steps), or start a new run of {total_steps} "
+             "steps (another --output, or --overwrite)")
+    if step > total_steps:
+        raise ValueError(f"--resume refused: the run in {output} has trained {step} of its {before} steps, more than "
+                         f"the {total_steps} asked for ({asked}); its weights cannot be untrained: {again}")
+    old, new = _lr_factors(before, warmup_ratio, step), _lr_factors(total_steps, warmup_ratio, step)
+    differ = [k for k in range(step) if old[k] != new[k]]
+    if differ:
+        k = differ[0]
+        raise ValueError(f"--resume refused: the run in {output} took its {step} steps on the learning-rate schedule "
+                         f"of a {before}-step run; a run of {total_steps} steps ({asked}) sets other rates (step "
+                         f"{k + 1}: x{new[k]:.6g} of the peak rate, not x{old[k]:.6g}: the warm-up and linear decay "
+                         f"depend on the total), so continuing it would not give a {total_steps}-step run's "
+                         f"weights: {again}")
+    logger.info("continuing a run of %d steps as one of %d (%s): its %d steps ran at the rates of a %d-step run",
+                before, total_steps, asked, step, total_steps)
+
+
 def enable_gradient_checkpointing(module: nn.Module) -> None:
     """Enable gradient checkpointing on ``module`` or the HF model inside it.
 
@@ -543,6 +593,8 @@ class Trainer:
         resume = found[-1] if found else None
         if cfg.resume and resume is None:
             logger.warning("--resume given but %s holds no checkpoint; starting from scratch", self.output)
+        if resume is not None:  # before anything is written: a refused length leaves the run as it was
+            check_resume_length(self.output, self.total_steps, cfg.warmup_ratio, self._asked_length())
         if self.is_main_process:
             if cfg.overwrite and not cfg.resume and os.path.isdir(self.output):
                 _clear_previous_run(self.output)
@@ -593,17 +645,11 @@ class Trainer:
             step, epoch, pos = state["step"], state["epoch"], state["step_in_epoch"]
             restored_window = state.get("log_window", {})
             # the optimizer's learning rate is what the checkpoint's schedule set after its last step: recomputed
-            # from this run's schedule at that step (the same value, unless --max-steps/--epochs changed the total:
-            # then the next step would run at the old schedule's end, lr 0 for a linear decay, and jump after it)
+            # from this run's schedule at that step (another total is accepted only when the steps taken had this
+            # schedule's rates, check_resume_length; the next step's rate is then this schedule's, not the old end's)
             for group, lr_lambda, base_lr in zip(optimizer.param_groups, scheduler.lr_lambdas, scheduler.base_lrs):
                 group["lr"] = base_lr * lr_lambda(scheduler.last_epoch)
             scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-            before = state.get("total_steps")
-            if before is not None and int(before) != self.total_steps:
-                logger.warning("resuming a run of %d steps as a run of %d steps: steps %d-%d follow the schedule of "
-                               "%d steps (warm-up %d, linear decay to 0 at step %d); the first %d followed that of %d",
-                               int(before), self.total_steps, step + 1, self.total_steps, self.total_steps,
-                               self.warmup_steps, self.total_steps, step, int(before))
             logger.info("resumed from %s (step %d, epoch %d, step in epoch %d)", resume[1], step, epoch, pos)
             self._on_step(model, step)
 
@@ -693,6 +739,12 @@ class Trainer:
         return result
 
     # --------------------------------------------------------------- internals
+    def _asked_length(self) -> str:
+        cfg = self.config
+        if cfg.max_steps and cfg.max_steps > 0:
+            return f"--max-steps {cfg.max_steps}"
+        return f"--epochs {cfg.epochs:g} of {self.steps_per_epoch} steps"
+
     def _run_config(self) -> dict[str, Any]:
         import accelerate
         import transformers
@@ -858,19 +910,23 @@ class Trainer:
         root = os.path.join(self.output, "checkpoints")
         final = os.path.join(root, checkpoint_name(step))
         tmp = os.path.join(root, f".tmp-{checkpoint_name(step)}")
+        try:
+            if self.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+            acc.wait_for_everyone()
+            save_rng_state(os.path.join(tmp, rng_file(acc.process_index)))
+            if self.is_main_process:
+                save_train_state(tmp, acc.unwrap_model(model), optimizer, scheduler, acc.scaler)
+            acc.wait_for_everyone()
+            if self.is_main_process:
+                write_trainer_state(tmp, {"step": step, "epoch": epoch, "step_in_epoch": pos,
+                                          "total_steps": self.total_steps, "world_size": self.world_size,
+                                          "batch_size": self.config.batch_size, "grad_accum": self.config.grad_accum,
+                                          "seed": self.config.seed, "log_window": log_window})
+        except OSError as e:
+            raise self._checkpoint_write_error(step, tmp, e) from e
         if self.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        acc.wait_for_everyone()
-        save_rng_state(os.path.join(tmp, rng_file(acc.process_index)))
-        if self.is_main_process:
-            save_train_state(tmp, acc.unwrap_model(model), optimizer, scheduler, acc.scaler)
-        acc.wait_for_everyone()
-        if self.is_main_process:
-            write_trainer_state(tmp, {"step": step, "epoch": epoch, "step_in_epoch": pos,
-                                      "total_steps": self.total_steps, "world_size": self.world_size,
-                                      "batch_size": self.config.batch_size, "grad_accum": self.config.grad_accum,
-                                      "seed": self.config.seed, "log_window": log_window})
             old = None
             if os.path.exists(final):  # e.g. a resumed run saving the same step again
                 old = os.path.join(root, f".tmp-replaced-{checkpoint_name(step)}")
@@ -884,6 +940,22 @@ class Trainer:
                 for _, path in list_checkpoints(self.output)[:-limit]:
                     shutil.rmtree(path, ignore_errors=True)
         acc.wait_for_everyone()
+
+    def _checkpoint_write_error(self, step: int, tmp: str, e: OSError) -> OSError:
+        """One line for a checkpoint that could not be written (a full disk): its partial files are removed (they
+        would only hold the space), the checkpoints before it are untouched, and ``--resume`` continues from the
+        newest of them, exactly."""
+        if getattr(self, "_bar", None) is not None:
+            self._bar.close()  # the error line starts on a line of its own
+        shutil.rmtree(tmp, ignore_errors=True)
+        found = list_checkpoints(self.output)
+        last = (f"the last checkpoint, {found[-1][1]} (step {found[-1][0]}), is intact: free space and run the same "
+                "command with --resume to continue from it" if found else
+                "no earlier checkpoint exists: free space and run the command again")
+        what = os.strerror(e.errno) if e.errno else str(e)
+        detail = str(e) if "cannot write" in str(e) else f"{what} ({e.filename or tmp})"
+        message = f"checkpoint {checkpoint_name(step)} of {self.output} could not be written: {detail}; {last}"
+        return OSError(e.errno, message) if e.errno else OSError(message)
 
     def _export(self, model: nn.Module) -> None:
         """``save_fn`` into a temp dir, then move the files into ``output`` with ``config.json`` last."""
@@ -914,4 +986,4 @@ class Trainer:
 
 
 __all__ = ["Trainer", "adamw_options", "compile_module", "NonFiniteError", "RunDirectoryError", "OutputPlace", "FiniteGuard", "nonfinite_flags", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
-           "parameter_groups", "resolve_mixed_precision", "warmup_steps"]
+           "parameter_groups", "resolve_mixed_precision", "warmup_steps", "check_resume_length"]

@@ -178,21 +178,25 @@ def test_cpdae_run_exports_loadable_model_and_refuses_other_run(tmp_path, tiny_b
     assert (out / "config.json").is_file()
 
 
-def test_resume_with_more_steps_follows_the_longer_schedule(tmp_path, tiny_bert_dir, tiny_corpus, caplog):
-    """Extending a finished run (``--resume`` with a larger ``--max-steps``): the added steps follow the longer run's
-    linear decay, hand-computed: the rate of step s is lr x (T - s + 1) / T with no warm-up (not the shorter run's
-    end, lr 0, and then a jump), and a warning names both totals. A plain resume keeps the checkpoint's rate (the
-    kill/resume test below checks its losses bit for bit)."""
+def test_resume_with_more_steps_continues_only_on_the_same_rates(tmp_path, tiny_bert_dir, tiny_corpus, caplog):
+    """Extending a finished run (``--resume`` with a larger ``--max-steps``) continues it only where the steps taken
+    ran at the rates the longer run gives them: with no warm-up the rate of step s is lr x (T - s + 1) / T
+    (hand-computed), so 4 steps resumed as 8 differ from step 2 on and are refused in one line, leaving the run as it
+    was; a run of 1 step (rate lr whatever T) extended to 3 continues, and its rates are the 3-step run's."""
     out, cache = tmp_path / "run", tmp_path / "cache"
-    args = dict(objective="mlm", save_steps=2, warmup_ratio=0)
+    args = dict(objective="mlm", save_steps=1, warmup_ratio=0)
     cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, max_steps=4, **args))
-    with caplog.at_level("WARNING"):
+    with pytest.raises(ValueError, match=r"--resume refused: .*\(step 2: x0\.875 of the peak rate, not x0\.75"):
         cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, max_steps=8, **args) + ["--resume"])
-    rows = read_metrics(str(out / "logs" / "metrics.csv"))
-    assert [r["step"] for r in rows] == list(range(1, 9))
-    expected = [1e-3 * (4 - s + 1) / 4 for s in range(1, 5)] + [1e-3 * (8 - s + 1) / 8 for s in range(5, 9)]
-    assert [r["lr"] for r in rows] == pytest.approx(expected, rel=1e-6)
-    assert "resuming a run of 4 steps as a run of 8 steps: steps 5-8 follow the schedule of 8 steps" in caplog.text
+    assert json.loads((out / "run_config.json").read_text())["config"]["max_steps"] == 4
+    one = tmp_path / "one"
+    cli.main(base_args(tiny_bert_dir, tiny_corpus, one, cache, max_steps=1, **args))
+    with caplog.at_level("INFO"):
+        cli.main(base_args(tiny_bert_dir, tiny_corpus, one, cache, max_steps=3, **args) + ["--resume"])
+    rows = read_metrics(str(one / "logs" / "metrics.csv"))
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["lr"] for r in rows] == pytest.approx([1e-3 * (3 - s + 1) / 3 for s in range(1, 4)], rel=1e-6)
+    assert "continuing a run of 1 steps as one of 3" in caplog.text
 
 
 def test_from_config_starts_from_seeded_random_weights(tmp_path, tiny_bert_dir, tiny_corpus):

@@ -156,11 +156,13 @@ def test_resume_regenerates_the_card(pretrained):
 
     root = pretrained["root"]
     out = root / "resumed"
-    main(_pretrain_argv(pretrained["base"], pretrained["corpus"], out, "--save-steps", "1"))
+    # a one-step warm-up (ceil(0.3 x 2) = ceil(0.3 x 3) = 1): steps 1-2 of a 2-step run have a 3-step run's rates, so
+    # --resume may extend it (another total would be refused: the schedule depends on it)
+    main(_pretrain_argv(pretrained["base"], pretrained["corpus"], out, "--save-steps", "1", "--warmup-ratio", "0.3"))
     first = read_card_state(str(out))
     add_evaluation(str(out), {"nDCG@10": 0.5}, name="toy", collection="toy-spec", depth=10, exact=True)
-    main(_pretrain_argv(pretrained["base"], pretrained["corpus"], out, "--save-steps", "1", "--resume",
-                        "--max-steps", "3"))
+    main(_pretrain_argv(pretrained["base"], pretrained["corpus"], out, "--save-steps", "1", "--warmup-ratio", "0.3",
+                        "--resume", "--max-steps", "3"))
     state = read_card_state(str(out))
     assert state["record"]["training"]["steps"] == 3 and len(state["sessions"]) == 2
     assert first["record"]["training"]["steps"] == 2

@@ -226,7 +226,7 @@ def finetune_args(model: str, train: str, out: Path, *extra: str) -> list[str]:
 BAD_FINETUNE = [("--query-max-length", "0", "must be >= 3"), ("--doc-max-length", "2", "must be >= 3"),
                 ("--num-negatives", "-1", "must be >= 0"), ("--negatives-depth", "0", "must be >= 1"),
                 ("--max-train-queries", "0", "must be >= 1 (or -1: all)"), ("--mining-rounds", "-1", "must be >= 0"),
-                ("--learning-rate", "inf", "must be a finite number > 0"),
+                ("--learning-rate", "inf", "must be a finite number in (0, 1000000]"),
                 ("--query-max-length", "129", "exceeds the max_position_embeddings (128)")]
 
 

@@ -193,11 +193,16 @@ def test_output_dir_protection(tmp_path):
     Trainer(TinyRegressor(), RegressionData(64), collate, cfg(tmp_path, max_steps=4, learning_rate=1.0,
                                                               overwrite=True)).train()
     assert json.loads((Path(c.output) / "run_config.json").read_text())["config"]["learning_rate"] == 1.0
-    # resume may change max_steps (extends the run from its last checkpoint)
-    t = Trainer(TinyRegressor(), RegressionData(64), collate, cfg(tmp_path, max_steps=6, learning_rate=1.0,
+    # resume may change max_steps only where the steps taken keep their rates: 4 steps (warm-up 1) as 6 differ at
+    # step 3 (2/3 of the peak rate, a 6-step run gives 4/5): refused, the run's record unchanged
+    with pytest.raises(ValueError, match=r"--resume refused: .*\(step 3: x0\.8 of the peak rate, not x0\.666667"):
+        Trainer(TinyRegressor(), RegressionData(64), collate, cfg(tmp_path, max_steps=6, learning_rate=1.0,
+                                                                  resume=True)).train()
+    assert json.loads((Path(c.output) / "run_config.json").read_text())["config"]["max_steps"] == 4
+    t = Trainer(TinyRegressor(), RegressionData(64), collate, cfg(tmp_path, max_steps=4, learning_rate=1.0,
                                                                   resume=True))
-    assert t.train()["step"] == 6
-    assert len(read_metrics(os.path.join(c.output, "logs", "metrics.csv"))) == 6
+    assert t.train()["step"] == 4
+    assert len(read_metrics(os.path.join(c.output, "logs", "metrics.csv"))) == 4
 
 
 def test_failed_export_does_not_look_complete(tmp_path):

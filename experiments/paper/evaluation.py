@@ -77,19 +77,29 @@ def precomputed_root(plan: Any) -> Optional[Path]:
     return root if root.is_absolute() else ROOT / root
 
 
-def _bm25_what(kind: str, entry: dict[str, Any], **params: Any) -> dict[str, Any]:
-    """What a precomputed BM25 result depends on: the set's definition (spec, query split, size limits) and the
-    depth; compared exactly when it is used."""
-    return {"kind": kind, "set": set_key(entry), **params}
+def set_data_digest(plan: Any, spec: str) -> str:
+    """The fingerprint of a set's data as loaded from ``spec``: its documents, topics and qrels
+    (:func:`~experiments.paper.caches.corpus_fingerprint` with ``everything=True``)."""
+    from .caches import corpus_fingerprint
+    return corpus_fingerprint(spec, digests_file(plan), everything=True)["digest"]
 
 
-def precomputed_bm25(plan: Any, kind: str, set_name: str, entry: dict[str, Any], **params: Any) -> Optional[Path]:
-    """The file of a precomputed BM25 result (``kind`` ``negatives`` or ``runs``) for this set, or None when the
-    config has no ``bm25_precomputed``.
+def _bm25_what(kind: str, entry: dict[str, Any], data: str, **params: Any) -> dict[str, Any]:
+    """What a precomputed BM25 result depends on: the set's definition (spec, query split, size limits), the
+    fingerprint of the data it was computed from (:func:`set_data_digest`) and the depth; compared exactly when it
+    is used."""
+    return {"kind": kind, "set": set_key(entry), "data": data, **params}
+
+
+def precomputed_bm25(plan: Any, kind: str, set_name: str, entry: dict[str, Any], spec: str,
+                     **params: Any) -> Optional[Path]:
+    """The file of a precomputed BM25 result (``kind`` ``negatives`` or ``runs``) for this set, as loaded from
+    ``spec``, or None when the config has no ``bm25_precomputed``.
 
     Raises:
         FileNotFoundError / ValueError: the folder, its manifest or the set's entry is absent, or the entry was
-            computed for another definition of the set (named field by field).
+            computed for another definition of the set (named field by field) or from another version of its data
+            (documents, topics or qrels edited since; a manifest that records no data fingerprint counts as such).
     """
     root = precomputed_root(plan)
     if root is None:
@@ -102,9 +112,16 @@ def precomputed_bm25(plan: Any, kind: str, set_name: str, entry: dict[str, Any],
     if rec is None:
         raise FileNotFoundError(f"bm25_precomputed: {manifest} holds no {kind} of the set {set_name!r}; rebuild it "
                                 "with the same --scale/--sizes/--stand-ins as this run")
-    want = _bm25_what(kind, entry, **params)
+    want = _bm25_what(kind, entry, set_data_digest(plan, spec), **params)
     if rec["for"] != want:
         diff = sorted(k for k in set(want) | set(rec["for"]) if want.get(k) != rec["for"].get(k))
+        if diff == ["data"]:
+            stored = rec["for"].get("data")
+            raise ValueError(f"bm25_precomputed: {manifest}: the {kind} of {set_name!r} were computed from another "
+                             "version of the set's data (its documents, topics or qrels changed since: fingerprint "
+                             f"{str(stored)[:12] + '...' if stored else 'not recorded'} there, {want['data'][:12]}... "
+                             "now); rebuild the folder from this data (experiments/gpu/build_bundle.py, where Java "
+                             "is), or drop bm25_precomputed to compute BM25 here")
         raise ValueError(f"bm25_precomputed: {manifest}: the {kind} of {set_name!r} were computed for another "
                          f"definition of the set (differs in {', '.join(diff)}: stored {rec['for']}, this run "
                          f"{want}); rebuild it with this run's config")
@@ -189,7 +206,7 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
     index_root = under_work(plan, "indices", set_name, block, what=f"the indexes of the set {set_name!r}")
     pipelines: dict[str, Any] = {}
     if with_bm25:
-        pre = precomputed_bm25(plan, "runs", set_name, entry, num_results=int(ev["num_results"]))
+        pre = precomputed_bm25(plan, "runs", set_name, entry, spec, num_results=int(ev["num_results"]))
         pipelines[BM25] = (precomputed_run(pre, topics) if pre is not None else
                            bm25_index(plan, f"eval_{set_name}", ds, spec).bm25(num_results=int(ev["num_results"])))
     dense, index_s = build_retrievers({k: (v, ev.get("pooling", "cls")) for k, v in systems.items()}, spec,

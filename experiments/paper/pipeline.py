@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 from .config import ROOT, under_work
 from .data import set_spec
 from .evaluation import (BM25, PRECOMPUTED_MANIFEST, _bm25_what, bm25_index, digests_file,  # noqa: F401
-                         eval_topics, evaluate, precomputed_bm25, precomputed_root)  # (BM25, evaluate: re-exported for the tables and the pilot)
+                         eval_topics, evaluate, precomputed_bm25, precomputed_root,
+                         set_data_digest)  # (BM25, evaluate: re-exported for the tables and the pilot)
 from .stages import Stage, to_argv
 
 BERT = "bert"
@@ -227,7 +228,7 @@ def negatives_key(plan: Plan, set_name: str, spec: Optional[str] = None) -> dict
     fs = plan.cfg["finetune_sets"][set_name]
     spec = spec or set_spec(set_name, fs, plan.work, dry_run=True)
     depth = int(plan.cfg["finetune"]["args"].get("negatives_depth", 200))
-    pre = precomputed_bm25(plan, "negatives", set_name, fs, depth=depth)
+    pre = precomputed_bm25(plan, "negatives", set_name, fs, spec, depth=depth)
     return {"set": set_key(fs), "depth": depth,
             "data": corpus_fingerprint(spec, digests_file(plan), everything=True)["digest"],
             "precomputed": None if pre is None else file_digests([pre], digests_file(plan))[str(pre)]}
@@ -263,17 +264,20 @@ def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print
 
     fs = plan.cfg["finetune_sets"][set_name]
     out = plan.negatives_file(set_name)
-    if out.exists():
-        log(f"[negatives:{set_name}] mining again: {negatives_stale(plan, set_name)}")
-    forget_built_from(out)  # cut short, the file is mined again
     t0 = time.perf_counter()
     spec = set_spec(set_name, fs, plan.work)
-    ds = load_dataset(spec)
     depth = int(plan.cfg["finetune"]["args"].get("negatives_depth", 200))
+    # the precomputed file is checked against this data before anything is said or done: one made from other data
+    # is refused (one line), never copied under a log line that promises mining
+    pre = precomputed_bm25(plan, "negatives", set_name, fs, spec, depth=depth)
+    if out.exists():
+        log(f"[negatives:{set_name}] {'copying the precomputed negatives again' if pre else 'mining again'}: "
+            f"{negatives_stale(plan, set_name)}")
+    forget_built_from(out)  # cut short, the file is made again
+    ds = load_dataset(spec)
     topics, positives = neg.select_queries(ds.get_topics(), ds.get_qrels())
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    pre = precomputed_bm25(plan, "negatives", set_name, fs, depth=depth)
     if pre is not None:  # computed where Java is (experiments/gpu/build_bundle.py): same queries, or an error
         groups, _ = neg.read_groups(str(pre))
         got, want = sorted(g.qid for g in groups), sorted(str(q) for q in topics["qid"])
@@ -322,8 +326,9 @@ def export_bm25(plan: Any, dest: Path, log: Callable[[str], None] = print) -> di
         mine_negatives(plan, set_name, log=log)
         file = f"negatives/{set_name}.jsonl"
         (dest / file).write_bytes(plan.negatives_file(set_name).read_bytes())
+        spec = set_spec(set_name, plan.cfg["finetune_sets"][set_name], plan.work)
         manifest["negatives"][set_name] = {"file": file, "for": _bm25_what(
-            "negatives", plan.cfg["finetune_sets"][set_name], depth=depth)}
+            "negatives", plan.cfg["finetune_sets"][set_name], set_data_digest(plan, spec), depth=depth)}
     ev = plan.cfg["evaluation"]
     for set_name, entry in plan.cfg["eval_sets"].items():
         n = int({**ev, **entry.get("evaluation", {})}["num_results"])
@@ -333,7 +338,8 @@ def export_bm25(plan: Any, dest: Path, log: Callable[[str], None] = print) -> di
         run = bm25_index(plan, f"eval_{set_name}", ds, spec).bm25(num_results=n).transform(topics)
         file = f"runs/{set_name}.res.gz"
         pt.io.write_results(run, str(dest / file))
-        manifest["runs"][set_name] = {"file": file, "for": _bm25_what("runs", entry, num_results=n),
+        manifest["runs"][set_name] = {"file": file, "for": _bm25_what("runs", entry, set_data_digest(plan, spec),
+                                                                      num_results=n),
                                       "num_queries": int(len(topics))}
         log(f"[bm25 export] {set_name}: {len(topics)} queries, top {n} -> {dest / file}")
     tmp = dest / (PRECOMPUTED_MANIFEST + ".tmp")

@@ -31,7 +31,9 @@ RUNNING_WINDOW_S = 600
 #: Options of a pre-training run that may differ between the recorded run and the stage's command (they do
 #: not change what is trained). Stricter than ``--resume``'s own list: a run with other steps is another run.
 #: Options that may differ on ``--resume`` (pretrain.config.RESUME_MUTABLE_OPTIONS) but decide when a run is
-#: finished: a finished run with other values is extended by ``--resume``, not taken as done.
+#: finished: a finished run with other values is never taken as done; it is resumed, and ``--resume`` continues it
+#: only where that gives the run asked for (pretrain.trainer.check_resume_length), else refuses in one line and the
+#: stage fails naming it.
 LENGTH_OPTIONS = ("max_steps", "epochs", "mining_rounds")
 
 

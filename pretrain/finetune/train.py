@@ -287,6 +287,7 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
                 raise ValueError(f"--resume refused: the fine-tuning run in {out} was started on other data: "
                                  f"{'; '.join(changes)}; restore it, or start a new run (another --output, or "
                                  "--overwrite)")
+        _check_round_lengths(cfg)
     elif cfg.overwrite and os.path.isdir(out):
         from pyterrier_cpdae.encoder.st_export import remove_exported_model
 
@@ -299,6 +300,42 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
         remove_exported_model(out)  # the previous run's model: a run cut short must not leave it loadable
     os.makedirs(out, exist_ok=True)
     write_json_atomic(args_path, {**_run_record(cfg), "inputs": inputs, "finished": False}, default=str)
+
+
+def _round_length(cfg: FinetuneConfig, round_dir: str) -> Optional[tuple[int, int, str]]:
+    """(steps the round's record says it was run for, steps ``cfg`` asks of it, how they are asked), from the round's
+    ``run_config.json`` (its steps per epoch are fixed by its groups and batch size, which cannot change on
+    ``--resume``); ``None`` when the round holds no record."""
+    import math
+
+    from ..trainer import RUN_CONFIG
+    try:
+        with open(os.path.join(round_dir, RUN_CONFIG)) as f:
+            trainer = json.load(f).get("trainer") or {}
+        before, per_epoch = int(trainer["total_steps"]), int(trainer["steps_per_epoch"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if cfg.max_steps and cfg.max_steps > 0:
+        return before, int(cfg.max_steps), f"--max-steps {cfg.max_steps}"
+    return before, int(math.ceil(cfg.epochs * per_epoch)), f"--epochs {cfg.epochs:g} of {per_epoch} steps"
+
+
+def _check_round_lengths(cfg: FinetuneConfig) -> None:
+    """Before ``--resume`` rewrites the run's record: every round already trained (or started) can be continued to
+    the length asked for, exactly (:func:`pretrain.trainer.check_resume_length`), else one line refuses the run
+    and it stays as it was."""
+    from ..trainer import check_resume_length
+
+    for r in range(cfg.mining_rounds + 1):
+        length = _round_length(cfg, _round_dir(cfg, r))
+        if length is not None and length[0] != length[1]:
+            later = os.path.join(cfg.output, "groups", f"round-{r + 1}.jsonl")
+            if os.path.isfile(later):  # mined with this round's model as it is: continuing it makes them stale
+                raise ValueError(f"--resume refused: round {r} of the fine-tuning run in {cfg.output} was trained for "
+                                 f"{length[0]} steps and {length[2]} asks for {length[1]}, but round {r + 1}'s "
+                                 f"negatives ({later}) were mined with its {length[0]}-step model: resume with the "
+                                 "length it was started with, or start a new run (another --output, or --overwrite)")
+            check_resume_length(_round_dir(cfg, r), length[1], cfg.warmup_ratio, length[2])
 
 
 def _copy_export(src: str, dst: str) -> None:
@@ -525,12 +562,15 @@ def _finetune_rounds(cfg: FinetuneConfig, procs: Processes, data: TrainingData, 
         pool_sizes = [len(g.negs) for g in groups]
         info: dict[str, Any] = {"round": r, "groups": groups_path, "num_groups": len(groups),
                                 "mean_pool_size": sum(pool_sizes) / max(len(pool_sizes), 1)}
-        if os.path.isfile(os.path.join(round_dir, "config.json")):
+        length = _round_length(cfg, round_dir)
+        if os.path.isfile(os.path.join(round_dir, "config.json")) and (length is None or length[0] == length[1]):
             logger.info("round %d: already trained (%s)", r, round_dir)
         else:
             examples = neg.build_examples(groups, cfg.num_negatives, corpus=data.corpus, texts=data.texts,
                                           few_negatives=cfg.few_negatives, seed=cfg.seed + r)
             info["num_examples"] = len(examples)
+            if length is not None and length[0] != length[1]:  # continued to the new length from its checkpoint
+                logger.info("round %d: trained for %d steps, asked for %d (%s): continuing it", r, *length)
             info["metrics"] = train_round(cfg, examples, r)
         summary["rounds"].append(info)
     summary["output"] = cfg.output

@@ -133,7 +133,11 @@ def check_first_token(model: torch.nn.Module) -> Optional[str]:
     mask = torch.zeros(2, 1, 6, 6, dtype=param.dtype)
     mask.masked_fill_(~keep[:, None, None, :], torch.finfo(param.dtype).min)
     mask = mask.to(param.device)
-    with torch.inference_mode(), torch.autocast(device_type=param.device.type, enabled=False):
+    # a layer in training mode draws dropout masks from the global generators: forked, so that the check (run at a
+    # process's first forward, e.g. the first step after a resume) leaves the run's random stream where it was
+    devices = [param.device.index or 0] if param.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.inference_mode(), \
+            torch.autocast(device_type=param.device.type, enabled=False):
         full = layer(hidden, mask)
         full = full[0] if isinstance(full, tuple) else full
         trimmed = FirstTokenLayer(layer)(hidden, mask)

@@ -1,0 +1,185 @@
+"""A resumed run trains to the length asked for, or refuses in one line, and its record describes its weights.
+
+A finished or interrupted run resumed with another ``--max-steps`` (or ``--epochs``) is continued only where the
+result is the run asked for: no more steps trained than asked, and every step taken at the rate the new total's
+linear schedule gives it. Otherwise ``--resume`` stops with one line before writing anything, so the run's record,
+card and export still describe the weights it holds. A fine-tuning round trained for another length is continued
+(or refused), never reported "already trained"; a paper pipeline stage whose length changed is run again or
+refused, never marked done with the old weights."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from pretrain import __main__ as entry
+
+DOCS = ["Dense retrieval encodes a text into one vector. The decoder reconstructs its words.",
+        "Apples grow on trees in the orchard. Bananas are yellow when ripe.",
+        "The river runs to the sea. Boats carry goods along the coast.",
+        "Physics studies matter and energy. Chemistry studies reactions."]
+
+
+def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
+    """``python -m pretrain <argv>`` in this process: (exit code, the one ``error:`` line)."""
+    monkeypatch.setattr(sys, "argv", ["pretrain", *argv])
+    code = entry._run()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == (1 if code else 0), err[-2000:]
+    return code, lines[0] if lines else ""
+
+
+def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, steps: int) -> list[str]:
+    return ["--model", model, "--corpus", str(corpus), "--output", str(out), "--cache-dir", str(cache),
+            "--objective", "mlm", "--batch-size", "2", "--max-length", "32", "--max-steps", str(steps),
+            "--save-steps", "2", "--logging-steps", "1", "--learning-rate", "1e-3", "--report-to", "none", "--cpu"]
+
+
+def groups_file(tmp_path: Path) -> str:
+    path = tmp_path / "groups.jsonl"
+    text = {f"d{i}": DOCS[i % 4] + f" Number {i}." for i in range(8)}
+    path.write_text("".join(json.dumps({"qid": f"q{i}", "query": f"query {i}",
+                                        "pos": [{"docno": f"d{i}", "text": text[f"d{i}"]}],
+                                        "negs": [{"docno": f"d{(i + 1) % 8}", "text": text[f"d{(i + 1) % 8}"]}]}) + "\n"
+                            for i in range(8)))
+    return f"groups:{path}"
+
+
+def finetune_args(model: str, train: str, out: Path, steps: int, warmup: str) -> list[str]:
+    # 8 groups, batch 4: 2 steps an epoch
+    return ["finetune", "--model", model, "--train", train, "--output", str(out), "--batch-size", "4",
+            "--max-steps", str(steps), "--warmup-ratio", warmup, "--learning-rate", "1e-3", "--num-negatives", "1",
+            "--doc-max-length", "64", "--logging-steps", "1", "--report-to", "csv", "--cpu"]
+
+
+def weights(path: Path) -> dict:
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(DOCS * 4) + "\n")
+    return path
+
+
+def test_a_finished_pre_training_resumed_shorter_is_refused_and_keeps_its_record(tmp_path, tiny_bert_dir, corpus,
+                                                                                   monkeypatch, capsys):
+    """An 8-step run resumed with --max-steps 2 was exported with the 8-step weights and max_steps 2 recorded."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    assert run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, cache, 8))[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, cache, 2) + ["--resume"])
+    assert code == 2
+    assert "--resume refused" in line and "has trained 8 of its 8 steps, more than the 2 asked for" in line
+    # nothing written: the record, the card and the weights are the 8-step run's
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert json.loads((out / "run_config.json").read_text())["config"]["max_steps"] == 8
+
+
+def test_a_pre_training_extended_on_another_schedule_is_refused(tmp_path, tiny_bert_dir, corpus, monkeypatch, capsys):
+    """4 steps resumed as 8 (warm-up 1 step of 4, then 1 of 8): step 3 ran at x0.667 of the peak rate (2/3), an 8-step
+    run gives it x0.857 (6/7; hand-computed: (T - 2) / (T - 1)). The continuation would not be an 8-step run."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    assert run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, cache, 4))[0] == 0
+    before = weights(out)
+    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, cache, 8) + ["--resume"])
+    assert code == 2 and "--resume refused" in line
+    assert "step 3: x0.857143 of the peak rate, not x0.666667" in line and "start a new run of 8 steps" in line
+    assert json.loads((out / "run_config.json").read_text())["config"]["max_steps"] == 4
+    after = weights(out)
+    assert all((after[k] == before[k]).all() for k in before)
+
+
+def test_a_finished_fine_tuning_resumed_longer_trains_to_the_new_length(tmp_path, tiny_bert_dir, monkeypatch, capsys):
+    """--max-steps 2 then --max-steps 4 --resume said "round 0: already trained" and kept the 2-step weights under a
+    4-step record. With a warm-up of one step (ceil(0.1 x 2) = ceil(0.1 x 4) = 1) the two schedules give steps 1-2
+    the same rates (0, then the peak), so the run continues: its weights are those of a 4-step run from scratch."""
+    train = groups_file(tmp_path)
+    out, ref = tmp_path / "ft", tmp_path / "ref"
+    assert run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 2, "0.1"))[0] == 0
+    two = weights(out)
+    assert run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 4, "0.1") + ["--resume"])[0] == 0
+    assert run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, ref, 4, "0.1"))[0] == 0
+    got, want = weights(out), weights(ref)
+    assert any(not (got[k] == two[k]).all() for k in two)  # trained further
+    for k in want:
+        assert abs(got[k] - want[k]).max() <= 1e-6, k
+    record = json.loads((out / "training_args.json").read_text())
+    assert record["finished"] and record["config"]["max_steps"] == 4
+    metrics = (out / "rounds" / "round-0" / "logs" / "metrics.csv").read_text().splitlines()
+    assert len(metrics) == 1 + 4  # header and steps 1-4
+
+
+def test_a_fine_tuning_whose_schedule_cannot_be_extended_exactly_is_refused(tmp_path, tiny_bert_dir, monkeypatch,
+                                                                              capsys):
+    """No warm-up: a 2-step run's step 2 ran at x0.5 of the peak rate, a 4-step run's at x0.75. Refused in one line
+    naming the step; the run's record still says 2 steps, finished."""
+    train = groups_file(tmp_path)
+    out = tmp_path / "ft"
+    assert run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 2, "0"))[0] == 0
+    before = (out / "training_args.json").read_bytes(), (out / "model.safetensors").read_bytes()
+    code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 4, "0") + ["--resume"])
+    assert code == 2 and "--resume refused" in line and "step 2: x0.75 of the peak rate, not x0.5" in line
+    assert ((out / "training_args.json").read_bytes(), (out / "model.safetensors").read_bytes()) == before
+    # a finished run shortened: refused the same way
+    code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 1, "0") + ["--resume"])
+    assert code == 2 and "has trained 2 of its 2 steps, more than the 1 asked for" in line
+
+
+def test_a_pipeline_stage_shortened_is_refused_not_marked_done(tmp_path, tiny_bert_dir, corpus, monkeypatch):
+    """A pre-training stage run for 6 steps, then configured for 3: it was resumed, exported the 6-step weights
+    with max_steps 3 recorded and marked done. Now the stage stops with the refusal and is not done."""
+    from experiments.paper import stages
+    from experiments.paper.stages import Runner, Stage, StageError
+
+    monkeypatch.setattr(stages, "RUNNING_WINDOW_S", 0)  # a run killed long ago: resumed, not waited for
+    out, cache = tmp_path / "work" / "pretrain" / "base", tmp_path / "cache"
+
+    def stage(steps: int) -> Stage:
+        argv = pretrain_args(tiny_bert_dir, corpus, out, cache, steps)
+        argv[argv.index("--save-steps") + 1] = "3"
+        return Stage("base", "pretrain", argv, out)
+
+    runner = Runner(tmp_path / "work", mode="inprocess", log=lambda _: None)
+    runner.run(stage(6))
+    assert stage(6).state() == "done"
+    six = weights(out)
+    shorter = stage(3)
+    assert shorter.state() == "resume"
+    with pytest.raises((ValueError, StageError), match="has trained 6 of its 6 steps, more than the 3 asked for"):
+        runner.run(shorter)
+    assert shorter.state() != "done" and not shorter.finished()
+    assert all((weights(out)[k] == six[k]).all() for k in six)
+
+
+def test_a_pipeline_fine_tuning_stage_lengthened_is_not_marked_done_with_the_old_weights(tmp_path, tiny_bert_dir,
+                                                                                          monkeypatch):
+    """A fine-tuning stage run for 2 steps (no warm-up), then configured for 4: its rerun said "round 0: already
+    trained", recorded 4 steps and the stage became done with the 2-step weights. Now the stage stops with the
+    refusal (a 4-step run gives step 2 another rate) and stays not done, its weights and record the 2-step run's."""
+    from experiments.paper import stages
+    from experiments.paper.stages import Runner, Stage, StageError
+
+    monkeypatch.setattr(stages, "RUNNING_WINDOW_S", 0)
+    train, out = groups_file(tmp_path), tmp_path / "work" / "finetune" / "m"
+
+    def stage(steps: int) -> Stage:
+        return Stage("finetune:m", "finetune", finetune_args(tiny_bert_dir, train, out, steps, "0"), out)
+
+    runner = Runner(tmp_path / "work", mode="inprocess", log=lambda _: None)
+    runner.run(stage(2))
+    assert stage(2).state() == "done"
+    two = weights(out)
+    longer = stage(4)
+    assert longer.state() == "resume"
+    with pytest.raises((ValueError, StageError), match=r"step 2: x0\.75 of the peak rate, not x0\.5"):
+        runner.run(longer)
+    assert longer.state() != "done" and not longer.finished()
+    assert all((weights(out)[k] == two[k]).all() for k in two)
+    assert json.loads((out / "training_args.json").read_text())["config"]["max_steps"] == 2
