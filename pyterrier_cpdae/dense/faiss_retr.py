@@ -90,14 +90,18 @@ class FaissRetriever(VectorRetriever):
         return "_".join(parts)
 
     def _fingerprint(self) -> Dict[str, Any]:
-        """What identifies the stored vectors: the index's ``build_id`` (new at every build, rebuild or merge).
+        """What identifies the stored vectors: the index's ``build_id`` (new at every build, rebuild or merge) and
+        the inode of ``vectors.bin`` (a cache carried in from elsewhere, e.g. a crafted package, whose fingerprint
+        copies the ``build_id``, names another file, so the structure is rebuilt from these vectors).
 
         Indexes written before build ids fall back to a sample of ``vectors.bin`` (its first and last MiB).
         """
         meta = self.index.store.meta()
         vec_path = Path(self.index.path) / io.VECTORS_FILE
-        size = vec_path.stat().st_size
-        fingerprint = {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size}
+        st = vec_path.stat()
+        size = st.st_size
+        fingerprint = {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size,
+                       "inode": st.st_ino}
         if isinstance(meta.get("build_id"), str):
             fingerprint["build_id"] = meta["build_id"]
             return fingerprint

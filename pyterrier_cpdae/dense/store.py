@@ -322,8 +322,9 @@ class DenseStore:
         bad = ~np.isfinite(scores) & (ids >= 0)
         if bad.any():
             docno = self.docnos_of(ids[bad][:1])[0]
-            raise ValueError(f"the stored vector of document {docno!r} is not finite, so "
-                             f"{self.path} is corrupt; rebuild the index with indexer(mode='overwrite')")
+            raise ValueError(f"the stored values of document {docno!r} are not finite, so "
+                             f"{self.path / io.VECTORS_FILE} is corrupt — rebuild the index with "
+                             "indexer(mode='overwrite')")
 
     def max_norm(self) -> float:
         """The largest norm of a stored vector (one pass over the vectors, kept while the build is unchanged); NaN
