@@ -603,9 +603,17 @@ def check_producer(producer: Any) -> dict:
     return out
 
 
-def _producer_key(producer: dict) -> dict:
-    """What two producers must share: everything but the model's name when both name their weights' digest."""
-    return {k: v for k, v in producer.items() if k != "model"} if producer.get("weights_sha256") else producer
+def _producer_key(producer: dict, other: Optional[dict] = None) -> dict:
+    """What ``producer`` must share with ``other``: the weights by their content digest (``weights_content``) when
+    both record one, else by the digest of their files (``weights_sha256``), else by the model's name."""
+    other = producer if other is None else other
+    if producer.get("weights_content") and other.get("weights_content"):
+        drop = ("model", "weights_sha256")
+    elif producer.get("weights_sha256") and other.get("weights_sha256"):
+        drop = ("model", "weights_content")
+    else:
+        drop = ("weights_content",)
+    return {k: v for k, v in producer.items() if k not in drop}
 
 
 #: what a query encoder must share with the producer of an index's vectors for inner products to rank them: the
@@ -627,8 +635,11 @@ def check_query_producer(where: Path, recorded: Optional[dict], query: Optional[
     """
     if not recorded or not query:
         return
-    by_digest = bool(recorded.get("weights_sha256") and query.get("weights_sha256"))
-    keys = [k if by_digest or k != "weights_sha256" else "model" for k in QUERY_PRODUCER_KEYS]
+    if recorded.get("weights_content") and query.get("weights_content"):  # the same tensors, wherever loaded from
+        weights = "weights_content"
+    else:
+        weights = "weights_sha256" if recorded.get("weights_sha256") and query.get("weights_sha256") else "model"
+    keys = [weights if k == "weights_sha256" else k for k in QUERY_PRODUCER_KEYS]
     differ = [k for k in keys if k in recorded and k in query and recorded[k] != query[k]]
     if differ:
         raise ValueError(
@@ -667,12 +678,12 @@ def check_producers(where: Path, parts: List[Tuple[str, Optional[dict]]], *, wha
         return
     first_label, first = known[0]
     for label, p in parts:
-        if p is not None and _producer_key(p) == _producer_key(first):
+        if p is not None and _producer_key(p, first) == _producer_key(first, p):
             continue
         if p is None:
             why = "records no producer (it was indexed without the encoder in front: pass producer= to its indexer)"
         else:
-            keys = sorted(set(_producer_key(p)) | set(_producer_key(first)))
+            keys = sorted(set(_producer_key(p, first)) | set(_producer_key(first, p)))
             why = "differs in " + ", ".join(k for k in keys if p.get(k) != first.get(k))
         raise ValueError(
             f"{what} {where}: {label} was encoded by {describe_producer(p)}, but {first_label} by "
