@@ -106,3 +106,35 @@ def test_a_band_of_duplicates_wider_than_the_candidates_is_cut_by_docid(tmp_path
         scores, ids = index.search(q, 10, backend="numpy", query_batch_size=1, block_size=bs, threads=1)
         assert ids[0].tolist() == copies[:10].tolist()
         assert len(set(scores[0].tolist())) == 1
+
+
+@pytest.mark.parametrize("which", ["single", "half"])
+@pytest.mark.parametrize("k", [2, 5, 40])
+def test_faiss_flat_orders_duplicate_float_vectors_as_the_exact_kernels(indexes, which, k, monkeypatch):
+    """FAISS's own products score these duplicates alike here (its BLAS rounds them alike); the scores of the copies
+    at the block ends are raised by one unit in the last place, as the BLAS of the numpy kernel does."""
+    import pandas as pd
+    pytest.importorskip("faiss")
+    from pyterrier_cpdae.dense import FaissRetriever
+    tails = np.array([BLOCK - 1, 2 * BLOCK - 1, N - 1])
+
+    class OneUlpApart:
+        def __init__(self, idx):
+            self.idx = idx
+
+        def search(self, q, width):
+            s, i = self.idx.search(q, width)
+            return np.where(np.isin(i, tails), np.nextafter(s, np.float32(np.inf)), s).astype(np.float32), i
+
+    real = FaissRetriever.faiss_index
+    monkeypatch.setattr(FaissRetriever, "faiss_index", lambda self: OneUlpApart(real(self)))
+    vecs, built = indexes
+    stored = vecs.astype(np.float16).astype(np.float32) if which == "half" else vecs
+    qs = queries(vecs)
+    topics = pd.DataFrame({"qid": [f"q{r}" for r in range(len(qs))], "query_vec": list(qs)})
+    res = built[which].faiss_flat_retriever(num_results=k, query_batch_size=1)(topics)
+    for r, q in enumerate(qs):
+        rows = res[res["qid"] == f"q{r}"]
+        assert rows["docid"].tolist() == naive_top(stored, q, k)
+        dup = [a for a in range(k - 1) if np.array_equal(stored[rows["docid"].iloc[a]], stored[rows["docid"].iloc[a + 1]])]
+        assert all(rows["score"].iloc[a] == rows["score"].iloc[a + 1] for a in dup)
