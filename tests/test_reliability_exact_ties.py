@@ -138,3 +138,14 @@ def test_faiss_flat_orders_duplicate_float_vectors_as_the_exact_kernels(indexes,
         assert rows["docid"].tolist() == naive_top(stored, q, k)
         dup = [a for a in range(k - 1) if np.array_equal(stored[rows["docid"].iloc[a]], stored[rows["docid"].iloc[a + 1]])]
         assert all(rows["score"].iloc[a] == rows["score"].iloc[a + 1] for a in dup)
+
+
+def test_a_zero_query_is_answered_by_ascending_docid_without_searching_again(indexes, monkeypatch):
+    vecs, built = indexes
+    calls = []
+    real = kernels.numpy_search
+    monkeypatch.setattr("pyterrier_cpdae.dense.store.numpy_search",
+                        lambda parts, q, k, **kw: calls.append(k) or real(parts, q, k, **kw))
+    scores, ids = built["single"].search(np.zeros((2, DIM), np.float32), 5, backend="numpy")
+    assert ids.tolist() == [[0, 1, 2, 3, 4]] * 2 and not scores.any()
+    assert len(calls) == 1

@@ -89,6 +89,7 @@ def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
     """
     num_q = len(queries)
     tol = tolerance(queries, max_norm)
+    zero = ~np.any(queries, axis=1)
     out_scores = np.empty((num_q, k), dtype=np.float32)
     out_ids = np.empty((num_q, k), dtype=np.int64)
     todo = np.arange(num_q)
@@ -110,8 +111,8 @@ def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
         ids = np.take_along_axis(ids, order, axis=1)
         if width >= count:
             done = np.ones(len(todo), dtype=bool)
-        else:
-            done = last + 2 * tol[todo] < scores[:, k - 1]
+        else:  # (a zero query scores every document exactly 0 everywhere: the kernel's cut by id is exact)
+            done = (last + 2 * tol[todo] < scores[:, k - 1]) | zero[todo]
         out_scores[todo[done]], out_ids[todo[done]] = scores[done, :k], ids[done, :k]
         todo = todo[~done]
         width = min(count, width * 4)
