@@ -17,7 +17,7 @@ from .._artifact import IncompleteIndexError
 from .._locking import ConcurrentBuildError, build_lock, describe_holder, holder
 from .._checks import check_int
 from . import format as io
-from .ties import settle
+from .ties import largest_norm, settle
 from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
 
 #: docnos_of looks each distinct id up once when given more ids than this and than half the documents
@@ -333,19 +333,7 @@ class DenseStore:
         stamp = self._cache[0]
         if self._max_norm is not None and self._max_norm[0] == stamp:
             return self._max_norm[1]
-        top = 0.0
-        for vectors, _, _ in self._cache[2]:
-            for s in range(0, len(vectors), 65536):
-                block = np.asarray(vectors[s:s + 65536], dtype=np.float32)
-                sq = np.einsum("ij,ij->i", block, block, dtype=np.float64)
-                m = float(sq.max()) if len(sq) else 0.0
-                if not np.isfinite(m) or np.isnan(sq).any():
-                    top = float("nan")
-                    break
-                top = max(top, m)
-            if not np.isfinite(top):
-                break
-        value = float(np.sqrt(top)) * 1.0001 if np.isfinite(top) else float("nan")
+        value = largest_norm([p[0] for p in self._cache[2]])
         self._max_norm = (stamp, value)
         return value
 

@@ -26,7 +26,7 @@ a search over many documents is small.
 """
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Sequence, Tuple
 
 import numpy as np
 
@@ -63,6 +63,20 @@ def _rescore(queries: np.ndarray, rows: np.ndarray, vectors: np.ndarray) -> np.n
             b = min(a + 4096, hi)
             out[a:b] = reference_scores(queries[rows[lo]], vectors[a:b])
     return out
+
+
+def largest_norm(arrays: Sequence[np.ndarray], block: int = 65536) -> float:
+    """The largest row norm of the ``(n, dim)`` arrays (read ``block`` rows at a time), inflated by ``1e-4`` for its
+    own rounding; NaN when a row is not finite."""
+    top = 0.0
+    for vectors in arrays:
+        for s in range(0, len(vectors), block):
+            rows = np.asarray(vectors[s:s + block], dtype=np.float32)
+            sq = np.einsum("ij,ij->i", rows, rows, dtype=np.float64)
+            if len(sq) and not np.isfinite(sq).all():
+                return float("nan")
+            top = max(top, float(sq.max()) if len(sq) else 0.0)
+    return float(np.sqrt(top)) * 1.0001
 
 
 def _chained(scores: np.ndarray, tol: np.ndarray) -> np.ndarray:

@@ -29,7 +29,6 @@ import functools
 import itertools
 import logging
 import os
-import weakref
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -42,7 +41,7 @@ from .._checks import stack_vectors
 from .batching import (check_int, check_texts, chunked, dedup, length_sorted_batches, pad, read_ahead,
                        token_budget_batches)
 from .first_token import check_first_token, first_token_model
-from .identity import content_digest, weights_key
+from .identity import content_digest, legacy_digest, weights_key
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
 from .packing import first_token_kernel_ok, packed_forward, supports_packing, varlen_kernel
@@ -407,10 +406,10 @@ class CPDAE(pt.Transformer):
         content = content_digest(module) if module is not None else None
         if self.name_or_path is not None:
             digest = weights_digest(self._model, self.name_or_path) if local else \
-                (_legacy_digest(self._model) if self._model is not None else None)
+                (legacy_digest(self._model) if self._model is not None else None)
             model = self.name_or_path
         else:
-            digest, model = _legacy_digest(self._model), f"<in-memory {type(self._model).__name__}>"
+            digest, model = legacy_digest(self._model), f"<in-memory {type(self._model).__name__}>"
         out = {"encoder": "CPDAE", "model": str(model), "weights_sha256": digest, "pooling": self.pooling,
                "normalize": self.normalize, "max_length": int(self.doc_max_length),
                "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
@@ -731,19 +730,6 @@ class CPDAE(pt.Transformer):
             return iter(())
         mode = self._mode(pd.DataFrame(columns=list(first)))
         return self._stage(mode).transform_iter(itertools.chain([first], it))
-
-
-_LEGACY: "weakref.WeakKeyDictionary[Any, Tuple[Tuple, Optional[str]]]" = weakref.WeakKeyDictionary()
-
-
-def _legacy_digest(model: Any) -> Optional[str]:
-    """:func:`~.loading.weights_digest` of an in-memory model's state dict (what indexes recorded before
-    ``weights_content``), kept per module while :func:`~.identity.weights_key` is unchanged."""
-    key = weights_key(model)
-    have = _LEGACY.get(model)
-    if have is None or have[0] != key:
-        have = _LEGACY[model] = (key, weights_digest(model))
-    return have[1]
 
 
 def _with_producer(right: Any, encoder: "CPDAE") -> Any:

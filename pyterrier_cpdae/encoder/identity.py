@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import weakref
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 import torch
 
-__all__ = ["content_digest", "weights_key"]
+from .loading import weights_digest
+
+__all__ = ["content_digest", "legacy_digest", "weights_key"]
 
 _DIGESTS: "weakref.WeakKeyDictionary[Any, Tuple[Tuple, str]]" = weakref.WeakKeyDictionary()
+_LEGACY: "weakref.WeakKeyDictionary[Any, Tuple[Tuple, Optional[str]]]" = weakref.WeakKeyDictionary()
 
 
 def _tensors(model: torch.nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
@@ -58,3 +61,13 @@ def content_digest(model: torch.nn.Module) -> str:
     digest = h.hexdigest()[:16]
     _DIGESTS[model] = (key, digest)
     return digest
+
+
+def legacy_digest(model: torch.nn.Module) -> Optional[str]:
+    """:func:`~.loading.weights_digest` of an in-memory model's whole state dict (what an index recorded as
+    ``weights_sha256`` before ``weights_content``), kept per module while :func:`weights_key` is unchanged."""
+    key = weights_key(model)
+    have = _LEGACY.get(model)
+    if have is None or have[0] != key:
+        have = _LEGACY[model] = (key, weights_digest(model))
+    return have[1]
