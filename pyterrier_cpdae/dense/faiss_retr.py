@@ -274,7 +274,7 @@ class FaissRetriever(VectorRetriever):
                         return store.search(queries[rows], width, backend="torch")
                     return sort_results(*self._faiss_search(idx, queries[rows], width))
 
-                return settle(kernel, store.vectors_of, queries, k, len(store), max_norm)
+                return settle(kernel, store.vectors_of, queries, k, len(store), max_norm, ties_by_id=False)
         scores, ids = self._faiss_search(idx, queries, k + extra)
         if extra:
             tied = np.nonzero(scores[:, k] == scores[:, k - 1])[0]

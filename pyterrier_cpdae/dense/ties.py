@@ -90,7 +90,7 @@ def _chained(scores: np.ndarray, tol: np.ndarray) -> np.ndarray:
 
 def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
            vectors_of: Callable[[np.ndarray], np.ndarray], queries: np.ndarray, k: int, count: int,
-           max_norm: float) -> Tuple[np.ndarray, np.ndarray]:
+           max_norm: float, ties_by_id: bool = True) -> Tuple[np.ndarray, np.ndarray]:
     """The top ``k`` of each query by (reference score, ascending id), scores as the kernel's except near ties.
 
     Args:
@@ -100,10 +100,12 @@ def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
         k: results per query, ``<= count``.
         count: number of documents.
         max_norm: the largest norm of a stored vector (finite).
+        ties_by_id: the kernel cuts equal scores by ascending id (numpy, torch; FAISS does not): a zero query, whose
+            every score is exactly 0, is then answered by the kernel's first try.
     """
     num_q = len(queries)
     tol = tolerance(queries, max_norm)
-    zero = ~np.any(queries, axis=1)
+    zero = ~np.any(queries, axis=1) if ties_by_id else np.zeros(len(queries), dtype=bool)
     out_scores = np.empty((num_q, k), dtype=np.float32)
     out_ids = np.empty((num_q, k), dtype=np.int64)
     todo = np.arange(num_q)
