@@ -15,6 +15,8 @@ import contextlib
 import json
 import os
 import re
+import secrets
+import shutil
 import stat
 import tarfile
 from pathlib import Path
@@ -68,14 +70,20 @@ class PackagedArtifact(pta.Artifact):
         """Unpacks an archive made by :meth:`build_package` into the new folder ``path`` and opens it, offline.
 
         The archive's SHA-256 is checked against ``expected_sha256`` or, when not given, against the
-        ``<package>.json`` that ``build_package`` wrote beside it (if present); a segmented package
-        (``build_package(max_file_size=...)``: ``<package>.0``, ``<package>.1``, ...) is read from its segments.
-        The folder appears only once the whole archive is unpacked and checked.
+        ``<package>.json`` that ``build_package`` wrote beside it (if present), *before* anything is unpacked; a
+        segmented package (``build_package(max_file_size=...)``: ``<package>.0``, ``<package>.1``, ...) is read from
+        its segments. With a ``<package>.json``, only the members its ``contents`` list are unpacked, each at the size
+        listed there (a member not listed, or of another size, refuses the package: so unpacking writes at most the
+        ``total_size`` it declares). Caches (:attr:`PACKAGE_EXCLUDE`, e.g. ``faiss/``), lock files and temporaries are
+        never unpacked, whatever the archive holds: they are rebuilt from the unpacked files. The folder appears only
+        once the whole archive is unpacked and checked; an unpacking killed midway leaves a temporary
+        ``.<name>.unpack-<pid>.*.tmp`` beside ``path``, which the next ``from_package`` into ``path`` removes.
 
         Raises:
             FileExistsError: ``path`` exists and is not an empty folder.
             FileNotFoundError: no archive at ``package``.
-            ValueError: the archive is corrupt (hash mismatch, not a tar.lz4) or holds another kind of artifact.
+            ValueError: the archive is corrupt (hash mismatch, not a tar.lz4), holds a member its manifest does not
+                list (or at another size), or holds another kind of artifact.
         """
         from lz4.frame import LZ4FrameFile
 
@@ -86,43 +94,109 @@ class PackagedArtifact(pta.Artifact):
         if os.path.isfile(f"{package}.json"):
             with open(f"{package}.json", encoding="utf8") as f:
                 info = json.load(f)
+        if not isinstance(info, dict):
+            raise ValueError(f"{package}.json is not a package manifest (a JSON {type(info).__name__})")
         if expected_sha256 is None:
             expected_sha256 = info.get("expected_sha256")
+        listed = _manifest_sizes(package, info)
         segments = [f"{package}.{s['idx']}" for s in info.get("segments", [])]
         for p in segments or [package]:
             if not os.path.isfile(p):
                 raise FileNotFoundError(f"no package at {p}")
-        if path.is_dir():
-            path.rmdir()  # empty: replaced by the unpacked folder
+
+        def raw_archive(stack: contextlib.ExitStack) -> IO[bytes]:
+            return (stack.enter_context(pt.io.MultiReader(open(p, "rb") for p in segments)) if segments
+                    else stack.enter_context(open(package, "rb")))
+
+        if expected_sha256 is not None:  # the whole archive checked before a byte of it is unpacked
+            with contextlib.ExitStack() as stack:
+                fin = pt.io.HashReader(raw_archive(stack))
+                while fin.read(1 << 20):
+                    pass
+                if fin.hexdigest() != expected_sha256.lower():
+                    raise ValueError(f"{package} is corrupt or not the archive that was packaged: its SHA-256 is "
+                                     f"{fin.hexdigest()}, expected {expected_sha256.lower()}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.ExitStack() as stack:
-            files = segments or [package]
-            raw = (stack.enter_context(pt.io.MultiReader(open(p, "rb") for p in files)) if segments
-                   else stack.enter_context(open(package, "rb")))
-            fin = pt.io.HashReader(raw)  # checked below, before the folder appears
-            tmp = stack.enter_context(pt.io.finalized_directory(str(path)))
-            try:
-                with tarfile.open(fileobj=LZ4FrameFile(fin), mode="r|") as tar:
-                    for member in tar:
-                        if (member.isfile() or member.isdir()) and pt.io.path_is_under_base(member.path, tmp):
+        _remove_dead_unpacks(path)
+        tmp = path.parent / f".{path.name}.unpack-{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        tmp.mkdir()
+        try:
+            with contextlib.ExitStack() as stack:
+                try:
+                    with tarfile.open(fileobj=LZ4FrameFile(raw_archive(stack)), mode="r|") as tar:
+                        for member in tar:
+                            if not (member.isfile() or member.isdir()) or member.issparse():
+                                continue
+                            if not pt.io.path_is_under_base(member.path, str(tmp)) or cls._derived(member.path):
+                                continue
+                            if member.isfile() and listed is not None:
+                                rel = Path(member.path).as_posix()
+                                if listed.get(rel) != member.size:
+                                    why = ("is not listed in its manifest" if rel not in listed else
+                                           f"holds {member.size} bytes, its manifest lists {listed[rel]}")
+                                    raise ValueError(f"{package} is not the package its manifest {package}.json "
+                                                     f"describes: member {rel!r} {why}")
                             if verbose:
                                 print(f"extracting {member.path} [{member.size} bytes]")
                             tar.extract(member, tmp, set_attrs=False)
-            except (tarfile.TarError, RuntimeError, EOFError, OSError) as e:
-                raise ValueError(f"{package} is not a readable artifact package ({type(e).__name__}: {e})") from e
-            while fin.read(1 << 20):  # the rest (lz4/tar padding): the hash covers the whole archive
-                pass
-            if expected_sha256 is not None and fin.hexdigest() != expected_sha256.lower():
-                raise ValueError(f"{package} is corrupt or not the archive that was packaged: its SHA-256 is "
-                                 f"{fin.hexdigest()}, expected {expected_sha256.lower()}")
-            meta_path = Path(tmp) / "pt_meta.json"
+                except (tarfile.TarError, RuntimeError, EOFError, OSError) as e:
+                    raise ValueError(f"{package} is not a readable artifact package ({type(e).__name__}: "
+                                     f"{e})") from e
+            meta_path = tmp / "pt_meta.json"
             meta = json.loads(meta_path.read_text(encoding="utf8")) if meta_path.is_file() else {}
-            kind = (meta.get("type"), meta.get("format"))
+            kind = (meta.get("type"), meta.get("format")) if isinstance(meta, dict) else (None, None)
             if kind != (cls.ARTIFACT_TYPE, cls.ARTIFACT_FORMAT):
                 raise ValueError(f"{package} holds a {kind} artifact, not a {cls.__name__} "
                                  f"{(cls.ARTIFACT_TYPE, cls.ARTIFACT_FORMAT)}; open it with pt.Artifact.from_url")
-        os.chmod(path, 0o777 & ~current_umask())  # finalized_directory leaves it world-writable
+            os.chmod(tmp, 0o777 & ~current_umask())
+            if path.is_dir():
+                path.rmdir()  # empty: replaced by the unpacked folder
+            os.replace(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         return cls(path)
+
+    @classmethod
+    def _derived(cls, rel: str) -> bool:
+        """Whether the archive member ``rel`` is a cache, lock file or temporary (never unpacked)."""
+        parts = Path(rel).parts
+        return bool(parts) and (parts[0] in cls.PACKAGE_EXCLUDE or any(_TRANSIENT.match(p) for p in parts))
+
+
+def _manifest_sizes(package: str, info: dict) -> Optional[dict]:
+    """``{member path: size}`` from a package manifest's ``contents``, or ``None`` when it has none.
+
+    Raises:
+        ValueError: ``contents`` is not a list of ``{"path", "size"}`` objects.
+    """
+    contents = info.get("contents")
+    if contents is None:
+        return None
+    out = {}
+    for entry in contents if isinstance(contents, list) else [None]:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("size"), int)
+                and not isinstance(entry.get("size"), bool) and entry["size"] >= 0):
+            raise ValueError(f"{package}.json is not a package manifest: its contents must list "
+                             f'{{"path", "size"}} objects, got {str(entry)[:80]!r}')
+        out[Path(entry["path"]).as_posix()] = entry["size"]
+    return out
+
+
+def _remove_dead_unpacks(path: Path) -> None:
+    """Removes the temporaries of :meth:`PackagedArtifact.from_package` into ``path`` left by processes that no
+    longer run (killed while unpacking)."""
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.unpack-(\d+)\.[0-9a-f]+\.tmp$")
+    for entry in path.parent.iterdir() if path.parent.is_dir() else ():
+        m = pattern.match(entry.name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except (PermissionError, OverflowError, OSError):  # alive under another user, or not a pid
+            pass
 
 
 class IncompleteIndexError(FileNotFoundError, RuntimeError):

@@ -20,7 +20,8 @@ helpers ``_artifact``, ``_checks``, ``_files``, ``_locking``)::
     index -> indexing          DenseIndexer (crash-resumable writer), merge_indexes, merge_shards
     index, indexing, exact_retr -> store
                                DenseStore: opens and checks vectors + docnos (single or sharded), exact search()
-    store -> format, kernels   the file format; the numpy/torch search kernels
+    store -> format, kernels, ties
+                               the file format; the numpy/torch search kernels; exact near ties
 
 See :mod:`pyterrier_cpdae.dense.format` for the directory format.
 """

@@ -120,6 +120,7 @@ class DenseScorer(EncoderChecked, pt.Transformer):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pta.validate.columns(inp, includes=["qid", "docno", "query_vec"])
         self.check_query_encoder()
+        self.check_frame_producer(inp)
         out = inp.drop(columns=["score", "rank", "docid"], errors="ignore").reset_index(drop=True)
         if not len(out):
             return out.assign(docid=pd.Series(dtype=np.int64), score=pd.Series(dtype=np.float32),

@@ -21,6 +21,7 @@ from .index import DenseIndex
 from .kernels import sort_results
 from .retrieval import VectorRetriever, corrupt_vectors, optional_int
 from .store import build_id
+from .ties import settle
 
 __all__ = ["FaissRetriever", "FAISS_KINDS"]
 
@@ -90,14 +91,18 @@ class FaissRetriever(VectorRetriever):
         return "_".join(parts)
 
     def _fingerprint(self) -> Dict[str, Any]:
-        """What identifies the stored vectors: the index's ``build_id`` (new at every build, rebuild or merge).
+        """What identifies the stored vectors: the index's ``build_id`` (new at every build, rebuild or merge) and
+        the inode of ``vectors.bin`` (a cache carried in from elsewhere, e.g. a crafted package, whose fingerprint
+        copies the ``build_id``, names another file, so the structure is rebuilt from these vectors).
 
         Indexes written before build ids fall back to a sample of ``vectors.bin`` (its first and last MiB).
         """
         meta = self.index.store.meta()
         vec_path = Path(self.index.path) / io.VECTORS_FILE
-        size = vec_path.stat().st_size
-        fingerprint = {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size}
+        st = vec_path.stat()
+        size = st.st_size
+        fingerprint = {"count": meta["count"], "dim": meta["dim"], "dtype": meta["dtype"], "bytes": size,
+                       "inode": st.st_ino}
         if isinstance(meta.get("build_id"), str):
             fingerprint["build_id"] = meta["build_id"]
             return fingerprint
@@ -260,17 +265,33 @@ class FaissRetriever(VectorRetriever):
                 faiss.extract_index_ivf(idx).nprobe = self.n_probe
             except Exception:  # pragma: no cover - GPU IVF
                 faiss.GpuParameterSpace().set_index_parameter(idx, "nprobe", self.n_probe)
-        scores = np.empty((len(queries), k + extra), dtype=np.float32)
-        ids = np.empty((len(queries), k + extra), dtype=np.int64)
-        for s in range(0, len(queries), self.query_batch_size):
-            scores[s:s + self.query_batch_size], ids[s:s + self.query_batch_size] = idx.search(
-                queries[s:s + self.query_batch_size], k + extra)
+        if self.kind == "flat" and k:  # exact: near ties settled position-free, as the other exact kernels (ties.py)
+            store = self.index.store
+            max_norm = store.max_norm()
+            if np.isfinite(max_norm):
+                def kernel(rows: np.ndarray, width: int) -> Tuple[np.ndarray, np.ndarray]:
+                    if self._faiss_on_gpu and width > FAISS_GPU_MAX_K:
+                        return store.search(queries[rows], width, backend="torch")
+                    return sort_results(*self._faiss_search(idx, queries[rows], width))
+
+                return settle(kernel, store.vectors_of, queries, k, len(store), max_norm, ties_by_id=False)
+        scores, ids = self._faiss_search(idx, queries, k + extra)
         if extra:
             tied = np.nonzero(scores[:, k] == scores[:, k - 1])[0]
             scores, ids = scores[:, :k], ids[:, :k]
             if len(tied):
                 scores[tied], ids[tied] = self.index.store.search(queries[tied], k, backend="numpy")
         return sort_results(scores, ids)  # FAISS leaves the order of equal scores unspecified
+
+
+    def _faiss_search(self, idx: Any, queries: np.ndarray, width: int) -> Tuple[np.ndarray, np.ndarray]:
+        """FAISS's top ``width`` of ``queries``, ``query_batch_size`` queries at a time."""
+        scores = np.empty((len(queries), width), dtype=np.float32)
+        ids = np.empty((len(queries), width), dtype=np.int64)
+        for s in range(0, len(queries), self.query_batch_size):
+            scores[s:s + self.query_batch_size], ids[s:s + self.query_batch_size] = idx.search(
+                queries[s:s + self.query_batch_size], width)
+        return scores, ids
 
 
 # -- factories attached to DenseIndex ---------------------------------------------------------------------------

@@ -145,6 +145,11 @@ def read_meta(path: Path) -> Optional[dict]:
     if meta is None:
         return None
     meta_path = Path(path) / META_FILE
+    version = meta.get("format_version", FORMAT_VERSION)  # (indexes written before it was recorded: version 1)
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        raise ValueError(f"{path} is a DenseIndex of format_version {version!r} ({meta_path}); this pyterrier-cpdae "
+                         f"reads format_version {FORMAT_VERSION} only: open it with the pyterrier-cpdae that wrote it, "
+                         "or rebuild it with indexer(mode='overwrite')")
     layout = meta.get("layout", "single")
     if layout == "sharded" and "num_shards" not in meta:
         raise ValueError(f"corrupt {meta_path}: missing field(s) ['num_shards']")

@@ -18,7 +18,7 @@ import pyterrier_alpha as pta
 from . import format as io
 from .._artifact import IncompleteIndexError, PackagedArtifact
 from .indexing import DenseIndexer, merge_indexes, merge_shards, shard_iter
-from .store import DenseStore
+from .store import DenseStore, check_producer, check_query_producer
 
 __all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError"]
 
@@ -152,17 +152,28 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
         return shard_iter(docs, shard, num_shards)
 
     # -- search ------------------------------------------------------------------------------------------------
-    def search(self, query_vecs: np.ndarray, k: int, *, backend: str = "auto",
+    def search(self, query_vecs: np.ndarray, k: int, *, backend: str = "auto", producer: Any = None,
                **kwargs: Any) -> Tuple[np.ndarray, np.ndarray]:
         """Exact top-``k`` inner-product search streaming the index in blocks (memory independent of its size).
 
         Unlike ``pt.Transformer.search`` (a text query), this takes query *vectors*; see
         :meth:`DenseStore.search <pyterrier_cpdae.dense.store.DenseStore.search>` for the arguments.
+        ``producer``: what made ``query_vecs`` (an encoder with a ``producer()`` method, e.g. the
+        :class:`~pyterrier_cpdae.CPDAE` whose ``encode_queries`` made them, or its ``producer()`` dict): checked
+        against the index's producer as the retrievers check a pipeline's (a plain array carries no stamp, so
+        without it nothing is checked).
+
+        Raises:
+            ValueError: ``producer`` is another encoder than the one that built the index; a stored vector of a
+                result is not finite (naming its docno).
 
         Returns:
             ``(scores, doc_indices)``: float32 and int64 arrays of shape ``(q, min(k, len(self)))``, scores
             descending; doc_indices are rows of the (merged) index (``index.store.docnos_of`` / ``docnos.fwd``).
         """
+        if producer is not None:
+            query = producer.producer() if callable(getattr(producer, "producer", None)) else producer
+            check_query_producer(Path(self.path), self.meta().get("producer"), check_producer(query))
         return self._store.search(query_vecs, k, backend=backend, **kwargs)
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:

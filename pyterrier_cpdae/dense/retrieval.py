@@ -118,6 +118,18 @@ class EncoderChecked:
         clone.check_encoder, clone._query_encoder = False, None
         return clone
 
+    def check_frame_producer(self, inp: pd.DataFrame) -> None:
+        """Checks the producer an encoder stamped on the frame's ``query_vec`` (``inp.attrs["query_vec_producer"]``,
+        set by :class:`~pyterrier_cpdae.CPDAE`'s query encoder) against the index's, whatever the pipeline's shape
+        (stages between the encoder and this transformer keep the stamp as long as they keep the frame's attrs).
+        A frame without a stamp (vectors from user code, or a stage that built a new frame) is not checked here.
+
+        Raises:
+            ValueError: the stamp names another encoder than the one that built the index."""
+        stamp = inp.attrs.get("query_vec_producer") if self.check_encoder else None
+        if isinstance(stamp, dict):
+            check_query_producer(Path(self.index.path), self.index.meta().get("producer"), stamp)
+
     def check_query_encoder(self) -> None:
         """Checks the query encoder it was composed with against the index's producer (once per build)."""
         if self._query_encoder is None or not self.check_encoder:
@@ -167,6 +179,7 @@ class VectorRetriever(EncoderChecked, pt.Transformer):
         if not len(inp):
             return empty_result(inp, self.drop_query_vec)
         self.check_query_encoder()
+        self.check_frame_producer(inp)
         inp = inp.reset_index(drop=True)
         scores, ids = self._search(query_matrix(inp, self.index.dim))
         return result_frame(self.index, inp, scores, ids, self.drop_query_vec)

@@ -15,7 +15,9 @@ import numpy as np
 
 from .._artifact import IncompleteIndexError
 from .._locking import ConcurrentBuildError, build_lock, describe_holder, holder
+from .._checks import check_int
 from . import format as io
+from .ties import largest_norm, settle
 from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
 
 #: docnos_of looks each distinct id up once when given more ids than this and than half the documents
@@ -37,6 +39,7 @@ class DenseStore:
         self._cache: Optional[Tuple[Any, dict, List[Part], list]] = None
         # "device" / "pinned" -> ((build stamp, where), the parts as torch tensors there): see _copy_of_parts
         self._copies: dict = {}
+        self._max_norm: Optional[Tuple[Any, float]] = None  # (build stamp, largest stored norm): see max_norm
 
     def __repr__(self) -> str:
         return f"DenseStore({str(self.path)!r})"
@@ -74,6 +77,7 @@ class DenseStore:
         """Forgets the opened files and any device or pinned copy (they are reopened / reloaded on next use)."""
         self._cache = None
         self._copies = {}
+        self._max_norm = None
 
     def device_parts(self, device: Any) -> List[Part]:
         """The index's parts as torch tensors held on ``device`` (stored dtype), loaded on first use and kept for
@@ -243,6 +247,10 @@ class DenseStore:
         ids = np.asarray(ids, dtype=np.int64)
         n = len(parts)
         out = np.empty((len(ids), int(meta["dim"])), dtype=np.float32)
+        if n == 1:  # rows read in ascending order (the memmap's pages in sequence), put back in the asked order
+            order = np.argsort(ids, kind="stable")
+            out[order] = parts[0][0][ids[order]]
+            return out
         for s, (vectors, _, _) in enumerate(parts):
             mask = (ids % n == s) if n > 1 else np.ones(len(ids), dtype=bool)
             if mask.any():
@@ -282,8 +290,8 @@ class DenseStore:
         if backend == "auto":
             backend = auto_backend()
         if backend == "numpy":
-            return numpy_search(parts, query_vecs, k, **kwargs)
-        if backend == "torch":
+            kernel = numpy_search
+        elif backend == "torch":
             resident = kwargs.pop("resident", None)
             device = resolve_device(kwargs.get("device"))
             if resident is None:
@@ -294,8 +302,40 @@ class DenseStore:
             elif pinned:
                 parts = self.pinned_parts()
             kwargs["device"] = device
-            return torch_search(parts, query_vecs, k, **kwargs)
-        raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', got {backend!r}")
+            kernel = torch_search
+        else:
+            raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', got {backend!r}")
+        count = int(meta["count"])
+        k = check_int(k, "k")
+        max_norm = self.max_norm() if count and len(query_vecs) else 0.0
+        if not np.isfinite(max_norm) or not count or not len(query_vecs):
+            scores, ids = kernel(parts, query_vecs, k, **kwargs)  # (a corrupt vector: named below)
+        else:  # near ties re-scored position-free: equal vectors score equal on every backend (ties.py)
+            scores, ids = settle(lambda rows, width: kernel(parts, query_vecs[rows], width, **kwargs),
+                                 self.vectors_of, query_vecs, min(k, count), count, max_norm)
+        self._check_finite(scores, ids)
+        return scores, ids
+
+    def _check_finite(self, scores: np.ndarray, ids: np.ndarray) -> None:
+        """Refuses a result holding a NaN/infinite score: the queries are checked finite, so a stored vector is
+        corrupt (the indexer refuses them); named by its docno, as the retrievers do."""
+        bad = ~np.isfinite(scores) & (ids >= 0)
+        if bad.any():
+            docno = self.docnos_of(ids[bad][:1])[0]
+            raise ValueError(f"the stored values of document {docno!r} are not finite, so "
+                             f"{self.path / io.VECTORS_FILE} is corrupt — rebuild the index with "
+                             "indexer(mode='overwrite')")
+
+    def max_norm(self) -> float:
+        """The largest norm of a stored vector (one pass over the vectors, kept while the build is unchanged); NaN
+        or infinite when a stored vector is not finite."""
+        self.open()
+        stamp = self._cache[0]
+        if self._max_norm is not None and self._max_norm[0] == stamp:
+            return self._max_norm[1]
+        value = largest_norm([p[0] for p in self._cache[2]])
+        self._max_norm = (stamp, value)
+        return value
 
 
 def _empty(shape: Tuple[int, ...], dtype: Any, device: Any, pinned: bool):
@@ -551,9 +591,17 @@ def check_producer(producer: Any) -> dict:
     return out
 
 
-def _producer_key(producer: dict) -> dict:
-    """What two producers must share: everything but the model's name when both name their weights' digest."""
-    return {k: v for k, v in producer.items() if k != "model"} if producer.get("weights_sha256") else producer
+def _producer_key(producer: dict, other: Optional[dict] = None) -> dict:
+    """What ``producer`` must share with ``other``: the weights by their content digest (``weights_content``) when
+    both record one, else by the digest of their files (``weights_sha256``), else by the model's name."""
+    other = producer if other is None else other
+    if producer.get("weights_content") and other.get("weights_content"):
+        drop = ("model", "weights_sha256")
+    elif producer.get("weights_sha256") and other.get("weights_sha256"):
+        drop = ("model", "weights_content")
+    else:
+        drop = ("weights_content",)
+    return {k: v for k, v in producer.items() if k not in drop}
 
 
 #: what a query encoder must share with the producer of an index's vectors for inner products to rank them: the
@@ -575,8 +623,11 @@ def check_query_producer(where: Path, recorded: Optional[dict], query: Optional[
     """
     if not recorded or not query:
         return
-    by_digest = bool(recorded.get("weights_sha256") and query.get("weights_sha256"))
-    keys = [k if by_digest or k != "weights_sha256" else "model" for k in QUERY_PRODUCER_KEYS]
+    if recorded.get("weights_content") and query.get("weights_content"):  # the same tensors, wherever loaded from
+        weights = "weights_content"
+    else:
+        weights = "weights_sha256" if recorded.get("weights_sha256") and query.get("weights_sha256") else "model"
+    keys = [weights if k == "weights_sha256" else k for k in QUERY_PRODUCER_KEYS]
     differ = [k for k in keys if k in recorded and k in query and recorded[k] != query[k]]
     if differ:
         raise ValueError(
@@ -615,12 +666,12 @@ def check_producers(where: Path, parts: List[Tuple[str, Optional[dict]]], *, wha
         return
     first_label, first = known[0]
     for label, p in parts:
-        if p is not None and _producer_key(p) == _producer_key(first):
+        if p is not None and _producer_key(p, first) == _producer_key(first, p):
             continue
         if p is None:
             why = "records no producer (it was indexed without the encoder in front: pass producer= to its indexer)"
         else:
-            keys = sorted(set(_producer_key(p)) | set(_producer_key(first)))
+            keys = sorted(set(_producer_key(p, first)) | set(_producer_key(first, p)))
             why = "differs in " + ", ".join(k for k in keys if p.get(k) != first.get(k))
         raise ValueError(
             f"{what} {where}: {label} was encoded by {describe_producer(p)}, but {first_label} by "

@@ -41,6 +41,7 @@ from .._checks import stack_vectors
 from .batching import (check_int, check_texts, chunked, dedup, length_sorted_batches, pad, read_ahead,
                        token_budget_batches)
 from .first_token import check_first_token, first_token_model
+from .identity import content_digest, legacy_digest, weights_key
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
 from .packing import first_token_kernel_ok, packed_forward, supports_packing, varlen_kernel
@@ -240,7 +241,7 @@ class CPDAE(pt.Transformer):
             name_or_path: where the model comes from (identity for ``==``/``hash``/``repr``).
             config: the model's ``PretrainedConfig`` when ``model`` is ``None``.
             backend: ``"torch"``, ``"openvino"`` (CPU only: an OpenVINO graph compiled from the model, whose
-                weights it copies: later changes to an in-memory model are not seen) or ``None`` = automatic
+                weights it copies: compiled again when they change, :func:`~.identity.weights_key`) or ``None`` = automatic
                 (``$PYTERRIER_CPDAE_BACKEND`` when set): OpenVINO for a model loaded by :meth:`from_pretrained`
                 on the CPU in float32 when ``openvino`` is installed, once the encoder has encoded
                 :data:`OPENVINO_MIN_TOKENS` tokens in all (the window that crosses it included), else PyTorch (always PyTorch for an in-memory model, which
@@ -398,15 +399,21 @@ class CPDAE(pt.Transformer):
             its weights (:func:`~pyterrier_cpdae.encoder.loading.weights_digest`), the pooling, normalisation,
             document length in tokens and autocast dtype the vectors are computed with, and their dimension.
         """
+        local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
+        module = self.model if self._model is not None or local else None  # (a Hub name is not fetched for this)
+        content = content_digest(module) if module is not None else None
         if self.name_or_path is not None:
-            digest = weights_digest(self._model, self.name_or_path) if os.path.isdir(self.name_or_path) else \
-                weights_digest(self._model)
+            digest = weights_digest(self._model, self.name_or_path) if local else \
+                (legacy_digest(self._model) if self._model is not None else None)
             model = self.name_or_path
         else:
-            digest, model = weights_digest(self._model), f"<in-memory {type(self._model).__name__}>"
-        return {"encoder": "CPDAE", "model": str(model), "weights_sha256": digest, "pooling": self.pooling,
-                "normalize": self.normalize, "max_length": int(self.doc_max_length),
-                "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
+            digest, model = legacy_digest(self._model), f"<in-memory {type(self._model).__name__}>"
+        out = {"encoder": "CPDAE", "model": str(model), "weights_sha256": digest, "pooling": self.pooling,
+               "normalize": self.normalize, "max_length": int(self.doc_max_length),
+               "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
+        if content is not None:
+            out["weights_content"] = content
+        return out
 
     def __rshift__(self, right: Any) -> pt.Transformer:
         right = _with_producer(right, self)
@@ -507,11 +514,15 @@ class CPDAE(pt.Transformer):
               or self._openvino_failed or not openvino_available()
               or (self._openvino is None and self._tokens_encoded < OPENVINO_MIN_TOKENS)):
             return None
+        source = model if model is not None else self.model
+        if self._openvino is not None and getattr(self, "_openvino_key", None) != weights_key(source):
+            logger.info("the weights of %s changed since OpenVINO compiled them; compiling again", self.name_or_path)
+            self._openvino = None  # a compiled graph holds a copy of the weights: edited in place, it is stale
         if self._openvino is None:
             precision = "bf16" if dtype == torch.bfloat16 else "f32"
             try:
-                self._openvino = compile_encoder(model if model is not None else self.model, self.pooling,
-                                                 self.normalize, precision=precision)
+                self._openvino_key = weights_key(source)
+                self._openvino = compile_encoder(source, self.pooling, self.normalize, precision=precision)
             except Exception as ex:
                 if chosen == "openvino":
                     raise
@@ -785,7 +796,10 @@ class _VecAdder(_Stage):
             return inp.assign(**{self.out_column: pd.Series([], index=inp.index, dtype=object)})
         ids = inp[self.id_column].tolist() if self.id_column in inp.columns else None
         texts = check_texts(inp[self.in_column].tolist(), self.in_column, ids, self.id_column)
-        return inp.assign(**{self.out_column: list(self._encode(texts))})
+        out = inp.assign(**{self.out_column: list(self._encode(texts))})
+        # the frame says which encoder made its vectors: a dense index checks it wherever the vectors meet it
+        out.attrs[f"{self.out_column}_producer"] = self.encoder.producer()
+        return out
 
     def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
         """Records window by window.  On :data:`ASYNC_DEVICES` the next window is read from ``inp``, checked and

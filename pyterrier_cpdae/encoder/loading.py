@@ -86,7 +86,7 @@ PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 
 
-_DIGESTS: Dict[Any, str] = {}  # (files' real paths, sizes, mtimes) -> digest: a file is hashed once per process
+_DIGESTS: Dict[Any, str] = {}  # (files' real paths, devices, inodes, sizes, mtimes, ctimes) -> digest
 
 
 def weights_digest(model: Any = None, path: Optional[str] = None) -> Optional[str]:
@@ -109,7 +109,10 @@ def weights_digest(model: Any = None, path: Optional[str] = None) -> Optional[st
                 files = [index] + [os.path.join(path, os.path.basename(n))
                                    for n in sorted(set(json.load(f).get("weight_map", {}).values()))]
         if files:
-            key = tuple((os.path.realpath(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
+            # the file's identity, not only its name and times: a file replaced in place (cp -p, touch -r) keeps
+            # its size and mtime, never its ctime (which no user call can set back)
+            key = tuple((os.path.realpath(f), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                        for f, st in ((f, os.stat(f)) for f in files))
             if key not in _DIGESTS:
                 h = hashlib.sha256()
                 for f in files:

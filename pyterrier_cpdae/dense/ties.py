@@ -1,0 +1,135 @@
+"""Exact ties whatever the backend: near-equal scores of a top-k re-scored in one position-free arithmetic.
+
+A float32 BLAS product does not compute every entry of a score matrix the same way: the sum of ``dim`` products is
+blocked and ordered by the entry's place in the microkernel's tile, so two identical stored vectors can get scores one
+unit in the last place apart inside one ``sgemm`` (OpenBLAS does), and a kernel that orders by (score, id) then puts
+the larger id first. Here the kernel's scores only select candidates; every candidate whose score is within
+``2 * tol`` of a neighbour's (chains of near-ties, which include the cut at the ``k``-th entry) is scored again by
+:func:`reference_scores`: float32 values multiplied exactly in float64, summed in float64 along the row in a fixed
+order, rounded once to float32, so the result depends only on the two vectors, never on where they sat in a block.
+
+``tol`` bounds how far a kernel's float32 score can be from that reference: ``(dim + 2) u |q| M`` (``u = 2**-24``,
+``M`` the largest stored norm, the float32 accumulation of ``dim`` products plus the reference's one rounding;
+inflated by 1%). So:
+
+* entries not in a chain are more than ``2 tol`` from every other candidate, and their kernel order is the reference
+  order; entries in a chain are ordered by reference score, ties by ascending id: duplicate vectors score equal bit
+  for bit and come out in docid order on every backend;
+* a document outside the ``k + extra`` candidates has a kernel score at most the last candidate's, ``s_last``, so a
+  reference score at most ``s_last + tol``; when ``s_last + 2 tol`` is below the ``k``-th settled score no such
+  document can enter the top ``k`` or tie with its last entry. A query where that does not hold (a band of
+  near-equal scores at the cut, e.g. many duplicates) is searched again with four times the candidates, up to all
+  documents: never a wrong cut, only a slower one.
+
+Only the candidates near a tie are re-read and re-scored (a few per query with float vectors), so the cost beside
+a search over many documents is small.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence, Tuple
+
+import numpy as np
+
+#: unit roundoff of float32
+U32 = 2.0 ** -24
+
+
+def extra_candidates(k: int) -> int:
+    """Candidates a query keeps beyond ``k`` (the first try): enough that the cut is usually proved at once."""
+    return max(8, k // 32)
+
+
+def tolerance(queries: np.ndarray, max_norm: float) -> np.ndarray:
+    """Per query, the bound on ``|kernel score - reference score|`` (module docstring)."""
+    dim = queries.shape[1]
+    norms = np.linalg.norm(queries.astype(np.float64), axis=1)
+    return (dim + 2) * U32 * 1.01 * norms * float(max_norm) + 1e-37
+
+
+def reference_scores(query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """float32 inner products of ``query`` ``(dim,)`` with each row of ``vectors`` ``(m, dim)``: exact float64
+    products, one float64 pairwise sum per row (the same order for every row), one rounding to float32."""
+    prod = np.multiply(vectors, np.asarray(query, dtype=np.float64), dtype=np.float64)
+    return np.add.reduce(prod, axis=1).astype(np.float32)
+
+
+def _rescore(queries: np.ndarray, rows: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """:func:`reference_scores` of ``queries[rows[i]]`` with ``vectors[i]`` (``rows`` ascending), query by query, in
+    slices that keep the float64 products small."""
+    out = np.empty(len(rows), dtype=np.float32)
+    bounds = np.flatnonzero(np.diff(rows)) + 1
+    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(rows)]])):
+        for a in range(lo, hi, 4096):
+            b = min(a + 4096, hi)
+            out[a:b] = reference_scores(queries[rows[lo]], vectors[a:b])
+    return out
+
+
+def largest_norm(arrays: Sequence[np.ndarray], block: int = 65536) -> float:
+    """The largest row norm of the ``(n, dim)`` arrays (read ``block`` rows at a time), inflated by ``1e-4`` for its
+    own rounding; NaN when a row is not finite."""
+    top = 0.0
+    for vectors in arrays:
+        for s in range(0, len(vectors), block):
+            rows = np.asarray(vectors[s:s + block], dtype=np.float32)
+            sq = np.einsum("ij,ij->i", rows, rows, dtype=np.float64)
+            if len(sq) and not np.isfinite(sq).all():
+                return float("nan")
+            top = max(top, float(sq.max()) if len(sq) else 0.0)
+    return float(np.sqrt(top)) * 1.0001
+
+
+def _chained(scores: np.ndarray, tol: np.ndarray) -> np.ndarray:
+    """``(q, w)`` mask of the entries within ``2 tol`` of an adjacent entry of their (descending) row."""
+    near = (scores[:, :-1] - scores[:, 1:]) <= 2 * tol[:, None]
+    mask = np.zeros(scores.shape, dtype=bool)
+    mask[:, :-1] |= near
+    mask[:, 1:] |= near
+    return mask
+
+
+def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
+           vectors_of: Callable[[np.ndarray], np.ndarray], queries: np.ndarray, k: int, count: int,
+           max_norm: float, ties_by_id: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` of each query by (reference score, ascending id), scores as the kernel's except near ties.
+
+    Args:
+        search: ``search(rows, width)``: the kernel's sorted top ``width`` ``(scores, ids)`` of ``queries[rows]``.
+        vectors_of: float32 stored vectors of global document ids.
+        queries: ``(q, dim)`` float32 queries (checked finite by the caller).
+        k: results per query, ``<= count``.
+        count: number of documents.
+        max_norm: the largest norm of a stored vector (finite).
+        ties_by_id: the kernel cuts equal scores by ascending id (numpy, torch; FAISS does not): a zero query, whose
+            every score is exactly 0, is then answered by the kernel's first try.
+    """
+    num_q = len(queries)
+    tol = tolerance(queries, max_norm)
+    zero = ~np.any(queries, axis=1) if ties_by_id else np.zeros(len(queries), dtype=bool)
+    out_scores = np.empty((num_q, k), dtype=np.float32)
+    out_ids = np.empty((num_q, k), dtype=np.int64)
+    todo = np.arange(num_q)
+    width = min(count, k + extra_candidates(k))
+    while len(todo):
+        scores, ids = search(todo, width)
+        scores = np.array(scores, dtype=np.float32)
+        ids = np.asarray(ids, dtype=np.int64)
+        if not np.isfinite(scores).all():  # a corrupt stored vector: the caller names it
+            out_scores[todo], out_ids[todo] = scores[:, :k], ids[:, :k]
+            return out_scores, out_ids
+        last = scores[:, -1].copy()  # the kernel's: every document left out scores at most this there
+        mask = _chained(scores, tol[todo]) if scores.shape[1] > 1 else np.zeros(scores.shape, bool)
+        rows, cols = np.nonzero(mask)
+        if len(rows):
+            scores[rows, cols] = _rescore(queries[todo], rows, vectors_of(ids[rows, cols]))
+        order = np.lexsort((ids, -scores), axis=1)
+        scores = np.take_along_axis(scores, order, axis=1)
+        ids = np.take_along_axis(ids, order, axis=1)
+        if width >= count:
+            done = np.ones(len(todo), dtype=bool)
+        else:  # (a zero query scores every document exactly 0 everywhere: the kernel's cut by id is exact)
+            done = (last + 2 * tol[todo] < scores[:, k - 1]) | zero[todo]
+        out_scores[todo[done]], out_ids[todo[done]] = scores[done, :k], ids[done, :k]
+        todo = todo[~done]
+        width = min(count, width * 4)
+    return out_scores, out_ids
