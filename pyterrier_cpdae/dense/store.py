@@ -242,19 +242,26 @@ class DenseStore:
         return result
 
     def vectors_of(self, ids: np.ndarray) -> np.ndarray:
-        """float32 vectors ``(len(ids), dim)`` of global document ids (all must be valid)."""
+        """float32 vectors ``(len(ids), dim)`` of global document ids (all must be valid; ascending ids, as the tie
+        settling asks for them, are read without sorting them again)."""
         meta, parts, _ = self.open()
         ids = np.asarray(ids, dtype=np.int64)
         n = len(parts)
+        ascending = bool(np.all(ids[1:] >= ids[:-1]))  # already in the memmap's order: read as they come
+        if n == 1 and ascending:
+            return np.asarray(parts[0][0][ids], dtype=np.float32)
         out = np.empty((len(ids), int(meta["dim"])), dtype=np.float32)
         if n == 1:  # rows read in ascending order (the memmap's pages in sequence), put back in the asked order
             order = np.argsort(ids, kind="stable")
             out[order] = parts[0][0][ids[order]]
             return out
         for s, (vectors, _, _) in enumerate(parts):
-            mask = (ids % n == s) if n > 1 else np.ones(len(ids), dtype=bool)
+            mask = ids % n == s
             if mask.any():
                 local = ids[mask] // n
+                if ascending:
+                    out[mask] = vectors[local]
+                    continue
                 order = np.argsort(local)  # sorted access pattern for the memmap
                 rows = np.empty((len(local), vectors.shape[1]), dtype=np.float32)
                 rows[order] = vectors[local[order]]

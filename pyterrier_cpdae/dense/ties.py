@@ -21,8 +21,9 @@ inflated by 1%). So:
   near-equal scores at the cut, e.g. many duplicates) is searched again with four times the candidates, up to all
   documents: never a wrong cut, only a slower one.
 
-Only the candidates near a tie are re-read and re-scored (a few per query with float vectors), so the cost beside
-a search over many documents is small.
+Only the candidates near a tie are re-read and re-scored, beyond the ``k``-th entry only those chained to it; they
+are read query by query in ascending id order and scored in small cache-sized slices, so the cost beside a search
+over many documents is small (``experiments/results/bench_ties.md``).
 """
 from __future__ import annotations
 
@@ -53,15 +54,34 @@ def reference_scores(query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     return np.add.reduce(prod, axis=1).astype(np.float32)
 
 
-def _rescore(queries: np.ndarray, rows: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """:func:`reference_scores` of ``queries[rows[i]]`` with ``vectors[i]`` (``rows`` ascending), query by query, in
-    slices that keep the float64 products small."""
+def _rescore(queries: np.ndarray, rows: np.ndarray, ids: np.ndarray,
+             vectors_of: Callable[[np.ndarray], np.ndarray], read: int = 8192, chunk: int = 256) -> np.ndarray:
+    """:func:`reference_scores` of ``queries[rows[i]]`` with the stored vector of ``ids[i]`` (``rows`` ascending).
+
+    Pairs are taken query by query, each query's documents in ascending id order (the memmap's pages in sequence;
+    ``vectors_of`` reads ascending ids without sorting them again), ``read`` rows per call, scored ``chunk`` rows at a
+    time so that the float64 products stay in a core's cache; only the 1-D scores go back to the asked order. Bit for
+    bit the values of :func:`reference_scores`: the same exact products, the same float64 sum along each row, one
+    rounding."""
     out = np.empty(len(rows), dtype=np.float32)
+    if not len(rows):
+        return out
+    order = np.lexsort((ids, rows))
+    rows, ids = rows[order], ids[order]
+    dim = queries.shape[1]
+    buf = np.empty((min(chunk, len(rows)), dim), dtype=np.float64)
+    sorted_out = np.empty(len(rows), dtype=np.float32)
     bounds = np.flatnonzero(np.diff(rows)) + 1
     for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(rows)]])):
-        for a in range(lo, hi, 4096):
-            b = min(a + 4096, hi)
-            out[a:b] = reference_scores(queries[rows[lo]], vectors[a:b])
+        query = queries[rows[lo]].astype(np.float64)
+        for start in range(lo, hi, read):
+            vectors = vectors_of(ids[start:min(start + read, hi)])
+            for a in range(0, len(vectors), chunk):
+                prod = buf[:len(vectors[a:a + chunk])]
+                np.copyto(prod, vectors[a:a + chunk])  # float32 values, exact in float64
+                np.multiply(prod, query, out=prod)  # exact: 24 + 24 bits of mantissa fit in 53
+                sorted_out[start + a:start + a + len(prod)] = np.add.reduce(prod, axis=1)
+    out[order] = sorted_out
     return out
 
 
@@ -79,12 +99,22 @@ def largest_norm(arrays: Sequence[np.ndarray], block: int = 65536) -> float:
     return float(np.sqrt(top)) * 1.0001
 
 
-def _chained(scores: np.ndarray, tol: np.ndarray) -> np.ndarray:
-    """``(q, w)`` mask of the entries within ``2 tol`` of an adjacent entry of their (descending) row."""
-    near = (scores[:, :-1] - scores[:, 1:]) <= 2 * tol[:, None]
+def _needed(scores: np.ndarray, tol: np.ndarray, k: int) -> np.ndarray:
+    """``(q, w)`` mask of the entries to re-score: those within ``2 tol`` of an adjacent entry of their (descending)
+    row (chains of near-ties), except the chains that lie wholly after the ``k``-th entry.
+
+    Such a chain starts more than ``2 tol`` below the end of the chain through the ``k``-th entry (or below that
+    entry), so its reference scores, at most its kernel scores plus ``tol``, stay below every settled score up to
+    there, whether re-scored or not: neither the top ``k`` nor the ``k``-th settled score (the test of the cut)
+    depends on them."""
     mask = np.zeros(scores.shape, dtype=bool)
+    if scores.shape[1] < 2:
+        return mask
+    near = (scores[:, :-1] - scores[:, 1:]) <= 2 * tol[:, None]
     mask[:, :-1] |= near
     mask[:, 1:] |= near
+    if 0 < k < scores.shape[1]:  # entry j >= k is linked to the k-th iff every gap between them is near
+        mask[:, k:] &= np.logical_and.accumulate(near[:, k - 1:], axis=1)
     return mask
 
 
@@ -118,10 +148,10 @@ def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
             out_scores[todo], out_ids[todo] = scores[:, :k], ids[:, :k]
             return out_scores, out_ids
         last = scores[:, -1].copy()  # the kernel's: every document left out scores at most this there
-        mask = _chained(scores, tol[todo]) if scores.shape[1] > 1 else np.zeros(scores.shape, bool)
+        mask = _needed(scores, tol[todo], k)
         rows, cols = np.nonzero(mask)
         if len(rows):
-            scores[rows, cols] = _rescore(queries[todo], rows, vectors_of(ids[rows, cols]))
+            scores[rows, cols] = _rescore(queries[todo], rows, ids[rows, cols], vectors_of)
         order = np.lexsort((ids, -scores), axis=1)
         scores = np.take_along_axis(scores, order, axis=1)
         ids = np.take_along_axis(ids, order, axis=1)
