@@ -319,7 +319,8 @@ class DenseStore:
             scores, ids = kernel(parts, query_vecs, k, **kwargs)  # (a corrupt vector: named below)
         else:  # near ties re-scored position-free: equal vectors score equal on every backend (ties.py)
             scores, ids = settle(lambda rows, width: kernel(parts, query_vecs[rows], width, **kwargs),
-                                 self.vectors_of, query_vecs, min(k, count), count, max_norm)
+                                 self.vectors_of, query_vecs, min(k, count), count, max_norm,
+                                 threads=kwargs.get("threads"))
         self._check_finite(scores, ids)
         return scores, ids
 

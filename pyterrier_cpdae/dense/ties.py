@@ -27,12 +27,17 @@ over many documents is small (``experiments/results/bench_ties.md``).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._checks import default_num_threads
+
 #: unit roundoff of float32
 U32 = 2.0 ** -24
+#: fewest pairs to re-score that are worth a thread of their own
+_PAIRS_PER_THREAD = 16384
 
 
 def extra_candidates(k: int) -> int:
@@ -55,32 +60,44 @@ def reference_scores(query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 
 
 def _rescore(queries: np.ndarray, rows: np.ndarray, ids: np.ndarray,
-             vectors_of: Callable[[np.ndarray], np.ndarray], read: int = 8192, chunk: int = 256) -> np.ndarray:
+             vectors_of: Callable[[np.ndarray], np.ndarray], threads: int = 1, read: int = 8192,
+             chunk: int = 256) -> np.ndarray:
     """:func:`reference_scores` of ``queries[rows[i]]`` with the stored vector of ``ids[i]`` (``rows`` ascending).
 
     Pairs are taken query by query, each query's documents in ascending id order (the memmap's pages in sequence;
     ``vectors_of`` reads ascending ids without sorting them again), ``read`` rows per call, scored ``chunk`` rows at a
-    time so that the float64 products stay in a core's cache; only the 1-D scores go back to the asked order. Bit for
-    bit the values of :func:`reference_scores`: the same exact products, the same float64 sum along each row, one
-    rounding."""
+    time so that the float64 products stay in a core's cache; only the 1-D scores go back to the asked order; the
+    queries are split over ``threads`` workers (numpy releases the GIL). Bit for bit the values of
+    :func:`reference_scores`: the same exact products, the same float64 sum along each row, one rounding."""
     out = np.empty(len(rows), dtype=np.float32)
     if not len(rows):
         return out
     order = np.lexsort((ids, rows))
     rows, ids = rows[order], ids[order]
-    dim = queries.shape[1]
-    buf = np.empty((min(chunk, len(rows)), dim), dtype=np.float64)
     sorted_out = np.empty(len(rows), dtype=np.float32)
     bounds = np.flatnonzero(np.diff(rows)) + 1
-    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(rows)]])):
-        query = queries[rows[lo]].astype(np.float64)
-        for start in range(lo, hi, read):
-            vectors = vectors_of(ids[start:min(start + read, hi)])
-            for a in range(0, len(vectors), chunk):
-                prod = buf[:len(vectors[a:a + chunk])]
-                np.copyto(prod, vectors[a:a + chunk])  # float32 values, exact in float64
-                np.multiply(prod, query, out=prod)  # exact: 24 + 24 bits of mantissa fit in 53
-                sorted_out[start + a:start + a + len(prod)] = np.add.reduce(prod, axis=1)
+    starts, ends = np.concatenate([[0], bounds]), np.concatenate([bounds, [len(rows)]])
+
+    def score(span: Tuple[int, int]) -> None:
+        buf = np.empty((chunk, queries.shape[1]), dtype=np.float64)
+        for lo, hi in zip(starts[span[0]:span[1]], ends[span[0]:span[1]]):
+            query = queries[rows[lo]].astype(np.float64)
+            for first in range(lo, hi, read):
+                vectors = vectors_of(ids[first:min(first + read, hi)])
+                for a in range(0, len(vectors), chunk):
+                    prod = buf[:len(vectors[a:a + chunk])]
+                    np.copyto(prod, vectors[a:a + chunk])  # float32 values, exact in float64
+                    np.multiply(prod, query, out=prod)  # exact: 24 + 24 bits of mantissa fit in 53
+                    sorted_out[first + a:first + a + len(prod)] = np.add.reduce(prod, axis=1)
+
+    workers = max(1, min(threads, len(rows) // _PAIRS_PER_THREAD, len(starts)))
+    if workers == 1:
+        score((0, len(starts)))
+    else:  # query ranges of about equal numbers of pairs
+        cuts = np.searchsorted(starts, np.arange(1, workers) * len(rows) // workers)
+        spans = list(zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(starts)]])))
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(score, spans))
     out[order] = sorted_out
     return out
 
@@ -120,7 +137,8 @@ def _needed(scores: np.ndarray, tol: np.ndarray, k: int) -> np.ndarray:
 
 def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
            vectors_of: Callable[[np.ndarray], np.ndarray], queries: np.ndarray, k: int, count: int,
-           max_norm: float, ties_by_id: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+           max_norm: float, ties_by_id: bool = True,
+           threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The top ``k`` of each query by (reference score, ascending id), scores as the kernel's except near ties.
 
     Args:
@@ -132,8 +150,10 @@ def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
         max_norm: the largest norm of a stored vector (finite).
         ties_by_id: the kernel cuts equal scores by ascending id (numpy, torch; FAISS does not): a zero query, whose
             every score is exactly 0, is then answered by the kernel's first try.
+        threads: workers re-scoring near ties (default: the cores this process may run on).
     """
     num_q = len(queries)
+    threads = default_num_threads() if threads is None else max(1, int(threads))
     tol = tolerance(queries, max_norm)
     zero = ~np.any(queries, axis=1) if ties_by_id else np.zeros(len(queries), dtype=bool)
     out_scores = np.empty((num_q, k), dtype=np.float32)
@@ -151,7 +171,7 @@ def settle(search: Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]],
         mask = _needed(scores, tol[todo], k)
         rows, cols = np.nonzero(mask)
         if len(rows):
-            scores[rows, cols] = _rescore(queries[todo], rows, ids[rows, cols], vectors_of)
+            scores[rows, cols] = _rescore(queries[todo], rows, ids[rows, cols], vectors_of, threads)
         order = np.lexsort((ids, -scores), axis=1)
         scores = np.take_along_axis(scores, order, axis=1)
         ids = np.take_along_axis(ids, order, axis=1)
