@@ -149,3 +149,43 @@ def test_a_zero_query_is_answered_by_ascending_docid_without_searching_again(ind
     scores, ids = built["single"].search(np.zeros((2, DIM), np.float32), 5, backend="numpy")
     assert ids.tolist() == [[0, 1, 2, 3, 4]] * 2 and not scores.any()
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("which", ["single", "half", "view"])
+def test_rescoring_in_slices_and_threads_gives_the_reference_score_of_each_pair(indexes, which, monkeypatch):
+    """The settling's re-scoring (query by query, ids ascending, small slices, two threads, a 3-shard view) gives each
+    (query, document) pair exactly :func:`ties.reference_scores` of that pair alone, in the order asked."""
+    from pyterrier_cpdae.dense import ties
+    vecs, built = indexes
+    stored = vecs.astype(np.float16).astype(np.float32) if which == "half" else vecs
+    monkeypatch.setattr(ties, "_PAIRS_PER_THREAD", 1)
+    qs = queries(vecs)
+    rng = np.random.default_rng(8)
+    rows = np.sort(rng.integers(0, len(qs), 3000))
+    ids = rng.integers(0, N, 3000)  # unsorted, repeated
+    got = ties._rescore(qs, rows, ids, built[which].store.vectors_of, threads=2, read=7, chunk=3)
+    want = np.array([ties.reference_scores(qs[r], stored[i][None])[0] for r, i in zip(rows, ids)])
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.parametrize("which", ["single", "half", "view"])
+def test_vectors_of_returns_the_stored_rows_in_the_order_asked(indexes, which):
+    vecs, built = indexes
+    stored = vecs.astype(np.float16).astype(np.float32) if which == "half" else vecs
+    rng = np.random.default_rng(9)
+    for ids in (np.arange(N), np.sort(rng.integers(0, N, 500)), rng.integers(0, N, 500), np.array([], np.int64)):
+        got = built[which].store.vectors_of(ids)
+        assert got.dtype == np.float32 and got.shape == (len(ids), DIM)
+        np.testing.assert_array_equal(got, stored[ids])
+
+
+def test_only_chains_reaching_the_kth_entry_are_rescored_beyond_it():
+    """Entries after the k-th are re-scored only when a chain of near ties links them to it: a near tie wholly after
+    the k-th entry can neither enter the top k nor move its last score."""
+    from pyterrier_cpdae.dense import ties
+    s = np.array([[10.0, 9.0, 8.0, 7.995, 7.99, 5.0, 4.0, 3.995],
+                  [10.0, 9.0, 8.0, 7.0, 5.0, 4.995, 3.0, 2.995]], dtype=np.float32)
+    mask = ties._needed(s, np.array([0.01, 0.01]), 3)
+    assert mask.tolist() == [[False, False, True, True, True, False, False, False],
+                             [False, False, False, False, False, False, False, False]]
+    assert ties._needed(s, np.array([0.01, 0.01]), 8)[1].tolist() == [False] * 4 + [True] * 4
