@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["UNPAD_CHOICES", "ATTN_IMPLEMENTATION", "VARLEN_KERNELS", "unpad_problem", "resolve_unpad",
-           "use_unpadded", "unpadded_last_hidden", "varlen_kernel", "varlen_attention", "compile_encoder"]
+           "use_unpadded", "unpadded_last_hidden", "varlen_kernel", "varlen_attention"]
 
 logger = logging.getLogger(__name__)
 
@@ -216,19 +216,3 @@ def unpadded_last_hidden(mlm_model: Any, input_ids: torch.Tensor, attention_mask
     return out.view(n, length, -1)
 
 
-def compile_encoder(mlm_model: Any) -> int:
-    """``--compile``: ``torch.compile`` every Transformer layer of the encoder in place (``nn.Module.compile``), so
-    that parameter names, checkpoints and the export stay those of the eager model. torch's default shape policy:
-    the first batch compiles for its shapes, the first batch of another length recompiles with dynamic shapes (the
-    packed length changes with every batch; ``dynamic=True`` from the start fails in inductor's CPU
-    code generation for the unpadded layers with torch 2.13). Returns the number of layers compiled.
-
-    Raises:
-        ValueError: when the encoder has no list of layers (``encoder.layer``) to compile.
-    """
-    layers = getattr(getattr(mlm_model.base_model, "encoder", None), "layer", None)
-    if layers is None or not len(layers):
-        raise ValueError(f"--compile: {type(mlm_model.base_model).__name__} has no encoder.layer list to compile")
-    for layer in layers:
-        layer.compile()
-    return len(layers)
