@@ -237,7 +237,7 @@ def test_trainer_bf16_step_runs_under_autocast_on_the_device_and_tracks_fp32(tmp
 
     from accelerate.state import AcceleratorState
 
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     seen = []
     runs = {}
@@ -264,7 +264,8 @@ def test_trainer_bf16_resume_on_the_device_is_exact(tmp_path, fresh_accelerator)
     from _train_worker import RegressionData, TinyRegressor, collate
     from test_trainer import assert_same_losses, losses
 
-    from pretrain.trainer import Trainer, list_checkpoints
+    from pretrain.training.checkpoint import list_checkpoints
+    from pretrain.training.trainer import Trainer
 
     kw = dict(max_steps=14, save_steps=4, logging_steps=3, save_total_limit=3, mixed_precision="bf16")
     full = _device_cfg(tmp_path, "full", **kw)
@@ -290,7 +291,7 @@ def test_trainer_waits_for_the_device_once_per_step(tmp_path, fresh_accelerator)
 
     from _train_worker import RegressionData, TinyRegressor, collate_clean
 
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     per_step: dict[int, list[str]] = {}
 

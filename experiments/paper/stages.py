@@ -90,7 +90,7 @@ class Stage:
         """(options that make the recorded run another run, whether it was asked for another length: steps,
         epochs, mining rounds), with the command parsed once."""
         from pretrain.config import resume_conflicts
-        from pretrain.trainer import config_dict
+        from pretrain.training.run_dir import config_dict
         if rec is None:
             return [], False
         previous, current = rec.get("config", {}), config_dict(self._parsed())
@@ -107,7 +107,7 @@ class Stage:
         negatives of a fine-tuning) and the weights of the model it started from (its model card's
         ``base_model.weights_sha256``). Empty when nothing changed or nothing was recorded."""
         from pretrain.export.record import weights_sha256
-        from pretrain.inputs import corpus_fingerprints, input_changes, training_inputs
+        from pretrain.data.inputs import corpus_fingerprints, input_changes, training_inputs
         rec = self._recorded() if rec is None else rec
         if rec is None:
             return []

@@ -2,7 +2,7 @@
 
 Typical use (what ``python -m pretrain`` does)::
 
-    from pretrain.corpus import TokenCache, idf_weights
+    from pretrain.data.corpus import TokenCache, idf_weights
     cache = TokenCache.build_or_load("wiki:../shared/data/enwiki-sample", tokenizer,
                                      max_length=512, cache_dir="runs/.token_cache")
     cache[0]          # token ids of the first block (no special tokens, <= 510 ids)
@@ -64,7 +64,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def _corpus_fingerprint(spec: str) -> str:
     """A hash of (path, size, mtime, cheap content hash) of each local corpus file
-    (:func:`pretrain.inputs.file_fingerprint`), so an edited corpus gets a new cache."""
+    (:func:`pretrain.data.inputs.file_fingerprint`), so an edited corpus gets a new cache."""
 
     h = hashlib.sha256()
     for p, fp in corpus_fingerprints(spec).items():
@@ -282,11 +282,11 @@ class TokenCache(torch.utils.data.Dataset):
         never leaves a cache that looks complete (its leftovers are removed by the next build).
 
         Args:
-            spec: Corpus spec (see :func:`pretrain.readers.iter_texts`).
+            spec: Corpus spec (see :func:`pretrain.data.readers.iter_texts`).
             tokenizer: A Hugging Face tokenizer (fast ones tokenize much faster).
             max_length: Block length in tokens *including* the two special tokens (>= 3).
             cache_dir: Directory holding caches (created if needed).
-            fields: Text fields (see :func:`~pretrain.readers.iter_texts`).
+            fields: Text fields (see :func:`~pretrain.data.readers.iter_texts`).
             max_docs: Read at most this many documents (-1: all).
             batch_docs: Documents tokenized per tokenizer call and per task of a tokenizing thread (bounds
                 memory while building; the files do not depend on it).

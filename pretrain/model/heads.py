@@ -55,7 +55,7 @@ def head_module_spec(module: nn.Module) -> dict[str, Any]:
         if all(sp == specs[0] for sp in specs):
             return {"type": "module_list", "args": {"items": len(specs), "item": specs[0]}}
     raise TypeError(f"cannot save a {type(module).__name__} in an ObjectiveHead: give it a head_spec() method "
-                    "and register its class with pretrain.modeling.register_head_module")
+                    "and register its class with pretrain.model.heads.register_head_module")
 
 
 def build_head_module(spec: dict[str, Any]) -> nn.Module:

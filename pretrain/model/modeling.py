@@ -184,7 +184,7 @@ class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
 
     Example::
 
-        from pretrain.modeling import CPDAEDecoder
+        from pretrain.model.modeling import CPDAEDecoder
         decoder = CPDAEDecoder.from_pretrained("runs/cpdae/decoder")   # or the run directory itself
         logits = decoder(cls_vectors)                                   # (N, H) -> (N, |V|)
         decoder.save_pretrained("my-decoder")                           # config.json + model.safetensors

@@ -91,7 +91,7 @@ def adamw_options(device: torch.device) -> dict[str, Any]:
 
 def compile_module(module: nn.Module) -> None:
     """``--compile``: the module's own ``compile_encoder()`` (the objectives: every encoder layer,
-    :func:`pretrain.unpadded.compile_encoder`), else ``module.compile()`` (in place: parameter names unchanged)."""
+    :func:`pretrain.training.optim.compile_encoder`), else ``module.compile()`` (in place: parameter names unchanged)."""
     fn = getattr(module, "compile_encoder", None)
     if callable(fn):
         fn()

@@ -10,7 +10,7 @@ linear decay, gradient clipping and accumulation, bf16/fp16 autocast on CUDA, gr
 checkpointing, optional ``torch.compile`` (``--compile``), DDP under ``torchrun``/``accelerate launch`` with a *global* batch size,
 a seeded deterministic data order, atomic resumable checkpoints ``checkpoint-N`` (model,
 optimizer, scheduler, RNG states and data position, stored as safetensors/JSON and never
-unpickled, see :mod:`pretrain.checkpoint`: a run killed and resumed reproduces the loss
+unpickled, see :mod:`pretrain.training.checkpoint`: a run killed and resumed reproduces the loss
 sequence of an uninterrupted run), CSV/TensorBoard/W&B logs and a loss-curve plot.
 
 Numbers: the master weights are float32 (:func:`ensure_float32`; autocast adds bf16/fp16 compute) and the export
@@ -80,7 +80,7 @@ class Trainer:
 
         if not config.output:
             raise ValueError("no output directory given (config.output / --output)")
-        from .logging_utils import parse_report_to
+        from ..logging_utils import parse_report_to
         parse_report_to(config.report_to)
         if config.batch_size < 1 or config.grad_accum < 1:
             raise ValueError(f"batch_size ({config.batch_size}) and grad_accum ({config.grad_accum}) must be >= 1")
@@ -220,7 +220,7 @@ class Trainer:
             self._on_step(model, step)
 
         if self.is_main_process:  # --report-to, through accelerate's trackers
-            from .logging_utils import make_trackers
+            from ..logging_utils import make_trackers
             acc.log_with = make_trackers(cfg.report_to, os.path.join(self.output, "logs"),
                                          resume_step=step if resume else None,
                                          run_name=os.path.basename(os.path.abspath(self.output)))
@@ -288,7 +288,7 @@ class Trainer:
             for tracker in acc.trackers:  # (not acc.end_training(): it would end the process group)
                 tracker.finish()
             acc.trackers = []
-            from .logging_utils import cl_band_batch, plot_metrics, read_metrics
+            from ..logging_utils import cl_band_batch, plot_metrics, read_metrics
             csv_path = os.path.join(self.output, "logs", "metrics.csv")
             rows = len(read_metrics(csv_path)) if os.path.exists(csv_path) else 0
             if rows >= 2:
@@ -320,7 +320,7 @@ class Trainer:
                             "module": type(self.module).__name__},
                 "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                              "accelerate": accelerate.__version__},
-                # what the run is built from (set by the caller, e.g. pretrain.inputs.run_inputs)
+                # what the run is built from (set by the caller, e.g. pretrain.data.inputs.run_inputs)
                 **({"inputs": self.inputs} if self.inputs else {})}
 
     def _optimizer_step(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
@@ -460,7 +460,7 @@ class Trainer:
         """Write ``<output>/checkpoints/checkpoint-N`` atomically (temp dir, then rename) and prune old ones.
 
         Every process writes its RNG states; the main process writes the model, optimizer and scheduler
-        and, last, ``trainer_state.json`` with the manifest of the files (see :mod:`pretrain.checkpoint`).
+        and, last, ``trainer_state.json`` with the manifest of the files (see :mod:`pretrain.training.checkpoint`).
         """
         acc = self.accelerator
         self._check_finite(acc.unwrap_model(model), f"checkpoint {checkpoint_name(step)}")
