@@ -73,7 +73,7 @@ def test_encoder_packed_batches_close_to_padded(bert_dir, texts, monkeypatch):
     within the token budget."""
     from pyterrier_cpdae.encoder import CPDAE
     from pyterrier_cpdae.encoder import cpdae as enc_mod
-    from pyterrier_cpdae.encoder.packing import reference_kernel, varlen_kernel
+    from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
 
     if torch.device(DEVICE).type != "cuda":  # the CPU run of these checks: the text-by-text reference kernel
         monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
@@ -98,7 +98,8 @@ def test_batches_are_queued_without_waiting_for_the_device(bert_dir, texts):
     mode in "error"), so the host prepares the next batch while the device runs this one; the vectors equal the
     encoder's (cosine > 0.999)."""
     from pyterrier_cpdae.encoder import CPDAE
-    from pyterrier_cpdae.encoder.packing import packed_forward, reference_kernel, varlen_kernel
+    from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
+    from pyterrier_cpdae.encoder.packing import packed_forward
     from pyterrier_cpdae.encoder.pooling import pool
 
     cuda = torch.device(DEVICE).type == "cuda"

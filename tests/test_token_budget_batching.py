@@ -15,7 +15,8 @@ import torch
 from pyterrier_cpdae.encoder import CPDAE
 from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder.batching import length_sorted_batches, token_budget_batches
-from pyterrier_cpdae.encoder.packing import reference_kernel, supports_packing, varlen_kernel
+from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
+from pyterrier_cpdae.encoder.packing import supports_packing
 
 
 def _cuts(lengths, budget, padded=True):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pretrain.model import unpadded
+from pyterrier_cpdae.encoder import attention
 from pretrain.config import PretrainConfig
 from pretrain.model.modeling import load_mlm_model
 from pretrain.objectives import build_objective
@@ -118,7 +119,7 @@ def encoder_calls(obj) -> list[tuple[tuple[int, ...], int]]:
 @pytest.mark.parametrize("case,kernel", [(c, "loop") for c in sorted(CASES)] + [(c, "njt") for c in NJT_CASES])
 def test_loss_and_gradients_unpadded_equal_padded(case, kernel, sharp_model, tok, monkeypatch):
     name, opts = CASES[case]
-    monkeypatch.setattr(unpadded, "FORCE_KERNEL", kernel)
+    monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
     padded, unpadded_obj = (build(name, opts, mode, sharp_model, tok) for mode in ("off", "on"))
     for (n, a), (_, b) in zip(padded.state_dict().items(), unpadded_obj.state_dict().items()):
         assert torch.equal(a, b), n  # the same weights

@@ -10,46 +10,39 @@ never across two texts). The last hidden states are scattered back to ``(N, L, H
 objectives' heads read them as before; none of them reads a padding position (the MLM loss gathers the masked
 positions before the vocabulary projection, pooling is [CLS] or a masked mean).
 
-The attention kernel (:func:`varlen_kernel`), chosen per call:
+The model is switched to the one variable-length attention function of the package,
+:mod:`pyterrier_cpdae.encoder.attention` (:data:`ATTN_IMPLEMENTATION`, registered with transformers'
+``AttentionInterface``), which also serves the encoder's packed batches; it chooses the kernel per call
+(:func:`~pyterrier_cpdae.encoder.attention.kernel_for_call`: FlashAttention-2's varlen kernel on CUDA in bf16/fp16
+when ``flash-attn`` is installed, SDPA on nested tensors on other CUDA calls, one SDPA per text on the CPU), with
+attention dropout while training; its calls without ``cu_seq_lens_q`` go to transformers' own SDPA, so a padded
+call through the same model is unchanged. The switch is not saved with the model (``config.json`` keeps no
+attention implementation). Supported: the BERT family as transformers 5 writes it (``model_type`` ``bert``,
+``roberta``, ``xlm-roberta``: attention through ``ALL_ATTENTION_FUNCTIONS`` and explicit ``position_ids``).
 
-* ``flash_attn``: ``flash_attn.flash_attn_varlen_func`` (FlashAttention-2's varlen kernel, attention dropout
-  included) on CUDA in bf16/fp16, when the ``flash-attn`` package is installed;
-* ``njt``: ``torch.nn.functional.scaled_dot_product_attention`` on nested (jagged) tensors, torch's own varlen
-  dispatch to its fused kernels (CUDA; it runs on the CPU too, which the reference tests use to check its plumbing);
-* ``loop``: one ``scaled_dot_product_attention`` per text (the CPU's kernel: no launch overhead to speak of there).
-
-The model is switched to the attention function :data:`ATTN_IMPLEMENTATION` registered with transformers'
-``AttentionInterface`` (its calls without ``cu_seq_lens_q`` go to transformers' own SDPA, so a padded call through
-the same model is unchanged); the switch is not saved with the model (``config.json`` keeps no attention
-implementation). Supported: the BERT family as transformers 5 writes it (``model_type`` ``bert``, ``roberta``,
-``xlm-roberta``: attention through ``ALL_ATTENTION_FUNCTIONS`` and explicit ``position_ids``).
-
-``--unpad auto`` (default) runs unpadded on CUDA when the model is supported, padded otherwise (on the CPU the
-numbers of a run, dropout's random draws included, stay those of the padded path); ``on`` runs unpadded on any
-device (the loop kernel on the CPU) and refuses an unsupported model; ``off`` is the padded path.
+``--unpad on`` runs unpadded on any device (one SDPA per text on the CPU) and refuses an unsupported model;
+``off`` is the padded path. ``auto`` (the default) is the padded path too, on every device (:func:`use_unpadded`
+says why); with a model the unpadded path does not support it stays padded without an error.
 """
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["UNPAD_CHOICES", "ATTN_IMPLEMENTATION", "VARLEN_KERNELS", "unpad_problem", "resolve_unpad",
-           "use_unpadded", "unpadded_last_hidden", "varlen_kernel", "varlen_attention"]
+from pyterrier_cpdae.encoder.attention import ATTENTION, register
+
+__all__ = ["UNPAD_CHOICES", "ATTN_IMPLEMENTATION", "unpad_problem", "resolve_unpad", "use_unpadded",
+           "unpadded_last_hidden"]
 
 logger = logging.getLogger(__name__)
 
 #: ``--unpad`` choices.
 UNPAD_CHOICES = ("auto", "on", "off")
 #: Name of the attention function registered with transformers (``model.config._attn_implementation``).
-ATTN_IMPLEMENTATION = "pretrain_varlen"
-#: Variable-length attention kernels (:func:`varlen_kernel`).
-VARLEN_KERNELS = ("flash_attn", "njt", "loop")
-#: Force one kernel (tests: ``"njt"`` on the CPU); ``None``: :func:`varlen_kernel` chooses.
-FORCE_KERNEL: Optional[str] = None
+ATTN_IMPLEMENTATION = ATTENTION
 
 #: Position id of a text's first token per model type (RoBERTa's positions start after its padding index).
 _POSITION_START = {"bert": lambda c: 0, "roberta": lambda c: int(c.pad_token_id) + 1,
@@ -99,89 +92,12 @@ def use_unpadded(mode: str, device: torch.device) -> bool:
     return mode == "on"
 
 
-_REGISTERED: list = []
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    if not _REGISTERED:
-        AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
-        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)  # padded calls: transformers' SDPA masks
-        _REGISTERED.append(True)
-
-
 def _enable(mlm_model: Any) -> None:
     """Switch ``mlm_model`` (and its base model, which shares the config) to :data:`ATTN_IMPLEMENTATION`."""
     if getattr(mlm_model.config, "_attn_implementation", None) == ATTN_IMPLEMENTATION:
         return
-    _register()
+    register()
     mlm_model.set_attn_implementation(ATTN_IMPLEMENTATION)
-
-
-def varlen_kernel(query: torch.Tensor, dropout: float) -> str:
-    """The kernel of one call (module docstring): ``flash_attn`` on CUDA in half precision when installed, ``njt``
-    on CUDA otherwise, ``loop`` on the CPU; :data:`FORCE_KERNEL` wins."""
-    if FORCE_KERNEL is not None:
-        return FORCE_KERNEL
-    if query.device.type != "cuda":
-        return "loop"
-    if query.dtype in (torch.float16, torch.bfloat16) and _flash_attn() is not None:
-        return "flash_attn"
-    return "njt"
-
-
-_FLASH: list = []
-
-
-def _flash_attn() -> Any:
-    if not _FLASH:
-        try:
-            from flash_attn import flash_attn_varlen_func
-        except Exception:  # not installed, or built for another torch / CUDA
-            flash_attn_varlen_func = None
-        _FLASH.append(flash_attn_varlen_func)
-    return _FLASH[0]
-
-
-def varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
-                     cu_seq_lens_q: Optional[torch.Tensor] = None, max_length_q: Optional[int] = None,
-                     **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: ``query/key/value`` ``(B, heads, S, d)``; returns
-    ``((B, S, heads, d), None)``. With ``cu_seq_lens_q`` (a packed row ``B = 1`` of texts ``[cu[i], cu[i+1])``):
-    attention inside each text only; without: transformers' SDPA (the padded path, unchanged)."""
-    if cu_seq_lens_q is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **{k: v for k, v in kwargs.items() if k in ("is_causal",)})
-    if query.shape[0] != 1:
-        raise ValueError(f"unpadded attention expects one packed row, got a batch of {query.shape[0]}")
-    p = dropout if module.training else 0.0
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, d)
-    kernel = varlen_kernel(q, p)
-    if kernel == "flash_attn":
-        cu = cu_seq_lens_q.to(torch.int32)
-        out = _flash_attn()(q, k, v, cu, cu, int(max_length_q), int(max_length_q), dropout_p=p, softmax_scale=scaling)
-    elif kernel == "njt":
-        offsets = cu_seq_lens_q.to(torch.int64)
-
-        def nested(t: torch.Tensor) -> torch.Tensor:
-            return torch.nested.nested_tensor_from_jagged(t, offsets=offsets).transpose(1, 2)  # (N, heads, j, d)
-        with warnings.catch_warnings():  # torch's "prototype" notices of nested tensors
-            warnings.simplefilter("ignore", UserWarning)
-            out = F.scaled_dot_product_attention(nested(q), nested(k), nested(v), dropout_p=p, scale=scaling)
-            out = out.transpose(1, 2).values()
-    elif kernel == "loop":
-        bounds = cu_seq_lens_q.tolist()
-        out = torch.cat([F.scaled_dot_product_attention(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1),
-                                                        v[s:e].transpose(0, 1), dropout_p=p, scale=scaling
-                                                        ).transpose(0, 1)
-                         for s, e in zip(bounds[:-1], bounds[1:])])
-    else:
-        raise ValueError(f"unknown varlen attention kernel {kernel!r} (known: {', '.join(VARLEN_KERNELS)})")
-    return out.unsqueeze(0), None
 
 
 def unpadded_last_hidden(mlm_model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -43,7 +43,8 @@ from .batching import (check_int, check_texts, chunked, dedup, length_sorted_bat
 from .first_token import check_first_token, first_token_model
 from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
-from .packing import first_token_kernel_ok, packed_forward, supports_packing, varlen_kernel
+from .attention import first_token_kernel_ok, varlen_kernel
+from .packing import packed_forward, supports_packing
 from .pooling import POOLINGS, pool
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
