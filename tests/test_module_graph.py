@@ -183,6 +183,19 @@ def test_pretrain_config_imports_no_objective():
     assert "pretrain.config" in graph["pretrain.objectives.base"]
 
 
+def test_pretrain_wings_import_one_way():
+    """The data, model and training wings of ``pretrain`` stand below the objectives and the commands: they import
+    one another not at all, and of the top only the config (training), the logging (training) and the registry
+    (model: the heads load the objectives that register their modules)."""
+    graph = import_graph(REPO / "pretrain")
+    below = {"data": set(), "model": {"pretrain.registry"}, "training": {"pretrain.config", "pretrain.logging_utils"}}
+    for module, targets in graph.items():
+        wing = next((w for w in below if module == f"pretrain.{w}" or module.startswith(f"pretrain.{w}.")), None)
+        if wing is not None:
+            outside = {t for t in targets if not t.startswith(f"pretrain.{wing}.")}
+            assert outside <= below[wing], f"{module} imports {sorted(outside - below[wing])}"
+
+
 def _is_script(path: Path) -> bool:
     """Whether a module of ``experiments/`` is a program: it has a ``__main__`` guard or runs code when imported
     (anything at module level other than imports, definitions, assignments, docstrings and ``if``/``try`` blocks)."""
