@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from pretrain.config_files import read_config_file
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "experiments" / "configs"
@@ -97,8 +98,6 @@ def config_path(scale: str) -> Path:
 def read_json(path: Path) -> dict[str, Any]:
     """A config file (scale, ``overrides.json`` of the stand-ins, ``--overlay``) read by the package's one config
     loader: a key given twice, bytes that are not UTF-8 or a truncated file are refused naming the file and line."""
-    from pretrain.config_files import read_config_file  # here: importing pretrain loads torch and transformers
-
     return read_config_file(path)
 
 
