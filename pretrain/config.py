@@ -556,11 +556,11 @@ def build_parser(cls: type, parser: Optional["argparse.ArgumentParser"] = None, 
 def load_config_file(path: str) -> dict[str, Any]:
     """Read a YAML (``.yaml``/``.yml``) or JSON config file into a dict (dashes in keys become underscores).
 
-    Read by :func:`pretrain.config_files.read_config_file`: a key given twice (``learning_rate`` twice, or
+    Read by :func:`pyterrier_cpdae._files.read_config_file`: a key given twice (``learning_rate`` twice, or
     ``learning-rate`` and ``learning_rate``), a ``!!python/...`` tag, aliases that expand beyond a small bound, bytes
     that are not UTF-8 and a truncated file are refused, naming the file and the line.
     """
-    from .config_files import read_config_file
+    from pyterrier_cpdae._files import read_config_file
 
     return read_config_file(path, normalize_key=lambda k: k.replace("-", "_"))
 

@@ -178,7 +178,7 @@ def test_wings_import_only_themselves_and_the_shared_helpers():
 def test_pretrain_config_imports_no_objective():
     """The config composes a run's options through the registry, not by importing the objectives."""
     graph = import_graph(REPO / "pretrain")
-    assert graph["pretrain.config"] <= {"pretrain.registry", "pretrain.config_files"}
+    assert graph["pretrain.config"] <= {"pretrain.registry"}
     assert not {t for t in graph["pretrain.registry"] if t.startswith("pretrain.")}
     assert "pretrain.config" in graph["pretrain.objectives.base"]
 

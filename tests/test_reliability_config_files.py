@@ -1,5 +1,5 @@
 """``--config`` files (pre-training, fine-tuning) and the paper pipeline's config files are read by one loader,
-:func:`pretrain.config_files.read_config_file` (issue 35: class 2, a key given twice; class 5, a YAML alias bomb;
+:func:`pyterrier_cpdae._files.read_config_file` (issue 35: class 2, a key given twice; class 5, a YAML alias bomb;
 class 6, a ``!!python`` tag, bytes that are not UTF-8, truncated JSON).
 
 The promise (docs/reliability.md, "Config files"): a config file holds plain values, each key once; anything else is
@@ -47,7 +47,7 @@ def test_a_json_key_given_twice_is_refused_for_fine_tuning(tmp_path: Path) -> No
 
 
 def test_a_key_given_twice_in_a_flow_mapping_and_in_a_nested_object(tmp_path: Path) -> None:
-    from pretrain.config_files import read_config_file
+    from pyterrier_cpdae._files import read_config_file
 
     flow = tmp_path / "flow.yaml"
     flow.write_text("{a: 1, b: 2, a: 3}\n")
@@ -70,7 +70,7 @@ def test_two_spellings_of_one_option_are_refused(tmp_path: Path, name: str, text
 
 def test_a_yaml_merge_may_still_be_overridden(tmp_path: Path) -> None:
     """``<<: *base`` then an own key is YAML's override, not a key given twice."""
-    from pretrain.config_files import read_config_file
+    from pyterrier_cpdae._files import read_config_file
 
     f = tmp_path / "m.yaml"
     f.write_text("base: &b {x: 1, y: 2}\nrun:\n  <<: *b\n  x: 3\n")
@@ -142,7 +142,7 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
     f.write_text(_bomb())
     assert len(f.read_bytes()) < 400
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
-            "from pretrain.config_files import read_config_file; read_config_file(sys.argv[1])")
+            "from pyterrier_cpdae._files import read_config_file; read_config_file(sys.argv[1])")
     try:
         proc = subprocess.run([sys.executable, "-c", code, str(f)], cwd=ROOT, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
@@ -166,7 +166,7 @@ def test_a_yaml_alias_bomb_in_a_string_option_is_one_line(tmp_path: Path, monkey
 
 
 def test_aliases_within_the_bound_are_read(tmp_path: Path) -> None:
-    from pretrain.config_files import read_config_file
+    from pyterrier_cpdae._files import read_config_file
 
     f = tmp_path / "ok.yaml"
     f.write_text("a: &x [1, 2, 3]\nb: *x\n")
@@ -190,7 +190,7 @@ def test_a_wrong_value_is_shown_short_in_the_message() -> None:
 
 
 def test_a_deeply_nested_or_huge_file_is_refused(tmp_path: Path, monkeypatch) -> None:
-    from pretrain import config_files as _files
+    from pyterrier_cpdae import _files
 
     deep = tmp_path / "deep.json"
     deep.write_text("{\"a\": " + "[" * 100_000 + "]" * 100_000 + "}")
