@@ -266,7 +266,7 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
     if args.pretrain:
         corpus = args.pretrain_corpus or sample_corpus()
         pretrain_cmd = pretrain_command(args, model, pooling, corpus, output="")
-        from pretrain.readers import corpus_files
+        from pretrain.data.readers import corpus_files
         corpus_id = sorted(file_digests(corpus_files(corpus), digests_file).values())  # its texts, not its path
         digest = hashlib.sha256(json.dumps(pretrain_cmd[1:] + [model_id, corpus_id]).encode()).hexdigest()[:10]
         pt_name = f"{args.pretrain_objective}_{slug(model_name)}_s{args.pretrain_steps}_b{args.pretrain_batch_size}_{digest}"

@@ -19,7 +19,7 @@ def _run() -> int:
     try:
         main()
     except FloatingPointError as e:
-        # pretrain.trainer.NonFiniteError, a diverged run: exit 1 with the step, the loss term and what is left
+        # pretrain.training.finite.NonFiniteError, a diverged run: exit 1 with the step, the loss term and what is left
         # on disk, no traceback
         import os
         if os.environ.get("PRETRAIN_DEBUG"):

@@ -5,9 +5,9 @@
 to the fine-tuning, decoder-inspection and token-coverage tools.
 
 Pipeline of the pre-training command: load the tokenizer and the masked-LM model
-(:func:`pretrain.modeling.load_mlm_model`; random weights with ``--from-config``), build or
-load the tokenized corpus (:class:`pretrain.corpus.TokenCache`), build the objective, and
-train it with :class:`pretrain.trainer.Trainer`. The encoder is exported at ``--output`` as
+(:func:`pretrain.model.modeling.load_mlm_model`; random weights with ``--from-config``), build or
+load the tokenized corpus (:class:`pretrain.data.corpus.TokenCache`), build the objective, and
+train it with :class:`pretrain.training.trainer.Trainer`. The encoder is exported at ``--output`` as
 a standard Hugging Face directory (loadable by ``pyterrier_cpdae.CPDAE.from_pretrained``),
 the decoder under ``<output>/decoder``.
 """
@@ -87,9 +87,9 @@ def validate_config(config: PretrainConfig) -> None:
 
     from .logging_utils import parse_report_to
     from .objectives import objective_class
-    from .trainer import check_output_dir
+    from .training.run_dir import check_output_dir
 
-    from .inputs import check_model_arg, check_writable_dir
+    from .data.inputs import check_model_arg, check_writable_dir
 
     if not config.output:
         raise ValueError("--output is required (the run directory: checkpoints, logs, exported model)")
@@ -128,7 +128,7 @@ def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
     """
     from transformers import AutoTokenizer
 
-    from .modeling import load_mlm_model
+    from .model.modeling import load_mlm_model
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(config.model, trust_remote_code=False)
@@ -190,12 +190,12 @@ def freeze_encoder(objective: Any) -> None:
 def pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[str, Any]:
     """Run the pre-training pipeline for ``config`` and return the trainer's final metrics.
 
-    Rank 0 holds the lock of ``--output`` for the whole run (:func:`pretrain.trainer.hold_output_lock`).
+    Rank 0 holds the lock of ``--output`` for the whole run (:func:`pretrain.training.run_dir.hold_output_lock`).
     ``argv``: the command line the options came from, recorded in the model card (``None``: started from Python).
     """
     import contextlib
 
-    from .trainer import hold_output_lock
+    from .training.run_dir import hold_output_lock
 
     validate_config(config)
     with contextlib.ExitStack() as stack:
@@ -206,12 +206,12 @@ def pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[s
 def _pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[str, Any]:
     from accelerate.utils import set_seed
 
-    from .corpus import TokenCache
+    from .data.corpus import TokenCache
     from .export.weights import base_pooler, save_with_carried
     from .objectives import build_objective, objective_class
-    from .trainer import Trainer
+    from .training.trainer import Trainer
 
-    from .inputs import check_resume_inputs, run_inputs
+    from .data.inputs import check_resume_inputs, run_inputs
 
     set_seed(config.seed)  # the random parts of the initialisation (decoders, --from-config weights)
     model, tokenizer = load_model_and_tokenizer(config)

@@ -129,7 +129,7 @@ def validate_options(config: Any) -> None:
 
 @dataclass
 class TrainConfig:
-    """Options shared by every training loop (see :class:`pretrain.trainer.Trainer`)."""
+    """Options shared by every training loop (see :class:`pretrain.training.trainer.Trainer`)."""
 
     output: Optional[str] = opt(None, "Output directory (checkpoints, logs, the exported model).")
     overwrite: bool = opt(False, "Replace a different run in --output: its checkpoints, records and exported model (weights, "

@@ -3,7 +3,7 @@
 :func:`make_trackers` turns ``--report-to tensorboard,wandb,csv`` (or ``none``) into
 accelerate trackers (``accelerate.tracking``): TensorBoard under ``logs/tb``, Weights & Biases
 (imported only when asked for) and :class:`CSVTracker`, which writes ``logs/metrics.csv``.
-:class:`pretrain.trainer.Trainer` logs through them on the main process. :func:`read_metrics`,
+:class:`pretrain.training.trainer.Trainer` logs through them on the main process. :func:`read_metrics`,
 :func:`plot_metrics` and :func:`summarize_metrics` also work on a finished run's
 ``logs/metrics.csv`` (e.g. to compare runs or write a summary table).
 """

@@ -81,7 +81,7 @@ class TinyRegressor(nn.Module):
 
 def main(argv: list[str]) -> None:
     from pretrain.config import TrainConfig, parse_config
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     clean = "--clean" in argv  # no dropout, no noise: the result must not depend on the number of processes
     argv = [a for a in argv if a != "--clean"]

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 import pyterrier_cpdae.bm25.index as bm25_module
+import pyterrier_cpdae.bm25.retrieval as bm25_retrieval
 from pyterrier_cpdae.bm25 import BM25Index, BM25Indexer
 from pyterrier_cpdae.bm25.java import JAR, SOURCE_HASH_ENTRY, source_hash
 
@@ -53,7 +54,7 @@ def _sinks_used(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _without_helper(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if the JVM had been started without the package's jar: Anserini's JSON and per-hit paths."""
     monkeypatch.setattr(bm25_module, "_blob_indexer_class", lambda: None)
-    monkeypatch.setattr(bm25_module, "_flat_hits_class", lambda: None)
+    monkeypatch.setattr(bm25_retrieval, "_flat_hits_class", lambda: None)
 
 
 def _snapshot(index: BM25Index) -> tuple:

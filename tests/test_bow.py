@@ -79,7 +79,7 @@ def test_linear_decay_counts_optimizer_steps(tiny_bert_dir):
 
 def test_trainer_drives_the_schedule_per_optimizer_step(tiny_bert_dir, tmp_path):
     """With 2 micro-batches per optimizer step, both micro-batches of step s use w * (1 - (s-1)/T)."""
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     model, tok, cfg = _load(tiny_bert_dir, bow_weight=2.0, bow_weight_schedule="linear_decay", batch_size=4,
                             grad_accum=2, max_steps=3, save_steps=1000, logging_steps=1, warmup_ratio=0.0,

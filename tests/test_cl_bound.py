@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pretrain.losses import info_nce, pairwise_js, word_distribution
+from pretrain.model.losses import info_nce, pairwise_js, word_distribution
 from pretrain.objectives.cpdae import CPDAEObjective
 
 V = 48          # vocabulary size of the toy distributions

@@ -229,7 +229,7 @@ def test_decoder_bias_prior_is_the_corpus_log_odds(tmp_path, tiny_bert_dir, tiny
     out, cache = tmp_path / "prior", tmp_path / "cache"
     cli.main(base_args(tiny_bert_dir, tiny_corpus, out, cache, decoder_bias_init="prior", warmup_ratio=1, max_length=64,
                        max_steps=1, save_steps=1000))
-    from pretrain.modeling import CPDAEDecoder
+    from pretrain.model.modeling import CPDAEDecoder
     bias = CPDAEDecoder.from_pretrained(out / "decoder").decoder.bias.detach().double().numpy()
     # reference: re-tokenise the corpus naively; every 3-sentence document fits one 64-token block here
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)

@@ -1,4 +1,4 @@
-"""Corpus readers, block packing, the tokenized cache and IDF weights (pretrain.readers / pretrain.corpus)."""
+"""Corpus readers, block packing, the tokenized cache and IDF weights (pretrain.data.readers / pretrain.data.corpus)."""
 from __future__ import annotations
 
 import bz2
@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pretrain import corpus as corpus_mod
-from pretrain.corpus import (TokenCache, block_lengths, fast_backend, idf_weights, pack_sentences, pack_texts,
-                             split_sentences, token_dtype, tokenizer_fingerprint)
-from pretrain.corpus import encode_batch as encode_corpus_batch
-from pretrain.readers import iter_texts, iter_wiki_documents, resolve_spec
+from pretrain.data import corpus as corpus_mod
+from pretrain.data.blocks import block_lengths, fast_backend, pack_sentences, pack_texts, split_sentences
+from pretrain.data.corpus import TokenCache, idf_weights, token_dtype, tokenizer_fingerprint
+from pretrain.data.corpus import encode_batch as encode_corpus_batch
+from pretrain.data.readers import iter_texts, iter_wiki_documents, resolve_spec
 from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -513,7 +513,7 @@ def test_concurrent_processes_build_once(jsonl, minilm_path, tmp_path):
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from transformers import AutoTokenizer
-        from pretrain.corpus import TokenCache
+        from pretrain.data.corpus import TokenCache
         real = TokenCache._build
         def logged(*a, **k):
             with open({str(log)!r}, "a") as f:

@@ -126,7 +126,7 @@ def test_cpdae_decoder_projection_matches_naive(tiny_bert_dir, tmp_path):
     from transformers import AutoTokenizer
 
     from pretrain.config import PretrainConfig
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     torch.manual_seed(0)

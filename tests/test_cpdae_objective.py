@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from pretrain.config import PretrainConfig
-from pretrain.modeling import CPDAEDecoder, load_mlm_model
+from pretrain.model.modeling import CPDAEDecoder, load_mlm_model
 from pretrain.objectives import build_objective
 
 TEXTS = ["the quick brown fox jumps over the lazy dog",
@@ -146,7 +146,7 @@ def test_cpdae_gradients_match_naive(tiny_bert_dir, tok, examples):
     """The gradient of each loss component on every parameter equals that of a naive computation
     (full B×L×|V| MLM logits, broadcast JS, explicit twin targets with the row itself excluded),
     and ``loss`` combines them with λ = 0.1."""
-    from pretrain.losses import pairwise_js_naive
+    from pretrain.model.losses import pairwise_js_naive
     # float64: in float32 the naive H(M) - (H_i + H_j)/2 loses ~3 digits to cancellation (JS << H)
     obj = make("cpdae", tiny_bert_dir, tok, temperature=0.05).eval().double()
     with torch.no_grad():  # spread the logits: at N(0, 0.02) init all ž are nearly uniform and L_CL's gradient ~0
@@ -320,7 +320,7 @@ def test_load_mlm_model(minilm_path, tiny_bert_dir, tmp_path):
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert_dir, tok, examples):
     """--gradient-checkpointing (trainer.enable_gradient_checkpointing on the objective) changes memory, not results."""
-    from pretrain.trainer import enable_gradient_checkpointing
+    from pretrain.training.optim import enable_gradient_checkpointing
     obj = make("cpdae", tiny_bert_dir, tok).train()  # train mode: dropout on, checkpointing active
     batch = obj.collate(examples)
     runs = []

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from pretrain.modeling import CPDAEDecoder, CPDAEDecoderConfig, decoder_layout
+from pretrain.model.modeling import CPDAEDecoder, CPDAEDecoderConfig, decoder_layout
 
 H, V = 16, 40
 
@@ -119,7 +119,7 @@ def test_old_format_decoder_dir_loads(tmp_path, caplog):
     t = dec.transform
     ref = _naive_logits(x, t.dense.weight, t.dense.bias, t.LayerNorm.weight, t.LayerNorm.bias,
                         dec.decoder.weight, dec.decoder.bias, eps=1e-6)
-    with caplog.at_level(logging.INFO, logger="pretrain.modeling"):
+    with caplog.at_level(logging.INFO, logger="pretrain.model.modeling"):
         for path in (run, run / "decoder", str(run)):
             old = CPDAEDecoder.from_pretrained(path)
             with torch.no_grad():
@@ -168,7 +168,7 @@ def cpdae_run(tiny_bert_dir, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from pretrain.config import PretrainConfig
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     torch.manual_seed(0)
@@ -203,7 +203,7 @@ def test_decoder_from_reads_old_and_new_runs(cpdae_run, tiny_bert_dir, tmp_path)
     from transformers import AutoTokenizer
 
     from pretrain.config import PretrainConfig
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     out, obj = cpdae_run

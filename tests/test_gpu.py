@@ -73,7 +73,7 @@ def test_encoder_packed_batches_close_to_padded(bert_dir, texts, monkeypatch):
     within the token budget."""
     from pyterrier_cpdae.encoder import CPDAE
     from pyterrier_cpdae.encoder import cpdae as enc_mod
-    from pyterrier_cpdae.encoder.packing import reference_kernel, varlen_kernel
+    from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
 
     if torch.device(DEVICE).type != "cuda":  # the CPU run of these checks: the text-by-text reference kernel
         monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
@@ -98,7 +98,8 @@ def test_batches_are_queued_without_waiting_for_the_device(bert_dir, texts):
     mode in "error"), so the host prepares the next batch while the device runs this one; the vectors equal the
     encoder's (cosine > 0.999)."""
     from pyterrier_cpdae.encoder import CPDAE
-    from pyterrier_cpdae.encoder.packing import packed_forward, reference_kernel, varlen_kernel
+    from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
+    from pyterrier_cpdae.encoder.packing import packed_forward
     from pyterrier_cpdae.encoder.pooling import pool
 
     cuda = torch.device(DEVICE).type == "cuda"
@@ -237,7 +238,7 @@ def test_trainer_bf16_step_runs_under_autocast_on_the_device_and_tracks_fp32(tmp
 
     from accelerate.state import AcceleratorState
 
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     seen = []
     runs = {}
@@ -264,7 +265,8 @@ def test_trainer_bf16_resume_on_the_device_is_exact(tmp_path, fresh_accelerator)
     from _train_worker import RegressionData, TinyRegressor, collate
     from test_trainer import assert_same_losses, losses
 
-    from pretrain.trainer import Trainer, list_checkpoints
+    from pretrain.training.checkpoint import list_checkpoints
+    from pretrain.training.trainer import Trainer
 
     kw = dict(max_steps=14, save_steps=4, logging_steps=3, save_total_limit=3, mixed_precision="bf16")
     full = _device_cfg(tmp_path, "full", **kw)
@@ -290,7 +292,7 @@ def test_trainer_waits_for_the_device_once_per_step(tmp_path, fresh_accelerator)
 
     from _train_worker import RegressionData, TinyRegressor, collate_clean
 
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     per_step: dict[int, list[str]] = {}
 

@@ -113,7 +113,7 @@ def cpdae_dir(tiny_bert_dir, tmp_path_factory):
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     from pretrain.config import PretrainConfig
-    from pretrain.modeling import CPDAEDecoder, CPDAEDecoderConfig
+    from pretrain.model.modeling import CPDAEDecoder, CPDAEDecoderConfig
     from pretrain.objectives.base import Objective
 
     class Saved(Objective):

@@ -1,4 +1,4 @@
-"""Tests of pretrain.losses against naive / hand-computed references."""
+"""Tests of pretrain.model.losses against naive / hand-computed references."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.losses import (entropy, info_nce, mlm_loss, pairwise_js, pairwise_js_naive, rec_loss,
-                             word_distribution)
+from pretrain.model.losses import (entropy, info_nce, mlm_loss, pairwise_js, pairwise_js_naive, rec_loss,
+                                   word_distribution)
 
 
 def _naive_bce(z: float, y: float) -> float:

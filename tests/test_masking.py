@@ -1,11 +1,10 @@
-"""Tests of pretrain.masking: special tokens, BERT 80/10/10 masking, whole-word masking, bag-of-words targets."""
+"""Tests of pretrain.data.masking: special tokens, BERT 80/10/10 masking, whole-word masking, bag-of-words targets."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pretrain.masking import (bag_of_words, continuation_table, mask_tokens, pad_and_add_special,
-                              wordpiece_word_ids)
+from pretrain.data.masking import bag_of_words, continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ REPO = PACKAGE_DIR.parent
 PACKAGES = ["pyterrier_cpdae", "pretrain", "experiments"]
 WINGS = ["dense", "encoder", "bm25"]
 #: modules directly in pyterrier_cpdae/ that every wing may import (and that import no wing)
-SHARED = ["_artifact", "_checks", "_files", "_lazy", "_locking"]
+SHARED = ["_artifact", "_checks", "_dataset_formats", "_files", "_lazy", "_locking"]
 
 
 def package_exports() -> Dict[str, Dict[str, str]]:
@@ -181,6 +181,19 @@ def test_pretrain_config_imports_no_objective():
     assert graph["pretrain.config"] <= {"pretrain.registry"}
     assert not {t for t in graph["pretrain.registry"] if t.startswith("pretrain.")}
     assert "pretrain.config" in graph["pretrain.objectives.base"]
+
+
+def test_pretrain_wings_import_one_way():
+    """The data, model and training wings of ``pretrain`` stand below the objectives and the commands: they import
+    one another not at all, and of the top only the config (training), the logging (training) and the registry
+    (model: the heads load the objectives that register their modules)."""
+    graph = import_graph(REPO / "pretrain")
+    below = {"data": set(), "model": {"pretrain.registry"}, "training": {"pretrain.config", "pretrain.logging_utils"}}
+    for module, targets in graph.items():
+        wing = next((w for w in below if module == f"pretrain.{w}" or module.startswith(f"pretrain.{w}.")), None)
+        if wing is not None:
+            outside = {t for t in targets if not t.startswith(f"pretrain.{wing}.")}
+            assert outside <= below[wing], f"{module} imports {sorted(outside - below[wing])}"
 
 
 def _is_script(path: Path) -> bool:

@@ -21,7 +21,7 @@ def _build(case: str, model_dir: str, state: dict | None = None):
     from transformers import AutoTokenizer
 
     from pretrain.config import PretrainConfig
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     name = case.split("+")[0]

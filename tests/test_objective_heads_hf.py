@@ -37,7 +37,7 @@ def test_head_is_saved_as_a_hugging_face_model(tiny_bert_dir, tmp_path, name):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModel, PreTrainedModel
 
-    from pretrain.modeling import ObjectiveHead, ObjectiveHeadConfig
+    from pretrain.model.heads import ObjectiveHead, ObjectiveHeadConfig
 
     obj = _objective(tiny_bert_dir, name)
     with torch.no_grad():  # not the constructor's initialisation: a reload cannot pass by re-initialising
@@ -99,15 +99,15 @@ def test_legacy_decoder_written_by_the_old_code_still_loads(tiny_bert_dir, tmp_p
 
 
 def test_unknown_head_module_type_is_named():
-    from pretrain.modeling import ObjectiveHead, ObjectiveHeadConfig
+    from pretrain.model.heads import ObjectiveHead, ObjectiveHeadConfig
 
     with pytest.raises(ValueError, match=r"unknown head module type 'nope'.*import the objective plugin"):
         ObjectiveHead(ObjectiveHeadConfig(objective="x", head_modules={"m": {"type": "nope", "args": {}}}))
 
 
 def test_import_pretrain_registers_the_auto_classes(tiny_bert_dir, tmp_path):
-    """In a fresh process, ``import pretrain`` alone (not pretrain.modeling) makes AutoModel read both decoder types."""
-    from pretrain.modeling import CPDAEDecoder, CPDAEDecoderConfig
+    """In a fresh process, ``import pretrain`` alone (not pretrain.model.modeling) makes AutoModel read both decoder types."""
+    from pretrain.model.modeling import CPDAEDecoder, CPDAEDecoderConfig
 
     CPDAEDecoder(CPDAEDecoderConfig(hidden_size=8, vocab_size=11)).save_pretrained(tmp_path / "cpdae")
     _objective(tiny_bert_dir, "prop").save_pretrained(str(tmp_path / "prop"))

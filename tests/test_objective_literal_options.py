@@ -122,7 +122,7 @@ def test_prepare_gives_idf_when_asked(tiny_bert_dir, tmp_path):
     from transformers import AutoTokenizer
 
     from pretrain.config import PretrainConfig
-    from pretrain.corpus import TokenCache, idf_weights
+    from pretrain.data.corpus import TokenCache, idf_weights
     from pretrain.objectives import objective_class
 
     corpus = tmp_path / "docs.txt"
@@ -244,7 +244,7 @@ def test_adam_betas_and_epsilon_reach_the_optimizer(tmp_path, monkeypatch):
     """Two AdamW steps of the trainer on one scalar parameter against Adam's update written out
     (m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², θ -= lr·(m/(1-β1^t)) / (sqrt(v/(1-β2^t)) + ε))."""
     from pretrain.config import TrainConfig
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     class Scalar(torch.nn.Module):
         def __init__(self):

@@ -212,7 +212,7 @@ def test_config_files_and_flags_of_other_objectives(tmp_path, monkeypatch, caplo
 def test_resume_accepts_a_run_recorded_with_the_former_flat_options(tmp_path):
     """A run started before the options were split per objective recorded every objective's options
     (e.g. seed_decoder_layers in a cpdae run): resuming it is accepted; a real difference is not."""
-    from pretrain.trainer import check_output_dir, config_dict
+    from pretrain.training.run_dir import check_output_dir, config_dict
 
     out = tmp_path / "run"
     out.mkdir()

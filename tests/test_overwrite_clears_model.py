@@ -57,7 +57,7 @@ def test_finetune_overwrite_leaves_no_earlier_model(tmp_path, tiny_bert_dir):
 
 
 def test_pretrain_overwrite_leaves_no_earlier_model(tmp_path, tiny_bert_dir):
-    from pretrain.trainer import _clear_previous_run
+    from pretrain.training.run_dir import _clear_previous_run
 
     out = _old_model(tmp_path, tiny_bert_dir)
     (out / "run_config.json").write_text("{}")

@@ -133,7 +133,7 @@ def test_stage_state_done_resume_conflict(tmp_path):
     argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--max-steps", "4", "--output", str(out)]
     stage = Stage("continue:mlm", "pretrain", argv, out, 1)
     assert stage.state() == "todo"
-    from pretrain.trainer import config_dict
+    from pretrain.training.run_dir import config_dict
     cfg = config_dict(stage._parsed())
     out.mkdir()
     (out / "run_config.json").write_text(json.dumps({"config": cfg, "trainer": {"total_steps": 4}}))
@@ -163,7 +163,7 @@ def test_stage_started_by_a_dead_pipeline_process_is_resumed_at_once(tmp_path):
     out = tmp_path / "run"
     argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--output", str(out)]
     stage = Stage("continue:mlm", "pretrain", argv, out, 1)
-    from pretrain.trainer import config_dict
+    from pretrain.training.run_dir import config_dict
     out.mkdir()
     (out / "run_config.json").write_text(json.dumps({"config": config_dict(stage._parsed())}))
     stage.pid_file.write_text(f"{os.getpid()}\n")

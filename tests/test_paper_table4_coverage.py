@@ -101,7 +101,7 @@ def test_common_mass_equals_naive_recomputation(table4, runs, corpus):
     import torch.nn.functional as F
     from transformers import AutoTokenizer, BertModel
 
-    from pretrain.modeling import CPDAEDecoder
+    from pretrain.model.modeling import CPDAEDecoder
 
     res, _, texts = table4
     n = res["top_frequent"]

@@ -24,10 +24,12 @@ import pytest
 import torch
 
 from _train_worker import RegressionData, TinyRegressor, collate
-from pretrain.checkpoint import verify_checkpoint
+from pretrain.training.checkpoint import verify_checkpoint
 from pretrain.config import TrainConfig
 from pretrain.logging_utils import read_metrics
-from pretrain.trainer import FiniteGuard, NonFiniteError, Trainer, list_checkpoints
+from pretrain.training.checkpoint import list_checkpoints
+from pretrain.training.finite import FiniteGuard, NonFiniteError
+from pretrain.training.trainer import Trainer
 from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pretrain import __main__ as entry
-from pretrain.corpus import TokenCache
+from pretrain.data.corpus import TokenCache
 
 # ----------------------------------------------------------------------------- helpers
 DOCS = ["Dense retrieval encodes a text into one vector. The decoder reconstructs its words.",
@@ -133,7 +133,7 @@ def test_damaged_token_cache_is_named_and_rebuilt(tmp_path, corpus, tok, damage,
     with pytest.raises(ValueError, match="truncated or corrupt") as info:
         TokenCache(cache.path)
     assert problem in str(info.value)
-    with caplog.at_level(logging.WARNING, logger="pretrain.corpus"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.data.corpus"):
         rebuilt = _cache(corpus, tok, tmp_path / "cache")
     assert problem in caplog.text and "rebuilding it" in caplog.text
     assert rebuilt.path == cache.path
@@ -148,7 +148,7 @@ def test_corpus_rewritten_with_same_size_and_mtime_gets_a_new_cache(tmp_path, co
     corpus.write_text(text.replace("Apples", "Melons"))  # same length
     os.utime(corpus, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert corpus.stat().st_size == st.st_size and corpus.stat().st_mtime_ns == st.st_mtime_ns
-    with caplog.at_level(logging.WARNING, logger="pretrain.corpus"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.data.corpus"):
         second = _cache(corpus, tok, tmp_path / "cache")
     assert second.path != first.path
     assert f"corpus file {corpus} changed" in caplog.text and "building a new cache" in caplog.text

@@ -121,7 +121,7 @@ def test_folder_naming_custom_code_is_refused_without_a_prompt(encoder_dir, tmp_
         from pyterrier_cpdae.encoder import CPDAE
         load = CPDAE.from_pretrained
     elif entry == "load_mlm_model":
-        from pretrain.modeling import load_mlm_model
+        from pretrain.model.modeling import load_mlm_model
         load = load_mlm_model
     else:
         import pyterrier_cpdae.encoder.loading as loading
@@ -197,7 +197,7 @@ def test_config_of_48_wide_layers_beside_small_weights_is_refused_before_allocat
     if loader == "load_encoder":
         from pyterrier_cpdae.encoder.loading import load_encoder as load
     else:
-        from pretrain.modeling import load_mlm_model as load
+        from pretrain.model.modeling import load_mlm_model as load
     with pytest.raises(ValueError) as info:
         load(str(folder))
     msg = str(info.value)
@@ -229,7 +229,7 @@ def test_header_check_accepts_real_folders(encoder_dir, tiny_bert_dir, minilm_pa
     (new head), and the real MiniLM folder load; their vectors come from the stored weights."""
     from safetensors.torch import load_file
 
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
     from pyterrier_cpdae.encoder.loading import load_encoder
 
     for path in (encoder_dir, tiny_bert_dir, minilm_path):

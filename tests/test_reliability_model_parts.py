@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import pretrain  # noqa: F401  (registers the model types with AutoModel)
-from pretrain.modeling import CPDAEDecoder, CPDAEDecoderConfig, ObjectiveHead
+from pretrain.model.heads import ObjectiveHead
+from pretrain.model.modeling import CPDAEDecoder, CPDAEDecoderConfig
 from _warm_python import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,7 @@ _BOMB = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # today's code: a MemoryError, never the machine's memory
     import pretrain
     from transformers import AutoModel
-    from pretrain.modeling import CPDAEDecoder
+    from pretrain.model.modeling import CPDAEDecoder
     path, how = sys.argv[1], sys.argv[2]
     t = time.time()
     try:
@@ -176,13 +177,13 @@ def test_legacy_decoder_of_200000_by_200000_is_refused_before_allocating(tmp_pat
 
 
 def test_header_shapes_are_read_without_loading(parts):
-    from pretrain.modeling import safetensors_shapes
+    from pretrain.model.checks import safetensors_shapes
     shapes = safetensors_shapes(parts / "cpdae" / "model.safetensors")
     assert shapes["decoder.weight"] == (50, 16) and shapes["transform.dense.bias"] == (16,)
 
 
 def test_head_config_values_are_bounded_when_built_directly():
-    from pretrain.modeling import ObjectiveHeadConfig
+    from pretrain.model.heads import ObjectiveHeadConfig
     spec = {"type": "module_list", "args": {"items": 10 ** 8, "item": {"type": "linear", "args": {
         "in_features": 4, "out_features": 1, "bias": True}}}}
     with pytest.raises(ValueError, match="items"):
@@ -230,7 +231,7 @@ def test_legacy_decoder_config_that_is_a_json_list_exits_2(tmp_path, tiny_bert_d
 
 def test_ict_from_an_encoder_only_checkpoint_runs_and_exports_no_untrained_mlm_head(tmp_path, minilm_path):
     from pretrain import cli
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
     corpus = tmp_path / "docs.txt"
     words = "dense retrieval index query document vector model search token corpus text encoder".split()
     corpus.write_text("\n".join(". ".join(" ".join(words[(i * 7 + j + k) % len(words)] for j in range(6))

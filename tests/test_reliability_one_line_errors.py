@@ -104,7 +104,7 @@ def test_a_full_disk_under_a_pre_training_checkpoint_is_one_line_and_resumes_exa
     torch.save of the optimizer fails (``RuntimeError: basic_ios::clear``, a traceback before). Now one line names
     the file, says the disk is full and which checkpoint to resume from; the partial checkpoint is removed; after
     space is freed ``--resume`` finishes with the weights and losses of an uninterrupted run, bit for bit."""
-    from pretrain import trainer
+    from pretrain.training import trainer
     from pretrain.logging_utils import read_metrics
     from safetensors.numpy import load_file
 

@@ -131,7 +131,7 @@ def test_pre_training_from_a_bf16_checkpoint_trains_in_float32(tmp_path, bf16_an
 
 
 def test_pre_training_from_a_bf16_config_builds_float32_weights(bf16_and_fp32):
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
 
     model = load_mlm_model(bf16_and_fp32[0], from_config=bf16_and_fp32[0])
     assert {p.dtype for p in model.parameters()} == {torch.float32}
@@ -140,10 +140,10 @@ def test_pre_training_from_a_bf16_config_builds_float32_weights(bf16_and_fp32):
 def test_the_trainer_keeps_float32_master_weights(tmp_path, caplog):
     from _train_worker import RegressionData, TinyRegressor, collate
     from pretrain.config import TrainConfig
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     module = TinyRegressor().to(torch.bfloat16)
-    with caplog.at_level(logging.WARNING, logger="pretrain.trainer"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.training.trainer"):
         Trainer(module, RegressionData(16), collate, TrainConfig(output=str(tmp_path / "r"), batch_size=8, max_steps=1,
                                                                     warmup_ratio=0))
     assert {p.dtype for p in module.parameters()} == {torch.float32}
@@ -155,7 +155,7 @@ def test_the_trainer_keeps_float32_master_weights(tmp_path, caplog):
 
 def test_the_export_dtype_is_chosen_and_recorded(tmp_path, tiny_bert_dir, corpus):
     from pyterrier_cpdae import CPDAE
-    from pretrain.modeling import CPDAEDecoder
+    from pretrain.model.modeling import CPDAEDecoder
 
     out = tmp_path / "run"
     _pretrain(tiny_bert_dir, out, tmp_path / "cache", corpus, save_dtype="bfloat16")

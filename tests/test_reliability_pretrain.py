@@ -22,7 +22,8 @@ import torch
 from _train_worker import RegressionData, TinyRegressor, collate
 from pretrain.config import TrainConfig
 from pretrain.logging_utils import read_metrics
-from pretrain.trainer import Trainer, list_checkpoints
+from pretrain.training.checkpoint import list_checkpoints
+from pretrain.training.trainer import Trainer
 
 #: Names under which pickles have been (or could be) read from a checkpoint by accelerate or the HF Trainer.
 PICKLE_NAMES = ("custom_checkpoint_0.pkl", "random_states_0.pkl", "scheduler.bin", "scheduler.pt", "sampler.bin",
@@ -118,7 +119,7 @@ def test_crafted_optimizer_file_is_refused_not_executed(tmp_path):
     opt = next(p for p in ckpt.iterdir() if p.name.startswith("optimizer"))
     write_payload(opt, marker)
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    from pretrain.checkpoint import file_digest
+    from pretrain.training.checkpoint import file_digest
     state["files"][opt.name] = {"bytes": opt.stat().st_size, "sha256": file_digest(str(opt))}
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
     with pytest.raises(ValueError, match=re.escape(opt.name) + ".*cannot be loaded into this run.*UnpicklingError"):
@@ -223,8 +224,8 @@ def test_no_intact_checkpoint_says_start_again(tmp_path):
 
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, reference, monkeypatch):
-    import pretrain.checkpoint as ckpt_mod
-    import pretrain.trainer as trainer_mod
+    import pretrain.training.checkpoint as ckpt_mod
+    import pretrain.training.trainer as trainer_mod
     real = ckpt_mod.save_train_state
 
     def dies_at_step_8(directory, model, *a, **k):
@@ -255,7 +256,7 @@ def tok(minilm_path):
 
 @pytest.mark.parametrize("victim", ["tokens.bin", "offsets.bin", "df.npy", "meta.json"])
 def test_truncated_token_cache_is_named_and_rebuilt(tmp_path, tok, victim, caplog):
-    from pretrain.corpus import TokenCache
+    from pretrain.data.corpus import TokenCache
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(f"Document {i} talks about rivers. It has a second sentence about mountain {i}."
                                 for i in range(30)) + "\n")
@@ -277,11 +278,11 @@ def test_resume_on_another_number_of_processes_warns(tmp_path, caplog):
     """A checkpoint of 1 process resumed as rank 1 of 2: loaded, with a warning that the RNG of rank 1 is not restored."""
     from transformers import get_linear_schedule_with_warmup
 
-    from pretrain.checkpoint import load_checkpoint
+    from pretrain.training.checkpoint import load_checkpoint
     c = crashed_run(tmp_path)
     step, path = list_checkpoints(c.output)[-1]
     module = TinyRegressor(seed=123)
-    from pretrain.trainer import parameter_groups
+    from pretrain.training.optim import parameter_groups
     opt = torch.optim.AdamW(parameter_groups(module, 0.01), lr=0.05)
     sched = get_linear_schedule_with_warmup(opt, 2, 14)
     with caplog.at_level("WARNING"):

@@ -3,7 +3,7 @@ Lucene cannot index.
 
 * class 7: ``mv`` or ``rm -rf`` of a running pre-training (or fine-tuning) run's ``--output`` let it finish with exit 0,
   re-creating the old path with checkpoints and an export but no ``run_config.json``; now the run stops with a
-  :class:`~pretrain.trainer.RunDirectoryError` naming what happened (and where the directory went), writing nothing;
+  :class:`~pretrain.training.run_dir.RunDirectoryError` naming what happened (and where the directory went), writing nothing;
 * class 6: ``--resume`` of a moved run directory failed with "options differ: --output"; now the run is continued in
   its new place (a warning names both places), and without ``--resume`` the error says it was moved and how to go on;
 * class 6: a BM25 docno over Lucene's term limit (32766 bytes of UTF-8) failed inside Java ("immense term"); now it is
@@ -22,7 +22,9 @@ import pytest
 from _train_worker import RegressionData, TinyRegressor, collate
 from pretrain.config import FinetuneConfig, TrainConfig
 from pretrain.logging_utils import read_metrics
-from pretrain.trainer import RUN_CONFIG, RunDirectoryError, Trainer, check_output_dir, config_dict, list_checkpoints
+from pretrain.training.checkpoint import list_checkpoints
+from pretrain.training.run_dir import RUN_CONFIG, RunDirectoryError, check_output_dir, config_dict
+from pretrain.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 

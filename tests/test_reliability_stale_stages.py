@@ -28,7 +28,7 @@ def _model_dir(path: Path, payload: bytes) -> Path:
 
 def _finished(stage, inputs: dict, base: Path) -> None:
     """What ``python -m pretrain finetune`` leaves in a finished stage directory (the parts the check reads)."""
-    from pretrain.trainer import config_dict
+    from pretrain.training.run_dir import config_dict
     stage.output.mkdir(parents=True, exist_ok=True)
     name = "training_args.json" if stage.kind == "finetune" else "run_config.json"
     rec = {"config": config_dict(stage._parsed()), "inputs": inputs, "finished": True}
@@ -42,7 +42,7 @@ def _finished(stage, inputs: dict, base: Path) -> None:
 
 def test_a_finished_fine_tuning_is_not_reused_once_its_negatives_data_or_base_changed(tmp_path):
     from experiments.paper.stages import Runner, Stage, StageError
-    from pretrain.inputs import training_inputs
+    from pretrain.data.inputs import training_inputs
 
     beir = _tiny_beir(tmp_path / "data")
     negs = tmp_path / "negs.jsonl"
@@ -84,7 +84,7 @@ def test_a_finished_fine_tuning_is_not_reused_once_its_negatives_data_or_base_ch
 
 def test_a_finished_pre_training_is_not_reused_once_its_corpus_changed(tmp_path):
     from experiments.paper.stages import Stage
-    from pretrain.inputs import corpus_fingerprints
+    from pretrain.data.inputs import corpus_fingerprints
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"text number {i}"}) + "\n" for i in range(20)))

@@ -8,7 +8,7 @@ import pytest
 
 from pretrain.config import FinetuneConfig, RESUME_MUTABLE_OPTIONS, TrainConfig, check_same_run, resume_conflicts
 from pretrain.finetune.train import TRAINING_ARGS, _prepare_output
-from pretrain.trainer import RUN_CONFIG, check_output_dir, config_dict
+from pretrain.training.run_dir import RUN_CONFIG, check_output_dir, config_dict
 
 
 def _recorded(tmp_path, cfg, name=RUN_CONFIG):

@@ -14,9 +14,17 @@ import torch
 
 from pyterrier_cpdae.encoder import CPDAE
 from pyterrier_cpdae.encoder import cpdae as enc_mod
+from pyterrier_cpdae.encoder import stages as stages_mod
 from pyterrier_cpdae.encoder.batching import length_sorted_batches, token_budget_batches
-from pyterrier_cpdae.encoder.packing import reference_kernel, supports_packing, varlen_kernel
+from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
+from pyterrier_cpdae.encoder.packing import supports_packing
 
+
+
+def async_on_cpu(monkeypatch) -> None:
+    """The CPU treated as a device whose work is queued asynchronously (as CUDA), by the encoder and its stages."""
+    for mod in (enc_mod, stages_mod):
+        monkeypatch.setattr(mod, "ASYNC_DEVICES", ("cpu",))
 
 def _cuts(lengths, budget, padded=True):
     return [b.tolist() for b in token_budget_batches(np.array(lengths), budget, padded=padded)]
@@ -253,7 +261,7 @@ def test_windows_tokenized_ahead_give_the_same_vectors(tiny_bert_dir, monkeypatc
     monkeypatch.setattr(type(plain.tokenizer), "__call__", spy)
     masks = []
     plain.model.register_forward_pre_hook(lambda m, a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True)
-    monkeypatch.setattr(enc_mod, "ASYNC_DEVICES", ("cpu",))
+    async_on_cpu(monkeypatch)
     for unpad, expected in ((False, ref), (True, ref_packed)):
         threads.clear()
         masks.clear()
@@ -282,7 +290,7 @@ def test_records_streamed_with_the_next_window_read_ahead(tiny_bert_dir, monkeyp
     want_q = np.stack([r["query_vec"] for r in enc.query_encoder().transform_iter(
         {"qid": f"q{i}", "query": t} for i, t in enumerate(queries))])
     np.testing.assert_allclose(want_q, enc.encode_queries(queries), atol=1e-6, rtol=0)
-    monkeypatch.setattr(enc_mod, "ASYNC_DEVICES", ("cpu",))
+    async_on_cpu(monkeypatch)
     sizes = []
     tokenize = enc._tokenize
     monkeypatch.setattr(enc, "_tokenize", lambda t, n: sizes.append(len(t)) or tokenize(t, n))
@@ -331,7 +339,7 @@ def test_indexing_pipeline_hands_the_encoder_several_windows_on_async_devices(ti
                                 backend="torch", device="cpu")
     assert enc.doc_encoder().batch_size == 64
     want = enc.encode_docs(texts)
-    monkeypatch.setattr(enc_mod, "ASYNC_DEVICES", ("cpu",))
+    async_on_cpu(monkeypatch)
     assert enc.doc_encoder().batch_size == 64 * enc_mod.STREAM_WINDOWS == 256
     threads = []
     tokenize = enc._tokenize

@@ -1,4 +1,4 @@
-"""Tests of pretrain.trainer.Trainer on a tiny deterministic regression task (tests/_train_worker.py)."""
+"""Tests of pretrain.training.trainer.Trainer on a tiny deterministic regression task (tests/_train_worker.py)."""
 from __future__ import annotations
 
 import json
@@ -15,8 +15,11 @@ import torch
 from _train_worker import RegressionData, TinyRegressor, collate, collate_clean
 from pretrain.config import TrainConfig
 from pretrain.logging_utils import read_metrics, summarize_metrics
-from pretrain.trainer import (GlobalBatchSampler, Trainer, check_output_dir, list_checkpoints, parameter_groups,
-                              resolve_mixed_precision)
+from pretrain.training.checkpoint import list_checkpoints
+from pretrain.training.optim import parameter_groups, resolve_mixed_precision
+from pretrain.training.run_dir import check_output_dir
+from pretrain.training.sampler import GlobalBatchSampler
+from pretrain.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +45,7 @@ def assert_same_losses(a, b, rel=1e-5):
 def test_loss_curves_need_two_logged_rows(tmp_path, caplog):
     """A run that logged one row draws no curve (and says so); two rows are plotted as PNG + SVG."""
     one = cfg(tmp_path, "one", max_steps=2, logging_steps=2, save_steps=100)
-    with caplog.at_level("INFO", logger="pretrain.trainer"):
+    with caplog.at_level("INFO", logger="pretrain.training.trainer"):
         Trainer(TinyRegressor(dropout=0.0), RegressionData(64), collate, one).train()
     logs = Path(one.output) / "logs"
     assert len(read_metrics(str(logs / "metrics.csv"))) == 1

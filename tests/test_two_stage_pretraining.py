@@ -37,7 +37,7 @@ def test_stage1_enwiki_then_stage2_scifact_continues_the_decoder(tmp_path, tiny_
                                                                   objective, monkeypatch):
     from transformers import AutoModel, AutoModelForMaskedLM
 
-    import pretrain.trainer as trainer_mod
+    import pretrain.training.trainer as trainer_mod
     from pyterrier_cpdae import CPDAE
 
     cache = tmp_path / "cache"

@@ -1,4 +1,4 @@
-"""The unpadded encoder path (``--unpad``, :mod:`pretrain.unpadded`) against the padded one, on the CPU.
+"""The unpadded encoder path (``--unpad``, :mod:`pretrain.model.unpadded`) against the padded one, on the CPU.
 
 Reference tests: for every objective, a batch of texts of very different lengths (an empty text, one token, a few,
 most of the model's 128 positions) gives the same loss terms and the same gradient of every parameter on the
@@ -14,9 +14,10 @@ import copy
 import pytest
 import torch
 
-from pretrain import unpadded
+from pretrain.model import unpadded
+from pyterrier_cpdae.encoder import attention
 from pretrain.config import PretrainConfig
-from pretrain.modeling import load_mlm_model
+from pretrain.model.modeling import load_mlm_model
 from pretrain.objectives import build_objective
 
 from _objective_helpers import sharpen
@@ -118,7 +119,7 @@ def encoder_calls(obj) -> list[tuple[tuple[int, ...], int]]:
 @pytest.mark.parametrize("case,kernel", [(c, "loop") for c in sorted(CASES)] + [(c, "njt") for c in NJT_CASES])
 def test_loss_and_gradients_unpadded_equal_padded(case, kernel, sharp_model, tok, monkeypatch):
     name, opts = CASES[case]
-    monkeypatch.setattr(unpadded, "FORCE_KERNEL", kernel)
+    monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
     padded, unpadded_obj = (build(name, opts, mode, sharp_model, tok) for mode in ("off", "on"))
     for (n, a), (_, b) in zip(padded.state_dict().items(), unpadded_obj.state_dict().items()):
         assert torch.equal(a, b), n  # the same weights
@@ -143,7 +144,7 @@ def test_loss_and_gradients_unpadded_equal_padded(case, kernel, sharp_model, tok
 
 def test_unpadded_rows_equal_each_text_encoded_alone(sharp_model, tok):
     """An independent reference: attention stays inside each text, positions restart at each [CLS]."""
-    from pretrain.masking import pad_and_add_special
+    from pretrain.data.masking import pad_and_add_special
 
     model = copy.deepcopy(sharp_model).eval()
     ids, am, _ = pad_and_add_special(texts(tok), tok)
@@ -229,7 +230,7 @@ def test_switched_model_saves_no_attention_implementation(sharp_model, tok, tmp_
 
 
 def test_fused_adamw_only_on_cuda():
-    from pretrain.trainer import adamw_options
+    from pretrain.training.optim import adamw_options
 
     assert adamw_options(torch.device("cuda")) == {"fused": True}
     assert adamw_options(torch.device("cpu")) == {}
@@ -252,7 +253,7 @@ def test_roberta_positions_start_after_the_padding_index():
 def test_compile_compiles_every_encoder_layer_in_place(sharp_model, tok):
     """``--compile`` (the trainer's ``compile_module``): each encoder layer compiled in place, the parameter names (and
     so checkpoints and the export) unchanged. Compilation itself runs at the first step (not here: minutes on a CPU)."""
-    from pretrain.trainer import compile_module
+    from pretrain.training.optim import compile_module
 
     obj = build("mlm", {}, "on", sharp_model, tok)
     names = [n for n, _ in obj.named_parameters()]

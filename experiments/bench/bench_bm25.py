@@ -106,7 +106,7 @@ def default_java_home() -> str:
 
 def write_passages(dest: Path, num_docs: int, num_files: int) -> int:
     """Writes ``num_docs`` 100-word passages of the enwiki sample as a JsonCollection; returns the word count."""
-    from pretrain.readers import iter_wiki_documents
+    from pretrain.data.readers import iter_wiki_documents
 
     files = [open(dest / f"docs{i:02d}.jsonl", "w", encoding="utf-8") for i in range(num_files)]
     per_file = -(-num_docs // num_files)

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
                     "trainer's --compile); the warm-up steps compile")
     ap.add_argument("--profile-out", default=None, help="worker: after the timed steps, profile two more with "
                     "torch.profiler and write the top kernels by device time to this file")
-    ap.add_argument("--trainer", action="store_true", help="worker: run the steps through pretrain.trainer.Trainer "
+    ap.add_argument("--trainer", action="store_true", help="worker: run the steps through pretrain.training.trainer.Trainer "
                     "(python -m pretrain's loop: DataLoader, per-step checks, accelerate) instead of the bare loop")
     ap.add_argument("--num-workers", type=int, default=0, help="worker with --trainer: the DataLoader's workers")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

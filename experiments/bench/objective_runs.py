@@ -159,7 +159,7 @@ def setup(args: argparse.Namespace, batches: int = 1) -> argparse.Namespace:
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
     from pretrain.config import PretrainConfig
-    from pretrain.modeling import load_mlm_model
+    from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     if args.threads:
@@ -201,7 +201,7 @@ def worker(args: argparse.Namespace) -> None:
     n_texts, views = run.n_texts, run.views
     if getattr(args, "compile", False):  # the trainer's --compile: every encoder layer compiled in place
         obj.compile_encoder()
-    from pretrain.trainer import adamw_options
+    from pretrain.training.optim import adamw_options
 
     opt = torch.optim.AdamW(obj.parameters(), lr=1e-5, **adamw_options(dev))  # as the trainer: fused on CUDA
     torch.manual_seed(1)
@@ -262,7 +262,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def trainer_worker(args: argparse.Namespace) -> None:
-    """One objective's steps through :class:`pretrain.trainer.Trainer` (what ``python -m pretrain`` runs): its
+    """One objective's steps through :class:`pretrain.training.trainer.Trainer` (what ``python -m pretrain`` runs): its
     DataLoader and collate (``--num-workers``), its per-step checks (the finite-loss check's one device
     synchronisation, gradient clipping, the update's weight check), the linear schedule, mixed precision through
     accelerate and the trainer's ``--compile``; on ``warmup + steps`` batches of distinct texts whose lengths follow
@@ -274,7 +274,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
 
     import torch
 
-    from pretrain.trainer import Trainer
+    from pretrain.training.trainer import Trainer
 
     if args.warmup < 1 or args.steps < 1:
         raise SystemExit("the trainer worker needs --warmup >= 1 and --steps >= 1")

@@ -20,7 +20,7 @@ Every figure is printed as a ratio in the same run and written with the GPU's na
   (``--length-dist``), the padded path (``--unpad off``) beside the unpadded one (``on``) in the same run: real
   tokens/s, MFU counting the real tokens only (the MLM head at the masked share of them) on the measured and the
   datasheet peak, the padded path's MFU counting its padded work too, and the unpadded path's speed-up.
-  Last, ``--trainer-objectives`` (MLM) through ``pretrain.trainer.Trainer``, the loop ``python -m pretrain`` runs
+  Last, ``--trainer-objectives`` (MLM) through ``pretrain.training.trainer.Trainer``, the loop ``python -m pretrain`` runs
   (DataLoader, per-step checks, accelerate), on the same length distribution: its real tokens/s, MFU and share of
   the bare loop's padded row (``vs_loop``).
 
@@ -497,7 +497,7 @@ def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool,
 
 
 def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]]) -> List[Dict[str, object]]:
-    """``--trainer-objectives`` through ``pretrain.trainer.Trainer`` (``python -m pretrain``'s loop: DataLoader with
+    """``--trainer-objectives`` through ``pretrain.training.trainer.Trainer`` (``python -m pretrain``'s loop: DataLoader with
     ``--trainer-workers`` workers, collate, the per-step finite checks, accelerate's bf16 autocast, the schedule) on
     texts of the same length distribution as the padded rows of :func:`bench_unpad`, at the option defaults
     (``--unpad auto``, not compiled): real tokens/s and MFU counted as there, and the share of the bare loop's
@@ -629,7 +629,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "(default mlm,cpdae; '' skips)")
     ap.add_argument("--compile-objectives", help="of --unpad-objectives, those also timed padded with --compile "
                     "(torch.compile of every encoder layer; the warm-up steps compile; default mlm on a GPU, '' skips)")
-    ap.add_argument("--trainer-objectives", help="objectives also run through pretrain.trainer.Trainer on the padded "
+    ap.add_argument("--trainer-objectives", help="objectives also run through pretrain.training.trainer.Trainer on the padded "
                     "rows' text lengths, beside the bare loop (default mlm; '' skips)")
     ap.add_argument("--trainer-workers", type=int, default=None, help="the Trainer rows' DataLoader workers "
                     "(--num-workers; default 0, the option's default)")

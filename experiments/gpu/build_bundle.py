@@ -94,7 +94,7 @@ def copy_model(src: Path, dest: Path) -> dict[str, Any]:
 def wiki_files(src: Path, max_docs: int) -> list[Path]:
     """The first files of a WikiExtractor folder (the reader's order: sorted paths) holding ``max_docs`` articles
     (all files for ``max_docs`` < 0)."""
-    from pretrain.readers import corpus_files
+    from pretrain.data.readers import corpus_files
 
     files = sorted(corpus_files(f"wiki:{src}"))
     if max_docs < 0:

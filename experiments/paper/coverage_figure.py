@@ -74,7 +74,7 @@ def make_coverage(models: dict[str, str], texts: list[str], out_dir: Path, ks: S
         ValueError: on no models or texts, an unknown model name in ``projection``, a name
             clashing with the prior line, or a ``k`` out of range.
     """
-    from pretrain.corpus import tokenizer_fingerprint
+    from pretrain.data.corpus import tokenizer_fingerprint
     from pretrain.analysis.coverage import (MEASURES, frequency_ranking, load_for_coverage, plot_coverage, ranking_coverages,
                                    token_counts, token_coverages, write_csv)
 

@@ -222,14 +222,14 @@ def materialise(entry: dict[str, Any], out: Path, key: dict[str, Any], source: s
 
 def held_out_texts(corpus: str, start: int, n: int) -> list[str]:
     """``n`` documents of the pre-training corpus after its first ``start`` (those pre-training used)."""
-    from pretrain.readers import iter_texts
+    from pretrain.data.readers import iter_texts
 
     return list(islice(iter_texts(corpus), start, start + n))
 
 
 def head_texts(corpus: str, n: int) -> list[str]:
     """The first ``n`` documents of the pre-training corpus (for its token frequencies)."""
-    from pretrain.readers import iter_texts
+    from pretrain.data.readers import iter_texts
 
     return list(islice(iter_texts(corpus), n))
 

@@ -17,10 +17,10 @@ both parts do; an index without the file is rebuilt."""
 
 
 def _model_stamp(model: str) -> list[list[Any]]:
-    """Size, mtime and a cheap content hash (:func:`pretrain.inputs.file_fingerprint`) of the files that define the
+    """Size, mtime and a cheap content hash (:func:`pretrain.data.inputs.file_fingerprint`) of the files that define the
     model's vectors: a re-trained model differs, and so does one copied over it with its size and mtime kept
     (``cp -p``, ``rsync -t``)."""
-    from pretrain.inputs import file_fingerprint
+    from pretrain.data.inputs import file_fingerprint
 
     out = []
     for name in ("model.safetensors", "pytorch_model.bin", "config.json", "modules.json", "sentence_bert_config.json",

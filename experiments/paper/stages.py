@@ -32,7 +32,7 @@ RUNNING_WINDOW_S = 600
 #: not change what is trained). Stricter than ``--resume``'s own list: a run with other steps is another run.
 #: Options that may differ on ``--resume`` (pretrain.config.RESUME_MUTABLE_OPTIONS) but decide when a run is
 #: finished: a finished run with other values is never taken as done; it is resumed, and ``--resume`` continues it
-#: only where that gives the run asked for (pretrain.trainer.check_resume_length), else refuses in one line and the
+#: only where that gives the run asked for (pretrain.training.optim.check_resume_length), else refuses in one line and the
 #: stage fails naming it.
 LENGTH_OPTIONS = ("max_steps", "epochs", "mining_rounds")
 
@@ -92,7 +92,7 @@ class Stage:
         """(options that make the recorded run another run, whether it was asked for another length: steps,
         epochs, mining rounds), with the command parsed once."""
         from pretrain.config import resume_conflicts
-        from pretrain.trainer import config_dict
+        from pretrain.training.run_dir import config_dict
         if rec is None:
             return [], False
         previous, current = rec.get("config", {}), config_dict(self._parsed())
@@ -109,7 +109,7 @@ class Stage:
         negatives of a fine-tuning) and the weights of the model it started from (its model card's
         ``base_model.weights_sha256``). Empty when nothing changed or nothing was recorded."""
         from pretrain.export.record import weights_sha256
-        from pretrain.inputs import corpus_fingerprints, input_changes, training_inputs
+        from pretrain.data.inputs import corpus_fingerprints, input_changes, training_inputs
         rec = self._recorded() if rec is None else rec
         if rec is None:
             return []

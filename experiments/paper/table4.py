@@ -8,7 +8,7 @@ text is shaded by each model's word probabilities (HTML).
 The number behind the paper's §3.3 claim that the contrastive loss suppresses common words is
 the **common mass**: the probability mass that the normalised word distribution the contrastive
 loss compares (``ž = σ(z)/Σσ(z)``, or ``softmax(z)`` for runs trained with
-``--cl-distribution softmax``; :func:`pretrain.losses.word_distribution`) puts on the
+``--cl-distribution softmax``; :func:`pretrain.model.losses.word_distribution`) puts on the
 ``top_frequent`` most frequent tokens of a reference corpus (occurrences counted with the
 model's tokenizer, special tokens excluded), averaged over the texts. Two references are given
 with it: the mass a uniform distribution puts there (``top_frequent / |V|``) and the mass the
@@ -61,7 +61,7 @@ def frequent_token_ids(tokenizer: Any, texts: list[str], top: int, vocab_size: O
 
 def common_word_mass(logits: torch.Tensor, frequent_ids: Union[np.ndarray, torch.Tensor], distribution: str = "sigmoid") -> torch.Tensor:
     """Per text, the mass the normalised word distribution of ``logits`` ``(N, |V|)`` puts on ``frequent_ids``."""
-    from pretrain.losses import word_distribution
+    from pretrain.model.losses import word_distribution
 
     p = word_distribution(logits, distribution)
     return p[:, torch.as_tensor(np.asarray(frequent_ids), dtype=torch.long)].sum(-1)
@@ -132,7 +132,7 @@ def make_table4(models: dict[str, str], texts: list[str], out_dir: Path, frequen
         ValueError: on empty inputs, non-positive sizes, or a run without a CPDAE decoder
             (the message names the model).
     """
-    from pretrain.corpus import tokenizer_fingerprint
+    from pretrain.data.corpus import tokenizer_fingerprint
     from pretrain.analysis.inspect_decoder import DecoderInspector
 
     if not models:

@@ -19,7 +19,7 @@ import argparse
 from typing import Optional
 
 from pretrain.analysis.coverage import DEFAULT_KS, frequency_ranking, ranking_coverages, token_counts
-from pretrain.readers import iter_texts
+from pretrain.data.readers import iter_texts
 
 
 def main(argv: Optional[list[str]] = None) -> dict[int, float]:

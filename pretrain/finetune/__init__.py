@@ -5,5 +5,5 @@
 * :mod:`pretrain.finetune.negatives`: training triples and hard negatives (BM25, a file, a dense model).
 
 Options: :class:`pretrain.config.FinetuneConfig`.  The training loop is the pre-training one
-(:class:`pretrain.trainer.Trainer`).
+(:class:`pretrain.training.trainer.Trainer`).
 """

@@ -7,13 +7,13 @@ losses are offered:
 * :func:`listwise_loss` -- softmax cross-entropy of each query over its own group
   (1 positive + n negatives) and, with in-batch negatives, over every other query's
   passages as well (the Tevatron / DPR recipe). Under DDP the query and passage vectors
-  of all processes are gathered first (:func:`pretrain.distributed.gather_with_grad`),
+  of all processes are gathered first (:func:`pretrain.training.distributed.gather_with_grad`),
   so the negatives span the global batch.
 * :func:`pairwise_loss` -- RankNet over the (positive, negative_j) pairs of each group,
   ``mean_j log(1 + exp(s_neg_j - s_pos))``, which is how the CPDAE paper describes its
   fine-tuning loss.
 
-:class:`BiEncoder` is the ``nn.Module`` handed to :class:`pretrain.trainer.Trainer`: its
+:class:`BiEncoder` is the ``nn.Module`` handed to :class:`pretrain.training.trainer.Trainer`: its
 ``forward(batch)`` returns ``{"loss": ...}`` and :meth:`BiEncoder.collate` tokenises a list
 of training groups.
 """
@@ -29,7 +29,7 @@ from torch import nn
 from pyterrier_cpdae.encoder.pooling import POOLINGS, pool
 from pyterrier_cpdae.encoder.st_export import write_st_config
 
-from .. import distributed
+from ..training import distributed
 
 if TYPE_CHECKING:  # transformers is imported lazily (the losses do not need it)
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -102,7 +102,7 @@ def distributed_listwise_loss(q: torch.Tensor, p: torch.Tensor, group_size: int,
                               temperature: float = 1.0) -> torch.Tensor:
     """:func:`listwise_loss` with in-batch negatives over the *global* batch of all processes.
 
-    Query and passage vectors are gathered with :func:`pretrain.distributed.gather_with_grad`;
+    Query and passage vectors are gathered with :func:`pretrain.training.distributed.gather_with_grad`;
     each process keeps the gradient of its own rows only (the Tevatron recipe), and the
     gradient is multiplied by the world size so that, after DDP averages the processes'
     gradients, it equals the gradient of the global-batch loss computed in one process. The

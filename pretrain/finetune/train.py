@@ -13,7 +13,7 @@ recipe: the second stage restarts from the pre-trained checkpoint), with ``--rou
 previous`` continues from round ``r-1``'s model (STAR-style iterations: the CPDAE paper's
 passage recipe, ``--preset paper``, and its document recipe, ``--preset paper-document``). Mined groups are saved and reused, and a finished round is not trained again, so
 ``--resume`` continues an interrupted run where it stopped (inside a round, the shared
-:class:`~pretrain.trainer.Trainer` resumes from its last checkpoint). Passage texts are
+:class:`~pretrain.training.trainer.Trainer` resumes from its last checkpoint). Passage texts are
 read from the corpus after sampling (:func:`pretrain.finetune.negatives.build_examples`), so whole
 negative pools are never held as text.
 
@@ -49,7 +49,7 @@ from pyterrier_cpdae._files import write_json_atomic
 
 from . import negatives as neg
 from ..config import FinetuneConfig, check_moved_run, check_same_run, parse_config
-from ..trainer import OutputPlace, config_dict, hold_output_lock
+from ..training.run_dir import OutputPlace, config_dict, hold_output_lock
 
 logger = logging.getLogger("pretrain.finetune.train")
 
@@ -66,7 +66,7 @@ class Processes:
     Rank 0 alone prepares ``--output``, mines and writes the groups of each round; the other
     ranks wait for the groups file (polling the file system rather than blocking in a
     collective, which would time out during a long mining run) and then all ranks train
-    together with the shared :class:`~pretrain.trainer.Trainer`. The process group is
+    together with the shared :class:`~pretrain.training.trainer.Trainer`. The process group is
     initialised here (accelerate's ``PartialState``, reused by the Trainer) so that the
     other ranks can wait until rank 0 has cleared the output of a previous run.
 
@@ -159,7 +159,7 @@ def load_training_data(spec: str, max_train_queries: int = -1, seed: int = 42) -
 def _pools_bm25(cfg: FinetuneConfig, data: TrainingData) -> dict[str, list[str]]:
     from pyterrier_cpdae.bm25 import BM25Index
 
-    from pretrain.inputs import training_inputs
+    from pretrain.data.inputs import training_inputs
     from pyterrier_cpdae._files import write_json_atomic
 
     path = os.path.join(cfg.output, "bm25_index")
@@ -186,7 +186,7 @@ def _pools_bm25(cfg: FinetuneConfig, data: TrainingData) -> dict[str, list[str]]
 
 
 def _changes(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
-    from pretrain.inputs import input_changes
+    from pretrain.data.inputs import input_changes
 
     specs = [] if have.get("specs") == want.get("specs") else [f"--train {have.get('specs')} -> {want.get('specs')}"]
     return specs + input_changes(have, want)
@@ -264,7 +264,7 @@ def _round_dir(cfg: FinetuneConfig, round_: int) -> str:
 
 def _prepare_output(cfg: FinetuneConfig) -> None:
     """Create ``--output`` or check that it holds this run (refuse another one unless --overwrite)."""
-    from ..inputs import input_changes, training_inputs
+    from ..data.inputs import input_changes, training_inputs
 
     out = cfg.output
     args_path = os.path.join(out, TRAINING_ARGS)
@@ -308,7 +308,7 @@ def _round_length(cfg: FinetuneConfig, round_dir: str) -> Optional[tuple[int, in
     ``--resume``); ``None`` when the round holds no record."""
     import math
 
-    from ..trainer import RUN_CONFIG
+    from ..training.run_dir import RUN_CONFIG
     try:
         with open(os.path.join(round_dir, RUN_CONFIG)) as f:
             trainer = json.load(f).get("trainer") or {}
@@ -322,9 +322,9 @@ def _round_length(cfg: FinetuneConfig, round_dir: str) -> Optional[tuple[int, in
 
 def _check_round_lengths(cfg: FinetuneConfig) -> None:
     """Before ``--resume`` rewrites the run's record: every round already trained (or started) can be continued to
-    the length asked for, exactly (:func:`pretrain.trainer.check_resume_length`), else one line refuses the run
+    the length asked for, exactly (:func:`pretrain.training.optim.check_resume_length`), else one line refuses the run
     and it stays as it was."""
-    from ..trainer import check_resume_length
+    from ..training.optim import check_resume_length
 
     for r in range(cfg.mining_rounds + 1):
         length = _round_length(cfg, _round_dir(cfg, r))
@@ -364,7 +364,8 @@ def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], 
     from ..export.card import write_card
     from ..export.record import finetune_record
     from ..export.weights import base_pooler, save_with_carried
-    from ..trainer import NonFiniteError, Trainer
+    from ..training.finite import NonFiniteError
+    from ..training.trainer import Trainer
 
     out = _round_dir(cfg, round_)
     start = round_start(cfg, round_)
@@ -494,7 +495,7 @@ def validate_finetune(cfg: FinetuneConfig) -> None:
     """
     from pyterrier_cpdae.encoder.loading import load_config, load_tokenizer
 
-    from ..inputs import check_model_arg, check_writable_dir
+    from ..data.inputs import check_model_arg, check_writable_dir
 
     check_writable_dir(cfg.output, "--output")
     check_model_arg(cfg.model, "--model")

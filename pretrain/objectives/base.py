@@ -12,7 +12,7 @@ trainable parameters in one DDP module. The trainer only ever calls:
 * ``objective.save_pretrained(path)``: write the encoder as a standard Hugging Face
   directory (config, safetensors, tokenizer) at ``path`` and any decoder under
   ``path/decoder``, as a Hugging Face model too (the CPDAE decoder, or an
-  :class:`~pretrain.modeling.ObjectiveHead` holding ``decoder_modules()``).
+  :class:`~pretrain.model.heads.ObjectiveHead` holding ``decoder_modules()``).
 
 The pipeline (:func:`pretrain.cli.pretrain`) also calls the classmethod
 ``Objective.prepare(corpus, config)`` once, before construction, for what the objective
@@ -41,11 +41,13 @@ from pyterrier_cpdae.encoder.pooling import pool
 from pyterrier_cpdae.encoder.st_export import export_pipeline, write_st_config
 
 from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
-from ..distributed import global_mean_count
-from ..losses import mlm_loss
-from ..masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
-from ..modeling import mlm_head, quiet_transformers, untrained_mlm_head
-from ..unpadded import compile_encoder, resolve_unpad, unpadded_last_hidden, use_unpadded
+from ..training.distributed import global_mean_count
+from ..model.losses import mlm_loss
+from ..data.masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
+from ..model.checks import quiet_transformers
+from ..model.modeling import mlm_head, untrained_mlm_head
+from ..model.unpadded import resolve_unpad, unpadded_last_hidden, use_unpadded
+from ..training.optim import compile_encoder
 from .contrast import SPAN_CONTRAST_FORMS
 
 
@@ -141,7 +143,7 @@ class Objective(nn.Module):
         """What the objective needs from the tokenised corpus, as keyword arguments of its constructor.
 
         Args:
-            corpus: The training corpus (:class:`pretrain.corpus.TokenCache`).
+            corpus: The training corpus (:class:`pretrain.data.corpus.TokenCache`).
             config: The run's config.
         """
         return {}
@@ -171,7 +173,7 @@ class Objective(nn.Module):
         self.mlm_model = mlm_model
         self.tokenizer = tokenizer
         self.config = config
-        #: ``--unpad`` resolved against the model (:func:`pretrain.unpadded.resolve_unpad`): auto, on or off.
+        #: ``--unpad`` resolved against the model (:func:`pretrain.model.unpadded.resolve_unpad`): auto, on or off.
         self.unpad = resolve_unpad(getattr(config, "unpad", "auto"), mlm_model)
         from .contrast import attach_span_contrast
         attach_span_contrast(self)  # the add-on term of --span-contrast-weight (no-op at 0)
@@ -179,7 +181,7 @@ class Objective(nn.Module):
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The encoder's ``(N, L, H)`` last hidden states of a right-padded batch: unpadded (the real tokens only,
-        :mod:`pretrain.unpadded`) or padded, as ``--unpad`` and the device say. Every objective's encoder pass goes
+        :mod:`pretrain.model.unpadded`) or padded, as ``--unpad`` and the device say. Every objective's encoder pass goes
         through here; no objective reads the hidden states at padding positions (zeros on the unpadded path)."""
         if use_unpadded(self.unpad, input_ids.device):
             return unpadded_last_hidden(self.mlm_model, input_ids, attention_mask, token_type_ids)
@@ -188,7 +190,7 @@ class Objective(nn.Module):
 
     def compile_encoder(self) -> None:
         """``--compile`` (the trainer calls it): ``torch.compile`` every encoder layer in place
-        (:func:`pretrain.unpadded.compile_encoder`)."""
+        (:func:`pretrain.training.optim.compile_encoder`)."""
         compile_encoder(self.mlm_model)
 
     def text_vectors(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -199,7 +201,7 @@ class Objective(nn.Module):
         """Continue the decoder of an exported run (``<path>/decoder``, written by :meth:`save_pretrained`).
 
         Reads both layouts: a Hugging Face model (``config.json`` + ``model.safetensors``: a
-        :class:`~pretrain.modeling.CPDAEDecoder` or an :class:`~pretrain.modeling.ObjectiveHead`) and the
+        :class:`~pretrain.model.modeling.CPDAEDecoder` or an :class:`~pretrain.model.heads.ObjectiveHead`) and the
         multi-module ``decoder.safetensors`` of runs saved before the heads became Hugging Face models.
 
         Raises:
@@ -212,8 +214,9 @@ class Objective(nn.Module):
         from safetensors.torch import load_file
         from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-        from ..modeling import (DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHeadConfig, current_names,
-                                read_decoder_config, weight_problems)
+        from ..model.checks import weight_problems
+        from ..model.heads import ObjectiveHeadConfig
+        from ..model.modeling import DECODER_CONFIG, DECODER_WEIGHTS, current_names, read_decoder_config
 
         modules = self.decoder_modules()
         if not modules:
@@ -300,7 +303,8 @@ class Objective(nn.Module):
                         do_lower_case=bool(pipe["do_lower_case"]))
         decoders = self.decoder_modules()
         if decoders:
-            from ..modeling import DECODER_CONFIG, DECODER_WEIGHTS, ObjectiveHead
+            from ..model.heads import ObjectiveHead
+            from ..model.modeling import DECODER_CONFIG, DECODER_WEIGHTS
             ddir = os.path.join(path, "decoder")
             os.makedirs(ddir, exist_ok=True)
             only = next(iter(decoders.values())) if len(decoders) == 1 else None

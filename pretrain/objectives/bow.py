@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import PretrainConfig, NON_NEGATIVE, opt
-from ..masking import bag_of_words
-from ..modeling import mlm_head
+from ..data.masking import bag_of_words
+from ..model.modeling import mlm_head
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective, RepresentationOptions
 

@@ -35,7 +35,7 @@
   two of a document's pre-cut chunks. Here the two spans of a text are the parts before and
   after a cut point drawn uniformly from ``[⌈n/4⌉, n - ⌈n/4⌉]`` of the training text (disjoint,
   each at least a quarter of the text; a one-token text gives the token twice). A training text
-  is a block of the token cache, and a block never mixes documents (:mod:`pretrain.corpus`), so
+  is a block of the token cache, and a block never mixes documents (:mod:`pretrain.data.corpus`), so
   the two spans always come from one article/document: for a document that fits in one block
   (SciFact abstracts, MS MARCO passages, short articles) any two parts of it; for a longer one
   (a Wikipedia article of several blocks) two neighbouring parts of one block. Spans from two
@@ -58,9 +58,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from ..distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
-from ..losses import info_nce
-from ..masking import pad_and_add_special
+from ..training.distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
+from ..model.losses import info_nce
+from ..data.masking import pad_and_add_special
 
 __all__ = ["twin_contrastive_loss", "paired_info_nce", "cosine", "dot", "split_spans", "span_contrast", "span_contrast_loss",
            "span_contrast_form",
@@ -131,7 +131,7 @@ def paired_info_nce(anchors: torch.Tensor, candidates: torch.Tensor, temperature
 
     ``anchors`` and ``candidates`` are this process's ``(m, H)`` rows (row ``i`` of each is a
     positive pair). The candidates of all processes are gathered with gradients
-    (:func:`pretrain.distributed.gather_with_grad`), so ``j`` runs over the global batch; each
+    (:func:`pretrain.training.distributed.gather_with_grad`), so ``j`` runs over the global batch; each
     process returns the mean over its local anchors, which DDP's gradient averaging turns into
     the gradient of the global-batch mean.
 

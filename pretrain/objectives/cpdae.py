@@ -2,7 +2,7 @@
 
 Every text of a batch of ``m`` texts is masked twice independently, giving ``2m`` views
 (rows ``i`` and ``i + m`` of the encoder batch are the views of text ``i``). For each view
-the encoder's last-layer [CLS] vector ``h`` is decoded by :class:`~pretrain.modeling.CPDAEDecoder`
+the encoder's last-layer [CLS] vector ``h`` is decoded by :class:`~pretrain.model.modeling.CPDAEDecoder`
 into vocabulary logits ``z``. The loss is
 
 ``L = L_REC + L_MLM + λ·L_CL``
@@ -28,10 +28,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import PretrainConfig, AT_LEAST_1, NON_NEGATIVE, POSITIVE, opt
-from ..distributed import world_size
-from ..losses import pairwise_js, rec_loss, word_distribution
-from ..masking import bag_of_words
-from ..modeling import CPDAEDecoder, CPDAEDecoderConfig
+from ..training.distributed import world_size
+from ..model.losses import pairwise_js, rec_loss, word_distribution
+from ..data.masking import bag_of_words
+from ..model.modeling import CPDAEDecoder, CPDAEDecoderConfig
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective, RepresentationOptions
 from .contrast import twin_contrastive_loss  # noqa: F401 (re-exported; it lives beside the other contrastive losses)
@@ -97,7 +97,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
             ``cl_distribution``, ``rec_reduction``, ``decoder_init``, ``js_chunk_size``.
         idf: Only for ``cpdae_idfrec``: ``(|V|,)`` IDF weights of ``L_REC``.
         bias_prior: Optional ``(|V|,)`` initial output bias of the decoder (``--decoder-bias-init
-            prior``: the log-odds of each token's corpus frequency, :func:`pretrain.corpus.token_prior_logits`).
+            prior``: the log-odds of each token's corpus frequency, :func:`pretrain.data.corpus.token_prior_logits`).
     """
 
     name = "cpdae"
@@ -142,9 +142,9 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
 
     @classmethod
     def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
-        """``bias_prior`` (the corpus log-odds of every token, :func:`pretrain.corpus.token_prior_logits`)
+        """``bias_prior`` (the corpus log-odds of every token, :func:`pretrain.data.corpus.token_prior_logits`)
         with ``--decoder-bias-init prior``."""
-        from ..corpus import idf_weights, token_prior_logits
+        from ..data.corpus import idf_weights, token_prior_logits
         extra: dict[str, Any] = {}
         if config.decoder_bias_init == "prior":
             extra["bias_prior"] = token_prior_logits(corpus)
@@ -163,7 +163,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
             return
         if idf is None:
             raise ValueError(f"objective {self.name!r} with rec_weighting 'idf' needs idf weights: "
-                             "build_objective(..., idf=tensor of shape (|V|,)), e.g. pretrain.corpus.idf_weights")
+                             "build_objective(..., idf=tensor of shape (|V|,)), e.g. pretrain.data.corpus.idf_weights")
         idf = torch.as_tensor(idf, dtype=torch.float32)
         if idf.shape != (vocab,):
             raise ValueError(f"idf must have shape ({vocab},) (the vocabulary size), got {tuple(idf.shape)}")
@@ -281,7 +281,7 @@ class CPDAEIDFRecObjective(CPDAENoCLObjective):
     """``L = L_REC^IDF + L_MLM``: the BCE of token ``v`` is weighted by ``idf[v]`` (no ``L_CL``).
 
     Args:
-        idf: ``(|V|,)`` non-negative weights (required), e.g. ``pretrain.corpus.idf_weights``.
+        idf: ``(|V|,)`` non-negative weights (required), e.g. ``pretrain.data.corpus.idf_weights``.
     """
 
     name = "cpdae_idfrec"

@@ -32,8 +32,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import PretrainConfig, POSITIVE, UNIT, opt
-from ..distributed import world_size
-from ..masking import pad_and_add_special
+from ..training.distributed import world_size
+from ..data.masking import pad_and_add_special
 from . import register_objective
 from .base import Objective, ObjectiveOptions
 from .contrast import dot, paired_info_nce

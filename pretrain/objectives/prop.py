@@ -44,7 +44,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, opt
-from ..masking import mask_tokens, wordpiece_word_ids
+from ..data.masking import mask_tokens, wordpiece_word_ids
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective
 
@@ -67,7 +67,7 @@ class PROPOptions(MLMOptions):
 
 def prop_corpus_statistics(corpus: Any) -> dict[str, Any]:
     """``P(w|C)`` (normalised document frequency), ``μ`` (average text length in tokens) and the corpus
-    token frequencies ``f(w)`` of a :class:`pretrain.corpus.TokenCache`."""
+    token frequencies ``f(w)`` of a :class:`pretrain.data.corpus.TokenCache`."""
     df = np.asarray(corpus.document_frequency(), dtype=np.float64)
     if df.sum() <= 0:
         raise ValueError("PROP needs corpus statistics, but the corpus's document frequencies are all 0")

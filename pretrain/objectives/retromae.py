@@ -45,9 +45,10 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import PretrainConfig, AT_LEAST_1, OPEN_UNIT, opt
-from ..distributed import global_mean_count
-from ..losses import mlm_loss
-from ..modeling import mlm_head, register_head_module
+from ..training.distributed import global_mean_count
+from ..model.losses import mlm_loss
+from ..model.heads import register_head_module
+from ..model.modeling import mlm_head
 from . import register_objective
 from .base import (MaskedViewsMixin, MaskedViewsOptions, Objective, ReconstructionWeightsOptions,
                    RepresentationOptions)
@@ -172,7 +173,7 @@ class EnhancedDecoderLayer(nn.Module):
         self.attn_dropout = dropout
 
     def head_spec(self) -> dict[str, Any]:
-        """How :class:`pretrain.modeling.ObjectiveHead` rebuilds this layer (its constructor's arguments)."""
+        """How :class:`pretrain.model.heads.ObjectiveHead` rebuilds this layer (its constructor's arguments)."""
         return {"type": "retromae_enhanced_decoder_layer", "args": dict(self._args)}
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:

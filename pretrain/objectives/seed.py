@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import PretrainConfig, AT_LEAST_1, opt
-from ..distributed import global_mean_count
-from ..losses import mlm_loss
-from ..modeling import register_head_module
+from ..training.distributed import global_mean_count
+from ..model.losses import mlm_loss
+from ..model.heads import register_head_module
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective, ReconstructionWeightsOptions, RepresentationOptions
 
@@ -143,7 +143,7 @@ class SEEDDecoder(nn.Module):
         self.output_bias = nn.Parameter(torch.zeros(vocab_size))
 
     def head_spec(self) -> dict[str, Any]:
-        """How :class:`pretrain.modeling.ObjectiveHead` rebuilds this decoder (its constructor's arguments)."""
+        """How :class:`pretrain.model.heads.ObjectiveHead` rebuilds this decoder (its constructor's arguments)."""
         return {"type": "seed_decoder", "args": dict(self._args)}
 
     def forward(self, inputs: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The BM25 wing: :class:`BM25Index`, a Lucene index built and searched through Pyserini/Anserini.
 
-* :mod:`~pyterrier_cpdae.bm25.index`: :class:`BM25Index` (``indexer()``, ``bm25()``, ``text_loader()``), the indexer,
-  the retriever and the text loader;
+* :mod:`~pyterrier_cpdae.bm25.index`: :class:`BM25Index` (``indexer()``, ``bm25()``, ``text_loader()``) and the
+  indexer;
+* :mod:`~pyterrier_cpdae.bm25.retrieval`: the retriever and the text loader;
 * :mod:`~pyterrier_cpdae.bm25.jvm`: the one door to Java (``ensure_java``, ``autoclass``): JDK choice, JVM options, the
   class path;
 * :mod:`~pyterrier_cpdae.bm25.java`: the package's Java helper (``BlobIndexer``, ``FlatHits``): its jar, its sources,
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 from pyterrier_cpdae._lazy import lazy_exports
 
-_EXPORTS = {name: "pyterrier_cpdae.bm25.index" for name in ("BM25Index", "BM25Indexer", "BM25Retriever", "BM25TextLoader")}
+_EXPORTS = {name: "pyterrier_cpdae.bm25.index" for name in ("BM25Index", "BM25Indexer")}
+_EXPORTS.update({name: "pyterrier_cpdae.bm25.retrieval" for name in ("BM25Retriever", "BM25TextLoader")})
 
 __all__ = list(_EXPORTS)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -227,3 +228,32 @@ def is_java_exception(exc: BaseException) -> bool:
     """Whether ``exc`` is pyjnius' ``JavaException`` (a Java exception thrown into Python), told without importing
     ``jnius``."""
     return any(c.__name__ == "JavaException" and c.__module__.split(".")[0] == "jnius" for c in type(exc).__mro__)
+
+
+_warned_no_helper = False
+
+
+def _helper_class(name: str) -> Optional[Any]:
+    """The Java class ``pyterrier_cpdae.<name>`` of the package's helper jar (:mod:`pyterrier_cpdae.bm25.java`), or None
+    (with one warning per process) when the running JVM was started without that jar."""
+    global _warned_no_helper
+    try:
+        return autoclass(f"pyterrier_cpdae.{name}")
+    except Exception as e:  # pyjnius' JavaException: the JVM was started without our jar on its class path
+        if not _warned_no_helper:
+            _warned_no_helper = True
+            warnings.warn(f"the Java VM was started without pyterrier-cpdae's helper jar ({e}; e.g. Pyserini started "
+                          "Java before pyterrier_cpdae did), so BM25 takes Anserini's slower paths (JSON documents "
+                          "when indexing, one Java call per hit when searching); let pyterrier_cpdae start Java "
+                          "first for the fast ones", stacklevel=4)
+        return None
+
+
+def _blob_indexer_class() -> Optional[Any]:
+    """``pyterrier_cpdae.BlobIndexer`` (see :func:`_helper_class`)."""
+    return _helper_class("BlobIndexer")
+
+
+def _flat_hits_class() -> Optional[Any]:
+    """``pyterrier_cpdae.FlatHits`` (see :func:`_helper_class`)."""
+    return _helper_class("FlatHits")

@@ -1,9 +1,10 @@
 """The :class:`DenseIndex` artifact: state, metadata, indexing and merging.
 
-Retrieval is attached from the retrievers' own modules (``_exact_retr``: ``retriever``, ``np_retriever``,
-``torch_retriever``, ``scorer``; ``_faiss_retr``: ``faiss_*_retriever``), as pyterrier-dr attaches its
+Retrieval is attached from the retrievers' own modules (:mod:`~pyterrier_cpdae.dense.exact_retr`: ``retriever``,
+``np_retriever``, ``torch_retriever``, ``scorer``; :mod:`~pyterrier_cpdae.dense.faiss_retr`: ``faiss_*_retriever``), as pyterrier-dr attaches its
 ``FlexIndex`` retrievers; :mod:`pyterrier_cpdae.dense` imports them all, so import ``DenseIndex`` from there.
-This module depends only on the store (``_store``) and the writers (``_indexing``), which never import it back.
+This module depends only on the store (:mod:`~pyterrier_cpdae.dense.store`) and the writers
+(:mod:`~pyterrier_cpdae.dense.indexing`), which never import it back.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The writers of a dense index: the streaming, crash-resumable :class:`DenseIndexer` behind
 :meth:`DenseIndex.indexer`, and merging (:func:`merge_indexes`, :func:`merge_shards`).
 
-They depend on the file format (``_index_io``) and the store (``_store``, which reads and checks what they
+They depend on the file format (:mod:`~pyterrier_cpdae.dense.format`) and the store
+(:mod:`~pyterrier_cpdae.dense.store`, which reads and checks what they
 wrote), never on :class:`~pyterrier_cpdae.dense.DenseIndex` itself: they are given the index (any
 artifact with a ``path``) and return it.
 """

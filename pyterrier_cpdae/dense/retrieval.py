@@ -3,7 +3,8 @@
 All retrievers take a query frame with ``qid`` and ``query_vec`` and return a result frame with the input
 columns plus ``docno``, ``docid`` (the row in the index), ``score`` (inner product) and ``rank`` (from 0,
 scores descending).  Create them with the index's factory methods (``index.np_retriever()`` etc.), which the
-retrievers' modules (``_exact_retr``, ``_faiss_retr``) attach to the index class.  The retrievers read the index
+retrievers' modules (:mod:`~pyterrier_cpdae.dense.exact_retr`,
+:mod:`~pyterrier_cpdae.dense.faiss_retr`) attach to the index class.  The retrievers read the index
 through its :class:`~pyterrier_cpdae.dense.store.DenseStore` (``index.store``).
 """
 from __future__ import annotations

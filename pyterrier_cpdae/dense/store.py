@@ -1,8 +1,9 @@
 """The low-level store of a dense index: one directory opened, checked, read and searched.
 
-:class:`DenseStore` is what the indexer (``_indexing``), the retrievers (``_exact_retr``, ``_faiss_retr``) and
-:class:`~pyterrier_cpdae.dense.DenseIndex` all build on; it depends only on the file format (``_index_io``) and
-the search kernels (``_exact_search``), never on them.  A directory is either a *single* index or a *sharded view*
+:class:`DenseStore` is what the indexer (:mod:`~pyterrier_cpdae.dense.indexing`), the retrievers (:mod:`~pyterrier_cpdae.dense.exact_retr`,
+:mod:`~pyterrier_cpdae.dense.faiss_retr`) and
+:class:`~pyterrier_cpdae.dense.DenseIndex` all build on; it depends only on the file format (:mod:`~pyterrier_cpdae.dense.format`)
+and the search kernels (:mod:`~pyterrier_cpdae.dense.kernels`), never on them.  A directory is either a *single* index or a *sharded view*
 (``<path>/shards/<i>``, see :meth:`DenseIndex.indexer`), which the store presents as one index: the global document
 id (``docid``) of row ``r`` of shard ``s`` of ``n`` is ``r * n + s``, the row of the merged index.
 """

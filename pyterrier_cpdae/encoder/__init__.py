@@ -1,7 +1,14 @@
 """The encoder wing: :class:`CPDAE`, the PyTerrier transformer that turns texts into vectors.
 
-* :mod:`~pyterrier_cpdae.encoder.cpdae`: :class:`CPDAE` (``query_encoder()``, ``doc_encoder()``, ``text_scorer()``,
-  ``encode_queries/encode_docs``), dtype and backend choice;
+* :mod:`~pyterrier_cpdae.encoder.cpdae`: :class:`CPDAE` (``encode_queries/encode_docs``, batching, packing and
+  backend per batch);
+* :mod:`~pyterrier_cpdae.encoder.stages`: its PyTerrier stages (``query_encoder()``, ``doc_encoder()``,
+  ``text_scorer()``);
+* :mod:`~pyterrier_cpdae.encoder.policy`: the automatic dtype and backend;
+* :mod:`~pyterrier_cpdae.encoder.attention`: the variable-length attention function and its kernels (shared with
+  ``pretrain``'s ``--unpad``);
+* :mod:`~pyterrier_cpdae.encoder.packing`: packed (unpadded) forward passes;
+* :mod:`~pyterrier_cpdae.encoder.first_token`: the last layer computed at ``[CLS]`` only;
 * :mod:`~pyterrier_cpdae.encoder.loading`: loading a Hugging Face encoder and tokenizer (no pooler, checked weights);
 * :mod:`~pyterrier_cpdae.encoder.batching`: text checks, de-duplication and length-sorted batches;
 * :mod:`~pyterrier_cpdae.encoder.pooling`: ``cls`` / ``mean`` pooling (shared with ``pretrain``);
@@ -16,8 +23,9 @@ from __future__ import annotations
 
 from pyterrier_cpdae._lazy import lazy_exports
 
-_EXPORTS = {name: "pyterrier_cpdae.encoder.cpdae" for name in (
-    "CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS", "BACKEND_ENV", "DTYPE_ENV", "OPENVINO_MIN_TOKENS")}
+_EXPORTS = {"CPDAE": "pyterrier_cpdae.encoder.cpdae"}
+_EXPORTS.update({name: "pyterrier_cpdae.encoder.policy" for name in (
+    "default_dtype", "cpu_has_native_bf16", "BACKENDS", "BACKEND_ENV", "DTYPE_ENV", "OPENVINO_MIN_TOKENS")})
 _EXPORTS["openvino_available"] = "pyterrier_cpdae.encoder.openvino_backend"
 
 __all__ = list(_EXPORTS)

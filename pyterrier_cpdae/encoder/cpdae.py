@@ -25,7 +25,6 @@ with vectors within ~3e-6 of it (``backend=``, :data:`BACKEND_ENV`; ``backend="t
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import os
@@ -37,131 +36,23 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 import torch
 
-from .._checks import stack_vectors
-from .batching import (check_int, check_texts, chunked, dedup, length_sorted_batches, pad, read_ahead,
+from .batching import (check_int, check_texts, dedup, length_sorted_batches, pad, read_ahead,
                        token_budget_batches)
 from .first_token import check_first_token, first_token_model
 from .identity import content_digest, legacy_digest, weights_key
-from .loading import autocast_dtype, check_weights_file, load_encoder, load_tokenizer, weights_digest
+from .loading import check_weights_file, load_encoder, load_tokenizer, weights_digest
 from .openvino_backend import compile_encoder, openvino_available
-from .packing import first_token_kernel_ok, packed_forward, supports_packing, varlen_kernel
+from .attention import first_token_kernel_ok, varlen_kernel
+from .packing import packed_forward, supports_packing
+from .policy import (_DTYPE_NAMES, _DTYPES, ASYNC_DEVICES, BACKEND_ENV, BACKENDS, CPU_BATCH_TOKENS,  # noqa: F401
+                     DTYPE_ENV, OPENVINO_MIN_TOKENS, STREAM_WINDOWS, _backend_name, _dtype_name, cpu_has_native_bf16,
+                     default_dtype)
 from .pooling import POOLINGS, pool
+from .stages import _ByColumns, _DocEncoder, _QueryEncoder, _TextScorer, _with_producer
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-}
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-DTYPE_ENV = "PYTERRIER_CPDAE_DTYPE"
-"""Environment variable that replaces the automatic dtype of encoders created with ``dtype=None`` (e.g.
-``PYTERRIER_CPDAE_DTYPE=float32`` forces fp32 everywhere); an explicit ``dtype`` argument still wins."""
-
-BACKENDS = ("torch", "openvino")
-"""What runs the encoder's forward pass: PyTorch, or an OpenVINO graph compiled from it (CPU only)."""
-BACKEND_ENV = "PYTERRIER_CPDAE_BACKEND"
-"""Environment variable that replaces the automatic backend of encoders created with ``backend=None``
-(``PYTERRIER_CPDAE_BACKEND=torch`` keeps everything on PyTorch); an explicit ``backend`` argument still wins."""
-OPENVINO_MIN_TOKENS = 65536
-"""The automatic backend compiles the OpenVINO graph (a one-off ~2-4 s for MiniLM) once an encoder has encoded at
-least this many tokens, counted over all its calls (~256 documents of 256 tokens), where the ~25% saved starts to
-repay the compilation; so a handful of queries stays on PyTorch, and an indexing pipeline, which hands the encoder
-whole sorting windows (``batch_size x sort_window`` texts, 2,048 by default), switches within its first chunk."""
-CPU_BATCH_TOKENS = 2048
-"""On the CPU, the automatic ``batch_tokens`` caps a batch's padded size (rows x longest text) at this many tokens
-(and at ``batch_size x max_length``): a batch of 8 texts of 256 tokens rather than 32.  Its activations stay in the
-cores' caches, which measured faster than batches of 32 texts with OpenVINO and PyTorch alike
-(``experiments/results/bench_encode.md``)."""
-STREAM_WINDOWS = 4
-"""On :data:`ASYNC_DEVICES`, the sorting windows an indexing pipeline hands an encoder stage at once (its
-``batch_size``, by which PyTerrier's ``Compose.index`` chunks the corpus): within such a chunk the next window is
-read and tokenized while the device encodes the current one."""
-ASYNC_DEVICES = ("cuda",)
-"""Device types whose work is queued asynchronously: there the encoder tokenizes its next window in a background
-thread while the device encodes the current one (:func:`~pyterrier_cpdae.encoder.batching.read_ahead`), and makes
-a padded batch's attention mask on the host (:meth:`CPDAE._padded_forward`), so that no batch waits for the
-device. On the CPU the tokenizer would compete with the encoder's own threads for the cores, so there the windows
-are tokenized in turn and transformers makes the mask."""
-
-
-def _backend_name(backend: Optional[str], origin: str = "backend") -> Optional[str]:
-    if backend is None:
-        return None
-    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
-        raise ValueError(f"{origin} must be one of {BACKENDS} or None (automatic), got {backend!r}")
-    return backend.lower()
-
-
-def _dtype_name(dtype: Union[None, str, torch.dtype]) -> Optional[str]:
-    """Canonical name of an autocast dtype (``None`` = automatic)."""
-    if dtype is None:
-        return None
-    if isinstance(dtype, torch.dtype):
-        if dtype not in _DTYPE_NAMES:
-            raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-        return _DTYPE_NAMES[dtype]
-    if isinstance(dtype, str) and dtype.lower().replace("torch.", "") in _DTYPES:
-        return _DTYPE_NAMES[_DTYPES[dtype.lower().replace("torch.", "")]]
-    raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or a torch dtype, got {dtype!r}")
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 matrix products natively (x86 AVX512-BF16 or AMX-BF16) *and* torch's
-    oneDNN backend uses them.
-
-    Without such instructions bf16 is emulated and slower than float32, so ``dtype="bf16"`` only pays off on the
-    CPU where this is True.
-    The CPU flags come from torch's own cpuinfo (``torch.cpu.get_capabilities``), or ``/proc/cpuinfo`` on
-    torch versions without it; other architectures (e.g. ARM's BF16 extension, untested here) answer False.
-    """
-    try:
-        if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return False
-    except (AttributeError, RuntimeError):
-        return False
-    flags: set = set()
-    get_capabilities = getattr(torch.cpu, "get_capabilities", None)
-    if get_capabilities is not None:
-        try:
-            flags = {name for name, value in get_capabilities().items() if value is True}
-        except Exception:  # a private torch API: fall back to /proc/cpuinfo
-            flags = set()
-    if not flags:
-        try:
-            with open("/proc/cpuinfo", encoding="utf8") as f:
-                flags = {word for line in f if line.startswith("flags") for word in line.split(":", 1)[1].split()}
-        except OSError:
-            return False
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
-def default_dtype(device: Union[str, torch.device]) -> torch.dtype:
-    """The autocast dtype of an encoder created with ``dtype=None`` on ``device``.
-
-    ``$PYTERRIER_CPDAE_DTYPE`` when set (``float32``, ``bf16``, ``fp16``, ...); else the automatic dtype that
-    fine-tuning's ``--mixed-precision auto`` uses too (:func:`pyterrier_cpdae.encoder.loading.autocast_dtype`): bf16 on
-    CUDA (fp16 where the GPU lacks bf16) and float32 on the CPU.
-
-    The CPU stays in float32 even where bf16 is native (:func:`cpu_has_native_bf16`): bf16 autocast is ~1.8x
-    faster there and its vectors keep a cosine >= 0.99996 to float32, but the order of the exact top-10 changes
-    for 20-25% of Vaswani and SciFact queries (``experiments/results/encode_equivalence.md``); opt in with
-    ``dtype="bf16"`` or ``PYTERRIER_CPDAE_DTYPE=bf16``.
-
-    Raises:
-        ValueError: naming ``$PYTERRIER_CPDAE_DTYPE`` when it holds an unknown dtype.
-    """
-    env = os.environ.get(DTYPE_ENV, "").strip()
-    if env:
-        try:
-            return _DTYPES[_dtype_name(env)]
-        except ValueError as ex:
-            raise ValueError(f"environment variable {DTYPE_ENV}={env!r}: {ex}") from None
-    return autocast_dtype(device)
 
 
 class CPDAE(pt.Transformer):
@@ -728,173 +619,3 @@ class CPDAE(pt.Transformer):
             return iter(())
         mode = self._mode(pd.DataFrame(columns=list(first)))
         return self._stage(mode).transform_iter(itertools.chain([first], it))
-
-
-def _with_producer(right: Any, encoder: "CPDAE") -> Any:
-    """``right``, told that ``encoder`` makes its vectors when it records or checks them (``with_producer``: a
-    :class:`~pyterrier_cpdae.dense.DenseIndexer` records them, a retriever or scorer of a dense index checks them
-    against the index's); the encoder does not import the index."""
-    attach = getattr(right, "with_producer", None)
-    if callable(attach):
-        return attach(encoder)
-    if isinstance(right, pt.Compose) and right._transformers:  # enc >> (retriever % k), enc >> (retriever >> rr)
-        first = _with_producer(right._transformers[0], encoder)
-        if first is not right._transformers[0]:
-            return pt.Compose(first, *right._transformers[1:])
-    return right
-
-
-class _Stage(pt.Transformer):
-    """Base of the transformers made by :class:`CPDAE`'s factories (equal when their encoders are equal)."""
-
-    name = ""
-
-    def __init__(self, encoder: CPDAE):
-        super().__init__()
-        self.encoder = encoder
-
-    @property
-    def batch_size(self) -> int:
-        """Read by PyTerrier's ``Compose.index`` to size the chunks it hands this stage: whole sorting windows, so
-        that ``enc >> indexer`` sorts texts by length over the same windows as ``encode_docs`` (chunks of
-        ``max(100, batch_size)`` texts would cap the window at 100 and pad each batch to the longest of ~100
-        unsorted texts); on :data:`ASYNC_DEVICES` :data:`STREAM_WINDOWS` windows at once, so that the next window is
-        tokenized while the device encodes this one."""
-        enc = self.encoder
-        return enc.batch_size * enc.sort_window * (STREAM_WINDOWS if enc.device.type in ASYNC_DEVICES else 1)
-
-    def __eq__(self, other: Any) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return self.encoder == other.encoder
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, self.encoder))
-
-    def __repr__(self) -> str:
-        return f"{self.encoder!r}.{self.name}()"
-
-    def subtransformers(self) -> Dict[str, Any]:
-        return {}  # the encoder is a model holder here, not a pipeline stage
-
-
-class _VecAdder(_Stage):
-    """Adds ``out_column`` computed from the text ``in_column``; streams dict records window by window."""
-
-    in_column = ""
-    out_column = ""
-    id_column = ""
-    length_option = ""  # the encoder option that holds these texts' maximum length
-    unique = False  # repeated texts encoded once
-
-    def _encode(self, texts: List[str]) -> np.ndarray:
-        return self.encoder._encode(texts, getattr(self.encoder, self.length_option), unique=self.unique)
-
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        pta.validate.columns(inp, includes=[self.in_column])
-        if len(inp) == 0:
-            return inp.assign(**{self.out_column: pd.Series([], index=inp.index, dtype=object)})
-        ids = inp[self.id_column].tolist() if self.id_column in inp.columns else None
-        texts = check_texts(inp[self.in_column].tolist(), self.in_column, ids, self.id_column)
-        out = inp.assign(**{self.out_column: list(self._encode(texts))})
-        # the frame says which encoder made its vectors: a dense index checks it wherever the vectors meet it
-        out.attrs[f"{self.out_column}_producer"] = self.encoder.producer()
-        return out
-
-    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
-        """Records window by window.  On :data:`ASYNC_DEVICES` the next window is read from ``inp``, checked and
-        tokenized in a background thread while the device encodes this one (:func:`.batching.read_ahead`); an
-        error in a record is raised after the records of the windows before it have been yielded, as without."""
-        enc = self.encoder
-        max_length = getattr(enc, self.length_option)
-
-        def numbered(chunks: Iterable[List[Dict[str, Any]]]) -> Iterator[Tuple[int, List[Dict[str, Any]]]]:
-            offset = 0
-            for chunk in chunks:
-                yield offset, chunk
-                offset += len(chunk)
-
-        def prepared(item: Tuple[int, List[Dict[str, Any]]]) -> Tuple[List[Dict[str, Any]], Any, Optional[np.ndarray]]:
-            offset, chunk = item
-            missing = next((i for i, r in enumerate(chunk) if self.in_column not in r), None)
-            if missing is not None:
-                raise ValueError(f"{self.name} needs a {self.in_column!r} field, but record {offset + missing} has "
-                                 f"keys {sorted(chunk[missing])}")
-            ids = [r.get(self.id_column) for r in chunk]
-            texts = check_texts([r[self.in_column] for r in chunk], self.in_column, ids, self.id_column, offset)
-            texts, inverse = dedup(texts) if self.unique else (texts, None)
-            return chunk, enc._tokenize(texts, max_length), inverse
-
-        windows = map(prepared, numbered(chunked(inp, enc.batch_size * enc.sort_window)))
-        for chunk, tokenized, inverse in read_ahead(windows, enabled=enc.device.type in ASYNC_DEVICES):
-            vecs = enc._encode_tokenized([tokenized], len(tokenized[0]), max_length)
-            if inverse is not None:
-                vecs = vecs[inverse]
-            for rec, vec in zip(chunk, vecs):
-                out = dict(rec)
-                out[self.out_column] = vec
-                yield out
-
-
-class _QueryEncoder(_VecAdder):
-    name = "query_encoder"
-    in_column, out_column, id_column = "query", "query_vec", "qid"
-    length_option, unique = "query_max_length", True
-
-    def __rshift__(self, right: Any) -> pt.Transformer:
-        return super().__rshift__(_with_producer(right, self.encoder))
-
-
-class _DocEncoder(_VecAdder):
-    name = "doc_encoder"
-    in_column, out_column, id_column = "text", "doc_vec", "docno"
-    length_option = "doc_max_length"
-
-    def __rshift__(self, right: Any) -> pt.Transformer:
-        return super().__rshift__(_with_producer(right, self.encoder))
-
-
-class _ByColumns(_Stage):
-    """The encoder itself (each input encoded as its columns say, :meth:`CPDAE.transform`) as the first stage of
-    ``enc >> indexer``: it reports the sorting window as its ``batch_size``, so that PyTerrier feeds it chunks of
-    whole windows."""
-
-    def __repr__(self) -> str:
-        return repr(self.encoder)
-
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        return self.encoder.transform(inp)
-
-    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
-        return self.encoder.transform_iter(inp)
-
-
-class _TextScorer(_Stage):
-    name = "text_scorer"
-
-    def _vectors(self, inp: pd.DataFrame, vec_col: str, text_col: str, id_col: str, max_length: int) -> np.ndarray:
-        """The ``(n, dim)`` vectors of ``vec_col``, or encoded from ``text_col``; all checked finite, so that every
-        score is a number (a NaN row is named by its ``qid``/``docno``, or its row number without one)."""
-        enc = self.encoder
-        ids, id_name = (inp[id_col].tolist(), id_col) if id_col in inp.columns else (list(range(len(inp))), "row")
-        if vec_col in inp.columns:
-            return stack_vectors(inp[vec_col].tolist(), ids, enc.dim, what=vec_col, id_name=id_name)
-        texts = check_texts(inp[text_col].tolist(), text_col, *((ids, id_col) if id_name == id_col else ()))
-        vecs = enc._encode(texts, max_length, unique=True)  # queries repeat per row; documents across queries
-        if not np.isfinite(vecs).all():  # e.g. an fp16 overflow inside the model
-            stack_vectors(list(vecs), ids, enc.dim, what=f"{vec_col} encoded from {text_col!r}", id_name=id_name)
-        return vecs
-
-    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
-        with pta.validate.any(inp) as v:
-            for q in ("query", "query_vec"):
-                for d in ("text", "doc_vec"):
-                    v.columns(includes=["qid", q, d])
-        if len(inp) == 0:
-            out = inp.assign(score=pd.Series([], index=inp.index, dtype=np.float64))
-            return pt.model.add_ranks(out)
-        enc = self.encoder
-        q = self._vectors(inp, "query_vec", "query", "qid", enc.query_max_length)
-        d = self._vectors(inp, "doc_vec", "text", "docno", enc.doc_max_length)
-        scores = np.einsum("ij,ij->i", q, d).astype(np.float64)
-        return pt.model.add_ranks(inp.assign(score=scores))

@@ -13,7 +13,7 @@ RoBERTa and their copies) whose last layer is :class:`FirstTokenLayer`; it share
 itself unchanged. The view's last hidden state is ``(B, 1, H)``; in a packed row
 (:mod:`~pyterrier_cpdae.encoder.packing`) the last layer takes each text's first token as its one query against that
 text's keys through the variable-length kernel (query segments of length 1), where
-:func:`~pyterrier_cpdae.encoder.packing.first_token_kernel_ok` finds the kernel able to. Only the ``sdpa`` and
+:func:`~pyterrier_cpdae.encoder.attention.first_token_kernel_ok` finds the kernel able to. Only the ``sdpa`` and
 ``eager`` attention implementations are used (their mask has a query axis that can be cut to the first row);
 anything else gets ``None`` and the full model runs.
 """
@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from .packing import KERNEL_KWARG
+from .attention import KERNEL_KWARG
 
 __all__ = ["FirstTokenLayer", "first_token_model", "first_token_problem", "check_first_token"]
 

@@ -5,7 +5,7 @@ layers of width 16384 beside a few megabytes of weights allocates hundreds of gi
 reported. The checks here read only the safetensors header (names and shapes, never a tensor) and build the
 model on the meta device (no memory), so that such a directory is refused in one line naming the file and the
 tensor. Used for encoders (:func:`pyterrier_cpdae.encoder.loading.load_encoder`), for masked-LM checkpoints and
-for the package's own heads and decoders (``pretrain.modeling``).
+for the package's own heads and decoders (``pretrain.model.checks``).
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def mlm_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: Callable[[torc
         lm_head: Maps ``(n, H)`` hidden states to ``(n, |V|)`` logits (e.g. ``BertOnlyMLMHead``).
         num_items: Divide the summed loss by this instead of the local number of masked
             tokens (used to make the loss exact under data parallelism, see
-            :func:`pretrain.distributed.global_mean_count`).
+            :func:`pretrain.training.distributed.global_mean_count`).
 
     Returns:
         Scalar float32 loss (mean over masked tokens). A batch without any masked token
@@ -65,7 +65,7 @@ def rec_loss(logits: torch.Tensor, targets: torch.Tensor, weights: Optional[torc
 
     Args:
         logits: ``(N, |V|)`` decoder logits (any float dtype; computed in float32).
-        targets: ``(N, |V|)`` multi-hot targets (:func:`pretrain.masking.bag_of_words`).
+        targets: ``(N, |V|)`` multi-hot targets (:func:`pretrain.data.masking.bag_of_words`).
         weights: Optional per-token weights, ``(|V|,)`` (e.g. IDF) or ``(N, |V|)``.
         reduction: ``"sum"`` or ``"mean"`` over the vocabulary; always averaged over rows.
     """

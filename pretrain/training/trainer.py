@@ -10,7 +10,7 @@ linear decay, gradient clipping and accumulation, bf16/fp16 autocast on CUDA, gr
 checkpointing, optional ``torch.compile`` (``--compile``), DDP under ``torchrun``/``accelerate launch`` with a *global* batch size,
 a seeded deterministic data order, atomic resumable checkpoints ``checkpoint-N`` (model,
 optimizer, scheduler, RNG states and data position, stored as safetensors/JSON and never
-unpickled, see :mod:`pretrain.checkpoint`: a run killed and resumed reproduces the loss
+unpickled, see :mod:`pretrain.training.checkpoint`: a run killed and resumed reproduces the loss
 sequence of an uninterrupted run), CSV/TensorBoard/W&B logs and a loss-curve plot.
 
 Numbers: the master weights are float32 (:func:`ensure_float32`; autocast adds bf16/fp16 compute) and the export
@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
-import json
 import logging
 import math
 import os
@@ -44,456 +42,20 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
 from pyterrier_cpdae._files import write_json_atomic
 
+from ..config import TrainConfig
 from .checkpoint import (TRAINER_STATE, checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
                          save_rng_state, save_train_state, write_trainer_state)
-from .config import TrainConfig, check_moved_run, check_same_run
+from .finite import FiniteGuard, NonFiniteError, _fmt, nonfinite_flags, nonfinite_tensors
+from .optim import (_default_save, adamw_options, check_resume_length, compile_module, enable_gradient_checkpointing,
+                    ensure_float32, parameter_groups, resolve_mixed_precision, resolve_save_dtype, warmup_steps)
+from .run_dir import RUN_CONFIG, OutputPlace, RunDirectoryError, _clear_previous_run, check_output_dir, config_dict
+from .sampler import GlobalBatchSampler
 
 logger = logging.getLogger(__name__)
-
-#: Consecutive optimizer steps whose gradients fp16 loss scaling may skip as non-finite (the scaler lowers its scale
-#: after each) before the run stops: from the default scale 2**16, 20 halvings reach 2**-4.
-MAX_SKIPPED_STEPS = 20
-#: What a trained model may be exported as (``--save-dtype``); master weights are always float32.
-SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-#: Files whose presence means an output directory holds an exported model.
-EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
-RUN_CONFIG = "run_config.json"
-
-
-# ----------------------------------------------------------------------------- data order
-class GlobalBatchSampler(Sampler[int]):
-    """Seeded sampler yielding this process's share of each global batch, in micro-batch order.
-
-    Args:
-        num_examples: Size of the dataset.
-        batch_size: Global batch size (all processes and accumulation steps together).
-        grad_accum: Micro-batches per optimizer step and process.
-        rank: This process's index.
-        world_size: Number of processes.
-        seed: Base seed; epoch ``e`` is shuffled with ``seed + e``.
-    """
-
-    def __init__(self, num_examples: int, batch_size: int, grad_accum: int = 1, rank: int = 0,
-                 world_size: int = 1, seed: int = 0):
-        if batch_size % (grad_accum * world_size):
-            raise ValueError(f"batch_size {batch_size} is not divisible by world_size x grad_accum = "
-                             f"{world_size} x {grad_accum}")
-        self.num_examples = num_examples
-        self.batch_size = batch_size
-        self.grad_accum = grad_accum
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
-        self.micro_batch_size = batch_size // (grad_accum * world_size)
-        self.epoch = 0
-        self.start_step = 0
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Optimizer steps in one pass (the last incomplete global batch is dropped)."""
-        return self.num_examples // self.batch_size
-
-    def set_position(self, epoch: int, step_in_epoch: int = 0) -> None:
-        """Start the next iteration at optimizer step ``step_in_epoch`` of epoch ``epoch``."""
-        self.epoch = epoch
-        self.start_step = step_in_epoch
-
-    def permutation(self, epoch: int) -> torch.Tensor:
-        """The order of the examples in ``epoch``."""
-        g = torch.Generator()
-        g.manual_seed(self.seed + epoch)
-        return torch.randperm(self.num_examples, generator=g)
-
-    def __iter__(self) -> Iterator[int]:
-        perm = self.permutation(self.epoch).tolist()
-        m = self.micro_batch_size
-        for s in range(self.start_step, self.steps_per_epoch):
-            for a in range(self.grad_accum):
-                base = s * self.batch_size + (a * self.world_size + self.rank) * m
-                yield from perm[base:base + m]
-
-    def __len__(self) -> int:
-        return max(0, self.steps_per_epoch - self.start_step) * self.grad_accum * self.micro_batch_size
-
-
-# ----------------------------------------------------------------------------- output dir
-def config_dict(config: Any) -> dict[str, Any]:
-    """The options of a run as a plain dict (a dataclass config or a namespace)."""
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
-
-
-def check_output_dir(config: Any) -> None:
-    """Refuse an output directory that holds a different run, unless ``config.overwrite``.
-
-    Accepted without ``overwrite``: a missing or empty directory; a directory of the *same*
-    run (same ``run_config.json`` up to :data:`~pretrain.config.RESUME_MUTABLE_OPTIONS`) when resuming, or when
-    it holds neither checkpoints nor an exported model yet.
-
-    Raises:
-        ValueError: naming the directory and the reason.
-    """
-    out = getattr(config, "output", None)
-    if not out:
-        raise ValueError("no output directory given (--output)")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"output path {out} exists and is not a directory")
-    if not os.path.isdir(out) or not os.listdir(out) or config.overwrite:
-        return
-    run_cfg = os.path.join(out, RUN_CONFIG)
-    if not os.path.isfile(run_cfg):
-        entries = sorted(os.listdir(out))
-        raise ValueError(f"output directory {out} is not empty and holds no {RUN_CONFIG} (it contains "
-                         f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
-                         "choose another --output or pass --overwrite")
-    with open(run_cfg) as f:
-        record = json.load(f)
-    check_same_run(record.get("config", {}), config_dict(config), out)
-    check_moved_run(record, out, config.resume)
-    if config.resume:
-        return
-    if list_checkpoints(out) or any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES):
-        raise ValueError(f"output directory {out} already holds checkpoints or an exported model of this run; "
-                         "pass --resume to continue it or --overwrite to start again")
-
-
-class RunDirectoryError(OSError):
-    """A run's output directory was moved, removed or replaced while the run was writing into it."""
-
-
-class OutputPlace:
-    """The identity of a run's output directory (device and inode of the directory, through a descriptor held open),
-    taken when the run starts: :meth:`problem` tells whether ``path`` still names that directory and it still holds
-    the run's record (``marker``: ``run_config.json`` / ``training_args.json``).
-
-    A run whose directory was moved (``mv``) or removed (``rm -rf``) while it ran would otherwise re-create the old
-    path at its next checkpoint or export, with checkpoints and a model but no record: a directory that looks
-    trained and cannot be resumed.
-    """
-
-    def __init__(self, path: str, marker: str):
-        self.path, self.marker = path, marker
-        try:
-            self.fd: Optional[int] = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        except OSError:  # a system that cannot open a directory (Windows): the identity alone
-            self.fd = None
-        st = os.fstat(self.fd) if self.fd is not None else os.stat(path)
-        self.identity = (st.st_dev, st.st_ino)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def now_at(self) -> Optional[str]:
-        """Where the directory is now (Linux: through the descriptor held open), if it still exists."""
-        if self.fd is None:
-            return None
-        try:
-            where = os.readlink(f"/proc/self/fd/{self.fd}")
-        except OSError:
-            return None
-        return None if where.endswith(" (deleted)") or not os.path.isdir(where) else where
-
-    def problem(self) -> Optional[str]:
-        """``None`` while ``path`` is the run's directory and holds its record; else what happened to it."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            st = None
-        if st is None or (st.st_dev, st.st_ino) != self.identity:
-            where = self.now_at()
-            gone = f"was moved to {where}" if where else "was removed"
-            other = "" if st is None else f" (and {self.path} is now another directory)"
-            return f"the output directory {self.path} {gone} while the run was writing into it{other}"
-        if not os.path.isfile(os.path.join(self.path, self.marker)):
-            return f"the output directory {self.path} no longer holds the run's {self.marker} (it was removed)"
-        return None
-
-    def error(self, what: str, problem: str, run: str = "run") -> "RunDirectoryError":
-        """The error that stops a run before it writes ``what`` into a directory that is no longer its own."""
-        where = self.now_at()
-        advice = (f"continue it there with the same command and --output {where} --resume" if where else
-                  "start it again")
-        return RunDirectoryError(f"refusing to write {what}: {problem}; the {run} stops rather than re-create "
-                                 f"{self.path} without its {self.marker}. To finish the {run}, {advice}")
-
-    def check(self, what: str, run: str = "run") -> None:
-        """Raises :meth:`error` when :meth:`problem` finds one."""
-        problem = self.problem()
-        if problem is not None:
-            raise self.error(what, problem, run)
-
-
-def hold_output_lock(stack: Any, output: str, what: str, option: str) -> None:
-    """Takes the exclusive OS lock of a run's output directory into ``stack`` (rank 0 only).
-
-    Keyed on the directory's real identity (:func:`pyterrier_cpdae._locking.build_lock`): the same command
-    launched twice, or through a symlink or another spelling of the path, is refused at once with
-    :class:`~pyterrier_cpdae._locking.ConcurrentBuildError` naming the running process (pid, host, since when).
-    The OS releases it when the process ends, however it ends.  Other ranks of a ``torchrun`` job take no lock
-    (rank 0 of the same job holds it for them).
-
-    Raises:
-        ConcurrentBuildError: another process is running into ``output``.
-        ValueError: the lock file beside ``output`` cannot be created (naming ``option`` and the reason).
-    """
-    from pyterrier_cpdae._locking import build_lock, lock_path
-
-    if int(os.environ.get("RANK", "0") or 0) != 0:
-        return
-    try:
-        stack.enter_context(build_lock(output, what, "written"))
-    except OSError as e:
-        raise ValueError(f"{option} {output}: cannot create its lock file {lock_path(output)} "
-                         f"({e.strerror or e})") from e
-
-
-def _clear_previous_run(out: str) -> None:
-    """With ``overwrite``: remove what a previous run left (checkpoints, logs, run config, and the whole exported
-    model: weights, tokenizer and sentence-transformers files), so that a run cut short leaves no earlier model
-    that still loads; other files in the directory are kept."""
-    from pyterrier_cpdae.encoder.st_export import remove_exported_model
-
-    for name in ("checkpoints", "logs", "decoder", ".export-tmp"):
-        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-    if os.path.isfile(os.path.join(out, RUN_CONFIG)):
-        os.remove(os.path.join(out, RUN_CONFIG))
-    remove_exported_model(out)  # config.json and the weights included
-
-
-# ----------------------------------------------------------------------------- finite training
-class NonFiniteError(FloatingPointError):
-    """Training met a non-finite loss, gradient norm or weight and stopped; nothing was saved from such weights."""
-
-
-def nonfinite_flags(module: nn.Module) -> tuple[list[str], Optional[torch.Tensor]]:
-    """The names of the floating-point parameters and buffers of ``module`` and, on their device, a float tensor
-    holding 1 for each that holds a NaN or an infinity, else 0 (None when there is none). Queued, not waited for:
-    no device synchronisation."""
-    named = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_floating_point()]
-    if not named:
-        return [], None
-    return [n for n, _ in named], (~torch.stack([torch.isfinite(t.detach()).all() for _, t in named])).float()
-
-
-def nonfinite_tensors(module: nn.Module) -> list[str]:
-    """Names of the floating-point parameters and buffers of ``module`` holding a NaN or an infinity (one
-    device synchronisation; empty when all are finite)."""
-    names, bad = nonfinite_flags(module)
-    if bad is None:
-        return []
-    return [n for n, b in zip(names, bad.tolist()) if b]
-
-
-def _fmt(values: dict[str, float]) -> str:
-    return ", ".join(f"{k}={v:.4g}" for k, v in values.items())
-
-
-class FiniteGuard:
-    """Decides, once per optimizer step, whether an update may be applied.
-
-    A non-finite loss (or loss term) stops the run at once: loss scaling cannot repair a forward pass. A
-    non-finite gradient norm stops it at once too, except under fp16 loss scaling (``loss_scaling``), where
-    the scaler skips that update and lowers its scale: then only more than ``max_skipped`` consecutive skipped
-    steps stop the run.
-
-    Args:
-        loss_scaling: Whether an fp16 gradient scaler is in use.
-        max_skipped: Consecutive skipped steps allowed under loss scaling.
-    """
-
-    def __init__(self, loss_scaling: bool = False, max_skipped: int = MAX_SKIPPED_STEPS):
-        self.loss_scaling = loss_scaling
-        self.max_skipped = max_skipped
-        self.skipped = 0
-
-    def check(self, step: int, losses: dict[str, float], grad_norm: float) -> None:
-        """Check the losses (``{"loss": ..., <term>: ...}``) and gradient norm of optimizer step ``step``
-        (1-based, the step of the log row it would write).
-
-        Raises:
-            NonFiniteError: naming the step, the non-finite loss terms or the gradient norm.
-        """
-        bad = [k for k, v in losses.items() if not math.isfinite(v)]
-        if bad:
-            terms = [k for k in bad if k != "loss"]
-            what = (f"loss terms {', '.join(terms)} are" if len(terms) > 1 else f"loss term {terms[0]} is" if terms
-                    else "total loss is (its terms are finite)")
-            raise NonFiniteError(f"step {step}: the {what} not finite ({_fmt(losses)})")
-        if math.isfinite(grad_norm):
-            self.skipped = 0
-            return
-        if self.loss_scaling and self.skipped < self.max_skipped:
-            self.skipped += 1
-            logger.warning("step %d: gradient norm %s under fp16 loss scaling: the scaler skips this update "
-                           "(%d consecutive, at most %d)", step, grad_norm, self.skipped, self.max_skipped)
-            return
-        after = (f" after {self.skipped} consecutive updates skipped by fp16 loss scaling" if self.loss_scaling
-                 else "")
-        raise NonFiniteError(f"step {step}: the gradient norm is {grad_norm}{after} (losses finite: "
-                             f"{_fmt(losses)})")
-
-
-# ----------------------------------------------------------------------------- helpers
-def resolve_mixed_precision(mixed_precision: str, cpu: bool = False) -> str:
-    """``auto`` → the automatic autocast dtype of inference (:func:`pyterrier_cpdae.encoder.loading.autocast_dtype`):
-    ``bf16`` on CUDA when supported, ``fp16`` on other CUDA devices, ``no`` on CPU.
-
-    Raises:
-        ValueError: for ``fp16`` without CUDA.
-    """
-    cuda = torch.cuda.is_available() and not cpu
-    if mixed_precision == "auto":
-        from pyterrier_cpdae.encoder.loading import autocast_dtype
-        return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "no"}[autocast_dtype("cuda" if cuda else "cpu")]
-    if mixed_precision not in ("no", "fp16", "bf16"):
-        raise ValueError(f"unknown mixed_precision {mixed_precision!r}; use auto, no, fp16 or bf16")
-    if mixed_precision == "fp16" and not cuda:
-        raise ValueError("mixed_precision fp16 needs a CUDA device; use bf16 or no on CPU")
-    return mixed_precision
-
-
-def parameter_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW parameter groups: no weight decay on biases and normalisation weights (1-d parameters)."""
-    decay, no_decay = [], []
-    for name, p in module.named_parameters():
-        if not p.requires_grad:
-            continue
-        lname = name.lower()
-        if p.ndim < 2 or lname.endswith(".bias") or "layernorm" in lname or "layer_norm" in lname:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
-
-
-def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
-    """Number of warm-up steps: ``ceil(warmup_ratio * total_steps)``."""
-    return int(math.ceil(warmup_ratio * total_steps))
-
-
-def _lr_factors(total_steps: int, warmup_ratio: float, steps: int) -> list[float]:
-    """The learning-rate factors of the first ``steps`` updates of a run of ``total_steps`` (the run's own schedule,
-    transformers' linear warm-up and decay, evaluated on a throw-away optimizer)."""
-    from transformers import get_linear_schedule_with_warmup
-    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    factor = get_linear_schedule_with_warmup(opt, warmup_steps(total_steps, warmup_ratio), total_steps).lr_lambdas[0]
-    return [factor(k) for k in range(steps)]
-
-
-def check_resume_length(output: str, total_steps: int, warmup_ratio: float, asked: str) -> None:
-    """Refuse to continue the newest checkpoint of ``output`` as a run of ``total_steps`` unless the result is the run
-    asked for: the checkpoint has not trained more steps than that, and every step it took ran at the rate a run of
-    ``total_steps`` gives that step (the linear schedule depends on the total, so a longer or shorter run usually
-    has other rates from its first decaying step). The Hugging Face Trainer rebuilds the schedule for the new total
-    and keeps the steps taken; here a continuation must give the weights its record will describe.
-
-    Raises:
-        ValueError: one line naming the run, the steps trained, the length asked for (``asked``) and the ways out.
-    """
-    from .checkpoint import CheckpointError, read_trainer_state
-
-    found = list_checkpoints(output) if os.path.isdir(output) else []
-    if not found:
-        return
-    try:
-        state = read_trainer_state(found[-1][1])
-    except CheckpointError:
-        return  # the damage is named, with the intact checkpoint to go back to, when the checkpoint is loaded
-    step, before = int(state.get("step", found[-1][0])), state.get("total_steps")
-    if before is None or int(before) == total_steps:
-        return
-    before = int(before)
-    again = (f"resume with the length it was started with ({before} steps), or start a new run of {total_steps} "
-             "steps (another --output, or --overwrite)")
-    if step > total_steps:
-        raise ValueError(f"--resume refused: the run in {output} has trained {step} of its {before} steps, more than "
-                         f"the {total_steps} asked for ({asked}); its weights cannot be untrained: {again}")
-    old, new = _lr_factors(before, warmup_ratio, step), _lr_factors(total_steps, warmup_ratio, step)
-    differ = [k for k in range(step) if old[k] != new[k]]
-    if differ:
-        k = differ[0]
-        raise ValueError(f"--resume refused: the run in {output} took its {step} steps on the learning-rate schedule "
-                         f"of a {before}-step run; a run of {total_steps} steps ({asked}) sets other rates (step "
-                         f"{k + 1}: x{new[k]:.6g} of the peak rate, not x{old[k]:.6g}: the warm-up and linear decay "
-                         f"depend on the total), so continuing it would not give a {total_steps}-step run's "
-                         f"weights: {again}")
-    logger.info("continuing a run of %d steps as one of %d (%s): its %d steps ran at the rates of a %d-step run",
-                before, total_steps, asked, step, total_steps)
-
-
-def enable_gradient_checkpointing(module: nn.Module) -> None:
-    """Enable gradient checkpointing on ``module`` or the HF model inside it.
-
-    Raises:
-        ValueError: if neither the module nor its ``mlm_model``/``encoder``/``model`` has
-            ``activation_checkpointing_enable()`` (or the older ``gradient_checkpointing_enable()``).
-    """
-    for target in (module, getattr(module, "mlm_model", None), getattr(module, "encoder", None),
-                   getattr(module, "model", None)):
-        # transformers >= 5: activation_checkpointing_enable (gradient_checkpointing_enable is deprecated)
-        for name, kw in (("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
-                         ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs")):
-            fn = getattr(target, name, None)
-            if fn is None:
-                continue
-            try:
-                fn(**{kw: {"use_reentrant": False}})
-            except TypeError:
-                fn()
-            return
-    raise ValueError(f"gradient checkpointing requested, but {type(module).__name__} has no "
-                     "gradient_checkpointing_enable() (nor its mlm_model/encoder)")
-
-
-def adamw_options(device: torch.device) -> dict[str, Any]:
-    """Extra ``torch.optim.AdamW`` arguments for the training device: the fused kernel on CUDA (one kernel for all
-    parameters instead of a loop over them; the same update up to rounding), torch's default elsewhere (so that the
-    numbers of CPU runs stay as they were)."""
-    return {"fused": True} if torch.device(device).type == "cuda" else {}
-
-
-def compile_module(module: nn.Module) -> None:
-    """``--compile``: the module's own ``compile_encoder()`` (the objectives: every encoder layer,
-    :func:`pretrain.unpadded.compile_encoder`), else ``module.compile()`` (in place: parameter names unchanged)."""
-    fn = getattr(module, "compile_encoder", None)
-    if callable(fn):
-        fn()
-    else:
-        module.compile()
-
-
-def _default_save(module: nn.Module, path: str) -> None:
-    module.save_pretrained(path)
-
-
-def resolve_save_dtype(name: str) -> torch.dtype:
-    """The torch dtype of ``--save-dtype`` (``float32``, ``bfloat16`` or ``float16``).
-
-    Raises:
-        ValueError: naming the option and the accepted values.
-    """
-    if name not in SAVE_DTYPES:
-        raise ValueError(f"--save-dtype {name!r}: use one of {', '.join(SAVE_DTYPES)}")
-    return SAVE_DTYPES[name]
-
-
-def ensure_float32(module: nn.Module) -> None:
-    """Make ``module``'s floating-point parameters float32 (the master weights of training, whatever the
-    checkpoint's dtype; bf16/fp16 compute comes from autocast), warning when any was not."""
-    low = sorted({str(p.dtype).replace("torch.", "") for p in module.parameters()
-                  if p.is_floating_point() and p.dtype != torch.float32})
-    if low:
-        logger.warning("%s holds %s parameters: training keeps float32 master weights, converting them "
-                       "(updates below the %s resolution would be lost)", type(module).__name__, "/".join(low),
-                       "/".join(low))
-        module.float()
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -518,7 +80,7 @@ class Trainer:
 
         if not config.output:
             raise ValueError("no output directory given (config.output / --output)")
-        from .logging_utils import parse_report_to
+        from ..logging_utils import parse_report_to
         parse_report_to(config.report_to)
         if config.batch_size < 1 or config.grad_accum < 1:
             raise ValueError(f"batch_size ({config.batch_size}) and grad_accum ({config.grad_accum}) must be >= 1")
@@ -654,7 +216,7 @@ class Trainer:
             self._on_step(model, step)
 
         if self.is_main_process:  # --report-to, through accelerate's trackers
-            from .logging_utils import make_trackers
+            from ..logging_utils import make_trackers
             acc.log_with = make_trackers(cfg.report_to, os.path.join(self.output, "logs"),
                                          resume_step=step if resume else None,
                                          run_name=os.path.basename(os.path.abspath(self.output)))
@@ -722,7 +284,7 @@ class Trainer:
             for tracker in acc.trackers:  # (not acc.end_training(): it would end the process group)
                 tracker.finish()
             acc.trackers = []
-            from .logging_utils import cl_band_batch, plot_metrics, read_metrics
+            from ..logging_utils import cl_band_batch, plot_metrics, read_metrics
             csv_path = os.path.join(self.output, "logs", "metrics.csv")
             rows = len(read_metrics(csv_path)) if os.path.exists(csv_path) else 0
             if rows >= 2:
@@ -760,7 +322,7 @@ class Trainer:
                             "module": type(self.module).__name__},
                 "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                              "accelerate": accelerate.__version__},
-                # what the run is built from (set by the caller, e.g. pretrain.inputs.run_inputs)
+                # what the run is built from (set by the caller, e.g. pretrain.data.inputs.run_inputs)
                 **({"inputs": self.inputs} if self.inputs else {})}
 
     def _optimizer_step(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
@@ -900,7 +462,7 @@ class Trainer:
         """Write ``<output>/checkpoints/checkpoint-N`` atomically (temp dir, then rename) and prune old ones.
 
         Every process writes its RNG states; the main process writes the model, optimizer and scheduler
-        and, last, ``trainer_state.json`` with the manifest of the files (see :mod:`pretrain.checkpoint`).
+        and, last, ``trainer_state.json`` with the manifest of the files (see :mod:`pretrain.training.checkpoint`).
         """
         acc = self.accelerator
         self._check_finite(acc.unwrap_model(model), f"checkpoint {checkpoint_name(step)}")
@@ -985,5 +547,4 @@ class Trainer:
         acc.wait_for_everyone()
 
 
-__all__ = ["Trainer", "adamw_options", "compile_module", "NonFiniteError", "RunDirectoryError", "OutputPlace", "FiniteGuard", "nonfinite_flags", "nonfinite_tensors", "ensure_float32", "GlobalBatchSampler", "check_output_dir", "hold_output_lock", "list_checkpoints",
-           "parameter_groups", "resolve_mixed_precision", "warmup_steps", "check_resume_length"]
+__all__ = ["Trainer"]

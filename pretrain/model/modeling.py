@@ -15,11 +15,10 @@
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -27,14 +26,15 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-from pyterrier_cpdae.encoder.weights_fit import clip as _clip
-from pyterrier_cpdae.encoder.weights_fit import dir_shapes as _shapes_of_dir
-from pyterrier_cpdae.encoder.weights_fit import safetensors_shapes, weight_problems
 
 try:  # transformers >= 5: these initialisers leave the weights that from_pretrained loaded alone
     from transformers import initialization as _init
 except ImportError:  # transformers 4: from_pretrained initialises only the modules it does not load
     from torch.nn import init as _init
+
+from .checks import (check_size, check_weights_fit, quiet_transformers, safetensors_shapes, strict_from_pretrained,
+                     weight_problems)
+from .heads import ObjectiveHead, ObjectiveHeadConfig, register_head_module
 
 __all__ = ["CPDAEDecoderConfig", "CPDAEDecoderPreTrainedModel", "CPDAEDecoder", "ObjectiveHeadConfig", "ObjectiveHead",
            "register_head_module", "load_mlm_model", "quiet_transformers", "mlm_head",
@@ -48,116 +48,6 @@ logger = logging.getLogger(__name__)
 #: became a Hugging Face model). ``DECODER_CONFIG`` (the objective and its options) is written for every objective.
 DECODER_WEIGHTS = "decoder.safetensors"
 DECODER_CONFIG = "decoder_config.json"
-
-# -- loading checks: a saved model part is loaded whole or not at all ---------------------------------------------
-#: Upper bound of any size in a decoder/head config (hidden size, vocabulary, feed-forward width): far above any
-#: real model, far below what would make even the meta-device build or a shape product overflow.
-MAX_HEAD_DIM = 1 << 24
-#: Upper bound of a repetition count in a head config (``module_list`` items, a decoder's ``num_layers``) when no
-#: weights file bounds it further (see :func:`check_weights_fit`).
-MAX_HEAD_ITEMS = 4096
-#: Arguments of a head module spec that repeat modules (each repetition holds at least one weight tensor).
-_COUNT_ARGS = ("items", "num_layers")
-
-
-def check_size(name: str, value: Any, limit: int = MAX_HEAD_DIM, minimum: int = 1) -> int:
-    """``value`` as an int in ``[minimum, limit]``, refused before anything is built or printed from it.
-
-    Raises:
-        ValueError: naming ``name``, the value's type (a non-integer is not repr'd) and the allowed range.
-    """
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer in [{minimum}, {limit}], got a {type(value).__name__}")
-    if not minimum <= value <= limit:
-        raise ValueError(f"{name} must be an integer in [{minimum}, {limit}], got {value}")
-    return value
-
-
-def check_head_spec(spec: Any, where: str, max_items: int = MAX_HEAD_ITEMS) -> None:
-    """Checks a :func:`head_module_spec` before it is built: a ``{"type": str, "args": dict}`` whose integer
-    arguments are sizes <= :data:`MAX_HEAD_DIM` and whose repetition counts (``items``, ``num_layers``) are at most
-    ``max_items``.
-
-    Raises:
-        ValueError: naming the spec's place (``head_modules.<name>.args.<arg>``).
-    """
-    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
-        raise ValueError(f"{where} must be a head module spec {{\"type\": <name>, \"args\": {{...}}}}, got a "
-                         f"{type(spec).__name__}")
-    args = spec.get("args", {})
-    if not isinstance(args, dict):
-        raise ValueError(f"{where}.args must be a mapping, got a {type(args).__name__}")
-    for key, value in args.items():
-        if isinstance(value, dict):
-            check_head_spec(value, f"{where}.args.{key}", max_items)
-        elif isinstance(value, int) and not isinstance(value, bool):
-            if key in _COUNT_ARGS:
-                check_size(f"{where}.args.{key}", value, max_items)
-            else:
-                check_size(f"{where}.args.{key}", value, MAX_HEAD_DIM, minimum=0)
-
-
-def check_weights_fit(model_class: type, config: PretrainedConfig, shapes: dict[str, tuple[int, ...]],
-                      where: str) -> None:
-    """Refuses weights whose tensors are not exactly those of ``model_class(config)``, before it is built.
-
-    The model is built on the meta device (no memory), after every repetition count of an
-    :class:`ObjectiveHeadConfig` is bounded by the number of tensors in the file (each repetition holds at least
-    one), so that neither a crafted count (a module list of 10^8 items) nor a crafted size (a 200,000 x 200,000
-    layer beside a few megabytes of weights) allocates or loops before the mismatch is reported.
-
-    Raises:
-        ValueError: naming ``where``, the missing and unexpected tensors and every shape that differs.
-    """
-    if isinstance(config, ObjectiveHeadConfig):
-        if not isinstance(config.head_modules, dict) or not config.head_modules:
-            raise ValueError(f"{where}: the config has no head_modules (the objective's decoder modules)")
-        for name, spec in config.head_modules.items():
-            check_head_spec(spec, f"{where}: head_modules.{name}", max_items=max(1, len(shapes)))
-    try:
-        with torch.device("meta"), quiet_transformers():
-            model = model_class(config)
-    except (TypeError, ValueError, KeyError) as e:
-        raise ValueError(f"{where}: the config does not describe a {model_class.__name__} ({e})") from None
-    problems = weight_problems({k: tuple(t.shape) for k, t in model.state_dict().items()}, shapes)
-    if problems:
-        raise ValueError(f"{where} does not hold the weights of this {model_class.__name__}: {problems}; "
-                         "nothing is initialised randomly (the file holds another model part, or its config "
-                         "was changed)")
-
-
-def strict_from_pretrained(model_class: type, loader: Callable[..., Any], path: str, *args: Any,
-                           **kwargs: Any) -> Any:
-    """``loader(path, ...)`` (a ``PreTrainedModel.from_pretrained``) for the package's own model parts, strictly.
-
-    For a local directory the config's sizes are checked against the safetensors header first
-    (:func:`check_weights_fit`); after loading, any weight transformers reports missing, unexpected or mismatched
-    is an error (its load report table would otherwise be the only sign of randomly initialised weights).
-
-    Raises:
-        ValueError: naming the directory and the weights.
-    """
-    want_info = kwargs.pop("output_loading_info", False)
-    if os.path.isdir(path):
-        config = kwargs.get("config")
-        if not isinstance(config, PretrainedConfig):
-            try:
-                config = model_class.config_class.from_pretrained(path)
-            except (TypeError, ValueError, KeyError) as e:
-                raise ValueError(f"{os.path.join(path, CONFIG_NAME)}: {' '.join(str(e).split())}") from None
-        shapes = _shapes_of_dir(path)
-        if shapes is not None:
-            check_weights_fit(model_class, config, shapes, os.path.join(path, SAFE_WEIGHTS_NAME))
-    with quiet_transformers():
-        model, info = loader(path, *args, output_loading_info=True, **kwargs)
-    problems = [f"{key.replace('_', ' ')}: {', '.join(_clip(sorted(map(str, info[key]))))}"
-                for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs") if info.get(key)]
-    if problems:
-        raise ValueError(f"{path} does not hold the weights of this {model_class.__name__} "
-                         f"({'; '.join(problems)}); nothing is initialised randomly")
-    return (model, info) if want_info else model
 
 
 def read_decoder_config(path: Union[str, os.PathLike]) -> dict[str, Any]:
@@ -295,7 +185,7 @@ class CPDAEDecoder(CPDAEDecoderPreTrainedModel):
 
     Example::
 
-        from pretrain.modeling import CPDAEDecoder
+        from pretrain.model.modeling import CPDAEDecoder
         decoder = CPDAEDecoder.from_pretrained("runs/cpdae/decoder")   # or the run directory itself
         logits = decoder(cls_vectors)                                   # (N, H) -> (N, |V|)
         decoder.save_pretrained("my-decoder")                           # config.json + model.safetensors
@@ -422,141 +312,6 @@ def decoder_layout(path: Union[str, os.PathLike]) -> Optional[str]:
     return None
 
 
-#: Module types an :class:`ObjectiveHead` can build from its config: type name -> factory ``(**args) -> nn.Module``.
-#: The objectives that save a head register theirs with :func:`register_head_module` (``"seed_decoder"``,
-#: ``"retromae_enhanced_decoder_layer"``); ``"linear"`` (``nn.Linear``) and ``"module_list"`` are built in.
-HEAD_MODULE_TYPES: dict[str, Callable[..., nn.Module]] = {}
-
-
-def register_head_module(type_name: str) -> Callable[[Any], Any]:
-    """Class decorator: ``type_name`` names this module class in an :class:`ObjectiveHeadConfig`. The class must
-    have a ``head_spec()`` method returning ``{"type": type_name, "args": <its constructor's keyword arguments>}``."""
-    def deco(factory: Any) -> Any:
-        HEAD_MODULE_TYPES[type_name] = factory
-        return factory
-    return deco
-
-
-def _module_list(items: int, item: dict) -> nn.ModuleList:
-    return nn.ModuleList([build_head_module(item) for _ in range(check_size("items", items, MAX_HEAD_ITEMS))])
-
-
-HEAD_MODULE_TYPES.update(linear=nn.Linear, module_list=_module_list)
-
-
-def head_module_spec(module: nn.Module) -> dict[str, Any]:
-    """``{"type": ..., "args": {...}}``: how an :class:`ObjectiveHead` rebuilds ``module`` (its ``head_spec()``;
-    ``nn.Linear``; an ``nn.ModuleList`` of modules with one spec).
-
-    Raises:
-        TypeError: for a module that says neither how it is built nor is one of those.
-    """
-    if hasattr(module, "head_spec"):
-        return module.head_spec()
-    if type(module) is nn.Linear:
-        return {"type": "linear", "args": {"in_features": module.in_features, "out_features": module.out_features,
-                                           "bias": module.bias is not None}}
-    if type(module) is nn.ModuleList and len(module):
-        specs = [head_module_spec(m) for m in module]
-        if all(sp == specs[0] for sp in specs):
-            return {"type": "module_list", "args": {"items": len(specs), "item": specs[0]}}
-    raise TypeError(f"cannot save a {type(module).__name__} in an ObjectiveHead: give it a head_spec() method "
-                    "and register its class with pretrain.modeling.register_head_module")
-
-
-def build_head_module(spec: dict[str, Any]) -> nn.Module:
-    """The module of a :func:`head_module_spec` (the built-in objectives' types are registered on first use).
-
-    Raises:
-        ValueError: for a type no imported objective registered.
-    """
-    if spec["type"] not in HEAD_MODULE_TYPES:
-        from .registry import available_objectives
-        available_objectives()  # loads the objectives (built-in and plugins): they register their head modules
-    if spec["type"] not in HEAD_MODULE_TYPES:
-        raise ValueError(f"unknown head module type {spec['type']!r} (known: {', '.join(sorted(HEAD_MODULE_TYPES))}); "
-                         "import the objective plugin that registers it before loading")
-    return HEAD_MODULE_TYPES[spec["type"]](**spec.get("args", {}))
-
-
-class ObjectiveHeadConfig(PretrainedConfig):
-    """Configuration of an :class:`ObjectiveHead`.
-
-    Args:
-        objective: The objective whose head this is (``"seed"``, ``"retromae"``, ``"prop"``).
-        head_modules: ``{attribute: {"type": ..., "args": {...}}}``, one entry per module of the objective's
-            ``decoder_modules()`` (see :func:`head_module_spec`).
-    """
-
-    model_type = "pretrain_objective_head"
-
-    def __init__(self, objective: str = "", head_modules: Optional[dict[str, Any]] = None, **kwargs: Any):
-        kwargs.setdefault("tie_word_embeddings", False)
-        super().__init__(**kwargs)
-        self.objective = objective
-        self.head_modules = dict(head_modules or {})
-
-
-class ObjectiveHead(PreTrainedModel):
-    """The decoder modules that an objective other than CPDAE trains besides the encoder (SEED's weak decoder,
-    RetroMAE's enhanced-decoding layers, PROP's score head), as one Hugging Face model: ``save_pretrained`` /
-    ``from_pretrained`` (``config.json`` + ``model.safetensors``), and ``AutoModel.from_pretrained`` once
-    ``pretrain`` is imported. Each module is an attribute named as in the objective's ``decoder_modules()``, so
-    the weights' keys are ``"<module>.<parameter>"``, those of the ``decoder.safetensors`` written before.
-
-    The head has no ``forward`` of its own: the objective runs its modules (``Objective.load_decoder`` /
-    ``--decoder-from`` continues them in training; ``head.seed_decoder(...)`` runs one).
-
-    Example::
-
-        from transformers import AutoModel
-        import pretrain                                      # registers the model types
-        head = AutoModel.from_pretrained("runs/seed/decoder")
-        head.seed_decoder                                    # the SEEDDecoder module
-    """
-
-    config_class = ObjectiveHeadConfig
-    base_model_prefix = "objective_head"
-
-    def __init__(self, config: ObjectiveHeadConfig):
-        super().__init__(config)
-        if not config.head_modules:
-            raise ValueError("an ObjectiveHeadConfig needs head_modules (the objective's decoder modules)")
-        if not isinstance(config.head_modules, dict):
-            raise ValueError(f"head_modules must be a mapping of module name to spec, got "
-                             f"{type(config.head_modules).__name__}")
-        for name, spec in config.head_modules.items():
-            check_head_spec(spec, f"head_modules.{name}")
-            self.add_module(name, build_head_module(spec))
-        self.post_init()
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        """Each module initialises itself in its constructor (as in the objective)."""
-
-    @classmethod
-    def from_modules(cls, objective: str, modules: dict[str, nn.Module]) -> "ObjectiveHead":
-        """A head holding copies of an objective's ``decoder_modules()``."""
-        config = ObjectiveHeadConfig(objective=objective,
-                                     head_modules={k: head_module_spec(m) for k, m in modules.items()})
-        head = cls(config)
-        head.load_state_dict({f"{k}.{n}": t for k, m in modules.items() for n, t in m.state_dict().items()},
-                             strict=True)
-        return head
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: Union[str, os.PathLike], *args: Any,
-                        **kwargs: Any) -> "ObjectiveHead":
-        """``PreTrainedModel.from_pretrained``, strict (:func:`strict_from_pretrained`): the config's sizes are
-        checked against the weights file's header before any module is built, and a missing, unexpected or
-        mismatched weight is an error naming it (never a randomly initialised module)."""
-        return strict_from_pretrained(cls, super().from_pretrained, os.fspath(pretrained_model_name_or_path),
-                                      *args, **kwargs)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"an ObjectiveHead has no forward: run its modules ({', '.join(self.config.head_modules)})")
-
-
 def _register_auto_classes() -> None:
     """``AutoConfig`` / ``AutoModel.from_pretrained`` of a decoder directory give a :class:`CPDAEDecoder` or an
     :class:`ObjectiveHead` (called when ``pretrain`` is imported: no ``trust_remote_code``)."""
@@ -582,25 +337,6 @@ def _head_keys(model: PreTrainedModel) -> set[str]:
 def _tied_keys(model: PreTrainedModel) -> set[str]:
     tied = getattr(model, "_tied_weights_keys", None) or {}
     return set(tied.keys()) if isinstance(tied, dict) else set(tied)
-
-
-@contextlib.contextmanager
-def quiet_transformers(warnings: bool = False) -> Iterator[None]:
-    """Silence transformers' progress bars (and its warnings unless ``warnings``) inside the block, restoring the
-    previous verbosity and progress-bar state after it: for loads whose load report the caller checks and reports
-    itself, and for saves of a few files whose "Writing model shards" bar says nothing."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    if not warnings:
-        hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def checkpoint_name(name_or_path: str) -> str:

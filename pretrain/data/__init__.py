@@ -1,0 +1,1 @@
+"""Pre-training data: corpus readers, the token cache, run inputs and their fingerprints, masking."""

@@ -1,0 +1,1 @@
+"""Pre-training model parts: the decoder and objective heads (Hugging Face models), losses, the unpadded encoder path."""

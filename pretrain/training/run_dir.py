@@ -1,0 +1,165 @@
+"""A run's output directory: the checks before a run writes into it (:func:`check_output_dir`), its exclusive lock
+(:func:`hold_output_lock`), its identity while the run writes (:class:`OutputPlace`) and the removal of a previous
+run's files under ``--overwrite``."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any, Optional
+
+from .checkpoint import list_checkpoints
+from ..config import check_moved_run, check_same_run
+
+__all__ = ["EXPORT_FILES", "RUN_CONFIG", "config_dict", "check_output_dir", "RunDirectoryError", "OutputPlace",
+           "hold_output_lock"]
+
+#: Files whose presence means an output directory holds an exported model.
+EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
+RUN_CONFIG = "run_config.json"
+
+
+# ----------------------------------------------------------------------------- output dir
+def config_dict(config: Any) -> dict[str, Any]:
+    """The options of a run as a plain dict (a dataclass config or a namespace)."""
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+
+
+def check_output_dir(config: Any) -> None:
+    """Refuse an output directory that holds a different run, unless ``config.overwrite``.
+
+    Accepted without ``overwrite``: a missing or empty directory; a directory of the *same*
+    run (same ``run_config.json`` up to :data:`~pretrain.config.RESUME_MUTABLE_OPTIONS`) when resuming, or when
+    it holds neither checkpoints nor an exported model yet.
+
+    Raises:
+        ValueError: naming the directory and the reason.
+    """
+    out = getattr(config, "output", None)
+    if not out:
+        raise ValueError("no output directory given (--output)")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"output path {out} exists and is not a directory")
+    if not os.path.isdir(out) or not os.listdir(out) or config.overwrite:
+        return
+    run_cfg = os.path.join(out, RUN_CONFIG)
+    if not os.path.isfile(run_cfg):
+        entries = sorted(os.listdir(out))
+        raise ValueError(f"output directory {out} is not empty and holds no {RUN_CONFIG} (it contains "
+                         f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
+                         "choose another --output or pass --overwrite")
+    with open(run_cfg) as f:
+        record = json.load(f)
+    check_same_run(record.get("config", {}), config_dict(config), out)
+    check_moved_run(record, out, config.resume)
+    if config.resume:
+        return
+    if list_checkpoints(out) or any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES):
+        raise ValueError(f"output directory {out} already holds checkpoints or an exported model of this run; "
+                         "pass --resume to continue it or --overwrite to start again")
+
+
+class RunDirectoryError(OSError):
+    """A run's output directory was moved, removed or replaced while the run was writing into it."""
+
+
+class OutputPlace:
+    """The identity of a run's output directory (device and inode of the directory, through a descriptor held open),
+    taken when the run starts: :meth:`problem` tells whether ``path`` still names that directory and it still holds
+    the run's record (``marker``: ``run_config.json`` / ``training_args.json``).
+
+    A run whose directory was moved (``mv``) or removed (``rm -rf``) while it ran would otherwise re-create the old
+    path at its next checkpoint or export, with checkpoints and a model but no record: a directory that looks
+    trained and cannot be resumed.
+    """
+
+    def __init__(self, path: str, marker: str):
+        self.path, self.marker = path, marker
+        try:
+            self.fd: Optional[int] = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:  # a system that cannot open a directory (Windows): the identity alone
+            self.fd = None
+        st = os.fstat(self.fd) if self.fd is not None else os.stat(path)
+        self.identity = (st.st_dev, st.st_ino)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def now_at(self) -> Optional[str]:
+        """Where the directory is now (Linux: through the descriptor held open), if it still exists."""
+        if self.fd is None:
+            return None
+        try:
+            where = os.readlink(f"/proc/self/fd/{self.fd}")
+        except OSError:
+            return None
+        return None if where.endswith(" (deleted)") or not os.path.isdir(where) else where
+
+    def problem(self) -> Optional[str]:
+        """``None`` while ``path`` is the run's directory and holds its record; else what happened to it."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self.identity:
+            where = self.now_at()
+            gone = f"was moved to {where}" if where else "was removed"
+            other = "" if st is None else f" (and {self.path} is now another directory)"
+            return f"the output directory {self.path} {gone} while the run was writing into it{other}"
+        if not os.path.isfile(os.path.join(self.path, self.marker)):
+            return f"the output directory {self.path} no longer holds the run's {self.marker} (it was removed)"
+        return None
+
+    def error(self, what: str, problem: str, run: str = "run") -> "RunDirectoryError":
+        """The error that stops a run before it writes ``what`` into a directory that is no longer its own."""
+        where = self.now_at()
+        advice = (f"continue it there with the same command and --output {where} --resume" if where else
+                  "start it again")
+        return RunDirectoryError(f"refusing to write {what}: {problem}; the {run} stops rather than re-create "
+                                 f"{self.path} without its {self.marker}. To finish the {run}, {advice}")
+
+    def check(self, what: str, run: str = "run") -> None:
+        """Raises :meth:`error` when :meth:`problem` finds one."""
+        problem = self.problem()
+        if problem is not None:
+            raise self.error(what, problem, run)
+
+
+def hold_output_lock(stack: Any, output: str, what: str, option: str) -> None:
+    """Takes the exclusive OS lock of a run's output directory into ``stack`` (rank 0 only).
+
+    Keyed on the directory's real identity (:func:`pyterrier_cpdae._locking.build_lock`): the same command
+    launched twice, or through a symlink or another spelling of the path, is refused at once with
+    :class:`~pyterrier_cpdae._locking.ConcurrentBuildError` naming the running process (pid, host, since when).
+    The OS releases it when the process ends, however it ends.  Other ranks of a ``torchrun`` job take no lock
+    (rank 0 of the same job holds it for them).
+
+    Raises:
+        ConcurrentBuildError: another process is running into ``output``.
+        ValueError: the lock file beside ``output`` cannot be created (naming ``option`` and the reason).
+    """
+    from pyterrier_cpdae._locking import build_lock, lock_path
+
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        return
+    try:
+        stack.enter_context(build_lock(output, what, "written"))
+    except OSError as e:
+        raise ValueError(f"{option} {output}: cannot create its lock file {lock_path(output)} "
+                         f"({e.strerror or e})") from e
+
+
+def _clear_previous_run(out: str) -> None:
+    """With ``overwrite``: remove what a previous run left (checkpoints, logs, run config, and the whole exported
+    model: weights, tokenizer and sentence-transformers files), so that a run cut short leaves no earlier model
+    that still loads; other files in the directory are kept."""
+    from pyterrier_cpdae.encoder.st_export import remove_exported_model
+
+    for name in ("checkpoints", "logs", "decoder", ".export-tmp"):
+        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    if os.path.isfile(os.path.join(out, RUN_CONFIG)):
+        os.remove(os.path.join(out, RUN_CONFIG))
+    remove_exported_model(out)  # config.json and the weights included

@@ -1,0 +1,188 @@
+"""The PyTerrier stages made by :class:`~pyterrier_cpdae.encoder.cpdae.CPDAE`'s factories: ``query_encoder()`` and
+``doc_encoder()`` (add ``query_vec`` / ``doc_vec``), ``text_scorer()`` (scores query-document rows), and the
+encoder as the first stage of an indexing pipeline; and how ``enc >> index`` tells a dense index which encoder
+makes its vectors (:func:`_with_producer`)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+import pyterrier as pt
+import pyterrier_alpha as pta
+
+from .._checks import stack_vectors
+from .batching import check_texts, chunked, dedup, read_ahead
+from .policy import ASYNC_DEVICES, STREAM_WINDOWS
+
+# ``CPDAE`` in the annotations below is :class:`~pyterrier_cpdae.encoder.cpdae.CPDAE` (not imported: cpdae.py imports
+# this module)
+
+def _with_producer(right: Any, encoder: "CPDAE") -> Any:
+    """``right``, told that ``encoder`` makes its vectors when it records or checks them (``with_producer``: a
+    :class:`~pyterrier_cpdae.dense.DenseIndexer` records them, a retriever or scorer of a dense index checks them
+    against the index's); the encoder does not import the index."""
+    attach = getattr(right, "with_producer", None)
+    if callable(attach):
+        return attach(encoder)
+    if isinstance(right, pt.Compose) and right._transformers:  # enc >> (retriever % k), enc >> (retriever >> rr)
+        first = _with_producer(right._transformers[0], encoder)
+        if first is not right._transformers[0]:
+            return pt.Compose(first, *right._transformers[1:])
+    return right
+
+
+class _Stage(pt.Transformer):
+    """Base of the transformers made by :class:`CPDAE`'s factories (equal when their encoders are equal)."""
+
+    name = ""
+
+    def __init__(self, encoder: CPDAE):
+        super().__init__()
+        self.encoder = encoder
+
+    @property
+    def batch_size(self) -> int:
+        """Read by PyTerrier's ``Compose.index`` to size the chunks it hands this stage: whole sorting windows, so
+        that ``enc >> indexer`` sorts texts by length over the same windows as ``encode_docs`` (chunks of
+        ``max(100, batch_size)`` texts would cap the window at 100 and pad each batch to the longest of ~100
+        unsorted texts); on :data:`ASYNC_DEVICES` :data:`STREAM_WINDOWS` windows at once, so that the next window is
+        tokenized while the device encodes this one."""
+        enc = self.encoder
+        return enc.batch_size * enc.sort_window * (STREAM_WINDOWS if enc.device.type in ASYNC_DEVICES else 1)
+
+    def __eq__(self, other: Any) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.encoder == other.encoder
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.encoder))
+
+    def __repr__(self) -> str:
+        return f"{self.encoder!r}.{self.name}()"
+
+    def subtransformers(self) -> Dict[str, Any]:
+        return {}  # the encoder is a model holder here, not a pipeline stage
+
+
+class _VecAdder(_Stage):
+    """Adds ``out_column`` computed from the text ``in_column``; streams dict records window by window."""
+
+    in_column = ""
+    out_column = ""
+    id_column = ""
+    length_option = ""  # the encoder option that holds these texts' maximum length
+    unique = False  # repeated texts encoded once
+
+    def _encode(self, texts: List[str]) -> np.ndarray:
+        return self.encoder._encode(texts, getattr(self.encoder, self.length_option), unique=self.unique)
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        pta.validate.columns(inp, includes=[self.in_column])
+        if len(inp) == 0:
+            return inp.assign(**{self.out_column: pd.Series([], index=inp.index, dtype=object)})
+        ids = inp[self.id_column].tolist() if self.id_column in inp.columns else None
+        texts = check_texts(inp[self.in_column].tolist(), self.in_column, ids, self.id_column)
+        out = inp.assign(**{self.out_column: list(self._encode(texts))})
+        # the frame says which encoder made its vectors: a dense index checks it wherever the vectors meet it
+        out.attrs[f"{self.out_column}_producer"] = self.encoder.producer()
+        return out
+
+    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        """Records window by window.  On :data:`ASYNC_DEVICES` the next window is read from ``inp``, checked and
+        tokenized in a background thread while the device encodes this one (:func:`.batching.read_ahead`); an
+        error in a record is raised after the records of the windows before it have been yielded, as without."""
+        enc = self.encoder
+        max_length = getattr(enc, self.length_option)
+
+        def numbered(chunks: Iterable[List[Dict[str, Any]]]) -> Iterator[Tuple[int, List[Dict[str, Any]]]]:
+            offset = 0
+            for chunk in chunks:
+                yield offset, chunk
+                offset += len(chunk)
+
+        def prepared(item: Tuple[int, List[Dict[str, Any]]]) -> Tuple[List[Dict[str, Any]], Any, Optional[np.ndarray]]:
+            offset, chunk = item
+            missing = next((i for i, r in enumerate(chunk) if self.in_column not in r), None)
+            if missing is not None:
+                raise ValueError(f"{self.name} needs a {self.in_column!r} field, but record {offset + missing} has "
+                                 f"keys {sorted(chunk[missing])}")
+            ids = [r.get(self.id_column) for r in chunk]
+            texts = check_texts([r[self.in_column] for r in chunk], self.in_column, ids, self.id_column, offset)
+            texts, inverse = dedup(texts) if self.unique else (texts, None)
+            return chunk, enc._tokenize(texts, max_length), inverse
+
+        windows = map(prepared, numbered(chunked(inp, enc.batch_size * enc.sort_window)))
+        for chunk, tokenized, inverse in read_ahead(windows, enabled=enc.device.type in ASYNC_DEVICES):
+            vecs = enc._encode_tokenized([tokenized], len(tokenized[0]), max_length)
+            if inverse is not None:
+                vecs = vecs[inverse]
+            for rec, vec in zip(chunk, vecs):
+                out = dict(rec)
+                out[self.out_column] = vec
+                yield out
+
+
+class _QueryEncoder(_VecAdder):
+    name = "query_encoder"
+    in_column, out_column, id_column = "query", "query_vec", "qid"
+    length_option, unique = "query_max_length", True
+
+    def __rshift__(self, right: Any) -> pt.Transformer:
+        return super().__rshift__(_with_producer(right, self.encoder))
+
+
+class _DocEncoder(_VecAdder):
+    name = "doc_encoder"
+    in_column, out_column, id_column = "text", "doc_vec", "docno"
+    length_option = "doc_max_length"
+
+    def __rshift__(self, right: Any) -> pt.Transformer:
+        return super().__rshift__(_with_producer(right, self.encoder))
+
+
+class _ByColumns(_Stage):
+    """The encoder itself (each input encoded as its columns say, :meth:`CPDAE.transform`) as the first stage of
+    ``enc >> indexer``: it reports the sorting window as its ``batch_size``, so that PyTerrier feeds it chunks of
+    whole windows."""
+
+    def __repr__(self) -> str:
+        return repr(self.encoder)
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        return self.encoder.transform(inp)
+
+    def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
+        return self.encoder.transform_iter(inp)
+
+
+class _TextScorer(_Stage):
+    name = "text_scorer"
+
+    def _vectors(self, inp: pd.DataFrame, vec_col: str, text_col: str, id_col: str, max_length: int) -> np.ndarray:
+        """The ``(n, dim)`` vectors of ``vec_col``, or encoded from ``text_col``; all checked finite, so that every
+        score is a number (a NaN row is named by its ``qid``/``docno``, or its row number without one)."""
+        enc = self.encoder
+        ids, id_name = (inp[id_col].tolist(), id_col) if id_col in inp.columns else (list(range(len(inp))), "row")
+        if vec_col in inp.columns:
+            return stack_vectors(inp[vec_col].tolist(), ids, enc.dim, what=vec_col, id_name=id_name)
+        texts = check_texts(inp[text_col].tolist(), text_col, *((ids, id_col) if id_name == id_col else ()))
+        vecs = enc._encode(texts, max_length, unique=True)  # queries repeat per row; documents across queries
+        if not np.isfinite(vecs).all():  # e.g. an fp16 overflow inside the model
+            stack_vectors(list(vecs), ids, enc.dim, what=f"{vec_col} encoded from {text_col!r}", id_name=id_name)
+        return vecs
+
+    def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
+        with pta.validate.any(inp) as v:
+            for q in ("query", "query_vec"):
+                for d in ("text", "doc_vec"):
+                    v.columns(includes=["qid", q, d])
+        if len(inp) == 0:
+            out = inp.assign(score=pd.Series([], index=inp.index, dtype=np.float64))
+            return pt.model.add_ranks(out)
+        enc = self.encoder
+        q = self._vectors(inp, "query_vec", "query", "qid", enc.query_max_length)
+        d = self._vectors(inp, "doc_vec", "text", "docno", enc.doc_max_length)
+        scores = np.einsum("ij,ij->i", q, d).astype(np.float64)
+        return pt.model.add_ranks(inp.assign(score=scores))
