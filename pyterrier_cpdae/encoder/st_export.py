@@ -250,7 +250,7 @@ def base_pipeline(base: Union[str, os.PathLike, None]) -> Optional[Dict[str, Any
     if not base or not os.path.isdir(base) or not os.path.isfile(os.path.join(base, MODULES)):
         return None
     try:
-        modules = _read_json(os.path.join(base, MODULES))
+        modules = _read_json(os.path.join(base, MODULES), top=list)
         types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
         settings = read_encoder_settings(base)
     except (OSError, ValueError, TypeError, AttributeError):
