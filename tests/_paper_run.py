@@ -1,4 +1,4 @@
-"""Shared by the paper pipeline's end-to-end test files: the data they need, Table 1's rows and columns, and
+"""Shared by the paper pipeline's end-to-end test files: Table 1's rows and columns, and
 ``python -m experiments.paper`` run as a subprocess (the tests are split over files so that pytest-xdist's
 ``--dist loadfile`` can run the long ones on both workers)."""
 from __future__ import annotations
@@ -7,22 +7,14 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 from _warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 TABLE1_ROWS = ["BM25", "BERT", "MLM", "SimCSE", "ICT", "PROP", "SEED", "RetroMAE", "BoW", "CPDAE_R", "CPDAE"]
 TABLE1_COLS = ["MARCO MRR@10", "MARCO R@100", "MARCO nDCG@10", "SciFact nDCG@10", "SciFact R@100",
                "Vaswani nDCG@10", "Vaswani MAP", "Cranfield nDCG@10", "Cranfield MAP"]
-
-
-def need_data() -> None:
-    for sub in ("enwiki-sample", "msmarco-dev-sample", "msmarco-dl19-judged", "scifact", "vaswani", "cranfield"):
-        if not (SHARED / sub).exists():
-            pytest.skip(f"real data not available: {SHARED / sub} is absent (it lives in ../shared/data)")
 
 
 def run_paper(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:

@@ -93,10 +93,13 @@ HEAVY_FIRST = ["test_paper_smoke.py", "test_encoder_speed_equivalence.py", "test
 
 
 def pytest_configure(config):
-    """Under pytest-xdist, each worker's math libraries get their share of the cores (``OMP_NUM_THREADS``, inherited by
+    """The ``real_data`` mark and the guard of ``../shared`` (below). Under pytest-xdist, each worker's math libraries get their share of the cores (``OMP_NUM_THREADS``, inherited by
     the processes the tests start, and torch's intra-op threads): two workers of two threads each on two cores spent
     a third more CPU time than two workers of one (measured: 150 against 112 CPU-s for the same two test files).
     A caller's own ``OMP_NUM_THREADS`` is kept."""
+    config.addinivalue_line("markers", "real_data: the test may read ../shared/data (and skips by itself, with its "
+                                       "reason, where it is absent); see docs/development.md")
+    _install_shared_guard()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers < 2 or "OMP_NUM_THREADS" in os.environ:
         return
@@ -112,3 +115,66 @@ def pytest_collection_modifyitems(config, items):
     """Moves the files of ``HEAVY_FIRST`` to the front, whole and in their own order; the rest keep theirs."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: file order and order within kept
+
+
+# ------------------------------------------------------------------ the guard of ../shared (docs/development.md)
+#: ``../shared`` beside the project: only real-data tests (the ``shared_data`` fixture or one of its collections, or
+#: the ``real_data`` mark) may open or list anything under it, in the test's process or in any Python process it
+#: starts (tests/_shared_guard/sitecustomize.py), so that the suite passes the same where it is absent
+SHARED_ROOT = SHARED_DATA.parent
+GUARD_SITE = Path(__file__).resolve().parent / "_shared_guard"
+
+
+def _install_shared_guard() -> None:
+    import importlib.util
+
+    if not SHARED_ROOT.is_dir() or hasattr(sys, "_cpdae_shared_guard"):
+        return   # nothing to guard (a fresh clone), or installed already
+    os.environ["CPDAE_TESTS_SHARED_ROOT"] = os.path.realpath(SHARED_ROOT)
+    os.environ["CPDAE_TESTS_SHARED"] = "allow"   # between tests (collection, session set-up)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(GUARD_SITE), *filter(None, [os.environ.get("PYTHONPATH")])])
+    spec = importlib.util.spec_from_file_location("_cpdae_shared_guard", GUARD_SITE / "sitecustomize.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def is_real_data_test(item) -> bool:
+    return "shared_data" in getattr(item, "fixturenames", ()) or item.get_closest_marker("real_data") is not None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test runs (set-up, call, tear-down) with the guard set for it: ``deny`` unless it is a real-data test."""
+    if not hasattr(sys, "_cpdae_shared_guard"):
+        return (yield)
+    os.environ["CPDAE_TESTS_SHARED"] = "allow" if is_real_data_test(item) else "deny"
+    try:
+        return (yield)
+    finally:
+        os.environ["CPDAE_TESTS_SHARED"] = "allow"
+
+
+def _check_shared_guard(item) -> None:
+    seen = getattr(sys, "_cpdae_shared_guard", None)
+    if seen:
+        paths = sorted(set(seen))
+        seen.clear()
+        pytest.fail(f"{item.nodeid} is not a real-data test but opened {paths[0]}"
+                    + (f" (and {len(paths) - 1} more paths)" if len(paths) > 1 else "")
+                    + " under ../shared: give it the shared_data fixture or mark it real_data", pytrace=False)
+
+
+def _guarded(item):
+    """A phase of a test, failed when it touched ``../shared`` although it is not a real-data test (even when the
+    guard's error was caught); a phase that failed by itself leaves nothing recorded for the next."""
+    try:
+        result = yield
+    except BaseException:
+        getattr(sys, "_cpdae_shared_guard", []).clear()
+        raise
+    _check_shared_guard(item)
+    return result
+
+
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_guarded)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_guarded)
+pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(lambda item, nextitem: (yield from _guarded(item)))

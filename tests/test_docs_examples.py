@@ -144,8 +144,11 @@ def run_blocks(blocks: list[Block], root: Path) -> list[Block]:
         script = scripts / f"line{b.line}.{'py' if b.lang == 'python' else 'sh'}"
         script.write_text(b.code, encoding="utf-8")
         cmd = [warm_python(BLOCK_ENV), str(script)] if b.lang == "python" else ["bash", "-euo", "pipefail", str(script)]
+        # the guard of ../shared (tests/conftest.py): only a block flagged needs-shared-data may read it
+        block_env = env if "CPDAE_TESTS_SHARED" not in env else {
+            **env, "CPDAE_TESTS_SHARED": "allow" if "needs-shared-data" in b.flags else "deny"}
         try:
-            out = subprocess.run(cmd, cwd=work, env=warm_path(env, BLOCK_ENV), capture_output=True, text=True,
+            out = subprocess.run(cmd, cwd=work, env=warm_path(block_env, BLOCK_ENV), capture_output=True, text=True,
                                  timeout=BLOCK_TIMEOUT_S)
         except subprocess.TimeoutExpired as e:
             pytest.fail(f"{b.where}: the {b.lang} block did not finish within {BLOCK_TIMEOUT_S} s\n"

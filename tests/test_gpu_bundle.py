@@ -18,6 +18,7 @@ GPU = REPO / "experiments" / "gpu"
 
 @pytest.mark.slow
 @pytest.mark.multiproc
+@pytest.mark.real_data
 def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tmp_path):
     """The device's path end to end at smoke sizes: the bundle (no wheelhouse: all is installed here), the entry
     script unpacking it and running the comparison in the background from the bundled model, data and BM25."""

@@ -167,6 +167,7 @@ def test_marks_without_seeds_are_unchanged():
 
 
 # ----------------------------------------------------------------------------- real data
+@pytest.mark.real_data
 def test_dl19_set_loads_offline_through_ir_datasets_from_a_temp_copy(tmp_path):
     """The cpu config's dl19 set, materialised by the pipeline (a child process reading a copy of the shared folder
     through ``load_dataset('irds:...')``, i.e. ``ir_datasets.load``), holds every judged query, judgement and passage

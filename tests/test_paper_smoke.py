@@ -2,8 +2,9 @@
 shape of every table (rows, columns, files, not the numbers), a second run that re-runs nothing, the gpu protocol at
 smoke sizes in the same work directory, Table 1's DL19 columns, ``--eval-set`` on the finished run and the pilot
 beside it. The run is shared (a module fixture) because it is the suite's most expensive step; each test that
-changes something writes to its own ``--out`` or to a part of the work directory no other test reads. They skip
-when ``../shared/data`` is absent.
+changes something writes to its own ``--out`` or to a part of the work directory no other test reads. The smoke
+scale reads only the tiny collections the project ships (``experiments/smoke_data``), so these tests run where
+``../shared/data`` is absent too.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import pandas as pd
 import pytest
 
 from _paper_run import REPO, TABLE1_COLS, TABLE1_ROWS
-from _paper_run import need_data as _need_data
 from _paper_run import run_paper as _run
 from _warm_python import warm_python
 
@@ -24,7 +24,6 @@ from _warm_python import warm_python
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """The smoke scale run once into a fresh work directory: ``(work, out, first run's summary)``."""
-    _need_data()
     root = tmp_path_factory.mktemp("smoke")
     work, out = root / "work", root / "out"
     first = _run(["--scale", "smoke", "--work-dir", str(work), "--out", str(out)])
@@ -136,7 +135,7 @@ def test_eval_set_adds_a_collection_to_a_finished_run_without_training(smoke, tm
     work, out, summary = smoke
     # a new collection on an unfinished run is refused, naming what is missing
     refused = _run(["--scale", "smoke", "--work-dir", str(tmp_path / "unfinished"), "--out", str(tmp_path / "o"),
-                    "--eval-set", "extra=trec:../shared/data/vaswani"])
+                    "--eval-set", "extra=trec:experiments/smoke_data/vaswani"])
     assert refused.returncode != 0 and "not finished: base" in refused.stderr, refused.stderr[-2000:]
     assert "select:cl" in summary["ran"] and "continue:cpdae_clactive" in summary["ran"]
     assert "extra nDCG@10" not in pd.read_csv(out / "table1.csv").columns
@@ -147,7 +146,7 @@ def test_eval_set_adds_a_collection_to_a_finished_run_without_training(smoke, tm
     extra_out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([warm_python(), "-c", _NO_TRAINING, "--scale", "smoke", "--work-dir", str(work), "--out",
-                           str(extra_out), "--eval-set", "extra=trec:../shared/data/vaswani"],
+                           str(extra_out), "--eval-set", "extra=trec:experiments/smoke_data/vaswani"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     again = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -181,7 +180,7 @@ def test_pilot_runs_at_smoke_sizes_on_training_queries_only(smoke, tmp_path):
     assert not (work / "pilot" / "cpdae_L2").exists()
     # the pilot's queries are the training split's only: pilot_dev and pilot_train partition it
     split = json.loads((work / "pilot" / "split.json").read_text())
-    train = set(map(str, json.loads((REPO / "experiments/configs/msmarco_sample_split.json").read_text())["train"]))
+    train = set(map(str, json.loads((REPO / "experiments/smoke_data/msmarco_sample_split.json").read_text())["train"]))
     assert set(split["pilot_dev"]) | set(split["pilot_train"]) == train
     assert not set(split["pilot_dev"]) & set(split["pilot_train"])
     # a pilot of another objective reuses the base's fine-tunings (length 0 does not depend on the objective)
