@@ -54,7 +54,8 @@ PRELOAD = ["numpy", "pandas", "torch", "transformers.modeling_utils", "transform
 #: variables so, which made every program whose ``PYTHONPATH`` was not the server's a cold start where pytest itself
 #: was started with a ``PYTHONPATH``; the program's ``sys.path`` gets its own ``PYTHONPATH``'s entries)
 MAY_DIFFER = {"PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTEST_CURRENT_TEST", "COLUMNS", "LINES", "PYTHONPATH",
-              "CPDAE_TESTS_SHARED"}  # the guard of ../shared (tests/conftest.py): set for each test
+              "CPDAE_TESTS_SHARED",  # the guard of ../shared (tests/conftest.py): set for each test
+              "PS1", "PS2"}  # prompts: a non-interactive bash drops them from its children's environment
 
 #: ``CPDAE_TESTS_COLD_PYTHON=1``: :func:`warm_python` is the real interpreter
 COLD = bool(os.environ.get("CPDAE_TESTS_COLD_PYTHON"))
