@@ -334,7 +334,7 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
                             f"_q{topics_digest(topics)[:10]}")
     os.makedirs(runs_dir, exist_ok=True)
     saved = sum(n.endswith(".res.gz") for n in os.listdir(runs_dir)) if not args.rebuild else 0
-    timings["runs"] = f"{saved} of {len(systems)} reused from {runs_dir}"
+    timings["runs"] = f"{saved} of {len(systems)} reused from {os.path.join('<work-dir>', os.path.relpath(runs_dir, work))}"
     metrics = [RR @ 10, R @ 1000, nDCG @ 10, MAP]
     t0 = time.time()
     table = pt.Experiment(systems, topics, qrels, eval_metrics=metrics, names=names, baseline=0, correction="holm",
@@ -364,7 +364,7 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     with open(os.path.join(results_dir, "table.md"), "w") as f:
         f.write(f"# pt.Experiment on `{args.dataset}`\n\n")
-        f.write(f"Command: `{portable('python experiments/main.py ' + ' '.join(argv if argv is not None else sys.argv[1:]))}`\n\n")
+        f.write(f"Command: `{portable(' '.join(['python experiments/main.py', *(argv if argv is not None else sys.argv[1:])]))}`\n\n")
         f.write(f"Topics: {len(topics)}; qrels: {len(qrels)}; encoder: `{model_name}` "
                 f"(pooling={pooling}, normalize={normalize}, doc_max_length={args.doc_max_length}); "
                 "paired t-test with Holm correction.\n\n")

@@ -100,6 +100,9 @@ def test_main_job_pretrains_and_compares_three_systems(default_run, minilm_path)
     md = (results / "table.md").read_text()
     assert f"| {PRETRAINED}" in md and "## Baseline: the starting encoder" in md
     assert "cannot show a pre-training effect" in md and "python -m pretrain --objective cpdae" in md
+    # the record names no path of this machine: the work directory as <work-dir>, the repository's paths relative
+    assert str(work) not in md and str(results) not in md and "reused from <work-dir>/runs/" in md
+    assert "Command: `python experiments/main.py --work-dir " in md and " `" not in md.split("Command: ", 1)[1].split("\n", 1)[0]
 
     # the third row is a model that `python -m pretrain` trained in this run, from MiniLM, for 2 steps
     (pt_dir,) = [p for p in (work / "pretrain").iterdir() if not p.name.startswith(".")]  # beside .token_cache
