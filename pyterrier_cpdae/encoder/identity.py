@@ -43,8 +43,11 @@ def _tensors(model: torch.nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
 def weights_key(model: torch.nn.Module) -> Tuple:
     """The cheap identity of ``model``'s weights (module docstring): equal keys, the same weights."""
     with torch.no_grad():
-        return tuple((name, t.data_ptr(), t._version, float(torch.sum(t.detach(), dtype=torch.float64)))
-                     for name, t in _tensors(model))
+        named = list(_tensors(model))
+        sums = [torch.sum(t.detach(), dtype=torch.float64) for _, t in named]
+        # one device-to-host copy for all the sums (one synchronisation on a GPU, not one per tensor)
+        values = torch.stack(sums).tolist() if len({s.device for s in sums}) == 1 else [float(s) for s in sums]
+        return tuple((name, t.data_ptr(), t._version, v) for (name, t), v in zip(named, values))
 
 
 def content_digest(model: torch.nn.Module) -> str:
