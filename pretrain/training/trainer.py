@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 from pyterrier_cpdae._files import write_json_atomic
 
 from ..config import TrainConfig
-from .checkpoint import (TRAINER_STATE, checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
+from .checkpoint import (checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
                          save_rng_state, save_train_state, write_trainer_state)
 from .finite import FiniteGuard, NonFiniteError, _fmt, nonfinite_flags, nonfinite_tensors
 from .optim import (_default_save, adamw_options, check_resume_length, compile_module, enable_gradient_checkpointing,
