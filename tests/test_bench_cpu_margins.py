@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,23 @@ def _load_processes() -> list:
     return found
 
 
+def _descendants(root: int) -> set:
+    """PIDs of every live process below ``root`` (children, grandchildren, ...)."""
+    parent = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parent[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        kids = [c for c, p in parent.items() if p == pid]
+        found.update(kids)
+        todo += kids
+    return found
+
+
 def test_encode_margin_by_hand():
     record = {"default": "CPDAE default", "ranking": {"CPDAE default": {"passes": True}},
               "systems": {"CPDAE default": {"cpu_s": [2.0, 4.0, 3.0], "wall_s": [1.0, 2.0, 1.5]},
@@ -47,24 +64,30 @@ def test_encode_margin_by_hand():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the load processes")
-def test_cpu_margins_smoke(tiny_bert_dir, tmp_path):
+def test_cpu_margins_smoke(tiny_bert_dir, tmp_path, capfd, monkeypatch, warm_children):
+    """The driver runs in this process; the benchmarks and the load loops it starts (``sys.executable``) start warm
+    (tests/_warm_python.py), so that the run costs their work, not their imports."""
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(f'{{"_id": "d{i}", "title": "t{i}", "text": "{" ".join(["word"] * (5 + 3 * i))}"}}\n'
                               for i in range(12)))
     queries = tmp_path / "queries.jsonl"
     queries.write_text("".join(f'{{"_id": "q{i}", "text": "word {i}"}}\n' for i in range(5)))
     keep, summary = tmp_path / "keep", tmp_path / "summary.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", tiny_bert_dir, "--corpus", str(corpus), "--queries", str(queries),
-         "--encode-docs", "12", "--repeats", "2", "--max-length", "32", "--poolings", "mean", "--busy",
-         "--busy-sizes", "128", "64", "--vectors", str(tmp_path / "v.npy"), "--docs", "5000", "--dim", "16",
-         "--ks", "10", "--search-repeats", "1", "--bound-seconds", "0.05", "--json", str(summary), "--keep",
-         str(keep), "--strict"], env=env, capture_output=True, text=True, timeout=600)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = _descendants(os.getpid())  # (the warm server, started by warm_children, is one of them)
+    with pytest.raises(SystemExit) as exit_:
+        cpu_margins.main(
+            ["--model", tiny_bert_dir, "--corpus", str(corpus), "--queries", str(queries), "--encode-docs", "12",
+             "--repeats", "2", "--max-length", "32", "--poolings", "mean", "--busy", "--busy-sizes", "128", "64",
+             "--vectors", str(tmp_path / "v.npy"), "--docs", "5000", "--dim", "16", "--ks", "10",
+             "--search-repeats", "1", "--bound-seconds", "0.05", "--bound-n", "64", "--json", str(summary), "--keep",
+             str(keep), "--strict"])
+    out = capfd.readouterr()
     # a tiny random model is no faster than sentence-transformers: a target is missed, so --strict exits 1, after
     # the summary is printed and written
-    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "## Summary" in res.stdout
+    assert exit_.value.code == 1, out.out[-3000:] + out.err[-3000:]
+    assert "## Summary" in out.out
+    assert "compute bound: float32 64 x 64 matmul" in out.out  # --bound-n reached bench_encode.py
     rows = json.loads(summary.read_text())["rows"]
     assert [r["target"].split(" ")[0] for r in rows] == ["encoding", "encoding", "exact"]
     assert rows[2]["target"].startswith("exact search 5,000 x 16, 1000 queries, k=10")
@@ -83,3 +106,8 @@ def test_cpu_margins_smoke(tiny_bert_dir, tmp_path):
     assert rows[2]["value"] == pytest.approx(search["rows"][0]["share"])
     assert rows[2]["verdict"] == ("met" if search["rows"][0]["share"] >= 0.8 else "missed")
     assert not _load_processes(), "the busy run's load processes outlived it"
+    # nor any other process it started (a warm program is a fork of the warm server, ended when its launcher is)
+    deadline = time.monotonic() + 10
+    while (left := _descendants(os.getpid()) - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes started by the run outlived it: {sorted(left)}"

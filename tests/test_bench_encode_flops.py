@@ -15,6 +15,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertModel
 
+from _warm_python import warm_python
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -47,7 +49,7 @@ def test_bench_encode_prints_the_compute_bound(tiny_bert_dir, tmp_path):
     corpus.write_text("".join(f'{{"_id": "d{i}", "title": "t{i}", "text": "{" ".join(["word"] * (5 + 3 * i))}"}}\n'
                               for i in range(12)))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "bench_encode.py"), "--corpus",
+    res = subprocess.run([warm_python(), str(ROOT / "experiments" / "bench" / "bench_encode.py"), "--corpus",
                           str(corpus), "--model", tiny_bert_dir, "--docs", "12", "--repeats", "1", "--max-lengths",
                           "32", "--queries", "", "--skip", "SBertBiEncoder,HgfBiEncoder", "--bound-seconds", "0.05",
                           "--bound-n", "64", "--target", "2"], env=env, capture_output=True, text=True, timeout=300)
@@ -66,7 +68,7 @@ def test_profile_openvino_encoder_accounts_for_the_forward(tiny_bert_dir):
     the float32 bound (the FLOP counts are encode_flops' parts, tested above)."""
     pytest.importorskip("openvino")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "profile_openvino_encoder.py"),
+    res = subprocess.run([warm_python(), str(ROOT / "experiments" / "bench" / "profile_openvino_encoder.py"),
                           "--model", tiny_bert_dir, "--max-length", "32", "--batch-tokens", "128", "--repeats", "2",
                           "--bound-seconds", "0.05"], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -42,9 +42,11 @@ from typing import Any, Dict, List
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "experiments" / "bench"
 
-# the busy machine's load: a torch float32 n x n matmul loop per entry (threads, n, niceness)
-LOAD_CODE = ("import sys, torch\ntorch.set_num_threads(int(sys.argv[1]))\nn = int(sys.argv[2])\n"
-             "a = torch.randn(n, n)\nb = torch.empty(n, n)\nwhile True:\n    torch.mm(a, a, out=b)\n")
+# the busy machine's load: a torch float32 n x n matmul loop per entry (threads, n, niceness); the process sets its
+# own niceness first (no preexec_fn: that is not safe in a process with threads)
+LOAD_CODE = ("import os, sys\nos.nice(int(sys.argv[3]))\nimport torch\ntorch.set_num_threads(int(sys.argv[1]))\n"
+             "n = int(sys.argv[2])\na = torch.randn(n, n)\nb = torch.empty(n, n)\nwhile True:\n"
+             "    torch.mm(a, a, out=b)\n")
 
 
 def encode_margin(record: Dict[str, Any], peer: str = "sentence-transformers encode") -> Dict[str, Any]:
@@ -82,9 +84,8 @@ class Load:
     def __enter__(self) -> "Load":
         for threads, n, nice in self.spec:
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-c", LOAD_CODE, str(threads), str(n)], stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=(lambda nice=nice: os.nice(nice)) if nice else None))
+                [sys.executable, "-c", LOAD_CODE, str(threads), str(n), str(nice)], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL))
         time.sleep(1.0)  # the loops running before the timings start
         for p in self.procs:
             if p.poll() is not None:
@@ -121,6 +122,8 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--corpus", default=None, help="BEIR corpus.jsonl (bench_encode.py's default: SciFact)")
     ap.add_argument("--queries", default=None, help="BEIR queries.jsonl of the ranking check (default SciFact's)")
     ap.add_argument("--bound-seconds", type=float, default=None, help="passed to both benchmarks")
+    ap.add_argument("--bound-n", type=int, default=None,
+                    help="passed to bench_encode.py: the size of its float32 bound's square matmul (default 2048)")
     ap.add_argument("--json", default=None, help="also write the summary table here")
     ap.add_argument("--keep", default=None, help="keep each benchmark's own --json result in this folder")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -128,7 +131,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
 
     common: List[str] = []
     for flag, value in (("--model", args.model), ("--corpus", args.corpus), ("--queries", args.queries),
-                        ("--bound-seconds", args.bound_seconds)):
+                        ("--bound-seconds", args.bound_seconds), ("--bound-n", args.bound_n)):
         if value is not None:
             common += [flag, str(value)]
     shown = sys.argv[1:] if argv is None else list(argv)

@@ -463,13 +463,7 @@ def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool,
     rows = []
     for name in args.objectives.split(","):
         if smoke:  # in this process: a subprocess per objective (peak-memory isolation) costs seconds each
-            buf = io.StringIO()
-            try:
-                with contextlib.redirect_stdout(buf):
-                    bench_objectives.worker(SimpleNamespace(**vars(ns), objective=name))
-                r = json.loads(buf.getvalue().strip().splitlines()[-1])
-            except Exception as e:
-                r = {"objective": name, "error": f"{type(e).__name__}: {e}"}
+            r = in_process(bench_objectives.worker, name, ns)
         else:
             r = bench_objectives.run_one(name, ns)
         if "error" not in r:
@@ -488,7 +482,7 @@ def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool,
     result = {"length": args.seq_length, "sequences_per_step": args.sequences, "bf16": True, "rows": rows,
               "unpad_rows": [], "trainer_rows": []}
     for key, fn in (("unpad_rows", lambda: bench_unpad(args, ns, peaks, smoke) if args.unpad_objectives else []),
-                    ("trainer_rows", lambda: bench_trainer(args, ns, peaks, result["unpad_rows"])
+                    ("trainer_rows", lambda: bench_trainer(args, ns, peaks, result["unpad_rows"], smoke)
                      if args.trainer_objectives else [])):
         if partial is not None:
             partial(result)
@@ -496,7 +490,19 @@ def bench_pretrain(args, dev, peaks, model_dir: str, smoke: bool,
     return result
 
 
-def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]]) -> List[Dict[str, object]]:
+def in_process(worker: Callable[[SimpleNamespace], None], name: str, run: SimpleNamespace) -> Dict[str, object]:
+    """One row of the CPU smoke run: ``worker`` (``objective_runs.worker`` or ``trainer_worker``, which print their
+    row as the last line of JSON) on objective ``name`` in this process; an exception becomes the row's error."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            worker(SimpleNamespace(**vars(run), objective=name))
+        return json.loads(buf.getvalue().strip().splitlines()[-1])
+    except Exception as e:
+        return {"objective": name, "error": f"{type(e).__name__}: {e}"}
+
+
+def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]], smoke: bool = False) -> List[Dict[str, object]]:
     """``--trainer-objectives`` through ``pretrain.training.trainer.Trainer`` (``python -m pretrain``'s loop: DataLoader with
     ``--trainer-workers`` workers, collate, the per-step finite checks, accelerate's bf16 autocast, the schedule) on
     texts of the same length distribution as the padded rows of :func:`bench_unpad`, at the option defaults
@@ -508,7 +514,11 @@ def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]]) -> List[
     for name in args.trainer_objectives.split(","):
         run = SimpleNamespace(**vars(ns), length_dist=str(args.length_dist), trainer=True,
                               num_workers=args.trainer_workers)
-        r = bench_objectives.run_one(name, run)  # a process of its own: accelerate's state stays out of this one
+        if smoke:  # in this process, as the other smoke rows: the last rows of the run, so the state accelerate
+            # leaves behind reaches nothing after them (the subprocess's command line: tests/test_bench_trainer_row.py)
+            r = in_process(bench_objectives.trainer_worker, name, run)
+        else:
+            r = bench_objectives.run_one(name, run)  # a process of its own: accelerate's state stays out of this one
         r.setdefault("objective", name)
         r["path"] = f"Trainer, {args.trainer_workers} loader workers"
         if "error" not in r:
@@ -553,13 +563,7 @@ def bench_unpad(args, ns, peaks, smoke: bool) -> List[Dict[str, object]]:
                                   length_dist=str(args.length_dist), compile=mode == "compile",
                                   profile_out=str(args.out / f"profile_{name}_{label}.txt"))
             if smoke:
-                buf = io.StringIO()
-                try:
-                    with contextlib.redirect_stdout(buf):
-                        bench_objectives.worker(SimpleNamespace(**vars(run), objective=name))
-                    r = json.loads(buf.getvalue().strip().splitlines()[-1])
-                except Exception as e:
-                    r = {"objective": name, "error": f"{type(e).__name__}: {e}"}
+                r = in_process(bench_objectives.worker, name, run)
             else:
                 r = bench_objectives.run_one(name, run)
             r["path"] = label
