@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -265,8 +266,9 @@ def test_wiki_files_cover_the_articles(tmp_path):
 
 
 def test_a_suite_step_that_overruns_its_deadline_is_stopped_and_the_results_are_still_packed(tmp_path):
-    # on the GPU (no --cpu-smoke) the tests get until 40% of --budget-s and the benchmarks until 80% (at least 10 s
-    # each): a hung step must not keep the packing from happening before the device command's own limit
+    # on the GPU (no --cpu-smoke) the tests get until 40% of --budget-s and the benchmarks until 80% (at least
+    # --min-step-s each, 10 s by default; here 1 s of a 4 s budget): a hung step must not keep the packing from
+    # happening before the device command's own limit
     fake = tmp_path / "python"
     fake.write_text("#!/usr/bin/env bash\n"
                     "case \"$1 $2\" in '-m pytest'|*/bench_gpu.py*) echo hung; sleep 120 ;; esac\n"
@@ -274,12 +276,15 @@ def test_a_suite_step_that_overruns_its_deadline_is_stopped_and_the_results_are_
     fake.chmod(0o755)
     out = tmp_path / "out"
     t0 = time.perf_counter()
-    run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--wheelhouse", "none", "--budget-s", "20",
-                          "--out", str(out), "--work", str(tmp_path / "work")], capture_output=True, text=True,
-                         env={**os.environ, "PYTHON": str(fake)})
+    run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--wheelhouse", "none", "--budget-s", "4",
+                          "--min-step-s", "1", "--out", str(out), "--work", str(tmp_path / "work")],
+                         capture_output=True, text=True, env={**os.environ, "PYTHON": str(fake)})
     wall = time.perf_counter() - t0
     assert wall < 60, wall  # 2 x 120 s without the deadlines
     assert run.returncode == 1  # the stopped steps count as failures
+    for step in ("-m pytest", "experiments/gpu/bench_gpu.py"):  # each stopped at its deadline (1-3 s), its log kept
+        assert re.search(rf"^run_until: stopped after [123] s \(the suite's deadline\): {re.escape(f'{fake} {step}')}",
+                         run.stdout, re.M), run.stdout
     status = json.loads((out / "status.json").read_text())
     assert status["suite_ran_this_call"] and status["exit_status"] == 1
     with tarfile.open(out / "suite.tar.gz") as tar:

@@ -3,13 +3,14 @@
 #
 #   experiments/gpu/run_gpu_suite.sh [--bundle DIR] [--cpu-smoke] [--out DIR] [--budget-s N] [--work DIR]
 #        [--wheelhouse DIR|none] [--target DIR] [--sizes S] [--stand-ins DIR] [--no-compare] [--suite|--no-suite]
-#        [--tables T] [-- BENCH ARGS]
+#        [--tables T] [--min-step-s N] [-- BENCH ARGS]
 #
 # 1. installs the wheelhouse (--bundle DIR: DIR/wheelhouse; else --wheelhouse, default experiments/gpu/wheelhouse;
 #    "none": nothing) into --target (default /tmp/cpdae-site) and puts the repository, then the target, on PYTHONPATH;
 # 2. the suite, once per machine (skipped when --work holds suite.done from an earlier call on this machine;
 #    --suite forces it, --no-suite skips it): pytest -m gpu tests/test_gpu.py, experiments/gpu/bench_gpu.py,
-#    env.txt;
+#    env.txt; on the GPU the tests get until 40% of --budget-s and the benchmarks until 80%, each at least
+#    --min-step-s seconds (default 10), then the step is stopped (its process group) and the call goes on;
 # 3. with --bundle: unpacks DIR/data.tar.xz (once: DIR/data, DIR/bm25) and runs the gpu-scale comparison
 #       python -m experiments.paper --scale gpu --overlay DIR/overlay.json --work-dir WORK/paper ...
 #    in the BACKGROUND (setsid: it outlives this command while the machine stays held), Tables 1-2 first, then
@@ -43,6 +44,7 @@ SUITE=auto
 COMPARE=1
 TABLES=""
 SMOKE=0
+MIN_STEP=10
 BENCH_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -59,12 +61,14 @@ while [ $# -gt 0 ]; do
     --no-suite) SUITE=0 ;;
     --no-compare) COMPARE=0 ;;
     --tables) TABLES="$2"; shift ;;
+    --min-step-s) MIN_STEP="$2"; shift ;;
     --) shift; BENCH_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "run_gpu_suite.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+case "$MIN_STEP" in ''|*[!0-9]*) echo "run_gpu_suite.sh: --min-step-s takes whole seconds, got '$MIN_STEP'" >&2; exit 2 ;; esac
 [ -n "$OUTDIR" ] || OUTDIR="$ROOT/experiments/results/gpu/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUTDIR" "$WORK"
 OUTDIR="$(cd "$OUTDIR" && pwd)"
@@ -110,24 +114,26 @@ if [ "$SMOKE" = 1 ]; then
 fi
 elapsed() { echo $(( $(date +%s) - START )); }
 # On the GPU each suite step runs under a deadline (the tests until 40% of --budget-s, the benchmarks until 80%, at
-# least 10 s each), so that the packing below always runs before the device command's own limit kills everything
-# unpacked. A step runs in its own process group and the whole group is stopped (children too: the benchmarks start a
-# process per objective), then its log is printed.
+# least --min-step-s seconds each), so that the packing below always runs before the device command's own limit kills
+# everything unpacked. A step runs in its own process group and the whole group is stopped (children too: the
+# benchmarks start a process per objective): SIGTERM, then SIGKILL to what is left 3 s later; then its log is printed.
 deadline() {  # deadline PERCENT -> seconds left until PERCENT% of --budget-s (a day in --cpu-smoke)
   [ "$SMOKE" = 1 ] && { echo 86400; return; }
   local left=$(( BUDGET * $1 / 100 - $(elapsed) ))
-  [ "$left" -lt 10 ] && left=10
+  [ "$left" -lt "$MIN_STEP" ] && left=$MIN_STEP
   echo "$left"
 }
 run_until() {  # run_until SECONDS LOG CMD...: CMD's output into LOG, its process group stopped after SECONDS
-  local secs=$1 log=$2 t=0 pid rc
+  local secs=$1 log=$2 t=0 pid rc i
   shift 2
   setsid "$@" >"$log" 2>&1 </dev/null &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     if [ "$t" -ge "$secs" ]; then
       echo "run_until: stopped after ${secs} s (the suite's deadline): $*" >>"$log"
-      kill -TERM -- "-$pid" 2>/dev/null; sleep 3; kill -KILL -- "-$pid" 2>/dev/null
+      kill -TERM -- "-$pid" 2>/dev/null
+      for i in $(seq 30); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.1; done  # gone: no need to wait 3 s
+      kill -KILL -- "-$pid" 2>/dev/null
       break
     fi
     sleep 1; t=$((t + 1))
@@ -209,7 +215,7 @@ if [ "$COMPARE" = 1 ]; then
   fi
   while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ ! -f "$CMP/compare.rc" ]; do
     if [ "$SMOKE" = 0 ] && [ "$(elapsed)" -ge "$BUDGET" ]; then break; fi
-    sleep 5
+    sleep 1
   done
   if [ -f "$CMP/compare.rc" ]; then
     if [ "$(cat "$CMP/compare.rc")" = 0 ]; then compare_state=finished; else compare_state=failed; status=1; fi

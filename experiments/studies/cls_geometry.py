@@ -22,8 +22,10 @@ score for *every* query, a query-independent prior. Centring the queries removes
 
 With ``--build-from WORK --corpus SPEC`` it first indexes (the paper pipeline's ``build_retrievers``, dot product,
 [CLS]) every checkpoint of a pipeline work folder that has no index there yet: ``WORK/base`` as ``bert`` and each
-``WORK/pretrain/<objective>``; an index already built with the same settings is reused. The GPU suite uses this
-after a lease that made only Tables 3-4 (no zero-shot indexes then).
+``WORK/pretrain/<objective>``; an index already built with the same settings is reused. The lengths default to those
+of the indexes already there (the tables' own, at any scale or ``--sizes``), else 256 and 32 as the tables at the
+gpu scale. The GPU suite uses this after the pass that makes Tables 1-2 (their zero-shot indexes are read as built)
+and after a lease that made only Tables 3-4 (no zero-shot indexes then).
 """
 from __future__ import annotations
 
@@ -150,9 +152,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-from", type=Path, default=None,
                    help="a paper pipeline work folder: index its base (as bert) and every pretrain/<objective> first")
     p.add_argument("--corpus", default=None, help="with --build-from: the dataset spec to index")
-    p.add_argument("--doc-max-length", type=int, default=256, help="with --build-from (default: 256, as the tables)")
-    p.add_argument("--query-max-length", type=int, default=32, help="with --build-from (default: 32, as the tables)")
+    p.add_argument("--doc-max-length", type=int, default=None,
+                   help="with --build-from (default: as the indexes already under --indices, else 256, as the tables)")
+    p.add_argument("--query-max-length", type=int, default=None,
+                   help="with --build-from (default: as the indexes already under --indices, else 32, as the tables)")
     return p
+
+
+def built_lengths(indices: Path) -> tuple[Optional[int], Optional[int]]:
+    """``(doc_max_length, query_max_length)`` of the pipeline indexes already under ``indices`` when they all agree
+    (``(None, None)`` when there are none or they differ): what ``--build-from`` builds the missing ones with, so that
+    the indexes the tables built are read as they are, not rebuilt at other lengths."""
+    found = set()
+    for settings in sorted(Path(indices).glob(f"*/{SETTINGS_FILE}")) if Path(indices).is_dir() else []:
+        try:
+            s = json.loads(settings.read_text())
+            found.add((int(s["index"]["doc_max_length"]), int(s["run"]["query_max_length"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, None  # unreadable: build at the defaults (the pipeline then rebuilds what does not match)
+    return next(iter(found)) if len(found) == 1 else (None, None)
 
 
 def build_indices(work: Path, corpus: str, indices: Path, doc_max_length: int, query_max_length: int) -> list[str]:
@@ -174,7 +192,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, dict[str, Any]]:
     if (args.build_from is None) != (args.corpus is None):
         raise SystemExit("cls_geometry: --build-from and --corpus go together")
     if args.build_from is not None:
-        build_indices(args.build_from, args.corpus, args.indices, args.doc_max_length, args.query_max_length)
+        doc_len, query_len = built_lengths(args.indices)
+        build_indices(args.build_from, args.corpus, args.indices, args.doc_max_length or doc_len or 256,
+                      args.query_max_length or query_len or 32)
     if not args.indices.is_dir():
         raise SystemExit(f"cls_geometry: --indices {args.indices} is not a folder")
     found = sorted(p.name for p in args.indices.iterdir() if (p / SETTINGS_FILE).is_file())
