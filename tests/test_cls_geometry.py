@@ -131,3 +131,18 @@ def test_cli_names_what_is_missing(tmp_path):
                  "--build-from", str(tmp_path)])
     with pytest.raises(SystemExit, match="is not a folder"):
         cg.main(["--indices", str(tmp_path / "nope"), "--out", str(tmp_path / "o.md")])
+
+
+def test_build_from_takes_the_lengths_of_the_indexes_already_there(tmp_path):
+    """--build-from without lengths builds the missing indexes as those already there were built (the tables' own,
+    e.g. 64 tokens at smoke sizes), so that it rebuilds none of them; with none there, or disagreeing ones, nothing."""
+    assert cg.built_lengths(tmp_path / "absent") == (None, None) and cg.built_lengths(tmp_path) == (None, None)
+    for name, doc_len in (("bert", 64), ("cpdae", 64)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / cg.SETTINGS_FILE).write_text(json.dumps(
+            {"index": {"doc_max_length": doc_len, "pooling": "cls"}, "run": {"query_max_length": 24}}))
+    assert cg.built_lengths(tmp_path) == (64, 24)
+    (tmp_path / "mlm").mkdir()
+    (tmp_path / "mlm" / cg.SETTINGS_FILE).write_text(json.dumps({"index": {"doc_max_length": 256},
+                                                                 "run": {"query_max_length": 24}}))
+    assert cg.built_lengths(tmp_path) == (None, None)  # built at two lengths: the defaults (256, 32) apply

@@ -156,7 +156,8 @@ if [ "$SUITE" = 1 ] || { [ "$SUITE" = auto ] && [ ! -f "$WORK/suite.done" ]; }; 
     echo "date: $(date -u +%FT%TZ)"
     echo "mode: $([ "$SMOKE" = 1 ] && echo cpu-smoke || echo gpu)"
     echo "PYTHONPATH: ${PYTHONPATH:-}"
-    "$PY" - <<'EOF'
+    # (-c, not a script on stdin: a launcher that runs `python -c` programs itself, as the tests' warm one, runs it)
+    "$PY" -c "$(cat <<'EOF'
 import importlib.metadata as md, platform, sys
 import torch
 print("python:", sys.version.split()[0], platform.machine())
@@ -169,6 +170,7 @@ for name in ("pyterrier-cpdae", "pyterrier", "pyterrier-alpha", "npids", "ir-dat
 print("pyterrier.artifact entry points:",
       sorted(e.name for e in md.entry_points(group="pyterrier.artifact") if e.value.startswith("pyterrier_cpdae")))
 EOF
+)"
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     fi
