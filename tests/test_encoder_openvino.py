@@ -173,8 +173,9 @@ def test_compiling_prints_no_transformers_warning(tiny_bert_dir):
 def test_compiling_sends_no_usage_report(tiny_bert_dir, monkeypatch):
     """OpenVINO's converter reports each conversion to Google Analytics (from processes forked off the caller) unless
     the user opted out; with nobody having opted out (no consent file), the converter called directly reports, and
-    compile_encoder sends nothing; the consent check is the user's again afterwards."""
+    compile_encoder sends nothing; the telemetry's sender is the user's again afterwards."""
     import openvino as ov
+    from openvino.tools.ovc.telemetry_utils import init_ovc_telemetry
     from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
     from openvino_telemetry.utils.sender import TelemetrySender
 
@@ -183,17 +184,20 @@ def test_compiling_sends_no_usage_report(tiny_bert_dir, monkeypatch):
     sent = []
     recorder = lambda self, backend, message: sent.append(message)  # noqa: E731
     monkeypatch.setattr(TelemetrySender, "send", recorder)
-    no_file = lambda self, *args, **kwargs: ConsentCheckResult.NO_FILE  # noqa: E731 (OpenVINO's default: opt-out)
-    monkeypatch.setattr(OptInChecker, "check", no_file)
+    # OpenVINO's default (opt-out), whatever this machine's setting; the telemetry decides its consent when it is
+    # initialised for another application than the last one (the converter's is "OVC")
+    monkeypatch.setattr(OptInChecker, "check", lambda self, *args, **kwargs: ConsentCheckResult.NO_FILE)
     model = load_encoder(tiny_bert_dir).eval()
     example = {"input_ids": torch.tensor([[101, 2000, 102]]), "attention_mask": torch.tensor([[1, 1, 1]])}
+    init_ovc_telemetry("pyterrier-cpdae test")
     ov.convert_model(_openvino._Pooled(model, "mean", True), example_input=example)
     assert sent  # the converter alone reports (the check below is not vacuous)
+    init_ovc_telemetry("pyterrier-cpdae test")
     sent.clear()
     compiled = _openvino.compile_encoder(model, "mean", True)
     assert compiled(example["input_ids"].numpy(), example["attention_mask"].numpy()).shape == (1, 32)
     assert sent == []
-    assert OptInChecker.__dict__["check"] is no_file and TelemetrySender.__dict__["send"] is recorder  # restored
+    assert TelemetrySender.__dict__["send"] is recorder  # restored
 
 
 def test_a_compiled_encoder_is_freed_when_dropped(tiny_bert_dir):

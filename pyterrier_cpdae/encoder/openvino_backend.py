@@ -43,27 +43,23 @@ def _without_telemetry() -> Iterator[None]:
     (no consent file in ``~/intel``: opt-out), each event from a ``multiprocessing`` process forked from this one: about
     ten forks per conversion, 2-3 CPU-seconds of forked copies of an encoding process (more than the conversion
     itself for a small model) and network traffic from an encoding job. While this package imports OpenVINO or
-    converts a model, the consent check declines (nothing is written under ``~/intel``) and the telemetry sender sends
-    nothing (its consent is decided once per process, perhaps by the user's own use of OpenVINO before); both are
-    restored afterwards, for the user's own use of OpenVINO."""
+    converts a model, the telemetry's sender sends nothing; it is restored afterwards, for the user's own use of
+    OpenVINO (whose consent setting is left as it is)."""
     try:
-        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
         from openvino_telemetry.utils.sender import TelemetrySender
 
-        declined = ConsentCheckResult.DECLINED
-        quiet = {(OptInChecker, "check"): lambda self, *args, **kwargs: declined,
-                 (TelemetrySender, "send"): lambda self, *args, **kwargs: None}
-        saved = {key: key[0].__dict__[key[1]] for key in quiet}
+        send = TelemetrySender.__dict__["send"]
     except Exception:  # no telemetry package (the converter then uses its own no-op stub), or another version's
-        quiet = saved = {}
+        send = None
+    if send is None:
+        yield
+        return
     with _TELEMETRY_LOCK:
+        TelemetrySender.send = lambda self, *args, **kwargs: None
         try:
-            for (cls, name), value in quiet.items():
-                setattr(cls, name, value)
             yield
         finally:
-            for (cls, name), value in saved.items():
-                setattr(cls, name, value)
+            TelemetrySender.send = send
 
 
 @functools.lru_cache(maxsize=None)
