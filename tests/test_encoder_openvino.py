@@ -170,6 +170,36 @@ def test_compiling_prints_no_transformers_warning(tiny_bert_dir):
         log.removeHandler(handler)
 
 
+def test_compiling_sends_no_usage_report(tiny_bert_dir, monkeypatch):
+    """OpenVINO's converter reports each conversion to Google Analytics (from processes forked off the caller) unless
+    the user opted out; with nobody having opted out (no consent file), the converter called directly reports, and
+    compile_encoder sends nothing; the telemetry's sender is the user's again afterwards."""
+    import openvino as ov
+    from openvino.tools.ovc.telemetry_utils import init_ovc_telemetry
+    from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+    from openvino_telemetry.utils.sender import TelemetrySender
+
+    from pyterrier_cpdae.encoder.loading import load_encoder
+
+    sent = []
+    recorder = lambda self, backend, message: sent.append(message)  # noqa: E731
+    monkeypatch.setattr(TelemetrySender, "send", recorder)
+    # OpenVINO's default (opt-out), whatever this machine's setting; the telemetry decides its consent when it is
+    # initialised for another application than the last one (the converter's is "OVC")
+    monkeypatch.setattr(OptInChecker, "check", lambda self, *args, **kwargs: ConsentCheckResult.NO_FILE)
+    model = load_encoder(tiny_bert_dir).eval()
+    example = {"input_ids": torch.tensor([[101, 2000, 102]]), "attention_mask": torch.tensor([[1, 1, 1]])}
+    init_ovc_telemetry("pyterrier-cpdae test")
+    ov.convert_model(_openvino._Pooled(model, "mean", True), example_input=example)
+    assert sent  # the converter alone reports (the check below is not vacuous)
+    init_ovc_telemetry("pyterrier-cpdae test")
+    sent.clear()
+    compiled = _openvino.compile_encoder(model, "mean", True)
+    assert compiled(example["input_ids"].numpy(), example["attention_mask"].numpy()).shape == (1, 32)
+    assert sent == []
+    assert TelemetrySender.__dict__["send"] is recorder  # restored
+
+
 def test_a_compiled_encoder_is_freed_when_dropped(tiny_bert_dir):
     """The inference queue (a native object) holds its callback strongly and the collector cannot see through it,
     so a callback bound to the encoder made a cycle that was never freed (each MiniLM encoder leaked ~400 MB: the

@@ -144,3 +144,26 @@ def test_an_openvino_graph_follows_in_place_edits_of_its_module(two_dirs, edit):
     want = ref.encode_docs(TEXTS)
     assert not np.allclose(after, before, atol=1e-3)
     np.testing.assert_allclose(after, want, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_weights_key_sees_edits_through_data_and_under_no_grad(two_dirs, dtype):
+    """:func:`weights_key` (what a compiled graph and a content digest are kept by) is equal while nothing changes and
+    changes with an in-place edit under ``no_grad`` and with one through ``.data``, which the version counter does not
+    see, whatever the dtype (CPU float32/float16 tensors are summed by numpy, bf16 ones by torch); the content digest
+    follows."""
+    from pyterrier_cpdae.encoder.identity import content_digest, weights_key
+    from pyterrier_cpdae.encoder.loading import load_encoder
+
+    model = load_encoder(two_dirs[0]).to(dtype)
+    key, digest = weights_key(model), content_digest(model)
+    assert weights_key(model) == key and content_digest(model) == digest
+    w = model.encoder.layer[0].output.dense.weight
+    version = w._version
+    w.data.mul_(3.0)
+    assert w._version == version  # unseen by the version counter: the sum sees it
+    assert weights_key(model) != key and content_digest(model) != digest
+    key, digest = weights_key(model), content_digest(model)
+    with torch.no_grad():
+        w.mul_(-1.0)
+    assert weights_key(model) != key and content_digest(model) != digest

@@ -16,7 +16,8 @@ Usage::
     python experiments/studies/encode_equivalence.py --backend openvino    # OpenVINO also where the automatic choice is torch
     python experiments/studies/encode_equivalence.py --collections vaswani --docs 500 --dtype bf16 --backend torch
 
-:func:`compare_dtypes` is also what ``tests/test_encoder_speed_equivalence.py`` runs on slices.
+:func:`compare_dtypes` (with :func:`encode_reference`) is also what ``tests/test_encoder_speed_equivalence.py`` runs on
+slices.
 """
 from __future__ import annotations
 
@@ -47,13 +48,34 @@ def _ndcg10(topk: np.ndarray, docnos: np.ndarray, qids: pd.Series, qrels: pd.Dat
     return float(ir_measures.calc_aggregate([nDCG @ 10], qr, run)[nDCG @ 10])
 
 
+def _encode(enc: Any, docs: pd.DataFrame, topics: pd.DataFrame) -> Tuple[np.ndarray, np.ndarray, float]:
+    """``enc``'s document and query vectors and the CPU seconds they took."""
+    t0 = time.process_time()
+    d, q = enc.encode_docs(docs["text"].tolist()), enc.encode_queries(topics["query"].tolist())
+    return d, q, time.process_time() - t0
+
+
+def encode_reference(model_path: str, docs: pd.DataFrame, topics: pd.DataFrame, *, doc_max_length: int = 256,
+                     batch_size: int = 32) -> Tuple[np.ndarray, np.ndarray, float]:
+    """The reference of :func:`compare_dtypes`: ``docs``/``topics`` encoded by PyTorch eager float32 (document vectors,
+    query vectors, CPU seconds); pass it as ``reference=`` to compare settings in several calls with one encoding."""
+    from pyterrier_cpdae.encoder import CPDAE
+
+    ref = CPDAE.from_pretrained(model_path, pooling="mean", normalize=True, doc_max_length=doc_max_length,
+                                batch_size=batch_size, device="cpu", dtype="float32", backend="torch")
+    return _encode(ref, docs, topics)
+
+
 def compare_dtypes(model_path: str, docs: pd.DataFrame, topics: pd.DataFrame, dtypes: Sequence[Any] = (None,), *,
                    k: int = 10, doc_max_length: int = 256, batch_size: int = 32,
-                   qrels: Optional[pd.DataFrame] = None) -> List[Dict[str, Any]]:
+                   qrels: Optional[pd.DataFrame] = None,
+                   reference: Optional[Tuple[np.ndarray, np.ndarray, float]] = None) -> List[Dict[str, Any]]:
     """Encodes ``docs``/``topics`` with PyTorch float32 and with each setting of ``dtypes`` and compares.
 
     A setting is a dtype (``None`` = automatic) or a dict of :class:`CPDAE` options (``dtype``, ``backend``);
     each candidate is loaded by ``CPDAE.from_pretrained``, so unset options resolve as a user's would.
+    ``reference``: :func:`encode_reference`'s result for the same documents, topics and lengths (default: encoded
+    here).
 
     Returns:
         one dict per setting with ``dtype`` and ``backend`` (what they resolved to), ``min_cos_docs``, ``min_cos_queries``,
@@ -63,19 +85,16 @@ def compare_dtypes(model_path: str, docs: pd.DataFrame, topics: pd.DataFrame, dt
     """
     from pyterrier_cpdae.encoder import CPDAE
 
-    ref = CPDAE.from_pretrained(model_path, pooling="mean", normalize=True, doc_max_length=doc_max_length,
-                                batch_size=batch_size, device="cpu", dtype="float32", backend="torch")
-    texts, queries = docs["text"].tolist(), topics["query"].tolist()
-
-    def encode(enc: CPDAE) -> Tuple[np.ndarray, np.ndarray, float]:
-        t0 = time.process_time()
-        d, q = enc.encode_docs(texts), enc.encode_queries(queries)
-        return d, q, time.process_time() - t0
-
     def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
-    d32, q32, cpu32 = encode(ref)
+    if reference is None:
+        reference = encode_reference(model_path, docs, topics, doc_max_length=doc_max_length, batch_size=batch_size)
+    d32, q32, cpu32 = reference
+    if d32.shape[0] != len(docs) or q32.shape[0] != len(topics):
+        raise ValueError(f"reference= holds {d32.shape[0]} document and {q32.shape[0]} query vectors for "
+                         f"{len(docs)} documents and {len(topics)} queries")
+    texts, queries = docs["text"].tolist(), topics["query"].tolist()
     k = min(k, len(texts))
     top32 = np.argsort(-(q32 @ d32.T), axis=1, kind="stable")[:, :k]
     results = []
@@ -83,7 +102,7 @@ def compare_dtypes(model_path: str, docs: pd.DataFrame, topics: pd.DataFrame, dt
         options = dict(setting) if isinstance(setting, dict) else {"dtype": setting}
         cand = CPDAE.from_pretrained(model_path, pooling="mean", normalize=True, doc_max_length=doc_max_length,
                                      batch_size=batch_size, device="cpu", **options)
-        dx, qx, cpux = encode(cand)
+        dx, qx, cpux = _encode(cand, docs, topics)
         topx = np.argsort(-(qx @ dx.T), axis=1, kind="stable")[:, :k]
         same = np.all(top32 == topx, axis=1)
         out: Dict[str, Any] = {

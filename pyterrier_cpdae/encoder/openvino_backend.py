@@ -6,11 +6,12 @@ streams below), with vectors within ~3e-6 of it (the float32 noise floor between
 of summation), so rankings are unchanged (``experiments/results/bench_encode.md``,
 ``tests/test_encoder_openvino.py``).  Unlike bf16 it does not round the weights or activations.
 
-The graph is traced once per encoder from the loaded PyTorch model (``openvino.convert_model``, ~2-4 s for
-MiniLM) with dynamic batch and sequence dimensions, then compiled for the CPU with ``INFERENCE_PRECISION_HINT``
-``f32`` (OpenVINO would otherwise pick bf16 on CPUs that have it) and torch's thread count, split into one
-inference stream per thread (``PERFORMANCE_HINT`` ``THROUGHPUT``): the padded batches of a sorting window run
-through the streams together (:class:`CompiledEncoder`), a lone batch cut into one piece per stream.
+The graph is traced once per encoder from the loaded PyTorch model (``openvino.convert_model``, ~1.5 CPU-s for
+MiniLM; OpenVINO's usage reports are not sent, see :func:`_without_telemetry`) with dynamic batch and sequence
+dimensions, then compiled for the CPU with ``INFERENCE_PRECISION_HINT`` ``f32`` (OpenVINO would otherwise pick
+bf16 on CPUs that have it) and torch's thread count, split into one inference stream per thread
+(``PERFORMANCE_HINT`` ``THROUGHPUT``): the padded batches of a sorting window run through the streams together
+(:class:`CompiledEncoder`), a lone batch cut into one piece per stream.
 
 Which encoders use it is decided in :mod:`pyterrier_cpdae.encoder` (``backend=``, ``$PYTERRIER_CPDAE_BACKEND``).
 """
@@ -33,11 +34,40 @@ __all__ = ["openvino_available", "compile_encoder", "CompiledEncoder"]
 logger = logging.getLogger(__name__)
 
 
+_TELEMETRY_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _without_telemetry() -> Iterator[None]:
+    """OpenVINO's model converter reports its import and every conversion to Google Analytics unless the user opted out
+    (no consent file in ``~/intel``: opt-out), each event from a ``multiprocessing`` process forked from this one: about
+    ten forks per conversion, 2-3 CPU-seconds of forked copies of an encoding process (more than the conversion
+    itself for a small model) and network traffic from an encoding job. While this package imports OpenVINO or
+    converts a model, the telemetry's sender sends nothing; it is restored afterwards, for the user's own use of
+    OpenVINO (whose consent setting is left as it is)."""
+    try:
+        from openvino_telemetry.utils.sender import TelemetrySender
+
+        send = TelemetrySender.__dict__["send"]
+    except Exception:  # no telemetry package (the converter then uses its own no-op stub), or another version's
+        send = None
+    if send is None:
+        yield
+        return
+    with _TELEMETRY_LOCK:
+        TelemetrySender.send = lambda self, *args, **kwargs: None
+        try:
+            yield
+        finally:
+            TelemetrySender.send = send
+
+
 @functools.lru_cache(maxsize=None)
 def openvino_available() -> bool:
     """Whether the ``openvino`` package imports (``pip install pyterrier-cpdae[openvino]``)."""
     try:
-        import openvino  # noqa: F401
+        with _without_telemetry():  # importing openvino imports its converter, which reports the import
+            import openvino  # noqa: F401
     except Exception:  # ImportError, or a broken native library
         return False
     return True
@@ -147,7 +177,8 @@ def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
     Raises:
         ImportError: when openvino is not installed.
     """
-    import openvino as ov
+    with _without_telemetry():
+        import openvino as ov
 
     example = {"input_ids": torch.tensor([[101, 2000, 2001, 102], [101, 2002, 102, 0]]),
                "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])}
@@ -158,7 +189,7 @@ def compile_encoder(model: torch.nn.Module, pooling: str, normalize: bool, *,
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         # the converter reads a deprecated transformers attribute; not the user's code
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        with _transformers_quiet():
+        with _transformers_quiet(), _without_telemetry():
             graph = ov.convert_model(module, example_input=example)
     graph.reshape({port: ov.PartialShape([-1, -1]) for port in graph.inputs})  # any batch size and length
     threads = int(threads or torch.get_num_threads())
