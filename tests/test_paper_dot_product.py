@@ -247,3 +247,9 @@ def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_exp
     before = len(made)
     again, _ = build_retrievers(models, spec, index_root=eager_root, normalize=False, num_results=3, topics=topics)
     assert len(made) == before and all("saved run" in repr(again[n]) for n in models)
+    from pyterrier_cpdae import DenseIndex                      # (inspected once per call, for the first system)
+    for n in models:
+        own = DenseIndex(str(eager_root / n)).retriever(num_results=3)
+        assert pt.inspect.transformer_outputs(again[n], ["qid", "query"]) == \
+            pt.inspect.transformer_outputs(own, ["qid", "query", "query_vec"])
+    assert len(made) == before

@@ -46,9 +46,9 @@ def _check_tables(out: Path) -> None:
     t2 = pd.read_csv(out / "table2.csv")
     assert len(t2) == 10 and (t2["status"] == "ok").all()
     assert "CPDAE, CL active (selected τ)" in set(t2["model"])
-    # rows over fine-tuning seeds: every fine-tuned MARCO and DL19 cell is a mean ± std over 3 seeds
+    # rows over fine-tuning seeds: every fine-tuned MARCO and DL19 cell is a mean ± std over the smoke sizes' 2 seeds
     ft = t1[t1["block"] == "fine-tuned"].set_index("model").drop("BM25")
-    assert (ft["MARCO MRR@10 seeds"] == 3).all() and (ft["DL19 nDCG@10 seeds"] == 3).all()
+    assert (ft["MARCO MRR@10 seeds"] == 2).all() and (ft["DL19 nDCG@10 seeds"] == 2).all()
     assert t1[["DL19 nDCG@10", "DL19 MRR@10 (rel>=2)", "DL19 R@1000 (rel>=2)"]].notna().all().all()
     md1 = (out / "table1.md").read_text()
     rows = [line for line in md1.splitlines() if line.startswith("|")]  # (the notes explain the "(1 seed)" mark)
@@ -121,7 +121,7 @@ def test_smoke_pipeline_writes_table1_with_the_dl19_column(smoke):
     assert list(ok[ok["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
     assert ok[cols].notna().all().all() and ((ok[cols] >= 0) & (ok[cols] <= 1)).all().all()
     ft = ok[ok["block"] == "fine-tuned"].set_index("model").drop("BM25")
-    assert (ft["DL19 nDCG@10 seeds"] == 3).all()
+    assert (ft["DL19 nDCG@10 seeds"] == 2).all()
     md = (out / "table1.md").read_text()
     assert "judged pool" in md and "(rel>=2)" in md and "unequal seed counts" in md
     exps = pd.read_csv(out / "experiments.csv")

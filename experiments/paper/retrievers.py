@@ -101,6 +101,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     corpus_digest = corpus_fingerprint(corpus_spec, digests_file or Path(index_root) / ".digests.json")["digest"]
     pipelines, timings = {}, {}
     alive = QuerySideSlot()  # pt.Experiment runs the systems one after another: one query encoder at a time
+    columns: dict[tuple[str, ...], list[str]] = {}  # every retriever below is index.retriever(num_results=...)
     for name in models:  # each index is a folder of its own under index_root, checked before anything is built
         if Path(os.path.normpath(Path(index_root) / name.split(" ")[0])).parent != Path(os.path.normpath(index_root)):
             raise ValueError(f"the system name {name!r} names no folder of its own under {index_root} (its index "
@@ -154,7 +155,7 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
         label = (f"{name}: saved run {run_file}" if run_file.is_file()
                  else f"{name}: query encoder loaded when first called")
         pipelines[name] = on_first_use(lambda encoder=encoder, retriever=retriever: encoder().query_encoder() >>
-                                       retriever, retriever, label, slot=alive)
+                                       retriever, retriever, label, slot=alive, outputs=columns)
     return pipelines, timings
 
 
@@ -184,12 +185,16 @@ class QuerySideSlot:
         self.owner: Any = None
 
 
-def on_first_use(make: Any, retriever: Any, label: str, slot: Optional[QuerySideSlot] = None) -> Any:
+def on_first_use(make: Any, retriever: Any, label: str, slot: Optional[QuerySideSlot] = None,
+                 outputs: Optional[dict[tuple[str, ...], list[str]]] = None) -> Any:
     """``query encoder >> retriever`` of a model whose run ``pt.Experiment`` has saved, made by ``make()`` on its first
     call: ``pt.Experiment(save_mode="reuse")`` reads the saved run instead, so a finished run's tables are re-made
     without loading every model's tokenizer and weights. Its output columns are ``retriever``'s (inspected without
     the encoder), so ``pt.Experiment``'s validation does not load it either. With a ``slot`` shared by several, only
-    the pipeline made last is kept (:class:`QuerySideSlot`)."""
+    the pipeline made last is kept (:class:`QuerySideSlot`). ``outputs`` (input columns -> output columns), shared by
+    transformers whose retrievers are made alike (one index type and settings: :func:`build_retrievers`), keeps the
+    columns inspected for the first of them, so that ``pt.Experiment``'s validation inspects one retriever, not each
+    of a block's dozens."""
     import pyterrier as pt
 
     class OnFirstUse(pt.Transformer):
@@ -198,7 +203,12 @@ def on_first_use(make: Any, retriever: Any, label: str, slot: Optional[QuerySide
             self._pipeline: Any = None
 
         def transform_outputs(self, input_columns: list[str]) -> list[str]:
-            return pt.inspect.transformer_outputs(retriever, [*input_columns, "query_vec"])
+            if outputs is None:
+                return pt.inspect.transformer_outputs(retriever, [*input_columns, "query_vec"])
+            key = tuple(input_columns)
+            if key not in outputs:
+                outputs[key] = list(pt.inspect.transformer_outputs(retriever, [*input_columns, "query_vec"]))
+            return list(outputs[key])
 
         def transform(self, inp: Any) -> Any:
             if self._pipeline is None:
