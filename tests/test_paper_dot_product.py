@@ -191,3 +191,65 @@ def test_a_block_keeps_no_indexing_encoder_and_one_query_encoder_at_a_time(tmp_p
     assert first["docno"].tolist()[0] == second["docno"].tolist()[0] == "d2"
     again = pipes["a"](topics)  # made again when called again
     assert len(made) == 5 and again[["docno", "score"]].equals(first[["docno", "score"]])
+
+
+def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_experiment(tmp_path, monkeypatch):
+    """With the queries at hand (the paper's evaluation), build_retrievers retrieves them with the encoder that
+    indexed and saves the run where pt.Experiment(save_mode="reuse") reads it: one model load per system instead of
+    two, no encoder kept. Reference: the lazy query side (no topics) in another index root, ranked the same, with
+    the same figures from pt.Experiment; a second call loads nothing."""
+    import gc
+    import weakref
+
+    import ir_measures
+    import pandas as pd
+    import pyterrier as pt
+
+    from experiments.paper.retrievers import build_retrievers
+    from pyterrier_cpdae import load_dataset
+    from pyterrier_cpdae.encoder import CPDAE
+
+    made = []
+    real = CPDAE.from_pretrained.__func__
+
+    def tracked(cls, *a, **kw):
+        enc = real(cls, *a, **kw)
+        made.append(weakref.ref(enc))
+        return enc
+    monkeypatch.setattr(CPDAE, "from_pretrained", classmethod(tracked))
+
+    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    ds = load_dataset(spec)
+    topics, qrels = ds.get_topics(), ds.get_qrels()
+    models = {"a": (str(gt.get_model_path()), "cls"), "b": (str(gt.get_model_path()), "cls")}
+
+    def experiment(pipes, root):
+        return pt.Experiment([pipes[n] for n in models], topics, qrels, eval_metrics=[ir_measures.nDCG@10, ir_measures.RR],
+                             names=list(models), save_dir=str(root / "runs"), save_mode="reuse", verbose=False)
+
+    eager_root, lazy_root = tmp_path / "eager", tmp_path / "lazy"
+    eager, _ = build_retrievers(models, spec, index_root=eager_root, normalize=False, num_results=3, topics=topics)
+    gc.collect()
+    assert len(made) == 2 and all(r() is None for r in made)       # one load per model, none kept
+    assert all((eager_root / "runs" / f"{n}.res.gz").is_file() for n in models)
+    assert all("saved run" in repr(eager[n]) for n in models)
+    assert not [f for f in (eager_root / "runs").iterdir() if f.name.startswith(".")]  # no temporary file left
+
+    (lazy_root / "runs").mkdir(parents=True)
+    lazy, _ = build_retrievers(models, spec, index_root=lazy_root, normalize=False, num_results=3)
+    for n in models:
+        saved = pt.io.read_results(str(eager_root / "runs" / f"{n}.res.gz"))
+        ranked = lazy[n](topics)
+        assert saved["docno"].tolist() == ranked["docno"].tolist()
+        assert saved["score"].to_numpy() == pytest.approx(ranked["score"].to_numpy(), rel=1e-4)
+    pd.testing.assert_frame_equal(experiment(eager, eager_root), experiment(lazy, lazy_root), rtol=1e-4)
+
+    before = len(made)
+    again, _ = build_retrievers(models, spec, index_root=eager_root, normalize=False, num_results=3, topics=topics)
+    assert len(made) == before and all("saved run" in repr(again[n]) for n in models)
+    from pyterrier_cpdae import DenseIndex                      # (inspected once per call, for the first system)
+    for n in models:
+        own = DenseIndex(str(eager_root / n)).retriever(num_results=3)
+        assert pt.inspect.transformer_outputs(again[n], ["qid", "query"]) == \
+            pt.inspect.transformer_outputs(own, ["qid", "query", "query_vec"])
+    assert len(made) == before

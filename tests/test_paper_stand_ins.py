@@ -57,7 +57,7 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
         "objectives": drop,
         "finetune": {"args": {"batch_size": 4, "max_steps": 2, "num_negatives": 2, "doc_max_length": 64,
                               "save_steps": 1000}},
-        "finetune_sets": {"marco_doc": None, "marco": {"seeds": [1]}},  # one seed here: the smoke tests run three
+        "finetune_sets": {"marco_doc": None, "marco": {"seeds": [1]}},  # one seed here: the smoke tests run two
         "selection": {"cl": {"max_steps": 2, "candidates": [{"temperature": 1.0}, {"temperature": 0.05}],
                              "held_aside": {"max_queries": 4, "max_docs": 30}}},
         "eval_sets": {"marco_doc_dev": None, "dl19_doc": None, "vaswani": None, "cranfield": None},

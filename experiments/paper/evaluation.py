@@ -209,6 +209,12 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
         pre = precomputed_bm25(plan, "runs", set_name, entry, spec, num_results=int(ev["num_results"]))
         pipelines[BM25] = (precomputed_run(pre, topics) if pre is not None else
                            bm25_index(plan, f"eval_{set_name}", ds, spec).bm25(num_results=int(ev["num_results"])))
+    save_dir = index_root / "runs"
+    save_dir.mkdir(parents=True, exist_ok=True)
+    from experiments.paper.caches import corpus_fingerprint, topics_digest
+    # (before the indexes: build_retrievers saves the runs it retrieves where pt.Experiment reads them)
+    keep_saved_runs_for(save_dir, {"corpus": corpus_fingerprint(spec, digests_file(plan))["digest"],
+                                   "topics": topics_digest(topics), "num_results": int(ev["num_results"])})
     dense, index_s = build_retrievers({k: (v, ev.get("pooling", "cls")) for k, v in systems.items()}, spec,
                                       doc_max_length=int(ev["doc_max_length"]),
                                       query_max_length=int(ev["query_max_length"]), index_root=index_root,
@@ -216,15 +222,10 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
                                       # the protocol's similarity is the dot product of [CLS] vectors for every row,
                                       # also for a model directory that ships a Normalize module (all-MiniLM-L6-v2)
                                       normalize=bool(ev.get("normalize", False)),
-                                      digests_file=digests_file(plan))
+                                      digests_file=digests_file(plan), topics=topics)
     pipelines.update(dense)
     names = list(pipelines)
     metrics = [_measure(m) for m in entry["metrics"]]
-    save_dir = index_root / "runs"
-    save_dir.mkdir(parents=True, exist_ok=True)
-    from experiments.paper.caches import corpus_fingerprint, topics_digest
-    keep_saved_runs_for(save_dir, {"corpus": corpus_fingerprint(spec, digests_file(plan))["digest"],
-                                   "topics": topics_digest(topics), "num_results": int(ev["num_results"])})
     result: dict[str, Any] = {"means": {}, "pvalues": {}, "experiments": [], "num_queries": len(topics),
                               "index_s": index_s, "spec": spec}
     if groups is not None:  # several runs (seeds) per model: one perquery experiment, rows over seeds

@@ -66,7 +66,8 @@ def _recorded_settings(index_path: Path) -> Optional[dict[str, Any]]:
 def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, doc_max_length: int = 192,
                      query_max_length: int = 32, index_root: Path, num_results: int = 100,
                      batch_size: int = 64, reuse: bool = False, normalize: Optional[bool] = None,
-                     digests_file: Optional[Path] = None) -> tuple[dict[str, Any], dict[str, float]]:
+                     digests_file: Optional[Path] = None,
+                     topics: Any = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
 
     An index already built under ``index_root`` (same model name) is loaded, not rebuilt, when its
@@ -84,6 +85,11 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
         normalize: L2-normalise every model's vectors (``None``: as each model directory says, e.g. the
             ``2_Normalize`` module that all-MiniLM-L6-v2 ships; the paper pipeline passes ``False``: dot product).
         digests_file: the cache of the corpus files' digests (default: ``index_root/.digests.json``).
+        topics: the queries ``pt.Experiment`` will run (``qid``, ``query``): each system whose saved run is absent
+            retrieves them now, with the encoder that indexed it (else one loaded for it), and saves the run under
+            ``index_root / "runs"`` where ``pt.Experiment(save_mode="reuse")`` reads it; each model directory is then
+            loaded once, not once to index and once more for its queries. Without them the query side is loaded
+            when ``pt.Experiment`` first calls it.
     """
     from experiments.paper.caches import corpus_fingerprint
     from pyterrier_cpdae._files import write_json_atomic
@@ -95,11 +101,14 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     corpus_digest = corpus_fingerprint(corpus_spec, digests_file or Path(index_root) / ".digests.json")["digest"]
     pipelines, timings = {}, {}
     alive = QuerySideSlot()  # pt.Experiment runs the systems one after another: one query encoder at a time
+    columns: dict[tuple[str, ...], list[str]] = {}  # every retriever below is index.retriever(num_results=...)
     for name in models:  # each index is a folder of its own under index_root, checked before anything is built
         if Path(os.path.normpath(Path(index_root) / name.split(" ")[0])).parent != Path(os.path.normpath(index_root)):
             raise ValueError(f"the system name {name!r} names no folder of its own under {index_root} (its index "
                              "would be written elsewhere); name it with letters, digits, '_', '-', '.', '='")
     for name, (path, pooling) in models.items():
+        enc: Any = None
+
         def encoder(path: str = path, pooling: str = pooling) -> Any:
             return CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
                                          doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
@@ -130,20 +139,41 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             run_file.unlink(missing_ok=True)
             (index_path / SETTINGS_FILE).unlink(missing_ok=True)
             t0 = time.perf_counter()
-            (encoder().doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
+            enc = encoder()
+            (enc.doc_encoder() >> index.indexer(mode="overwrite")).index(corpus.get_corpus_iter())
             timings[name] = round(time.perf_counter() - t0, 1)
             print(f"indexed {len(index)} docs with {name} in {timings[name]} s", flush=True)
             write_json_atomic(index_path / SETTINGS_FILE, want)
         retriever = index.retriever(num_results=num_results)
-        # the query side is loaded when first called: pt.Experiment (save_mode="reuse") reads a saved run without it,
-        # and the encoder that indexed is not kept (its compiled OpenVINO graph and buffers, ~0.8 GB for MiniLM, for
-        # each of a block's models until its pt.Experiment ends, ran a 30-model block out of 24 GB); a fresh one
-        # encodes the few query tokens with PyTorch (vectors within float32 noise of the graph's)
+        if topics is not None and not run_file.is_file():  # the run now, while the model is loaded
+            save_run((enc if enc is not None else encoder()).query_encoder() >> retriever, topics, run_file)
+        enc = None
+        # the encoder that indexed is not kept (its compiled OpenVINO graph and buffers, ~0.8 GB for MiniLM, for each
+        # of a block's models until its pt.Experiment ends, ran a 30-model block out of 24 GB): without topics, the
+        # query side is loaded when first called (pt.Experiment with save_mode="reuse" reads a saved run without it);
+        # a fresh one encodes the few query tokens with PyTorch (vectors within float32 noise of the graph's)
         label = (f"{name}: saved run {run_file}" if run_file.is_file()
                  else f"{name}: query encoder loaded when first called")
         pipelines[name] = on_first_use(lambda encoder=encoder, retriever=retriever: encoder().query_encoder() >>
-                                       retriever, retriever, label, slot=alive)
+                                       retriever, retriever, label, slot=alive, outputs=columns)
     return pipelines, timings
+
+
+def save_run(pipeline: Any, topics: Any, run_file: Path) -> None:
+    """``pipeline``'s results for ``topics`` written to ``run_file`` as ``pt.Experiment`` writes a run it saves (TREC
+    format, gzipped), through a temporary file renamed into place: a run cut short is never read back as a whole."""
+    import pyterrier as pt
+
+    res = pipeline.transform(topics)
+    if len(res) == 0:
+        raise ValueError(f"{len(topics)} topics, but no results received from {pipeline}")
+    run_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run_file.with_name(f".{run_file.name[:-len('.res.gz')]}.{os.getpid()}.tmp.res.gz")
+    try:
+        pt.io.write_results(res, str(tmp))
+        os.replace(tmp, run_file)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class QuerySideSlot:
@@ -155,12 +185,16 @@ class QuerySideSlot:
         self.owner: Any = None
 
 
-def on_first_use(make: Any, retriever: Any, label: str, slot: Optional[QuerySideSlot] = None) -> Any:
+def on_first_use(make: Any, retriever: Any, label: str, slot: Optional[QuerySideSlot] = None,
+                 outputs: Optional[dict[tuple[str, ...], list[str]]] = None) -> Any:
     """``query encoder >> retriever`` of a model whose run ``pt.Experiment`` has saved, made by ``make()`` on its first
     call: ``pt.Experiment(save_mode="reuse")`` reads the saved run instead, so a finished run's tables are re-made
     without loading every model's tokenizer and weights. Its output columns are ``retriever``'s (inspected without
     the encoder), so ``pt.Experiment``'s validation does not load it either. With a ``slot`` shared by several, only
-    the pipeline made last is kept (:class:`QuerySideSlot`)."""
+    the pipeline made last is kept (:class:`QuerySideSlot`). ``outputs`` (input columns -> output columns), shared by
+    transformers whose retrievers are made alike (one index type and settings: :func:`build_retrievers`), keeps the
+    columns inspected for the first of them, so that ``pt.Experiment``'s validation inspects one retriever, not each
+    of a block's dozens."""
     import pyterrier as pt
 
     class OnFirstUse(pt.Transformer):
@@ -169,7 +203,12 @@ def on_first_use(make: Any, retriever: Any, label: str, slot: Optional[QuerySide
             self._pipeline: Any = None
 
         def transform_outputs(self, input_columns: list[str]) -> list[str]:
-            return pt.inspect.transformer_outputs(retriever, [*input_columns, "query_vec"])
+            if outputs is None:
+                return pt.inspect.transformer_outputs(retriever, [*input_columns, "query_vec"])
+            key = tuple(input_columns)
+            if key not in outputs:
+                outputs[key] = list(pt.inspect.transformer_outputs(retriever, [*input_columns, "query_vec"]))
+            return list(outputs[key])
 
         def transform(self, inp: Any) -> Any:
             if self._pipeline is None:

@@ -135,14 +135,17 @@ class Stage:
                                   if now else "has no weights file any more"))
         return changes
 
+    def _done(self, rec: dict[str, Any]) -> bool:
+        """The record says the run finished (what ``python -m pretrain`` writes last)."""
+        return bool(rec.get("finished")) if self.kind == "finetune" else (self.output / "config.json").exists()
+
     def finished(self) -> bool:
         """The directory holds a finished run of this stage's command, made from the inputs as they are now."""
         rec = self._recorded()
-        if rec is None:
+        if rec is None or not self._done(rec):
             return False
-        done = bool(rec.get("finished")) if self.kind == "finetune" else (self.output / "config.json").exists()
         conflicts, other_length = self._compare(rec)
-        return done and not conflicts and not other_length and not self.input_changes(rec)
+        return not conflicts and not other_length and not self.input_changes(rec)
 
     def last_write(self) -> float:
         """Seconds since anything in the stage directory (two levels deep) was last written."""
@@ -163,15 +166,16 @@ class Stage:
         to within :data:`RUNNING_WINDOW_S`) or ``conflict: ...`` (a different run)."""
         if not self.output.exists() or not any(self.output.iterdir()):
             return "todo"
-        if self._recorded() is None:
+        rec = self._recorded()  # read and compared once (finished() would read and compare it again)
+        if rec is None:
             return f"conflict: {self.output} is not empty and holds no record of a python -m pretrain run"
-        diff = self.differences()
+        diff, other_length = self._compare(rec)
         if diff:
             return f"conflict: {self.output} holds a different run (options differ: {', '.join(diff)})"
-        changed = self.input_changes()
+        changed = self.input_changes(rec)
         if changed:
             return f"conflict: {self.output} holds a run made from inputs that changed since ({'; '.join(changed)})"
-        if self.finished():
+        if self._done(rec) and not other_length:  # finished(): no conflict and no change, checked above
             return "done"
         owner = self.owner()
         if owner is not None:  # started by this pipeline: running exactly while its process lives
