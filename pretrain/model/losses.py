@@ -20,7 +20,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-__all__ = ["mlm_loss", "rec_loss", "pairwise_js", "pairwise_js_naive", "info_nce", "word_distribution", "entropy"]
+__all__ = ["mlm_loss", "mlm_loss_selected", "rec_loss", "pairwise_js", "pairwise_js_naive", "info_nce", "word_distribution", "entropy"]
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
@@ -46,8 +46,16 @@ def mlm_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: Callable[[torc
     if hidden.shape[:2] != labels.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} disagree on (B, L)")
     sel = labels != -100
-    logits = lm_head(hidden[sel]).float()
-    targets = labels[sel]
+    return mlm_loss_selected(hidden[sel], labels[sel], lm_head, num_items)
+
+
+def mlm_loss_selected(states: torch.Tensor, targets: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
+                      num_items: Optional[Union[float, torch.Tensor]] = None) -> torch.Tensor:
+    """:func:`mlm_loss` of the states already gathered at the masked positions: ``states`` ``(M, H)``, ``targets``
+    ``(M,)`` (the packed path's host-built masked positions: no boolean indexing on the device)."""
+    if states.shape[:1] != targets.shape:
+        raise ValueError(f"states {tuple(states.shape)} and targets {tuple(targets.shape)} disagree on M")
+    logits = lm_head(states).float()
     total = F.cross_entropy(logits, targets, reduction="sum")
     if num_items is None:
         num_items = targets.numel()
