@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Optional
 
+import numpy as np
 import torch
 
 __all__ = ["CAPACITY_STEPS", "PACKED_FIELDS", "sequence_bound", "bucket_size", "filler_sequences", "capacity",
@@ -94,10 +95,11 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_leng
         if t is not None and t.shape != input_ids.shape:
             raise ValueError(f"packed rows: {name} {tuple(t.shape)} does not match input_ids {tuple(input_ids.shape)}")
     rows, width = input_ids.shape
-    mask = attention_mask.detach().cpu().bool()
+    # numpy on the host: single-threaded (no intra-op thread pool to wake for a few thousand tokens, which costs more
+    # than the work when the training process's own threads are busy)
+    mask = attention_mask.detach().cpu().numpy().astype(bool, copy=False)
     lengths = mask.sum(1)
-    prefix = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    if rows == 0 or int(lengths.min()) < 1 or bool((prefix != mask).any()):
+    if rows == 0 or int(lengths.min()) < 1 or bool((mask != (np.arange(width)[None, :] < lengths[:, None])).any()):
         raise ValueError("packed rows need right-padded rows of at least one real token each (a row's real tokens "
                          "first, then its padding); use --unpad off")
     bound = sequence_bound(max_length, width)
@@ -106,28 +108,28 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_leng
     real = int(lengths.sum())
     cap = capacity(real, bucket, pieces)
     fill = cap - real
-    grid_index = mask.reshape(-1).nonzero().squeeze(1)  # row-major: row by row, each row's tokens in order
-    ids = input_ids.detach().cpu().reshape(-1).index_select(0, grid_index)
-    positions = grid_index % width + int(position_start)
-    types = (torch.zeros_like(ids) if token_type_ids is None
-             else token_type_ids.detach().cpu().reshape(-1).index_select(0, grid_index).to(ids.dtype))
+    grid_index = np.flatnonzero(mask)  # row-major: row by row, each row's tokens in order
+    ids = np.empty(cap, dtype=np.int64)
+    ids[:real] = input_ids.detach().cpu().numpy().reshape(-1)[grid_index]
+    ids[real:] = int(pad_id)
+    positions = np.full(cap, int(position_start), dtype=np.int64)
+    positions[:real] += grid_index % width
+    types = np.zeros(cap, dtype=np.int64)
+    if token_type_ids is not None:
+        types[:real] = token_type_ids.detach().cpu().numpy().reshape(-1)[grid_index]
     # the filler: `pieces` sequences of sizes differing by at most one (each >= 1 and <= bound, see filler_sequences)
-    sizes = torch.full((pieces,), fill // pieces, dtype=torch.int64)
+    sizes = np.full(pieces, fill // pieces, dtype=np.int64)
     sizes[:fill % pieces] += 1
-    bounds = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0), real + sizes.cumsum(0)])
-    layout = {
-        "input_ids": torch.cat([ids, torch.full((fill,), int(pad_id), dtype=ids.dtype)]),
-        "position_ids": torch.cat([positions, torch.full((fill,), int(position_start), dtype=torch.int64)]),
-        "token_type_ids": torch.cat([types, torch.zeros(fill, dtype=types.dtype)]),
-        "cu_seqlens": bounds.to(torch.int32),
-        "grid_index": grid_index,
-        "first_index": bounds[:rows].clone(),
-    }
+    bounds = np.concatenate([[0], np.cumsum(lengths), real + np.cumsum(sizes)]).astype(np.int64)
+    layout = {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(positions),
+              "token_type_ids": torch.from_numpy(types), "cu_seqlens": torch.from_numpy(bounds.astype(np.int32)),
+              "grid_index": torch.from_numpy(grid_index.astype(np.int64)),
+              "first_index": torch.from_numpy(bounds[:rows].copy())}
     if labels is not None:
-        targets = labels.detach().cpu().reshape(-1).index_select(0, grid_index)
-        selected = (targets != -100).nonzero().squeeze(1)
-        layout["masked_index"] = selected
-        layout["masked_labels"] = targets.index_select(0, selected)
+        targets = labels.detach().cpu().numpy().reshape(-1)[grid_index]
+        selected = np.flatnonzero(targets != -100)
+        layout["masked_index"] = torch.from_numpy(selected.astype(np.int64))
+        layout["masked_labels"] = torch.from_numpy(targets[selected].astype(np.int64))
     return layout
 
 

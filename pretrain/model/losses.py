@@ -249,11 +249,10 @@ def info_nce(sim: torch.Tensor, pos_index: torch.Tensor, self_index: Optional[to
         if n != m:
             raise ValueError("self_index is required for a non-square similarity matrix")
         self_index = torch.arange(n, device=sim.device)
-    if bool((self_index == pos_index).any()):
-        raise ValueError("a row's positive cannot be the row itself")
+    # checked where the indices are, without waiting for a device (a RuntimeError naming the problem)
+    torch._assert_async(~(self_index == pos_index.to(self_index.device)).any(), "a row's positive cannot be the row itself")
     logits = sim.to(_work_dtype(sim)) / temperature
-    rows = torch.arange(n, device=sim.device)
-    has_self = self_index >= 0
-    logits = logits.index_put((rows[has_self], self_index[has_self]),
-                              torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+    # each row's own column (none for -1) to -inf: a mask, not boolean indexing (which waits for the device)
+    own = torch.arange(m, device=sim.device).unsqueeze(0) == self_index.to(sim.device).unsqueeze(1)
+    logits = logits.masked_fill(own, float("-inf"))
     return F.cross_entropy(logits, pos_index.to(sim.device), reduction=reduction)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 import json
+import logging
 import os
 from typing import Any, ClassVar, Optional
 
@@ -51,6 +52,8 @@ from ..model.unpadded import (PackedHidden, packed_last_hidden, position_start, 
                               unpadded_last_hidden, use_unpadded)
 from ..training.optim import compile_encoder
 from .contrast import SPAN_CONTRAST_FORMS
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -235,6 +238,9 @@ class Objective(nn.Module):
         self.unpad = path
         if probe_s is not None:
             self.unpad_probe_s = dict(probe_s)
+            logger.info(
+                "--unpad auto: %s, %s per forward and backward of the first batch", path,
+                ", ".join(f"{p} ({'packed rows' if p == 'on' else 'padded'}) {1000 * t:.1f} ms" for p, t in probe_s.items()))
         if path == "off" and self._padded_attention is not None and \
                 getattr(self.mlm_model.config, "_attn_implementation", None) != self._padded_attention:
             self.mlm_model.set_attn_implementation(self._padded_attention)
