@@ -249,8 +249,13 @@ def info_nce(sim: torch.Tensor, pos_index: torch.Tensor, self_index: Optional[to
         if n != m:
             raise ValueError("self_index is required for a non-square similarity matrix")
         self_index = torch.arange(n, device=sim.device)
-    # checked where the indices are, without waiting for a device (a RuntimeError naming the problem)
-    torch._assert_async(~(self_index == pos_index.to(self_index.device)).any(), "a row's positive cannot be the row itself")
+    # checked where the indices are: at once on the CPU, by the device on a GPU (without waiting for it; a failed
+    # check stops the device's queue there)
+    try:
+        torch._assert_async(~(self_index == pos_index.to(self_index.device)).any(),
+                            "a row's positive cannot be the row itself")
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
     logits = sim.to(_work_dtype(sim)) / temperature
     # each row's own column (none for -1) to -inf: a mask, not boolean indexing (which waits for the device)
     own = torch.arange(m, device=sim.device).unsqueeze(0) == self_index.to(sim.device).unsqueeze(1)
