@@ -191,11 +191,11 @@ def test_unpadded_training_step_draws_dropout_and_is_finite(sharp_model, tok):
     assert all(torch.isfinite(p.grad).all() for p in obj.parameters() if p.grad is not None)
 
 
-def test_auto_is_padded_on_the_cpu_and_unpadded_on_cuda(sharp_model, tok):
+def test_auto_is_padded_until_a_probe_resolves_it(sharp_model, tok):
     obj = build("mlm", {}, "auto", sharp_model, tok)
     assert obj.unpad == "auto"
     assert not unpadded.use_unpadded("auto", torch.device("cpu"))
-    # auto is the padded path on CUDA too: unpadded measured slower there (experiments/results/gpu/README.md)
+    # on CUDA too, until the trainer's probe turns it into on or off (tests/test_packed_rows.py)
     assert not unpadded.use_unpadded("auto", torch.device("cuda"))
     assert unpadded.use_unpadded("on", torch.device("cpu")) and not unpadded.use_unpadded("off", torch.device("cuda"))
     calls = encoder_calls(obj)
