@@ -183,7 +183,7 @@ class Objective(nn.Module):
         self.unpad = resolve_unpad(getattr(config, "unpad", "auto"), mlm_model)
         #: ``--unpad auto``'s probe: the seconds per step of each path on the first batch (``None``: no probe ran).
         self.unpad_probe_s: Optional[dict[str, float]] = None
-        self._asked_unpad = self.unpad
+        self._asked_unpad = getattr(config, "unpad", "auto")
         self._padded_attention = getattr(mlm_model.config, "_attn_implementation", None)
         from .contrast import attach_span_contrast
         attach_span_contrast(self)  # the add-on term of --span-contrast-weight (no-op at 0)
