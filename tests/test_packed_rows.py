@@ -280,14 +280,14 @@ def test_the_probe_times_paths_in_turn_and_keeps_the_fastest():
         time_paths(step, (), rounds=3)
 
 
-def _train(tmp_path, name, unpad, tiny_bert_dir, tok, steps=1):
+def _train(tmp_path, name, unpad, tiny_bert_dir, tok, steps=1, resume=False):
     from pretrain.config import PretrainConfig
     from pretrain.objectives import build_objective
     from pretrain.training.trainer import Trainer
 
     config = PretrainConfig(objective="mlm", model=tiny_bert_dir, batch_size=4, max_length=32, unpad=unpad,
                             output=str(tmp_path / name), max_steps=steps, warmup_ratio=0.0, logging_steps=1,
-                            save_steps=steps, report_to="none", cpu=True, seed=3)
+                            save_steps=1, report_to="none", cpu=True, seed=3, resume=resume)
     torch.manual_seed(0)
     obj = build_objective("mlm", load_mlm_model(tiny_bert_dir), tok, config)
     g = torch.Generator().manual_seed(9)
@@ -327,6 +327,10 @@ def test_a_probed_run_is_the_chosen_paths_run(choice, tmp_path, tiny_bert_dir, t
         assert torch.equal(weights[k], v), k
     attn = probed.mlm_model.config._attn_implementation
     assert (attn == unpadded.ATTN_IMPLEMENTATION) == (choice == "on")  # off: the model's own attention back
+    if choice == "on":  # resumed, the run keeps the path its start chose: no new probe (which would pick off here)
+        monkeypatch.setattr(path_probe, "time_paths", lambda *a, **k: pytest.fail("a resumed run probed again"))
+        resumed, result, record2, _ = _train(tmp_path, "probed", "auto", tiny_bert_dir, tok, steps=2, resume=True)
+        assert resumed.unpad == "on" and record2["resolved"] == record["resolved"] and result["step"] == 2
 
 
 def test_auto_without_a_probe_is_the_padded_path_on_the_cpu(sharp_model, tok):

@@ -245,6 +245,14 @@ class Objective(nn.Module):
                 getattr(self.mlm_model.config, "_attn_implementation", None) != self._padded_attention:
             self.mlm_model.set_attn_implementation(self._padded_attention)
 
+    def recorded_path(self, record: dict[str, Any]) -> Optional[tuple[str, Optional[dict[str, float]]]]:
+        """``(path, probe times)`` that a resumed run's ``record`` (its :meth:`path_record`) chose with the same
+        ``--unpad`` option, for the trainer to keep instead of probing again; ``None`` when it holds none."""
+        path, times = record.get("unpad"), record.get("unpad_probe_s_per_step")
+        if record.get("unpad_option") != self._asked_unpad or path not in ("on", "off"):
+            return None
+        return path, ({str(k): float(v) for k, v in times.items()} if isinstance(times, dict) else None)
+
     def path_record(self) -> dict[str, Any]:
         """What the run records of its encoder path (``run_config.json``'s ``resolved``)."""
         record: dict[str, Any] = {"unpad": self.unpad, "unpad_option": self._asked_unpad}

@@ -153,9 +153,12 @@ class Trainer:
         """
         acc, cfg = self.accelerator, self.config
         check_output_dir(cfg)
+        recorded = self._recorded_resolution() if cfg.resume else {}  # read before the record is written again
         acc.wait_for_everyone()
         found = list_checkpoints(self.output) if cfg.resume and os.path.isdir(self.output) else []
         resume = found[-1] if found else None
+        #: what the resumed run resolved at its start (its path probe's choice), kept by the continuation
+        self._resume_resolved = recorded if resume is not None else {}
         if cfg.resume and resume is None:
             logger.warning("--resume given but %s holds no checkpoint; starting from scratch", self.output)
         if resume is not None:  # before anything is written: a refused length leaves the run as it was
@@ -309,15 +312,22 @@ class Trainer:
         """The path probe (:mod:`pretrain.training.path_probe`) of a module that offers paths to time on this device
         (``probe_paths(device)``, e.g. ``--unpad auto`` on CUDA): a few forward and backward passes of the run's first
         micro-batch on each, no update, gradients dropped, random states restored; the fastest is kept
-        (``use_path(path, times)``; every process keeps the same, from the times averaged over processes). Then the
-        module's ``path_record()`` goes into ``run_config.json`` as ``resolved``."""
+        (``use_path(path, times)``; every process keeps the same, from the times averaged over processes). A resumed
+        run keeps the path its start chose (the module's ``recorded_path(record)`` of the run's ``resolved`` record), so
+        that the continuation computes as the run did. Then the module's ``path_record()`` goes into
+        ``run_config.json`` as ``resolved``."""
         from .path_probe import fastest, preserved_random_state, time_paths
 
         acc = self.accelerator
         unwrapped = acc.unwrap_model(model)
         probe = getattr(unwrapped, "probe_paths", None)
         paths = tuple(probe(acc.device)) if callable(probe) else ()
-        if paths:
+        recorded = getattr(unwrapped, "recorded_path", None)
+        kept = recorded(getattr(self, "_resume_resolved", {})) if paths and callable(recorded) else None
+        if kept is not None:  # a resumed run keeps its path: the continuation computes as the run did
+            logger.info("resumed run: keeping the path its start chose (%s)", kept[0])
+            unwrapped.use_path(*kept)
+        elif paths:
             from accelerate.utils import send_to_device
 
             self.sampler.set_position(epoch, pos)
@@ -350,6 +360,17 @@ class Trainer:
         self.resolved = dict(record()) if callable(record) else {}
         if self.resolved and self.is_main_process:
             write_json_atomic(os.path.join(self.output, RUN_CONFIG), self._run_config(), default=str)
+
+    def _recorded_resolution(self) -> dict[str, Any]:
+        """The ``resolved`` record of the run in ``output`` (``{}`` without one)."""
+        import json
+
+        try:
+            with open(os.path.join(self.output, RUN_CONFIG)) as f:
+                record = json.load(f).get("resolved")
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return record if isinstance(record, dict) else {}
 
     def _asked_length(self) -> str:
         cfg = self.config
