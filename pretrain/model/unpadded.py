@@ -35,8 +35,8 @@ attention implementation). Supported: the BERT family as transformers 5 writes i
 ``off`` is the padded path. ``auto`` (the default) picks what is faster on the device at hand: on CUDA the trainer
 times a few forward and backward passes of the first batch on both paths before the run (:data:`PROBE_DEVICES`,
 :mod:`pretrain.training.path_probe`; results unchanged: the random states and the weights are restored) and keeps
-the faster one; elsewhere it is the padded path, which measured faster on the CPU
-(``experiments/results/bench_unpad_cpu.md``). With a model the unpadded path does not support, ``auto`` stays
+the faster one; elsewhere it is the padded path (on the CPU packed rows measured 1.2-1.6x slower at 128 tokens
+and even at 512: ``experiments/results/bench_unpad_cpu.md``). With a model the unpadded path does not support, ``auto`` stays
 padded without an error.
 """
 from __future__ import annotations
@@ -60,7 +60,8 @@ UNPAD_CHOICES = ("auto", "on", "off")
 #: Name of the attention function registered with transformers (``model.config._attn_implementation``).
 ATTN_IMPLEMENTATION = ATTENTION
 #: Device types on which ``--unpad auto`` times both paths at the start of a run (:func:`probe_paths`); elsewhere
-#: ``auto`` is the padded path (on the CPU the packed path measured slower: experiments/results/bench_unpad_cpu.md).
+#: ``auto`` is the padded path (on the CPU packed rows measured slower at 128 tokens and even at 512:
+#: experiments/results/bench_unpad_cpu.md).
 PROBE_DEVICES = ("cuda",)
 
 #: Position id of a text's first token per model type (RoBERTa's positions start after its padding index).
