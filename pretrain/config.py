@@ -198,10 +198,11 @@ class PretrainConfig(TrainConfig):
                                 "flags still override it): paper = the objective's paper's own reported settings "
                                 "(docs/pretraining.md lists them with their sources). The controlled comparison "
                                 "(python -m experiments.paper) uses none: one shared budget for every objective.")
-    unpad: str = opt("auto", "Run the encoder without computing on padding: the real tokens of a batch packed into one "
-                     "row, attention kept inside each text (varlen kernels; docs/pretraining.md, Unpadded training). "
-                     "auto: the padded path (the unpadded one measured slower at Wikipedia's ~10 percent padding: docs/pretraining.md); on: unpadded on any device "
-                     "(refused for an unsupported model); off: the padded path.", choices=["auto", "on", "off"])
+    unpad: str = opt("auto", "Run the encoder without computing on padding: packed rows of the real tokens, laid out by "
+                     "the data pipeline, attention kept inside each text (varlen kernels; docs/pretraining.md, Unpadded "
+                     "training). auto: on CUDA the faster path, timed on the first batch before the run (recorded in "
+                     "run_config.json), elsewhere the padded path; on: packed rows on any device (refused for an "
+                     "unsupported model); off: the padded path.", choices=["auto", "on", "off"])
     compile: bool = opt(False, "torch.compile each encoder layer in place (the first steps compile; parameter names, "
                         "checkpoints and the export are unchanged).")
     decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the objective's decoder from this exported run "

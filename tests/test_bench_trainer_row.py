@@ -46,9 +46,13 @@ def test_trainer_row_counts_the_timed_steps_work_by_hand(objective, views, tiny_
     assert row["step_s"] > 0 and math.isfinite(row["final_loss"])
 
 
-def test_trainer_row_on_real_block_lengths_counts_less_real_than_padded_work(tiny_bert_dir, warm_children):
+@pytest.mark.parametrize("unpad", ["auto", "on"])
+def test_trainer_row_on_real_block_lengths_counts_less_real_than_padded_work(unpad, tiny_bert_dir, warm_children):
+    """At the option's default (``auto``: the padded path on the CPU) and on packed rows (``on``, the GPU suite's second
+    Trainer row): the same work counted from the batches' attention masks, the path recorded."""
     row = trainer_row(tiny_bert_dir, "mlm", length_dist=str(ROOT / "experiments" / "results" / "padding_share.json"),
-                      bf16=True)
+                      bf16=True, unpad=unpad)
+    assert row["unpad"] == row["unpad_option"] == unpad and row["unpad_probe_s_per_step"] is None
     assert row["forwards_counted"] == 2
     assert 0 < row["real_tokens_per_step"] < row["padded_tokens_per_step"] <= 4 * 16
     assert 0 < row["real_macs_per_step"] < row["padded_macs_per_step"]

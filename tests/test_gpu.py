@@ -367,7 +367,8 @@ def test_objective_unpadded_equals_padded_on_the_device(name, precision, bert_di
     tok = AutoTokenizer.from_pretrained(bert_dir)
     examples = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[:8]]
     objs = {mode: make(name, bert_dir, tok, batch_size=8, unpad=mode).eval().to(DEVICE) for mode in ("off", "on")}
-    batch = objs["off"].collate(examples)
+    batch = objs["on"].collate(examples)  # with the packed rows laid out on the host (the padded path ignores them)
+    assert any(k.startswith("packed_") for k in batch)
     outs, grads = {}, {}
     for mode, obj in objs.items():
         with torch.autocast(device_type=torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -385,6 +386,43 @@ def test_objective_unpadded_equals_padded_on_the_device(name, precision, bert_di
         elif not key.endswith("attention.self.key.bias"):  # its exact gradient is 0 (softmax ignores a shift of
             err = float((grads["on"][key] - g).norm() / g.norm().clamp_min(1e-12))  # a row's scores): bf16 noise
             assert err < 5e-2, (key, err)
+
+
+@pytest.mark.parametrize("name", ["mlm", "cpdae"])
+def test_a_packed_training_step_does_not_wait_for_the_device(name, bert_dir, texts):
+    """Packed rows (``--unpad on``: the collate's host layout, copied from pinned memory without blocking): a training
+    step's forward and backward under bf16 autocast, dropout on, is queued without one synchronisation (CUDA's sync
+    debug mode "error": a value read back, a blocking copy or a ``nonzero`` raises). The CPU run of this check (no
+    queue to wait for) runs the same step and checks its loss and gradients are finite."""
+    from transformers import AutoTokenizer
+
+    from test_cpdae_objective import make
+
+    tok = AutoTokenizer.from_pretrained(bert_dir)
+    examples = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[:8]]
+    obj = make(name, bert_dir, tok, batch_size=8, unpad="on").train().to(DEVICE)
+    cuda = torch.device(DEVICE).type == "cuda"
+    host = {k: v.pin_memory() if cuda else v for k, v in obj.collate(examples).items()}  # as the DataLoader pins
+    assert any(k.startswith("packed_") for k in host)
+
+    def step() -> torch.Tensor:
+        batch = {k: v.to(DEVICE, non_blocking=True) for k, v in host.items()}
+        with torch.autocast(device_type=torch.device(DEVICE).type, dtype=torch.bfloat16):
+            loss = obj(batch)["loss"]
+        loss.backward()
+        return loss.detach()
+
+    step()  # warm-up: handles, allocator blocks, the kernels' first calls
+    obj.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = step()
+    finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in obj.parameters() if p.grad is not None)
 
 
 # --------------------------------------------------------------------------------------------- FAISS GPU

@@ -1,11 +1,14 @@
 """The unpadded encoder path (``--unpad``, :mod:`pretrain.model.unpadded`) against the padded one, on the CPU.
 
 Reference tests: for every objective, a batch of texts of very different lengths (an empty text, one token, a few,
-most of the model's 128 positions) gives the same loss terms and the same gradient of every parameter on the
+the model's whole 128 positions) gives the same loss terms and the same gradient of every parameter on the
 unpadded path (the real tokens packed into one row, attention inside each text) as on the padded path, in float32
-(dropout off: both paths draw their dropout masks over tensors of other shapes). Both varlen kernels that run on the
-CPU are checked: ``loop`` (the CPU's) and ``njt`` (torch's nested-tensor SDPA, the CUDA path's plumbing).
+(dropout off: both paths draw their dropout masks over tensors of other shapes). The batch is collated by the
+unpadded objective, so it carries the packed rows laid out on the host (:mod:`pretrain.data.packing`), which the
+padded objective ignores; one case runs a batch without them (unpadded on the device). Both varlen kernels that run on
+the CPU are checked: ``loop`` (the CPU's) and ``njt`` (torch's nested-tensor SDPA, the CUDA path's plumbing).
 Independently of the padded path, the unpadded hidden states of a batch equal those of each text encoded alone.
+Batches of one text, the packer against a naive layout and ``--unpad auto``'s probe: ``tests/test_packed_rows.py``.
 """
 from __future__ import annotations
 
@@ -116,20 +119,31 @@ def encoder_calls(obj) -> list[tuple[tuple[int, ...], int]]:
     return calls
 
 
-@pytest.mark.parametrize("case,kernel", [(c, "loop") for c in sorted(CASES)] + [(c, "njt") for c in NJT_CASES])
-def test_loss_and_gradients_unpadded_equal_padded(case, kernel, sharp_model, tok, monkeypatch):
+@pytest.mark.parametrize("case,kernel,layout", [(c, "loop", "host") for c in sorted(CASES)]
+                         + [(c, "njt", "host") for c in NJT_CASES] + [("mlm", "loop", "device")])
+def test_loss_and_gradients_unpadded_equal_padded(case, kernel, layout, sharp_model, tok, monkeypatch):
+    from pretrain.data.packing import bucket_size, capacity, filler_sequences
+
     name, opts = CASES[case]
     monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
     padded, unpadded_obj = (build(name, opts, mode, sharp_model, tok) for mode in ("off", "on"))
     for (n, a), (_, b) in zip(padded.state_dict().items(), unpadded_obj.state_dict().items()):
         assert torch.equal(a, b), n  # the same weights
-    batch = collate(padded, texts(tok))
+    batch = collate(unpadded_obj if layout == "host" else padded, texts(tok))
+    assert any(k.startswith("packed_") for k in batch) == (layout == "host")
     ref_calls = encoder_calls(padded)
     ref_losses, ref_grads = loss_and_grads(padded, batch)
     calls = encoder_calls(unpadded_obj)
     losses, grads = loss_and_grads(unpadded_obj, batch)
-    # the unpadded path ran: each encoder call saw one packed row of exactly the real tokens of the padded call
-    assert [(1, real) for _, real in ref_calls] == [shape for shape, _ in calls], (ref_calls, calls)
+    # the unpadded path ran: each encoder call saw one packed row, of the real tokens of the padded call and (host
+    # layout) the filler sequences up to its capacity, a multiple of the pass's bucket
+    if layout == "host":
+        def packed_width(shape, real):
+            bucket = bucket_size(shape[0], max(128, shape[1]))
+            return capacity(real, bucket, filler_sequences(bucket, max(128, shape[1])))
+        assert [(1, packed_width(shape, real)) for shape, real in ref_calls] == [shape for shape, _ in calls]
+    else:
+        assert [(1, real) for _, real in ref_calls] == [shape for shape, _ in calls], (ref_calls, calls)
     assert all(shape[0] > 1 and real < shape[0] * shape[1] for shape, real in ref_calls)  # there was padding
     assert unpadded_obj.mlm_model.config._attn_implementation == unpadded.ATTN_IMPLEMENTATION
     assert padded.mlm_model.config._attn_implementation != unpadded.ATTN_IMPLEMENTATION
@@ -177,11 +191,11 @@ def test_unpadded_training_step_draws_dropout_and_is_finite(sharp_model, tok):
     assert all(torch.isfinite(p.grad).all() for p in obj.parameters() if p.grad is not None)
 
 
-def test_auto_is_padded_on_the_cpu_and_unpadded_on_cuda(sharp_model, tok):
+def test_auto_is_padded_until_a_probe_resolves_it(sharp_model, tok):
     obj = build("mlm", {}, "auto", sharp_model, tok)
     assert obj.unpad == "auto"
     assert not unpadded.use_unpadded("auto", torch.device("cpu"))
-    # auto is the padded path on CUDA too: unpadded measured slower there (experiments/results/gpu/README.md)
+    # on CUDA too, until the trainer's probe turns it into on or off (tests/test_packed_rows.py)
     assert not unpadded.use_unpadded("auto", torch.device("cuda"))
     assert unpadded.use_unpadded("on", torch.device("cpu")) and not unpadded.use_unpadded("off", torch.device("cuda"))
     calls = encoder_calls(obj)

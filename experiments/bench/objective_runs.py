@@ -216,10 +216,10 @@ def worker(args: argparse.Namespace) -> None:
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base_cuda = torch.cuda.memory_allocated()
-    times = []
+    times, cpu_times = [], []
     for i, batch in enumerate(batches):
         sync()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with amp:
             out = obj(batch)
         out["loss"].backward()
@@ -228,6 +228,7 @@ def worker(args: argparse.Namespace) -> None:
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024.0
     if dev.type == "cuda":
         peak = (torch.cuda.max_memory_allocated() - base_cuda) / 2**20
@@ -256,7 +257,7 @@ def worker(args: argparse.Namespace) -> None:
                       "unpad": getattr(obj, "unpad", None), "mean_length": sum(lengths) / len(lengths),
                       "real_macs_per_step": work["real"], "padded_macs_per_step": work["padded"],
                       "real_tokens_per_step": work["real_tokens"], "padded_tokens_per_step": work["padded_tokens"],
-                      "step_s": step, "times_s": times, "peak_mib": peak,
+                      "step_s": step, "times_s": times, "step_cpu_s": statistics.median(cpu_times), "peak_mib": peak,
                       "per_seq_ms": 1000 * step / (n_texts * views), "per_text_ms": 1000 * step / n_texts,
                       "final_loss": float(out["loss"].detach())}))
 
@@ -330,6 +331,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
     print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": run.n_texts,
                       "sequences": run.n_texts * run.views, "loop": "Trainer", "num_workers": config.num_workers,
                       "compiled": config.compile, "unpad": getattr(obj, "unpad", None),
+                      "unpad_option": config.unpad, "unpad_probe_s_per_step": getattr(obj, "unpad_probe_s", None),
                       "mean_length": real_tokens / run.views / max(1, n * run.n_texts),
                       "real_macs_per_step": real / n, "padded_macs_per_step": padded / n,
                       "real_tokens_per_step": real_tokens / n, "padded_tokens_per_step": padded_tokens / n,

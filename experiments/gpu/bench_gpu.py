@@ -20,9 +20,11 @@ Every figure is printed as a ratio in the same run and written with the GPU's na
   (``--length-dist``), the padded path (``--unpad off``) beside the unpadded one (``on``) in the same run: real
   tokens/s, MFU counting the real tokens only (the MLM head at the masked share of them) on the measured and the
   datasheet peak, the padded path's MFU counting its padded work too, and the unpadded path's speed-up.
+  The unpadded rows run packed rows laid out by the collate on the host (``pretrain/data/packing.py``).
   Last, ``--trainer-objectives`` (MLM) through ``pretrain.training.trainer.Trainer``, the loop ``python -m pretrain`` runs
-  (DataLoader, per-step checks, accelerate), on the same length distribution: its real tokens/s, MFU and share of
-  the bare loop's padded row (``vs_loop``).
+  (DataLoader, per-step checks, accelerate), on the same length distribution, once per ``--trainer-unpad`` mode
+  (``auto``: the probe times both paths on the first batch and keeps the faster, recorded with its times; ``on``:
+  packed rows): its real tokens/s, MFU and share of the bare loop's row of the path it ran (``vs_loop``).
 
 Peaks are *measured* in the same run (a large bf16 / fp32 matmul, a device-to-device copy, a pinned
 host-to-device copy) and, where the card is known, also given as the datasheet figure.
@@ -65,11 +67,13 @@ MSMARCO_PASSAGES = 8_841_823
 DATASHEET = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12), "A100": (312e12, 2.0e12)}
 SMOKE = dict(encode_shapes="tiny", lengths=[16, 32], docs=32, stream_docs=96, batch_size=16, size=20_000, dim=64, queries=64, k=100, chunk_size=4096,
              seq_length=32, sequences=4, steps=1, warmup=1, objectives="mlm,cpdae,bow", repeats=1,
-             unpad_objectives="mlm,cpdae", compile_objectives="", trainer_objectives="mlm", trainer_workers=0)
+             unpad_objectives="mlm,cpdae", compile_objectives="", trainer_objectives="mlm", trainer_workers=0,
+             trainer_unpad="auto")
 FULL = dict(encode_shapes="bert-base,minilm", lengths=[128, 256, 512], docs=4096, stream_docs=65536, batch_size=256, size=MSMARCO_PASSAGES, dim=768, queries=1000,
             k=1000, chunk_size=None, seq_length=512, sequences=32, steps=5, warmup=2,
             objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2,
-            unpad_objectives="mlm,cpdae", compile_objectives="mlm", trainer_objectives="mlm", trainer_workers=0)
+            unpad_objectives="mlm,cpdae", compile_objectives="mlm", trainer_objectives="mlm", trainer_workers=0,
+            trainer_unpad="auto,on")
 
 
 def sync(dev) -> None:
@@ -505,33 +509,40 @@ def in_process(worker: Callable[[SimpleNamespace], None], name: str, run: Simple
 def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]], smoke: bool = False) -> List[Dict[str, object]]:
     """``--trainer-objectives`` through ``pretrain.training.trainer.Trainer`` (``python -m pretrain``'s loop: DataLoader with
     ``--trainer-workers`` workers, collate, the per-step finite checks, accelerate's bf16 autocast, the schedule) on
-    texts of the same length distribution as the padded rows of :func:`bench_unpad`, at the option defaults
-    (``--unpad auto``, not compiled): real tokens/s and MFU counted as there, and the share of the bare loop's
-    padded-row speed it keeps (``vs_loop``) -- what a user's run gets of the figures above."""
+    texts of the same length distribution as the rows of :func:`bench_unpad`, not compiled, once per
+    ``--trainer-unpad`` mode (``auto``, the option's default: on CUDA the probe picks the path, recorded as ``unpad``
+    with ``unpad_probe_s_per_step``; ``on``: packed rows): real tokens/s and MFU counted as there, and the share of
+    the bare loop's speed on the same path it keeps (``vs_loop``: against the padded or the unpadded row) -- what a
+    user's run gets of the figures above."""
     from experiments.bench import objective_runs as bench_objectives
 
     rows: List[Dict[str, object]] = []
     for name in args.trainer_objectives.split(","):
-        run = SimpleNamespace(**vars(ns), length_dist=str(args.length_dist), trainer=True,
-                              num_workers=args.trainer_workers)
-        if smoke:  # in this process, as the other smoke rows: the last rows of the run, so the state accelerate
-            # leaves behind reaches nothing after them (the subprocess's command line: tests/test_bench_trainer_row.py)
-            r = in_process(bench_objectives.trainer_worker, name, run)
-        else:
-            r = bench_objectives.run_one(name, run)  # a process of its own: accelerate's state stays out of this one
-        r.setdefault("objective", name)
-        r["path"] = f"Trainer, {args.trainer_workers} loader workers"
-        if "error" not in r:
-            add_real_work_rates(r, peaks)
-            loop = next((u for u in unpad_rows if u.get("objective") == name and u.get("path") == "padded"
-                         and "error" not in u), None)
-            if loop is not None:  # per real token: the two runs' batches hold other texts of the same lengths
-                r["vs_loop"] = r["real_tokens_per_s"] / loop["real_tokens_per_s"]
-        rows.append(r)
-        print(f"pretrain {name} {r['path']}: " + (r["error"] if "error" in r else
-              f"{r['sequences_per_s']:.2f} seq/s, {r['real_tokens_per_s']:.0f} real tokens/s, MFU (real tokens) "
-              f"{r['mfu_real_vs_measured_bf16']:.1%}" + (f", {r['vs_loop']:.2f}x the bare loop" if "vs_loop" in r
-                                                          else "")), flush=True)
+        for mode in [m for m in (args.trainer_unpad or "auto").split(",") if m]:
+            run = SimpleNamespace(**vars(ns), length_dist=str(args.length_dist), trainer=True,
+                                  num_workers=args.trainer_workers, unpad=mode)
+            if smoke:  # in this process, as the other smoke rows: the last rows of the run, so the state accelerate
+                # leaves behind reaches nothing after them (the subprocess's command line: tests/test_bench_trainer_row.py)
+                r = in_process(bench_objectives.trainer_worker, name, run)
+            else:
+                r = bench_objectives.run_one(name, run)  # a process of its own: accelerate's state stays out of this one
+            r.setdefault("objective", name)
+            r["path"] = f"Trainer, {args.trainer_workers} loader workers" + ("" if mode == "auto" else f", --unpad {mode}")
+            if "error" not in r:
+                add_real_work_rates(r, peaks)
+                for path, seconds in (r.get("unpad_probe_s_per_step") or {}).items():  # the probe's times, flat
+                    r[f"probe_{path}_ms"] = 1000 * seconds
+                ran = "unpadded" if r.get("unpad") == "on" else "padded"  # the path the run resolved to
+                loop = next((u for u in unpad_rows if u.get("objective") == name and u.get("path") == ran
+                             and "error" not in u), None)
+                if loop is not None:  # per real token: the two runs' batches hold other texts of the same lengths
+                    r["vs_loop"] = r["real_tokens_per_s"] / loop["real_tokens_per_s"]
+                    r["vs_loop_row"] = ran
+            rows.append(r)
+            print(f"pretrain {name} {r['path']}: " + (r["error"] if "error" in r else
+                  f"{r['sequences_per_s']:.2f} seq/s, {r['real_tokens_per_s']:.0f} real tokens/s, MFU (real tokens) "
+                  f"{r['mfu_real_vs_measured_bf16']:.1%}, --unpad {r.get('unpad')}"
+                  + (f", {r['vs_loop']:.2f}x the bare loop" if "vs_loop" in r else "")), flush=True)
     return rows
 
 
@@ -637,6 +648,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "rows' text lengths, beside the bare loop (default mlm; '' skips)")
     ap.add_argument("--trainer-workers", type=int, default=None, help="the Trainer rows' DataLoader workers "
                     "(--num-workers; default 0, the option's default)")
+    ap.add_argument("--trainer-unpad", help="the Trainer rows' --unpad modes, one row each (default auto,on on a GPU: "
+                    "the probe's choice and packed rows; auto with --cpu-smoke)")
     ap.add_argument("--length-dist", type=Path, default=REPO / "experiments" / "results" / "padding_share.json",
                     help="block-length histograms (experiments/bench/bench_padding.py) the unpadded comparison "
                     "draws its text lengths from")

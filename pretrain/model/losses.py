@@ -20,7 +20,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-__all__ = ["mlm_loss", "rec_loss", "pairwise_js", "pairwise_js_naive", "info_nce", "word_distribution", "entropy"]
+__all__ = ["mlm_loss", "mlm_loss_selected", "rec_loss", "pairwise_js", "pairwise_js_naive", "info_nce", "word_distribution", "entropy"]
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
@@ -46,8 +46,16 @@ def mlm_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: Callable[[torc
     if hidden.shape[:2] != labels.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} disagree on (B, L)")
     sel = labels != -100
-    logits = lm_head(hidden[sel]).float()
-    targets = labels[sel]
+    return mlm_loss_selected(hidden[sel], labels[sel], lm_head, num_items)
+
+
+def mlm_loss_selected(states: torch.Tensor, targets: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
+                      num_items: Optional[Union[float, torch.Tensor]] = None) -> torch.Tensor:
+    """:func:`mlm_loss` of the states already gathered at the masked positions: ``states`` ``(M, H)``, ``targets``
+    ``(M,)`` (the packed path's host-built masked positions: no boolean indexing on the device)."""
+    if states.shape[:1] != targets.shape:
+        raise ValueError(f"states {tuple(states.shape)} and targets {tuple(targets.shape)} disagree on M")
+    logits = lm_head(states).float()
     total = F.cross_entropy(logits, targets, reduction="sum")
     if num_items is None:
         num_items = targets.numel()
@@ -241,11 +249,15 @@ def info_nce(sim: torch.Tensor, pos_index: torch.Tensor, self_index: Optional[to
         if n != m:
             raise ValueError("self_index is required for a non-square similarity matrix")
         self_index = torch.arange(n, device=sim.device)
-    if bool((self_index == pos_index).any()):
-        raise ValueError("a row's positive cannot be the row itself")
+    # checked where the indices are: at once on the CPU, by the device on a GPU (without waiting for it; a failed
+    # check stops the device's queue there)
+    try:
+        torch._assert_async(~(self_index == pos_index.to(self_index.device)).any(),
+                            "a row's positive cannot be the row itself")
+    except RuntimeError as e:
+        raise ValueError(str(e)) from None
     logits = sim.to(_work_dtype(sim)) / temperature
-    rows = torch.arange(n, device=sim.device)
-    has_self = self_index >= 0
-    logits = logits.index_put((rows[has_self], self_index[has_self]),
-                              torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+    # each row's own column (none for -1) to -inf: a mask, not boolean indexing (which waits for the device)
+    own = torch.arange(m, device=sim.device).unsqueeze(0) == self_index.to(sim.device).unsqueeze(1)
+    logits = logits.masked_fill(own, float("-inf"))
     return F.cross_entropy(logits, pos_index.to(sim.device), reduction=reduction)

@@ -1,14 +1,25 @@
 """Running the encoder without computing on padding (``--unpad``).
 
 A padded batch ``(N, L)`` of texts of unequal lengths spends the encoder's work on ``N·L`` positions, of which only
-``T = Σ n_i`` are real; on Wikipedia blocks of 512 tokens about half are padding
-(``experiments/results/padding_share.md``). The unpadded path removes the padding *before the embedding layer*: the
-real tokens of all rows are concatenated into one packed row ``(1, T)``, each text keeps its own [CLS] and its own
-positions ``0 .. n_i-1`` (``position_ids``), every linear layer, LayerNorm and dropout works on the ``T`` real tokens
-only, and attention stays inside each text (variable-length attention over the cumulative lengths ``cu_seqlens``,
-never across two texts). The last hidden states are scattered back to ``(N, L, H)`` (zeros at padding), so that the
-objectives' heads read them as before; none of them reads a padding position (the MLM loss gathers the masked
-positions before the vocabulary projection, pooling is [CLS] or a masked mean).
+``T = Σ n_i`` are real; the token cache's Wikipedia blocks are ~10% padding, unpacked short texts far more
+(``experiments/results/padding_share.md``). The unpadded path runs the encoder on a packed row instead: the real
+tokens of all rows concatenated into one row ``(1, C)``, each text keeping its own [CLS] and its own positions
+(``position_ids``), every linear layer, LayerNorm and dropout working on the packed tokens only, and attention
+staying inside each text (variable-length attention over the cumulative lengths ``cu_seqlens``, never across two
+texts).
+
+**Packed rows from the data pipeline** (:func:`packed_last_hidden`). The objective's ``collate`` lays the packed
+row out on the host, in the DataLoader's workers (:func:`pretrain.data.packing.pack_rows`: the stream, its
+``cu_seqlens``, positions, the index of each token in the padded grid and the masked positions, filled up to a
+capacity from a small fixed set with filler sequences whose outputs are never read), and the batch carries it to
+the device pinned, copied without blocking. The forward pass reads those tensors: no ``nonzero``, ``cumsum``, boolean
+indexing or host synchronisation per step. Its result, :class:`PackedHidden`, hands the objectives what they read
+and nothing more: the first token of each row ([CLS] pooling), the masked positions (the MLM head runs there only),
+or, for what needs the padded layout (mean pooling), the ``(N, L, H)`` grid, scattered once with zeros at padding.
+
+A batch built without the host layout (another caller's collate) is unpadded on the device instead
+(:func:`unpadded_last_hidden`: ``nonzero``, ``index_select``, a scatter back to the grid and one host
+synchronisation per call).
 
 The model is switched to the one variable-length attention function of the package,
 :mod:`pyterrier_cpdae.encoder.attention` (:data:`ATTN_IMPLEMENTATION`, registered with transformers'
@@ -21,21 +32,26 @@ attention implementation). Supported: the BERT family as transformers 5 writes i
 ``roberta``, ``xlm-roberta``: attention through ``ALL_ATTENTION_FUNCTIONS`` and explicit ``position_ids``).
 
 ``--unpad on`` runs unpadded on any device (one SDPA per text on the CPU) and refuses an unsupported model;
-``off`` is the padded path. ``auto`` (the default) is the padded path too, on every device (:func:`use_unpadded`
-says why); with a model the unpadded path does not support it stays padded without an error.
+``off`` is the padded path. ``auto`` (the default) picks what is faster on the device at hand: on CUDA the trainer
+times a few forward and backward passes of the first batch on both paths before the run (:data:`PROBE_DEVICES`,
+:mod:`pretrain.training.path_probe`; results unchanged: the random states and the weights are restored) and keeps
+the faster one; elsewhere it is the padded path (on the CPU packed rows measured 1.2-1.6x slower at 128 tokens
+and even at 512: ``experiments/results/bench_unpad_cpu.md``). With a model the unpadded path does not support, ``auto`` stays
+padded without an error.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 
 from pyterrier_cpdae.encoder.attention import ATTENTION, register
+from pyterrier_cpdae.encoder.pooling import pool
 
-__all__ = ["UNPAD_CHOICES", "ATTN_IMPLEMENTATION", "unpad_problem", "resolve_unpad", "use_unpadded",
-           "unpadded_last_hidden"]
+__all__ = ["UNPAD_CHOICES", "ATTN_IMPLEMENTATION", "PROBE_DEVICES", "unpad_problem", "resolve_unpad", "use_unpadded",
+           "probe_paths", "position_start", "PackedHidden", "packed_last_hidden", "unpadded_last_hidden"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +59,10 @@ logger = logging.getLogger(__name__)
 UNPAD_CHOICES = ("auto", "on", "off")
 #: Name of the attention function registered with transformers (``model.config._attn_implementation``).
 ATTN_IMPLEMENTATION = ATTENTION
+#: Device types on which ``--unpad auto`` times both paths at the start of a run (:func:`probe_paths`); elsewhere
+#: ``auto`` is the padded path (on the CPU packed rows measured slower at 128 tokens and even at 512:
+#: experiments/results/bench_unpad_cpu.md).
+PROBE_DEVICES = ("cuda",)
 
 #: Position id of a text's first token per model type (RoBERTa's positions start after its padding index).
 _POSITION_START = {"bert": lambda c: 0, "roberta": lambda c: int(c.pad_token_id) + 1,
@@ -85,10 +105,21 @@ def resolve_unpad(choice: str, mlm_model: Any) -> str:
 
 def use_unpadded(mode: str, device: torch.device) -> bool:
     """Whether a batch on ``device`` runs unpadded under the resolved ``mode`` (:func:`resolve_unpad`): only with
-    ``on``. ``auto`` keeps the padded path on every device: on a GPU the unpadded path measured slower on the token
-    cache's Wikipedia blocks, which are only ~10% padding (``experiments/results/gpu/README.md``); its packing,
-    scatter and per-call dtype copies cost more than the padding it saves. ``device`` is kept for a future ``auto`` that weighs a batch's padding share."""
+    ``on``. ``auto`` is the padded path until the trainer's probe resolves it (:func:`probe_paths`: on CUDA it becomes
+    ``on`` or ``off``, whichever the first batch ran faster); ``device`` is kept for the callers' symmetry."""
     return mode == "on"
+
+
+def probe_paths(mode: str, device: torch.device) -> tuple[str, ...]:
+    """The paths the trainer times on the first batch before the run (:mod:`pretrain.training.path_probe`):
+    ``("off", "on")`` for an unresolved ``auto`` on a device of :data:`PROBE_DEVICES`, else none (the mode is
+    already what runs)."""
+    return ("off", "on") if mode == "auto" and device.type in PROBE_DEVICES else ()
+
+
+def position_start(mlm_model: Any) -> int:
+    """Position id of a text's first token in ``mlm_model`` (0 for BERT; RoBERTa's start after its padding index)."""
+    return _POSITION_START[mlm_model.config.model_type](mlm_model.config)
 
 
 def _enable(mlm_model: Any) -> None:
@@ -97,6 +128,73 @@ def _enable(mlm_model: Any) -> None:
         return
     register()
     mlm_model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+
+class PackedHidden:
+    """The last hidden states of a packed encoder pass (:func:`packed_last_hidden`) and what the objectives read of
+    them: :meth:`first` ([CLS] of every row), :meth:`masked` (the states and targets at the masked positions) and
+    :meth:`grid` (the padded ``(N, L, H)`` layout, zeros at padding; one scatter, kept).
+
+    Args:
+        packed: ``(C, H)`` states of the packed stream, filler included.
+        layout: The pass's host-built layout (:func:`pretrain.data.packing.pack_rows`), on ``packed``'s device.
+        shape: ``(N, L)``, the padded grid of the pass.
+    """
+
+    def __init__(self, packed: torch.Tensor, layout: Mapping[str, torch.Tensor], shape: tuple[int, int]):
+        self.packed, self.layout = packed, layout
+        self.rows, self.length = int(shape[0]), int(shape[1])
+        self._grid: Optional[torch.Tensor] = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    def first(self) -> torch.Tensor:
+        """``(N, H)``: each row's first token ([CLS])."""
+        return self.packed.index_select(0, self.layout["first_index"])
+
+    def masked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``((M, H), (M,))``: the states at the masked positions and their targets, in the padded grid's row-major
+        order (that of ``hidden[labels != -100]``).
+
+        Raises:
+            ValueError: for a layout built without labels.
+        """
+        if "masked_index" not in self.layout:
+            raise ValueError("this packed pass was laid out without MLM labels (pretrain.data.packing.pack_rows)")
+        return self.packed.index_select(0, self.layout["masked_index"]), self.layout["masked_labels"]
+
+    def grid(self) -> torch.Tensor:
+        """``(N, L, H)``: the states in the padded layout, zeros at padding (no objective reads a padding position)."""
+        if self._grid is None:
+            index = self.layout["grid_index"]
+            real = self.packed[:index.shape[0]]
+            flat = real.new_zeros(self.rows * self.length, real.shape[-1]).index_copy(0, index, real)
+            self._grid = flat.view(self.rows, self.length, -1)
+        return self._grid
+
+    def pooled(self, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+        """:func:`pyterrier_cpdae.encoder.pooling.pool` of the pass: ``cls`` from :meth:`first` (no grid), ``mean``
+        over the grid's real tokens (the padded path's arithmetic)."""
+        if pooling == "cls":
+            vecs = self.first()
+            return vecs if vecs.dtype in (torch.float32, torch.float64) else vecs.float()
+        return pool(self.grid(), attention_mask, pooling)
+
+
+def packed_last_hidden(mlm_model: Any, layout: Mapping[str, torch.Tensor], shape: tuple[int, int],
+                       bound: int) -> PackedHidden:
+    """The encoder's last hidden states of a pass laid out on the host (:func:`pretrain.data.packing.pack_rows`),
+    its tensors on the model's device: one packed row, attention inside each of its sequences (``bound``: the
+    longest sequence, the layout's :func:`~pretrain.data.packing.sequence_bound`, a constant of the run)."""
+    _enable(mlm_model)
+    cu = layout["cu_seqlens"]
+    hidden = mlm_model.base_model(input_ids=layout["input_ids"].unsqueeze(0),
+                                  token_type_ids=layout["token_type_ids"].unsqueeze(0),
+                                  position_ids=layout["position_ids"].unsqueeze(0), cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                  max_length_q=int(bound), max_length_k=int(bound)).last_hidden_state[0]
+    return PackedHidden(hidden, layout, shape)
 
 
 def unpadded_last_hidden(mlm_model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,

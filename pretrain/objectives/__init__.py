@@ -48,7 +48,12 @@ How to add an objective
    ``num_views`` independently masked views, :meth:`encode_views`, the MLM term
    :meth:`masked_lm_loss`), :meth:`Objective.save_pretrained` (encoder + ``decoder_modules()``).
    Class flags: ``contrastive = True`` if the loss compares the texts of a batch (needs >= 2
-   per forward pass), ``needs_mask_token``.
+   per forward pass), ``needs_mask_token``. Read the encoder's output through
+   :meth:`Objective.text_vectors`, :meth:`Objective.cls_vectors` and ``masked_lm_loss`` (under ``--unpad on``
+   it is a :class:`~pretrain.model.unpadded.PackedHidden`, not a tensor). An objective with encoder passes of
+   its own lays each out in ``collate`` when :meth:`Objective.packs` (``batch.update(self.pack(name, ids,
+   attention_mask, labels=...))``) and encodes it with ``self.encode(ids, attention_mask,
+   packed=self.packed_inputs(batch, name))``; without a layout the pass is unpadded on the device.
 4. What the objective needs from the corpus (IDF weights, a decoder-bias prior, ...) is
    computed in the classmethod :meth:`Objective.prepare` from the tokenised corpus
    (:class:`pretrain.data.corpus.TokenCache`); the CLI passes the returned dict to the constructor.

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 import json
+import logging
 import os
 from typing import Any, ClassVar, Optional
 
@@ -42,13 +43,17 @@ from pyterrier_cpdae.encoder.st_export import export_pipeline, write_st_config
 
 from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
 from ..training.distributed import global_mean_count
-from ..model.losses import mlm_loss
+from ..model.losses import mlm_loss, mlm_loss_selected
 from ..data.masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
+from ..data.packing import pack_rows, packed_from_batch, packed_keys, sequence_bound
 from ..model.checks import quiet_transformers
 from ..model.modeling import mlm_head, untrained_mlm_head
-from ..model.unpadded import resolve_unpad, unpadded_last_hidden, use_unpadded
+from ..model.unpadded import (PackedHidden, packed_last_hidden, position_start, probe_paths, resolve_unpad,
+                              unpadded_last_hidden, use_unpadded)
 from ..training.optim import compile_encoder
 from .contrast import SPAN_CONTRAST_FORMS
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -173,29 +178,103 @@ class Objective(nn.Module):
         self.mlm_model = mlm_model
         self.tokenizer = tokenizer
         self.config = config
-        #: ``--unpad`` resolved against the model (:func:`pretrain.model.unpadded.resolve_unpad`): auto, on or off.
+        #: ``--unpad`` resolved against the model (:func:`pretrain.model.unpadded.resolve_unpad`): auto, on or off;
+        #: the trainer's probe turns ``auto`` into ``on`` or ``off`` on CUDA (:meth:`probe_paths`, :meth:`use_path`).
         self.unpad = resolve_unpad(getattr(config, "unpad", "auto"), mlm_model)
+        #: ``--unpad auto``'s probe: the seconds per step of each path on the first batch (``None``: no probe ran).
+        self.unpad_probe_s: Optional[dict[str, float]] = None
+        self._asked_unpad = getattr(config, "unpad", "auto")
+        self._padded_attention = getattr(mlm_model.config, "_attn_implementation", None)
         from .contrast import attach_span_contrast
         attach_span_contrast(self)  # the add-on term of --span-contrast-weight (no-op at 0)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The encoder's ``(N, L, H)`` last hidden states of a right-padded batch: unpadded (the real tokens only,
-        :mod:`pretrain.model.unpadded`) or padded, as ``--unpad`` and the device say. Every objective's encoder pass goes
-        through here; no objective reads the hidden states at padding positions (zeros on the unpadded path)."""
+               token_type_ids: Optional[torch.Tensor] = None,
+               packed: Optional[dict[str, torch.Tensor]] = None) -> "torch.Tensor | PackedHidden":
+        """The encoder's last hidden states of a right-padded batch ``(N, L)``: ``(N, L, H)`` on the padded path;
+        on the unpadded one (``--unpad``) a :class:`~pretrain.model.unpadded.PackedHidden` when the batch carries the
+        pass's host-built layout (``packed``: :meth:`packed_inputs`, laid out by :meth:`pack` in ``collate``), else
+        ``(N, L, H)`` unpadded on the device (zeros at padding). Every objective's encoder pass goes through here and
+        reads the result through :meth:`text_vectors`, :meth:`cls_vectors` and :meth:`masked_lm_loss`; no objective
+        reads the hidden states at padding positions."""
         if use_unpadded(self.unpad, input_ids.device):
+            if packed is not None:
+                return packed_last_hidden(self.mlm_model, packed, tuple(input_ids.shape[:2]),
+                                          sequence_bound(self.config.max_length, input_ids.shape[1]))
             return unpadded_last_hidden(self.mlm_model, input_ids, attention_mask, token_type_ids)
         kwargs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+
+    # -- packed rows (--unpad on) -----------------------------------------------------------
+    def packs(self) -> bool:
+        """Whether ``collate`` lays out packed rows (:meth:`pack`): when the encoder runs unpadded."""
+        return self.unpad == "on"
+
+    def pack(self, name: str, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             token_type_ids: Optional[torch.Tensor] = None,
+             labels: Optional[torch.Tensor] = None) -> dict[str, torch.Tensor]:
+        """The batch entries of encoder pass ``name``'s packed layout (:func:`pretrain.data.packing.pack_rows`), built
+        in ``collate`` from the rows the pass will encode (``labels``: its MLM targets, for :meth:`masked_lm_loss`)."""
+        layout = pack_rows(input_ids, attention_mask, max_length=self.config.max_length,
+                           position_start=position_start(self.mlm_model), pad_id=self.tokenizer.pad_token_id or 0,
+                           token_type_ids=token_type_ids, labels=labels)
+        return packed_keys(name, layout)
+
+    @staticmethod
+    def packed_inputs(batch: dict[str, torch.Tensor], name: str) -> Optional[dict[str, torch.Tensor]]:
+        """The layout of pass ``name`` that ``batch`` carries, or ``None`` (:func:`pretrain.data.packing.packed_from_batch`)."""
+        return packed_from_batch(batch, name)
+
+    def probe_paths(self, device: torch.device) -> tuple[str, ...]:
+        """The paths the trainer times on the first batch before the run (``--unpad auto`` on CUDA:
+        :func:`pretrain.model.unpadded.probe_paths`); empty when the path is decided."""
+        return probe_paths(self.unpad, device)
+
+    def use_path(self, path: str, probe_s: Optional[dict[str, float]] = None) -> None:
+        """Run on ``path`` (``on``: packed rows, ``off``: padded) from now on, ``collate`` included; ``probe_s``: the
+        probe's seconds per step that chose it. The padded path gets the model's own attention back."""
+        if path not in ("on", "off"):
+            raise ValueError(f"unknown encoder path {path!r} (on, off)")
+        self.unpad = path
+        if probe_s is not None:
+            self.unpad_probe_s = dict(probe_s)
+            logger.info(
+                "--unpad auto: %s, %s per forward and backward of the first batch", path,
+                ", ".join(f"{p} ({'packed rows' if p == 'on' else 'padded'}) {1000 * t:.1f} ms" for p, t in probe_s.items()))
+        if path == "off" and self._padded_attention is not None and \
+                getattr(self.mlm_model.config, "_attn_implementation", None) != self._padded_attention:
+            self.mlm_model.set_attn_implementation(self._padded_attention)
+
+    def recorded_path(self, record: dict[str, Any]) -> Optional[tuple[str, Optional[dict[str, float]]]]:
+        """``(path, probe times)`` that a resumed run's ``record`` (its :meth:`path_record`) chose with the same
+        ``--unpad`` option, for the trainer to keep instead of probing again; ``None`` when it holds none."""
+        path, times = record.get("unpad"), record.get("unpad_probe_s_per_step")
+        if record.get("unpad_option") != self._asked_unpad or path not in ("on", "off"):
+            return None
+        return path, ({str(k): float(v) for k, v in times.items()} if isinstance(times, dict) else None)
+
+    def path_record(self) -> dict[str, Any]:
+        """What the run records of its encoder path (``run_config.json``'s ``resolved``)."""
+        record: dict[str, Any] = {"unpad": self.unpad, "unpad_option": self._asked_unpad}
+        if self.unpad_probe_s is not None:
+            record["unpad_probe_s_per_step"] = dict(self.unpad_probe_s)
+        return record
+
+    def cls_vectors(self, hidden: "torch.Tensor | PackedHidden") -> torch.Tensor:
+        """``(N, H)``: the first token ([CLS]) of every row of :meth:`encode`'s result."""
+        return hidden.first() if isinstance(hidden, PackedHidden) else hidden[:, 0]
 
     def compile_encoder(self) -> None:
         """``--compile`` (the trainer calls it): ``torch.compile`` every encoder layer in place
         (:func:`pretrain.training.optim.compile_encoder`)."""
         compile_encoder(self.mlm_model)
 
-    def text_vectors(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``(B, L, H)`` last hidden states → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""
-        return pool(hidden, attention_mask, getattr(self.config, "representation", "cls"))
+    def text_vectors(self, hidden: "torch.Tensor | PackedHidden", attention_mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode`'s result → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""
+        pooling = getattr(self.config, "representation", "cls")
+        if isinstance(hidden, PackedHidden):
+            return hidden.pooled(attention_mask, pooling)
+        return pool(hidden, attention_mask, pooling)
 
     def load_decoder(self, path: str) -> None:
         """Continue the decoder of an exported run (``<path>/decoder``, written by :meth:`save_pretrained`).
@@ -365,24 +444,34 @@ class MaskedViewsMixin:
                                word_ids=word_ids)
             masked.append(x)
             labels.append(y)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special,
-                "masked_input_ids": torch.stack(masked, 1), "mlm_labels": torch.stack(labels, 1)}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special,
+                 "masked_input_ids": torch.stack(masked, 1), "mlm_labels": torch.stack(labels, 1)}
+        if self.packs():  # the encoder pass of encode_views, laid out here (in the DataLoader's workers)
+            batch.update(self.pack("views", self.views(batch["masked_input_ids"]),
+                                   attention_mask.repeat(self.num_views, 1), labels=self.views(batch["mlm_labels"])))
+        return batch
 
     @staticmethod
     def views(t: torch.Tensor) -> torch.Tensor:
         """``(m, k, L)`` → ``(k·m, L)``, view-major (rows ``i + v·m`` belong to text ``i``)."""
         return t.transpose(0, 1).reshape(-1, t.shape[-1])
 
-    def encode_views(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the encoder on all masked views; returns ``(last_hidden_state (k·m, L, H), labels (k·m, L))``."""
+    def encode_views(self, batch: dict[str, torch.Tensor]) -> tuple["torch.Tensor | PackedHidden", torch.Tensor]:
+        """Run the encoder on all masked views; returns ``(last hidden states of the k·m views (see
+        :meth:`Objective.encode`), labels (k·m, L))``."""
         k = batch["masked_input_ids"].shape[1]
         ids = self.views(batch["masked_input_ids"])
         am = batch["attention_mask"].repeat(k, 1)
-        hidden = self.encode(ids, am)
+        hidden = self.encode(ids, am, packed=self.packed_inputs(batch, "views"))
         return hidden, self.views(batch["mlm_labels"])
 
-    def masked_lm_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def masked_lm_loss(self, hidden: "torch.Tensor | PackedHidden", labels: torch.Tensor) -> torch.Tensor:
         """MLM loss, normalised by the global mean number of masked tokens per process, so that
-        DDP's gradient averaging gives exactly the gradient of the global-batch mean."""
+        DDP's gradient averaging gives exactly the gradient of the global-batch mean. A packed pass reads its
+        host-built masked positions and counts them from their shape (no boolean indexing, no wait for the device)."""
+        if isinstance(hidden, PackedHidden):
+            states, targets = hidden.masked()
+            n = global_mean_count(int(targets.shape[0]), device=targets.device)
+            return mlm_loss_selected(states, targets, mlm_head(self.mlm_model), num_items=n)
         n = global_mean_count(int((labels != -100).sum()), device=labels.device)
         return mlm_loss(hidden, labels, mlm_head(self.mlm_model), num_items=n)

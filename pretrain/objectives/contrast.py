@@ -194,7 +194,7 @@ def span_contrast_loss(objective: Any, batch: dict[str, torch.Tensor]) -> torch.
     length = batch["span_input_ids"].shape[-1]
     ids = batch["span_input_ids"].transpose(0, 1).reshape(-1, length)  # view-major: the m anchors, then the m positives
     am = batch["span_attention_mask"].transpose(0, 1).reshape(-1, length)
-    h = objective.text_vectors(objective.encode(ids, am), am)
+    h = objective.text_vectors(objective.encode(ids, am, packed=objective.packed_inputs(batch, "spans")), am)
     return span_contrast(h, span_contrast_form(objective.config), float(objective.config.span_contrast_temperature))
 
 
@@ -220,6 +220,8 @@ def _collate_with_spans(self: Any, examples: list[list[int]]) -> dict[str, torch
     m = len(examples)
     batch["span_input_ids"] = torch.stack([ids[:m], ids[m:]], 1)
     batch["span_attention_mask"] = torch.stack([am[:m], am[m:]], 1)
+    if self.packs():  # the spans' encoder pass (view-major: the anchors, then the positives), laid out here
+        batch.update(self.pack("spans", ids, am))
     return batch
 
 

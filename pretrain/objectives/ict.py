@@ -128,10 +128,16 @@ class ICTObjective(Objective):
                  for e in examples]
         q_ids, q_am, _ = pad_and_add_special([p[0] for p in pairs], self.tokenizer)
         b_ids, b_am, _ = pad_and_add_special([p[1] for p in pairs], self.tokenizer)
-        return {"query_input_ids": q_ids, "query_attention_mask": q_am, "input_ids": b_ids, "attention_mask": b_am}
+        batch = {"query_input_ids": q_ids, "query_attention_mask": q_am, "input_ids": b_ids, "attention_mask": b_am}
+        if self.packs():  # the two encoder passes, laid out here (in the DataLoader's workers)
+            batch.update(self.pack("query", q_ids, q_am))
+            batch.update(self.pack("passage", b_ids, b_am))
+        return batch
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        hq = self.encode(batch["query_input_ids"], batch["query_attention_mask"])[:, 0]
-        hb = self.encode(batch["input_ids"], batch["attention_mask"])[:, 0]
+        hq = self.cls_vectors(self.encode(batch["query_input_ids"], batch["query_attention_mask"],
+                                          packed=self.packed_inputs(batch, "query")))
+        hb = self.cls_vectors(self.encode(batch["input_ids"], batch["attention_mask"],
+                                          packed=self.packed_inputs(batch, "passage")))
         loss = paired_info_nce(hq, hb, float(self.config.temperature), dot)
         return {"loss": loss, "cl": loss.detach()}

@@ -218,17 +218,21 @@ class PROPObjective(MaskedViewsMixin, Objective):
                                      mlm_probability=float(cfg.mlm_probability), generator=self.mask_generator,
                                      word_ids=word_ids)
         m = len(examples)
-        return {"input_ids": ids.view(m, 2, -1), "token_type_ids": tt.view(m, 2, -1),
-                "attention_mask": am.view(m, 2, -1), "masked_input_ids": masked.view(m, 2, -1),
-                "mlm_labels": labels.view(m, 2, -1), "loglik": torch.tensor(logliks, dtype=torch.float32)}
+        batch = {"input_ids": ids.view(m, 2, -1), "token_type_ids": tt.view(m, 2, -1),
+                 "attention_mask": am.view(m, 2, -1), "masked_input_ids": masked.view(m, 2, -1),
+                 "mlm_labels": labels.view(m, 2, -1), "loglik": torch.tensor(logliks, dtype=torch.float32)}
+        if self.packs():  # forward's encoder pass over the 2m masked pairs, laid out here (in the DataLoader's workers)
+            batch.update(self.pack("pairs", masked, am, token_type_ids=tt, labels=labels))
+        return batch
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{"loss": L_ROP + L_MLM, "mlm", "rop"}``; one encoder pass over the ``2m`` masked pairs."""
         L = batch["masked_input_ids"].shape[-1]
         hidden = self.encode(batch["masked_input_ids"].reshape(-1, L), batch["attention_mask"].reshape(-1, L),
-                             token_type_ids=batch["token_type_ids"].reshape(-1, L))
+                             token_type_ids=batch["token_type_ids"].reshape(-1, L),
+                             packed=self.packed_inputs(batch, "pairs"))
         l_mlm = self.masked_lm_loss(hidden, batch["mlm_labels"].reshape(-1, L))
-        scores = self.score_head(hidden[:, 0]).view(-1, 2)
+        scores = self.score_head(self.cls_vectors(hidden)).view(-1, 2)
         l_rop = rop_loss(scores, float(self.config.prop_margin))
         return {"loss": l_rop + l_mlm, "mlm": l_mlm.detach(), "rop": l_rop.detach()}
 

@@ -78,13 +78,16 @@ class SimCSEObjective(Objective):
         if len(examples) < 2 and world_size() == 1:
             raise ValueError(f"objective 'simcse' is contrastive and needs at least 2 texts per batch, got {len(examples)}")
         input_ids, attention_mask, _ = pad_and_add_special(examples, self.tokenizer)
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.packs():  # forward's one encoder pass over both copies, laid out here (in the DataLoader's workers)
+            batch.update(self.pack("passes", input_ids.repeat(2, 1), attention_mask.repeat(2, 1)))
+        return batch
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{"loss": L_SimCSE, "cl": ...}``; both passes in one encoder call (rows ``i`` and ``i + m``)."""
         m = batch["input_ids"].shape[0]
         ids = batch["input_ids"].repeat(2, 1)
         am = batch["attention_mask"].repeat(2, 1)
-        h = self.encode(ids, am)[:, 0]
+        h = self.cls_vectors(self.encode(ids, am, packed=self.packed_inputs(batch, "passes")))
         loss = paired_info_nce(h[:m], h[m:], float(self.config.temperature), cosine)
         return {"loss": loss, "cl": loss.detach()}

@@ -64,7 +64,10 @@ def global_mean_count(n: Union[int, torch.Tensor], device: Union[str, torch.devi
     """``Σ_processes n / world_size``: the denominator that makes a local ``sum / denominator``
     loss, after DDP's gradient averaging, equal the global-batch mean. Equals ``n`` when not
     distributed."""
-    t = torch.as_tensor(n, dtype=torch.float64, device=device).clone()
+    if torch.is_tensor(n):
+        t = n.to(device=device, dtype=torch.float64).clone()
+    else:  # filled on the device: no copy from the host (which a CUDA stream would wait for)
+        t = torch.full((), float(n), dtype=torch.float64, device=device)
     if is_distributed():
         dist.all_reduce(t)
         t /= dist.get_world_size()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 import math
 import os
@@ -135,6 +136,8 @@ class Trainer:
         self.output = config.output
         #: What the run is built from (corpus and tokenizer fingerprints), recorded in run_config.json.
         self.inputs: dict[str, Any] = {}
+        #: How the module resolved what it runs (its ``path_record()``, after the path probe), in run_config.json.
+        self.resolved: dict[str, Any] = {}
 
     # --------------------------------------------------------------- public API
     @property
@@ -150,9 +153,12 @@ class Trainer:
         """
         acc, cfg = self.accelerator, self.config
         check_output_dir(cfg)
+        recorded = self._recorded_resolution() if cfg.resume else {}  # read before the record is written again
         acc.wait_for_everyone()
         found = list_checkpoints(self.output) if cfg.resume and os.path.isdir(self.output) else []
         resume = found[-1] if found else None
+        #: what the resumed run resolved at its start (its path probe's choice), kept by the continuation
+        self._resume_resolved = recorded if resume is not None else {}
         if cfg.resume and resume is None:
             logger.warning("--resume given but %s holds no checkpoint; starting from scratch", self.output)
         if resume is not None:  # before anything is written: a refused length leaves the run as it was
@@ -214,6 +220,7 @@ class Trainer:
             scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
             logger.info("resumed from %s (step %d, epoch %d, step in epoch %d)", resume[1], step, epoch, pos)
             self._on_step(model, step)
+        self._choose_path(model, epoch, pos)
 
         if self.is_main_process:  # --report-to, through accelerate's trackers
             from ..logging_utils import make_trackers
@@ -301,6 +308,70 @@ class Trainer:
         return result
 
     # --------------------------------------------------------------- internals
+    def _choose_path(self, model: nn.Module, epoch: int, pos: int) -> None:
+        """The path probe (:mod:`pretrain.training.path_probe`) of a module that offers paths to time on this device
+        (``probe_paths(device)``, e.g. ``--unpad auto`` on CUDA): a few forward and backward passes of the run's first
+        micro-batch on each, no update, gradients dropped, random states restored; the fastest is kept
+        (``use_path(path, times)``; every process keeps the same, from the times averaged over processes). A resumed
+        run keeps the path its start chose (the module's ``recorded_path(record)`` of the run's ``resolved`` record), so
+        that the continuation computes as the run did. Then the module's ``path_record()`` goes into
+        ``run_config.json`` as ``resolved``."""
+        from .path_probe import fastest, preserved_random_state, time_paths
+
+        acc = self.accelerator
+        unwrapped = acc.unwrap_model(model)
+        probe = getattr(unwrapped, "probe_paths", None)
+        paths = tuple(probe(acc.device)) if callable(probe) else ()
+        recorded = getattr(unwrapped, "recorded_path", None)
+        kept = recorded(getattr(self, "_resume_resolved", {})) if paths and callable(recorded) else None
+        if kept is not None:  # a resumed run keeps its path: the continuation computes as the run did
+            logger.info("resumed run: keeping the path its start chose (%s)", kept[0])
+            unwrapped.use_path(*kept)
+        elif paths:
+            from accelerate.utils import send_to_device
+
+            self.sampler.set_position(epoch, pos)
+            examples = [self.dataset[i] for i in itertools.islice(iter(self.sampler), self.micro_batch_size)]
+            was_training = model.training
+            model.train()
+            batches: dict[str, Any] = {}
+            with preserved_random_state(unwrapped):
+                for path in paths:  # each path's batch from the same random state: the same masks
+                    with preserved_random_state(unwrapped):
+                        unwrapped.use_path(path)
+                        batches[path] = send_to_device(self.collate_fn(examples), acc.device)
+
+                def step(path: str) -> None:
+                    unwrapped.use_path(path)
+                    acc.backward(model(batches[path])["loss"])
+
+                sync = (lambda: torch.cuda.synchronize(acc.device)) if acc.device.type == "cuda" else (lambda: None)
+                times = time_paths(step, paths, sync=sync)
+                for p in model.parameters():
+                    p.grad = None
+            del batches
+            if self.world_size > 1:  # one choice on every process
+                mean = acc.reduce(torch.tensor([times[p] for p in paths], dtype=torch.float64, device=acc.device),
+                                  reduction="mean")
+                times = dict(zip(paths, mean.tolist()))
+            unwrapped.use_path(fastest(times), times)
+            model.train(was_training)
+        record = getattr(unwrapped, "path_record", None)
+        self.resolved = dict(record()) if callable(record) else {}
+        if self.resolved and self.is_main_process:
+            write_json_atomic(os.path.join(self.output, RUN_CONFIG), self._run_config(), default=str)
+
+    def _recorded_resolution(self) -> dict[str, Any]:
+        """The ``resolved`` record of the run in ``output`` (``{}`` without one)."""
+        import json
+
+        try:
+            with open(os.path.join(self.output, RUN_CONFIG)) as f:
+                record = json.load(f).get("resolved")
+        except (OSError, ValueError, AttributeError):
+            return {}
+        return record if isinstance(record, dict) else {}
+
     def _asked_length(self) -> str:
         cfg = self.config
         if cfg.max_steps and cfg.max_steps > 0:
@@ -323,7 +394,9 @@ class Trainer:
                 "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                              "accelerate": accelerate.__version__},
                 # what the run is built from (set by the caller, e.g. pretrain.data.inputs.run_inputs)
-                **({"inputs": self.inputs} if self.inputs else {})}
+                **({"inputs": self.inputs} if self.inputs else {}),
+                # what the module resolved at the start (e.g. --unpad auto's path and its probe's times)
+                **({"resolved": self.resolved} if self.resolved else {})}
 
     def _optimizer_step(self, model: nn.Module, optimizer: Any, scheduler: Any, batches: Iterator[Any],
                         step: int) -> dict[str, torch.Tensor]:

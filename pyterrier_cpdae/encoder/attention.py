@@ -178,9 +178,13 @@ def _named_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq_lens
         out = _flash_attn()(q, k, v, cu, cu, int(max_length_q), int(max_length_q), dropout_p=p, softmax_scale=scaling)
     elif kernel == "njt":
         offsets = cu_seq_lens_q.to(torch.int64)
+        # the bounds are given, so that torch never reads them back from the device (3 reads per layer otherwise):
+        # every text holds at least one token (the packed layouts' and unpadded_last_hidden's rows are never empty,
+        # and the fused kernels refuse an empty one) and at most max_length_q
+        bounds = {"min_seqlen": 1, "max_seqlen": int(max_length_q)}
 
         def nested(t: torch.Tensor) -> torch.Tensor:
-            return torch.nested.nested_tensor_from_jagged(t, offsets=offsets).transpose(1, 2)  # (N, heads, j, d)
+            return torch.nested.nested_tensor_from_jagged(t, offsets=offsets, **bounds).transpose(1, 2)  # (N, h, j, d)
         with warnings.catch_warnings():  # torch's "prototype" notices of nested tensors
             warnings.simplefilter("ignore", UserWarning)
             out = F.scaled_dot_product_attention(nested(q), nested(k), nested(v), dropout_p=p, scale=scaling)
