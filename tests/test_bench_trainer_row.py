@@ -79,6 +79,6 @@ def test_a_failed_trainer_row_fails_the_benchmark_and_the_finished_rows_stay_on_
     # the GPU run's path: the row through run_one (a process of its own), its error kept as the row's
     monkeypatch.setattr(objective_runs, "run_one", lambda name, args: {"objective": name, "error": "boom"})
     args = SimpleNamespace(trainer_objectives="mlm", length_dist=ROOT / "experiments" / "results" / "padding_share.json",
-                           trainer_workers=0)
+                           trainer_workers=0, trainer_unpad="auto")
     rows = bench_gpu.bench_trainer(args, SimpleNamespace(), {"bf16_flops": 1e12}, [], smoke=False)
     assert rows == [{"objective": "mlm", "error": "boom", "path": "Trainer, 0 loader workers"}]
