@@ -224,3 +224,38 @@ def test_a_model_directory_retrained_in_place_is_indexed_and_evaluated_again(tmp
     third = run("work")  # unchanged weights: everything is reused again
     pd.testing.assert_frame_equal(second, third)
     assert "2 of 2 reused" in (tmp_path / "results-work" / "table.md").read_text()
+
+
+def test_holm_corrections_walk_only_the_objects_made_inside_the_experiment():
+    """statsmodels' Holm correction runs a full gc.collect() per measure; inside the main job's block the objects made
+    before it are frozen, so such a collection does not walk them, and they are collected as usual after it (a cycle
+    that became garbage before the block: kept inside, freed after; reference: the collector's own answer)."""
+    import gc
+    import weakref
+
+    block = _load_main()._collections_walk_new_objects_only
+
+    class Node:
+        pass
+
+    enabled = gc.isenabled()
+    gc.disable()  # no automatic collection between the steps below
+    try:
+        before = Node()
+        before.me = before
+        gone_before = weakref.ref(before)
+        del before
+        with block():
+            assert gc.get_freeze_count() > 0
+            inside = Node()
+            inside.me = inside
+            gone_inside = weakref.ref(inside)
+            del inside
+            gc.collect()
+            assert gone_inside() is None and gone_before() is not None   # only the block's own objects walked
+        assert gc.get_freeze_count() == 0
+        gc.collect()
+        assert gone_before() is None
+    finally:
+        if enabled:
+            gc.enable()
