@@ -193,7 +193,8 @@ def test_a_block_keeps_no_indexing_encoder_and_one_query_encoder_at_a_time(tmp_p
     assert len(made) == 5 and again[["docno", "score"]].equals(first[["docno", "score"]])
 
 
-def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_experiment(tmp_path, monkeypatch):
+def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_experiment(tmp_path, monkeypatch,
+                                                                                         tiny_bert_dir):
     """With the queries at hand (the paper's evaluation), build_retrievers retrieves them with the encoder that
     indexed and saves the run where pt.Experiment(save_mode="reuse") reads it: one model load per system instead of
     two, no encoder kept. Reference: the lazy query side (no topics) in another index root, ranked the same, with
@@ -221,7 +222,7 @@ def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_exp
     spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
     ds = load_dataset(spec)
     topics, qrels = ds.get_topics(), ds.get_qrels()
-    models = {"a": (str(gt.get_model_path()), "cls"), "b": (str(gt.get_model_path()), "cls")}
+    models = {"a": (tiny_bert_dir, "cls"), "b": (tiny_bert_dir, "cls")}
 
     def experiment(pipes, root):
         return pt.Experiment([pipes[n] for n in models], topics, qrels, eval_metrics=[ir_measures.nDCG@10, ir_measures.RR],
