@@ -19,7 +19,7 @@ import pandas as pd
 from pyterrier_cpdae._files import write_text_atomic
 
 from .data import head_texts, held_out_texts
-from .pipeline import BM25, BERT, Plan, evaluate
+from .pipeline import BM25, BERT, Plan, evaluate, index_block
 from .config import BLOCKS, used_finetune_sets
 
 NOT_RUN = "not run"
@@ -190,18 +190,28 @@ class Tables:
         fs = self.cfg["finetune_sets"].get(entry.get("finetuned_on"), {})
         return entry.get("seeds") == "all" and bool(fs.get("seeds"))
 
+    def block_systems(self, eval_set: str, block: str) -> tuple[dict[str, str], Optional[dict[str, str]]]:
+        """The systems (name -> checkpoint) Tables 1 and 2 evaluate on ``eval_set`` in ``block``, and their run ->
+        model groups for a block over fine-tuning seeds (else None)."""
+        models = self.plan.table_models(("1", "2"))
+        entry = self.cfg["eval_sets"][eval_set]
+        if block == "zero-shot":
+            return self.zero_shot_systems(models), None
+        if self.seeded(eval_set):
+            return self.finetuned_seed_systems(entry["finetuned_on"], models)
+        return self.finetuned_systems(entry["finetuned_on"], models), None
+
+    def _index_block(self, block: str) -> None:
+        """Before a block's sets are evaluated one by one: their indexes built and runs saved model by model
+        (:func:`~experiments.paper.evaluation.index_block`), so that a model is loaded once for all of them."""
+        sets = {s: self.block_systems(s, block)[0] for s in self.sets_of(block) if (s, block) not in self.results}
+        if len(sets) > 1:
+            index_block(self.plan, block, sets)
+
     def evaluated(self, eval_set: str, block: str) -> dict[str, Any]:
         key = (eval_set, block)
         if key not in self.results:
-            models = self.plan.table_models(("1", "2"))
-            entry = self.cfg["eval_sets"][eval_set]
-            groups = None
-            if block == "zero-shot":
-                systems = self.zero_shot_systems(models)
-            elif self.seeded(eval_set):
-                systems, groups = self.finetuned_seed_systems(entry["finetuned_on"], models)
-            else:
-                systems = self.finetuned_systems(entry["finetuned_on"], models)
+            systems, groups = self.block_systems(eval_set, block)
             t = self.cfg["tables"]
             baselines = dict(t.get("table1", {}).get("baselines", {}))
             if t.get("table2", {}).get("baseline"):
@@ -229,6 +239,7 @@ class Tables:
     def _grid(self, rows: list[list[str]], baselines: dict[str, str]) -> tuple[list[tuple[str, pd.DataFrame]], pd.DataFrame]:
         shown, flat = [], []
         for block, title in self.blocks():
+            self._index_block(block)
             table = []
             for label, key in rows:
                 row: dict[str, Any] = {"Model": label}
