@@ -57,7 +57,7 @@ def test_the_paper_evaluation_asks_for_dot_product(monkeypatch, tmp_path):
     assert seen["normalize"] is False
 
 
-def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsys):
+def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsys, tiny_bert_dir):
     """build_retrievers reuses an index only for the same model files, pooling, corpus, document length and
     normalisation (encoder_settings.json beside it); another query side keeps the index but drops the saved run; an
     index without the record is rebuilt (it used to be reused whenever it was newer than the model)."""
@@ -68,7 +68,7 @@ def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsy
 
     spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
     model = tmp_path / "m"
-    shutil.copytree(gt.get_model_path(), model)
+    shutil.copytree(tiny_bert_dir, model)
     root = tmp_path / "i"
     runs = root / "runs"
     runs.mkdir(parents=True)
@@ -115,7 +115,8 @@ def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsy
     assert "reusing the index" in build(doc_max_length=32, query_max_length=16)
 
 
-def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_works(tmp_path, monkeypatch):
+def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_works(tmp_path, monkeypatch,
+                                                                                       tiny_bert_dir):
     """A re-made table reads each system's saved run: build_retrievers then loads no encoder (no tokenizer, no
     weights), pt.Experiment's validation does not load it either, and the figures equal the first run's. Called
     after all (its saved run deleted), the pipeline loads the encoder then and ranks exactly as the eager one."""
@@ -128,7 +129,7 @@ def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_
     from pyterrier_cpdae.encoder import CPDAE
 
     spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
-    model = {"m": (str(gt.get_model_path()), "cls")}
+    model = {"m": (tiny_bert_dir, "cls")}
     root = tmp_path / "i"
     (root / "runs").mkdir(parents=True)
     ds = load_dataset(spec)
