@@ -35,7 +35,8 @@ def _need(*subs: str) -> None:
 
 # ----------------------------------------------------------------------------- configs (no data needed)
 @pytest.mark.parametrize("scale", SCALES)
-def test_every_scale_evaluates_dl19_and_gives_every_table1_row_the_same_three_seeds(scale, tmp_path):
+def test_every_scale_evaluates_dl19_and_gives_every_table1_row_the_same_seeds(scale, tmp_path):
+    """Three fine-tuning seeds per row in every protocol; the smoke sizes run two, the fewest a mean ± std needs."""
     from experiments.paper.pipeline import BM25, Plan
 
     cfg = load_config(scale, work_dir=tmp_path / "work")
@@ -50,7 +51,8 @@ def test_every_scale_evaluates_dl19_and_gives_every_table1_row_the_same_three_se
     for set_name in fine_tuned_sets:
         seeds = {k: [s for s, _ in plan.finetuned_seeds[set_name][k]] for k in rows}
         first = seeds[rows[0]]
-        assert len(first) >= 3 and all(v == first for v in seeds.values()), (set_name, seeds)
+        assert len(first) >= (2 if scale == "smoke" else 3) and all(v == first for v in seeds.values()), (set_name,
+                                                                                                       seeds)
         assert all(cfg["eval_sets"][s].get("seeds") == "all" for s, e in cfg["eval_sets"].items()
                    if e.get("finetuned_on") == set_name and "fine-tuned" in e.get("blocks", ["fine-tuned"]))
     # the MARCO sample and DL19 share ir_datasets' msmarco-passage folder name: DL19 must bring its own copy where

@@ -57,7 +57,7 @@ def test_the_paper_evaluation_asks_for_dot_product(monkeypatch, tmp_path):
     assert seen["normalize"] is False
 
 
-def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsys):
+def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsys, tiny_bert_dir):
     """build_retrievers reuses an index only for the same model files, pooling, corpus, document length and
     normalisation (encoder_settings.json beside it); another query side keeps the index but drops the saved run; an
     index without the record is rebuilt (it used to be reused whenever it was newer than the model)."""
@@ -68,7 +68,7 @@ def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsy
 
     spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
     model = tmp_path / "m"
-    shutil.copytree(gt.get_model_path(), model)
+    shutil.copytree(tiny_bert_dir, model)
     root = tmp_path / "i"
     runs = root / "runs"
     runs.mkdir(parents=True)
@@ -115,7 +115,8 @@ def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsy
     assert "reusing the index" in build(doc_max_length=32, query_max_length=16)
 
 
-def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_works(tmp_path, monkeypatch):
+def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_works(tmp_path, monkeypatch,
+                                                                                       tiny_bert_dir):
     """A re-made table reads each system's saved run: build_retrievers then loads no encoder (no tokenizer, no
     weights), pt.Experiment's validation does not load it either, and the figures equal the first run's. Called
     after all (its saved run deleted), the pipeline loads the encoder then and ranks exactly as the eager one."""
@@ -128,7 +129,7 @@ def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_
     from pyterrier_cpdae.encoder import CPDAE
 
     spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
-    model = {"m": (str(gt.get_model_path()), "cls")}
+    model = {"m": (tiny_bert_dir, "cls")}
     root = tmp_path / "i"
     (root / "runs").mkdir(parents=True)
     ds = load_dataset(spec)
@@ -254,3 +255,55 @@ def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_exp
         assert pt.inspect.transformer_outputs(again[n], ["qid", "query"]) == \
             pt.inspect.transformer_outputs(own, ["qid", "query", "query_vec"])
     assert len(made) == before
+
+
+def test_a_blocks_sets_are_indexed_model_by_model_each_model_loaded_once(tmp_path, monkeypatch, tiny_bert_dir):
+    """index_block indexes every set of a block with each model in turn, loading each model once for all the sets
+    (the tables then evaluate set by set from the saved runs, loading nothing). Reference: evaluate() set by set in
+    another work directory, each set loading every model itself; the same figures."""
+    import shutil
+
+    import torch
+    from transformers import BertForMaskedLM
+
+    from experiments.paper.evaluation import evaluate, index_block
+    from pyterrier_cpdae.encoder import CPDAE
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_bert_dir, other)
+    torch.manual_seed(1)
+    BertForMaskedLM(BertForMaskedLM.from_pretrained(other).config).save_pretrained(other)
+    systems = {"first": tiny_bert_dir, "second": str(other)}
+    b2 = tmp_path / "b2"
+    (b2 / "qrels").mkdir(parents=True)
+    with open(b2 / "corpus.jsonl", "w") as f:
+        for i, t in enumerate(["a whale in the ocean", "desert sand and camels", "coral reefs under water"]):
+            f.write(json.dumps({"_id": f"e{i}", "title": "", "text": t}) + "\n")
+    (b2 / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "ocean whale"}) + "\n")
+    (b2 / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\te0\t1\n")
+    sets = {"one": {"spec": f"beir:{_tiny_beir(tmp_path / 'b1')}:train", "metrics": ["nDCG@10", "RR"]},
+            "two": {"spec": f"beir:{b2}:train", "metrics": ["nDCG@10", "RR"]}}
+
+    def plan(work: str):
+        return type("P", (), {"cfg": {"eval_sets": sets,
+                                      "evaluation": {"pooling": "cls", "query_max_length": 16, "doc_max_length": 32,
+                                                     "num_results": 3, "batch_size": 8}},
+                              "work": tmp_path / work})()
+
+    loads = []
+    real = CPDAE.from_pretrained.__func__
+    monkeypatch.setattr(CPDAE, "from_pretrained",
+                        classmethod(lambda cls, path, **k: loads.append(path) or real(cls, path, **k)))
+    p = plan("w")
+    index_block(p, "zero-shot", {s: systems for s in sets})
+    assert sorted(loads) == sorted(systems.values())                       # once per model, not once per set
+    means = {s: evaluate(p, s, "zero-shot", systems, {}, with_bm25=False, log=lambda _: None)["means"] for s in sets}
+    assert len(loads) == 2                                                  # every run was saved: nothing loaded
+
+    fresh = {s: evaluate(plan("fresh"), s, "zero-shot", systems, {}, with_bm25=False, log=lambda _: None)["means"]
+             for s in sets}
+    assert len(loads) == 2 + 2 * 2                                          # set by set: each set loads each model
+    assert means.keys() == fresh.keys()
+    for s in sets:
+        for name in systems:
+            assert means[s][name] == pytest.approx(fresh[s][name], abs=1e-6)

@@ -75,14 +75,17 @@ def test_paper_config_runs_with_tiny_stand_ins(tmp_path, tiny_bert_dir):
     irds:msmarco-passage/train with the triples-small BM25 negatives, dev/small and TREC DL 2019; the stages run
     in-process)."""
     stand = _paper_stand_ins(tmp_path / "stand", tiny_bert_dir)
-    dry = _run(["--scale", "paper", "--stand-ins", str(stand), "--work-dir", str(tmp_path / "work"), "--dry-run"])
-    assert dry.returncode == 0, dry.stderr[-3000:]
-    assert "base" not in [line.split("]")[0][1:] for line in dry.stdout.splitlines() if line.startswith("[")]
-    assert f"--model {tiny_bert_dir} --corpus {stand / 'wiki.txt'}" in dry.stdout
-    assert "--negatives file:irds:msmarco-passage/train/triples-small" in dry.stdout
     out = tmp_path / "out"
     run = _run(["--scale", "paper", "--stand-ins", str(stand), "--work-dir", str(tmp_path / "work"), "--out", str(out)])
     assert run.returncode == 0, run.stderr[-4000:]
+    # the stage commands the run logged as it started each stage (those a dry run prints): no base stage (the paper
+    # scale starts from the model itself), the continuations from the stand-in model and corpus, the fine-tunings
+    # on the triples-small BM25 negatives
+    records = {json.loads(p.read_text())["stage"] for p in (tmp_path / "work" / "stages").glob("*.json")}
+    assert "base" not in records and "continue:cpdae" in records
+    assert not [line for line in run.stdout.splitlines() if line.startswith("[base]")]
+    assert f"--model {tiny_bert_dir} --corpus {stand / 'wiki.txt'}" in run.stdout
+    assert "--negatives file:irds:msmarco-passage/train/triples-small" in run.stdout
     t1 = pd.read_csv(out / "table1.csv")
     assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS
     ok = set(t1[(t1["block"] == "fine-tuned") & (t1["status"] == "ok")]["model"])

@@ -174,6 +174,61 @@ def record_in_cards(systems: dict[str, str], figures: dict[str, dict[str, float]
     return done
 
 
+class _EvalSet:
+    """One evaluation set of a block as :func:`evaluate` and :func:`index_block` read it: its settings (the config's
+    ``evaluation``, the set's own on top), its data (materialised subset, judged queries), the folder of its indexes
+    and saved runs (stale runs dropped: :func:`keep_saved_runs_for`), and the dense retrievers over it."""
+
+    def __init__(self, plan: Any, set_name: str, block: str, entry: Optional[dict[str, Any]] = None) -> None:
+        from experiments.paper.caches import corpus_fingerprint, topics_digest
+        from pyterrier_cpdae import load_dataset
+
+        self.plan = plan
+        self.entry = entry if entry is not None else plan.cfg["eval_sets"][set_name]
+        self.ev = {**plan.cfg["evaluation"], **self.entry.get("evaluation", {})}  # e.g. longer documents for one set
+        self.spec = set_spec(set_name, self.entry, plan.work)
+        self.ds = load_dataset(self.spec)
+        self.topics, self.qrels = eval_topics(self.ds)
+        self.index_root = under_work(plan, "indices", set_name, block, what=f"the indexes of the set {set_name!r}")
+        self.save_dir = self.index_root / "runs"
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        # (before the indexes: build_retrievers saves the runs it retrieves where pt.Experiment reads them)
+        keep_saved_runs_for(self.save_dir, {"corpus": corpus_fingerprint(self.spec, digests_file(plan))["digest"],
+                                            "topics": topics_digest(self.topics),
+                                            "num_results": int(self.ev["num_results"])})
+
+    def build_retrievers(self, systems: dict[str, str], encoders: Optional[dict[tuple, Any]] = None):
+        """:func:`~experiments.paper.retrievers.build_retrievers` of ``systems`` (name -> checkpoint) on this set,
+        each system's run retrieved and saved where ``pt.Experiment`` reads it."""
+        from .retrievers import build_retrievers
+
+        ev = self.ev
+        return build_retrievers({k: (v, ev.get("pooling", "cls")) for k, v in systems.items()}, self.spec,
+                                doc_max_length=int(ev["doc_max_length"]), query_max_length=int(ev["query_max_length"]),
+                                index_root=self.index_root, num_results=int(ev["num_results"]),
+                                batch_size=int(ev["batch_size"]),
+                                # the protocol's similarity is the dot product of [CLS] vectors for every row, also
+                                # for a model directory that ships a Normalize module (all-MiniLM-L6-v2)
+                                normalize=bool(ev.get("normalize", False)),
+                                digests_file=digests_file(self.plan), topics=self.topics, encoders=encoders)
+
+
+def index_block(plan: Any, block: str, sets: dict[str, dict[str, str]]) -> None:
+    """Index every set of a block with each of its systems and save their runs, model by model: a checkpoint evaluated
+    on several sets (a block's models on each of its collections) is loaded once, and its encoder indexes and
+    retrieves every set whose encoder settings are the same, instead of once per set. :func:`evaluate` then finds
+    each index built and each run saved (what is reused or rebuilt is decided as there, by
+    :func:`~experiments.paper.retrievers.build_retrievers`). ``sets``: set name -> {system name: checkpoint}."""
+    evsets = {s: _EvalSet(plan, s, block) for s in sets}
+    for path in dict.fromkeys(p for systems in sets.values() for p in systems.values()):
+        encoders: dict[tuple, Any] = {}  # this checkpoint's encoder(s), dropped before the next one is loaded
+        for s, systems in sets.items():
+            mine = {name: p for name, p in systems.items() if p == path}
+            if mine:
+                evsets[s].build_retrievers(mine, encoders=encoders)
+        encoders.clear()
+
+
 def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], baselines: dict[str, str],
              with_bm25: bool = True, log: Callable[[str], None] = print, entry: Optional[dict[str, Any]] = None,
              groups: Optional[dict[str, str]] = None) -> dict[str, Any]:
@@ -195,37 +250,18 @@ def evaluate(plan: Any, set_name: str, block: str, systems: dict[str, str], base
     import pandas as pd
     import pyterrier as pt
 
-    from .retrievers import build_retrievers
-    from pyterrier_cpdae import load_dataset
-
-    entry = entry if entry is not None else plan.cfg["eval_sets"][set_name]
-    ev = {**plan.cfg["evaluation"], **entry.get("evaluation", {})}  # e.g. longer documents for one set
-    spec = set_spec(set_name, entry, plan.work)
-    ds = load_dataset(spec)
-    topics, qrels = eval_topics(ds)
-    index_root = under_work(plan, "indices", set_name, block, what=f"the indexes of the set {set_name!r}")
+    c = _EvalSet(plan, set_name, block, entry)
+    ev, spec, ds, topics, qrels = c.ev, c.spec, c.ds, c.topics, c.qrels
     pipelines: dict[str, Any] = {}
     if with_bm25:
-        pre = precomputed_bm25(plan, "runs", set_name, entry, spec, num_results=int(ev["num_results"]))
+        pre = precomputed_bm25(plan, "runs", set_name, c.entry, spec, num_results=int(ev["num_results"]))
         pipelines[BM25] = (precomputed_run(pre, topics) if pre is not None else
                            bm25_index(plan, f"eval_{set_name}", ds, spec).bm25(num_results=int(ev["num_results"])))
-    save_dir = index_root / "runs"
-    save_dir.mkdir(parents=True, exist_ok=True)
-    from experiments.paper.caches import corpus_fingerprint, topics_digest
-    # (before the indexes: build_retrievers saves the runs it retrieves where pt.Experiment reads them)
-    keep_saved_runs_for(save_dir, {"corpus": corpus_fingerprint(spec, digests_file(plan))["digest"],
-                                   "topics": topics_digest(topics), "num_results": int(ev["num_results"])})
-    dense, index_s = build_retrievers({k: (v, ev.get("pooling", "cls")) for k, v in systems.items()}, spec,
-                                      doc_max_length=int(ev["doc_max_length"]),
-                                      query_max_length=int(ev["query_max_length"]), index_root=index_root,
-                                      num_results=int(ev["num_results"]), batch_size=int(ev["batch_size"]),
-                                      # the protocol's similarity is the dot product of [CLS] vectors for every row,
-                                      # also for a model directory that ships a Normalize module (all-MiniLM-L6-v2)
-                                      normalize=bool(ev.get("normalize", False)),
-                                      digests_file=digests_file(plan), topics=topics)
+    dense, index_s = c.build_retrievers(systems)
     pipelines.update(dense)
+    save_dir = c.save_dir
     names = list(pipelines)
-    metrics = [_measure(m) for m in entry["metrics"]]
+    metrics = [_measure(m) for m in c.entry["metrics"]]
     result: dict[str, Any] = {"means": {}, "pvalues": {}, "experiments": [], "num_queries": len(topics),
                               "index_s": index_s, "spec": spec}
     if groups is not None:  # several runs (seeds) per model: one perquery experiment, rows over seeds

@@ -21,8 +21,8 @@ from typing import Any, Callable, Optional
 from .config import ROOT, under_work
 from .data import set_spec
 from .evaluation import (BM25, PRECOMPUTED_MANIFEST, _bm25_what, bm25_index, digests_file,  # noqa: F401
-                         eval_topics, evaluate, precomputed_bm25, precomputed_root,
-                         set_data_digest)  # (BM25, evaluate: re-exported for the tables and the pilot)
+                         eval_topics, evaluate, index_block, precomputed_bm25, precomputed_root,
+                         set_data_digest)  # (BM25, evaluate, index_block: re-exported for the tables and the pilot)
 from .stages import Stage, to_argv
 
 BERT = "bert"

@@ -66,8 +66,8 @@ def _recorded_settings(index_path: Path) -> Optional[dict[str, Any]]:
 def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, doc_max_length: int = 192,
                      query_max_length: int = 32, index_root: Path, num_results: int = 100,
                      batch_size: int = 64, reuse: bool = False, normalize: Optional[bool] = None,
-                     digests_file: Optional[Path] = None,
-                     topics: Any = None) -> tuple[dict[str, Any], dict[str, float]]:
+                     digests_file: Optional[Path] = None, topics: Any = None,
+                     encoders: Optional[dict[tuple, Any]] = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
 
     An index already built under ``index_root`` (same model name) is loaded, not rebuilt, when its
@@ -90,6 +90,9 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
             ``index_root / "runs"`` where ``pt.Experiment(save_mode="reuse")`` reads it; each model directory is then
             loaded once, not once to index and once more for its queries. Without them the query side is loaded
             when ``pt.Experiment`` first calls it.
+        encoders: the encoders made here, by their ``CPDAE.from_pretrained`` arguments, kept for the next call that
+            needs the same (one model indexed on several collections is loaded once, by
+            :func:`experiments.paper.evaluation.index_block`); the caller empties it when it moves to another model.
     """
     from experiments.paper.caches import corpus_fingerprint
     from pyterrier_cpdae._files import write_json_atomic
@@ -110,8 +113,14 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
         enc: Any = None
 
         def encoder(path: str = path, pooling: str = pooling) -> Any:
-            return CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
+            key = (path, pooling, query_max_length, doc_max_length, batch_size, normalize)
+            if encoders is not None and key in encoders:
+                return encoders[key]
+            made = CPDAE.from_pretrained(path, pooling=pooling, query_max_length=query_max_length,
                                          doc_max_length=doc_max_length, batch_size=batch_size, normalize=normalize)
+            if encoders is not None:
+                encoders[key] = made
+            return made
 
         index_path = Path(index_root) / name.split(" ")[0]
         index = DenseIndex(str(index_path))

@@ -19,7 +19,7 @@ import pandas as pd
 from pyterrier_cpdae._files import write_text_atomic
 
 from .data import head_texts, held_out_texts
-from .pipeline import BM25, BERT, Plan, evaluate
+from .pipeline import BM25, BERT, Plan, evaluate, index_block
 from .config import BLOCKS, used_finetune_sets
 
 NOT_RUN = "not run"
@@ -153,10 +153,19 @@ class Tables:
         self.cfg = plan.cfg
         self.experiments: list[tuple[str, str, Optional[str], pd.DataFrame]] = []
         self.results: dict[tuple[str, str], dict[str, Any]] = {}
+        self._is_done: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ evaluation (cached by pt.Experiment)
     def _done(self, stage: str) -> bool:
-        return stage not in self.plan.stages or self.plan.is_done(stage)
+        return stage not in self.plan.stages or self.is_done(stage)
+
+    def is_done(self, stage: str) -> bool:
+        """:meth:`Plan.is_done`, checked once per stage for these tables (made after the stages ran: each table and
+        block asks again about the same checkpoints, and a check parses the stage's command and fingerprints its
+        inputs)."""
+        if stage not in self._is_done:
+            self._is_done[stage] = self.plan.is_done(stage)
+        return self._is_done[stage]
 
     def zero_shot_systems(self, models: list[str]) -> dict[str, str]:
         """Pre-trained checkpoints of ``models`` whose stage finished (BERT with no base stage: the model itself)."""
@@ -165,21 +174,21 @@ class Tables:
             if m not in self.plan.pretrained:  # a model the config (e.g. a stand-ins overlay) does not define
                 continue
             stage = "base" if m == BERT else f"continue:{m}"
-            if stage not in self.plan.stages or self.plan.is_done(stage):
+            if stage not in self.plan.stages or self.is_done(stage):
                 out[m] = self.plan.pretrained[m]
         return out
 
     def finetuned_systems(self, set_name: str, models: list[str]) -> dict[str, str]:
         """The first seed's fine-tuned checkpoint of each model (finished ones)."""
         ft = self.plan.finetuned.get(set_name, {})
-        return {m: ft[m] for m in models if m in ft and self.plan.is_done(self.plan.finetune_stage_name(set_name, m))}
+        return {m: ft[m] for m in models if m in ft and self.is_done(self.plan.finetune_stage_name(set_name, m))}
 
     def finetuned_seed_systems(self, set_name: str, models: list[str]) -> tuple[dict[str, str], dict[str, str]]:
         """Every finished seed's checkpoint, named ``<model>@s<seed>``, and the run -> model groups."""
         systems, groups = {}, {}
         for m in models:
             for seed, path in self.plan.finetuned_seeds.get(set_name, {}).get(m, []):
-                if self.plan.is_done(self.plan.finetune_stage_name(set_name, m, seed)):
+                if self.is_done(self.plan.finetune_stage_name(set_name, m, seed)):
                     systems[f"{m}@s{seed}"], groups[f"{m}@s{seed}"] = path, m
         return systems, groups
 
@@ -190,18 +199,28 @@ class Tables:
         fs = self.cfg["finetune_sets"].get(entry.get("finetuned_on"), {})
         return entry.get("seeds") == "all" and bool(fs.get("seeds"))
 
+    def block_systems(self, eval_set: str, block: str) -> tuple[dict[str, str], Optional[dict[str, str]]]:
+        """The systems (name -> checkpoint) Tables 1 and 2 evaluate on ``eval_set`` in ``block``, and their run ->
+        model groups for a block over fine-tuning seeds (else None)."""
+        models = self.plan.table_models(("1", "2"))
+        entry = self.cfg["eval_sets"][eval_set]
+        if block == "zero-shot":
+            return self.zero_shot_systems(models), None
+        if self.seeded(eval_set):
+            return self.finetuned_seed_systems(entry["finetuned_on"], models)
+        return self.finetuned_systems(entry["finetuned_on"], models), None
+
+    def _index_block(self, block: str) -> None:
+        """Before a block's sets are evaluated one by one: their indexes built and runs saved model by model
+        (:func:`~experiments.paper.evaluation.index_block`), so that a model is loaded once for all of them."""
+        sets = {s: self.block_systems(s, block)[0] for s in self.sets_of(block) if (s, block) not in self.results}
+        if len(sets) > 1:
+            index_block(self.plan, block, sets)
+
     def evaluated(self, eval_set: str, block: str) -> dict[str, Any]:
         key = (eval_set, block)
         if key not in self.results:
-            models = self.plan.table_models(("1", "2"))
-            entry = self.cfg["eval_sets"][eval_set]
-            groups = None
-            if block == "zero-shot":
-                systems = self.zero_shot_systems(models)
-            elif self.seeded(eval_set):
-                systems, groups = self.finetuned_seed_systems(entry["finetuned_on"], models)
-            else:
-                systems = self.finetuned_systems(entry["finetuned_on"], models)
+            systems, groups = self.block_systems(eval_set, block)
             t = self.cfg["tables"]
             baselines = dict(t.get("table1", {}).get("baselines", {}))
             if t.get("table2", {}).get("baseline"):
@@ -229,6 +248,7 @@ class Tables:
     def _grid(self, rows: list[list[str]], baselines: dict[str, str]) -> tuple[list[tuple[str, pd.DataFrame]], pd.DataFrame]:
         shown, flat = [], []
         for block, title in self.blocks():
+            self._index_block(block)
             table = []
             for label, key in rows:
                 row: dict[str, Any] = {"Model": label}
@@ -315,7 +335,7 @@ class Tables:
             key, f = info["key"], info["file"]
             rows = [label for label, k in self.cfg["tables"].get("table2", {}).get("rows", [])
                     if self.cfg["objectives"].get(k, {}).get("select") == key]
-            if not self.plan.is_done(name):
+            if not self.is_done(name):
                 lines.append(f"- `{name}` ({', '.join(rows)}): {NOT_RUN}")
                 continue
             rec = json.loads(Path(f).read_text())
@@ -342,7 +362,7 @@ class Tables:
         rows = []
         for model in t3["models"]:
             systems = {f"{model}_n{n}_s{s}": path for (m, n, s), path in self.plan.lowres.items()
-                       if m == model and self.plan.is_done(f"lowres:{m}:n{n}:s{s}")}
+                       if m == model and self.is_done(f"lowres:{m}:n{n}:s{s}")}
             res = evaluate(self.plan, t3["eval"], "lowres", systems, {}, with_bm25=False, log=self.log) if systems else None
             if res is not None:
                 for b, df in res["experiments"]:
@@ -423,7 +443,7 @@ class Tables:
         for name in self.plan.stages:
             rec = next((r for r in self.records if r["stage"] == name), None)
             if rec is None:
-                rows.append({"stage": name, "status": "done" if self.plan.is_done(name) else NOT_RUN,
+                rows.append({"stage": name, "status": "done" if self.is_done(name) else NOT_RUN,
                              "wall s": None, "encoder sequences": None})
             else:
                 rows.append({"stage": name, "status": "done", "wall s": rec.get("wall_s"),
