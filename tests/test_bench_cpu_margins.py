@@ -21,15 +21,16 @@ from experiments.bench import cpu_margins  # noqa: E402
 
 
 def _load_processes() -> list:
-    """PIDs of live processes running the busy machine's load loop."""
+    """PIDs of live processes of this test running the busy machine's load loop (below this process: not another
+    run's on a shared machine)."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in sorted(_descendants(os.getpid())):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
         if "torch.mm(a, a, out=b)" in cmdline:
-            found.append(int(pid))
+            found.append(pid)
     return found
 
 
@@ -75,6 +76,9 @@ def test_cpu_margins_smoke(tiny_bert_dir, tmp_path, capfd, monkeypatch, warm_chi
     keep, summary = tmp_path / "keep", tmp_path / "summary.json"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     before = _descendants(os.getpid())  # (the warm server, started by warm_children, is one of them)
+    with cpu_margins.Load([(1, 8, 0)]):  # the check below sees a running load loop (and none once it is stopped)
+        assert len(_load_processes()) == 1
+    assert not _load_processes()
     with pytest.raises(SystemExit) as exit_:
         cpu_margins.main(
             ["--model", tiny_bert_dir, "--corpus", str(corpus), "--queries", str(queries), "--encode-docs", "12",

@@ -33,7 +33,8 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
         # one stage at a time, in-process (the config's "runner"), not the device's 4 processes on this CPU's 2 cores:
         # the subprocess runner and --jobs are tested in test_paper_parallel_stages.py
         "jobs": 1,
-        "objectives": {o: None for o in ("seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r",
+        # the rows BM25, BERT, CPDAE and the CL-active CPDAE (the others' stages: test_paper_smoke.py's gpu run)
+        "objectives": {o: None for o in ("mlm", "seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r",
                                          "cpdae_nocl", "cpdae_idfrec", "cpdae_clsum")},
         # one fine-tuning seed, not three (the rows over seeds at this protocol: test_paper_smoke.py's gpu run)
         "finetune_sets": {"scifact": None, "marco": {"seeds": [1]}}, "eval_sets": {"scifact_dev": None, "vaswani": None},
@@ -71,7 +72,9 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
     neg = json.loads((work / "paper" / "work" / "stages" / "negatives__marco.json").read_text())
     assert neg["command"].startswith("(precomputed on CPU)")
     log = (work / "paper" / "compare.log").read_text()
-    assert "Scale: `gpu`" in (work / "paper" / "results" / "table1.md").read_text()
+    table1 = (work / "paper" / "results" / "table1.md").read_text()
+    assert "Scale: `gpu`" in table1
+    assert all(re.search(rf"^\| {row} +\| [01]\.\d{{4}}", table1, re.M) for row in ("BM25", "BERT", "CPDAE")), table1
     assert "precomputed BM25" in log
     # the [CLS] study reads the zero-shot indexes Tables 1-2 built (at these sizes' lengths): none is built twice
     assert "rebuilding the index" not in log and re.search(r"^indexed \d+ docs with bert in", log, re.M)

@@ -232,12 +232,13 @@ def worker(args: argparse.Namespace) -> None:
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024.0
     if dev.type == "cuda":
         peak = (torch.cuda.max_memory_allocated() - base_cuda) / 2**20
-    if getattr(args, "profile_out", None):  # where the time goes: two more steps under torch.profiler
+    if getattr(args, "profile_out", None):  # where the time goes: more steps (2) under torch.profiler
         from torch.profiler import ProfilerActivity, profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        profiled = int(getattr(args, "profile_steps", None) or 2)  # (bench_gpu.py --cpu-smoke: 1)
         with profile(activities=acts) as prof:
-            for batch in batches[-2:]:
+            for batch in batches[-profiled:]:
                 with amp:
                     loss = obj(batch)["loss"]
                 loss.backward()
@@ -246,7 +247,7 @@ def worker(args: argparse.Namespace) -> None:
             sync()
         key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
         Path(args.profile_out).write_text(f"{args.objective} unpad={getattr(obj, 'unpad', None)} "
-                                          f"{len(texts)} texts, 2 steps, sorted by {key}\n"
+                                          f"{len(texts)} texts, {profiled} step{'s' if profiled > 1 else ''}, sorted by {key}\n"
                                           + prof.key_averages().table(sort_by=key, row_limit=25) + "\n")
     step = statistics.median(times)
     mc = mlm.config
