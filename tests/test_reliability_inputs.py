@@ -499,3 +499,22 @@ def test_finetune_resume_refuses_changed_training_data(tmp_path, tiny_bert_dir, 
     with pytest.raises(ValueError, match=r"--resume refused: the fine-tuning run in .* was started on other data: "
                                          r"corpus file .*groups.jsonl changed"):
         _prepare_output(parse_config(FinetuneConfig, argv))
+
+
+@pytest.mark.parametrize("content, says", [("[1, 2]", "must hold a mapping"), ('{"config": {', "not valid JSON")])
+def test_a_damaged_training_args_in_the_output_is_one_line_naming_it(tmp_path, tiny_bert_dir, content, says):
+    """Another run's output directory whose training_args.json is not a record (a list, a file cut short) is refused
+    with one line naming that file, before anything in the directory is touched (it used to be an AttributeError or a
+    JSONDecodeError without the file's name)."""
+    from pretrain.config import FinetuneConfig, parse_config
+    from pretrain.finetune.train import _prepare_output
+
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "training_args.json").write_text(content)
+    (out / "groups").mkdir()
+    argv = finetune_args(tiny_bert_dir, _groups_file(tmp_path), out, "--resume")[1:]
+    with pytest.raises(ValueError, match=says) as e:
+        _prepare_output(parse_config(FinetuneConfig, argv))
+    assert str(e.value).startswith(str(out / "training_args.json")) and "\n" not in str(e.value)
+    assert (out / "training_args.json").read_text() == content and (out / "groups").is_dir()

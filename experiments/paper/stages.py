@@ -86,7 +86,8 @@ class Stage:
         f = self.output / ("training_args.json" if self.kind == "finetune" else "run_config.json")
         if not f.exists():
             return None
-        return json.loads(f.read_text())
+        from pyterrier_cpdae._files import read_config_file
+        return read_config_file(f)  # one line naming the file if it is not a readable record
 
     def _compare(self, rec: Optional[dict[str, Any]]) -> tuple[list[str], bool]:
         """(options that make the recorded run another run, whether it was asked for another length: steps,
@@ -236,7 +237,8 @@ class Runner:
 
     def record(self, stage: Stage) -> Optional[dict[str, Any]]:
         p = self.record_path(stage.name)
-        return json.loads(p.read_text()) if p.exists() else None
+        from pyterrier_cpdae._files import read_config_file
+        return read_config_file(p) if p.exists() else None  # (a damaged record: one line naming it)
 
     def save_record(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Write a stage record (``stage``, ``command``, ``wall_s``, ...) atomically."""

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import pandas as pd
 
-from pyterrier_cpdae._files import write_json_atomic
+from pyterrier_cpdae._files import read_config_file, write_json_atomic
 
 from . import negatives as neg
 from ..config import FinetuneConfig, check_moved_run, check_same_run, parse_config
@@ -160,7 +160,7 @@ def _pools_bm25(cfg: FinetuneConfig, data: TrainingData) -> dict[str, list[str]]
     from pyterrier_cpdae.bm25 import BM25Index
 
     from pretrain.data.inputs import training_inputs
-    from pyterrier_cpdae._files import write_json_atomic
+    from pyterrier_cpdae._files import read_config_file, write_json_atomic
 
     path = os.path.join(cfg.output, "bm25_index")
     index = BM25Index(path)
@@ -274,8 +274,7 @@ def _prepare_output(cfg: FinetuneConfig) -> None:
         if not os.path.isfile(args_path):
             raise ValueError(f"output directory {out} is not empty and holds no {TRAINING_ARGS}; "
                              "choose another --output or pass --overwrite")
-        with open(args_path) as f:
-            previous = json.load(f)
+        previous = read_config_file(args_path)  # one line naming the file if it is not a readable record
         check_same_run(previous.get("config", {}), config_dict(cfg), out, "fine-tuning run")
         check_moved_run(previous, out, cfg.resume, "fine-tuning run")
         if not cfg.resume:
