@@ -760,7 +760,7 @@ def test_pinned_option_is_checked_and_its_copy_follows_rebuilds(tmp_path, monkey
         ExactRetriever(index, backend="numpy", pinned=True)
     with pytest.raises(ValueError, match="pass one of them"):
         index.torch_retriever(pinned=True, resident=True)
-    with pytest.raises(ValueError, match="pinned must be True or False"):
+    with pytest.raises(ValueError, match="pinned must be None, True or False"):
         index.torch_retriever(pinned="yes")
     assert index.torch_retriever(pinned=True) != index.torch_retriever()
     if not torch.cuda.is_available():
@@ -781,3 +781,57 @@ def test_pinned_option_is_checked_and_its_copy_follows_rebuilds(tmp_path, monkey
     index.indexer(mode="overwrite").index(docs2)
     assert_matches_naive(retr(topics), topics, vecs2, 7)
     assert made == [(400, DIM), (300, DIM)]
+
+
+def test_streamed_search_pins_its_copy_by_itself_only_when_host_memory_allows(tmp_path, monkeypatch):
+    """``pinned=None``, the default: ``pin_on_host`` says yes on CUDA when the vectors take at most a quarter of the
+    host memory available, never on the CPU or when the available memory is unknown, always once the copy is made.
+    The search follows it: the copy (ordinary memory standing in for page-locked memory on this CPU) is made once
+    and ranks as the naive reference; ``pinned=False`` makes none; a host that refuses to lock the memory gets one
+    warning, the pageable path and the same ranking, and is not asked again for that build."""
+    import torch
+
+    from pyterrier_cpdae.dense import store as store_mod
+
+    docs, vecs = make_docs(400)
+    index = DenseIndex(tmp_path / "ix")
+    index.indexer().index(docs)
+    topics = make_topics(5)
+    store, cuda = index.store, torch.device("cuda")
+    size = store.vector_bytes()
+    assert size == 400 * DIM * 4
+    for available, want in ((4 * size, True), (4 * size - 1, False), (None, False)):
+        monkeypatch.setattr(store_mod, "host_memory_available", lambda: available)
+        assert store_mod.pin_on_host(store, cuda) is want, available
+        assert store_mod.pin_on_host(store, "cpu") is False
+    monkeypatch.undo()
+    real = store_mod.host_memory_available()
+    assert real is None or real > 0
+
+    made = []
+
+    def empty(shape, dtype, device, pinned):
+        made.append(shape)
+        return torch.empty(shape, dtype=dtype)
+
+    monkeypatch.setattr(store_mod, "_empty", empty)
+    monkeypatch.setattr(store_mod, "pin_on_host", lambda s, device: True)  # what it says on a roomy CUDA host
+    assert_matches_naive(index.torch_retriever(num_results=7, device="cpu", pinned=False)(topics), topics, vecs, 7)
+    assert made == [] and not store.holds_pinned_copy()
+    retr = index.torch_retriever(num_results=7, device="cpu")
+    assert_matches_naive(retr(topics), topics, vecs, 7)
+    assert_matches_naive(retr(topics), topics, vecs, 7)
+    assert made == [(400, DIM)] and store.holds_pinned_copy()
+
+    tries = []
+
+    def refused(shape, dtype, device, pinned):
+        tries.append(shape)
+        raise RuntimeError("cannot lock 25600 bytes")
+
+    monkeypatch.setattr(store_mod, "_empty", refused)
+    index.indexer(mode="overwrite").index(docs)  # a new build: the copy is made again
+    with pytest.warns(RuntimeWarning, match="no page-locked host copy.*cannot lock 25600 bytes"):
+        assert_matches_naive(retr(topics), topics, vecs, 7)
+    assert_matches_naive(retr(topics), topics, vecs, 7)
+    assert tries == [(400, DIM)] and not store.holds_pinned_copy()

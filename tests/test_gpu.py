@@ -215,6 +215,21 @@ def test_torch_retriever_streams_a_pinned_host_copy_and_ranks_like_numpy(staged_
     _same_ranking(again, ref)
 
 
+def test_a_streamed_search_sends_a_page_locked_copy_by_default(staged_search, monkeypatch):
+    """``pinned=None`` (the default): a streamed CUDA search whose vectors fit in a quarter of the available host
+    memory makes the page-locked copy by itself (``pin_on_host``) and sends every chunk from it; on the CPU it never
+    does. Both rank as numpy does."""
+    index, topics, staged, ref = staged_search
+    cuda = torch.device(DEVICE).type == "cuda"
+    retr = index.torch_retriever(num_results=K_SEARCH, device=DEVICE, chunk_size=700, resident=False)
+    got = retr(topics)
+    assert index.store.holds_pinned_copy() == cuda
+    if cuda:
+        (part,) = index.store.pinned_parts()
+        assert part[0].is_pinned() and {kind for kind, _, _ in staged} == {"Tensor"}
+    _same_ranking(got, ref)
+
+
 # --------------------------------------------------------------------------------------------- trainer
 @pytest.fixture
 def fresh_accelerator():

@@ -195,6 +195,8 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     assert search["streamed_vs_tighter_bound"] == pytest.approx(search["streamed_qps"] / search["tighter_bound_qps"])
     assert search["top10_overlap_reference_vs_exact"] > 0.9  # the plain fp16 reference is not exact
     assert search["host_copy_1_threads_s"] > 0  # where the streamed time goes
+    # the streamed path torch_retriever() takes by default here: pageable on the CPU (nothing is page-locked for it)
+    assert search["streamed_default"] == "streamed" and search["streamed_default_qps"] == search["streamed_qps"]
     # the float16 paths (proved) rank as the float32 kernel, measured in the same run
     for name in ("streamed", "resident"):
         assert search[f"{name}_qps"] > 0 and search[f"{name}_ids_equal_fp32_up_to_ulp_ties"] is True

@@ -30,13 +30,16 @@ class ExactRetriever(VectorRetriever):
     proof per query that the ranking is the float32 one (:func:`.kernels.torch_search`); ``"fp32"`` scores every
     document in float32; ``"auto"`` (default): ``fp16`` on CUDA. ``pinned`` (torch, streamed): chunks are sent
     from a page-locked host copy of the vectors, made at the first search and kept like the device copy
-    (:meth:`.store.DenseStore.pinned_parts`; the vectors' size in locked host memory; CUDA only).
+    (:meth:`.store.DenseStore.pinned_parts`; the vectors' size in locked host memory; CUDA only); ``None``
+    (default): so when the vectors take at most a quarter of the available host memory
+    (:func:`.store.pin_on_host`; a host that refuses to lock them is warned about and staged from pageable
+    memory), ``False``: chunks are copied from pageable memory into two pinned buffers.
     """
 
     def __init__(self, index: DenseIndex, *, backend: str = "numpy", num_results: int = 1000,
                  device: Optional[str] = None, block_size: Optional[int] = None,
                  query_batch_size: Optional[int] = None, drop_query_vec: bool = False,
-                 resident: Optional[bool] = None, precision: str = "auto", pinned: bool = False):
+                 resident: Optional[bool] = None, precision: str = "auto", pinned: Optional[bool] = None):
         if backend not in ("numpy", "torch"):
             raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
@@ -54,14 +57,14 @@ class ExactRetriever(VectorRetriever):
         if precision != "auto" and backend != "torch":
             raise ValueError("precision applies to backend='torch' only (numpy scores in float32)")
         self.precision = precision
-        if pinned not in (True, False):
-            raise ValueError(f"pinned must be True or False, got {pinned!r}")
+        if pinned not in (None, True, False):
+            raise ValueError(f"pinned must be None, True or False, got {pinned!r}")
         if pinned and backend != "torch":
             raise ValueError("pinned applies to backend='torch' only (numpy reads the memmap in place)")
         if pinned and resident:
             raise ValueError("pinned=True streams the index from page-locked host memory; resident=True holds it on "
                              "the device instead: pass one of them")
-        self.pinned = bool(pinned)
+        self.pinned = pinned
 
     def _params(self) -> Tuple:
         return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
@@ -161,10 +164,11 @@ def _np_retriever(self: DenseIndex, num_results: int = 1000, *, block_size: int 
 def _torch_retriever(self: DenseIndex, num_results: int = 1000, *, device: Optional[str] = None,
                      chunk_size: Optional[int] = None, query_batch_size: int = 4096,
                      drop_query_vec: bool = False, resident: Optional[bool] = None,
-                     precision: str = "auto", pinned: bool = False) -> ExactRetriever:
+                     precision: str = "auto", pinned: Optional[bool] = None) -> ExactRetriever:
     """Exact torch retrieval on ``device`` (default CUDA if available): the vectors held on the device when
     ``resident`` (default: on CUDA, when they take at most half of its free memory), else streamed in chunks (from
-    a page-locked host copy with ``pinned``); scored in float16 with a proof of the float32 ranking, or in float32
+    a page-locked host copy with ``pinned``, by default on CUDA when they take at most a quarter of the available
+    host memory); scored in float16 with a proof of the float32 ranking, or in float32
     (``precision``, see :class:`ExactRetriever`)."""
     return ExactRetriever(self, backend="torch", num_results=num_results, device=device, block_size=chunk_size,
                           query_batch_size=query_batch_size, drop_query_vec=drop_query_vec, resident=resident,

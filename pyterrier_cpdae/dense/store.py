@@ -26,7 +26,7 @@ from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_searc
 #: docnos_of looks each distinct id up once when given more ids than this and than half the documents
 _DISTINCT_FROM = 1024
 
-__all__ = ["DenseStore", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id",
+__all__ = ["DenseStore", "pin_on_host", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id",
            "check_producer", "check_producers", "check_query_producer", "check_shard_set"]
 
 
@@ -40,7 +40,8 @@ class DenseStore:
     def __init__(self, path: Union[str, Path]):
         self.path = Path(path)
         self._cache: Optional[Tuple[Any, dict, List[Part], list]] = None
-        # "device" / "pinned" -> ((build stamp, where), the parts as torch tensors there): see _copy_of_parts
+        # "device" / "pinned" -> ((build stamp, where), the parts as torch tensors there): see _copy_of_parts;
+        # "pinned_refused" -> the build stamp whose page-locked copy the host refused (_pinned_or_pageable)
         self._copies: dict = {}
         self._max_norm: Optional[Tuple[Any, float]] = None  # (build stamp, largest stored norm): see max_norm
 
@@ -99,6 +100,29 @@ class DenseStore:
             ValueError: torch cannot lock host memory here (no CUDA).
         """
         return self._copy_of_parts("pinned", self._device_key("cpu"), "cpu", pinned=True)
+
+    def holds_pinned_copy(self) -> bool:
+        """Whether :meth:`pinned_parts` of the current build is already made."""
+        have = self._copies.get("pinned")
+        return have is not None and have[0] == self._device_key("cpu")
+
+    def _pinned_or_pageable(self, parts: List[Part]) -> List[Part]:
+        """``pinned=None``'s choice made (:func:`pin_on_host`): :meth:`pinned_parts`, or, when the host refuses to
+        lock that much memory, ``parts`` (pageable, staged chunk by chunk) with a warning, once per build: the
+        ranking is the same either way, only the copy's speed differs."""
+        key = self._device_key("cpu")
+        if self._copies.get("pinned_refused") == key:
+            return parts
+        try:
+            return self.pinned_parts()
+        except (RuntimeError, ValueError, MemoryError) as e:
+            self._copies.pop("pinned", None)
+            self._copies["pinned_refused"] = key
+            import warnings
+            warnings.warn(f"{self.path}: no page-locked host copy of the vectors ({type(e).__name__}: {e}); chunks "
+                          "are staged from pageable memory (slower, same ranking); pinned=False skips the attempt",
+                          RuntimeWarning, stacklevel=3)
+            return parts
 
     def _copy_of_parts(self, kind: str, key: Tuple[Any, str], device: Any, pinned: bool) -> List[Part]:
         """The cached copy ``kind`` of the parts when it belongs to ``key`` (build stamp, place), else a new one
@@ -282,7 +306,9 @@ class DenseStore:
             backend: ``"numpy"``, ``"torch"`` or ``"auto"`` (torch on CUDA when available, else numpy).
             **kwargs: passed to the kernel (numpy: ``block_size``, ``query_batch_size``; torch: ``device``,
                 ``chunk_size``, ``query_batch_size``, ``pin_memory``, ``precision``, ``copy_threads``,
-                ``resident``, ``pinned``: stream a streamed index from :meth:`pinned_parts`).
+                ``resident``, ``pinned``: stream a streamed index from :meth:`pinned_parts`; ``None``, the
+                default: when :func:`pin_on_host` says so, i.e. on CUDA when the vectors fit in a share of the
+                available host memory).
 
         Returns:
             ``(scores, ids)``: float32 and int64 arrays ``(q, min(k, count))``, scores descending (ties: ascending
@@ -306,11 +332,13 @@ class DenseStore:
             device = resolve_device(kwargs.get("device"))
             if resident is None:
                 resident = fits_on_device(self, device)
-            pinned = kwargs.pop("pinned", False)
+            pinned = kwargs.pop("pinned", None)
             if resident:
                 parts = self.device_parts(device)
             elif pinned:
                 parts = self.pinned_parts()
+            elif pinned is None and pin_on_host(self, device):
+                parts = self._pinned_or_pageable(parts)
             kwargs["device"] = device
             kernel = torch_search
         else:
@@ -391,6 +419,47 @@ def fits_on_device(store: "DenseStore", device: Any) -> bool:
         return True
     free, _ = torch.cuda.mem_get_info(device)
     return store.vector_bytes() <= RESIDENT_SHARE * free
+
+
+#: ``pinned=None`` streams a CUDA search from a page-locked host copy when the vectors take at most this share of
+#: the host memory available (``MemAvailable``), leaving the rest to the process and its neighbours
+PINNED_SHARE = 0.25
+
+
+def host_memory_available() -> Optional[int]:
+    """Bytes of host memory available to new allocations (Linux ``/proc/meminfo``'s ``MemAvailable``), or None where
+    it cannot be read (then nothing is locked by default)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def pin_on_host(store: "DenseStore", device: Any) -> bool:
+    """The default of ``pinned`` for a streamed search: on a CUDA device, when the vectors take at most
+    :data:`PINNED_SHARE` of the available host memory (or their page-locked copy is made already); never on the
+    CPU (torch locks host memory for CUDA only) or where the available memory is unknown. A page-locked copy is sent
+    to the device with no host copy per chunk, about twice the rate of pageable memory."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return False
+    return store.holds_pinned_copy() or pins_by_default(store.vector_bytes(), device)
+
+
+def pins_by_default(nbytes: int, device: Any) -> bool:
+    """Whether ``nbytes`` of vectors streamed to ``device`` are sent from a page-locked copy by default (the rule of
+    :func:`pin_on_host`, for an index not yet opened; ``experiments/gpu/bench_gpu.py`` reports the path it picks)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return False
+    available = host_memory_available()
+    return available is not None and nbytes <= PINNED_SHARE * available
 
 
 def auto_backend() -> str:
