@@ -280,14 +280,14 @@ def test_the_probe_times_paths_in_turn_and_keeps_the_fastest():
         time_paths(step, (), rounds=3)
 
 
-def _train(tmp_path, name, unpad, tiny_bert_dir, tok, steps=1, resume=False):
+def _train(tmp_path, name, unpad, tiny_bert_dir, tok, steps=1, resume=False, **options):
     from pretrain.config import PretrainConfig
     from pretrain.objectives import build_objective
     from pretrain.training.trainer import Trainer
 
     config = PretrainConfig(objective="mlm", model=tiny_bert_dir, batch_size=4, max_length=32, unpad=unpad,
                             output=str(tmp_path / name), max_steps=steps, warmup_ratio=0.0, logging_steps=1,
-                            save_steps=1, report_to="none", cpu=True, seed=3, resume=resume)
+                            save_steps=1, report_to="none", cpu=True, seed=3, resume=resume, **options)
     torch.manual_seed(0)
     obj = build_objective("mlm", load_mlm_model(tiny_bert_dir), tok, config)
     g = torch.Generator().manual_seed(9)
@@ -341,3 +341,27 @@ def test_auto_without_a_probe_is_the_padded_path_on_the_cpu(sharp_model, tok):
     assert packing.packed_from_batch(obj.collate([[2000, 2001]]), "views") is None  # nothing laid out
     with pytest.raises(ValueError, match="unknown encoder path 'fast'"):
         obj.use_path("fast")
+
+
+@pytest.mark.parametrize("unpad", ["on", "off"])
+def test_a_compiled_run_reports_the_graphs_its_steps_compiled(unpad, tmp_path, tiny_bert_dir, tok, monkeypatch):
+    """``--compile``: the Trainer's result gives the graphs dynamo made during the run (first compilations and
+    recompilations), packed or padded. Reference: a backend that counts its calls, one per graph made (it stands in
+    for inductor, whose code generation takes minutes on a CPU). A run without ``--compile`` reports no count."""
+    import torch._dynamo
+
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.append(len(example_inputs))
+        return gm.forward
+
+    compile_ = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compile_(self, backend=backend))
+    torch._dynamo.reset()
+    try:
+        _, result, _, _ = _train(tmp_path, "compiled", unpad, tiny_bert_dir, tok, steps=2, compile=True)
+    finally:
+        torch._dynamo.reset()
+    assert result["compiled_graphs"] == len(calls) >= 1, (result.get("compiled_graphs"), calls)
+    assert "compiled_graphs" not in _train(tmp_path, "eager", unpad, tiny_bert_dir, tok, steps=1)[1]

@@ -338,7 +338,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
                       "real_tokens_per_step": real_tokens / n, "padded_tokens_per_step": padded_tokens / n,
                       "step_s": step, "peak_mib": peak, "per_seq_ms": 1000 * step / (run.n_texts * run.views),
                       "per_text_ms": 1000 * step / run.n_texts, "final_loss": float(result.get("loss", float("nan"))),
-                      "forwards_counted": len(seen)}))
+                      "forwards_counted": len(seen), "compiled_graphs": result.get("compiled_graphs")}))
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict:

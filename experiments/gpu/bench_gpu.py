@@ -73,7 +73,7 @@ FULL = dict(encode_shapes="bert-base,minilm", lengths=[128, 256, 512], docs=4096
             k=1000, chunk_size=None, seq_length=512, sequences=32, steps=5, warmup=2,
             objectives="mlm,cpdae,cpdae_r,cpdae_nocl,cpdae_idfrec,seed,retromae,bow", repeats=2,
             unpad_objectives="mlm,cpdae", compile_objectives="mlm", trainer_objectives="mlm", trainer_workers=0,
-            trainer_unpad="auto,on")
+            trainer_unpad="auto,on,off+compile")
 
 
 def sync(dev) -> None:
@@ -519,15 +519,17 @@ def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]], smoke: b
     ``--trainer-workers`` workers, collate, the per-step finite checks, accelerate's bf16 autocast, the schedule) on
     texts of the same length distribution as the rows of :func:`bench_unpad`, not compiled, once per
     ``--trainer-unpad`` mode (``auto``, the option's default: on CUDA the probe picks the path, recorded as ``unpad``
-    with ``unpad_probe_s_per_step``; ``on``: packed rows): real tokens/s and MFU counted as there, and the share of
-    the bare loop's speed on the same path it keeps (``vs_loop``: against the padded or the unpadded row) -- what a
-    user's run gets of the figures above."""
+    with ``unpad_probe_s_per_step``; ``on``: packed rows; a mode with ``+compile``, e.g. ``off+compile``: the
+    Trainer's ``--compile`` too, with the graphs its steps compiled, ``compiled_graphs``): real tokens/s and MFU
+    counted as there, and the share of the bare loop's speed on the same path it keeps (``vs_loop``: against the
+    padded, unpadded or compiled padded row) -- what a user's run gets of the figures above."""
     from experiments.bench import objective_runs as bench_objectives
 
     rows: List[Dict[str, object]] = []
     for name in args.trainer_objectives.split(","):
-        for mode in [m for m in (args.trainer_unpad or "auto").split(",") if m]:
-            run = SimpleNamespace(**vars(ns), length_dist=str(args.length_dist), trainer=True,
+        for option in [m for m in (args.trainer_unpad or "auto").split(",") if m]:
+            mode, compiled = option.removesuffix("+compile"), option.endswith("+compile")
+            run = SimpleNamespace(**{**vars(ns), "compile": compiled}, length_dist=str(args.length_dist), trainer=True,
                                   num_workers=args.trainer_workers, unpad=mode)
             if smoke:  # in this process, as the other smoke rows: the last rows of the run, so the state accelerate
                 # leaves behind reaches nothing after them (the subprocess's command line: tests/test_bench_trainer_row.py)
@@ -535,12 +537,13 @@ def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]], smoke: b
             else:
                 r = bench_objectives.run_one(name, run)  # a process of its own: accelerate's state stays out of this one
             r.setdefault("objective", name)
-            r["path"] = f"Trainer, {args.trainer_workers} loader workers" + ("" if mode == "auto" else f", --unpad {mode}")
+            r["path"] = (f"Trainer, {args.trainer_workers} loader workers" + ("" if mode == "auto" else f", --unpad {mode}")
+                         + (", --compile" if compiled else ""))
             if "error" not in r:
                 add_real_work_rates(r, peaks)
                 for path, seconds in (r.get("unpad_probe_s_per_step") or {}).items():  # the probe's times, flat
                     r[f"probe_{path}_ms"] = 1000 * seconds
-                ran = "unpadded" if r.get("unpad") == "on" else "padded"  # the path the run resolved to
+                ran = ("unpadded" if r.get("unpad") == "on" else "padded") + ("_compiled" if compiled else "")  # (resolved)
                 loop = next((u for u in unpad_rows if u.get("objective") == name and u.get("path") == ran
                              and "error" not in u), None)
                 if loop is not None:  # per real token: the two runs' batches hold other texts of the same lengths
@@ -550,6 +553,7 @@ def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]], smoke: b
             print(f"pretrain {name} {r['path']}: " + (r["error"] if "error" in r else
                   f"{r['sequences_per_s']:.2f} seq/s, {r['real_tokens_per_s']:.0f} real tokens/s, MFU (real tokens) "
                   f"{r['mfu_real_vs_measured_bf16']:.1%}, --unpad {r.get('unpad')}"
+                  + (f", {r['compiled_graphs']} graphs compiled" if r.get("compiled_graphs") is not None else "")
                   + (f", {r['vs_loop']:.2f}x the bare loop" if "vs_loop" in r else "")), flush=True)
     return rows
 
@@ -657,8 +661,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "rows' text lengths, beside the bare loop (default mlm; '' skips)")
     ap.add_argument("--trainer-workers", type=int, default=None, help="the Trainer rows' DataLoader workers "
                     "(--num-workers; default 0, the option's default)")
-    ap.add_argument("--trainer-unpad", help="the Trainer rows' --unpad modes, one row each (default auto,on on a GPU: "
-                    "the probe's choice and packed rows; auto with --cpu-smoke)")
+    ap.add_argument("--trainer-unpad", help="the Trainer rows' --unpad modes, one row each; MODE+compile adds the "
+                    "Trainer's --compile (default auto,on,off+compile on a GPU: the probe's choice, packed rows and "
+                    "padded compiled rows, the last beside the bare loop's compiled row; auto with --cpu-smoke)")
     ap.add_argument("--length-dist", type=Path, default=REPO / "experiments" / "results" / "padding_share.json",
                     help="block-length histograms (experiments/bench/bench_padding.py) the unpadded comparison "
                     "draws its text lengths from")

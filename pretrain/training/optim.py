@@ -150,6 +150,18 @@ def compile_module(module: nn.Module) -> None:
         module.compile()
 
 
+def compiled_graphs() -> int:
+    """The graphs ``torch.compile`` has made in this process so far (dynamo's ``unique_graphs`` counter): each first
+    compilation and each recompilation (a batch of new shapes, a guard that failed). ``--compile`` runs report how
+    many their steps made: on packed rows of a fixed set of capacities the count stops growing after the first
+    batches."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # pragma: no cover - a torch without dynamo
+        return 0
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _default_save(module: nn.Module, path: str) -> None:
     module.save_pretrained(path)
 

@@ -51,8 +51,9 @@ from ..config import TrainConfig
 from .checkpoint import (checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
                          save_rng_state, save_train_state, write_trainer_state)
 from .finite import FiniteGuard, NonFiniteError, _fmt, nonfinite_flags, nonfinite_tensors
-from .optim import (_default_save, adamw_options, check_resume_length, compile_module, enable_gradient_checkpointing,
-                    ensure_float32, parameter_groups, resolve_mixed_precision, resolve_save_dtype, warmup_steps)
+from .optim import (_default_save, adamw_options, check_resume_length, compile_module, compiled_graphs,
+                    enable_gradient_checkpointing, ensure_float32, parameter_groups, resolve_mixed_precision,
+                    resolve_save_dtype, warmup_steps)
 from .run_dir import RUN_CONFIG, OutputPlace, RunDirectoryError, _clear_previous_run, check_output_dir, config_dict
 from .sampler import GlobalBatchSampler
 
@@ -194,6 +195,7 @@ class Trainer:
         module = self.module
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(module)
+        graphs_before = compiled_graphs()
         if getattr(cfg, "compile", False):
             compile_module(module)
         optimizer = torch.optim.AdamW(parameter_groups(module, cfg.weight_decay), lr=cfg.learning_rate,
@@ -305,6 +307,10 @@ class Trainer:
         result = {k: v for k, v in last.items() if k not in ("seqs_per_s",)}
         result.update({"step": step, "total_steps": self.total_steps, "train_runtime_s": runtime,
                        "output": self.output})
+        if getattr(cfg, "compile", False):  # first compilations and recompilations of this run's steps
+            result["compiled_graphs"] = compiled_graphs() - graphs_before
+            logger.info("--compile: %d graphs compiled in this run (each compiled layer's first batch, then one per "
+                        "new shape until shapes are dynamic)", result["compiled_graphs"])
         return result
 
     # --------------------------------------------------------------- internals
