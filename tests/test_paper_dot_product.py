@@ -22,6 +22,23 @@ def _tiny_beir(root: Path) -> Path:
     return root
 
 
+def _track_encoders(monkeypatch) -> list:
+    """Weak references to every encoder ``CPDAE.from_pretrained`` makes from now on (in the order made)."""
+    import weakref
+
+    from pyterrier_cpdae.encoder import CPDAE
+
+    made = []
+    real = CPDAE.from_pretrained.__func__
+
+    def tracked(cls, *a, **kw):
+        enc = real(cls, *a, **kw)
+        made.append(weakref.ref(enc))
+        return enc
+    monkeypatch.setattr(CPDAE, "from_pretrained", classmethod(tracked))
+    return made
+
+
 def test_build_retrievers_can_score_a_normalising_model_by_dot_product(tmp_path):
     from experiments.paper.retrievers import build_retrievers
     from pyterrier_cpdae import DenseIndex
@@ -161,21 +178,12 @@ def test_a_block_keeps_no_indexing_encoder_and_one_query_encoder_at_a_time(tmp_p
     query side of each model is loaded when pt.Experiment first calls it and dropped when the next model's is loaded
     (weak references to every encoder made, checked after a garbage collection)."""
     import gc
-    import weakref
 
     import pandas as pd
 
     from experiments.paper import retrievers
-    from pyterrier_cpdae.encoder import CPDAE
 
-    made = []
-    real = CPDAE.from_pretrained.__func__
-
-    def tracked(cls, *a, **kw):
-        enc = real(cls, *a, **kw)
-        made.append(weakref.ref(enc))
-        return enc
-    monkeypatch.setattr(CPDAE, "from_pretrained", classmethod(tracked))
+    made = _track_encoders(monkeypatch)
 
     spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
     model = (str(gt.get_model_path()), "cls")
@@ -201,7 +209,6 @@ def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_exp
     two, no encoder kept. Reference: the lazy query side (no topics) in another index root, ranked the same, with
     the same figures from pt.Experiment; a second call loads nothing."""
     import gc
-    import weakref
 
     import ir_measures
     import pandas as pd
@@ -209,16 +216,8 @@ def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_exp
 
     from experiments.paper.retrievers import build_retrievers
     from pyterrier_cpdae import load_dataset
-    from pyterrier_cpdae.encoder import CPDAE
 
-    made = []
-    real = CPDAE.from_pretrained.__func__
-
-    def tracked(cls, *a, **kw):
-        enc = real(cls, *a, **kw)
-        made.append(weakref.ref(enc))
-        return enc
-    monkeypatch.setattr(CPDAE, "from_pretrained", classmethod(tracked))
+    made = _track_encoders(monkeypatch)
 
     spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
     ds = load_dataset(spec)

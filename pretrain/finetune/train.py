@@ -160,7 +160,6 @@ def _pools_bm25(cfg: FinetuneConfig, data: TrainingData) -> dict[str, list[str]]
     from pyterrier_cpdae.bm25 import BM25Index
 
     from pretrain.data.inputs import training_inputs
-    from pyterrier_cpdae._files import read_config_file, write_json_atomic
 
     path = os.path.join(cfg.output, "bm25_index")
     index = BM25Index(path)

@@ -115,8 +115,7 @@ class DenseStore:
             return parts
         try:
             return self.pinned_parts()
-        except (RuntimeError, ValueError, MemoryError) as e:
-            self._copies.pop("pinned", None)
+        except (RuntimeError, ValueError, MemoryError) as e:  # (_copy_of_parts freed any older copy first)
             self._copies["pinned_refused"] = key
             import warnings
             warnings.warn(f"{self.path}: no page-locked host copy of the vectors ({type(e).__name__}: {e}); chunks "
