@@ -24,9 +24,9 @@
 #    records, selection, stage logs and metrics; no checkpoints), compare.log.
 # --cpu-smoke: the same on the CPU with tiny sizes (tests with CPDAE_GPU_TEST_DEVICE=cpu, the benchmarks'
 #    --cpu-smoke, the comparison at --sizes smoke unless --sizes is given, waited for until it ends).
-# OUT defaults to $OUT, else experiments/results/gpu/<UTC time>; WORK to /tmp/cpdae-gpu (it survives between calls
-# only while the device machine stays warm). Exit status: non-zero if a step failed (1) or bad usage (2, 3);
-# 0 while the comparison is still running.
+# OUT defaults to $OUT, else experiments/results/gpu/<card>/suite (rename it by subject); WORK to /tmp/cpdae-gpu
+# (it survives between calls only while the GPU machine stays warm). Exit status: non-zero if a step failed (1) or
+# bad usage (2, 3); 0 while the comparison is still running.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -69,7 +69,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 case "$MIN_STEP" in ''|*[!0-9]*) echo "run_gpu_suite.sh: --min-step-s takes whole seconds, got '$MIN_STEP'" >&2; exit 2 ;; esac
-[ -n "$OUTDIR" ] || OUTDIR="$ROOT/experiments/results/gpu/$(date -u +%Y%m%dT%H%M%SZ)"
+if [ -z "$OUTDIR" ]; then
+  CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr 'A-Z' 'a-z' \
+    | sed 's/^nvidia //; s/[^a-z0-9]\+/_/g; s/^_//; s/_$//')
+  OUTDIR="$ROOT/experiments/results/gpu/${CARD:-cpu}/suite"
+fi
 mkdir -p "$OUTDIR" "$WORK"
 OUTDIR="$(cd "$OUTDIR" && pwd)"
 WORK="$(cd "$WORK" && pwd)"
