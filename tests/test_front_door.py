@@ -132,3 +132,29 @@ def test_the_dated_name_pattern_finds_what_it_should_and_nothing_else(tmp_path):
     assert _dated_names(tmp_path) == sorted([
         "gpu/20261127T120000Z", "gpu/h200/call2", "gpu/lease_2026-11-27", "gpu/lease_2026-11-27/call1",
         "paper_gpu/lease_x", "t/run3.sh", "x/table1_2026-11-26.md"])
+
+
+#: words of the workplace that built the project rather than of the project: a lent or leased machine, a device call,
+#: the build machine, device minutes, a ticket's wording ("the issue's")
+LAB_WORDS = re.compile(r"\b(?:leas(?:e|es|ed|ing)|lent|loan(?:s|ed)?|device[- ]calls?|build machine|device tool|"
+                       r"device[- ](?:minutes?|seconds?|hours?|time)|device machine|the issue's|this (?:issue|ticket)|"
+                       r"helper session|integrator)\b", re.I)
+
+
+def _library_code() -> list[Path]:
+    return sorted(p for d in ("pyterrier_cpdae", "pretrain") for p in (REPO / d).rglob("*.py"))
+
+
+def test_docs_readme_and_library_code_speak_without_lab_words():
+    hits = _hits(LAB_WORDS, [README, *DOCS, *_library_code()])
+    assert not hits, ("a word of the workplace in the README, docs or library code (say \"a GPU\", \"the machine that "
+                      "ran it\"):\n" + "\n".join(hits))
+
+
+def test_the_lab_word_pattern_finds_what_it_should_and_nothing_else():
+    lab = ["lease", "Leased", "leases", "lent", "device call", "device-calls", "build machine", "device-minutes",
+           "device time", "the issue's", "loan"]
+    assert [m.group(0) for m in LAB_WORDS.finditer(", ".join(f"a {w} here" for w in lab))] == lab
+    fine = ("the OS releases the lock; silently; an excellent, prevalent option; the device holds the index; "
+            "a machine-readable file; a GPU machine; the machine that ran it; a release; pleased")
+    assert LAB_WORDS.findall(fine) == []
