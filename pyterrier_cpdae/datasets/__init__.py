@@ -33,9 +33,9 @@ import pandas as pd
 import pyterrier as pt
 import pyterrier_alpha as pta
 
-from pyterrier_cpdae._dataset_formats import (SMART_LAYOUTS, SmartLayout, _beir_docs, _beir_qrels, _beir_topics,  # noqa: F401
-                                              _find_file, _id, _label, _read_qrels, _smart_docs, _smart_topics, _text,
-                                              _trec_docs, _trec_qrel, _trec_topics, _unique_qrels, _unique_topics)
+from pyterrier_cpdae.datasets.records import (SMART_LAYOUTS, SmartLayout, _beir_docs, _beir_qrels, _beir_topics,  # noqa: F401
+                                                     _find_file, _id, _label, _read_qrels, _smart_docs, _smart_topics, _text,
+                                                     _trec_docs, _trec_qrel, _trec_topics, _unique_qrels, _unique_topics)
 from pyterrier_cpdae._files import read_head
 from pyterrier_cpdae._checks import as_docnos
 
