@@ -14,7 +14,7 @@
 # 3. with --bundle: unpacks DIR/data.tar.xz (once: DIR/data, DIR/bm25) and runs the gpu-scale comparison
 #       python -m experiments.paper --scale gpu --overlay DIR/overlay.json --work-dir WORK/paper ...
 #    in the BACKGROUND (setsid: it outlives this command while the machine stays held), Tables 1-2 first, then
-#    3, 4 and the coverage figure (--tables T: only those, e.g. 3,4,coverage in a lease after the one that wrote
+#    3, 4 and the coverage figure (--tables T: only those, e.g. 3,4,coverage in a run after the one that wrote
 #    Tables 1-2: a fresh machine runs again the stages they need); a later call finds it running and waits for it, or, when it has stopped
 #    unfinished, starts it again (every stage is cached in WORK: it continues). This command waits for it until
 #    --budget-s seconds (default 540) have passed since its start, then packs what is there and returns (after
