@@ -155,7 +155,8 @@ def test_tsv_folder_reads_what_the_files_hold_and_equals_the_beir_layout(tmp_pat
     (beir / "qrels").mkdir(parents=True)
     (beir / "corpus.jsonl").write_text('{"_id": "d1", "title": "Vectors", "text": "Dense retrieval encodes text."}\n'
                                        '{"_id": "d2", "title": "", "text": "BM25 weighs words."}\n')
-    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "dense vectors"}\n{"_id": "q2", "text": "word weights"}\n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "dense vectors"}\n'
+                                        '{"_id": "q2", "text": "word weights"}\n')
     (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n")
     b_docs, b_topics, b_qrels = _check_types(load_dataset(f"beir:{beir}"))
     assert b_docs == docs and b_topics.equals(topics) and b_qrels.equals(qrels)
@@ -196,7 +197,8 @@ def test_tsv_errors_name_the_file_and_line(tmp_path: Path, corpus, queries, qrel
 
 
 def test_tsv_folder_errors(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"tsv:.*: no corpus file in .* \(expected corpus.tsv or collection.tsv"):
+    with pytest.raises(FileNotFoundError, match=r"tsv:.*: no corpus file in .* \(expected corpus.tsv or "
+                                                r"collection.tsv"):
         load_dataset(f"tsv:{tmp_path}")
     spec = _tsv_collection(tmp_path / "c", "d1\ta\n")
     (tmp_path / "c" / "qrels.test").write_text("q1 0 d1 1\n")

@@ -146,7 +146,8 @@ def read_trec_qrels(path: Path) -> pd.DataFrame:
 
 
 def open_trec(folder: Path) -> LocalDataset:
-    """The TREC collection in ``folder``: its ``<DOC>`` files, its one ``<top>`` topics file and its one ``qrels*`` file."""
+    """The TREC collection in ``folder``: its ``<DOC>`` files, its one ``<top>`` topics file and its one ``qrels*``
+    file."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
     qrels = [p for p in files if p.name.lower().startswith("qrels")]
     heads = {p: read_head(p).lower() for p in files if p not in qrels}
