@@ -23,7 +23,7 @@ from pyterrier_cpdae.datasets.base import LocalDataset, spec_folder
 from pyterrier_cpdae.datasets.records import _id, _no_records, _text, _unique_topics
 from pyterrier_cpdae.datasets.trec import read_trec_qrels
 
-__all__ = ["open_tsv", "KINDS"]
+__all__ = ["open_tsv", "corpus_path", "KINDS"]
 
 #: accepted names of each file, before an optional compression suffix
 CORPUS_NAMES = ("corpus.tsv", "collection.tsv")
@@ -112,9 +112,14 @@ def _one(folder: Path, spec: str, what: str, names: tuple[str, ...]) -> Path:
     return found[0]
 
 
+def corpus_path(folder: Path, spec: str) -> Path:
+    """The one corpus file of the collection in ``folder`` (``corpus.tsv`` or ``collection.tsv``, maybe compressed)."""
+    return _one(folder, spec, "corpus", CORPUS_NAMES)
+
+
 def open_tsv(folder: Path, spec: str) -> LocalDataset:
     """The tab-separated collection in ``folder`` (see the module docstring for its files)."""
-    corpus = _one(folder, spec, "corpus", CORPUS_NAMES)
+    corpus = corpus_path(folder, spec)
     queries = _one(folder, spec, "queries", QUERIES_NAMES)
     qrels = sorted(p for p in folder.iterdir() if p.is_file() and p.name.lower().startswith("qrels"))
     if not qrels:
