@@ -41,11 +41,14 @@ def check_output_dir(config: Any) -> None:
         raise ValueError("no output directory given (--output)")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"output path {out} exists and is not a directory")
-    if not os.path.isdir(out) or not os.listdir(out) or config.overwrite:
+    from ..data.inputs import own_cache_entries
+
+    own = own_cache_entries(out, getattr(config, "cache_dir", None))  # the run's own --cache-dir is not a stranger
+    if not os.path.isdir(out) or not set(os.listdir(out)) - own or config.overwrite:
         return
     run_cfg = os.path.join(out, RUN_CONFIG)
     if not os.path.isfile(run_cfg):
-        entries = sorted(os.listdir(out))
+        entries = sorted(set(os.listdir(out)) - own)
         raise ValueError(f"output directory {out} is not empty and holds no {RUN_CONFIG} (it contains "
                          f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
                          "choose another --output or pass --overwrite")

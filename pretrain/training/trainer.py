@@ -50,6 +50,7 @@ from pyterrier_cpdae._files import write_json_atomic
 from ..config import TrainConfig
 from .checkpoint import (checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
                          save_rng_state, save_train_state, write_trainer_state)
+from ..export.commit import commit_export, prepare_export_dir
 from .finite import FiniteGuard, NonFiniteError, _fmt, nonfinite_flags, nonfinite_tensors
 from .optim import (_default_save, adamw_options, check_resume_length, compile_module, compiled_graphs,
                     enable_gradient_checkpointing, ensure_float32, parameter_groups, resolve_mixed_precision,
@@ -97,6 +98,8 @@ class Trainer:
         self.collate_fn = collate_fn
         self.config = config
         self.save_fn = save_fn
+        #: ``card_fn(export_tmp_dir, result)`` writes the model card inside the export (before it is committed)
+        self.card_fn: Optional[Callable[[str, dict[str, Any]], Any]] = None
         self.mixed_precision = resolve_mixed_precision(config.mixed_precision, config.cpu)
         ddp = DistributedDataParallelKwargs(find_unused_parameters=getattr(module, "ddp_find_unused_parameters", True))
         # cpu=True without CUDA too: only then does accelerate set up gloo DDP for CPU processes under torchrun
@@ -303,10 +306,10 @@ class Trainer:
             elif rows:  # one point is not a curve (and the figure costs ~0.5 s: most of a few-step run's tail)
                 logger.info("loss curves not plotted: %s holds 1 logged row, a curve needs 2 (see --logging-steps)",
                             csv_path)
-        self._export(model)
         result = {k: v for k, v in last.items() if k not in ("seqs_per_s",)}
         result.update({"step": step, "total_steps": self.total_steps, "train_runtime_s": runtime,
                        "output": self.output})
+        self._export(model, result)
         if getattr(cfg, "compile", False):  # first compilations and recompilations of this run's steps
             result["compiled_graphs"] = compiled_graphs() - graphs_before
             logger.info("--compile: %d graphs compiled in this run (each compiled layer's first batch, then one per "
@@ -598,8 +601,10 @@ class Trainer:
         message = f"checkpoint {checkpoint_name(step)} of {self.output} could not be written: {detail}; {last}"
         return OSError(e.errno, message) if e.errno else OSError(message)
 
-    def _export(self, model: nn.Module) -> None:
-        """``save_fn`` into a temp dir, then move the files into ``output`` with ``config.json`` last."""
+    def _export(self, model: nn.Module, result: Optional[dict[str, Any]] = None) -> None:
+        """``save_fn`` into a temp dir, then :func:`~pretrain.export.commit.commit_export`: every tensor finite in the
+        saved dtype, the card (``card_fn(tmp, result)``) written beside the weights, the files moved into ``output``
+        with ``config.json`` last."""
         acc = self.accelerator
         self._check_finite(acc.unwrap_model(model), "the exported model")
         self._check_output("the exported model")
@@ -608,21 +613,10 @@ class Trainer:
             unwrapped = acc.unwrap_model(model)
             if self.save_dtype != torch.float32:  # a cast copy: the float32 master weights stay as they are
                 unwrapped = copy.deepcopy(unwrapped).to(self.save_dtype)
-            tmp = os.path.join(self.output, ".export-tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
+            tmp = prepare_export_dir(self.output)
             self.save_fn(unwrapped, tmp)
-            stale_config = os.path.join(self.output, "config.json")
-            if os.path.isfile(stale_config):
-                os.remove(stale_config)
-            for name in sorted(os.listdir(tmp), key=lambda e: e == "config.json"):
-                dst = os.path.join(self.output, name)
-                if os.path.isdir(dst) and not os.path.islink(dst):
-                    shutil.rmtree(dst)
-                elif os.path.lexists(dst):
-                    os.remove(dst)
-                os.replace(os.path.join(tmp, name), dst)
-            os.rmdir(tmp)
+            card_fn = self.card_fn
+            commit_export(tmp, self.output, card=None if card_fn is None else lambda d: card_fn(d, result or {}))
         acc.wait_for_everyone()
 
 
