@@ -89,7 +89,7 @@ def validate_config(config: PretrainConfig) -> None:
     from .objectives import objective_class
     from .training.run_dir import check_output_dir
 
-    from .data.inputs import check_model_arg, check_output_holds_no_input, check_writable_dir
+    from .data.inputs import check_model_arg, check_output_holds_no_input, check_writable_dir, own_cache_entries
     from .data.readers import corpus_files
 
     if not config.output:
@@ -120,7 +120,7 @@ def validate_config(config: PretrainConfig) -> None:
     if int(os.environ.get("RANK", "0") or 0) == 0:  # other ranks: rank 0 of the same job holds the lock
         # another run writing there is named first (its files in progress would otherwise be blamed)
         refuse_if_busy(config.output, "output directory of a pre-training run", "written")
-    check_output_dir(config)
+    check_output_dir(config, own_cache_entries(config.output, config.cache_dir))
 
 
 def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
@@ -215,7 +215,8 @@ def _pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[
     from .objectives import build_objective, objective_class
     from .training.trainer import Trainer
 
-    from .data.inputs import check_resume_inputs, check_something_to_learn, run_inputs
+    from .data.inputs import check_resume_inputs, check_something_to_learn, own_cache_entries, run_inputs
+    from .export.commit import finish_export
 
     set_seed(config.seed)  # the random parts of the initialisation (decoders, --from-config weights)
     model, tokenizer = load_model_and_tokenizer(config)
@@ -240,8 +241,11 @@ def _pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[
     trainer = Trainer(objective, cache, objective.collate, config,
                       save_fn=lambda m, path: save_with_carried(type(m).save_pretrained, m, path, carried, m.mlm_model))
     trainer.inputs = {**inputs, "token_cache": {"path": str(cache.path), "checksum": cache.meta.get("checksum")}}
-    # the model card, from what the run recorded (a resumed run adds its session), written inside the export
-    trainer.card_fn = lambda tmp, result: _write_card(tmp, config, result, cache, model.config, carried, argv)
+    trainer.own_entries = own_cache_entries(config.output, config.cache_dir)  # --cache-dir inside --output
+    # every tensor finite in --save-dtype; the model card, from what the run recorded (a resumed run adds its
+    # session), written inside the export so that card and weights change together
+    trainer.finish_export = lambda tmp, result: finish_export(
+        tmp, card=lambda d: _write_card(d, config, result, cache, model.config, carried, argv))
     return trainer.train()
 
 

@@ -7,7 +7,6 @@ Everything here runs before a run writes or computes anything:
   named as such (not as an invalid Hugging Face id), a local directory needs ``config.json`` and safetensors weights;
 * :func:`run_inputs` / :func:`check_resume_inputs` -- the content fingerprints of the corpus files and the tokenizer
   that ``run_config.json`` records, and the refusal of a ``--resume`` after either changed under the same path;
-* :func:`check_regular_file` -- a corpus is a regular file (a FIFO or a device is refused, never read twice);
 * :func:`check_output_holds_no_input` / :func:`own_cache_entries` -- ``--output`` is not, and does not hold, an input
   (``--overwrite`` or not); the run's own ``--cache-dir`` inside ``--output`` is not another run's file;
 * :func:`check_something_to_learn` -- a run whose loss cannot change (no content token, no masked token) is refused
@@ -18,12 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["tokenizer_fingerprint", "check_writable_dir", "check_model_arg", "file_fingerprint", "corpus_fingerprints", "run_inputs",
-           "check_resume_inputs", "input_changes", "check_regular_file", "check_output_holds_no_input",
+           "check_resume_inputs", "input_changes", "check_output_holds_no_input",
            "own_cache_entries", "content_token_count", "check_something_to_learn"]
 
 
@@ -114,29 +112,6 @@ _CHUNK = 1 << 20
 _FINGERPRINTS: dict[tuple, dict[str, Any]] = {}
 
 
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def check_regular_file(path: os.PathLike | str, what: str = "corpus file") -> os.stat_result:
-    """``os.stat(path)`` of a regular file (symlinks followed); anything else -- a FIFO, a device, a socket -- is
-    refused before it is opened: a stream can be read only once (a fingerprint would consume what the reader then
-    waits for forever) and has no size or content to key a cache on.
-
-    Raises:
-        ValueError: one line naming the file and what it is.
-    """
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{what} {path} is {_file_kind(st.st_mode)}, not a regular file; a corpus is read more than "
-                         "once (fingerprinted, then tokenized), so save the stream to a file and pass that")
-    return st
-
-
 def file_fingerprint(path: os.PathLike | str) -> dict[str, Any]:
     """``{"size", "mtime_ns", "sha256"}`` of a regular file; the hash covers every byte (and the size), so any edit is
     seen, also one that keeps the size and the modification time (``cp -p``, ``touch -r``, an in-place edit with the
@@ -149,6 +124,8 @@ def file_fingerprint(path: os.PathLike | str) -> dict[str, Any]:
     Raises:
         ValueError: ``path`` is not a regular file (:func:`check_regular_file`).
     """
+    from .readers import check_regular_file
+
     st = check_regular_file(path)
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
     if key in _FINGERPRINTS:

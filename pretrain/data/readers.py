@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -80,6 +81,30 @@ def _join(values: Sequence[Any]) -> str:
 
 # ----------------------------------------------------------------------------- spec parsing
 
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular_file(path: os.PathLike | str, what: str = "corpus file") -> os.stat_result:
+    """``os.stat(path)`` of a regular file (symlinks followed); anything else -- a FIFO, a device, a socket -- is
+    refused before it is opened: a stream can be read only once (a fingerprint would consume what the reader then
+    waits for forever) and has no size or content to key a cache on.
+
+    Raises:
+        ValueError: one line naming the file and what it is.
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} {path} is {_file_kind(st.st_mode)}, not a regular file; a corpus is read more than "
+                         "once (fingerprinted, then tokenized), so save the stream to a file and pass that")
+    return st
+
+
+
 def resolve_spec(spec: str) -> tuple[str, str]:
     """Classify a corpus spec into ``(kind, location)``.
 
@@ -90,8 +115,6 @@ def resolve_spec(spec: str) -> tuple[str, str]:
         FileNotFoundError: if a path spec names a file or directory that does not exist.
         ValueError: if the spec form is not recognised.
     """
-    from .inputs import check_regular_file
-
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"corpus spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
@@ -132,9 +155,7 @@ def resolve_spec(spec: str) -> tuple[str, str]:
 
 def _wiki_files(root: Path) -> list[Path]:
     """WikiExtractor files (``wiki_NN`` / ``wiki_NN.bz2``) under ``root``, in sorted path order; one of these names
-    that is not a regular file (a FIFO, a device) is refused, not skipped (:func:`~pretrain.data.inputs.check_regular_file`)."""
-    from .inputs import check_regular_file
-
+    that is not a regular file (a FIFO, a device) is refused, not skipped (:func:`check_regular_file`)."""
     found = sorted(p for p in root.rglob("wiki_*") if _WIKI_FILE.match(p.name) and not p.is_dir())
     for p in found:
         check_regular_file(p)
@@ -327,5 +348,5 @@ def iter_texts(spec: str, fields: Fields = None, max_docs: int = -1) -> Iterator
         raise ValueError(f"corpus {spec!r} holds no text (fields: {chosen or 'default'})")
 
 
-__all__ = ["iter_texts", "iter_wiki_documents", "resolve_spec", "corpus_files", "parse_fields", "irds_fields",
+__all__ = ["iter_texts", "iter_wiki_documents", "resolve_spec", "corpus_files", "check_regular_file", "parse_fields", "irds_fields",
            "DEFAULT_FIELDS", "WIKI_FIELDS"]

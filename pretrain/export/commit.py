@@ -21,7 +21,7 @@ import os
 import shutil
 from typing import Callable, Optional
 
-__all__ = ["EXPORT_TMP", "prepare_export_dir", "check_export_finite", "commit_export"]
+__all__ = ["EXPORT_TMP", "prepare_export_dir", "check_export_finite", "finish_export", "commit_export"]
 
 #: the temporary folder inside the output directory that an export is written into before it is committed
 EXPORT_TMP = ".export-tmp"
@@ -66,6 +66,15 @@ def check_export_finite(directory: str) -> None:
                             "bfloat16 (--save-dtype)")
 
 
+def finish_export(tmp: str, card: Optional[Callable[[str], object]] = None) -> None:
+    """The last steps before an export saved in ``tmp`` is moved into place: :func:`check_export_finite`, then
+    ``card(tmp)`` (the card written beside the weights it describes). A training loop that moves the files itself
+    calls this between saving and moving (``pretrain.training.trainer.Trainer.finish_export``)."""
+    check_export_finite(tmp)
+    if card is not None:
+        card(tmp)
+
+
 def commit_export(tmp: str, output: str, card: Optional[Callable[[str], object]] = None) -> None:
     """Check the model saved in ``tmp`` (:func:`check_export_finite`), write its card into ``tmp`` (``card(tmp)``),
     then move every entry of ``tmp`` into ``output`` with ``config.json`` last, after removing the previous
@@ -76,9 +85,7 @@ def commit_export(tmp: str, output: str, card: Optional[Callable[[str], object]]
         ValueError: a non-finite tensor (see :func:`check_export_finite`).
     """
     try:
-        check_export_finite(tmp)
-        if card is not None:
-            card(tmp)
+        finish_export(tmp, card)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -50,7 +50,6 @@ from pyterrier_cpdae._files import write_json_atomic
 from ..config import TrainConfig
 from .checkpoint import (checkpoint_name, list_checkpoints, load_checkpoint, rng_file,
                          save_rng_state, save_train_state, write_trainer_state)
-from ..export.commit import commit_export, prepare_export_dir
 from .finite import FiniteGuard, NonFiniteError, _fmt, nonfinite_flags, nonfinite_tensors
 from .optim import (_default_save, adamw_options, check_resume_length, compile_module, compiled_graphs,
                     enable_gradient_checkpointing, ensure_float32, parameter_groups, resolve_mixed_precision,
@@ -98,8 +97,11 @@ class Trainer:
         self.collate_fn = collate_fn
         self.config = config
         self.save_fn = save_fn
-        #: ``card_fn(export_tmp_dir, result)`` writes the model card inside the export (before it is committed)
-        self.card_fn: Optional[Callable[[str, dict[str, Any]], Any]] = None
+        #: ``finish_export(export_tmp_dir, result)``: run on the saved export before it is moved into ``output``
+        #: (the finite check in the saved dtype, the model card); raising leaves ``output`` as it was
+        self.finish_export: Optional[Callable[[str, dict[str, Any]], Any]] = None
+        #: names in ``output`` that are the run's own (its ``--cache-dir``), not another run's files
+        self.own_entries: set[str] = set()
         self.mixed_precision = resolve_mixed_precision(config.mixed_precision, config.cpu)
         ddp = DistributedDataParallelKwargs(find_unused_parameters=getattr(module, "ddp_find_unused_parameters", True))
         # cpu=True without CUDA too: only then does accelerate set up gloo DDP for CPU processes under torchrun
@@ -156,7 +158,7 @@ class Trainer:
                 each log row, checkpoint and before the export; see :class:`OutputPlace`).
         """
         acc, cfg = self.accelerator, self.config
-        check_output_dir(cfg)
+        check_output_dir(cfg, self.own_entries)
         recorded = self._recorded_resolution() if cfg.resume else {}  # read before the record is written again
         acc.wait_for_everyone()
         found = list_checkpoints(self.output) if cfg.resume and os.path.isdir(self.output) else []
@@ -602,9 +604,9 @@ class Trainer:
         return OSError(e.errno, message) if e.errno else OSError(message)
 
     def _export(self, model: nn.Module, result: Optional[dict[str, Any]] = None) -> None:
-        """``save_fn`` into a temp dir, then :func:`~pretrain.export.commit.commit_export`: every tensor finite in the
-        saved dtype, the card (``card_fn(tmp, result)``) written beside the weights, the files moved into ``output``
-        with ``config.json`` last."""
+        """``save_fn`` into a temp dir, ``finish_export(tmp, result)`` (the caller's checks of the written files and
+        the model card, :func:`pretrain.export.commit.finish_export`), then move the files into ``output`` with
+        ``config.json`` last."""
         acc = self.accelerator
         self._check_finite(acc.unwrap_model(model), "the exported model")
         self._check_output("the exported model")
@@ -613,10 +615,27 @@ class Trainer:
             unwrapped = acc.unwrap_model(model)
             if self.save_dtype != torch.float32:  # a cast copy: the float32 master weights stay as they are
                 unwrapped = copy.deepcopy(unwrapped).to(self.save_dtype)
-            tmp = prepare_export_dir(self.output)
+            tmp = os.path.join(self.output, ".export-tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
             self.save_fn(unwrapped, tmp)
-            card_fn = self.card_fn
-            commit_export(tmp, self.output, card=None if card_fn is None else lambda d: card_fn(d, result or {}))
+            if self.finish_export is not None:  # checks of what was written, the card (nothing moved yet)
+                try:
+                    self.finish_export(tmp, result or {})
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+            stale_config = os.path.join(self.output, "config.json")
+            if os.path.isfile(stale_config):
+                os.remove(stale_config)
+            for name in sorted(os.listdir(tmp), key=lambda e: e == "config.json"):
+                dst = os.path.join(self.output, name)
+                if os.path.isdir(dst) and not os.path.islink(dst):
+                    shutil.rmtree(dst)
+                elif os.path.lexists(dst):
+                    os.remove(dst)
+                os.replace(os.path.join(tmp, name), dst)
+            os.rmdir(tmp)
         acc.wait_for_everyone()
 
 
