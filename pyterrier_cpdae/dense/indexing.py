@@ -388,6 +388,8 @@ class DenseIndexer(pt.Indexer):
                 if store_dtype != np.float32 and not np.isfinite(stored_vecs).all():
                     bad = [docnos[i] for i in np.nonzero(~np.isfinite(stored_vecs).all(axis=1))[0][:5]]
                     raise ValueError(f"doc_vec of docno(s) {bad} overflow(s) {state['dtype']}")
+                if store_dtype != np.float32:
+                    io.check_float16_scale(vecs, stored_vecs, docnos)
                 text = ("\n".join(docnos) + "\n").encode("utf8")  # encoded before anything of the batch is written
                 vec_file.write(stored_vecs.tobytes())
                 docno_file.write(text)
