@@ -206,22 +206,25 @@ def check_norms(vectors: np.ndarray, what: str, names: Any, id_name: str) -> Non
                          "zero), so they would rank by rounding noise; rescale or normalise the vectors")
 
 
-#: the relative change of a vector's norm that float16 storage may cause: its unit roundoff is 2**-11, so rounding
-#: alone stays eight times inside; a vector that changes more lies (partly) below float16's normal range (2**-14)
-FLOAT16_NORM_TOLERANCE = 2.0 ** -8
+#: the relative error (``|stored - v| / |v|``) float16 storage may cause: its unit roundoff is 2**-11, so rounding in
+#: its normal range stays eight times inside; a vector that errs more lies (partly) below float16's normal range
+#: (2**-14), where its components keep fewer bits, or become zero
+FLOAT16_TOLERANCE = 2.0 ** -8
 
 
 def check_float16_scale(vectors: np.ndarray, stored: np.ndarray, names: Sequence[str]) -> None:
-    """Refuses float32 rows (not zero) whose float16 copy ``stored`` lost more than :data:`FLOAT16_NORM_TOLERANCE` of
+    """Refuses float32 rows (not zero) whose float16 copy ``stored`` is off by more than :data:`FLOAT16_TOLERANCE` of
     their norm: too small for float16 (its subnormals, or zero), their stored scores would underflow.
 
     Raises:
-        ValueError: naming up to 5 docnos and both norms."""
-    norm = np.linalg.norm(vectors.astype(np.float64), axis=1)
-    kept = np.linalg.norm(stored.astype(np.float64), axis=1)
-    bad = np.nonzero(np.abs(kept - norm) > FLOAT16_NORM_TOLERANCE * norm)[0]
+        ValueError: naming up to 5 docnos, their norms and their relative error in float16."""
+    v = vectors.astype(np.float64)
+    norm = np.linalg.norm(v, axis=1)
+    err = np.linalg.norm(stored.astype(np.float64) - v, axis=1)
+    bad = np.nonzero(err > FLOAT16_TOLERANCE * norm)[0]
     if len(bad):
-        shown = ", ".join(f"{names[i]!r} (norm {norm[i]:.3g}, {kept[i]:.3g} in float16)" for i in bad[:5])
+        shown = ", ".join(f"{names[i]!r} (norm {norm[i]:.3g}, off by {err[i] / norm[i]:.2g} of it in float16)"
+                          for i in bad[:5])
         raise ValueError(f"doc_vec of docno(s) {shown} is too small for float16 storage (below its normal range, "
                          "about 6.1e-05 per component): its stored scores would underflow; index in float32 or "
                          "rescale the vectors")

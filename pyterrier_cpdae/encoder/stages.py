@@ -102,8 +102,11 @@ class _VecAdder(_Stage):
 
     def stamp(self) -> str:
         """The stamp of every row this stage encodes: the canonical JSON of the encoder's ``producer()`` (taken now:
-        the weights key follows in-place edits of the weights)."""
-        return json.dumps(self.encoder.producer(), sort_keys=True, separators=(",", ":"))
+        the weights key follows in-place edits of the weights), with ``max_length`` the length these texts were cut
+        at (``query_max_length`` for queries: it changes query vectors, not which index they may search)."""
+        producer = self.encoder.producer()
+        producer["max_length"] = int(getattr(self.encoder, self.length_option))  # these vectors' length (queries')
+        return json.dumps(producer, sort_keys=True, separators=(",", ":"))
 
     def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
         """Records window by window.  On :data:`ASYNC_DEVICES` the next window is read from ``inp``, checked and
