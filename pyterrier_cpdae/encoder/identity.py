@@ -82,7 +82,7 @@ def content_digest(model: torch.nn.Module, key: Optional[str] = None) -> str:
     with torch.no_grad():
         for name, t in sorted(_tensors(model), key=lambda nt: nt[0]):
             h.update(f"{name} {tuple(t.shape)}\n".encode())
-            h.update(t.detach().to("cpu", torch.float32).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(memoryview(t.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()).cast("B"))
     digest = h.hexdigest()[:16]
     _DIGESTS[model] = (key, digest)
     return digest
