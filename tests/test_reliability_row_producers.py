@@ -282,3 +282,40 @@ def test_vectors_too_small_for_float16_storage_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"'d1' \(norm 1e-06, off by .* in float16\) is too small for float16"):
         DenseIndex(tmp_path / "small").indexer(dtype="float16").index(_frame(small))
     DenseIndex(tmp_path / "f32").indexer().index(_frame(small))  # float32 storage keeps them
+
+
+# -- the indexer reads the rows' stamp too ---------------------------------------------------------------------------
+def _docs():
+    return pd.DataFrame({"docno": [f"d{i}" for i in range(len(TEXTS))], "text": TEXTS})
+
+
+def test_the_indexer_records_and_checks_the_rows_producer(tmp_path, setup, two_dirs):
+    a, b, _ = setup
+    docs_a, docs_b = a.doc_encoder()(_docs()), b.doc_encoder()(_docs())
+    # vectors encoded earlier, saved as records and indexed later: the index records their producer
+    later = DenseIndex(tmp_path / "later")
+    later.indexer().index(pd.DataFrame(pickle.loads(pickle.dumps(docs_a.to_dict("records")))))
+    assert later.meta()["producer"] == a.producer()
+    with pytest.raises(ValueError, match="weights"):  # so B's queries are refused there too
+        (b.query_encoder() >> later.np_retriever(num_results=2))(TOPICS)
+    # half of A's documents and half of B's: refused naming both, before anything is written
+    mixed = pd.concat([docs_a.iloc[:6], docs_b.iloc[6:]], ignore_index=True)
+    for name, feed in (("frame", mixed), ("records", mixed.to_dict("records"))):
+        with pytest.raises(ValueError, match="more than one producer") as info:
+            DenseIndex(tmp_path / f"mixed_{name}").indexer(batch_size=4).index(feed)
+        msg = str(info.value)  # a frame is checked whole; a stream batch by batch (d4-d7: A's d4, B's d6)
+        assert f"'d{0 if name == 'frame' else 4}'" in msg and "'d6'" in msg
+        assert two_dirs[0] in msg and two_dirs[1] in msg
+        assert not DenseIndex(tmp_path / f"mixed_{name}").built()
+    # B's vectors into an indexer told they are A's
+    with pytest.raises(ValueError, match="weights"):
+        DenseIndex(tmp_path / "told").indexer(producer=a).index(docs_b)
+    # a shard of A's pipeline and one of B's stamped vectors: refused when the second shard starts
+    sharded = DenseIndex(tmp_path / "sharded")
+    (a >> sharded.indexer(shard=0, num_shards=2)).index(_docs().to_dict("records"))
+    with pytest.raises(ValueError, match="shard 1 was encoded by"):
+        sharded.indexer(shard=1, num_shards=2).index(docs_b)
+    # unstamped vectors: indexed as before, no producer recorded
+    plain = DenseIndex(tmp_path / "plain")
+    plain.indexer().index(docs_b.drop(columns="doc_vec_producer"))
+    assert "producer" not in plain.meta()

@@ -9,6 +9,7 @@ artifact with a ``path``) and return it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import warnings
@@ -22,7 +23,8 @@ import pyterrier_alpha as pta
 
 from .._locking import build_lock
 from . import format as io
-from .store import DenseStore, check_producer, check_producers, check_shard_metas, check_shard_set
+from .store import (DenseStore, check_producer, check_producers, check_shard_metas, check_shard_set,
+                    check_vectors_producer, frame_producer, producer_column, same_document_producer)
 
 MODES = ("create", "overwrite", "resume")
 # files/directories an index directory may hold; ``overwrite`` deletes only these (never arbitrary content)
@@ -49,6 +51,17 @@ def iter_batches(inp: Any, batch_size: int) -> Iterator[Tuple[List[Any], List[An
         ValueError: when a record/frame lacks the ``docno`` or ``doc_vec`` column.
         TypeError: for other record types.
     """
+    for docnos, vecs, _ in iter_stamped_batches(inp, batch_size):
+        yield docnos, vecs
+
+
+#: the stamp column of document vectors (:mod:`~pyterrier_cpdae.dense.producers`)
+DOC_STAMP = producer_column("doc_vec")
+
+
+def iter_stamped_batches(inp: Any, batch_size: int) -> Iterator[Tuple[List[Any], List[Any], Optional[List[Any]]]]:
+    """:func:`iter_batches` with each batch's producer stamps (the ``doc_vec_producer`` of its rows; ``None`` for a
+    batch where no row has one)."""
     def check_frame(df: pd.DataFrame) -> None:
         missing = [c for c in ("docno", "doc_vec") if c not in df.columns]
         if missing:
@@ -59,18 +72,23 @@ def iter_batches(inp: Any, batch_size: int) -> Iterator[Tuple[List[Any], List[An
         check_frame(df)
         for s in range(0, len(df), batch_size):
             part = df.iloc[s:s + batch_size]
-            yield list(part["docno"]), list(part["doc_vec"])
+            yield list(part["docno"]), list(part["doc_vec"]), list(part[DOC_STAMP]) if DOC_STAMP in df.columns \
+                else None
 
     if isinstance(inp, pd.DataFrame):
         yield from frame_batches(inp)
         return
     docnos: List[Any] = []
     vecs: List[Any] = []
+    stamps: List[Any] = []
+
+    def batch():
+        return docnos, vecs, (stamps if any(x is not None for x in stamps) else None)
     for rec in inp:
         if isinstance(rec, pd.DataFrame):
             if docnos:
-                yield docnos, vecs
-                docnos, vecs = [], []
+                yield batch()
+                docnos, vecs, stamps = [], [], []
             yield from frame_batches(rec)
             continue
         if not isinstance(rec, dict):
@@ -82,11 +100,33 @@ def iter_batches(inp: Any, batch_size: int) -> Iterator[Tuple[List[Any], List[An
                              f"{sorted(rec)} (did you forget the encoder, e.g. `enc >> index.indexer()`?)")
         docnos.append(rec["docno"])
         vecs.append(rec["doc_vec"])
+        stamps.append(rec.get(DOC_STAMP))
         if len(docnos) >= batch_size:
-            yield docnos, vecs
-            docnos, vecs = [], []
+            yield batch()
+            docnos, vecs, stamps = [], [], []
     if docnos:
-        yield docnos, vecs
+        yield batch()
+
+
+def peek_producer(inp: Any) -> Tuple[Any, Optional[dict]]:
+    """``(inp, producer)``: the producer stamped on the first record (or on all rows of a DataFrame) of the indexer's
+    input, and the input to read instead of ``inp`` (an iterator's first record is put back).
+
+    Raises:
+        ValueError: a DataFrame whose rows come from more than one producer."""
+    if isinstance(inp, pd.DataFrame):
+        return inp, frame_producer(inp, "doc_vec", "docno", same=same_document_producer)
+    it = iter(inp)
+    try:
+        first = next(it)
+    except StopIteration:
+        return [], None
+    rest = itertools.chain([first], it)
+    if isinstance(first, pd.DataFrame):
+        return rest, frame_producer(first, "doc_vec", "docno", same=same_document_producer)
+    if isinstance(first, dict) and first.get(DOC_STAMP) is not None:
+        return rest, frame_producer([first], "doc_vec", "docno")
+    return rest, None
 
 
 def remove_index_files(target: Path, *, shards: bool) -> None:
@@ -306,6 +346,8 @@ class DenseIndexer(pt.Indexer):
         target = self.target
         fresh = state is None
         producer = self.resolved_producer()
+        if producer is None:  # vectors stamped by their encoder (a frame or records made by it): their producer
+            inp, producer = peek_producer(inp)
         if not fresh and state.get("producer") is not None and producer is not None:
             # a resume continues the vectors of the producer that started the build (without a recorded producer on
             # either side, the sampled prefix check of _PrefixCheck still compares the vectors)
@@ -352,7 +394,10 @@ class DenseIndexer(pt.Indexer):
             # check_shard_inputs); a resume reads the whole input again, so this covers it all
             input_digest = hashlib.sha256()
             shard_digests = [hashlib.sha256() for _ in range(self.num_shards or 0)] if not self.presharded else []
-            for raw_docnos, raw_vecs in iter_batches(inp, self.batch_size):
+            for raw_docnos, raw_vecs, stamps in iter_stamped_batches(inp, self.batch_size):
+                if stamps is not None:  # every stamped row must come from the index's producer
+                    check_vectors_producer(target, state.get("producer") or {"name": "vectors without a stamp"},
+                                           pd.DataFrame({"docno": raw_docnos, DOC_STAMP: stamps}), "doc_vec", "docno")
                 records = range(position, position + len(raw_docnos))
                 if self.num_shards:
                     input_digest.update(_docno_bytes(raw_docnos))

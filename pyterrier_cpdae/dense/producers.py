@@ -92,7 +92,7 @@ def frame_producer(inp: Any, vec_column: str = "query_vec", id_column: str = "qi
             continue
         unknown = "no known encoder (no stamp)"
         raise ValueError(
-            f"the {vec_column} of one frame come from more than one producer: {id_name} {row(first_row)!r} was "
+            f"the {vec_column} of these rows come from more than one producer: {id_name} {row(first_row)!r} was "
             f"encoded by {describe_producer(first) if first is not None else unknown}, {id_name} {row(other_row)!r} "
             f"by {describe_producer(other) if other is not None else unknown}; vectors of different encoders are not "
             f"comparable, so one ranking of them would mean nothing. Encode them all with one encoder (or search "
@@ -109,7 +109,7 @@ def check_vectors_producer(where: Path, recorded: Optional[dict], inp: Any, vec_
 
     Raises:
         ValueError: the rows come from more than one producer, or from another than the index's."""
-    same = _same_documents if vec_column == "doc_vec" else (lambda a, b: not query_differences(a, b))
+    same = same_document_producer if vec_column == "doc_vec" else (lambda a, b: not query_differences(a, b))
     producer = frame_producer(inp, vec_column, id_column, same)
     if producer is None or not recorded:
         return producer
@@ -196,7 +196,7 @@ def query_differences(recorded: dict, query: dict) -> List[str]:
     return [k for k in keys if k in recorded and k in query and recorded[k] != query[k]]
 
 
-def _same_documents(a: dict, b: dict) -> bool:
+def same_document_producer(a: dict, b: dict) -> bool:
     """Whether two producers of document vectors count as one (the comparison of :func:`check_producers`)."""
     return _producer_key(a, b) == _producer_key(b, a)
 

@@ -20,7 +20,7 @@ from .._checks import check_int
 from . import format as io
 from .producers import (DEFAULT_PRODUCER_ADVICE, QUERY_PRODUCER_KEYS, check_producer, check_producers,  # noqa: F401
                         check_query_producer, check_vectors_producer, describe_producer, frame_producer,
-                        parse_stamp, producer_column, stamp)
+                        parse_stamp, producer_column, same_document_producer, stamp)
 from .ties import largest_norm, settle
 from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
 
@@ -29,7 +29,7 @@ _DISTINCT_FROM = 1024
 
 __all__ = ["DenseStore", "pin_on_host", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id",
            "check_producer", "check_producers", "check_query_producer", "check_shard_set", "check_vectors_producer",
-           "frame_producer", "parse_stamp", "producer_column", "stamp"]
+           "frame_producer", "parse_stamp", "producer_column", "same_document_producer", "stamp"]
 
 
 class DenseStore:
