@@ -166,6 +166,10 @@ def corpus_files(spec: str, everything: bool = False) -> tuple[str, list[Path], 
         return kind, [folder / "corpus.jsonl"], folder
     if kind == "trec":  # the loader tells documents from topics by their content: every file but the qrels
         return kind, [p for p in under(folder) if not p.name.lower().startswith("qrels")], folder
+    if kind == "tsv":
+        from pyterrier_cpdae.datasets.tsv import corpus_path
+
+        return kind, [corpus_path(folder, spec)], folder
     if kind in SMART_LAYOUTS:
         docs = SMART_LAYOUTS[kind].docs.lower()
         return kind, sorted(p for p in folder.iterdir()

@@ -95,7 +95,7 @@ class DenseStore:
         """The index's parts as page-locked (pinned) host tensors (stored dtype), made on first use and kept for the
         next searches while the build is unchanged: a streamed CUDA search sends chunks from them with no host copy
         (:func:`~pyterrier_cpdae.dense.kernels.torch_search`), at about twice the rate of pageable memory
-        (``experiments/results/gpu/README.md``). They
+        (``experiments/results/gpu/h200/fp16_search_compiled_mlm/``). They
         take the vectors' size in locked host memory.
 
         Raises:

@@ -54,6 +54,10 @@ __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
 
 logger = logging.getLogger(__name__)
 
+#: with ``verbose=None`` (the default) a call's progress bar appears once it has run this long (tqdm's ``delay``):
+#: long work shows its progress, a short call (a query batch, a few documents) prints nothing
+PROGRESS_DELAY_S = 2.0
+
 
 class CPDAE(pt.Transformer):
     """A single-vector dense bi-encoder over a Hugging Face encoder, as a PyTerrier transformer.
@@ -79,7 +83,7 @@ class CPDAE(pt.Transformer):
     def __init__(self, model: Optional[torch.nn.Module], tokenizer: Any, *, pooling: str = "cls",
                  normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
                  batch_size: int = 32, device: Union[None, str, torch.device] = None,
-                 dtype: Union[None, str, torch.dtype] = None, verbose: bool = False, sort_window: int = 64,
+                 dtype: Union[None, str, torch.dtype] = None, verbose: Optional[bool] = None, sort_window: int = 64,
                  name_or_path: Optional[str] = None, config: Any = None, backend: Optional[str] = None,
                  batch_tokens: Optional[int] = None, unpad: Optional[bool] = None,
                  cls_last_layer: Optional[bool] = None):
@@ -127,7 +131,9 @@ class CPDAE(pt.Transformer):
                 :meth:`from_pretrained` holds float32 weights whatever dtype its checkpoint was saved in (a bf16
                 export included), so the dtype alone decides the precision; an in-memory ``model`` is used as
                 it is (a warning says when its weights are below float32 and the dtype is float32).
-            verbose: show a progress bar.
+            verbose: the progress bar of an encoding call (``pt.tqdm``, as PyTerrier's transformers show theirs):
+                ``None`` (default) shows it once a call has run :data:`PROGRESS_DELAY_S` seconds, so long work
+                shows its progress and short calls print nothing; ``True`` always, ``False`` never.
             sort_window: number of batches whose texts are sorted by length together.
             name_or_path: where the model comes from (identity for ``==``/``hash``/``repr``).
             config: the model's ``PretrainedConfig`` when ``model`` is ``None``.
@@ -160,7 +166,7 @@ class CPDAE(pt.Transformer):
         self.normalize = bool(normalize)
         self.batch_size = int(batch_size)
         self.sort_window = int(sort_window)
-        self.verbose = verbose
+        self.verbose = None if verbose is None else bool(verbose)
         self.dtype = _dtype_name(dtype)
         self.backend = _backend_name(backend)
         self._openvino: Optional[Any] = None  # the compiled graph, built on first use
@@ -202,7 +208,7 @@ class CPDAE(pt.Transformer):
                         normalize: Optional[bool] = None, query_max_length: Optional[int] = None,
                         doc_max_length: Optional[int] = None, batch_size: int = 32,
                         device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
-                        verbose: bool = False, sort_window: int = 64, backend: Optional[str] = None,
+                        verbose: Optional[bool] = None, sort_window: int = 64, backend: Optional[str] = None,
                         batch_tokens: Optional[int] = None, unpad: Optional[bool] = None,
                         cls_last_layer: Optional[bool] = None) -> "CPDAE":
         """An encoder from a Hugging Face model directory or Hub name.
@@ -504,7 +510,8 @@ class CPDAE(pt.Transformer):
         if not n:
             return out
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        bar = pt.tqdm(total=n, desc="Encoding", unit="text", leave=False) if self.verbose else None
+        bar = None if self.verbose is False else pt.tqdm(
+            total=n, desc="Encoding", unit="text", leave=False, delay=0 if self.verbose else PROGRESS_DELAY_S)
         with self._inference() as model:
             kernel = self._packing_kernel(model)
             trimmed = self._first_token_view(model)  # the last layer at [CLS] only (padded batches)
