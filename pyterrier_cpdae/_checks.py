@@ -12,9 +12,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["check_int", "default_num_threads", "as_docno", "as_docnos", "stack_vectors", "check_norms", "describe_values", "MAX_NORM",
-           "MIN_NORM", "check_cast_to_zero",
-           "check_float16_scale"]
+__all__ = ["check_int", "default_num_threads", "as_docno", "as_docnos", "stack_vectors", "check_norms",
+           "describe_values", "MAX_NORM", "MIN_NORM", "check_cast_to_zero", "check_float16_scale"]
 
 
 def check_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -147,9 +146,9 @@ def check_cast_to_zero(source: np.ndarray, cast: np.ndarray, what: str, names: A
         ValueError: naming up to 5 rows."""
     lost = np.nonzero(~cast.any(axis=1) & source.any(axis=1))[0]
     if len(lost):
-        raise ValueError(f"{what} of {id_name}(s) {names(lost[:5])} are not zero but become zero in {cast.dtype}: their "
-                         f"norm is far below the smallest norm {MIN_NORM:.3g} (2**-63) of a vector that is not zero, so "
-                         "their inner products underflow; rescale or normalise the vectors")
+        raise ValueError(f"{what} of {id_name}(s) {names(lost[:5])} are not zero but become zero in {cast.dtype}: "
+                         f"their norm is far below the smallest norm {MIN_NORM:.3g} (2**-63) of a vector that is not "
+                         "zero, so their inner products underflow; rescale or normalise the vectors")
 
 
 #: the largest Euclidean norm of a stored or query vector: the inner product of two such vectors is at most
