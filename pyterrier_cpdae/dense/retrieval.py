@@ -129,7 +129,7 @@ class EncoderChecked:
         Raises:
             ValueError: the rows' vectors come from more than one producer, or from another encoder than the one
                 that built the index."""
-        if self.check_encoder:
+        if self.check_encoder and producer_column("query_vec") in inp.columns:
             check_vectors_producer(Path(self.index.path), self.index.meta().get("producer"), inp)
 
     def check_query_encoder(self) -> None:
