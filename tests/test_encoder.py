@@ -153,8 +153,9 @@ def test_empty_frames_do_not_load_the_model(tiny_bert_dir):
     q = enc(pd.DataFrame({"qid": pd.Series([], dtype=str), "query": pd.Series([], dtype=str)}))
     d = enc.doc_encoder()(pd.DataFrame({"docno": [], "text": []}))
     s = enc.text_scorer()(pd.DataFrame({"qid": [], "query": [], "docno": [], "text": []}))
-    assert list(q.columns) == ["qid", "query", "query_vec"] and len(q) == 0
-    assert list(d.columns) == ["docno", "text", "doc_vec"] and len(d) == 0
+    # the same columns as a non-empty frame's: the vectors and their producer stamp
+    assert list(q.columns) == ["qid", "query", "query_vec", "query_vec_producer"] and len(q) == 0
+    assert list(d.columns) == ["docno", "text", "doc_vec", "doc_vec_producer"] and len(d) == 0
     assert {"score", "rank"} <= set(s.columns) and len(s) == 0
     assert list(enc.transform_iter([])) == []
     assert enc.encode_queries([]).shape == (0, 32)

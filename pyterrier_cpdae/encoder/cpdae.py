@@ -271,6 +271,7 @@ class CPDAE(pt.Transformer):
         if self._model is None:
             logger.info("loading encoder %s on %s", self.name_or_path, self.device)
             self._model = load_encoder(self.name_or_path).to(self.device).eval()
+            self._loaded_key = weights_key(self._model)  # the file's digest describes these weights while unedited
         return self._model
 
     @property
@@ -298,13 +299,17 @@ class CPDAE(pt.Transformer):
         """
         local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
         module = self.model if self._model is not None or local else None  # (a Hub name is not fetched for this)
-        content = content_digest(module) if module is not None else None
+        key = weights_key(module) if module is not None else None
+        content = content_digest(module, key) if module is not None else None
+        # the folder's file digest holds for weights loaded from it and not edited since (an in-place edit of the
+        # loaded module makes them other weights: their state dict's digest instead)
+        edited = getattr(self, "_loaded_key", None) not in (None, key)
         if self.name_or_path is not None:
-            digest = weights_digest(self._model, self.name_or_path) if local else \
-                (legacy_digest(self._model) if self._model is not None else None)
+            digest = weights_digest(self._model, self.name_or_path) if local and not edited else \
+                (legacy_digest(self._model, key) if self._model is not None else None)
             model = self.name_or_path
         else:
-            digest, model = legacy_digest(self._model), f"<in-memory {type(self._model).__name__}>"
+            digest, model = legacy_digest(self._model, key), f"<in-memory {type(self._model).__name__}>"
         out = {"encoder": "CPDAE", "model": str(model), "weights_sha256": digest, "pooling": self.pooling,
                "normalize": self.normalize, "max_length": int(self.doc_max_length),
                "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
