@@ -221,8 +221,9 @@ class CPDAE(pt.Transformer):
 
         ``pooling``, ``normalize``, ``query_max_length`` and ``doc_max_length`` left as ``None`` are taken from
         the directory: its sentence-transformers files (``1_Pooling``, a ``Normalize`` module,
-        ``sentence_bert_config.json``'s ``max_seq_length`` for documents), else a fine-tuning run's
-        ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
+        ``sentence_bert_config.json``'s ``max_seq_length`` for documents, and for queries too unless a fine-tuning
+        run's ``training_args.json`` records their length: ``SentenceTransformer.encode`` cuts every text at it),
+        else a fine-tuning run's ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
         a warning when it contradicts the stored one.
 
         Raises:
