@@ -207,7 +207,8 @@ class PackagedArtifact(pta.Artifact):
         ``max_download_bytes`` (:data:`MAX_DOWNLOAD_BYTES`; with a manifest, at most what its listed sizes can
         compress to) and its SHA-256 checked, *before* anything is unpacked; it is then unpacked by
         :meth:`from_package` (with its limits) into the cache folder PyTerrier uses for ``url``, and the temporary
-        file removed. A download or unpacking that fails or is interrupted leaves nothing behind. (PyTerrier's own
+        file removed. A download or unpacking that fails or is interrupted leaves nothing behind (the temporaries of
+        one killed midway are removed by the next ``from_url`` of the same URL). (PyTerrier's own
         ``pt.Artifact.from_url`` streams the archive into the folder unbounded: call it on this class instead.)
 
         Raises:
@@ -224,6 +225,8 @@ class PackagedArtifact(pta.Artifact):
         base.mkdir(parents=True, exist_ok=True)
         path = base / sha256(url.encode()).hexdigest()
         if not path.exists():
+            for suffix in (".tar.lz4", ".tar.lz4.json"):  # downloads of processes killed midway
+                _remove_dead_unpacks(path, "download", suffix)
             tmp = base / f".{path.name}.download-{os.getpid()}.{secrets.token_hex(4)}.tmp.tar.lz4"
             try:
                 info = _download_manifest(url, headers)
@@ -390,10 +393,11 @@ def _manifest_sizes(package: str, info: dict) -> Optional[dict]:
     return out
 
 
-def _remove_dead_unpacks(path: Path) -> None:
-    """Removes the temporaries of :meth:`PackagedArtifact.from_package` into ``path`` left by processes that no
-    longer run (killed while unpacking)."""
-    pattern = re.compile(rf"^\.{re.escape(path.name)}\.unpack-(\d+)\.[0-9a-f]+\.tmp$")
+def _remove_dead_unpacks(path: Path, kind: str = "unpack", suffix: str = "") -> None:
+    """Removes the temporaries of :meth:`PackagedArtifact.from_package` into ``path`` (``kind="unpack"``; of
+    :meth:`~PackagedArtifact.from_url`'s downloads: ``"download"``) left by processes that no longer run (killed while
+    unpacking or downloading)."""
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.{kind}-(\d+)\.[0-9a-f]+\.tmp{re.escape(suffix)}$")
     for entry in path.parent.iterdir() if path.parent.is_dir() else ():
         m = pattern.match(entry.name)
         if m is None or int(m.group(1)) == os.getpid():
@@ -401,7 +405,10 @@ def _remove_dead_unpacks(path: Path) -> None:
         try:
             os.kill(int(m.group(1)), 0)
         except ProcessLookupError:
-            shutil.rmtree(entry, ignore_errors=True)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
         except (PermissionError, OverflowError, OSError):  # alive under another user, or not a pid
             pass
 

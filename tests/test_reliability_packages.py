@@ -188,3 +188,22 @@ def test_the_limits_are_the_documented_ones():
     for name in ("MAX_MEMBERS", "MAX_UNPACKED_BYTES", "MAX_RATIO", "RATIO_FLOOR", "MAX_DOWNLOAD_BYTES"):
         assert f"`{name}`" in text, name
     assert (_artifact.MAX_MEMBERS, _artifact.MAX_RATIO) == (100_000, 100)
+
+
+def test_a_download_killed_midway_is_removed_by_the_next_one(tmp_path, served):
+    import hashlib
+    import subprocess
+    import sys
+
+    folder, root = served
+    _index(tmp_path / "idx").build_package(str(folder / "idx.tar.lz4"), verbose=False)
+    url = f"{root}/idx.tar.lz4"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # the pid of a process that has ended
+    home = tmp_path / "pt_home" / "artifacts"
+    home.mkdir(parents=True)
+    name = hashlib.sha256(url.encode()).hexdigest()
+    left = home / f".{name}.download-{dead}.0badf00d.tmp.tar.lz4"
+    left.write_bytes(b"half an archive")
+    assert DenseIndex.from_url(url).built()
+    assert not left.exists() and _leftovers(home) == [name, f"{name}.json"]
