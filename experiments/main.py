@@ -11,8 +11,11 @@ are printed and written as CSV and Markdown, with what the run's scale can and c
 What is already computed is reused: the pre-trained model (one directory per pre-training setting and starting
 weights), the indexes built by an earlier run in ``--work-dir``, and the runs that ``pt.Experiment`` saved there
 (``save_dir``, one directory per topic set, depth and encoder settings), so a second run only re-evaluates.  A
-dense index and its runs are named by a digest of the model directory's content (:func:`model_identity`), so a
-``--model`` directory re-trained in place is indexed and evaluated again, never served from its old weights; every
+dense index and its runs are named by a digest of the model directory's content (:func:`model_identity`) and of
+the encoder settings that change its vectors (:func:`experiments.paper.caches.encoder_key`: pooling,
+normalisation, document length, autocast dtype; recorded beside the index too), so a ``--model`` directory
+re-trained in place, or a run with another ``--doc-max-length``, is indexed and evaluated again, never served
+from another run's vectors; the number options are checked before anything is read; every
 index records the fingerprint of the documents it was built from (``<index>.built_from.json``,
 :func:`experiments.paper.caches.corpus_fingerprint`) and is rebuilt, saying why, when ``--dataset`` reads other documents
 (the collection edited in place, or another collection in the same ``--work-dir``); the saved runs are named by
