@@ -163,8 +163,6 @@ class PackagedArtifact(pta.Artifact):
                                 if verbose:
                                     print(f"dropping {member.path}: not a file of a {cls.__name__}")
                                 continue
-                            if member.isfile():
-                                limits.add(member)
                             if member.isfile() and listed is not None:
                                 rel = Path(member.path).as_posix()
                                 if listed.get(rel) != member.size:
@@ -172,6 +170,8 @@ class PackagedArtifact(pta.Artifact):
                                            f"holds {member.size} bytes, its manifest lists {listed[rel]}")
                                     raise ValueError(f"{package} is not the package its manifest {package}.json "
                                                      f"describes: member {rel!r} {why}")
+                            if member.isfile():
+                                limits.add(member)
                             if verbose:
                                 print(f"extracting {member.path} [{member.size} bytes]")
                             tar.extract(member, tmp, set_attrs=False)
