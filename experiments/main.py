@@ -119,9 +119,11 @@ def slug(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(spec.rstrip("/:")) or spec).strip("_") or "dataset"
 
 
-#: number options whose range is [1, inf); --doc-max-length's upper end is the model's (checked once it is known)
-POSITIVE_OPTIONS = ("--max-topics", "--num-results", "--doc-max-length", "--batch-size", "--pretrain-steps",
-                    "--pretrain-batch-size", "--pretrain-max-length")
+#: the least value of each number option (each has no upper end but --doc-max-length's, the model's positions,
+#: checked once the model is known); --pretrain-max-length as `python -m pretrain --max-length` (two special tokens
+#: and content)
+OPTION_MINIMUMS = {"--max-topics": 1, "--num-results": 1, "--doc-max-length": 1, "--batch-size": 1,
+                   "--pretrain-steps": 1, "--pretrain-batch-size": 1, "--pretrain-max-length": 3}
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -158,10 +160,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="`python -m pretrain --corpus` spec (.jsonl, .txt, irds:<id>, wiki:<dir>). Default: the built-in "
                         "sample collection's documents (texts only: no queries or judgements).")
     args = p.parse_args(argv)
-    for option in POSITIVE_OPTIONS:  # each number's range, before anything is read or built
+    for option, least in OPTION_MINIMUMS.items():  # each number's range, before anything is read or built
         value = getattr(args, option.lstrip("-").replace("-", "_"))
-        if value is not None and value < 1:
-            raise SystemExit(f"error: {option} must be an integer in [1, inf), got {value}"
+        if value is not None and value < least:
+            raise SystemExit(f"error: {option} must be an integer in [{least}, inf), got {value}"
                              + (" (leave it out to evaluate every topic)" if option == "--max-topics" else ""))
     if args.pretrain is None:
         args.pretrain = args.dataset == "sample" and args.model is None
