@@ -82,3 +82,20 @@ def test_another_autocast_dtype_rebuilds_the_index(tmp_path, capsys, tiny_bert_d
     _build(capsys, model, spec, tmp_path / "fresh")
     np.testing.assert_array_equal(_vectors(tmp_path / "i"), _vectors(tmp_path / "fresh"))
     assert not np.array_equal(_vectors(tmp_path / "i"), float32)  # bfloat16 vectors differ from float32's
+
+
+def test_a_card_rewritten_after_an_evaluation_keeps_the_index(tmp_path, capsys, tiny_bert_dir):
+    """The model card and its state (``README.md``, ``model_card.json``) are rewritten when an evaluation is added
+    (``pretrain.export.card.add_evaluation``) and never read by a loader: not part of the model's content."""
+    spec = _tiny_beir(tmp_path / "b")
+    model = tmp_path / "m"
+    shutil.copytree(tiny_bert_dir, model)
+    (model / "README.md").write_text("# a card\n")
+    assert "indexed 3 docs" in _build(capsys, model, spec, tmp_path / "i")
+    (model / "README.md").write_text("# a card\n\n| nDCG@10 | 0.5 |\n")
+    (model / "model_card.json").write_text("{}")
+    assert "reusing the index" in _build(capsys, model, spec, tmp_path / "i")
+    tokenizer = model / "tokenizer.json"
+    assert '"photon":' in tokenizer.read_text()
+    tokenizer.write_text(tokenizer.read_text().replace('"photon":', '"photom":'))  # "photon" now in word pieces
+    assert "model's content changed" in _build(capsys, model, spec, tmp_path / "i")  # a tokenizer file is content

@@ -26,6 +26,10 @@ from typing import Any, Iterable, Optional
 
 #: parts of a model directory that never change what the encoder computes (a run's optimizer state and logs)
 NOT_MODEL = ("checkpoints", "logs")
+#: files of a model directory that describe it and are never read by a loader: its model card (``README.md``,
+#: ``MODEL_CARD.md`` beside a card of another origin) and the card's state, where evaluations are added after the
+#: model was exported (``pretrain.export.card.add_evaluation``)
+NOT_MODEL_FILES = ("README.md", "MODEL_CARD.md", "model_card.json")
 #: the record of what built an index, beside it: ``<index path>`` + this suffix
 BUILT_FROM = ".built_from.json"
 
@@ -82,8 +86,9 @@ def folder_digest(folder: os.PathLike | str, cache_file: os.PathLike | str) -> s
 
 
 def model_identity(model: str, cache_file: os.PathLike | str) -> str:
-    """A digest of everything in the model directory ``model`` (weights, config, tokenizer, pooling files) but its
-    ``checkpoints/`` and ``logs/``.
+    """A digest of everything in the model directory ``model`` (weights, config, tokenizer, pooling files, run
+    records) but its ``checkpoints/``, ``logs/`` and model card (:data:`NOT_MODEL_FILES`, rewritten when an
+    evaluation is added).
 
     It changes whenever the weights do, e.g. when the directory is re-trained in place, so that indexes and saved
     runs computed with other weights are never reused. A model that is not a directory (a hub id) is identified by
@@ -95,7 +100,8 @@ def model_identity(model: str, cache_file: os.PathLike | str) -> str:
     files = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (folder == root and d in NOT_MODEL))
-        files += [os.path.join(folder, n) for n in sorted(names) if not n.startswith(".")]
+        files += [os.path.join(folder, n) for n in sorted(names)
+                  if not n.startswith(".") and not (folder == root and n in NOT_MODEL_FILES)]
     digests = file_digests(files, cache_file)
     total = hashlib.sha256()
     for path in files:
