@@ -43,6 +43,7 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
     ARTIFACT_FORMAT = io.ARTIFACT_FORMAT
     ARTIFACT_PACKAGE_HINT = io.PACKAGE_HINT
     PACKAGE_EXCLUDE = (io.FAISS_DIR,)  # FAISS caches: rebuilt on first use, not shared
+    PACKAGE_MEMBERS = (io.META_FILE, io.VECTORS_FILE, io.DOCNOS_FILE, io.SHARDS_DIR)  # a single index or a sharded view
 
     def __init__(self, path: Union[str, Path]):
         super().__init__(path)

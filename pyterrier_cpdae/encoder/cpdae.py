@@ -59,6 +59,14 @@ logger = logging.getLogger(__name__)
 PROGRESS_DELAY_S = 2.0
 
 
+def length_limit(config: Any, tokenizer: Any) -> Optional[int]:
+    """The longest text in tokens, special tokens included, that a model encodes: the smaller of its config's
+    ``max_position_embeddings`` and its tokenizer's ``model_max_length`` (values of a million or more are
+    "unknown" in transformers), or ``None`` when neither is known. Longer maximum lengths are cut to it."""
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    return min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
+
+
 class CPDAE(pt.Transformer):
     """A single-vector dense bi-encoder over a Hugging Face encoder, as a PyTerrier transformer.
 
@@ -219,8 +227,9 @@ class CPDAE(pt.Transformer):
 
         ``pooling``, ``normalize``, ``query_max_length`` and ``doc_max_length`` left as ``None`` are taken from
         the directory: its sentence-transformers files (``1_Pooling``, a ``Normalize`` module,
-        ``sentence_bert_config.json``'s ``max_seq_length`` for documents), else a fine-tuning run's
-        ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
+        ``sentence_bert_config.json``'s ``max_seq_length`` for documents, and for queries too unless a fine-tuning
+        run's ``training_args.json`` records their length: ``SentenceTransformer.encode`` cuts every text at it),
+        else a fine-tuning run's ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
         a warning when it contradicts the stored one.
 
         Raises:
@@ -257,9 +266,13 @@ class CPDAE(pt.Transformer):
                    sort_window=sort_window, name_or_path=name, config=config, backend=backend,
                    batch_tokens=batch_tokens, unpad=unpad, cls_last_layer=cls_last_layer, **settings)
 
+    @property
+    def length_limit(self) -> Optional[int]:
+        """The longest text in tokens this model can encode (:func:`length_limit`), or ``None`` when unknown."""
+        return length_limit(self._config, self.tokenizer)
+
     def _clamp_length(self, length: int, name: str) -> int:
-        limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
-        limit = min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
+        limit = self.length_limit
         if limit is not None and length > limit:
             logger.warning("%s=%d exceeds the model's maximum of %d tokens; using %d", name, length, limit, limit)
             return limit
