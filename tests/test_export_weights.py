@@ -42,9 +42,8 @@ def _pretrain(model, out, corpus, *extra):
 def _finetune(model, out, train):
     from pretrain.finetune.train import main
 
-    main(["--model", str(model), "--train", train, "--output", str(out), "--batch-size", "2", "--max-steps", "1",
-          "--num-negatives", "1", "--query-max-length", "8", "--doc-max-length", "8", "--learning-rate", "1e-3",
-          "--warmup-ratio", "0", "--report-to", "none", "--cpu"])
+    main(["--model", str(model), "--train", train, "--output_dir", str(out), "--per_device_train_batch_size", "2",
+          "--max_steps", "1", "--num_negatives", "1", "--max_seq_length", "8", "--learning_rate", "1e-3"])
 
 
 def _tensors(path, prefix=""):

@@ -39,13 +39,6 @@ def test_a_yaml_key_given_twice_is_refused_not_last_one_wins(tmp_path: Path) -> 
         parse_config(PretrainConfig, ["--config", str(f)])
 
 
-def test_a_json_key_given_twice_is_refused_for_fine_tuning(tmp_path: Path) -> None:
-    f = tmp_path / "ft.json"
-    f.write_text('{\n "learning_rate": 1e-5,\n "epochs": 1,\n "learning_rate": 5.0\n}\n')
-    with pytest.raises(ValueError, match=_at(f, 4) + r" key 'learning_rate' is given twice .*first on line 2"):
-        parse_config(FinetuneConfig, ["--config", str(f)])
-
-
 def test_a_key_given_twice_in_a_flow_mapping_and_in_a_nested_object(tmp_path: Path) -> None:
     from pyterrier_cpdae._files import read_config_file
 

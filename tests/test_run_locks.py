@@ -76,33 +76,3 @@ _HOLD = textwrap.dedent("""
         time.sleep(60)
 """)
 
-
-def test_finetuning_output_is_locked_for_the_whole_run(tmp_path, monkeypatch):
-    from pretrain.finetune import train as finetune
-
-    out = tmp_path / "ft"
-    groups = tmp_path / "groups.jsonl"
-    groups.write_text('{"qid": "q", "query": "a", "pos": ["d1"], "negs": ["d2"]}\n')
-    argv = ["--output", str(out), "--train", f"groups:{groups}", "--model", str(tmp_path / "model")]
-    # during the run, the output directory is held by this process ...
-    seen = []
-    # the model and data checks that come first are not under test here
-    monkeypatch.setattr(finetune, "validate_finetune", lambda cfg: None)
-    monkeypatch.setattr(finetune, "load_training_data", lambda *a, **k: types.SimpleNamespace(topics=[None] * 64))
-    monkeypatch.setattr(finetune, "_finetune", lambda cfg, procs, data: seen.append(holder(out)) or {})
-    finetune.main(argv)
-    assert seen and seen[0]["pid"] == os.getpid()
-    assert holder(out) is None  # ... and released afterwards
-    # ... so a second run (here by a symlink to it) is refused before it touches anything
-    (tmp_path / "link").symlink_to(out, target_is_directory=True)
-    before = sorted(os.listdir(out))
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], env=ENV, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        with pytest.raises(ConcurrentBuildError, match=rf"fine-tuning run at .*link.* is being written by pid "
-                                                       rf"{proc.pid} on host .* since "):
-            finetune.main(["--output", str(tmp_path / "link"), *argv[2:], "--overwrite"])
-    finally:
-        proc.kill()
-        proc.wait()
-    assert sorted(os.listdir(out)) == before  # --overwrite did not clear the busy directory

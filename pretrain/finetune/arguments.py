@@ -22,6 +22,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                        "negatives_depth": 200, "max_seq_length": 512, "mining_rounds": 1, "round_init": "previous"},
 }
 
+#: One line per preset saying which recipe it is (``--help``, the experiments' table headers).
+PRESET_SUMMARIES: dict[str, str] = {
+    "paper": "the CPDAE paper's passage recipe, STAR's two stages: a warm-up model trained on BM25 negatives, "
+             "then, continuing from it, training on static hard negatives mined from its top 200",
+    "paper-warmup": "the warm-up stage of the paper's passage recipe only (BM25 negatives, no mining round), "
+                    "not the paper's full recipe",
+    "paper-document": "the CPDAE paper's document recipe: from the warm-up (passage) model, mine the top 200 with "
+                      "the current model twice, 1 epoch per round, each round continuing from the previous one, "
+                      "512-token documents"}
+
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -34,8 +44,8 @@ class FinetuneArguments:
     model: Optional[str] = _opt(None, "Checkpoint to fine-tune: a `python -m pretrain` output or any HF encoder.")
     train: Optional[str] = _opt(None, "Training data: a pyterrier_cpdae.load_dataset spec (topics, qrels, corpus) "
                                       "or groups:<file.jsonl> of (qid, query, pos, negs).")
-    preset: Optional[str] = _opt(None, "A named recipe whose values replace the defaults: "
-                                       + ", ".join(sorted(PRESETS)), choices=sorted(PRESETS))
+    preset: Optional[str] = _opt(None, "A named recipe whose values replace the defaults: " + "; ".join(
+        f"{k} = {v}" for k, v in PRESET_SUMMARIES.items()), choices=sorted(PRESETS))
     negatives: str = _opt("bm25", "Round-0 negatives: bm25, file:<groups.jsonl>, file:irds:<id> (docpairs), "
                                   "model (dense negatives of --model with --pooling) or model:<checkpoint>.")
     num_negatives: int = _opt(7, "Hard negatives per query (the columns negative_1..n).")

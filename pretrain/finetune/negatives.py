@@ -23,6 +23,7 @@ import pandas as pd
 from pyterrier_cpdae._files import atomic_write, read_jsonl, write_json_atomic
 
 logger = logging.getLogger(__name__)
+TEXT_ID_PREFIX = "text:"  # the id of a passage a groups file gives by its text only
 
 
 @dataclass
@@ -47,7 +48,7 @@ def read_groups(path: str) -> tuple[list[Group], dict[str, str]]:
         if isinstance(item, dict) and ("docno" in item or "text" in item):
             if "text" not in item:
                 return str(item["docno"])
-            docno = str(item.get("docno") or "text:" + hashlib.sha1(str(item["text"]).encode()).hexdigest()[:20])
+            docno = str(item.get("docno") or TEXT_ID_PREFIX + hashlib.sha1(str(item["text"]).encode()).hexdigest()[:20])
             texts[docno] = str(item["text"])
             return docno
         raise ValueError(f"{where}: a passage must be a document id or an object with docno and/or text, got {item!r}")
@@ -146,14 +147,23 @@ def read_irds_docpairs(dataset_id: str, qids: Optional[Container[str]] = None,
     if not ds.has_docpairs():
         raise ValueError(f"ir_datasets dataset {dataset_id!r} has no docpairs (--negatives file:irds:<id>)")
     queries = {q.query_id: q.text for q in ds.queries_iter() if qids is None or q.query_id in qids}
+    return groups_from_docpairs(((p.query_id, p.doc_id_a, p.doc_id_b) for p in ds.docpairs_iter()), queries,
+                                qids=qids, max_negatives=max_negatives)
+
+
+def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[str, str], *,
+                         qids: Optional[Container[str]] = None, max_negatives: int = -1) -> list[Group]:
+    """Groups from (qid, positive, negative) triples of the queries with a text (and in ``qids``), merged per query,
+    at most ``max_negatives`` negatives each (``< 0``: all)."""
     pos: dict[str, dict[str, None]] = {}
     neg: dict[str, dict[str, None]] = {}
-    for p in ds.docpairs_iter():
-        if p.query_id in queries:
-            pos.setdefault(p.query_id, {})[p.doc_id_a] = None
-            negs = neg.setdefault(p.query_id, {})
-            if p.doc_id_b != p.doc_id_a and (max_negatives < 0 or len(negs) < max_negatives):
-                negs[p.doc_id_b] = None
+    for qid, a, b in pairs:
+        qid, a, b = str(qid), str(a), str(b)
+        if qid in queries and (qids is None or qid in qids):
+            pos.setdefault(qid, {})[a] = None
+            negs = neg.setdefault(qid, {})
+            if b != a and (max_negatives < 0 or len(negs) < max_negatives):
+                negs[b] = None
     return [Group(q, queries[q], list(pos[q]), [d for d in neg[q] if d not in pos[q]]) for q in sorted(pos)]
 
 

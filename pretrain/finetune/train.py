@@ -67,10 +67,7 @@ def build_model(start: str, fa: FinetuneArguments) -> tuple[Any, bool]:
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     normalize = bool(export_pipeline(start, fa.pooling, "--pooling")["normalize"])
-    try:  # trained without a pooler (the vectors are pooled from the token outputs)
-        enc = Transformer(start, max_seq_length=fa.max_seq_length, model_kwargs={"add_pooling_layer": False})
-    except TypeError:
-        enc = Transformer(start, max_seq_length=fa.max_seq_length)
+    enc = Transformer(start, max_seq_length=fa.max_seq_length)
     modules = [enc, Pooling(enc.get_embedding_dimension(), pooling_mode=fa.pooling)] + ([Normalize()] if normalize
                                                                                            else [])
     return SentenceTransformer(modules=modules, device="cpu" if _use_cpu() else None), normalize
@@ -242,6 +239,12 @@ def _options(fa: FinetuneArguments, ta: Any) -> dict[str, Any]:
     return {**dataclasses.asdict(fa), **args}
 
 
+def recorded_options(argv: list[str]) -> dict[str, Any]:
+    """The options a run of ``argv`` records (and compares on ``--resume``), paths relative to its output."""
+    fa, ta = parse_args(argv)
+    return _portable(_options(fa, ta), os.path.abspath(ta.output_dir or "."))
+
+
 def _prepare(fa: FinetuneArguments, ta: Any, out: str) -> None:
     """A new run, the same run continued (``--resume``), or a replaced one (``--overwrite``); one line otherwise."""
     record = os.path.join(out, RECORD)
@@ -298,6 +301,9 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
 
     rdir = os.path.join(out, "rounds", f"round-{r}")
     start = fa.model if r == 0 or fa.round_init == "base" else os.path.join(out, "rounds", f"round-{r - 1}", "model")
+    from transformers import set_seed
+
+    set_seed(ta.seed)  # the weights the base lacks (a pooler) are drawn the same in every session of the run
     model, normalize = build_model(start, fa)
     loss, loss_record = build_loss(model, fa, normalize)
     train = neg.build_dataset(groups, fa.num_negatives, corpus=data["corpus"], texts=data["texts"],
@@ -326,7 +332,7 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
     from pyterrier_cpdae.encoder.st_export import write_st_config  # the description CPDAE reads as ST does
 
     write_st_config(os.path.join(rdir, "model"), pooling=fa.pooling, normalize=normalize,
-                    max_seq_length=fa.max_seq_length, hidden_size=model.get_sentence_embedding_dimension())
+                    max_seq_length=fa.max_seq_length, hidden_size=model.get_embedding_dimension())
     metrics = {"train_loss": result.training_loss, "steps": result.global_step, **loss_record}
     if evaluator is not None:
         metrics.update(evaluator(model))
