@@ -131,7 +131,7 @@ def test_finetuning_carries_the_start_checkpoints_pooler(runs, minilm_path):
     for start, prefix, export in ((minilm_path, "", "mini_ft"), (runs["tiny_pt"], "bert.", "tiny_ft")):
         want, got = _tensors(start, prefix), _tensors(runs[export])
         assert want and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-        assert _tensors(Path(runs[export], "rounds", "round-0")).keys() == want.keys()
+        assert _tensors(Path(runs[export], "rounds", "round-0", "model")).keys() == want.keys()
 
 
 def test_add_weights_keeps_the_file_and_adds_only_new_names(tmp_path):

@@ -40,23 +40,6 @@ def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, steps: int) 
             "--save-steps", "2", "--logging-steps", "1", "--learning-rate", "1e-3", "--report-to", "none", "--cpu"]
 
 
-def groups_file(tmp_path: Path) -> str:
-    path = tmp_path / "groups.jsonl"
-    text = {f"d{i}": DOCS[i % 4] + f" Number {i}." for i in range(8)}
-    path.write_text("".join(json.dumps({"qid": f"q{i}", "query": f"query {i}",
-                                        "pos": [{"docno": f"d{i}", "text": text[f"d{i}"]}],
-                                        "negs": [{"docno": f"d{(i + 1) % 8}", "text": text[f"d{(i + 1) % 8}"]}]}) + "\n"
-                            for i in range(8)))
-    return f"groups:{path}"
-
-
-def finetune_args(model: str, train: str, out: Path, steps: int, warmup: str) -> list[str]:
-    # 8 groups, batch 4: 2 steps an epoch
-    return ["finetune", "--model", model, "--train", train, "--output", str(out), "--batch-size", "4",
-            "--max-steps", str(steps), "--warmup-ratio", warmup, "--learning-rate", "1e-3", "--num-negatives", "1",
-            "--doc-max-length", "64", "--logging-steps", "1", "--report-to", "csv", "--cpu"]
-
-
 def weights(path: Path) -> dict:
     return load_file(str(path / "model.safetensors"))
 
@@ -121,29 +104,3 @@ def test_a_pipeline_stage_shortened_is_refused_not_marked_done(tmp_path, tiny_be
     assert shorter.state() != "done" and not shorter.finished()
     assert all((weights(out)[k] == six[k]).all() for k in six)
 
-
-def test_a_pipeline_fine_tuning_stage_lengthened_is_not_marked_done_with_the_old_weights(tmp_path, tiny_bert_dir,
-                                                                                          monkeypatch):
-    """A fine-tuning stage run for 2 steps (no warm-up), then configured for 4: its rerun said "round 0: already
-    trained", recorded 4 steps and the stage became done with the 2-step weights. Now the stage stops with the
-    refusal (a 4-step run gives step 2 another rate) and stays not done, its weights and record the 2-step run's."""
-    from experiments.paper import stages
-    from experiments.paper.stages import Runner, Stage, StageError
-
-    monkeypatch.setattr(stages, "RUNNING_WINDOW_S", 0)
-    train, out = groups_file(tmp_path), tmp_path / "work" / "finetune" / "m"
-
-    def stage(steps: int) -> Stage:
-        return Stage("finetune:m", "finetune", finetune_args(tiny_bert_dir, train, out, steps, "0"), out)
-
-    runner = Runner(tmp_path / "work", mode="inprocess", log=lambda _: None)
-    runner.run(stage(2))
-    assert stage(2).state() == "done"
-    two = weights(out)
-    longer = stage(4)
-    assert longer.state() == "resume"
-    with pytest.raises((ValueError, StageError), match=r"step 2: x0\.75 of the peak rate, not x0\.5"):
-        runner.run(longer)
-    assert longer.state() != "done" and not longer.finished()
-    assert all((weights(out)[k] == two[k]).all() for k in two)
-    assert json.loads((out / "training_args.json").read_text())["config"]["max_steps"] == 2

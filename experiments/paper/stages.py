@@ -120,6 +120,15 @@ class Stage:
         rec = self._recorded() if rec is None else rec
         if rec is None:
             return []
+        if self.kind == "finetune":  # digests of --train's files, a --negatives file or model, --model's weights
+            from pretrain.finetune.arguments import parse_args
+            from pretrain.finetune.train import input_digests
+            try:
+                now = input_digests(parse_args(self.argv[1:])[0])
+            except (OSError, ValueError) as e:
+                return [f"its data cannot be read any more ({type(e).__name__}: {e})"]
+            have = rec.get("inputs") or {}
+            return [f"its {k} ({'--' + k}) changed" for k in sorted(now) if k in have and have[k] != now[k]]
         previous, changes = rec.get("inputs") or {}, []
         try:
             if self.kind == "finetune" and previous.get("specs"):

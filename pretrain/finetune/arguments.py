@@ -6,23 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+_PAPER = {"in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7, "learning_rate": 5e-6,
+          "per_device_train_batch_size": 64, "pooling": "cls", "negatives_depth": 200, "round_init": "previous"}
 #: Named recipes: the CPDAE paper's (1 positive + 7 negatives in one softmax, lr 5e-6, batch 64, [CLS]).
 PRESETS: dict[str, dict[str, Any]] = {
-    # passages, STAR's two stages: round 0 on BM25 negatives, round 1 on negatives mined with round 0's model
-    "paper": {"in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7, "learning_rate": 5e-6,
-              "per_device_train_batch_size": 64, "pooling": "cls", "negatives_depth": 200, "mining_rounds": 1,
-              "round_init": "previous"},
-    # the warm-up stage of the passage recipe only (BM25 negatives, no mining round): not the paper's full recipe
-    "paper-warmup": {"in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7, "learning_rate": 5e-6,
-                     "per_device_train_batch_size": 64, "pooling": "cls", "negatives_depth": 200,
-                     "mining_rounds": 0, "round_init": "previous"},
-    # documents: --model (the passage model) mines round 0, each round's model the next; 512-token documents
-    "paper-document": {"in_batch_negatives": False, "negatives": "model", "num_negatives": 7, "learning_rate": 5e-6,
-                       "per_device_train_batch_size": 64, "num_train_epochs": 1.0, "pooling": "cls",
-                       "negatives_depth": 200, "max_seq_length": 512, "mining_rounds": 1, "round_init": "previous"},
-}
-
-#: One line per preset saying which recipe it is (``--help``, the experiments' table headers).
+    "paper": {**_PAPER, "mining_rounds": 1}, "paper-warmup": {**_PAPER, "mining_rounds": 0},
+    "paper-document": {**_PAPER, "negatives": "model", "num_train_epochs": 1.0, "max_seq_length": 512,
+                       "mining_rounds": 1}}
+#: What each preset is (``--help``, the experiments' table headers).
 PRESET_SUMMARIES: dict[str, str] = {
     "paper": "the CPDAE paper's passage recipe, STAR's two stages: a warm-up model trained on BM25 negatives, "
              "then, continuing from it, training on static hard negatives mined from its top 200",

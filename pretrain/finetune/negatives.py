@@ -1,12 +1,6 @@
-"""Training groups: judged positives and ranked pools of negatives per query, mined or read, and the
-``(query, positive, negative_1..n)`` dataset sentence-transformers trains on.
-
-Pools come from BM25 (:func:`mine_bm25`), from a dense model's exact ranking (:func:`mine_dense`), from a JSONL groups
-file (:func:`read_groups`: ``{"qid", "query", "pos": [...], "negs": [...]}``, an item a docno or ``{"docno"?,
-"text"}``) or from ir_datasets docpairs (:func:`read_irds_docpairs`). A judged-relevant document (label > 0) is never
-a negative. Mined pools are stored as Parquet (:func:`save_pools`) beside the key of what made them, and reused only
-for the same key (:func:`load_pools`).
-"""
+"""Training groups (a query's judged positives and ranked pool of negatives), mined or read, stored as Parquet, and
+the ``(query, positive, negative_1..n)`` dataset sentence-transformers trains on. A groups file (JSONL) holds
+``{"qid", "query", "pos": [...], "negs": [...]}``, an item a docno or ``{"docno"?, "text"}``."""
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +23,6 @@ TEXT_ID_PREFIX = "text:"  # the id of a passage a groups file gives by its text 
 @dataclass
 class Group:
     """One training query: ids of its judged positives and of its negatives, best-ranked first."""
-
     qid: str
     query: str
     pos: list[str]
@@ -100,33 +93,29 @@ def sample_queries(qids: Sequence[str], n: int, seed: int) -> list[str]:
     return ordered if n < 0 or n >= len(ordered) else sorted(random.Random(seed).sample(ordered, n))
 
 
-def _pool(ranked: Iterable[str], judged: Container[str], depth: int) -> list[str]:
-    return [d for d in list(ranked)[:depth] if d not in judged]
-
-
-def mine_bm25(retriever: Any, topics: pd.DataFrame, positives: dict[str, list[str]], depth: int,
+def mine_bm25(retriever: Any, topics: pd.DataFrame, judged: dict[str, Any], depth: int,
               chunk_size: int = 1000) -> dict[str, list[str]]:
-    """Pools from a BM25 ``pt.Transformer`` (qid, docno, rank): the top ``depth`` minus the positives."""
+    """Pools from a BM25 ``pt.Transformer`` (qid, docno, rank), queries retrieved in chunks: the top ``depth`` minus
+    the judged documents."""
     pools: dict[str, list[str]] = {q: [] for q in topics["qid"]}
     for start in range(0, len(topics), chunk_size):
-        res = retriever(topics.iloc[start:start + chunk_size][["qid", "query"]]).sort_values(["qid", "rank"],
-                                                                                           kind="stable")
-        for qid, docnos in res.groupby("qid", sort=False)["docno"]:
-            pools[str(qid)] = _pool(docnos.astype(str), set(positives.get(str(qid), ())), depth)
+        res = retriever(topics.iloc[start:start + chunk_size][["qid", "query"]]).sort_values(["qid", "rank"])
+        for q, d in res.groupby("qid", sort=False)["docno"]:
+            pools[str(q)] = [x for x in d.astype(str).tolist()[:depth] if x not in judged.get(str(q), ())]
     return pools
 
 
-def mine_dense(encoder: Any, index: Any, topics: pd.DataFrame, positives: dict[str, list[str]], depth: int,
+def mine_dense(encoder: Any, index: Any, topics: pd.DataFrame, judged: dict[str, Any], depth: int,
                chunk_size: int = 1024) -> dict[str, list[str]]:
-    """Pools from an exact dense ranking: ``encoder.encode_queries`` + ``index.search`` (the top ``depth`` minus the
-    positives)."""
+    """Pools from an exact dense ranking (``encoder.encode_queries`` + ``index.search``, which streams the index in
+    blocks): the top ``depth`` minus the judged documents."""
     fwd, pools, k = index.docnos.fwd, {}, min(depth, len(index))
     for start in range(0, len(topics), chunk_size):
         chunk = topics.iloc[start:start + chunk_size]
         _, idx = index.search(np.asarray(encoder.encode_queries(chunk["query"].tolist()), dtype=np.float32), k)
         for qid, row in zip(chunk["qid"], idx):
-            ranked = [str(d) for d in fwd.lookup(np.asarray(row[row >= 0], dtype=np.int64))]
-            pools[qid] = _pool(ranked, set(positives.get(qid, ())), depth)
+            ranked = fwd.lookup(np.asarray(row[row >= 0], dtype=np.int64))
+            pools[qid] = [str(d) for d in ranked if str(d) not in judged.get(qid, ())]
     return pools
 
 
@@ -199,38 +188,14 @@ def load_pools(path: str, key: dict[str, Any]) -> Optional[list[Group]]:
 
 
 # ----------------------------------------------------------------------------- the training dataset
-def sample_ids(groups: Sequence[Group], num_negatives: int, *, few_negatives: str = "replace",
-               seed: int = 42) -> list[tuple[Group, str, list[str]]]:
-    """One positive and ``num_negatives`` negatives per group, drawn by a generator seeded by ``(seed, qid)`` (a
-    query's draw does not depend on the others); a short pool is drawn with replacement or dropped, an empty one
-    dropped."""
-    out, short, empty = [], 0, 0
-    for g in groups:
-        rng = random.Random(f"{seed}:{g.qid}")
-        pos, pool = rng.choice(g.pos), list(dict.fromkeys(g.negs))
-        if num_negatives and not pool:
-            empty += 1
-            continue
-        if len(pool) < num_negatives:
-            short += 1
-            if few_negatives == "drop":
-                continue
-        negs = rng.sample(pool, num_negatives) if len(pool) >= num_negatives else rng.choices(pool, k=num_negatives)
-        out.append((g, pos, negs))
-    if short or empty:
-        logger.warning("%d queries had fewer than %d negatives (%s), %d none (dropped)", short, num_negatives,
-                       "dropped" if few_negatives == "drop" else "drawn with replacement", empty)
-    if not out:
-        raise ValueError(f"no training example left: {len(groups)} groups, {short + empty} with too few negatives "
-                         f"(--num_negatives {num_negatives})")
-    return out
-
-
 def build_dataset(groups: Sequence[Group], num_negatives: int, *,
                   corpus: Optional[Callable[[], Iterable[dict[str, Any]]]] = None,
                   texts: Optional[dict[str, str]] = None, few_negatives: str = "replace", seed: int = 42) -> Any:
-    """The ``datasets.Dataset`` of columns ``query, positive, negative_1..n`` (texts); only drawn passages' texts are
-    read from the corpus (two passes). A positive missing from the corpus is an error; a missing negative is dropped."""
+    """The ``datasets.Dataset`` of columns ``query, positive, negative_1..n`` (texts). Per query one positive and
+    ``num_negatives`` negatives are drawn by a generator seeded by ``(seed, qid)`` (a query's draw does not depend on
+    the others); a short pool is drawn with replacement or dropped (``few_negatives``), an empty one dropped. Only the
+    drawn passages' texts are read from the corpus (two passes); a positive missing from it is an error, a missing
+    negative is dropped."""
     from datasets import Dataset
 
     texts = dict(texts or {})
@@ -238,20 +203,31 @@ def build_dataset(groups: Sequence[Group], num_negatives: int, *,
     if todo and corpus is None:
         raise ValueError(f"{len(todo)} passage id(s) of the groups have no text and there is no corpus, "
                          f"e.g. {sorted(todo)[:5]}")
-    found = set(texts)
-    if todo:
-        for doc in corpus():
-            if str(doc["docno"]) in todo:
-                found.add(str(doc["docno"]))
+    found = set(texts) | ({str(d["docno"]) for d in corpus()} & todo if todo else set())
     bad = sorted({d for g in groups for d in g.pos if d not in found})
     if bad:
         raise ValueError(f"{len(bad)} judged positive document id(s) are not in the corpus: {', '.join(bad[:10])}")
-    groups = [Group(g.qid, g.query, g.pos, [d for d in g.negs if d in found]) for g in groups]
-    drawn = sample_ids(groups, num_negatives, few_negatives=few_negatives, seed=seed)
+    drawn, short, empty = [], 0, 0
+    for g in groups:
+        rng = random.Random(f"{seed}:{g.qid}")
+        pos, pool = rng.choice(g.pos), [d for d in dict.fromkeys(g.negs) if d in found]
+        if num_negatives and not pool:
+            empty += 1
+        elif len(pool) < num_negatives and (short := short + 1) and few_negatives == "drop":
+            continue
+        else:
+            drawn.append((g.query, pos, rng.sample(pool, num_negatives) if len(pool) >= num_negatives
+                          else rng.choices(pool, k=num_negatives)))
+    if short or empty:
+        logger.warning("%d queries had fewer than %d negatives (%s), %d none (dropped)", short, num_negatives,
+                       "dropped" if few_negatives == "drop" else "drawn with replacement", empty)
+    if not drawn:
+        raise ValueError(f"no training example left: {len(groups)} groups, {short + empty} with too few negatives "
+                         f"(--num_negatives {num_negatives})")
     need = {d for _, p, n in drawn for d in (p, *n)} - texts.keys()
     if need:
         texts.update({str(d["docno"]): str(d["text"]) for d in corpus() if str(d["docno"]) in need})
-    cols: dict[str, list[str]] = {"query": [g.query for g, _, _ in drawn], "positive": [texts[p] for _, p, _ in drawn]}
+    cols = {"query": [q for q, _, _ in drawn], "positive": [texts[p] for _, p, _ in drawn]}
     for j in range(num_negatives):
         cols[f"negative_{j + 1}"] = [texts[n[j]] for _, _, n in drawn]
     return Dataset.from_dict(cols)
