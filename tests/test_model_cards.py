@@ -30,14 +30,6 @@ def _pretrain_argv(model, corpus, out, *extra):
             "--max-steps", "2", "--warmup-ratio", "0", "--report-to", "none", "--output", str(out), "--cpu", *extra]
 
 
-def _groups(path: Path) -> str:
-    with open(path, "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"qid": f"q{i}", "query": f"{WORDS[i]} question", "pos": [{"text": f"{WORDS[i]} answer"}],
-                                "negs": [{"text": f"{w} other"} for w in WORDS[10:14]]}) + "\n")
-    return f"groups:{path}"
-
-
 def _sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 

@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from _warm_python import warm_python
 

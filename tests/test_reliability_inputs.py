@@ -207,23 +207,6 @@ def test_pretrain_refuses_a_bad_option_before_writing(tmp_path, corpus, tiny_ber
     assert not out.exists() and not cache.exists()
 
 
-def _groups_file(tmp_path: Path) -> str:
-    path = tmp_path / "groups.jsonl"
-    text = {f"d{i}": DOCS[i % 4] + f" Number {i}." for i in range(8)}
-    path.write_text("".join(json.dumps({"qid": f"q{i}", "query": f"query {i}",
-                                        "pos": [{"docno": f"d{i}", "text": text[f"d{i}"]}],
-                                        "negs": [{"docno": f"d{(i + 1) % 8}", "text": text[f"d{(i + 1) % 8}"]}]}) + "\n"
-                            for i in range(8)))
-    return f"groups:{path}"
-
-
-BAD_FINETUNE = [("--query-max-length", "0", "must be >= 3"), ("--doc-max-length", "2", "must be >= 3"),
-                ("--num-negatives", "-1", "must be >= 0"), ("--negatives-depth", "0", "must be >= 1"),
-                ("--max-train-queries", "0", "must be >= 1 (or -1: all)"), ("--mining-rounds", "-1", "must be >= 0"),
-                ("--learning-rate", "inf", "must be a finite number in (0, 1000000]"),
-                ("--query-max-length", "129", "exceeds the max_position_embeddings (128)")]
-
-
 def test_help_states_each_options_range():
     from pretrain.config import FinetuneConfig, build_parser
     text = build_parser(FinetuneConfig).format_help()

@@ -20,14 +20,11 @@ from pathlib import Path
 import pytest
 
 from _train_worker import RegressionData, TinyRegressor, collate
-from pretrain.config import FinetuneConfig, TrainConfig
+from pretrain.config import TrainConfig
 from pretrain.logging_utils import read_metrics
 from pretrain.training.checkpoint import list_checkpoints
-from pretrain.training.run_dir import RUN_CONFIG, RunDirectoryError, check_output_dir, config_dict
+from pretrain.training.run_dir import RUN_CONFIG, RunDirectoryError, config_dict
 from pretrain.training.trainer import Trainer
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 def _cfg(output: Path, **kw) -> TrainConfig:
     base = dict(output=str(output), batch_size=8, max_steps=8, learning_rate=0.05, warmup_ratio=0.1, logging_steps=1,
@@ -168,24 +165,6 @@ def test_a_run_recorded_before_output_path_was_recorded_is_compared_by_its_outpu
 
 
 # ----------------------------------------------------------------------------- class 7 for fine-tuning
-_WORDS = "apple river mountain engine planet violin castle garden doctor ocean pencil rocket winter forest".split()
-
-
-def _groups(tmp_path) -> Path:
-    path = tmp_path / "groups.jsonl"
-    with open(path, "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"qid": f"q{i}", "query": f"{_WORDS[i]} question", "pos": [{"text": f"{_WORDS[i]} answer"}],
-                                "negs": [{"text": f"{w} other"} for w in _WORDS[9:13]]}) + "\n")
-    return path
-
-
-def _ft_args(model, groups, out, *extra):
-    return ["--model", model, "--train", f"groups:{groups}", "--output", str(out), "--batch-size", "4", "--max-steps",
-            "3", "--num-negatives", "2", "--query-max-length", "16", "--doc-max-length", "24", "--learning-rate",
-            "1e-3", "--logging-steps", "1", "--save-steps", "1", "--report-to", "csv", "--cpu", *extra]
-
-
 # ----------------------------------------------------------------------------- class 6: a docno Lucene cannot index
 @pytest.mark.parametrize("docno,chars,size", [
     ("x" * 40_000, 40_000, 40_000),

@@ -1,21 +1,10 @@
 """One rule for which options may change on ``--resume``, shared by pre-training, fine-tuning and its rounds."""
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
 from pretrain.config import FinetuneConfig, RESUME_MUTABLE_OPTIONS, TrainConfig, check_same_run, resume_conflicts
-from pretrain.training.run_dir import RUN_CONFIG, check_output_dir, config_dict
-
-
-def _recorded(tmp_path, cfg, name=RUN_CONFIG):
-    """An output directory recording ``cfg`` the way the trainer (run_config.json) or finetune (training_args.json)
-    records it."""
-    os.makedirs(cfg.output, exist_ok=True)
-    with open(os.path.join(cfg.output, name), "w") as f:
-        json.dump({"config": config_dict(cfg), "finished": False}, f)
+from pretrain.training.run_dir import config_dict
 
 
 @pytest.mark.parametrize("cls", [TrainConfig, FinetuneConfig])

@@ -2,15 +2,13 @@
 
 ``python -m pretrain`` launched twice into one ``--output`` used to run twice (duplicated metric rows, interleaved
 checkpoints, both exit 0).  The second run must exit non-zero at once, naming the first (pid, host, since when),
-whatever path it takes to the directory; fine-tuning's ``--output`` likewise.
+whatever path it takes to the directory (fine-tuning's: tests/test_finetune.py).
 """
 from __future__ import annotations
 
 import os
-import types
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 
 from _warm_python import warm_python
 
-from pyterrier_cpdae._locking import ConcurrentBuildError, holder
+from pyterrier_cpdae._locking import holder
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
@@ -66,13 +64,4 @@ def test_second_pretraining_run_into_the_same_output_is_refused(tmp_path, tiny_b
         first.wait()
     assert holder(out) is None  # released by the OS when the run died
     assert not (out / "config.json").exists()
-
-
-_HOLD = textwrap.dedent("""
-    import sys, time
-    from pyterrier_cpdae._locking import build_lock
-    with build_lock(sys.argv[1]):
-        print("held", flush=True)
-        time.sleep(60)
-""")
 
