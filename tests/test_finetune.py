@@ -287,3 +287,29 @@ def test_paper_preset_sets_the_papers_recipe_and_flags_override_it(tmp_path):
     assert (ta.learning_rate, ta.per_device_train_batch_size) == (5e-6, 64)
     fa, ta = parse_args(["--preset", "paper", "--output_dir", str(tmp_path), "--learning-rate", "1e-5"])
     assert ta.learning_rate == 1e-5
+
+
+def test_probe_evaluates_during_training_and_keeps_the_best_checkpoint(tmp_path, tiny_bert_dir):
+    """--probe: the trainer evaluates with the probe evaluator, selects the best checkpoint by probe nDCG@10 and stops
+    early; the round's record holds the probe's figures of the model it exported."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from pretrain.evaluation.probe import RetrievalProbe
+
+    data = tiny_beir(tmp_path / "beir", docs=30, queries=6)
+    out = tmp_path / "run"
+    record = ft.main(_argv(tiny_bert_dir, f"beir:{data}:train", out, "--negatives", "model", "--probe", "sample",
+                           "--probe_max_queries", "10", "--eval_strategy", "steps", "--eval_steps", "2",
+                           "--load_best_model_at_end", "true", "--metric_for_best_model", "probe_ndcg_cut_10",
+                           "--early_stopping_patience", "5", "--max_steps", "6"))
+    state = json.loads((out / "rounds" / "round-0" / "checkpoint-6" / "trainer_state.json").read_text())
+    evals = [h for h in state["log_history"] if "eval_probe_ndcg_cut_10" in h]
+    assert [h["step"] for h in evals] == [2, 4, 6]
+    best = max(h["eval_probe_ndcg_cut_10"] for h in evals)
+    assert state["best_metric"] == pytest.approx(best) and not os.path.isabs(state["best_model_checkpoint"])
+    # the exported model is the best checkpoint's: its probe figure is the best one, recomputed independently
+    probe = RetrievalProbe("sample", 10, seed=42)
+    got = probe.evaluate(AutoModel.from_pretrained(str(out)), AutoTokenizer.from_pretrained(str(out)),
+                         pooling="cls", max_length=32, query_max_length=32)
+    assert got["ndcg_cut_10"] == pytest.approx(best, abs=1e-4)
+    assert record["rounds"][0]["probe_ndcg_cut_10"] == pytest.approx(best, abs=1e-4)

@@ -337,6 +337,10 @@ def default_finetune_options(argv: list[str]) -> Any:
                                  query_max_length=min(32, fa.max_seq_length), doc_max_length=fa.max_seq_length)
 
 
+#: the order of the groups in the report
+GROUPS = ("pre-training", "selection", "fine-tuning", "evaluation")
+
+
 def work_of(cfg: dict[str, Any], tp: Throughput, *, wiki_texts: int = WIKI_TEXTS,
             finetune_options: Callable[[list[str]], Any] = default_finetune_options,
             notes: Optional[Notes] = None, docs: Optional[dict[str, int]] = None,
