@@ -4,7 +4,7 @@ Every training stage is one ``python -m pretrain ...`` command (run as a subproc
 takes; the smoke scale may run it in-process, ``"runner": "inprocess"``, to save the interpreter
 start-ups: same argument parsing and code). A stage is *done* when its output directory holds
 what ``python -m pretrain`` writes at the end of a run (the exported ``config.json`` beside a
-``run_config.json`` for pre-training; ``training_args.json`` with ``finished: true`` for fine-tuning)
+``run_config.json`` for pre-training; ``reproduction.json`` with ``finished: true`` for fine-tuning)
 **and** the recorded options equal the stage's command (compared by ``pretrain``'s own parser and
 :func:`pretrain.config.resume_conflicts`, the check ``--resume`` itself makes). A stage directory
 holding the same run unfinished is resumed with ``--resume``; one holding a different run is refused.
@@ -34,7 +34,7 @@ RUNNING_WINDOW_S = 600
 #: finished: a finished run with other values is never taken as done; it is resumed, and ``--resume`` continues it
 #: only where that gives the run asked for (pretrain.training.optim.check_resume_length), else refuses in one line and the
 #: stage fails naming it.
-LENGTH_OPTIONS = ("max_steps", "epochs", "mining_rounds")
+LENGTH_OPTIONS = ("max_steps", "epochs", "num_train_epochs", "mining_rounds")
 
 
 class StageError(RuntimeError):
@@ -77,13 +77,13 @@ class Stage:
     def _parsed(self) -> Any:
         from pretrain.config import parse_config
         if self.kind == "finetune":
-            from pretrain.config import FinetuneConfig
-            return parse_config(FinetuneConfig, self.argv[1:])
+            from pretrain.finetune.train import recorded_options
+            return recorded_options(self.argv[1:])
         from pretrain.config import PretrainConfig
         return parse_config(PretrainConfig, self.argv)
 
     def _recorded(self) -> Optional[dict[str, Any]]:
-        f = self.output / ("training_args.json" if self.kind == "finetune" else "run_config.json")
+        f = self.output / ("reproduction.json" if self.kind == "finetune" else "run_config.json")
         if not f.exists():
             return None
         from pyterrier_cpdae._files import read_config_file
@@ -96,6 +96,12 @@ class Stage:
         from pretrain.training.run_dir import config_dict
         if rec is None:
             return [], False
+        if self.kind == "finetune":
+            from pretrain.finetune.arguments import RESUME_MUTABLE
+            previous, current = rec.get("options", {}), self._parsed()
+            other_length = any(previous.get(k) != current.get(k) for k in LENGTH_OPTIONS if k in previous or k in current)
+            return sorted(k for k in set(previous) | set(current)
+                          if k not in RESUME_MUTABLE and previous.get(k) != current.get(k)), other_length
         previous, current = rec.get("config", {}), config_dict(self._parsed())
         other_length = any(k in previous and k in current and previous[k] != current[k] for k in LENGTH_OPTIONS)
         return resume_conflicts(previous, current), other_length
@@ -114,6 +120,15 @@ class Stage:
         rec = self._recorded() if rec is None else rec
         if rec is None:
             return []
+        if self.kind == "finetune":  # digests of --train's files, a --negatives file or model, --model's weights
+            from pretrain.finetune.arguments import parse_args
+            from pretrain.finetune.train import input_digests
+            try:
+                now = input_digests(parse_args(self.argv[1:])[0])
+            except (OSError, ValueError) as e:
+                return [f"its data cannot be read any more ({type(e).__name__}: {e})"]
+            have = rec.get("inputs") or {}
+            return [f"its {k} ({'--' + k}) changed" for k in sorted(now) if k in have and have[k] != now[k]]
         previous, changes = rec.get("inputs") or {}, []
         try:
             if self.kind == "finetune" and previous.get("specs"):
@@ -260,7 +275,7 @@ class Runner:
         rec = self.record(stage)
         if rec is not None and rec.get("command") == stage.command:
             return rec
-        start = stage.output / ("training_args.json" if stage.kind == "finetune" else "run_config.json")
+        start = stage.output / ("reproduction.json" if stage.kind == "finetune" else "run_config.json")
         end = stage.output / "config.json"
         wall = end.stat().st_mtime - start.stat().st_mtime if start.exists() and end.exists() else None
         # run_config.json is rewritten when a run is resumed: then this is the last part's time only
