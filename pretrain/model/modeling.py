@@ -345,21 +345,18 @@ def _tied_keys(model: PreTrainedModel) -> set[str]:
 
 
 def save_mlm_head(model: PreTrainedModel, path: str) -> list[str]:
-    """Write ``model``'s masked-LM head (every weight outside the base model, tied aliases of base weights and of
-    each other left out) to ``path`` (:data:`MLM_HEAD_DIR` of an export); returns the names written."""
+    """Write ``model``'s masked-LM head (every weight outside the base model, tied aliases of base weights left out;
+    aliases within the head, e.g. BERT's output bias and ``decoder.bias``, each written) to ``path``
+    (:data:`MLM_HEAD_DIR` of an export); returns the names written."""
     from safetensors.torch import save_file
 
     from pyterrier_cpdae._files import write_json_atomic
 
     prefix = model.base_model_prefix + "."
     state = model.state_dict()
-    seen = {t.data_ptr() for k, t in state.items() if k.startswith(prefix)}
-    head = {}
-    for k, t in state.items():
-        if k.startswith(prefix) or t.data_ptr() in seen:
-            continue
-        seen.add(t.data_ptr())
-        head[k] = t.detach().contiguous()
+    base = {t.data_ptr() for k, t in state.items() if k.startswith(prefix)}
+    head = {k: t.detach().clone().contiguous() for k, t in state.items()  # clones: safetensors refuses shared memory
+            if not k.startswith(prefix) and t.data_ptr() not in base}
     os.makedirs(path, exist_ok=True)
     save_file(head, os.path.join(path, SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
     write_json_atomic(os.path.join(path, CONFIG_NAME), {**model.config.to_dict(),
