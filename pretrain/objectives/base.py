@@ -238,6 +238,10 @@ class Objective(nn.Module):
                              f"{option} does not apply (use auto or {self.fixed_representation})")
         self.representation, note = resolve_representation(self.fixed_representation or option,
                                                            self.base_model_dir())
+        if note and self.fixed_representation:  # not asked for: the objective's own
+            fixed = self.fixed_representation
+            note = note.replace(f"--representation {fixed} replaces", f"objective {self.name!r} trains the {fixed} "
+                                f"vector, which replaces").replace("; --representation auto keeps it", "")
         if note:
             (logger.warning if "replaces" in note else logger.info)("%s", note)
         from .contrast import attach_span_contrast
