@@ -11,8 +11,11 @@ are printed and written as CSV and Markdown, with what the run's scale can and c
 What is already computed is reused: the pre-trained model (one directory per pre-training setting and starting
 weights), the indexes built by an earlier run in ``--work-dir``, and the runs that ``pt.Experiment`` saved there
 (``save_dir``, one directory per topic set, depth and encoder settings), so a second run only re-evaluates.  A
-dense index and its runs are named by a digest of the model directory's content (:func:`model_identity`), so a
-``--model`` directory re-trained in place is indexed and evaluated again, never served from its old weights; every
+dense index and its runs are named by a digest of the model directory's content (:func:`model_identity`) and of
+the encoder settings that change its vectors (:func:`experiments.paper.caches.encoder_key`: pooling,
+normalisation, document length, autocast dtype; recorded beside the index too), so a ``--model`` directory
+re-trained in place, or a run with another ``--doc-max-length``, is indexed and evaluated again, never served
+from another run's vectors; the number options are checked before anything is read; every
 index records the fingerprint of the documents it was built from (``<index>.built_from.json``,
 :func:`experiments.paper.caches.corpus_fingerprint`) and is rebuilt, saying why, when ``--dataset`` reads other documents
 (the collection edited in place, or another collection in the same ``--work-dir``); the saved runs are named by
@@ -50,8 +53,9 @@ import pandas as pd
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # `python experiments/main.py`: the experiments package is importable from the root
     sys.path.insert(0, REPO)
-from experiments.paper.caches import (corpus_fingerprint, file_digests, forget_built_from,  # noqa: E402
-                                model_identity, record_built_from, stale_reason, topics_digest)
+from experiments.paper.caches import (corpus_fingerprint, encoder_key, file_digests,  # noqa: E402
+                                      forget_built_from, key_digest, model_identity, record_built_from,
+                                      stale_reason, topics_digest)
 from experiments.paper.tables import portable  # noqa: E402
 
 PAPER_COMMAND = "python -m experiments.paper"
@@ -115,6 +119,13 @@ def slug(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", os.path.basename(spec.rstrip("/:")) or spec).strip("_") or "dataset"
 
 
+#: the least value of each number option (each has no upper end but --doc-max-length's, the model's positions,
+#: checked once the model is known); --pretrain-max-length as `python -m pretrain --max-length` (two special tokens
+#: and content)
+OPTION_MINIMUMS = {"--max-topics": 1, "--num-results": 1, "--doc-max-length": 1, "--batch-size": 1,
+                   "--pretrain-steps": 1, "--pretrain-batch-size": 1, "--pretrain-max-length": 3}
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="sample",
@@ -149,8 +160,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="`python -m pretrain --corpus` spec (.jsonl, .txt, irds:<id>, wiki:<dir>). Default: the built-in "
                         "sample collection's documents (texts only: no queries or judgements).")
     args = p.parse_args(argv)
-    if args.pretrain_steps < 1 or args.pretrain_batch_size < 1:
-        p.error("--pretrain-steps and --pretrain-batch-size must be at least 1")
+    for option, least in OPTION_MINIMUMS.items():  # each number's range, before anything is read or built
+        value = getattr(args, option.lstrip("-").replace("-", "_"))
+        if value is not None and value < least:
+            raise SystemExit(f"error: {option} must be an integer in [{least}, inf), got {value}"
+                             + (" (leave it out to evaluate every topic)" if option == "--max-topics" else ""))
     if args.pretrain is None:
         args.pretrain = args.dataset == "sample" and args.model is None
     return args
@@ -247,6 +261,8 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
     from pyterrier.measures import RR, R, nDCG, MAP
 
     from pyterrier_cpdae import BM25Index, CPDAE, DenseIndex, load_dataset
+    from pyterrier_cpdae.encoder.cpdae import length_limit
+    from pyterrier_cpdae.encoder.loading import load_config, load_tokenizer
 
     load_start = os.getloadavg()[0]
     using_default = args.model is None
@@ -259,6 +275,12 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
 
     name = slug(args.dataset)
     model_name = "all-MiniLM-L6-v2" if using_default else os.path.basename(model.rstrip("/"))
+    # --doc-max-length's upper end is the model's: checked before anything is read, trained or built (a longer
+    # length would be cut to it while the table reported the length asked for)
+    limit = length_limit(load_config(model), load_tokenizer(model))
+    if limit is not None and args.doc_max_length > limit:
+        raise SystemExit(f"error: --doc-max-length must be an integer in [1, {limit}] (the positions of "
+                         f"{model_name}), got {args.doc_max_length}")
     here = os.path.dirname(os.path.abspath(__file__))
     work = work_dir(args)
     results_dir = args.results_dir or os.path.join(here, "results", f"main_{name}")
@@ -267,7 +289,7 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
 
     ds = load_dataset(args.dataset)
     topics, qrels = ds.get_topics(), ds.get_qrels()
-    if args.max_topics:
+    if args.max_topics is not None:
         topics = topics.head(args.max_topics)
 
     timings = {}
@@ -298,22 +320,36 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
         seconds = pretrain(pretrain_cmd, pt_dir, args.rebuild)
         timings["pretrain_s"] = "reused" if seconds is None else seconds
         print(f"The pre-trained model is evaluated with the starting encoder's settings (pooling={pooling}, "
-              f"normalize={normalize}, doc_max_length={args.doc_max_length}), whatever its export records.")
+              f"normalize={normalize}, doc_max_length={args.doc_max_length}, and its query length), whatever its "
+              "export records.")
         encoders.append((f"dense ({model_name} + {args.pretrain_objective} {args.pretrain_steps} steps, {pooling})",
                          pt_dir))
 
+    # each system's encoder, made once; the pre-trained model is encoded exactly as its start (both lengths)
+    encs: list = []
+    for _, path in encoders:
+        lengths = {} if not encs else {"query_max_length": encs[0].query_max_length}
+        with _without_override_warnings():  # said once above, for the pre-trained model
+            encs.append(CPDAE.from_pretrained(path, pooling=pooling, normalize=normalize,
+                                              doc_max_length=args.doc_max_length, batch_size=args.batch_size,
+                                              verbose=True, **lengths))
+    # a dense index is keyed by everything that changes its vectors (:func:`encoder_key`: the model's content, the
+    # pooling, the normalisation, the document length, the autocast dtype): named by it, and recorded beside it
+    keys = [encoder_key(enc, model_identity(path, digests_file)) for enc, (_, path) in zip(encs, encoders)]
     bm25_index = BM25Index(os.path.join(work, "bm25"))
     dense_paths = [os.path.join(work, f"dense_{slug(path)}_{pooling}{'_norm' if normalize else ''}_"
-                                      f"m{model_identity(path, digests_file)[:12]}") for _, path in encoders]
+                                      f"m{key['model'][:12]}_e{key_digest(key)[:8]}")
+                   for key, (_, path) in zip(keys, encoders)]
     dense_indexes = [DenseIndex(p) for p in dense_paths]
     if args.rebuild:
         for index in [bm25_index] + dense_indexes:
             shutil.rmtree(index.path, ignore_errors=True)
             forget_built_from(index.path)
 
-    def stale(index, what: str) -> bool:
-        """Whether ``index`` must be (re)built for this collection; says why when it was built from another."""
-        why = stale_reason(index.path, index.built(), corpus_fp)
+    def stale(index, what: str, encoder: Optional[dict] = None) -> bool:
+        """Whether ``index`` must be (re)built for this collection (and encoder settings); says why when it was
+        built from another."""
+        why = stale_reason(index.path, index.built(), corpus_fp, encoder=encoder)
         if why is None:
             print(f"Reusing the {what} {index.path}: built from this collection (fingerprint {corpus_fp['digest'][:12]}).")
         elif why != "not built yet":
@@ -331,25 +367,23 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
         timings["bm25_index_s"] = time.time() - t0
 
     systems, names = [bm25_index.bm25(num_results=args.num_results)], ["BM25 (pyserini, k1=0.9 b=0.4)"]
-    for i, ((system_name, path), dense_index) in enumerate(zip(encoders, dense_indexes)):
-        with _without_override_warnings():  # said once above, for the pre-trained model
-            enc = CPDAE.from_pretrained(path, pooling=pooling, normalize=normalize, doc_max_length=args.doc_max_length,
-                                        batch_size=args.batch_size, verbose=True)
+    for i, ((system_name, path), dense_index, enc) in enumerate(zip(encoders, dense_indexes, encs)):
         key = "dense_index_s" if i == 0 else "pretrained_index_s"
         t0 = time.time()
-        if not stale(dense_index, "dense index"):
+        if not stale(dense_index, "dense index", encoder=keys[i]):
             timings[key] = "reused"
         else:
             (enc >> dense_index.indexer(mode="overwrite")).index(ds.get_corpus_iter())
-            record_built_from(dense_index.path, corpus_fp)
+            record_built_from(dense_index.path, corpus_fp, encoder=keys[i])
             timings[key] = time.time() - t0
         systems.append(enc >> dense_index.retriever(num_results=args.num_results))
         names.append(system_name)
 
     # pt.Experiment reuses a saved run by system name only: one directory per collection, topic set (ids and
-    # texts), depth and encoder settings (the dense index directories name the encoders and the pre-training setting)
+    # texts), depth and encoder settings (the dense index directories name the encoders, their settings and the
+    # pre-training setting; the query length is the query side's)
     runs_dir = os.path.join(work, "runs", "+".join(os.path.basename(p) for p in dense_paths)
-                            + f"_dl{args.doc_max_length}_k{args.num_results}_c{corpus_fp['digest'][:10]}"
+                            + f"_ql{encs[0].query_max_length}_k{args.num_results}_c{corpus_fp['digest'][:10]}"
                             f"_q{topics_digest(topics)[:10]}")
     os.makedirs(runs_dir, exist_ok=True)
     saved = sum(n.endswith(".res.gz") for n in os.listdir(runs_dir)) if not args.rebuild else 0
@@ -387,8 +421,9 @@ def _main(args: argparse.Namespace, argv: Optional[list[str]]) -> pd.DataFrame:
         f.write(f"# pt.Experiment on `{args.dataset}`\n\n")
         f.write(f"Command: `{portable(' '.join(['python experiments/main.py', *(argv if argv is not None else sys.argv[1:])]))}`\n\n")
         f.write(f"Topics: {len(topics)}; qrels: {len(qrels)}; encoder: `{model_name}` "
-                f"(pooling={pooling}, normalize={normalize}, doc_max_length={args.doc_max_length}); "
-                "paired t-test with Holm correction.\n\n")
+                f"(pooling={keys[0]['pooling']}, normalize={keys[0]['normalize']}, "
+                f"doc_max_length={keys[0]['doc_max_length']}, query_max_length={encs[0].query_max_length}, "
+                f"dtype={keys[0]['dtype']}); paired t-test with Holm correction.\n\n")
         if pretrain_cmd:
             f.write("Pre-training in the same run, from the repository root:\n\n```\n" + shown_command(pretrain_cmd, work)
                     + "\n```\n\n" + note + "\n\n")

@@ -89,7 +89,8 @@ def validate_config(config: PretrainConfig) -> None:
     from .objectives import objective_class
     from .training.run_dir import check_output_dir
 
-    from .data.inputs import check_model_arg, check_writable_dir
+    from .data.inputs import check_model_arg, check_output_holds_no_input, check_writable_dir, own_cache_entries
+    from .data.readers import corpus_files
 
     if not config.output:
         raise ValueError("--output is required (the run directory: checkpoints, logs, exported model)")
@@ -106,6 +107,9 @@ def validate_config(config: PretrainConfig) -> None:
         check_model_arg(config.from_config, "--from-config", weights=False, config_file=True)
     if config.decoder_from and not os.path.isdir(config.decoder_from):
         raise FileNotFoundError(f"--decoder-from {config.decoder_from}: no such directory (the stage-1 run to continue)")
+    check_output_holds_no_input(config.output, {"--model": config.model, "--from-config": config.from_config,
+                                                "--decoder-from": config.decoder_from,
+                                                "--corpus": corpus_files(config.corpus)})  # a FIFO refused here too
     cls = objective_class(config.objective)
     per_forward = config.batch_size // max(1, config.grad_accum)
     if getattr(cls, "contrastive", False) and per_forward < 2:
@@ -116,7 +120,7 @@ def validate_config(config: PretrainConfig) -> None:
     if int(os.environ.get("RANK", "0") or 0) == 0:  # other ranks: rank 0 of the same job holds the lock
         # another run writing there is named first (its files in progress would otherwise be blamed)
         refuse_if_busy(config.output, "output directory of a pre-training run", "written")
-    check_output_dir(config)
+    check_output_dir(config, own_cache_entries(config.output, config.cache_dir))
 
 
 def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
@@ -211,7 +215,8 @@ def _pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[
     from .objectives import build_objective, objective_class
     from .training.trainer import Trainer
 
-    from .data.inputs import check_resume_inputs, run_inputs
+    from .data.inputs import check_resume_inputs, check_something_to_learn, own_cache_entries, run_inputs
+    from .export.commit import finish_export
 
     set_seed(config.seed)  # the random parts of the initialisation (decoders, --from-config weights)
     model, tokenizer = load_model_and_tokenizer(config)
@@ -224,6 +229,7 @@ def _pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[
                                      fields=config.corpus_fields, max_docs=config.max_docs)
     if len(cache) == 0:
         raise ValueError(f"corpus {config.corpus!r} produced no training text")
+    check_something_to_learn(objective_class(config.objective), config, cache, tokenizer)  # no content/masked token
     extra = objective_class(config.objective).prepare(cache, config)  # e.g. IDF weights, the decoder-bias prior
     objective = build_objective(config.objective, model, tokenizer, config, **extra)
     if config.decoder_from:  # two-stage pre-training: stage 2 continues stage 1's decoder
@@ -235,13 +241,22 @@ def _pretrain(config: PretrainConfig, argv: Optional[list[str]] = None) -> dict[
     trainer = Trainer(objective, cache, objective.collate, config,
                       save_fn=lambda m, path: save_with_carried(type(m).save_pretrained, m, path, carried, m.mlm_model))
     trainer.inputs = {**inputs, "token_cache": {"path": str(cache.path), "checksum": cache.meta.get("checksum")}}
-    result = trainer.train()
-    if trainer.is_main_process:  # the model card, from what the run recorded (a resumed run adds its session)
-        from .export.card import write_card
-        from .export.record import pretrain_record
+    trainer.own_entries = own_cache_entries(config.output, config.cache_dir)  # --cache-dir inside --output
+    # every tensor finite in --save-dtype; the model card, from what the run recorded (a resumed run adds its
+    # session), written inside the export so that card and weights change together
+    trainer.finish_export = lambda tmp, result: finish_export(
+        tmp, card=lambda d: _write_card(d, config, result, cache, model.config, carried, argv))
+    return trainer.train()
 
-        write_card(config.output, pretrain_record(config, config.output, result, cache, model.config, carried, argv))
-    return result
+
+def _write_card(tmp: str, config: PretrainConfig, result: dict[str, Any], cache: Any, model_config: Any,
+                carried: Any, argv: Optional[list[str]]) -> None:
+    """The card of the export being written in ``tmp`` (moved into ``--output`` with the weights)."""
+    from .export.card import write_card
+    from .export.record import pretrain_record
+
+    write_card(tmp, pretrain_record(config, config.output, result, cache, model_config, carried, argv, export_dir=tmp),
+               previous=config.output)
 
 
 def run_subcommand(name: str, argv: list[str]) -> Any:

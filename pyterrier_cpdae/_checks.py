@@ -12,7 +12,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["check_int", "default_num_threads", "as_docno", "as_docnos", "stack_vectors", "check_norms", "describe_values", "MAX_NORM"]
+__all__ = ["check_int", "default_num_threads", "as_docno", "as_docnos", "stack_vectors", "check_norms",
+           "describe_values", "MAX_NORM", "MIN_NORM", "check_cast_to_zero", "check_float16_scale"]
 
 
 def check_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -130,8 +131,24 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
         bad = [docnos[i] for i in np.nonzero(~finite)[0][:5]]
         raise ValueError(f"{what} contains NaN or infinite values for {id_name}(s) {bad} (values beyond float32's "
                          "range count as infinite)")
-    check_norms(out, what, lambda rows: [docnos[i] for i in rows], id_name)
+    names = lambda rows: [docnos[i] for i in rows]  # noqa: E731
+    check_norms(out, what, names, id_name)
+    if any(a.dtype != np.float32 for a in arrays):
+        check_cast_to_zero(np.stack(arrays), out, what, names, id_name)
     return out
+
+
+def check_cast_to_zero(source: np.ndarray, cast: np.ndarray, what: str, names: Any, id_name: str) -> None:
+    """Refuses rows that are not zero in ``source`` (e.g. float64) but are in ``cast`` (float32 or float16): they were
+    too small for that dtype (below :data:`MIN_NORM`, :func:`check_norms`), not a vector of zeros.
+
+    Raises:
+        ValueError: naming up to 5 rows."""
+    lost = np.nonzero(~cast.any(axis=1) & source.any(axis=1))[0]
+    if len(lost):
+        raise ValueError(f"{what} of {id_name}(s) {names(lost[:5])} are not zero but become zero in {cast.dtype}: "
+                         f"their norm is far below the smallest norm {MIN_NORM:.3g} (2**-63) of a vector that is not "
+                         "zero, so their inner products underflow; rescale or normalise the vectors")
 
 
 #: the largest Euclidean norm of a stored or query vector: the inner product of two such vectors is at most
@@ -140,11 +157,23 @@ def stack_vectors(vecs: Sequence[Any], docnos: Sequence[str], dim: Optional[int]
 MAX_NORM = 2.0 ** 63
 
 
-def check_norms(vectors: np.ndarray, what: str, names: Any, id_name: str) -> None:
-    """Refuses float32 rows whose norm exceeds :data:`MAX_NORM` (their scores could overflow float32).
+#: the smallest Euclidean norm of a stored or query vector that is not zero: the mirror of :data:`MAX_NORM`. Two
+#: vectors whose norms lie in ``[2**-63, 2**63]`` have ``|q| |d|`` in ``[2**-126, 2**126]``, float32's normal range,
+#: so the scale of their scores is representable; below it even two parallel vectors score a subnormal number or zero
+#: (a norm of 1e-23 against another of 1e-23 scores 1e-46, which float32 rounds to 0), and the absolute error of a
+#: score that underflows (up to ``2**-126`` per product and per partial sum, more where the hardware flushes subnormals
+#: to zero) is no longer bounded by the float32 rounding bound the exact search's tie rule is proved with
+#: (``tol = (dim + 2) 2**-24 |q| M``, docs/dense_index.md): such vectors tie or order by rounding noise. A vector of
+#: zeros scores exactly 0 against everything and is kept.
+MIN_NORM = 2.0 ** -63
 
-    Cheap: only rows whose largest component times ``sqrt(dim)`` exceeds the bound get their norm computed
-    (in float64, where squaring cannot overflow).
+
+def check_norms(vectors: np.ndarray, what: str, names: Any, id_name: str) -> None:
+    """Refuses float32 rows whose norm exceeds :data:`MAX_NORM` (their scores could overflow float32) or, not zero,
+    lies below :data:`MIN_NORM` (their scores underflow).
+
+    Cheap: only rows whose largest component times ``sqrt(dim)`` exceeds the upper bound, or whose largest component
+    is below the lower one, get their norm computed (in float64, where squaring neither overflows nor underflows).
 
     Args:
         vectors: finite float32 ``(n, dim)``.
@@ -156,16 +185,48 @@ def check_norms(vectors: np.ndarray, what: str, names: Any, id_name: str) -> Non
     """
     if not vectors.size:
         return
-    suspect = np.nonzero(np.abs(vectors).max(axis=1) * np.sqrt(vectors.shape[1]) > MAX_NORM)[0]
-    if not len(suspect):
-        return
-    norms = np.linalg.norm(vectors[suspect].astype(np.float64), axis=1)
-    bad = suspect[norms > MAX_NORM]
+    largest = np.abs(vectors).max(axis=1)
+    for high, suspect in ((True, np.nonzero(largest * np.sqrt(vectors.shape[1]) > MAX_NORM)[0]),
+                          (False, np.nonzero((largest < MIN_NORM) & (largest > 0))[0])):
+        if not len(suspect):
+            continue
+        norms = np.linalg.norm(vectors[suspect].astype(np.float64), axis=1)
+        out = norms > MAX_NORM if high else norms < MIN_NORM
+        bad = suspect[out]
+        if not len(bad):
+            continue
+        shown = ", ".join(f"{n!r} (norm {v:.3g})" for n, v in zip(names(bad[:5]), norms[out][:5]))
+        if high:
+            raise ValueError(f"{what} of {id_name}(s) {shown} exceed(s) the largest norm {MAX_NORM:.3g} (2**63): "
+                             "inner products with such vectors can overflow float32 to infinity; rescale or "
+                             "normalise the vectors")
+        raise ValueError(f"{what} of {id_name}(s) {shown} fall(s) below the smallest norm {MIN_NORM:.3g} (2**-63) of "
+                         "a vector that is not zero: its inner products underflow float32 (to subnormal numbers or "
+                         "zero), so they would rank by rounding noise; rescale or normalise the vectors")
+
+
+#: the relative error (``|stored - v| / |v|``) float16 storage may cause: its unit roundoff is 2**-11, so rounding in
+#: its normal range stays eight times inside; a vector that errs more lies (partly) below float16's normal range
+#: (2**-14), where its components keep fewer bits, or become zero
+FLOAT16_TOLERANCE = 2.0 ** -8
+
+
+def check_float16_scale(vectors: np.ndarray, stored: np.ndarray, names: Sequence[str]) -> None:
+    """Refuses float32 rows (not zero) whose float16 copy ``stored`` is off by more than :data:`FLOAT16_TOLERANCE` of
+    their norm: too small for float16 (its subnormals, or zero), their stored scores would underflow.
+
+    Raises:
+        ValueError: naming up to 5 docnos, their norms and their relative error in float16."""
+    v = vectors.astype(np.float64)
+    norm = np.linalg.norm(v, axis=1)
+    err = np.linalg.norm(stored.astype(np.float64) - v, axis=1)
+    bad = np.nonzero(err > FLOAT16_TOLERANCE * norm)[0]
     if len(bad):
-        shown = ", ".join(f"{n!r} (norm {v:.3g})" for n, v in zip(names(bad[:5]), norms[norms > MAX_NORM][:5]))
-        raise ValueError(f"{what} of {id_name}(s) {shown} exceed(s) the largest norm {MAX_NORM:.3g} (2**63): "
-                         "inner products with such vectors can overflow float32 to infinity; rescale or normalise "
-                         "the vectors")
+        shown = ", ".join(f"{names[i]!r} (norm {norm[i]:.3g}, off by {err[i] / norm[i]:.2g} of it in float16)"
+                          for i in bad[:5])
+        raise ValueError(f"doc_vec of docno(s) {shown} is too small for float16 storage (below its normal range, "
+                         "about 6.1e-05 per component): its stored scores would underflow; index in float32 or "
+                         "rescale the vectors")
 
 
 def describe_values(a: np.ndarray) -> str:

@@ -2,8 +2,7 @@
 
 * every module of ``pyterrier_cpdae``, ``pretrain`` and ``experiments`` is named in the map's trees, and every module
   the trees name exists;
-* a module docstring names only modules that exist (``pkg.module[.name]`` and ``pkg/path/module.py``; and none of
-  the old module names listed in ``docs/architecture_moves.txt``);
+* a module docstring names only modules that exist (``pkg.module[.name]`` and ``pkg/path/module.py``);
 * at most 8 ``.py`` files directly in ``pretrain/``; no module of ``pyterrier_cpdae/`` or ``pretrain/`` over 700
   lines unless it is one class; exactly one module registers an attention function with transformers.
 """
@@ -19,7 +18,6 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("pyterrier_cpdae", "pretrain", "experiments")
 MAP = REPO / "docs" / "architecture.md"
-MOVES = REPO / "docs" / "architecture_moves.txt"
 MAX_LINES = 700
 
 _ENTRY = re.compile(r"[A-Za-z_][\w.]*(?:/|\.py)")
@@ -137,19 +135,6 @@ _DOTTED = re.compile(r"(?<![\w./-])((?:pyterrier_cpdae|pretrain|experiments)(?:\
 _PATH = re.compile(r"(?<![\w./-])((?:pyterrier_cpdae|pretrain|experiments)/[\w/]*?\w+\.py)\b")
 
 
-def _old_module_names() -> Set[str]:
-    """Last components of the old modules in ``docs/architecture_moves.txt`` that no module has any more."""
-    current = {p.stem for p in _module_files()} | {p.parent.name for p in _module_files()}
-    old = set()
-    for line in MOVES.read_text(encoding="utf8").splitlines():
-        if line.startswith("# paths"):  # the module moves end here (the names that moved follow)
-            break
-        m = re.match(r"((?:pyterrier_cpdae|pretrain|experiments)(?:\.\w+)+) -> ", line)
-        if m:
-            old.add(m.group(1).rsplit(".", 1)[1])
-    return old - current
-
-
 #: what a dotted name ending in one of these is: a file name (``experiments.md``), not a module
 _FILE_SUFFIXES = {"md", "py", "json", "csv", "txt", "sh", "yaml", "yml", "png", "log", "jsonl", "tsv"}
 
@@ -170,7 +155,7 @@ def _config_keys() -> Set[str]:
     return keys
 
 
-def docstring_problems(path: Path, old_names: Set[str], config_keys: Set[str] = frozenset()) -> List[str]:
+def docstring_problems(path: Path, config_keys: Set[str] = frozenset()) -> List[str]:
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf8"))) or ""
     problems = []
     for dotted in sorted(set(_DOTTED.findall(doc))):
@@ -185,8 +170,6 @@ def docstring_problems(path: Path, old_names: Set[str], config_keys: Set[str] = 
     for rel in sorted(set(_PATH.findall(doc))):
         if not (REPO / rel).is_file():
             problems.append(f"{rel}: no such file")
-    for name in sorted(set(re.findall(r"``(\w+)``", doc)) & old_names):
-        problems.append(f"``{name}``: a module renamed long ago (docs/architecture_moves.txt)")
     return problems
 
 
@@ -197,19 +180,16 @@ def test_docstring_checker_on_hand_made_docstrings(tmp_path):
     assert dotted_problem("pretrain.trainer") == "no module pretrain.trainer"
     assert dotted_problem("pretrain.training.trainer.NoSuchThing") == "pretrain.training.trainer has no 'NoSuchThing'"
     f = tmp_path / "m.py"
-    f.write_text('"""See :mod:`pyterrier_cpdae._exact_search`, pretrain/unpadded.py and ``_indexing``; '
+    f.write_text('"""See :mod:`pyterrier_cpdae._exact_search`, pretrain/unpadded.py; '
                  'pretrain/model/unpadded.py is fine."""\n')
-    problems = docstring_problems(f, {"_indexing"})
+    problems = docstring_problems(f)
     assert problems == ["pyterrier_cpdae._exact_search: no module pyterrier_cpdae._exact_search",
-                        "pretrain/unpadded.py: no such file",
-                        "``_indexing``: a module renamed long ago (docs/architecture_moves.txt)"], problems
+                        "pretrain/unpadded.py: no such file"], problems
 
 
 def test_module_docstrings_name_modules_that_exist():
-    old = _old_module_names()
-    assert {"_indexing", "_exact_search", "_store"} <= old  # the moves file was read
     keys = _config_keys()
-    problems = {str(p.relative_to(REPO)): docstring_problems(p, old, keys) for p in _module_files()}
+    problems = {str(p.relative_to(REPO)): docstring_problems(p, keys) for p in _module_files()}
     problems = {k: v for k, v in problems.items() if v}
     assert not problems, f"module docstrings naming modules that do not exist: {problems}"
 

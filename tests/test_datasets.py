@@ -131,6 +131,113 @@ def test_cisi_and_medline_fixtures(tmp_path: Path) -> None:
     assert qrels.values.tolist() == [["1", "2", 1], ["1", "1", 1]]
 
 
+def _tsv_collection(folder: Path, corpus: str, queries: str = "q1\tdense vectors\nq2\tword weights\n",
+                    qrels: str = "q1 0 d1 1\nq2 0 d2 2\n", qrels_name: str = "qrels.txt") -> str:
+    folder.mkdir()
+    (folder / "corpus.tsv").write_text(corpus)
+    (folder / "queries.tsv").write_text(queries)
+    (folder / qrels_name).write_text(qrels)
+    return f"tsv:{folder}"
+
+
+def test_tsv_folder_reads_what_the_files_hold_and_equals_the_beir_layout(tmp_path: Path) -> None:
+    spec = _tsv_collection(tmp_path / "tsv", "docno\ttitle\ttext\n"                    # a header line
+                                             "d1\tVectors\tDense retrieval encodes text.\n"
+                                             "\n"                                        # a blank line
+                                             "d2\t\tBM25 weighs words.\r\n")           # no title, CRLF
+    docs, topics, qrels = _check_types(load_dataset(spec))
+    assert docs == [{"docno": "d1", "text": "Vectors Dense retrieval encodes text.", "title": "Vectors"},
+                    {"docno": "d2", "text": "BM25 weighs words.", "title": ""}]
+    assert topics.values.tolist() == [["q1", "dense vectors"], ["q2", "word weights"]]
+    assert qrels.values.tolist() == [["q1", "d1", 1], ["q2", "d2", 2]]
+    # the same collection in the BEIR layout (qrels with BEIR's header line) reads the same
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "title": "Vectors", "text": "Dense retrieval encodes text."}\n'
+                                       '{"_id": "d2", "title": "", "text": "BM25 weighs words."}\n')
+    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "dense vectors"}\n'
+                                        '{"_id": "q2", "text": "word weights"}\n')
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n")
+    b_docs, b_topics, b_qrels = _check_types(load_dataset(f"beir:{beir}"))
+    assert b_docs == docs and b_topics.equals(topics) and b_qrels.equals(qrels)
+
+
+def test_tsv_two_columns_compressed_names_and_every_query_kept(tmp_path: Path) -> None:
+    folder = tmp_path / "marco"
+    folder.mkdir()
+    with gzip.open(folder / "collection.tsv.gz", "wt") as f:      # MS MARCO's names, compressed
+        f.write("0\tThe presence of communication.\n1\tThe Manhattan Project.\n")
+    (folder / "topics.tsv").write_text("qid\tquery\n7\twhat was the manhattan project\n8\tunjudged query\n")
+    (folder / "qrels.dev.tsv").write_text("7\t0\t1\t1\n")    # TREC qrels may be tab-separated too
+    docs, topics, qrels = _check_types(load_dataset(f"tsv:{folder}"))
+    assert docs == [{"docno": "0", "text": "The presence of communication."},
+                    {"docno": "1", "text": "The Manhattan Project."}]
+    assert topics.qid.tolist() == ["7", "8"]                     # every query of the file, judged or not
+    assert qrels.values.tolist() == [["7", "1", 1]]
+
+
+@pytest.mark.parametrize("corpus, queries, qrels, error", [
+    ("d1\ta\nd2\tb\tc\n", None, None, r"corpus.tsv:2: expected 2 tab-separated columns \(docno, text\) as on the "
+                                         r"first line, got 3"),
+    ("d1\n", None, None, r"corpus.tsv:1: expected 2 tab-separated columns \(docno, text\) or 3"),
+    ("\ttext\n", None, None, r"corpus.tsv:1: bad docno"),
+    ("", None, None, r"corpus.tsv: no documents found"),
+    ("d1\ta\nd2\tb\n", "q1\tx\tmore\n", None, r"queries.tsv:1: expected 2 tab-separated columns \(qid, query\)"),
+    ("d1\ta\nd2\tb\n", "q1\tdense vectors\n", None, r"queries.tsv: 1 queries judged in .*qrels.txt are missing, "
+                                                       r"e.g. \['q2'\]"),
+    ("d1\ta\nd2\tb\n", None, "q1 0 d1 1\nq2 0 d2 1.5\n", r"qrels.txt:2: cannot parse qrels line"),
+])
+def test_tsv_errors_name_the_file_and_line(tmp_path: Path, corpus, queries, qrels, error) -> None:
+    kwargs = {k: v for k, v in (("queries", queries), ("qrels", qrels)) if v is not None}
+    ds = load_dataset(_tsv_collection(tmp_path / "c", corpus, **kwargs))
+    with pytest.raises(ValueError, match=error):
+        list(ds.get_corpus_iter())
+        ds.get_topics()
+        ds.get_qrels()
+
+
+def test_tsv_folder_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"tsv:.*: no corpus file in .* \(expected corpus.tsv or "
+                                                r"collection.tsv"):
+        load_dataset(f"tsv:{tmp_path}")
+    spec = _tsv_collection(tmp_path / "c", "d1\ta\n")
+    (tmp_path / "c" / "qrels.test").write_text("q1 0 d1 1\n")
+    with pytest.raises(ValueError, match=r"several qrels files in .*: \['qrels.test', 'qrels.txt'\]; keep one"):
+        load_dataset(spec)
+    (tmp_path / "c" / "qrels.test").unlink()
+    (tmp_path / "c" / "collection.tsv").write_text("d1\ta\n")
+    with pytest.raises(ValueError, match=r"several corpus files .*\['collection.tsv', 'corpus.tsv'\]"):
+        load_dataset(spec)
+
+
+@pytest.mark.parametrize("header", ["query-id\tcorpus-id\tscore\n", ""])
+def test_beir_qrels_read_with_or_without_the_header_line(tmp_path: Path, header: str) -> None:
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "x"}\n')
+    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "y"}\n')
+    (tmp_path / "qrels" / "test.tsv").write_text(header + "q1\td1\t1\n")
+    assert load_dataset(f"beir:{tmp_path}").get_qrels().values.tolist() == [["q1", "d1", 1]]
+    (tmp_path / "qrels" / "test.tsv").write_text("q1\td1\t1\n" + "query-id\tcorpus-id\tscore\n")  # not first
+    with pytest.raises(ValueError, match=r"test.tsv:2: cannot parse qrels line .*not an integer"):
+        load_dataset(f"beir:{tmp_path}").get_qrels()
+
+
+def test_each_format_is_one_reader_module() -> None:
+    """Every module of pyterrier_cpdae/datasets/ but the shared ones is a format: it gives KINDS and load_dataset
+    lists it, so a new format is one new module named in FORMATS."""
+    import pyterrier_cpdae.datasets as datasets
+
+    shared = {"__init__", "base", "records", "sample"}
+    modules = {p.stem for p in Path(datasets.__file__).parent.glob("*.py")} - shared
+    assert modules == {m.__name__.rsplit(".", 1)[1] for m in datasets.FORMATS} == {"irds", "trec", "beir", "tsv",
+                                                                                   "smart"}
+    kinds = [kind for m in datasets.FORMATS for kind in m.KINDS]
+    assert len(kinds) == len(set(kinds))
+    with pytest.raises(ValueError) as e:
+        load_dataset("nothing")
+    assert all(form in str(e.value) for m in datasets.FORMATS for form, _ in m.KINDS.values())
+
+
 def test_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown dataset spec"):
         load_dataset("vaswani")

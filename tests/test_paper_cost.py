@@ -148,7 +148,7 @@ def test_missing_record_and_profile_refused(tmp_path):
 
 
 def test_recorded_measurements_read():
-    """The default records are the H200's (experiments/results/gpu/README.md)."""
+    """The default records are the H200's (experiments/results/gpu/README.md indexes them)."""
     tp = cost.Throughput.from_records()
     assert tp.anchor_seq_per_s == pytest.approx(785.02, abs=0.01)      # CPDAE padded, Wikipedia block lengths
     assert tp.compute_share == pytest.approx((22.74 + 12.07 + 12.64 + 7.64) / 100)  # mm, addmm, attention bwd/fwd

@@ -86,6 +86,22 @@ def test_corpus_fingerprint_sees_an_in_place_edit_and_ignores_the_folder_path(tm
         (a / "docs.trec").read_bytes()).hexdigest()
 
 
+def test_tsv_fingerprint_covers_its_corpus_file_only(tmp_path):
+    import hashlib
+
+    from experiments.paper.caches import corpus_fingerprint
+
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / "collection.tsv").write_text("d1\tone\nd2\ttwo\n")
+    (folder / "queries.tsv").write_text("q1\tone\n")
+    (folder / "qrels.txt").write_text("q1 0 d1 1\n")
+    fp = corpus_fingerprint(f"tsv:{folder}", tmp_path / "d.json")
+    assert fp["files"] == {"collection.tsv": hashlib.sha256((folder / "collection.tsv").read_bytes()).hexdigest()}
+    assert set(corpus_fingerprint(f"tsv:{folder}", tmp_path / "d.json", everything=True)["files"]) == {
+        "collection.tsv", "queries.tsv", "qrels.txt"}
+
+
 def test_beir_sample_and_irds_fingerprints_cover_their_documents(tmp_path, shared_data):
     import subprocess
 

@@ -186,6 +186,6 @@ def test_a_label_beyond_64_bits_names_file_and_line(tmp_path: Path, label: str) 
 
 
 def test_the_largest_64_bit_label_is_read() -> None:
-    from pyterrier_cpdae.datasets import _label
+    from pyterrier_cpdae.datasets.records import _label
     assert _label("9223372036854775807") == 2**63 - 1 and _label("-9223372036854775808") == -2**63
     assert _label("2.0") == 2

@@ -92,7 +92,7 @@ def timed_in_turn(fns: Dict[str, Callable[[], object]], dev, repeats: int) -> Di
     """Median wall time of each of ``fns`` over ``repeats`` rounds, every round calling each once in turn (after one
     warm-up round), so that a drift of the host or the card during the run reaches every system alike rather than
     whichever was timed at that moment (timed each in its own block, two systems running the same code measured up
-    to 1.45x apart: experiments/results/gpu/README.md)."""
+    to 1.45x apart: experiments/results/gpu/h200/fp16_search_compiled_mlm/README.md)."""
     for fn in fns.values():
         fn()
     times: Dict[str, list] = {label: [] for label in fns}

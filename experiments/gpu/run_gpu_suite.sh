@@ -14,7 +14,7 @@
 # 3. with --bundle: unpacks DIR/data.tar.xz (once: DIR/data, DIR/bm25) and runs the gpu-scale comparison
 #       python -m experiments.paper --scale gpu --overlay DIR/overlay.json --work-dir WORK/paper ...
 #    in the BACKGROUND (setsid: it outlives this command while the machine stays held), Tables 1-2 first, then
-#    3, 4 and the coverage figure (--tables T: only those, e.g. 3,4,coverage in a lease after the one that wrote
+#    3, 4 and the coverage figure (--tables T: only those, e.g. 3,4,coverage in a run after the one that wrote
 #    Tables 1-2: a fresh machine runs again the stages they need); a later call finds it running and waits for it, or, when it has stopped
 #    unfinished, starts it again (every stage is cached in WORK: it continues). This command waits for it until
 #    --budget-s seconds (default 540) have passed since its start, then packs what is there and returns (after
@@ -24,9 +24,9 @@
 #    records, selection, stage logs and metrics; no checkpoints), compare.log.
 # --cpu-smoke: the same on the CPU with tiny sizes (tests with CPDAE_GPU_TEST_DEVICE=cpu, the benchmarks'
 #    --cpu-smoke, the comparison at --sizes smoke unless --sizes is given, waited for until it ends).
-# OUT defaults to $OUT, else experiments/results/gpu/<UTC time>; WORK to /tmp/cpdae-gpu (it survives between calls
-# only while the device machine stays warm). Exit status: non-zero if a step failed (1) or bad usage (2, 3);
-# 0 while the comparison is still running.
+# OUT defaults to $OUT, else experiments/results/gpu/<card>/suite (rename it by subject); WORK to /tmp/cpdae-gpu
+# (it survives between calls only while the GPU machine stays warm). Exit status: non-zero if a step failed (1) or
+# bad usage (2, 3); 0 while the comparison is still running.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -69,7 +69,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 case "$MIN_STEP" in ''|*[!0-9]*) echo "run_gpu_suite.sh: --min-step-s takes whole seconds, got '$MIN_STEP'" >&2; exit 2 ;; esac
-[ -n "$OUTDIR" ] || OUTDIR="$ROOT/experiments/results/gpu/$(date -u +%Y%m%dT%H%M%SZ)"
+if [ -z "$OUTDIR" ]; then
+  CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | tr 'A-Z' 'a-z' \
+    | sed 's/^nvidia //; s/[^a-z0-9]\+/_/g; s/^_//; s/_$//')
+  OUTDIR="$ROOT/experiments/results/gpu/${CARD:-cpu}/suite"
+fi
 mkdir -p "$OUTDIR" "$WORK"
 OUTDIR="$(cd "$OUTDIR" && pwd)"
 WORK="$(cd "$WORK" && pwd)"

@@ -12,7 +12,8 @@ collections, and the record beside each index of the collection that built it.
   collection, the document file(s) ir_datasets names for ``irds:`` ids), with :func:`corpus_changes` naming what
   differs between two.
 * :func:`stale_reason` / :func:`record_built_from`: the fingerprint recorded beside an index
-  (``<index>.built_from.json``) when it is built, and the reason to rebuild it when it no longer matches.
+  (``<index>.built_from.json``) when it is built, with the encoder settings of a dense index
+  (:func:`encoder_key`), and the reason to rebuild it when either no longer matches.
 * :func:`topics_digest`: the queries a saved run answered (ids and texts).
 """
 from __future__ import annotations
@@ -25,6 +26,10 @@ from typing import Any, Iterable, Optional
 
 #: parts of a model directory that never change what the encoder computes (a run's optimizer state and logs)
 NOT_MODEL = ("checkpoints", "logs")
+#: files of a model directory that describe it and are never read by a loader: its model card (``README.md``,
+#: ``MODEL_CARD.md`` beside a card of another origin) and the card's state, where evaluations are added after the
+#: model was exported (``pretrain.export.card.add_evaluation``)
+NOT_MODEL_FILES = ("README.md", "MODEL_CARD.md", "model_card.json")
 #: the record of what built an index, beside it: ``<index path>`` + this suffix
 BUILT_FROM = ".built_from.json"
 
@@ -81,8 +86,9 @@ def folder_digest(folder: os.PathLike | str, cache_file: os.PathLike | str) -> s
 
 
 def model_identity(model: str, cache_file: os.PathLike | str) -> str:
-    """A digest of everything in the model directory ``model`` (weights, config, tokenizer, pooling files) but its
-    ``checkpoints/`` and ``logs/``.
+    """A digest of everything in the model directory ``model`` (weights, config, tokenizer, pooling files, run
+    records) but its ``checkpoints/``, ``logs/`` and model card (:data:`NOT_MODEL_FILES`, rewritten when an
+    evaluation is added).
 
     It changes whenever the weights do, e.g. when the directory is re-trained in place, so that indexes and saved
     runs computed with other weights are never reused. A model that is not a directory (a hub id) is identified by
@@ -94,7 +100,8 @@ def model_identity(model: str, cache_file: os.PathLike | str) -> str:
     files = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (folder == root and d in NOT_MODEL))
-        files += [os.path.join(folder, n) for n in sorted(names) if not n.startswith(".")]
+        files += [os.path.join(folder, n) for n in sorted(names)
+                  if not n.startswith(".") and not (folder == root and n in NOT_MODEL_FILES)]
     digests = file_digests(files, cache_file)
     total = hashlib.sha256()
     for path in files:
@@ -166,6 +173,10 @@ def corpus_files(spec: str, everything: bool = False) -> tuple[str, list[Path], 
         return kind, [folder / "corpus.jsonl"], folder
     if kind == "trec":  # the loader tells documents from topics by their content: every file but the qrels
         return kind, [p for p in under(folder) if not p.name.lower().startswith("qrels")], folder
+    if kind == "tsv":
+        from pyterrier_cpdae.datasets.tsv import corpus_path
+
+        return kind, [corpus_path(folder, spec)], folder
     if kind in SMART_LAYOUTS:
         docs = SMART_LAYOUTS[kind].docs.lower()
         return kind, sorted(p for p in folder.iterdir()
@@ -209,9 +220,30 @@ def built_from_file(index_path: os.PathLike | str) -> Path:
     return Path(str(index_path).rstrip("/\\") + BUILT_FROM)
 
 
-def stale_reason(index_path: os.PathLike | str, built: bool, fingerprint: dict[str, Any]) -> Optional[str]:
-    """``None`` when the index at ``index_path`` is built and was built from ``fingerprint``'s documents; else why it
-    must be (re)built, in words."""
+def encoder_key(enc: Any, model_id: str) -> dict[str, Any]:
+    """Everything that changes the document vectors of the encoder ``enc`` (a ``CPDAE``) made from the model whose
+    :func:`model_identity` is ``model_id``: the model's content, the pooling, the normalisation, the document length
+    (as the encoder uses it) and the autocast dtype (``$PYTERRIER_CPDAE_DTYPE`` and the device included).
+
+    What it leaves out does not change a vector beyond float32 summation order: the batch size, the token budget,
+    the sort window, the backend (OpenVINO within ~3e-6 of PyTorch) and unpadded batches."""
+    from pyterrier_cpdae.encoder import default_dtype
+
+    dtype = enc.dtype if enc.dtype is not None else str(default_dtype(enc.device)).replace("torch.", "")
+    return {"model": model_id, "pooling": enc.pooling, "normalize": bool(enc.normalize),
+            "doc_max_length": int(enc.doc_max_length), "dtype": dtype}
+
+
+def key_digest(key: dict[str, Any]) -> str:
+    """A SHA-256 (hex) of a JSON-able key such as :func:`encoder_key`'s (names an artifact built with it)."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def stale_reason(index_path: os.PathLike | str, built: bool, fingerprint: dict[str, Any],
+                 encoder: Optional[dict[str, Any]] = None) -> Optional[str]:
+    """``None`` when the index at ``index_path`` is built and was built from ``fingerprint``'s documents (and, for a
+    dense index, with the encoder settings ``encoder``, :func:`encoder_key`); else why it must be (re)built, in
+    words."""
     if not built:
         return "not built yet"
     try:
@@ -222,6 +254,13 @@ def stale_reason(index_path: os.PathLike | str, built: bool, fingerprint: dict[s
         return f"it records no fingerprint of the collection it was built from ({built_from_file(index_path).name})"
     if have["digest"] != fingerprint["digest"]:
         return "it was built from another collection: " + corpus_changes(have, fingerprint)
+    if encoder is not None and have.get("encoder") != encoder:
+        old = have.get("encoder")
+        if not isinstance(old, dict):
+            return "it records no encoder settings"
+        diff = [f"{k} {old.get(k)!r} -> {encoder.get(k)!r}" if k != "model" else "the model's content"
+                for k in sorted(set(old) | set(encoder)) if old.get(k) != encoder.get(k)]
+        return "it was built with other encoder settings: " + ", ".join(diff)
     return None
 
 
@@ -230,11 +269,14 @@ def forget_built_from(index_path: os.PathLike | str) -> None:
     built_from_file(index_path).unlink(missing_ok=True)
 
 
-def record_built_from(index_path: os.PathLike | str, fingerprint: dict[str, Any]) -> None:
-    """Record, once the index is built, the fingerprint of the collection it was built from."""
+def record_built_from(index_path: os.PathLike | str, fingerprint: dict[str, Any],
+                      encoder: Optional[dict[str, Any]] = None) -> None:
+    """Record, once the index is built, the fingerprint of the collection it was built from (and, for a dense index,
+    the encoder settings it was built with, :func:`encoder_key`)."""
     from pyterrier_cpdae._files import write_json_atomic
 
-    write_json_atomic(built_from_file(index_path), fingerprint)
+    write_json_atomic(built_from_file(index_path), fingerprint if encoder is None else {**fingerprint,
+                                                                                       "encoder": encoder})
 
 
 def topics_digest(topics: Any) -> str:

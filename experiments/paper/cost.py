@@ -3,7 +3,7 @@
 ``python -m experiments.paper.cost [--scale paper] [--out FILE]`` counts the work of every stage of a scale
 (:class:`experiments.paper.pipeline.Plan` of its config, read by :func:`experiments.paper.config.load_config`):
 pre-training sequences per objective, fine-tuning steps and their mining rounds, the encodings and searches of the
-evaluation, and prices each with the throughput the GPU suite recorded (``experiments/results/gpu/``, JSON records
+evaluation, and prices each with the throughput the GPU suite recorded (``experiments/results/gpu/h200/``, JSON records
 named in :data:`RECORDS`). Nothing is timed here; every figure read is printed with its file and key, and every
 figure that was never measured is derived from the nearest measured one with the assumption printed beside it.
 
@@ -41,16 +41,16 @@ if __package__ in (None, ""):  # python experiments/paper/cost.py
 from experiments.bench.objective_runs import forward_macs  # noqa: E402
 from experiments.paper.config import ROOT, load_config  # noqa: E402
 
-GPU = ROOT / "experiments" / "results" / "gpu"
-#: the recorded measurements read (one H200; experiments/results/gpu/README.md describes each run)
+GPU = ROOT / "experiments" / "results" / "gpu" / "h200"
+#: the recorded measurements read (one H200; each run's README.md under experiments/results/gpu/h200/ describes it)
 RECORDS = {
-    "pretrain": GPU / "lease_2026-11-27" / "call3" / "bench_pretrain.json",
-    "objectives": GPU / "bench_pretrain.json",
-    "encode": GPU / "lease_2026-11-27" / "call1" / "bench_encode.json",
-    "search": GPU / "lease_2026-11-27" / "call3" / "bench_search.json",
-    "profile": GPU / "lease_2026-11-27" / "call1" / "profile_mlm_padded.txt",
+    "pretrain": GPU / "padded_vs_unpadded" / "resident_search" / "bench_pretrain.json",
+    "objectives": GPU / "toolkit_suite" / "bench_pretrain.json",
+    "encode": GPU / "padded_vs_unpadded" / "all_parts" / "bench_encode.json",
+    "search": GPU / "padded_vs_unpadded" / "resident_search" / "bench_search.json",
+    "profile": GPU / "padded_vs_unpadded" / "all_parts" / "profile_mlm_padded.txt",
 }
-#: when the default records were measured (the records hold no date; experiments/results/gpu/README.md)
+#: when the default records were measured (the records hold no date; the runs' README.md files)
 RECORDED_ON = {"pretrain": "2026-11-27", "objectives": "2026-11-25", "encode": "2026-11-27", "search": "2026-11-27",
                "profile": "2026-11-27"}
 

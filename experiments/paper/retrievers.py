@@ -10,49 +10,38 @@ from typing import Any, Optional
 
 
 SETTINGS_FILE = "encoder_settings.json"
-"""Beside each index: what built it (model directory and its files' size, mtime and content hash, pooling, corpus
-spec and the fingerprint of its documents, document length, normalisation) and what its saved run was retrieved
-with (query length, depth). An index is reused only when the first part equals this call's, its saved run only when
-both parts do; an index without the file is rebuilt."""
+"""Beside each index: what built it (:func:`encoder_settings`: the model directory and the SHA-256 of its whole
+content, pooling, corpus spec and the fingerprint of its documents, document length, normalisation, autocast dtype)
+and what its saved run was retrieved with (query length, depth). An index is reused only when the first part equals
+this call's, its saved run only when both parts do; an index without the file, or whose file lacks a key (written by
+an earlier version), is rebuilt."""
 
 
-def _model_stamp(model: str) -> list[list[Any]]:
-    """Size, mtime and a cheap content hash (:func:`pretrain.data.inputs.file_fingerprint`) of the files that define the
-    model's vectors: a re-trained model differs, and so does one copied over it with its size and mtime kept
-    (``cp -p``, ``rsync -t``)."""
-    from pretrain.data.inputs import file_fingerprint
+def encoding_dtype() -> str:
+    """The autocast dtype a ``CPDAE.from_pretrained`` encoder made here computes in (``dtype=None``, its default
+    device: CUDA where available): ``$PYTERRIER_CPDAE_DTYPE``, else bfloat16/float16 on CUDA, float32 on the CPU."""
+    import torch
 
-    out = []
-    for name in ("model.safetensors", "pytorch_model.bin", "config.json", "modules.json", "sentence_bert_config.json",
-                 "1_Pooling/config.json", "tokenizer.json", "vocab.txt"):
-        f = Path(model) / name
-        if f.is_file():
-            fp = file_fingerprint(f)
-            out.append([name, fp["size"], fp["mtime_ns"], fp["sha256"]])
-    return out
+    from pyterrier_cpdae.encoder import default_dtype
+
+    return str(default_dtype("cuda" if torch.cuda.is_available() else "cpu")).replace("torch.", "")
 
 
 def encoder_settings(model: str, pooling: str, corpus_spec: str, *, doc_max_length: int, query_max_length: int,
-                     num_results: int, normalize: Optional[bool], corpus_digest: Optional[str] = None) -> dict[str, Any]:
-    return {"index": {"model": str(Path(model).resolve()), "model_files": _model_stamp(model), "pooling": pooling,
-                      "corpus": corpus_spec, "corpus_digest": corpus_digest, "doc_max_length": doc_max_length,
-                      "normalize": normalize},
+                     num_results: int, normalize: Optional[bool], corpus_digest: Optional[str] = None,
+                     digests_file: Optional[Path] = None) -> dict[str, Any]:
+    """What an index of ``model``'s vectors and its saved run are made with (:data:`SETTINGS_FILE`): the model's
+    content (:func:`experiments.paper.caches.model_identity`: every file of the directory, weights in any number of
+    shards, tokenizer and sentence-transformers files alike, SHA-256 cached in ``digests_file`` by size, mtime,
+    inode and ctime), the pooling, the collection, the document length, the normalisation and the autocast dtype;
+    the run adds the query length and the depth."""
+    from experiments.paper.caches import model_identity
+
+    digests = digests_file or Path(model).parent / ".digests.json"
+    return {"index": {"model": str(Path(model).resolve()), "model_digest": model_identity(str(model), digests),
+                      "pooling": pooling, "corpus": corpus_spec, "corpus_digest": corpus_digest,
+                      "doc_max_length": doc_max_length, "normalize": normalize, "dtype": encoding_dtype()},
             "run": {"query_max_length": query_max_length, "num_results": num_results}}
-
-
-def _same_index(have: Optional[dict[str, Any]], want: dict[str, Any]) -> tuple[bool, bool]:
-    """(same index settings, the record predates content hashes): a record written before the model stamp had a
-    content hash (entries ``[name, size, mtime]``) matches when every other setting and each file's size and mtime
-    do; the caller then rewrites it with the hashes, so that a finished run's indexes stay usable."""
-    if have is None:
-        return False, False
-    if have == want:
-        return True, False
-    files = have.get("model_files")
-    if not isinstance(files, list) or not files or any(not isinstance(f, list) or len(f) != 3 for f in files):
-        return False, False
-    match = have == dict(want, model_files=[f[:3] for f in want["model_files"]])
-    return match, match
 
 
 def _recorded_settings(index_path: Path) -> Optional[dict[str, Any]]:
@@ -71,10 +60,10 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     """Index the corpus with every model; returns name -> ``query encoder >> dense retriever`` and index times.
 
     An index already built under ``index_root`` (same model name) is loaded, not rebuilt, when its
-    ``encoder_settings.json`` (:data:`SETTINGS_FILE`) records this model (same files' size, mtime and content
-    hash), pooling, corpus (its spec and the fingerprint of its documents,
-    :func:`experiments.paper.caches.corpus_fingerprint`: a collection edited in place is indexed again), document length
-    and normalisation; otherwise it is rebuilt. When an index is (re)built, or
+    ``encoder_settings.json`` (:data:`SETTINGS_FILE`, :func:`encoder_settings`) records this model (the digest of
+    its whole content), pooling, corpus (its spec and the fingerprint of its documents,
+    :func:`experiments.paper.caches.corpus_fingerprint`: a collection edited in place is indexed again), document
+    length, normalisation and autocast dtype; otherwise it is rebuilt. When an index is (re)built, or
     the query side (query length, depth) changed, the run ``pt.Experiment`` saved for that name under
     ``index_root / "runs"`` is deleted, so that it is recomputed.
 
@@ -101,7 +90,8 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
     from pyterrier_cpdae.encoder import CPDAE
 
     corpus = load_dataset(corpus_spec)
-    corpus_digest = corpus_fingerprint(corpus_spec, digests_file or Path(index_root) / ".digests.json")["digest"]
+    digests_file = digests_file or Path(index_root) / ".digests.json"
+    corpus_digest = corpus_fingerprint(corpus_spec, digests_file)["digest"]
     pipelines, timings = {}, {}
     alive = QuerySideSlot()  # pt.Experiment runs the systems one after another: one query encoder at a time
     columns: dict[tuple[str, ...], list[str]] = {}  # every retriever below is index.retriever(num_results=...)
@@ -127,23 +117,28 @@ def build_retrievers(models: dict[str, tuple[str, str]], corpus_spec: str, *, do
         run_file = index_root / "runs" / f"{name}.res.gz"
         want = encoder_settings(path, pooling, corpus_spec, doc_max_length=doc_max_length,
                                 query_max_length=query_max_length, num_results=num_results, normalize=normalize,
-                                corpus_digest=corpus_digest)
+                                corpus_digest=corpus_digest, digests_file=digests_file)
         have = _recorded_settings(index_path) if index.built() else None
-        same, legacy = _same_index(have.get("index") if have is not None else None, want["index"])
+        same = have is not None and have.get("index") == want["index"]
         if index.built() and (reuse or same):
             print(f"reusing the index {index_path} ({len(index)} docs)", flush=True)
             if not reuse and have.get("run") != want["run"]:  # same vectors, other query side: retrieve again
                 run_file.unlink(missing_ok=True)
                 write_json_atomic(index_path / SETTINGS_FILE, want)
-            elif not reuse and legacy:
-                write_json_atomic(index_path / SETTINGS_FILE, want)
         else:
             if index.built():
-                why = ("it records no settings" if have is None else
-                       "its collection changed (another corpus spec, or its documents were edited)"
-                       if have.get("index", {}).get("corpus_digest") != want["index"]["corpus_digest"] and
-                       {**have.get("index", {}), "corpus_digest": None, "corpus": None} ==
-                       {**want["index"], "corpus_digest": None, "corpus": None} else "its model or settings changed")
+                old = have.get("index") if isinstance(have, dict) else None
+                old = old if isinstance(old, dict) else {}
+                differ = [k for k in want["index"] if old.get(k) != want["index"][k]]
+                if have is None:
+                    why = "it records no settings"
+                elif set(differ) <= {"corpus", "corpus_digest"}:
+                    why = "its collection changed (another corpus spec, or its documents were edited)"
+                elif all(k not in old for k in differ):
+                    why = f"it records no {', '.join(differ)} (written by an earlier version)"
+                else:
+                    why = "its " + ", ".join({"model": "model path", "model_digest": "model's content"}.get(k, k)
+                                             for k in differ) + " changed"
                 print(f"rebuilding the index {index_path}: {why}", flush=True)
             run_file.unlink(missing_ok=True)
             (index_path / SETTINGS_FILE).unlink(missing_ok=True)

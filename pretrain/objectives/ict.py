@@ -19,7 +19,7 @@ Readings taken:
   token). This also cuts at abbreviations ("e.g.") -- a simple, documented rule. A text with a
   single sentence is cut into two halves, which then play the role of sentences; a text of
   fewer than 2 tokens is its own query and evidence.
-* **Encoders.** One encoder for queries and passages (the issue's "shared encoder"; Lee et al.
+* **Encoders.** One encoder for queries and passages (a "shared encoder"; Lee et al.
   use two towers of the same initialisation) and no projection layer, so that the
   representation trained is the one used in retrieval. No MLM term.
 """

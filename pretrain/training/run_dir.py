@@ -26,8 +26,9 @@ def config_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
 
 
-def check_output_dir(config: Any) -> None:
-    """Refuse an output directory that holds a different run, unless ``config.overwrite``.
+def check_output_dir(config: Any, ignore: Any = ()) -> None:
+    """Refuse an output directory that holds a different run, unless ``config.overwrite``; the names in ``ignore``
+    (the run's own token cache, :func:`pretrain.data.inputs.own_cache_entries`) do not count.
 
     Accepted without ``overwrite``: a missing or empty directory; a directory of the *same*
     run (same ``run_config.json`` up to :data:`~pretrain.config.RESUME_MUTABLE_OPTIONS`) when resuming, or when
@@ -41,11 +42,12 @@ def check_output_dir(config: Any) -> None:
         raise ValueError("no output directory given (--output)")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"output path {out} exists and is not a directory")
-    if not os.path.isdir(out) or not os.listdir(out) or config.overwrite:
+    own = set(ignore)  # the run's own files (its --cache-dir inside --output) are not another run's
+    if not os.path.isdir(out) or not set(os.listdir(out)) - own or config.overwrite:
         return
     run_cfg = os.path.join(out, RUN_CONFIG)
     if not os.path.isfile(run_cfg):
-        entries = sorted(os.listdir(out))
+        entries = sorted(set(os.listdir(out)) - own)
         raise ValueError(f"output directory {out} is not empty and holds no {RUN_CONFIG} (it contains "
                          f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
                          "choose another --output or pass --overwrite")

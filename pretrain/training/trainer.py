@@ -97,6 +97,11 @@ class Trainer:
         self.collate_fn = collate_fn
         self.config = config
         self.save_fn = save_fn
+        #: ``finish_export(export_tmp_dir, result)``: run on the saved export before it is moved into ``output``
+        #: (the finite check in the saved dtype, the model card); raising leaves ``output`` as it was
+        self.finish_export: Optional[Callable[[str, dict[str, Any]], Any]] = None
+        #: names in ``output`` that are the run's own (its ``--cache-dir``), not another run's files
+        self.own_entries: set[str] = set()
         self.mixed_precision = resolve_mixed_precision(config.mixed_precision, config.cpu)
         ddp = DistributedDataParallelKwargs(find_unused_parameters=getattr(module, "ddp_find_unused_parameters", True))
         # cpu=True without CUDA too: only then does accelerate set up gloo DDP for CPU processes under torchrun
@@ -153,7 +158,7 @@ class Trainer:
                 each log row, checkpoint and before the export; see :class:`OutputPlace`).
         """
         acc, cfg = self.accelerator, self.config
-        check_output_dir(cfg)
+        check_output_dir(cfg, self.own_entries)
         recorded = self._recorded_resolution() if cfg.resume else {}  # read before the record is written again
         acc.wait_for_everyone()
         found = list_checkpoints(self.output) if cfg.resume and os.path.isdir(self.output) else []
@@ -303,10 +308,10 @@ class Trainer:
             elif rows:  # one point is not a curve (and the figure costs ~0.5 s: most of a few-step run's tail)
                 logger.info("loss curves not plotted: %s holds 1 logged row, a curve needs 2 (see --logging-steps)",
                             csv_path)
-        self._export(model)
         result = {k: v for k, v in last.items() if k not in ("seqs_per_s",)}
         result.update({"step": step, "total_steps": self.total_steps, "train_runtime_s": runtime,
                        "output": self.output})
+        self._export(model, result)
         if getattr(cfg, "compile", False):  # first compilations and recompilations of this run's steps
             result["compiled_graphs"] = compiled_graphs() - graphs_before
             logger.info("--compile: %d graphs compiled in this run (each compiled layer's first batch, then one per "
@@ -600,8 +605,10 @@ class Trainer:
         message = f"checkpoint {checkpoint_name(step)} of {self.output} could not be written: {detail}; {last}"
         return OSError(e.errno, message) if e.errno else OSError(message)
 
-    def _export(self, model: nn.Module) -> None:
-        """``save_fn`` into a temp dir, then move the files into ``output`` with ``config.json`` last."""
+    def _export(self, model: nn.Module, result: Optional[dict[str, Any]] = None) -> None:
+        """``save_fn`` into a temp dir, ``finish_export(tmp, result)`` (the caller's checks of the written files and
+        the model card, :func:`pretrain.export.commit.finish_export`), then move the files into ``output`` with
+        ``config.json`` last."""
         acc = self.accelerator
         self._check_finite(acc.unwrap_model(model), "the exported model")
         self._check_output("the exported model")
@@ -614,6 +621,12 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
             self.save_fn(unwrapped, tmp)
+            if self.finish_export is not None:  # checks of what was written, the card (nothing moved yet)
+                try:
+                    self.finish_export(tmp, result or {})
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
             stale_config = os.path.join(self.output, "config.json")
             if os.path.isfile(stale_config):
                 os.remove(stale_config)

@@ -63,6 +63,7 @@ class BM25Index(PackagedArtifact):
     ARTIFACT_TYPE = "sparse_index"
     ARTIFACT_FORMAT = "pyserini_lucene"
     ARTIFACT_PACKAGE_HINT = "pyterrier-cpdae"
+    PACKAGE_MEMBERS = ("pt_meta.json", _LUCENE_DIR)
 
     def __init__(self, path: Union[str, Path]):
         super().__init__(path)

@@ -33,8 +33,8 @@ import numpy as np
 
 from .._artifact import (MAX_META_BYTES, META_FILE, IncompleteIndexError, check_regular,  # noqa: F401 (re-exported)
                          open_regular, read_pt_meta, read_small_file)
-from .._checks import (MAX_NORM, as_docno, as_docnos, check_norms, describe_values,  # noqa: F401 (re-exported)
-                       stack_vectors)
+from .._checks import (MAX_NORM, MIN_NORM, as_docno, as_docnos, check_cast_to_zero, check_float16_scale,  # noqa: F401 (re-exported)
+                       check_norms, describe_values, stack_vectors)
 from .._files import current_umask, fsync_dir, temporary_files, write_json_atomic  # noqa: F401 (re-exported)
 
 VECTORS_FILE = "vectors.bin"

@@ -19,7 +19,7 @@ import pyterrier_alpha as pta
 from . import format as io
 from .._artifact import IncompleteIndexError, PackagedArtifact
 from .indexing import DenseIndexer, merge_indexes, merge_shards, shard_iter
-from .store import DenseStore, check_producer, check_query_producer
+from .store import DenseStore, check_producer, check_query_producer, parse_stamp
 
 __all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError"]
 
@@ -43,6 +43,7 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
     ARTIFACT_FORMAT = io.ARTIFACT_FORMAT
     ARTIFACT_PACKAGE_HINT = io.PACKAGE_HINT
     PACKAGE_EXCLUDE = (io.FAISS_DIR,)  # FAISS caches: rebuilt on first use, not shared
+    PACKAGE_MEMBERS = (io.META_FILE, io.VECTORS_FILE, io.DOCNOS_FILE, io.SHARDS_DIR)  # a single index or a sharded view
 
     def __init__(self, path: Union[str, Path]):
         super().__init__(path)
@@ -160,7 +161,8 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
         Unlike ``pt.Transformer.search`` (a text query), this takes query *vectors*; see
         :meth:`DenseStore.search <pyterrier_cpdae.dense.store.DenseStore.search>` for the arguments.
         ``producer``: what made ``query_vecs`` (an encoder with a ``producer()`` method, e.g. the
-        :class:`~pyterrier_cpdae.CPDAE` whose ``encode_queries`` made them, or its ``producer()`` dict): checked
+        :class:`~pyterrier_cpdae.CPDAE` whose ``encode_queries`` made them, its ``producer()`` dict, or the stamp of
+        a frame's rows, ``frame["query_vec_producer"].iloc[0]``): checked
         against the index's producer as the retrievers check a pipeline's (a plain array carries no stamp, so
         without it nothing is checked).
 
@@ -174,6 +176,8 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
         """
         if producer is not None:
             query = producer.producer() if callable(getattr(producer, "producer", None)) else producer
+            if isinstance(query, str) and query.startswith("{"):  # a stamp (a query_vec_producer value)
+                query = parse_stamp(query, "producer")
             check_query_producer(Path(self.path), self.meta().get("producer"), check_producer(query))
         return self._store.search(query_vecs, k, backend=backend, **kwargs)
 

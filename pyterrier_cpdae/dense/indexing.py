@@ -22,7 +22,10 @@ import pyterrier_alpha as pta
 
 from .._locking import build_lock
 from . import format as io
-from .store import DenseStore, check_producer, check_producers, check_shard_metas, check_shard_set
+# iter_batches: re-exported (the indexer's input batches, dense/inputs.py)
+from .inputs import DOC_STAMP, iter_batches, iter_stamped_batches, peek_producer  # noqa: F401
+from .store import (DenseStore, check_producer, check_producers, check_shard_metas, check_shard_set,
+                    check_vectors_producer)
 
 MODES = ("create", "overwrite", "resume")
 # files/directories an index directory may hold; ``overwrite`` deletes only these (never arbitrary content)
@@ -36,57 +39,6 @@ def shard_from_env() -> Tuple[Optional[int], Optional[int]]:
     if world > 1:
         return int(os.environ.get("RANK", "0")), world
     return None, None
-
-
-def iter_batches(inp: Any, batch_size: int) -> Iterator[Tuple[List[Any], List[Any]]]:
-    """Normalises indexer input into batches of ``(raw_docnos, raw_vectors)``.
-
-    Accepts a DataFrame, or an iterable of dicts (what ``pt.Transformer >> Indexer`` feeds: pyterrier
-    1.1's ``Compose.index`` yields the records of each transformed batch one dict at a time) and/or
-    DataFrames.
-
-    Raises:
-        ValueError: when a record/frame lacks the ``docno`` or ``doc_vec`` column.
-        TypeError: for other record types.
-    """
-    def check_frame(df: pd.DataFrame) -> None:
-        missing = [c for c in ("docno", "doc_vec") if c not in df.columns]
-        if missing:
-            raise ValueError(f"DenseIndex indexer input is missing column(s) {missing}; found columns "
-                             f"{list(df.columns)} (did you forget the encoder, e.g. `enc >> index.indexer()`?)")
-
-    def frame_batches(df: pd.DataFrame):
-        check_frame(df)
-        for s in range(0, len(df), batch_size):
-            part = df.iloc[s:s + batch_size]
-            yield list(part["docno"]), list(part["doc_vec"])
-
-    if isinstance(inp, pd.DataFrame):
-        yield from frame_batches(inp)
-        return
-    docnos: List[Any] = []
-    vecs: List[Any] = []
-    for rec in inp:
-        if isinstance(rec, pd.DataFrame):
-            if docnos:
-                yield docnos, vecs
-                docnos, vecs = [], []
-            yield from frame_batches(rec)
-            continue
-        if not isinstance(rec, dict):
-            raise TypeError(f"DenseIndex indexer expects dicts or DataFrames with docno and doc_vec, got "
-                            f"{type(rec).__name__}")
-        if "docno" not in rec or "doc_vec" not in rec:
-            missing = [c for c in ("docno", "doc_vec") if c not in rec]
-            raise ValueError(f"DenseIndex indexer input is missing column(s) {missing}; record has keys "
-                             f"{sorted(rec)} (did you forget the encoder, e.g. `enc >> index.indexer()`?)")
-        docnos.append(rec["docno"])
-        vecs.append(rec["doc_vec"])
-        if len(docnos) >= batch_size:
-            yield docnos, vecs
-            docnos, vecs = [], []
-    if docnos:
-        yield docnos, vecs
 
 
 def remove_index_files(target: Path, *, shards: bool) -> None:
@@ -306,6 +258,8 @@ class DenseIndexer(pt.Indexer):
         target = self.target
         fresh = state is None
         producer = self.resolved_producer()
+        if producer is None:  # vectors stamped by their encoder (a frame or records made by it): their producer
+            inp, producer = peek_producer(inp)
         if not fresh and state.get("producer") is not None and producer is not None:
             # a resume continues the vectors of the producer that started the build (without a recorded producer on
             # either side, the sampled prefix check of _PrefixCheck still compares the vectors)
@@ -352,7 +306,10 @@ class DenseIndexer(pt.Indexer):
             # check_shard_inputs); a resume reads the whole input again, so this covers it all
             input_digest = hashlib.sha256()
             shard_digests = [hashlib.sha256() for _ in range(self.num_shards or 0)] if not self.presharded else []
-            for raw_docnos, raw_vecs in iter_batches(inp, self.batch_size):
+            for raw_docnos, raw_vecs, stamps in iter_stamped_batches(inp, self.batch_size):
+                if stamps is not None:  # every stamped row must come from the index's producer
+                    check_vectors_producer(target, state.get("producer") or {"name": "vectors without a stamp"},
+                                           pd.DataFrame({"docno": raw_docnos, DOC_STAMP: stamps}), "doc_vec", "docno")
                 records = range(position, position + len(raw_docnos))
                 if self.num_shards:
                     input_digest.update(_docno_bytes(raw_docnos))
@@ -388,6 +345,8 @@ class DenseIndexer(pt.Indexer):
                 if store_dtype != np.float32 and not np.isfinite(stored_vecs).all():
                     bad = [docnos[i] for i in np.nonzero(~np.isfinite(stored_vecs).all(axis=1))[0][:5]]
                     raise ValueError(f"doc_vec of docno(s) {bad} overflow(s) {state['dtype']}")
+                if store_dtype != np.float32:
+                    io.check_float16_scale(vecs, stored_vecs, docnos)
                 text = ("\n".join(docnos) + "\n").encode("utf8")  # encoded before anything of the batch is written
                 vec_file.write(stored_vecs.tobytes())
                 docno_file.write(text)

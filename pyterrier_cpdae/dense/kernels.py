@@ -453,7 +453,8 @@ def torch_search(parts: Sequence[Part], queries: np.ndarray, k: int, *, device=N
             chunk_size = max(1, (1 << 30) // (itemsize * dim))
         else:
             # no copy to stage: a chunk is bounded by its score matrix only; fewer, larger chunks mean fewer merges
-            # (1 GiB of scores measured faster than smaller chunks on a GPU: experiments/results/gpu/README.md)
+            # (1 GiB of scores measured faster than smaller chunks on a GPU:
+            # experiments/results/gpu/h200/padded_vs_unpadded/)
             score_bytes = RESIDENT_FP16_SCORE_BYTES if precision == "fp16" else (1 << 30)
             per_row = 4 * min(len(queries), query_batch_size)
             chunk_size = max(1, score_bytes // per_row)

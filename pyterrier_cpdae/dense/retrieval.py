@@ -20,7 +20,7 @@ import pyterrier_alpha as pta
 
 from .._checks import check_int
 from . import format as io
-from .store import check_query_producer
+from .store import check_query_producer, check_vectors_producer, producer_column
 
 RESULT_COLUMNS = ["docno", "docid", "score", "rank"]
 
@@ -78,14 +78,14 @@ def result_frame(index: pta.Artifact, inp: pd.DataFrame, scores: np.ndarray, ids
             columns = {k: v.tolist() for k, v in columns.items()}
         res.extend(columns)
     if drop_query_vec:
-        inp = inp.drop(columns="query_vec")
+        inp = inp.drop(columns=["query_vec", producer_column("query_vec")], errors="ignore")
     return res.to_df(inp)
 
 
 def empty_result(inp: pd.DataFrame, drop_query_vec: bool = False) -> pd.DataFrame:
     """An empty result frame with the input's columns plus the result columns."""
-    if drop_query_vec and "query_vec" in inp.columns:
-        inp = inp.drop(columns="query_vec")
+    if drop_query_vec:
+        inp = inp.drop(columns=["query_vec", producer_column("query_vec")], errors="ignore")
     out = pta.DataFrameBuilder(RESULT_COLUMNS).to_df(inp)
     return out.astype({"docno": object, "docid": np.int64, "score": np.float32, "rank": np.int64})
 
@@ -120,16 +120,17 @@ class EncoderChecked:
         return clone
 
     def check_frame_producer(self, inp: pd.DataFrame) -> None:
-        """Checks the producer an encoder stamped on the frame's ``query_vec`` (``inp.attrs["query_vec_producer"]``,
-        set by :class:`~pyterrier_cpdae.CPDAE`'s query encoder) against the index's, whatever the pipeline's shape
-        (stages between the encoder and this transformer keep the stamp as long as they keep the frame's attrs).
-        A frame without a stamp (vectors from user code, or a stage that built a new frame) is not checked here.
+        """Checks the producer an encoder stamped on the rows of the frame's ``query_vec`` (the column
+        ``query_vec_producer``, added by :class:`~pyterrier_cpdae.CPDAE`'s query encoder) against the index's,
+        whatever the pipeline's shape: the column stays with the rows through merge, concat, ``DataFrame(records)``,
+        apply, ``transform_iter``, fusion and pickling (:mod:`~pyterrier_cpdae.dense.producers`). Rows without a
+        stamp column (vectors from user code) are searched without a check.
 
         Raises:
-            ValueError: the stamp names another encoder than the one that built the index."""
-        stamp = inp.attrs.get("query_vec_producer") if self.check_encoder else None
-        if isinstance(stamp, dict):
-            check_query_producer(Path(self.index.path), self.index.meta().get("producer"), stamp)
+            ValueError: the rows' vectors come from more than one producer, or from another encoder than the one
+                that built the index."""
+        if self.check_encoder and producer_column("query_vec") in inp.columns:
+            check_vectors_producer(Path(self.index.path), self.index.meta().get("producer"), inp)
 
     def check_query_encoder(self) -> None:
         """Checks the query encoder it was composed with against the index's producer (once per build)."""

@@ -19,7 +19,8 @@ from .._locking import ConcurrentBuildError, build_lock, describe_holder, holder
 from .._checks import check_int
 from . import format as io
 from .producers import (DEFAULT_PRODUCER_ADVICE, QUERY_PRODUCER_KEYS, check_producer, check_producers,  # noqa: F401
-                        check_query_producer, describe_producer)
+                        check_query_producer, check_vectors_producer, describe_producer, frame_producer,
+                        parse_stamp, producer_column, same_document_producer, stamp)
 from .ties import largest_norm, settle
 from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
 
@@ -27,7 +28,8 @@ from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_searc
 _DISTINCT_FROM = 1024
 
 __all__ = ["DenseStore", "pin_on_host", "check_shard_metas", "check_view_meta", "auto_backend", "incomplete_message", "build_id",
-           "check_producer", "check_producers", "check_query_producer", "check_shard_set"]
+           "check_producer", "check_producers", "check_query_producer", "check_shard_set", "check_vectors_producer",
+           "frame_producer", "parse_stamp", "producer_column", "same_document_producer", "stamp"]
 
 
 class DenseStore:
@@ -93,7 +95,7 @@ class DenseStore:
         """The index's parts as page-locked (pinned) host tensors (stored dtype), made on first use and kept for the
         next searches while the build is unchanged: a streamed CUDA search sends chunks from them with no host copy
         (:func:`~pyterrier_cpdae.dense.kernels.torch_search`), at about twice the rate of pageable memory
-        (``experiments/results/gpu/README.md``). They
+        (``experiments/results/gpu/h200/fp16_search_compiled_mlm/``). They
         take the vectors' size in locked host memory.
 
         Raises:
@@ -319,7 +321,10 @@ class DenseStore:
             raise ValueError(f"query_vecs must hold real numbers, got {io.describe_values(query_vecs)}; nothing is "
                              "coerced (a cast would drop imaginary parts or parse strings)")
         with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, refused by the kernel
-            query_vecs = query_vecs.astype(np.float32, copy=False)
+            cast = query_vecs.astype(np.float32, copy=False)
+        if cast is not query_vecs and cast.ndim == 2:  # too small for float32: refused as the kernel refuses small norms
+            io.check_cast_to_zero(query_vecs, cast, "query vector", lambda rows: rows.tolist(), "row")
+        query_vecs = cast
         if query_vecs.ndim != 2 or query_vecs.shape[1] != int(meta["dim"]):
             raise ValueError(f"query_vecs must have shape (q, {meta['dim']}), got {query_vecs.shape}")
         if backend == "auto":

@@ -54,6 +54,18 @@ __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
 
 logger = logging.getLogger(__name__)
 
+#: with ``verbose=None`` (the default) a call's progress bar appears once it has run this long (tqdm's ``delay``):
+#: long work shows its progress, a short call (a query batch, a few documents) prints nothing
+PROGRESS_DELAY_S = 2.0
+
+
+def length_limit(config: Any, tokenizer: Any) -> Optional[int]:
+    """The longest text in tokens, special tokens included, that a model encodes: the smaller of its config's
+    ``max_position_embeddings`` and its tokenizer's ``model_max_length`` (values of a million or more are
+    "unknown" in transformers), or ``None`` when neither is known. Longer maximum lengths are cut to it."""
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    return min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
+
 
 class CPDAE(pt.Transformer):
     """A single-vector dense bi-encoder over a Hugging Face encoder, as a PyTerrier transformer.
@@ -79,7 +91,7 @@ class CPDAE(pt.Transformer):
     def __init__(self, model: Optional[torch.nn.Module], tokenizer: Any, *, pooling: str = "cls",
                  normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
                  batch_size: int = 32, device: Union[None, str, torch.device] = None,
-                 dtype: Union[None, str, torch.dtype] = None, verbose: bool = False, sort_window: int = 64,
+                 dtype: Union[None, str, torch.dtype] = None, verbose: Optional[bool] = None, sort_window: int = 64,
                  name_or_path: Optional[str] = None, config: Any = None, backend: Optional[str] = None,
                  batch_tokens: Optional[int] = None, unpad: Optional[bool] = None,
                  cls_last_layer: Optional[bool] = None):
@@ -127,7 +139,9 @@ class CPDAE(pt.Transformer):
                 :meth:`from_pretrained` holds float32 weights whatever dtype its checkpoint was saved in (a bf16
                 export included), so the dtype alone decides the precision; an in-memory ``model`` is used as
                 it is (a warning says when its weights are below float32 and the dtype is float32).
-            verbose: show a progress bar.
+            verbose: the progress bar of an encoding call (``pt.tqdm``, as PyTerrier's transformers show theirs):
+                ``None`` (default) shows it once a call has run :data:`PROGRESS_DELAY_S` seconds, so long work
+                shows its progress and short calls print nothing; ``True`` always, ``False`` never.
             sort_window: number of batches whose texts are sorted by length together.
             name_or_path: where the model comes from (identity for ``==``/``hash``/``repr``).
             config: the model's ``PretrainedConfig`` when ``model`` is ``None``.
@@ -160,7 +174,7 @@ class CPDAE(pt.Transformer):
         self.normalize = bool(normalize)
         self.batch_size = int(batch_size)
         self.sort_window = int(sort_window)
-        self.verbose = verbose
+        self.verbose = None if verbose is None else bool(verbose)
         self.dtype = _dtype_name(dtype)
         self.backend = _backend_name(backend)
         self._openvino: Optional[Any] = None  # the compiled graph, built on first use
@@ -202,7 +216,7 @@ class CPDAE(pt.Transformer):
                         normalize: Optional[bool] = None, query_max_length: Optional[int] = None,
                         doc_max_length: Optional[int] = None, batch_size: int = 32,
                         device: Union[None, str, torch.device] = None, dtype: Union[None, str, torch.dtype] = None,
-                        verbose: bool = False, sort_window: int = 64, backend: Optional[str] = None,
+                        verbose: Optional[bool] = None, sort_window: int = 64, backend: Optional[str] = None,
                         batch_tokens: Optional[int] = None, unpad: Optional[bool] = None,
                         cls_last_layer: Optional[bool] = None) -> "CPDAE":
         """An encoder from a Hugging Face model directory or Hub name.
@@ -213,8 +227,9 @@ class CPDAE(pt.Transformer):
 
         ``pooling``, ``normalize``, ``query_max_length`` and ``doc_max_length`` left as ``None`` are taken from
         the directory: its sentence-transformers files (``1_Pooling``, a ``Normalize`` module,
-        ``sentence_bert_config.json``'s ``max_seq_length`` for documents), else a fine-tuning run's
-        ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
+        ``sentence_bert_config.json``'s ``max_seq_length`` for documents, and for queries too unless a fine-tuning
+        run's ``training_args.json`` records their length: ``SentenceTransformer.encode`` cuts every text at it),
+        else a fine-tuning run's ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
         a warning when it contradicts the stored one.
 
         Raises:
@@ -251,9 +266,13 @@ class CPDAE(pt.Transformer):
                    sort_window=sort_window, name_or_path=name, config=config, backend=backend,
                    batch_tokens=batch_tokens, unpad=unpad, cls_last_layer=cls_last_layer, **settings)
 
+    @property
+    def length_limit(self) -> Optional[int]:
+        """The longest text in tokens this model can encode (:func:`length_limit`), or ``None`` when unknown."""
+        return length_limit(self._config, self.tokenizer)
+
     def _clamp_length(self, length: int, name: str) -> int:
-        limits = [getattr(self._config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
-        limit = min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
+        limit = self.length_limit
         if limit is not None and length > limit:
             logger.warning("%s=%d exceeds the model's maximum of %d tokens; using %d", name, length, limit, limit)
             return limit
@@ -265,6 +284,7 @@ class CPDAE(pt.Transformer):
         if self._model is None:
             logger.info("loading encoder %s on %s", self.name_or_path, self.device)
             self._model = load_encoder(self.name_or_path).to(self.device).eval()
+            self._loaded_key = weights_key(self._model)  # the file's digest describes these weights while unedited
         return self._model
 
     @property
@@ -292,13 +312,17 @@ class CPDAE(pt.Transformer):
         """
         local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
         module = self.model if self._model is not None or local else None  # (a Hub name is not fetched for this)
-        content = content_digest(module) if module is not None else None
+        key = weights_key(module) if module is not None else None
+        content = content_digest(module, key) if module is not None else None
+        # the folder's file digest holds for weights loaded from it and not edited since (an in-place edit of the
+        # loaded module makes them other weights: their state dict's digest instead)
+        edited = getattr(self, "_loaded_key", None) not in (None, key)
         if self.name_or_path is not None:
-            digest = weights_digest(self._model, self.name_or_path) if local else \
-                (legacy_digest(self._model) if self._model is not None else None)
+            digest = weights_digest(self._model, self.name_or_path) if local and not edited else \
+                (legacy_digest(self._model, key) if self._model is not None else None)
             model = self.name_or_path
         else:
-            digest, model = legacy_digest(self._model), f"<in-memory {type(self._model).__name__}>"
+            digest, model = legacy_digest(self._model, key), f"<in-memory {type(self._model).__name__}>"
         out = {"encoder": "CPDAE", "model": str(model), "weights_sha256": digest, "pooling": self.pooling,
                "normalize": self.normalize, "max_length": int(self.doc_max_length),
                "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
@@ -499,7 +523,8 @@ class CPDAE(pt.Transformer):
         if not n:
             return out
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        bar = pt.tqdm(total=n, desc="Encoding", unit="text", leave=False) if self.verbose else None
+        bar = None if self.verbose is False else pt.tqdm(
+            total=n, desc="Encoding", unit="text", leave=False, delay=0 if self.verbose else PROGRESS_DELAY_S)
         with self._inference() as model:
             kernel = self._packing_kernel(model)
             trimmed = self._first_token_view(model)  # the last layer at [CLS] only (padded batches)

@@ -6,10 +6,12 @@ over in memory (``CPDAE(model, tokenizer)``, with or without a pooler, in any dt
 an encoding are left out (the pooler: texts are pooled from the hidden states; integer buffers such as
 ``position_ids``). The digest is kept per module and computed again only when :func:`weights_key` changes.
 
-:func:`weights_key` is the cheap identity of a module's weights, read before every use of something built from them
-(a compiled OpenVINO graph, a digest): each tensor's storage address and torch's version counter (bumped by every
-in-place change under ``torch.no_grad()``, ``load_state_dict``, an optimizer step) and its sum in float64 (which also
-changes with an edit through ``.data``, which the version counter does not see).
+:func:`weights_key` is a digest of the contents of a module's encoding tensors (xxHash's 128-bit XXH3 over their
+names, dtypes, shapes and bytes), read before every use of something built from them (a compiled OpenVINO graph, a
+content digest, every :meth:`~.cpdae.CPDAE.producer` call): any edit of any value changes it, in place or not, seen
+by torch's version counter or not (an edit through ``.data``, two rows of the embedding matrix swapped). XXH3 reads
+memory at several GB/s, so taking it at every load costs a few tens of milliseconds for a BERT-base encoder
+(``experiments/results/weights_key_timing.md``), less than the float64 sums the key was built from before.
 """
 from __future__ import annotations
 
@@ -17,15 +19,15 @@ import hashlib
 import weakref
 from typing import Any, Iterator, Optional, Tuple
 
-import numpy as np
 import torch
+import xxhash
 
 from .loading import weights_digest
 
 __all__ = ["content_digest", "legacy_digest", "weights_key"]
 
-_DIGESTS: "weakref.WeakKeyDictionary[Any, Tuple[Tuple, str]]" = weakref.WeakKeyDictionary()
-_LEGACY: "weakref.WeakKeyDictionary[Any, Tuple[Tuple, Optional[str]]]" = weakref.WeakKeyDictionary()
+_DIGESTS: "weakref.WeakKeyDictionary[Any, Tuple[str, str]]" = weakref.WeakKeyDictionary()
+_LEGACY: "weakref.WeakKeyDictionary[Any, Tuple[str, Optional[str]]]" = weakref.WeakKeyDictionary()
 
 
 def _tensors(model: torch.nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
@@ -41,38 +43,38 @@ def _tensors(model: torch.nn.Module) -> Iterator[Tuple[str, torch.Tensor]]:
         yield name, t
 
 
-#: dtypes whose CPU tensors are summed by numpy (float64 accumulation, 5x faster than torch's float64 sum on the CPU)
-_NUMPY_SUM = (torch.float16, torch.float32, torch.float64)
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of ``t`` as stored (a contiguous host copy only for a tensor that is not one already); a bfloat16
+    tensor is read as int16, which numpy can hold."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return memoryview(t.reshape(-1).numpy()).cast("B")
 
 
-def weights_key(model: torch.nn.Module) -> Tuple:
-    """The cheap identity of ``model``'s weights (module docstring): equal keys, the same weights.
+def weights_key(model: torch.nn.Module) -> str:
+    """A digest of the contents of ``model``'s encoding tensors (module docstring): equal keys, the same names,
+    dtypes, shapes and bytes; any edit of a value, by any means, changes it.
 
-    Read before every window an OpenVINO graph encodes and by every :meth:`~.cpdae.CPDAE.producer` call: the sums of
-    a CPU tensor are numpy's (float64 accumulation; MiniLM's 22M weights in ~25 ms instead of ~120 ms), those of
-    other tensors torch's, all of them fetched with one device-to-host copy (one synchronisation on a GPU, not one
-    per tensor)."""
+    XXH3-128 (``xxhash``) over each tensor's name, dtype, shape and stored bytes, read in place on the CPU (a tensor
+    on another device is copied to the host first). Not a cryptographic digest: it tells weights apart, it does not
+    withstand someone crafting a collision on purpose (``content_digest``, SHA-256, is what an index records)."""
+    h = xxhash.xxh3_128()
     with torch.no_grad():
-        named = list(_tensors(model))
-        values: list = [None] * len(named)
-        on_device = []
-        for i, (_, t) in enumerate(named):
-            t = t.detach()
-            if t.device.type == "cpu" and t.dtype in _NUMPY_SUM:
-                values[i] = float(np.add.reduce(t.reshape(-1).numpy(), dtype=np.float64))
-            else:
-                on_device.append((i, torch.sum(t, dtype=torch.float64)))
-        if on_device:
-            sums = [s for _, s in on_device]
-            got = torch.stack(sums).tolist() if len({s.device for s in sums}) == 1 else [float(s) for s in sums]
-            for (i, _), v in zip(on_device, got):
-                values[i] = v
-        return tuple((name, t.data_ptr(), t._version, v) for (name, t), v in zip(named, values))
+        for name, t in _tensors(model):
+            h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+            h.update(_tensor_bytes(t))
+    return h.hexdigest()
 
 
-def content_digest(model: torch.nn.Module) -> str:
-    """SHA-256 (hex, 16 characters) of ``model``'s encoding tensors: their names (sorted), shapes and float32 values."""
-    key = weights_key(model)
+def content_digest(model: torch.nn.Module, key: Optional[str] = None) -> str:
+    """SHA-256 (hex, 16 characters) of ``model``'s encoding tensors: their names (sorted), shapes and float32 values
+    (what an index records as ``weights_content``), computed again only when :func:`weights_key` (``key``, when the
+    caller has just taken it) changes."""
+    key = weights_key(model) if key is None else key
     have = _DIGESTS.get(model)
     if have is not None and have[0] == key:
         return have[1]
@@ -80,16 +82,16 @@ def content_digest(model: torch.nn.Module) -> str:
     with torch.no_grad():
         for name, t in sorted(_tensors(model), key=lambda nt: nt[0]):
             h.update(f"{name} {tuple(t.shape)}\n".encode())
-            h.update(t.detach().to("cpu", torch.float32).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(memoryview(t.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()).cast("B"))
     digest = h.hexdigest()[:16]
     _DIGESTS[model] = (key, digest)
     return digest
 
 
-def legacy_digest(model: torch.nn.Module) -> Optional[str]:
+def legacy_digest(model: torch.nn.Module, key: Optional[str] = None) -> Optional[str]:
     """:func:`~.loading.weights_digest` of an in-memory model's whole state dict (what an index recorded as
     ``weights_sha256`` before ``weights_content``), kept per module while :func:`weights_key` is unchanged."""
-    key = weights_key(model)
+    key = weights_key(model) if key is None else key
     have = _LEGACY.get(model)
     if have is None or have[0] != key:
         have = _LEGACY[model] = (key, weights_digest(model))

@@ -179,7 +179,8 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     sentence-transformers files come first (``pooling``, ``normalize``, ``doc_max_length`` = ``max_seq_length``,
     ``do_lower_case``); a fine-tuning run's ``training_args.json`` fills in what they lack (``pooling``,
     ``query_max_length``, ``doc_max_length``), so that directories exported before the sentence-transformers files
-    existed describe themselves too.
+    existed describe themselves too. A query length that no ``training_args.json`` declares is ``max_seq_length``
+    too: the folder's own pipeline (``SentenceTransformer.encode``) cuts queries and documents alike.
 
     Returns:
         ``{setting: (value, source file)}``; empty for a Hub name or a plain Hugging Face directory.
@@ -236,6 +237,9 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
         for key in ("pooling", "query_max_length", "doc_max_length"):
             if key not in out and config.get(key) is not None:
                 out[key] = (_setting(args_path, key, config[key]), args_path)
+    if "query_max_length" not in out and out.get("doc_max_length", (None, None))[1] == sbert_path:
+        # sentence-transformers cuts every text, queries too, at max_seq_length (SentenceTransformer.encode)
+        out["query_max_length"] = out["doc_max_length"]
     return out
 
 

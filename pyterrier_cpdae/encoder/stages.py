@@ -4,6 +4,7 @@ encoder as the first stage of an indexing pipeline; and how ``enc >> index`` tel
 makes its vectors (:func:`_with_producer`)."""
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -14,6 +15,10 @@ import pyterrier_alpha as pta
 from .._checks import stack_vectors
 from .batching import check_texts, chunked, dedup, read_ahead
 from .policy import ASYNC_DEVICES, STREAM_WINDOWS
+
+#: the column beside a vector column that names its producer (``query_vec`` -> ``query_vec_producer``); the same
+#: suffix as :data:`pyterrier_cpdae.dense.producers.PRODUCER_SUFFIX` (the encoder does not import the index)
+PRODUCER_SUFFIX = "_producer"
 
 # ``CPDAE`` in the annotations below is :class:`~pyterrier_cpdae.encoder.cpdae.CPDAE` (not imported: cpdae.py imports
 # this module)
@@ -81,13 +86,27 @@ class _VecAdder(_Stage):
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         pta.validate.columns(inp, includes=[self.in_column])
         if len(inp) == 0:
-            return inp.assign(**{self.out_column: pd.Series([], index=inp.index, dtype=object)})
+            return inp.assign(**{self.out_column: pd.Series([], index=inp.index, dtype=object),
+                                 self.stamp_column: pd.Series([], index=inp.index, dtype=object)})
         ids = inp[self.id_column].tolist() if self.id_column in inp.columns else None
         texts = check_texts(inp[self.in_column].tolist(), self.in_column, ids, self.id_column)
-        out = inp.assign(**{self.out_column: list(self._encode(texts))})
-        # the frame says which encoder made its vectors: a dense index checks it wherever the vectors meet it
-        out.attrs[f"{self.out_column}_producer"] = self.encoder.producer()
-        return out
+        vecs = list(self._encode(texts))
+        # each row says which encoder made its vector (a column travels with the row through merge, concat, records,
+        # pickling: dense/producers.py): a dense index checks it wherever the vectors meet it
+        return inp.assign(**{self.out_column: vecs, self.stamp_column: self.stamp()})
+
+    @property
+    def stamp_column(self) -> str:
+        """The column beside ``out_column`` that names the producer of its vectors (``query_vec_producer``)."""
+        return self.out_column + PRODUCER_SUFFIX
+
+    def stamp(self) -> str:
+        """The stamp of every row this stage encodes: the canonical JSON of the encoder's ``producer()`` (taken now:
+        the weights key follows in-place edits of the weights), with ``max_length`` the length these texts were cut
+        at (``query_max_length`` for queries: it changes query vectors, not which index they may search)."""
+        producer = self.encoder.producer()
+        producer["max_length"] = int(getattr(self.encoder, self.length_option))  # these vectors' length (queries')
+        return json.dumps(producer, sort_keys=True, separators=(",", ":"))
 
     def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
         """Records window by window.  On :data:`ASYNC_DEVICES` the next window is read from ``inp``, checked and
@@ -118,9 +137,11 @@ class _VecAdder(_Stage):
             vecs = enc._encode_tokenized([tokenized], len(tokenized[0]), max_length)
             if inverse is not None:
                 vecs = vecs[inverse]
+            stamp = self.stamp()  # per window: weights edited between windows make other vectors
             for rec, vec in zip(chunk, vecs):
                 out = dict(rec)
                 out[self.out_column] = vec
+                out[self.stamp_column] = stamp
                 yield out
 
 

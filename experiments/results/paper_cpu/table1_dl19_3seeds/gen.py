@@ -1,8 +1,8 @@
 """Markdown summary of a phase's Table 1 (MARCO RR@10, DL19 nDCG@10; zero-shot and fine-tuned, p vs BERT) read from
-its experiments.csv (no figure typed by hand): python experiments/results/paper_cpu/table1_run/gen.py [experiments.csv]."""
+its experiments.csv (no figure typed by hand): python experiments/results/paper_cpu/table1_dl19_3seeds/gen.py [experiments.csv]."""
 import sys
 import pandas as pd
-d = pd.read_csv(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/paper_cpu/table1_run/experiments.csv")
+d = pd.read_csv(sys.argv[1] if len(sys.argv) > 1 else "experiments/results/paper_cpu/table1_dl19_3seeds/experiments.csv")
 rows = [("BM25", "bm25"), ("BERT (MiniLM's [CLS])", "bert"), ("MLM", "mlm"), ("SimCSE", "simcse"), ("ICT", "ict"),
         ("PROP", "prop"), ("SEED", "seed"), ("RetroMAE", "retromae"), ("BoW", "bow"), ("CPDAE_R", "cpdae_r"),
         ("CPDAE", "cpdae")]
