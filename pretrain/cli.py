@@ -143,7 +143,7 @@ def load_model_and_tokenizer(config: PretrainConfig) -> tuple[Any, Any]:
         checkpoint_keys(config.model)  # names a damaged weights file (and a MemoryError as such)
     from .objectives import objective_class
 
-    model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head,
+    model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head or None,
                            head_used=objective_class(config.objective).uses_mlm_head)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and config.max_length > max_pos:

@@ -358,7 +358,7 @@ def test_objective_loss_and_gradients_on_the_device_equal_cpu(name, bert_dir, te
     for where, obj in (("cpu", cpu_obj), ("device", dev_obj)):
         out = obj({k: v.to(next(obj.parameters()).device) for k, v in batch.items()})
         out["loss"].backward()
-        outs[where] = {k: float(v.detach()) for k, v in out.items() if torch.is_tensor(v) and v.dim() == 0}
+        outs[where] = {k: float(v.detach()) for k, v in out.flat().items() if torch.is_tensor(v) and v.dim() == 0}
         grads[where] = {n: p.grad.detach().cpu() for n, p in obj.named_parameters() if p.grad is not None}
     assert outs["cpu"].keys() == outs["device"].keys() and "loss" in outs["cpu"]
     for key, value in outs["cpu"].items():
@@ -389,7 +389,7 @@ def test_objective_unpadded_equals_padded_on_the_device(name, precision, bert_di
         with torch.autocast(device_type=torch.device(DEVICE).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             out = obj({k: v.to(DEVICE) for k, v in batch.items()})
         out["loss"].backward()
-        outs[mode] = {k: float(v.detach()) for k, v in out.items() if torch.is_tensor(v) and v.dim() == 0}
+        outs[mode] = {k: float(v.detach()) for k, v in out.flat().items() if torch.is_tensor(v) and v.dim() == 0}
         grads[mode] = {n: p.grad.detach().float().cpu() for n, p in obj.named_parameters() if p.grad is not None}
     rel = 1e-4 if precision == "fp32" else 2e-2
     for key, value in outs["off"].items():

@@ -4,10 +4,13 @@ An :class:`Objective` is an ``nn.Module`` that owns the masked-LM model (encoder
 head) and any decoder it adds, so that ``accelerate.prepare(objective)`` wraps all
 trainable parameters in one DDP module. The trainer only ever calls:
 
-* ``objective.collate(examples)``: turn a list of token-id lists (no special tokens,
-  each at most ``max_length - 2`` long) into a batch dict of tensors (CPU);
-* ``objective(batch)``: return a dict of scalar tensors with a ``"loss"`` key and one key
-  per loss component (``"mlm"``, ``"rec"``, ``"cl"``, ...) for logging;
+* ``objective.collate(examples, generators=None)``: turn a list of token-id lists (no special tokens,
+  each at most ``max_length - 2`` long) into a batch dict of tensors (CPU); ``objective.data_collator()`` wraps it
+  for ``transformers.Trainer`` (features ``{"input_ids", "idx"}``, every example's masks drawn from its own generator
+  seeded by (seed, epoch, idx): :mod:`pretrain.data.collators`);
+* ``objective(**batch)`` (or ``objective(batch)``): a :class:`~pretrain.model.outputs.PretrainingOutput`, the
+  ``loss`` and the named loss terms (``"mlm"``, ``"rec"``, ``"cl"``, ...) for logging, from :meth:`Objective.losses`
+  (the method an objective implements: a dict with a ``"loss"`` key and one key per term);
 * ``objective.on_step(step, total_steps)``: optional hook at each optimizer step;
 * ``objective.save_pretrained(path)``: write the encoder as a standard Hugging Face
   directory (config, safetensors, tokenizer) at ``path`` and any decoder under
@@ -32,26 +35,30 @@ from dataclasses import dataclass
 import json
 import logging
 import os
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pyterrier_cpdae.encoder.pooling import pool
-from pyterrier_cpdae.encoder.st_export import export_pipeline, write_st_config
+from pyterrier_cpdae.encoder.st_export import base_pipeline, export_pipeline, write_st_config
 
 from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
 from ..training.distributed import global_mean_count
 from ..model.losses import mlm_loss, mlm_loss_selected
-from ..data.masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
+from ..data.masking import continuation_table, mask_rows, mask_tokens, pad_and_add_special, wordpiece_word_ids
 from ..data.packing import pack_rows, packed_from_batch, packed_keys, sequence_bound
 from ..model.checks import quiet_transformers
-from ..model.modeling import mlm_head, untrained_mlm_head
+from ..model.modeling import MLM_HEAD_DIR, mlm_head, save_mlm_head, untrained_mlm_head
+from ..model.outputs import PretrainingOutput
 from ..model.unpadded import (PackedHidden, packed_last_hidden, position_start, probe_paths, resolve_unpad,
                               unpadded_last_hidden, use_unpadded)
 from ..training.optim import compile_encoder
 from .contrast import SPAN_CONTRAST_FORMS
+
+if TYPE_CHECKING:
+    from ..data.collators import PretrainingCollator
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +79,12 @@ class ObjectiveOptions:
                                   "2m spans, 2m-2 negatives).", choices=list(SPAN_CONTRAST_FORMS))
     span_contrast_temperature: float = opt(1.0, "Temperature of the span-contrast InfoNCE over dot products "
                                            "(both papers: none, i.e. 1).", check=POSITIVE)
+    representation: str = opt("auto", "Text vector that the decoder / contrast / BoW head reads and the export pools: "
+                              "auto (the base's own pooling, when it is a sentence-transformers model pooling by "
+                              "cls or mean, its Normalize kept in the export; else cls), cls (the last layer's [CLS] "
+                              "vector, the papers') or mean (mean of the last layer over the real tokens). A choice "
+                              "other than the base's replaces its pipeline, and the run's log says so. Recorded in "
+                              "the exported config.json as \"pooling\".", choices=["auto", "cls", "mean"])
 
 
 @dataclass
@@ -91,12 +104,8 @@ class ReconstructionWeightsOptions(ObjectiveOptions):
 
 @dataclass
 class RepresentationOptions(ObjectiveOptions):
-    """The text representation the objective decodes or contrasts (and the exported model is meant to be used with)."""
-
-    representation: str = opt("cls", "Text vector that the decoder / contrast / BoW head reads: cls (the last layer's "
-                              "[CLS] vector, the papers') or mean (mean of the last layer over the real tokens, e.g. "
-                              "to adapt a mean-pooled model such as MiniLM). Recorded in the exported config.json "
-                              "as \"pooling\".", choices=["cls", "mean"])
+    """The objectives whose decoder / contrast / head reads the text representation (``--representation``, an option
+    of every objective: :class:`ObjectiveOptions`)."""
 
 
 @dataclass
@@ -104,6 +113,39 @@ class MLMOptions(MaskedViewsOptions):
     """Masked views at BERT's masking ratio (objectives whose encoder is trained with BERT's MLM)."""
 
     mlm_probability: float = opt(0.15, "Masking ratio (BERT 80/10/10) for the encoder's views.", check=UNIT)
+
+
+def export_lengths(base: Optional[str], max_length: int) -> tuple[int, bool]:
+    """``(max_seq_length, do_lower_case)`` of an export continued from ``base``, one rule whatever the pooling: the
+    base's own sentence-transformers ``max_seq_length`` and lower-casing where it declares them, else the run's
+    ``max_length`` and no lower-casing (the tokenizer's own)."""
+    pipe = base_pipeline(base) if base else None
+    length = (pipe or {}).get("max_seq_length") or int(max_length)
+    return int(length), bool((pipe or {}).get("do_lower_case"))
+
+
+def resolve_representation(option: str, base: Optional[str]) -> tuple[str, Optional[str]]:
+    """``(pooling, note)``: the text representation (``cls`` or ``mean``) that ``--representation option`` gives on
+    ``base`` (the model directory the run continues; ``None``: none), and the sentence for the run's log when the base
+    declares a sentence-transformers pipeline (None otherwise). ``auto`` keeps the base's own pooling (cls or mean;
+    else cls); an explicit choice other than the base's replaces its pipeline."""
+    if option not in ("auto", "cls", "mean"):
+        raise ValueError(f"--representation must be auto, cls or mean, got {option!r}")
+    pipe = base_pipeline(base) if base else None
+    if pipe is None:
+        return ("cls" if option == "auto" else option), None
+    own = pipe["pooling"]
+    described = f"{own} pooling{' + Normalize' if pipe['normalize'] else ''}"
+    if option == "auto":
+        if own in ("cls", "mean"):
+            return own, (f"--representation auto: the base's own {described} (its sentence-transformers pipeline), "
+                         "in training and in the export")
+        return "cls", (f"--representation auto: the base pools by {own}, which the objectives do not implement: "
+                       "cls, and the export replaces the base's pipeline by Transformer -> Pooling (cls)")
+    if option != own:
+        return option, (f"--representation {option} replaces the base's {described} (its sentence-transformers "
+                        f"pipeline) in training and in the export; --representation auto keeps it")
+    return option, None
 
 
 class Objective(nn.Module):
@@ -132,6 +174,9 @@ class Objective(nn.Module):
     sequences_per_text: ClassVar[Optional[int]] = None
     #: The objective's options (a dataclass subclass of :class:`ObjectiveOptions`).
     Options: ClassVar[type] = ObjectiveOptions
+    #: The representation the objective trains, whatever the base (ICT, SimCSE: ``"cls"``); ``None``: the
+    #: ``--representation`` option where the objective has it, else the base's own pooling (``auto``).
+    fixed_representation: ClassVar[Optional[str]] = None
     #: Named settings (``--preset NAME``): option values (shared or the objective's own) applied over the defaults
     #: and under a ``--config`` file and flags. ``"paper"``: the settings the objective's paper (or its authors'
     #: code) reports, each with its source in a comment and in docs/pretraining.md.
@@ -185,8 +230,29 @@ class Objective(nn.Module):
         self.unpad_probe_s: Optional[dict[str, float]] = None
         self._asked_unpad = getattr(config, "unpad", "auto")
         self._padded_attention = getattr(mlm_model.config, "_attn_implementation", None)
+        #: The text representation (``cls`` or ``mean``: :func:`resolve_representation` of ``--representation``
+        #: against the base) that :meth:`text_vectors` pools and the export declares.
+        option = getattr(config, "representation", "auto")
+        if self.fixed_representation and option not in ("auto", self.fixed_representation):
+            raise ValueError(f"objective {self.name!r} trains the {self.fixed_representation} vector: --representation "
+                             f"{option} does not apply (use auto or {self.fixed_representation})")
+        self.representation, note = resolve_representation(self.fixed_representation or option,
+                                                           self.base_model_dir())
+        if note and self.fixed_representation:  # not asked for: the objective's own
+            fixed = self.fixed_representation
+            note = note.replace(f"--representation {fixed} replaces", f"objective {self.name!r} trains the {fixed} "
+                                f"vector, which replaces").replace("; --representation auto keeps it", "")
+        if note:
+            (logger.warning if "replaces" in note else logger.info)("%s", note)
         from .contrast import attach_span_contrast
         attach_span_contrast(self)  # the add-on term of --span-contrast-weight (no-op at 0)
+
+    def base_model_dir(self) -> Optional[str]:
+        """The model the run continues (``config.model``; ``None`` for a model built from a config)."""
+        if getattr(self.config, "from_config", None):
+            return None
+        model = getattr(self.config, "model", None)
+        return str(model) if model else None
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: Optional[torch.Tensor] = None,
@@ -270,8 +336,8 @@ class Objective(nn.Module):
         compile_encoder(self.mlm_model)
 
     def text_vectors(self, hidden: "torch.Tensor | PackedHidden", attention_mask: torch.Tensor) -> torch.Tensor:
-        """:meth:`encode`'s result → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""
-        pooling = getattr(self.config, "representation", "cls")
+        """:meth:`encode`'s result → ``(B, H)`` text vectors (:attr:`representation`)."""
+        pooling = self.representation
         if isinstance(hidden, PackedHidden):
             return hidden.pooled(attention_mask, pooling)
         return pool(hidden, attention_mask, pooling)
@@ -347,12 +413,47 @@ class Objective(nn.Module):
         """The bare encoder (e.g. ``BertModel``) inside the masked-LM model."""
         return self.mlm_model.base_model
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Build a batch from token-id lists (no special tokens)."""
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
+        """Build a batch from token-id lists (no special tokens). ``generators``: one ``torch.Generator`` per example
+        from which every random choice of that example (its masks, views, spans) is drawn, in an order that depends
+        on the example alone (:class:`~pretrain.data.collators.PretrainingCollator` seeds them from
+        (seed, epoch, example index)); ``None``: the objective's own generator or torch's global RNG, batch-wise."""
         raise NotImplementedError
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Compute the losses of one batch; must return ``{"loss": ..., <component>: ...}``."""
+    def data_collator(self, seed: Optional[int] = None) -> "PretrainingCollator":
+        """The collator of this objective for ``transformers.Trainer`` (``data_collator=``) or a ``DataLoader``:
+        features ``{"input_ids": [...], "idx": i}`` -> a batch for ``objective(**batch)``, every example's masks and
+        views drawn from (``seed``, epoch, ``idx``) only (:class:`~pretrain.data.collators.PretrainingCollator`;
+        ``seed``: the run's ``seed`` option, else 0)."""
+        from ..data.collators import PretrainingCollator
+        if seed is None:
+            seed = int(getattr(self.config, "seed", 0) or 0)
+        return PretrainingCollator(self.collate, seed=seed, max_length=getattr(self.config, "max_length", None))
+
+    #: ``transformers.Trainer``: the loss is already the batch's mean (its gradient-accumulation scaling applies).
+    accepts_loss_kwargs: ClassVar[bool] = False
+
+    def forward(self, batch: Optional[dict[str, torch.Tensor]] = None, /, *, input_ids: Optional[torch.Tensor] = None,
+                idx: Optional[torch.Tensor] = None, **tensors: torch.Tensor) -> PretrainingOutput:
+        """The losses of one collated batch: ``objective(**batch)`` (as ``transformers.Trainer`` calls a model) or
+        ``objective(batch)``. ``idx`` (the examples' dataset indices, which the collator adds) is not read.
+
+        Returns:
+            :class:`~pretrain.model.outputs.PretrainingOutput`: ``loss`` and the detached ``terms`` of :meth:`losses`.
+        """
+        if batch is None:
+            batch = dict(tensors)
+            if input_ids is not None:
+                batch["input_ids"] = input_ids
+        out = dict(self.losses(batch))
+        if "loss" not in out:
+            raise TypeError(f"{type(self).__name__}.losses must return a dict with a 'loss' entry")
+        loss = out.pop("loss")
+        return PretrainingOutput(loss=loss, terms={k: v.detach() for k, v in out.items()})
+
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Compute the losses of one batch; must return ``{"loss": ..., <term>: ...}`` (the terms for logging)."""
         raise NotImplementedError
 
     def on_step(self, step: int, total_steps: int) -> None:
@@ -365,21 +466,27 @@ class Objective(nn.Module):
     def save_pretrained(self, path: str) -> None:
         """Save the encoder (+ MLM head) and tokenizer at ``path``, the decoder under ``path/decoder``."""
         os.makedirs(path, exist_ok=True)
-        if hasattr(self.config, "representation"):  # recorded for the users of the exported encoder
-            self.mlm_model.config.pooling = self.config.representation
-        # an MLM head this run never trained (new, and unused by the objective) is not exported: a later MLM run
-        # would take it for a trained one (load_mlm_model refuses the encoder-only export instead)
-        model = self.mlm_model.base_model if untrained_mlm_head(self.mlm_model) else self.mlm_model
+        self.mlm_model.config.pooling = self.representation  # recorded for the users of the exported encoder
+        # the encoder alone at the root (AutoModel and sentence-transformers load it without unexpected weights);
+        # the MLM head beside it in mlm_head/ (load_mlm_model reads it back), unless this run never trained it (new,
+        # and unused by the objective): a later MLM run would take it for a trained one
         with quiet_transformers(warnings=True):  # no "Writing model shards" bar for one file
-            model.save_pretrained(path)
+            self.mlm_model.base_model.save_pretrained(path)
+        head_dir = os.path.join(path, MLM_HEAD_DIR)
+        if not untrained_mlm_head(self.mlm_model):
+            save_mlm_head(self.mlm_model, head_dir)
+        elif os.path.isdir(head_dir):  # an earlier export's head would be stale
+            import shutil
+            shutil.rmtree(head_dir)
         self.tokenizer.save_pretrained(path)
-        # the base's sentence-transformers pipeline (Normalize included) is kept unless --representation replaces it
-        representation = getattr(self.config, "representation", "cls")
-        base = None if getattr(self.config, "from_config", None) else getattr(self.config, "model", None)
-        pipe = export_pipeline(base, representation, "--representation")
-        write_st_config(path, pooling=representation, max_seq_length=pipe["max_seq_length"] or self.config.max_length,
+        # the base's sentence-transformers pipeline (Normalize included) is kept unless --representation replaces it;
+        # the lengths are one rule whatever the pooling (export_lengths)
+        base = self.base_model_dir()
+        pipe = export_pipeline(base, self.representation, "--representation")
+        max_seq_length, do_lower_case = export_lengths(base, self.config.max_length)
+        write_st_config(path, pooling=self.representation, max_seq_length=max_seq_length,
                         hidden_size=self.mlm_model.config.hidden_size, normalize=pipe["normalize"],
-                        do_lower_case=bool(pipe["do_lower_case"]))
+                        do_lower_case=do_lower_case)
         decoders = self.decoder_modules()
         if decoders:
             from ..model.heads import ObjectiveHead
@@ -400,8 +507,7 @@ class Objective(nn.Module):
         """JSON-serialisable description of the decoder (objective name, sizes, options)."""
         cfg = {"objective": self.name, "hidden_size": self.mlm_model.config.hidden_size,
                "vocab_size": self.mlm_model.config.vocab_size}
-        if hasattr(self.config, "representation"):
-            cfg["representation"] = self.config.representation
+        cfg["representation"] = self.representation
         return cfg
 
 
@@ -430,25 +536,31 @@ class MaskedViewsMixin:
         if self.config.whole_word_mask:
             self._continuation = continuation_table(self.tokenizer, self.mlm_model.config.vocab_size)
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Add [CLS]/[SEP], pad and mask every text ``num_views`` times independently."""
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
+        """Add [CLS]/[SEP], pad and mask every text ``num_views`` times independently (with ``generators``: the
+        views of text ``i`` drawn from ``generators[i]`` alone, :func:`~pretrain.data.masking.mask_rows`)."""
         input_ids, attention_mask, special = pad_and_add_special(examples, self.tokenizer)
         word_ids = None
         if self._continuation is not None:
             word_ids = wordpiece_word_ids(input_ids, special, self._continuation)
-        masked, labels = [], []
-        for _ in range(self.num_views):
-            x, y = mask_tokens(input_ids, special, mask_token_id=self.tokenizer.mask_token_id,
-                               vocab_size=self.mlm_model.config.vocab_size,
-                               mlm_probability=self.mask_probability, generator=self.mask_generator,
-                               word_ids=word_ids)
-            masked.append(x)
-            labels.append(y)
+        kw = dict(mask_token_id=self.tokenizer.mask_token_id, vocab_size=self.mlm_model.config.vocab_size,
+                  mlm_probability=self.mask_probability, word_ids=word_ids)
+        if generators is not None:
+            masked_views, label_views = mask_rows(input_ids, special, attention_mask, generators,
+                                                  num_views=self.num_views, **kw)
+        else:
+            masked, labels = [], []
+            for _ in range(self.num_views):
+                x, y = mask_tokens(input_ids, special, generator=self.mask_generator, **kw)
+                masked.append(x)
+                labels.append(y)
+            masked_views, label_views = torch.stack(masked, 1), torch.stack(labels, 1)
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special,
-                 "masked_input_ids": torch.stack(masked, 1), "mlm_labels": torch.stack(labels, 1)}
+                 "masked_input_ids": masked_views, "mlm_labels": label_views}
         if self.packs():  # the encoder pass of encode_views, laid out here (in the DataLoader's workers)
-            batch.update(self.pack("views", self.views(batch["masked_input_ids"]),
-                                   attention_mask.repeat(self.num_views, 1), labels=self.views(batch["mlm_labels"])))
+            batch.update(self.pack("views", self.views(masked_views), attention_mask.repeat(self.num_views, 1),
+                                   labels=self.views(label_views)))
         return batch
 
     @staticmethod
