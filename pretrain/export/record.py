@@ -24,7 +24,7 @@ __all__ = ["pretrain_record", "finetune_record", "weights_sha256", "toolkit_info
 
 #: options that say where and how a run was launched, not what was trained: left out of "non-default settings"
 OPERATIONAL = frozenset({"output", "resume", "overwrite", "cache_dir", "report_to", "num_workers", "logging_steps",
-                         "save_steps", "save_total_limit"})
+                         "save_steps", "save_total_limit", "cpu", "batch_size", "grad_accum"})
 REPO = Path(__file__).resolve().parents[2]
 PRETRAINED_ONLY = "A pre-trained (not fine-tuned) encoder"
 
@@ -101,7 +101,14 @@ def command_line(argv: Optional[list[str]], prog: str) -> Optional[str]:
     return None if argv is None else " ".join([prog] + [shlex.quote(a) for a in argv])
 
 
+def _values(config: Any) -> dict[str, Any]:
+    """The options of ``config``: a dataclass or a :class:`pretrain.arguments.RunConfig`."""
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config.options()
+
+
 def _defaults(config: Any) -> dict[str, Any]:
+    if not dataclasses.is_dataclass(config):
+        return dict(config.defaults)
     out = {}
     for f in dataclasses.fields(config):
         if f.default is not dataclasses.MISSING:
@@ -115,7 +122,7 @@ def option_table(config: Any, names: Optional[list[str]] = None) -> list[dict[st
     """``[{"option", "value", "default"}]`` for ``names`` (default: every option whose value is not its default,
     the operational ones aside)."""
     defaults = _defaults(config)
-    values = dataclasses.asdict(config)
+    values = _values(config)
     if names is None:
         names = [k for k in values if k not in OPERATIONAL and values[k] != defaults.get(k)]
     return [{"option": k, "value": values[k], "default": defaults.get(k)} for k in names]
@@ -245,7 +252,7 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def _limitations(kind: str, config: Any, base: dict[str, Any], carried: Optional[dict[str, Any]]) -> list[str]:
     out = []
-    values = dataclasses.asdict(config)
+    values = _values(config)
     if values.get("decoder_bias_init") == "prior":
         out.append("The decoder's output bias starts at the corpus prior (`--decoder-bias-init prior`, the "
                    "toolkit's default): the CPDAE paper does not say how its decoder is initialised (BERT's would be "
@@ -277,21 +284,30 @@ def _limitations(kind: str, config: Any, base: dict[str, Any], carried: Optional
 
 def _common(config: Any, output: str, argv: Optional[list[str]], prog: str, carried: Any,
             pipeline: dict[str, Any]) -> dict[str, Any]:
-    from ..config import preset_overrides
-    from ..training.run_dir import config_dict
-
-    return {"toolkit": toolkit_info(), "command": command_line(argv, prog), "config": config_dict(config),
+    return {"toolkit": toolkit_info(), "command": command_line(argv, prog), "config": _values(config),
             "non_default": option_table(config), "preset": getattr(config, "preset", None),
-            "preset_overrides": {k: {"preset": p, "value": v} for k, (p, v) in preset_overrides(config).items()},
+            "preset_overrides": {k: {"preset": p, "value": v} for k, (p, v) in _preset_overrides(config).items()},
             "encoder": {**encoder_settings(output), "pipeline": pipeline["note"]},
             "carried": carried.describe() if carried else None, "written_at": _now()}
+
+
+def _preset_overrides(config: Any) -> dict[str, tuple[Any, Any]]:
+    """``{option: (the preset's value, the run's)}`` for the options a run set differently from its ``--preset``."""
+    preset = getattr(config, "preset", None)
+    if preset is None:
+        return {}
+    if dataclasses.is_dataclass(config):
+        from ..config import preset_overrides
+        return preset_overrides(config)
+    from ..registry import objective_class
+    recipe = objective_class(config.objective).presets.get(preset, {})
+    values = _values(config)
+    return {k: (v, values[k]) for k, v in recipe.items() if k in values and values[k] != v}
 
 
 def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any, model_config: Any,
                     carried: Any = None, argv: Optional[list[str]] = None) -> dict[str, Any]:
     """The record of a finished pre-training run in ``output`` (its ``run_config.json`` included)."""
-    from ..config import objective_option_names
-
     run = _read_json(os.path.join(output, "run_config.json"))
     trainer, inputs = run.get("trainer", {}), run.get("inputs", {})
     base = _base_model(config.model, config.from_config, model_config)
@@ -302,7 +318,7 @@ def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any
     rec = _common(config, output, argv, "python -m pretrain", carried, pipeline)
     rec.update({
         "kind": "pretrain", "objective": config.objective, "base_model": base,
-        "objective_options": option_table(config, objective_option_names(type(config))),
+        "objective_options": option_table(config, config.objective_options),
         "data": {"corpus": config.corpus, "corpus_files": len(inputs.get("corpus_files", {})),
                  "corpus_fingerprint": _corpus_fingerprint(inputs.get("corpus_files", {})),
                  "token_cache_checksum": (inputs.get("token_cache") or {}).get("checksum"),

@@ -363,7 +363,7 @@ def train_round(cfg: FinetuneConfig, examples: Sequence[tuple[str, list[str]]], 
     from ..export.record import finetune_record
     from ..export.weights import base_pooler, save_with_carried
     from ..training.finite import NonFiniteError
-    from ..training.trainer import Trainer
+    from ..training.loop import Trainer
 
     out = _round_dir(cfg, round_)
     start = round_start(cfg, round_)

@@ -81,7 +81,8 @@ class CPDAEOptions(CPDAEContrastOptions):
 
 #: CPDAE (Ma et al., CIKM 2022), Sec. 5.1: continue bert-base-uncased on English Wikipedia for 3 epochs, batch 64,
 #: lr 5e-5, 10% linear warm-up, texts of <= 512 tokens, λ = 0.1; Eq. 5 has no temperature (τ = 1).
-CPDAE_PAPER_TRAINING: dict[str, Any] = {"learning_rate": 5e-5, "batch_size": 64, "epochs": 3.0, "warmup_ratio": 0.1,
+CPDAE_PAPER_TRAINING: dict[str, Any] = {"learning_rate": 5e-5, "global_batch_size": 64, "num_train_epochs": 3.0,
+                                        "warmup_steps": 0.1,
                                         "max_length": 512}
 CPDAE_PAPER_CONTRAST: dict[str, Any] = {"cl_weight": 0.1, "temperature": 1.0}
 

@@ -54,8 +54,8 @@ class SimCSEObjective(Objective):
     #: batch 64, lr 3e-5, max length 32, τ = 0.05 (Appendix A; the authors' run_unsup_example.sh:
     #: --num_train_epochs 1 --per_device_train_batch_size 64 --learning_rate 3e-5 --max_seq_length 32 --temp 0.05,
     #: one process). That script sets no warm-up and no weight decay: Hugging Face Trainer's defaults, 0 and 0.
-    presets = {"paper": {"learning_rate": 3e-5, "batch_size": 64, "epochs": 1.0, "max_length": 32,
-                         "temperature": 0.05, "warmup_ratio": 0.0, "weight_decay": 0.0}}
+    presets = {"paper": {"learning_rate": 3e-5, "global_batch_size": 64, "num_train_epochs": 1.0, "max_length": 32,
+                         "temperature": 0.05, "warmup_steps": 0.0, "weight_decay": 0.0}}
     loss_names = ("cl",)
     needs_mask_token = False
     contrastive = True

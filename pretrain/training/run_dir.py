@@ -163,3 +163,65 @@ def _clear_previous_run(out: str) -> None:
     if os.path.isfile(os.path.join(out, RUN_CONFIG)):
         os.remove(os.path.join(out, RUN_CONFIG))
     remove_exported_model(out)  # config.json and the weights included
+
+
+# ----------------------------------------------------------------------------- the Trainer's run directory
+#: The marker of a run directory written by the Hugging Face Trainer loop (``run_config.json``'s ``format``).
+RUN_FORMAT = "hf-trainer"
+
+#: Options that may change when a run is resumed: how long it trains, how it runs, where and what it probes.
+RESUMABLE = frozenset({"max_steps", "num_train_epochs", "cache_dir", "unpad", "torch_compile", "use_cpu", "cpu",
+                       "probe", "probe_max_queries", "probe_max_docs", "output", "preset"})
+
+
+def check_run_dir(config: Any, resume: bool, overwrite: bool) -> None:
+    """Refuse an output directory the run may not write into: one of the previous format (one line saying what to
+    do), one holding a different run (options differ), or a finished/checkpointed run without ``--resume_from_checkpoint``
+    or ``--overwrite_output_dir``.
+
+    Raises:
+        ValueError: naming the directory, the reason and what to do.
+    """
+    out = config.output
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--output_dir {out} exists and is not a directory")
+    if not os.path.isdir(out) or not os.listdir(out):
+        return
+    record_path = os.path.join(out, RUN_CONFIG)
+    record = None
+    if os.path.isfile(record_path):
+        from pyterrier_cpdae._files import read_config_file
+        record = read_config_file(record_path)
+    if os.path.isdir(os.path.join(out, "checkpoints")) or (record is not None and record.get("format") != RUN_FORMAT):
+        if not overwrite or resume:
+            raise ValueError(f"--output_dir {out} holds a run of the previous format (checkpoints/checkpoint-N, its "
+                             "own options): it cannot be resumed on the Hugging Face Trainer; its exported model still "
+                             "loads: start the run again with --overwrite_output_dir or choose another --output_dir")
+        return
+    if overwrite:
+        return
+    if record is None:
+        entries = sorted(os.listdir(out))
+        raise ValueError(f"--output_dir {out} is not empty and holds no {RUN_CONFIG} (it contains "
+                         f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); choose another "
+                         "--output_dir or pass --overwrite_output_dir")
+    previous, current = record.get("config", {}), config.options()
+    differ = sorted(k for k in set(previous) & set(current) - RESUMABLE if previous[k] != current[k])
+    if differ:
+        shown = "; ".join(f"--{k}: {previous[k]!r} -> {current[k]!r}" for k in differ)
+        raise ValueError(f"--output_dir {out} holds a different run (options differ: {shown}); choose another "
+                         "--output_dir or pass --overwrite_output_dir to replace it")
+    check_moved_run(record, out, resume)
+    has_run = any(n.startswith("checkpoint-") for n in os.listdir(out)) or \
+        any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES)
+    if has_run and not resume:
+        raise ValueError(f"--output_dir {out} already holds checkpoints or an exported model of this run; pass "
+                         "--resume_from_checkpoint to continue it or --overwrite_output_dir to start again")
+
+
+def clear_run(out: str) -> None:
+    """``--overwrite_output_dir``: remove a previous run's checkpoints, logs, record and exported model."""
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        if name.startswith("checkpoint-") or name == "runs":
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    _clear_previous_run(out)
