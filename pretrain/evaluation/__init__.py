@@ -1,0 +1,2 @@
+"""Evaluation during training: :mod:`pretrain.evaluation.probe` (the retrieval probe and its sentence-transformers
+evaluator)."""
