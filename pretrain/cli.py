@@ -65,6 +65,27 @@ def resume_checkpoint(value: Optional[str], output: str) -> Optional[str]:
     return value
 
 
+def check_checkpoint_files(checkpoint: str) -> None:
+    """Every ``*.pt``/``*.pth`` of ``checkpoint`` read as plain tensor data (``weights_only``), before the Trainer
+    loads it: a file holding anything else is named and refused, never unpickled.
+
+    Raises:
+        ValueError: naming the file.
+    """
+    import pickle
+
+    import torch
+
+    for name in sorted(os.listdir(checkpoint)):
+        if name.endswith((".pt", ".pth")):
+            try:
+                torch.load(os.path.join(checkpoint, name), map_location="cpu", weights_only=True)
+            except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(f"{os.path.join(checkpoint, name)}: not plain tensor data, refused without "
+                                 f"unpickling it ({first}); resume from an earlier checkpoint or start again") from None
+
+
 def validate(config: RunConfig, training_args: Any) -> None:
     """Checks that need no model or data.
 
@@ -180,6 +201,7 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
     inputs = run_inputs(config.corpus, tokenizer)
     resume = resume_checkpoint(training_args.resume_from_checkpoint, config.output)
     if resume:
+        check_checkpoint_files(resume)
         check_resume_inputs(config.output, inputs)
     cache = TokenCache.build_or_load(config.corpus, tokenizer, config.max_length, default_cache_dir(config),
                                      fields=config.corpus_fields, max_docs=config.max_docs)

@@ -64,6 +64,7 @@ class FiniteLossCallback(TrainerCallback):
             vals = self.trainer.accelerator.reduce(vals, reduction="sum")
         bad = [(k, v) for k, v in zip(keys, vals.tolist()) if not math.isfinite(v)]
         if bad:
+            self.trainer.close_progress_bar()
             raise NonFiniteError(self.trainer.divergence_message(
                 f"step {state.global_step + 1}: the loss term {bad[0][0]} is {bad[0][1]}"
                 + (f" (also {', '.join(k for k, _ in bad[1:])})" if len(bad) > 1 else "")))
@@ -183,6 +184,7 @@ class PretrainTrainer(Trainer):
         self.check_writable(f"checkpoint {name}")
         bad = nonfinite_tensors(self.accelerator.unwrap_model(self.model))
         if bad:
+            self.close_progress_bar()
             raise NonFiniteError(self.divergence_message(f"refusing to write {name}: {len(bad)} weight tensor(s) are "
                                                          f"not finite ({', '.join(bad[:3])})"))
         super()._save_checkpoint(model, trial)
@@ -195,7 +197,17 @@ class PretrainTrainer(Trainer):
             if float(self.accelerator.reduce(flag, reduction="sum").item()) > 0 and problem is None:
                 problem = "another process of the run found the output directory moved or removed"
         if problem is not None:
+            self.close_progress_bar()
             raise self.place.error(what, problem)
+
+    def close_progress_bar(self) -> None:
+        """Close the Trainer's progress bar, so that the error line that follows stands on a line of its own."""
+        from transformers.trainer_callback import ProgressCallback
+
+        for cb in self.callback_handler.callbacks:
+            if isinstance(cb, ProgressCallback) and cb.training_bar is not None:
+                cb.training_bar.close()
+                cb.training_bar = None
 
     def divergence_message(self, what: str) -> str:
         found = last_checkpoint(self.args.output_dir)
