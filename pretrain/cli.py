@@ -112,6 +112,9 @@ def validate(config: RunConfig, training_args: Any) -> None:
     if getattr(objective_class(config.objective), "contrastive", False) and per_forward * training_args.world_size < 2:
         raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
                          f"{per_forward} text(s); use a batch of at least 2 texts per accumulation step")
+    if str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy)) != "no" and not config.probe:
+        raise ValueError(f"--eval_strategy {training_args.eval_strategy.value} evaluates during training, but there "
+                         "is nothing to evaluate: give --probe SET (a local dataset folder or an ir_datasets id)")
     if int(os.environ.get("RANK", "0") or 0) == 0:
         refuse_if_busy(config.output, "output directory of a pre-training run", "written")
     check_run_dir(config, bool(training_args.resume_from_checkpoint), training_args.overwrite_output_dir)
@@ -230,6 +233,11 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
                                   data_collator=collator, probe=probe, probe_settings=settings, place=place)
         _choose_path(trainer, objective, record, resume)
         trainer.train(resume_from_checkpoint=resume)
+        trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history, kept when checkpoints go
+        if training_args.should_save:
+            from pyterrier_cpdae._files import write_json_atomic
+            record["trainer"]["total_steps"] = trainer.state.max_steps
+            write_json_atomic(os.path.join(config.output, "run_config.json"), record, default=str)
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.save_dtype]
         trainer.export(lambda m, path: save_with_carried(type(m).save_pretrained, m, path, carried, m.mlm_model),
                        dtype)

@@ -34,7 +34,7 @@ RUNNING_WINDOW_S = 600
 #: finished: a finished run with other values is never taken as done; it is resumed, and ``--resume`` continues it
 #: only where that gives the run asked for (pretrain.training.optim.check_resume_length), else refuses in one line and the
 #: stage fails naming it.
-LENGTH_OPTIONS = ("max_steps", "epochs", "mining_rounds")
+LENGTH_OPTIONS = ("max_steps", "epochs", "num_train_epochs", "mining_rounds")
 
 
 class StageError(RuntimeError):
@@ -42,17 +42,18 @@ class StageError(RuntimeError):
     names the stage; ``python -m experiments.paper`` prints it without a traceback and exits 1)."""
 
 
-def to_argv(args: dict[str, Any]) -> list[str]:
-    """``{"max_steps": 4, "new_mlm_head": True}`` -> ``["--max-steps", "4", "--new-mlm-head"]`` (order kept)."""
+def to_argv(args: dict[str, Any], trainer: bool = False) -> list[str]:
+    """``{"max_steps": 4, "new_mlm_head": True}`` -> ``["--max-steps", "4", "--new-mlm-head"]`` (order kept);
+    ``trainer``: the Hugging Face Trainer's spelling (``--max_steps 4 --new_mlm_head``, a false flag as ``--x false``)."""
     argv: list[str] = []
     for k, v in args.items():
         if v is None:
             continue
-        flag = "--" + k.replace("_", "-")
+        flag = "--" + (k if trainer else k.replace("_", "-"))
         if v is True:
             argv.append(flag)
         elif v is False:
-            argv.append("--no-" + k.replace("_", "-"))
+            argv += [flag, "false"] if trainer else ["--no-" + k.replace("_", "-")]
         else:
             argv += [flag, str(v)]
     return argv
@@ -79,8 +80,8 @@ class Stage:
         if self.kind == "finetune":
             from pretrain.config import FinetuneConfig
             return parse_config(FinetuneConfig, self.argv[1:])
-        from pretrain.config import PretrainConfig
-        return parse_config(PretrainConfig, self.argv)
+        from pretrain.arguments import parse_args, run_config
+        return run_config(*parse_args(self.argv))
 
     def _recorded(self) -> Optional[dict[str, Any]]:
         f = self.output / ("training_args.json" if self.kind == "finetune" else "run_config.json")
@@ -92,13 +93,20 @@ class Stage:
     def _compare(self, rec: Optional[dict[str, Any]]) -> tuple[list[str], bool]:
         """(options that make the recorded run another run, whether it was asked for another length: steps,
         epochs, mining rounds), with the command parsed once."""
-        from pretrain.config import resume_conflicts
-        from pretrain.training.run_dir import config_dict
         if rec is None:
             return [], False
-        previous, current = rec.get("config", {}), config_dict(self._parsed())
+        parsed = self._parsed()
+        if self.kind == "pretrain":
+            from pretrain.training.run_dir import RESUMABLE
+            previous, current = rec.get("config", {}), parsed.options()
+            conflicts = sorted(k for k in set(previous) & set(current) - RESUMABLE if previous[k] != current[k])
+        else:
+            from pretrain.config import resume_conflicts
+            from pretrain.training.run_dir import config_dict
+            previous, current = rec.get("config", {}), config_dict(parsed)
+            conflicts = resume_conflicts(previous, current)
         other_length = any(k in previous and k in current and previous[k] != current[k] for k in LENGTH_OPTIONS)
-        return resume_conflicts(previous, current), other_length
+        return conflicts, other_length
 
     def differences(self) -> list[str]:
         """Options whose recorded value differs from this stage's command (empty if nothing is recorded)."""
@@ -280,7 +288,8 @@ class Runner:
             raise StageError(f"stage {stage.name}: {stage.output} is unfinished and {who}. Wait for it to finish "
                              f"(a run started outside this pipeline and killed is resumed with --resume once it has "
                              f"not been written to for {RUNNING_WINDOW_S} s).")
-        argv = stage.argv + (["--resume"] if state == "resume" else [])
+        resume = ["--resume_from_checkpoint", "true"] if stage.kind == "pretrain" else ["--resume"]
+        argv = stage.argv + (resume if state == "resume" else [])
         self.log(f"[{stage.name}] {'resuming' if state == 'resume' else 'running'}: python -m pretrain "
                  + " ".join(shlex.quote(a) for a in argv))
         stage.output.parent.mkdir(parents=True, exist_ok=True)

@@ -108,6 +108,8 @@ class PretrainTrainer(Trainer):
                                    "torch_compile": bool(train_args.torch_compile)}
             train_args.gradient_checkpointing = False
             train_args.torch_compile = False
+        if probe is not None and kwargs.get("eval_dataset") is None:
+            kwargs["eval_dataset"] = probe  # the evaluation set is the probe's (the Trainer asks for one)
         callbacks = list(kwargs.pop("callbacks", None) or [])
         super().__init__(*args, callbacks=callbacks, **kwargs)
         self.add_callback(FiniteLossCallback(self))
