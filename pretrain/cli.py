@@ -94,7 +94,8 @@ def validate(config: RunConfig, training_args: Any) -> None:
     """
     from pyterrier_cpdae._locking import refuse_if_busy
 
-    from .data.inputs import check_model_arg, check_writable_dir
+    from .data.inputs import check_model_arg, check_output_holds_no_input, check_writable_dir, own_cache_entries
+    from .data.readers import corpus_files
     from .objectives import objective_class
     from .training.run_dir import check_run_dir
 
@@ -108,6 +109,9 @@ def validate(config: RunConfig, training_args: Any) -> None:
         check_model_arg(config.from_config, "--from_config", weights=False, config_file=True)
     if config.decoder_from and not os.path.isdir(config.decoder_from):
         raise FileNotFoundError(f"--decoder_from {config.decoder_from}: no such directory (the stage-1 run to continue)")
+    check_output_holds_no_input(config.output, {"--model": config.model, "--from_config": config.from_config,
+                                                "--decoder_from": config.decoder_from,
+                                                "--corpus": corpus_files(config.corpus)})  # a FIFO refused here too
     per_forward = training_args.per_device_train_batch_size
     if getattr(objective_class(config.objective), "contrastive", False) and per_forward * training_args.world_size < 2:
         raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
@@ -117,7 +121,8 @@ def validate(config: RunConfig, training_args: Any) -> None:
                          "is nothing to evaluate: give --probe SET (a local dataset folder or an ir_datasets id)")
     if int(os.environ.get("RANK", "0") or 0) == 0:
         refuse_if_busy(config.output, "output directory of a pre-training run", "written")
-    check_run_dir(config, bool(training_args.resume_from_checkpoint), training_args.overwrite_output_dir)
+    check_run_dir(config, bool(training_args.resume_from_checkpoint), training_args.overwrite_output_dir,
+                  own_cache_entries(config.output, config.cache_dir))
 
 
 def load_model_and_tokenizer(config: Any) -> tuple[Any, Any]:
@@ -192,7 +197,7 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
     from transformers import set_seed
 
     from .data.corpus import TokenCache
-    from .data.inputs import check_resume_inputs, run_inputs
+    from .data.inputs import check_resume_inputs, check_something_to_learn, run_inputs
     from .export.weights import base_pooler, save_with_carried
     from .objectives import build_objective, objective_class
     from .training.run_dir import OutputPlace
@@ -210,6 +215,7 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
                                      fields=config.corpus_fields, max_docs=config.max_docs)
     if len(cache) == 0:
         raise ValueError(f"corpus {config.corpus!r} produced no training text")
+    check_something_to_learn(objective_class(config.objective), config, cache, tokenizer)  # no content/masked token
     extra = objective_class(config.objective).prepare(cache, config)
     objective = build_objective(config.objective, model, tokenizer, config, **extra)
     if config.decoder_from:
@@ -238,17 +244,20 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
             from pyterrier_cpdae._files import write_json_atomic
             record["trainer"]["total_steps"] = trainer.state.max_steps
             write_json_atomic(os.path.join(config.output, "run_config.json"), record, default=str)
+        result = _result(trainer)
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[config.save_dtype]
+
+        def card(tmp: str) -> None:  # the model card, written inside the export: card and weights change together
+            from .export.card import write_card
+            from .export.record import pretrain_record
+            write_card(tmp, pretrain_record(config, config.output, result, cache, model.config, carried, argv,
+                                            export_dir=tmp), previous=config.output)
+
         trainer.export(lambda m, path: save_with_carried(type(m).save_pretrained, m, path, carried, m.mlm_model),
-                       dtype)
+                       dtype, card=card)
     finally:
         if place is not None:
             place.close()
-    result = _result(trainer)
-    if trainer.is_world_process_zero():
-        from .export.card import write_card
-        from .export.record import pretrain_record
-        write_card(config.output, pretrain_record(config, config.output, result, cache, model.config, carried, argv))
     return result
 
 

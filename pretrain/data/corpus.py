@@ -19,7 +19,7 @@ a document's blocks gives exactly its tokenization.
 **Cache.** Token ids of all blocks are stored back to back in one flat ``uint16`` file
 (``uint32`` when the vocabulary has more than 65,536 entries) with an ``int64`` offsets
 array, a per-token document-frequency array and ``meta.json``. The cache directory name is
-a hash of everything that determines the content (spec, corpus file sizes, mtimes and content hashes,
+a hash of everything that determines the content (spec, corpus file sizes, mtimes and hashes of every byte,
 fields, max_docs, max_length, the tokenizer's vocabulary and normalisation -- not its name or
 path), so another tokenizer or block length builds another cache. A cache is built in a temporary directory
 and renamed into place when complete; concurrent processes (e.g. DDP ranks starting
@@ -54,7 +54,12 @@ from .readers import Fields, corpus_files, iter_texts, parse_fields, resolve_spe
 logger = logging.getLogger(__name__)
 
 #: Bumped whenever the cache layout or packing changes (part of the cache key).
-CACHE_FORMAT_VERSION = 2  # 2: meta.json holds the data files' checksums and the corpus files' fingerprints
+CACHE_FORMAT_VERSION = 3  # 2: meta.json holds the data files' checksums and the corpus files' fingerprints;
+# 3: df.npy's checksum too, and corpus fingerprints that read every byte
+
+
+#: The data files of a cache whose blake2b checksums ``meta.json`` records and every open checks.
+CHECKED_FILES = ("tokens.bin", "offsets.bin", "df.npy")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -63,7 +68,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def _corpus_fingerprint(spec: str) -> str:
-    """A hash of (path, size, mtime, cheap content hash) of each local corpus file
+    """A hash of (path, size, mtime, hash of every byte) of each local corpus file
     (:func:`pretrain.data.inputs.file_fingerprint`), so an edited corpus gets a new cache."""
 
     h = hashlib.sha256()
@@ -92,11 +97,12 @@ class TokenCache(torch.utils.data.Dataset):
     * ``offsets.bin``: ``int64`` array of ``len(cache) + 1`` start offsets into ``tokens.bin``;
     * ``df.npy``: ``int64`` (|V|,) number of blocks containing each token id;
     * ``meta.json``: the build key (spec, fields, max_docs, max_length, tokenizer), counts, the blake2b checksums of
-      ``tokens.bin`` and ``offsets.bin`` and the fingerprints of the corpus files it was built from.
+      ``tokens.bin``, ``offsets.bin`` and ``df.npy`` and the fingerprints of the corpus files it was built from.
 
-    Opening a cache checks it (:meth:`_check_files`): file sizes, offsets strictly increasing from 0 to the token
-    count (no empty block), every id below the vocabulary size, and both checksums; a cache that fails is reported
-    as damaged, and :meth:`build_or_load` rebuilds it with a warning.
+    Opening a cache checks every file (:meth:`_check_files`): file sizes, offsets strictly increasing from 0 to the
+    token count (no empty block), every id below the vocabulary size, the three checksums, and ``meta.json``'s key
+    against the directory's name (the name is the key's hash); a cache that fails is reported as damaged, and
+    :meth:`build_or_load` rebuilds it with a warning.
 
     Args:
         path: A complete cache directory.
@@ -153,10 +159,22 @@ class TokenCache(torch.utils.data.Dataset):
             raise ValueError(self._damaged(self.path / "tokens.bin", f"token id {top} (first bad one at position {at}) "
                                            f"is outside the vocabulary of {vocab_size}"))
         for name, want in (self.meta.get("checksum") or {}).items():
-            got = _file_checksum(self.path / name)
+            if name not in CHECKED_FILES:
+                continue
+            got = _file_checksum(self.path / name) if (self.path / name).is_file() else "missing"
             if got != want:
                 raise ValueError(self._damaged(self.path / name, f"its content changed since the cache was built "
                                                f"(blake2b {got}, {want} recorded)"))
+        if set(self.meta.get("checksum") or {}) != set(CHECKED_FILES):
+            raise ValueError(self._damaged(self.path / "meta.json", f"it records checksums of "
+                                           f"{sorted(self.meta.get('checksum') or {})}, not of {list(CHECKED_FILES)}"))
+        key = self.meta.get("key")
+        try:
+            named = self._path_of_key(key, self.path.parent).name
+        except (KeyError, TypeError, AttributeError, ValueError):
+            named = None
+        if named != self.path.name:
+            raise ValueError(self._damaged(self.path / "meta.json", "its key does not hash to the directory's name"))
         df_path = self.path / "df.npy"
         try:
             df = np.load(df_path, mmap_mode="r")
@@ -423,7 +441,8 @@ class TokenCache(torch.utils.data.Dataset):
         np.save(out / "df.npy", df)
         meta = {"key": key, "dtype": dtype.name, "vocab_size": vocab_size, "num_documents": n_docs,
                 "num_blocks": n_blocks, "num_tokens": n_tokens, "build_seconds": round(time.time() - t0, 2),
-                "checksum": {"tokens.bin": htok.hexdigest(), "offsets.bin": hoff.hexdigest()},
+                "checksum": {"tokens.bin": htok.hexdigest(), "offsets.bin": hoff.hexdigest(),
+                             "df.npy": _file_checksum(out / "df.npy")},
                 "corpus_files": _corpus_files_record(spec),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "complete": True}
         with open(out / "meta.json", "w") as f:

@@ -6,7 +6,11 @@ Everything here runs before a run writes or computes anything:
 * :func:`check_model_arg` -- ``--model`` / ``--from-config`` / ``--negatives model:<dir>``: a missing local path is
   named as such (not as an invalid Hugging Face id), a local directory needs ``config.json`` and safetensors weights;
 * :func:`run_inputs` / :func:`check_resume_inputs` -- the content fingerprints of the corpus files and the tokenizer
-  that ``run_config.json`` records, and the refusal of a ``--resume`` after either changed under the same path.
+  that ``run_config.json`` records, and the refusal of a ``--resume`` after either changed under the same path;
+* :func:`check_output_holds_no_input` / :func:`own_cache_entries` -- ``--output`` is not, and does not hold, an input
+  (``--overwrite`` or not); the run's own ``--cache-dir`` inside ``--output`` is not another run's file;
+* :func:`check_something_to_learn` -- a run whose loss cannot change (no content token, no masked token) is refused
+  before training.
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["tokenizer_fingerprint", "check_writable_dir", "check_model_arg", "file_fingerprint", "corpus_fingerprints", "run_inputs",
-           "check_resume_inputs", "input_changes"]
+           "check_resume_inputs", "input_changes", "check_output_holds_no_input",
+           "own_cache_entries", "content_token_count", "check_something_to_learn"]
 
 
 def _nearest_existing(path: str) -> str:
@@ -102,35 +107,33 @@ def check_model_arg(value: str, option: str = "--model", *, weights: bool = True
 
 
 # ----------------------------------------------------------------------------- fingerprints
-#: Files up to this size are hashed whole; larger ones in :data:`_SAMPLES` chunks spread over the file.
-_WHOLE = 1 << 20
-_CHUNK = 64 << 10
-_SAMPLES = 16
+_CHUNK = 1 << 20
 #: :func:`file_fingerprint`'s results, by (real path, size, mtime_ns, inode, ctime_ns)
 _FINGERPRINTS: dict[tuple, dict[str, Any]] = {}
 
 
 def file_fingerprint(path: os.PathLike | str) -> dict[str, Any]:
-    """``{"size", "mtime_ns", "sha256"}`` of a file; the hash covers the whole file up to 1 MiB, else 16 chunks of
-    64 KiB spread evenly over it (first and last included) plus the size -- a cheap content hash that also sees a
-    rewrite which keeps the size and the modification time (``cp -p``, ``touch -r``).
+    """``{"size", "mtime_ns", "sha256"}`` of a regular file; the hash covers every byte (and the size), so any edit is
+    seen, also one that keeps the size and the modification time (``cp -p``, ``touch -r``, an in-place edit with the
+    time restored). About 0.1 s per 100 MB (see ``docs/reliability.md``).
 
     Kept per process under the file's (size, mtime_ns, inode, ctime_ns): a pipeline that asks again about an
-    unchanged file does not read it again (a rewrite in place gets a new ``ctime``)."""
-    st = os.stat(path)
+    unchanged file does not read it again; any write to the file changes its ``ctime`` (which no user call can set
+    back), so a file whose bytes may have changed is read again.
+
+    Raises:
+        ValueError: ``path`` is not a regular file (:func:`check_regular_file`).
+    """
+    from .readers import check_regular_file
+
+    st = check_regular_file(path)
     key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
     if key in _FINGERPRINTS:
         return dict(_FINGERPRINTS[key])
     h = hashlib.sha256(str(st.st_size).encode())
     with open(path, "rb") as f:
-        if st.st_size <= _WHOLE:
-            for block in iter(lambda: f.read(_CHUNK), b""):
-                h.update(block)
-        else:
-            step = (st.st_size - _CHUNK) / (_SAMPLES - 1)
-            for i in range(_SAMPLES):
-                f.seek(int(i * step))
-                h.update(f.read(_CHUNK))
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            h.update(block)
     _FINGERPRINTS[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()[:32]}
     return dict(_FINGERPRINTS[key])
 
@@ -247,3 +250,101 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     payload = json.dumps({"cls": type(tokenizer).__name__, "vocab": sorted(tokenizer.get_vocab().items()),
                           "lower": getattr(tokenizer, "do_lower_case", None)}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- the run's places
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (real paths: symlinks and ``..`` resolved; the same directory
+    reached through a bind mount is caught by its identity)."""
+    p, f = os.path.realpath(path), os.path.realpath(folder)
+    if p == f or p.startswith(f.rstrip(os.sep) + os.sep):
+        return True
+    try:
+        f_id = os.stat(f)
+    except OSError:
+        return False
+    q = p
+    while True:  # walk up from the input: one of its folders is the output (another spelling of it)
+        try:
+            if os.path.samestat(os.stat(q), f_id):
+                return True
+        except OSError:
+            pass
+        parent = os.path.dirname(q)
+        if parent == q:
+            return False
+        q = parent
+
+
+def check_output_holds_no_input(output: str, inputs: dict[str, Any]) -> None:
+    """Refuses an output directory that is, or holds, one of the run's inputs (``{option: path or [paths]}``: the
+    model, a config file, a stage-1 run, the corpus files), whatever ``--overwrite`` says: the run writes its
+    export over the model it reads (and ``--overwrite`` deletes the model's files) -- ``--output`` equal to
+    ``--model`` destroyed the base model. Inputs that are not local paths (Hugging Face ids, ``irds:``) are skipped.
+
+    Raises:
+        ValueError: one line naming the option, the input and the output.
+    """
+    if not output:
+        return
+    for option, value in inputs.items():
+        for path in ([value] if isinstance(value, (str, os.PathLike)) else list(value or [])):
+            if not path or not os.path.exists(path):
+                continue
+            if _inside(str(path), output):
+                same = os.path.realpath(str(path)) == os.path.realpath(output) or (
+                    os.path.isdir(path) and os.path.samefile(path, output))
+                where = "is" if same else "holds"
+                raise ValueError(f"--output {output} {where} the run's input {option} {path}; the run would write "
+                                 f"over what it reads (also with --overwrite): choose another --output")
+
+
+def own_cache_entries(output: str, cache_dir: Optional[str]) -> set[str]:
+    """The names in ``output`` that hold the run's own token cache (``--cache-dir`` inside ``--output``): the output
+    check does not count them as another run's files, so a cache built by a run (or by an attempt that stopped) does
+    not make the run, or its rerun, refuse its own directory."""
+    if not cache_dir or not os.path.isdir(output):
+        return set()
+    out, cache = os.path.realpath(output), os.path.realpath(cache_dir)
+    if cache == out or not cache.startswith(out.rstrip(os.sep) + os.sep):
+        return set()
+    return {os.path.relpath(cache, out).split(os.sep, 1)[0]}
+
+
+# ----------------------------------------------------------------------------- something to learn
+def content_token_count(df: Any, special_ids: Any) -> int:
+    """How many (block, token) occurrences of a token cache's document frequencies ``df`` are content tokens, not
+    special tokens (``[CLS]``, ``[SEP]``, ``[MASK]``, ``[PAD]``... written in the text are tokenized to their ids)."""
+    import numpy as np
+
+    df = np.asarray(df)
+    keep = np.ones(df.shape[0], dtype=bool)
+    ids = [i for i in special_ids if 0 <= int(i) < df.shape[0]]
+    keep[ids] = False
+    return int(df[keep].sum())
+
+
+def check_something_to_learn(objective: Any, config: Any, cache: Any, tokenizer: Any) -> None:
+    """Refuses, before training, a run whose loss cannot change:
+
+    * a corpus whose every token is a special token: no objective has a content token to mask, reconstruct or
+      contrast (mlm, seed, retromae and bow trained with loss exactly 0);
+    * an objective whose only loss term is the masked-LM term (``loss_names == ("mlm",)``) with
+      ``--mlm-probability 0``: no token is ever masked, so the loss is 0 at every step.
+
+    ``objective``: the objective class (or instance); ``cache``: the :class:`~pretrain.data.corpus.TokenCache`.
+
+    Raises:
+        ValueError: one line naming the corpus or the option.
+    """
+    name = getattr(objective, "name", type(objective).__name__)
+    special = list(getattr(tokenizer, "all_special_ids", []) or [])
+    if content_token_count(cache.document_frequency(), special) == 0:
+        shown = ", ".join(getattr(tokenizer, "all_special_tokens", [])[:6])
+        raise ValueError(f"corpus {getattr(config, 'corpus', cache)} holds no content token: its "
+                         f"{int(cache.meta['num_tokens'])} token(s) are all special tokens ({shown}), so the loss of "
+                         f"objective {name!r} cannot change; give a corpus with text")
+    terms = tuple(getattr(objective, "loss_names", ()) or ())
+    if terms == ("mlm",) and float(getattr(config, "mlm_probability", 1.0)) == 0.0:
+        raise ValueError(f"--mlm-probability 0 masks no token, and objective {name!r} learns only from masked tokens "
+                         "(its loss would be 0 at every step); give a masking ratio above 0, e.g. 0.15")

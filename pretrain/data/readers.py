@@ -18,12 +18,15 @@ Texts are built from *fields*: for ``irds:`` and JSONL corpora the default is ``
 present; for WikiExtractor output the fields are ``title`` (the first line of a block,
 which repeats the article title) and ``text`` (the rest). The chosen fields are joined with
 a newline, so the title forms its own sentence when documents are packed into blocks.
-Documents whose chosen fields are all empty are skipped.
+Documents whose chosen fields are all empty are skipped. A chosen field must hold a string: a list, a boolean, a
+number or ``null`` is refused naming the file and line (the document for ``irds:``). A corpus file must be a regular
+file: a FIFO or a device is refused before it is opened.
 """
 from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -78,6 +81,30 @@ def _join(values: Sequence[Any]) -> str:
 
 # ----------------------------------------------------------------------------- spec parsing
 
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular_file(path: os.PathLike | str, what: str = "corpus file") -> os.stat_result:
+    """``os.stat(path)`` of a regular file (symlinks followed); anything else -- a FIFO, a device, a socket -- is
+    refused before it is opened: a stream can be read only once (a fingerprint would consume what the reader then
+    waits for forever) and has no size or content to key a cache on.
+
+    Raises:
+        ValueError: one line naming the file and what it is.
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} {path} is {_file_kind(st.st_mode)}, not a regular file; a corpus is read more than "
+                         "once (fingerprinted, then tokenized), so save the stream to a file and pass that")
+    return st
+
+
+
 def resolve_spec(spec: str) -> tuple[str, str]:
     """Classify a corpus spec into ``(kind, location)``.
 
@@ -111,11 +138,13 @@ def resolve_spec(spec: str) -> tuple[str, str]:
         raise ValueError(f"unknown corpus spec {spec!r}: expected irds:<id>, a .jsonl(.gz) file, a .txt file "
                          "(one document per line), wiki:<dir> or a directory of WikiExtractor files")
     if path.is_dir():
-        if (path / "corpus.jsonl").is_file():
+        if (path / "corpus.jsonl").exists():
+            check_regular_file(path / "corpus.jsonl")
             return "jsonl", str((path / "corpus.jsonl").resolve())
         if _wiki_files(path):
             return "wiki", str(path.resolve())
         raise ValueError(f"directory {path} holds neither a BEIR corpus.jsonl nor WikiExtractor files (AA/wiki_00[.bz2], ...)")
+    check_regular_file(path)  # a FIFO or a device: refused before anything opens it (it would be read twice)
     if is_jsonl:
         return "jsonl", str(path.resolve())
     if is_txt:
@@ -125,8 +154,12 @@ def resolve_spec(spec: str) -> tuple[str, str]:
 
 
 def _wiki_files(root: Path) -> list[Path]:
-    """WikiExtractor files (``wiki_NN`` / ``wiki_NN.bz2``) under ``root``, in sorted path order."""
-    return sorted(p for p in root.rglob("wiki_*") if p.is_file() and _WIKI_FILE.match(p.name))
+    """WikiExtractor files (``wiki_NN`` / ``wiki_NN.bz2``) under ``root``, in sorted path order; one of these names
+    that is not a regular file (a FIFO, a device) is refused, not skipped (:func:`check_regular_file`)."""
+    found = sorted(p for p in root.rglob("wiki_*") if _WIKI_FILE.match(p.name) and not p.is_dir())
+    for p in found:
+        check_regular_file(p)
+    return found
 
 
 def corpus_files(spec: str) -> list[Path]:
@@ -162,7 +195,21 @@ def _jsonl_text(obj: dict, fields: Optional[list[str]], where: str) -> str:
         if missing:
             raise ValueError(f"{where}: field(s) {missing} not in the record (keys: {sorted(obj)})")
         chosen = fields
-    return _join([obj[f] for f in chosen])
+    return _join([_string(obj[f], f, where) for f in chosen])
+
+
+def _string(value: Any, field: str, where: str) -> str:
+    """A text field's value, which must be a string: a list, a boolean, a number, an object or ``null`` is refused
+    naming the place (``<file>:<line>`` or the document) and the field -- never turned into its Python repr
+    (``"['x', 'y']"``, ``'True'``) or dropped."""
+    if isinstance(value, str):
+        return value
+    from pyterrier_cpdae._files import short_repr
+
+    kind = "null" if value is None else {bool: "boolean", int: "number", float: "number", list: "list",
+                                         dict: "object"}.get(type(value), type(value).__name__)
+    raise ValueError(f"{where}: field {field!r} is {'' if value is None else 'a '}{kind} ({short_repr(value, 40)}), "
+                     "not a string; a text field must hold text")
 
 
 def _iter_txt(path: Path, fields: Optional[list[str]]) -> Iterator[str]:
@@ -256,8 +303,9 @@ def _iter_irds(ds_id: str, fields: Optional[list[str]]) -> Iterator[str]:
     if not dataset.has_docs():
         raise ValueError(f"ir_datasets {ds_id!r} has no documents")
     chosen = irds_fields(dataset.docs_cls(), fields)
-    for doc in dataset.docs_iter():
-        text = _join([getattr(doc, f) for f in chosen])
+    for i, doc in enumerate(dataset.docs_iter()):
+        where = f"ir_datasets {ds_id!r} document {getattr(doc, 'doc_id', i)!r} (number {i + 1})"
+        text = _join([_string(getattr(doc, f), f, where) for f in chosen])
         if text:
             yield text
 
@@ -300,5 +348,5 @@ def iter_texts(spec: str, fields: Fields = None, max_docs: int = -1) -> Iterator
         raise ValueError(f"corpus {spec!r} holds no text (fields: {chosen or 'default'})")
 
 
-__all__ = ["iter_texts", "iter_wiki_documents", "resolve_spec", "corpus_files", "parse_fields", "irds_fields",
+__all__ = ["iter_texts", "iter_wiki_documents", "resolve_spec", "corpus_files", "check_regular_file", "parse_fields", "irds_fields",
            "DEFAULT_FIELDS", "WIKI_FIELDS"]

@@ -50,7 +50,8 @@ def _is_toolkit_card(path: str) -> bool:
         return False
 
 
-def write_card(path: str, record: dict[str, Any], *, new_session: bool = True) -> dict[str, Any]:
+def write_card(path: str, record: dict[str, Any], *, new_session: bool = True,
+               previous: Optional[str] = None) -> dict[str, Any]:
     """Store ``record`` in ``path/model_card.json`` and render ``path/README.md`` (atomically).
 
     The sessions and evaluations of a card already there are kept: ``record["session"]`` is appended to the
@@ -58,12 +59,16 @@ def write_card(path: str, record: dict[str, Any], *, new_session: bool = True) -
     are dropped. A ``README.md`` that the toolkit did not write is left alone and the card goes to
     ``MODEL_CARD.md`` instead.
 
+    ``previous``: the folder the card will live in when ``path`` is an export's temporary folder
+    (:func:`pretrain.export.commit.commit_export`): the earlier card (sessions, evaluations) and a user's own
+    ``README.md`` are looked for there, the weights hashed in ``path``, and paths shown relative to ``previous``.
+
     Returns:
         the stored state.
     """
     from .record import weights_sha256
 
-    old = read_card_state(path) or {}
+    old = read_card_state(previous or path) or {}
     sessions = list(old.get("sessions", []))
     session = record.pop("session", None)
     if new_session and session:
@@ -72,15 +77,16 @@ def write_card(path: str, record: dict[str, Any], *, new_session: bool = True) -
     record["weights_sha256"] = weights
     evaluations = [e for e in old.get("evaluations", []) if e.get("weights_sha256") == weights]
     state = {"record": record, "sessions": sessions, "evaluations": evaluations}
-    _save(path, state)
+    _save(path, state, previous or path)
     return state
 
 
-def _save(path: str, state: dict[str, Any]) -> None:
+def _save(path: str, state: dict[str, Any], final: Optional[str] = None) -> None:
+    final = final or path
     write_json_atomic(os.path.join(path, CARD_STATE), state, default=str)
-    target = CARD if (not os.path.exists(os.path.join(path, CARD)) or _is_toolkit_card(path)) else "MODEL_CARD.md"
+    target = CARD if (not os.path.exists(os.path.join(final, CARD)) or _is_toolkit_card(final)) else "MODEL_CARD.md"
     with atomic_write(os.path.join(path, target)) as f:
-        f.write(render(state, where=path))
+        f.write(render(state, where=final))
 
 
 def add_evaluation(path: str, rows: dict[str, Optional[float]], *, name: str, collection: str, depth: int,

@@ -283,11 +283,11 @@ def _limitations(kind: str, config: Any, base: dict[str, Any], carried: Optional
 
 
 def _common(config: Any, output: str, argv: Optional[list[str]], prog: str, carried: Any,
-            pipeline: dict[str, Any]) -> dict[str, Any]:
+            pipeline: dict[str, Any], export_dir: Optional[str] = None) -> dict[str, Any]:
     return {"toolkit": toolkit_info(), "command": command_line(argv, prog), "config": _values(config),
             "non_default": option_table(config), "preset": getattr(config, "preset", None),
             "preset_overrides": {k: {"preset": p, "value": v} for k, (p, v) in _preset_overrides(config).items()},
-            "encoder": {**encoder_settings(output), "pipeline": pipeline["note"]},
+            "encoder": {**encoder_settings(export_dir or output), "pipeline": pipeline["note"]},
             "carried": carried.describe() if carried else None, "written_at": _now()}
 
 
@@ -306,8 +306,11 @@ def _preset_overrides(config: Any) -> dict[str, tuple[Any, Any]]:
 
 
 def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any, model_config: Any,
-                    carried: Any = None, argv: Optional[list[str]] = None) -> dict[str, Any]:
-    """The record of a finished pre-training run in ``output`` (its ``run_config.json`` included)."""
+                    carried: Any = None, argv: Optional[list[str]] = None,
+                    export_dir: Optional[str] = None) -> dict[str, Any]:
+    """The record of a finished pre-training run in ``output`` (its ``run_config.json`` included); the exported
+    encoder's settings are read from ``export_dir`` (default ``output``: the export's temporary folder when the card
+    is written inside the export, :func:`pretrain.export.commit.commit_export`)."""
     run = _read_json(os.path.join(output, "run_config.json"))
     trainer, inputs = run.get("trainer", {}), run.get("inputs", {})
     base = _base_model(config.model, config.from_config, model_config)
@@ -315,7 +318,7 @@ def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any
 
     pipeline = export_pipeline(None if config.from_config else config.model,
                                getattr(config, "representation", "cls"), "--representation")
-    rec = _common(config, output, argv, "python -m pretrain", carried, pipeline)
+    rec = _common(config, output, argv, "python -m pretrain", carried, pipeline, export_dir)
     rec.update({
         "kind": "pretrain", "objective": config.objective, "base_model": base,
         "objective_options": option_table(config, config.objective_options),

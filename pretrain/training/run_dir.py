@@ -26,8 +26,9 @@ def config_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
 
 
-def check_output_dir(config: Any) -> None:
-    """Refuse an output directory that holds a different run, unless ``config.overwrite``.
+def check_output_dir(config: Any, ignore: Any = ()) -> None:
+    """Refuse an output directory that holds a different run, unless ``config.overwrite``; the names in ``ignore``
+    (the run's own token cache, :func:`pretrain.data.inputs.own_cache_entries`) do not count.
 
     Accepted without ``overwrite``: a missing or empty directory; a directory of the *same*
     run (same ``run_config.json`` up to :data:`~pretrain.config.RESUME_MUTABLE_OPTIONS`) when resuming, or when
@@ -41,11 +42,12 @@ def check_output_dir(config: Any) -> None:
         raise ValueError("no output directory given (--output)")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"output path {out} exists and is not a directory")
-    if not os.path.isdir(out) or not os.listdir(out) or config.overwrite:
+    own = set(ignore)  # the run's own files (its --cache-dir inside --output) are not another run's
+    if not os.path.isdir(out) or not set(os.listdir(out)) - own or config.overwrite:
         return
     run_cfg = os.path.join(out, RUN_CONFIG)
     if not os.path.isfile(run_cfg):
-        entries = sorted(os.listdir(out))
+        entries = sorted(set(os.listdir(out)) - own)
         raise ValueError(f"output directory {out} is not empty and holds no {RUN_CONFIG} (it contains "
                          f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
                          "choose another --output or pass --overwrite")
@@ -174,10 +176,10 @@ RESUMABLE = frozenset({"max_steps", "num_train_epochs", "cache_dir", "unpad", "t
                        "probe", "probe_max_queries", "probe_max_docs", "output", "preset"})
 
 
-def check_run_dir(config: Any, resume: bool, overwrite: bool) -> None:
+def check_run_dir(config: Any, resume: bool, overwrite: bool, own: Any = ()) -> None:
     """Refuse an output directory the run may not write into: one of the previous format (one line saying what to
     do), one holding a different run (options differ), or a finished/checkpointed run without ``--resume_from_checkpoint``
-    or ``--overwrite_output_dir``.
+    or ``--overwrite_output_dir``. The names in ``own`` (the run's token cache inside its directory) do not count.
 
     Raises:
         ValueError: naming the directory, the reason and what to do.
@@ -185,7 +187,7 @@ def check_run_dir(config: Any, resume: bool, overwrite: bool) -> None:
     out = config.output
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output_dir {out} exists and is not a directory")
-    if not os.path.isdir(out) or not os.listdir(out):
+    if not os.path.isdir(out) or not set(os.listdir(out)) - set(own):
         return
     record_path = os.path.join(out, RUN_CONFIG)
     record = None
@@ -201,7 +203,7 @@ def check_run_dir(config: Any, resume: bool, overwrite: bool) -> None:
     if overwrite:
         return
     if record is None:
-        entries = sorted(os.listdir(out))
+        entries = sorted(set(os.listdir(out)) - set(own))
         raise ValueError(f"--output_dir {out} is not empty and holds no {RUN_CONFIG} (it contains "
                          f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); choose another "
                          "--output_dir or pass --overwrite_output_dir")

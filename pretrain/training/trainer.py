@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 from typing import Any, Callable, Optional
 
 import torch
@@ -219,10 +218,15 @@ class PretrainTrainer(Trainer):
         return f"training stopped, {what}. Nothing was saved from these weights; {kept}"
 
     # ------------------------------------------------------------------ export
-    def export(self, save_fn: Callable[[Any, str], None], dtype: torch.dtype = torch.float32) -> None:
-        """``save_fn(objective, directory)`` into a temporary directory, then its files moved into ``output_dir``
-        (``config.json`` last); refused from non-finite weights or into a moved directory."""
+    def export(self, save_fn: Callable[[Any, str], None], dtype: torch.dtype = torch.float32,
+               card: Optional[Callable[[str], Any]] = None) -> None:
+        """``save_fn(objective, directory)`` into ``<output_dir>/.export-tmp``, then
+        :func:`pretrain.export.commit.commit_export` (every saved tensor finite in its dtype, ``card(tmp)`` beside the
+        weights, the files moved into ``output_dir`` with ``config.json`` last); refused from non-finite weights or
+        into a moved directory."""
         import copy
+
+        from ..export.commit import commit_export, prepare_export_dir
 
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.check_writable("the exported model")
@@ -234,21 +238,9 @@ class PretrainTrainer(Trainer):
         if self.is_world_process_zero():
             if dtype != torch.float32:
                 unwrapped = copy.deepcopy(unwrapped).to(dtype)
-            out = self.args.output_dir
-            tmp = os.path.join(out, ".export-tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
+            tmp = prepare_export_dir(self.args.output_dir)
             save_fn(unwrapped, tmp)
-            if os.path.isfile(os.path.join(out, "config.json")):
-                os.remove(os.path.join(out, "config.json"))
-            for name in sorted(os.listdir(tmp), key=lambda e: e == "config.json"):
-                dst = os.path.join(out, name)
-                if os.path.isdir(dst) and not os.path.islink(dst):
-                    shutil.rmtree(dst)
-                elif os.path.lexists(dst):
-                    os.remove(dst)
-                os.replace(os.path.join(tmp, name), dst)
-            os.rmdir(tmp)
+            commit_export(tmp, self.args.output_dir, card=card)
         self.accelerator.wait_for_everyone()
 
     # ------------------------------------------------------------------ the retrieval probe
