@@ -163,6 +163,9 @@ class PretrainingArguments(TrainingArguments):
                                            check=AT_LEAST_1)
     preset: Optional[str] = opt(None, "A named setting of the objective (paper: its paper's settings); a --config "
                                 "file and flags override it.")
+    early_stopping_patience: Optional[int] = opt(None, "Stop after this many evaluations without improvement of "
+                                                 "--metric_for_best_model (transformers' EarlyStoppingCallback; with "
+                                                 "--probe and --load_best_model_at_end).", check=AT_LEAST_1)
     overwrite_output_dir: bool = opt(False, "Replace a different run in --output_dir (its checkpoints, logs, record "
                                      "and exported model); other files are kept.")
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})

@@ -235,8 +235,13 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
         (lambda features: objective.collate([f["input_ids"] for f in features]))
     place = OutputPlace(config.output, "run_config.json") if training_args.should_save else None
     try:
+        callbacks = []
+        if training_args.early_stopping_patience:
+            from transformers import EarlyStoppingCallback
+            callbacks.append(EarlyStoppingCallback(early_stopping_patience=training_args.early_stopping_patience))
         trainer = PretrainTrainer(model=objective, args=training_args, train_dataset=IndexedTexts(cache),
-                                  data_collator=collator, probe=probe, probe_settings=settings, place=place)
+                                  data_collator=collator, probe=probe, probe_settings=settings, place=place,
+                                  callbacks=callbacks)
         _choose_path(trainer, objective, record, resume)
         trainer.train(resume_from_checkpoint=resume)
         trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history, kept when checkpoints go

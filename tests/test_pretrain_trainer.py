@@ -210,3 +210,64 @@ def test_torchrun_two_processes_same_global_batch_and_losses(tmp_path, tiny_bert
     for ra, rb in zip(a, b):
         for k in ("loss", "mlm", "rec", "cl"):
             assert rb[k] == pytest.approx(ra[k], rel=1e-4), k
+
+
+def test_best_model_at_end_and_early_stopping_on_the_probe(tmp_path, tiny_bert_dir, corpus):
+    out = tmp_path / "run"
+    proc = run(args(tiny_bert_dir, corpus, out, "--max_steps", "10", "--save_steps", "1", "--eval_strategy", "steps",
+                    "--eval_steps", "1", "--probe", "sample", "--probe_max_queries", "12", "--probe_max_docs", "80",
+                    "--load_best_model_at_end", "--metric_for_best_model", "probe_ndcg_cut_10",
+                    "--early_stopping_patience", "2", "--learning_rate", "5e-3", objective="cpdae"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    evals = [(r["step"], r["eval_probe_ndcg_cut_10"]) for r in state["log_history"] if "eval_probe_ndcg_cut_10" in r]
+    # the reference: the best figure so far and the evaluations since it improved (strictly), as a user counts them
+    best, best_step, waiting, stop = None, None, 0, None
+    for step, v in evals:
+        if best is None or v > best:
+            best, best_step, waiting = v, step, 0
+        else:
+            waiting += 1
+            if waiting >= 2:
+                stop = step
+                break
+    assert state["global_step"] == (stop or 10)
+    assert state["best_metric"] == pytest.approx(best) and state["best_model_checkpoint"].endswith(f"checkpoint-{best_step}")
+    # the export holds the best checkpoint's weights: the probe gives the best figure on it
+    from transformers import AutoModel, AutoTokenizer
+
+    from pretrain.evaluation.probe import RetrievalProbe
+    again = RetrievalProbe("sample", max_queries=12, max_docs=80).evaluate(
+        AutoModel.from_pretrained(out), AutoTokenizer.from_pretrained(out), pooling="cls", max_length=32, batch_size=8)
+    assert again["ndcg_cut_10"] == pytest.approx(best, abs=1e-4)
+
+
+@pytest.mark.parametrize("choice", ["on", "off"])
+def test_unpad_auto_probe_keeps_the_chosen_paths_run_bit_for_bit(choice, tmp_path, tiny_bert_dir, corpus,
+                                                                  monkeypatch):
+    """``--unpad auto`` with its probe (made to run on the CPU, its times overridden to pick ``choice`` after every
+    probe step ran): the same final weights, to the last bit, as ``--unpad <choice>`` without a probe; the choice
+    is recorded in run_config.json. Packed rows (``on``) train on the Trainer loop."""
+    from pretrain import cli
+    from pretrain.model import unpadded
+    from pretrain.training import path_probe
+
+    common = ("--max_steps", "2", "--save_steps", "2")
+    plain = tmp_path / "plain"
+    cli.main(args(tiny_bert_dir, corpus, plain, *common, "--unpad", choice, objective="cpdae"))
+    real, ran = path_probe.time_paths, []
+
+    def forced(step, paths, **kw):
+        times = real(lambda p: (ran.append(p), step(p)), paths, **kw)
+        return {p: 0.1 if p == choice else 0.2 for p in times}
+
+    monkeypatch.setattr(unpadded, "PROBE_DEVICES", ("cpu",))
+    monkeypatch.setattr(path_probe, "time_paths", forced)
+    probed = tmp_path / "probed"
+    cli.main(args(tiny_bert_dir, corpus, probed, *common, "--unpad", "auto", objective="cpdae"))
+    assert ran == ["off", "on"] * (1 + path_probe.PROBE_ROUNDS)
+    resolved = json.loads((probed / "run_config.json").read_text())["resolved"]
+    assert resolved["unpad"] == choice and resolved["unpad_option"] == "auto"
+    assert json.loads((plain / "run_config.json").read_text())["resolved"]["unpad"] == choice
+    a, b = _final_weights(plain), _final_weights(probed)
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)

@@ -122,7 +122,10 @@ class PretrainTrainer(Trainer):
         self._step_terms: dict[str, torch.Tensor] = {}
         objective = self.model
         import inspect
-        self._keyword_forward = "batch" not in inspect.signature(objective.forward).parameters
+        batch_param = inspect.signature(objective.forward).parameters.get("batch")
+        # objective(**batch) (a PretrainingOutput objective); objective(batch) for one that takes the batch dict
+        self._keyword_forward = batch_param is None or batch_param.kind in (batch_param.VAR_KEYWORD,
+                                                                            batch_param.POSITIONAL_ONLY)
         if self._encoder_setup.get("gradient_checkpointing"):
             from .optim import enable_gradient_checkpointing
             enable_gradient_checkpointing(objective)
