@@ -356,6 +356,19 @@ def _coerce(action: Any, value: Any, where: str) -> Any:
     return value
 
 
+def _unknown_message(flags: list[str], objective: str) -> str:
+    """The one line for command-line options the parser does not know: each named, with the objectives that have it."""
+    from .registry import available_objectives
+
+    parts = []
+    for a in flags:
+        name = a.lstrip("-").split("=")[0].replace("-", "_")
+        owners = [o for o, c in available_objectives().items() if name in {f.name for f in dataclasses.fields(c.Options)}]
+        parts.append(f"--{name} (an option of {', '.join(owners)})" if owners else f"{a.split('=')[0]} (no such option)")
+    return (f"unrecognized option(s) for objective {objective!r}: {'; '.join(parts)}; "
+            f"`python -m pretrain --objective {objective} --help` lists its options")
+
+
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, PretrainingArguments, Any]:
     """``argv`` -> (model, data, training, objective options).
 
@@ -393,6 +406,9 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
                              + (f"its presets: {', '.join(sorted(presets))}" if presets else "it has no presets"))
         recipe = {k: _coerce(actions[k], v, f"preset {preset!r}") for k, v in presets[preset].items()}
     parser.set_defaults(**{**recipe, **defaults})
+    rest = parser.parse_known_args(args=argv)[1]  # unknown options named before any dataclass is built
+    if rest:
+        raise ValueError(_unknown_message([a for a in rest if a.startswith("-")] or rest, objective))
     model_args, data_args, training_args, options = parser.parse_args_into_dataclasses(args=argv)[:4]
     check_options(model_args, data_args, options)
     if recipe:

@@ -324,7 +324,7 @@ def _choose_path(trainer: Any, objective: Any, record: dict[str, Any], resume: O
 
             def step(path: str) -> None:
                 objective.use_path(path)
-                objective(**batches[path])["loss"].backward()
+                trainer.forward_objective(objective, batches[path])["loss"].backward()
 
             sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
             times = time_paths(step, paths, sync=sync)

@@ -102,17 +102,17 @@ def test_cli_run_with_corpus_statistics_is_pinned(tiny_bert_dir, tmp_path):
     import random
 
     from pretrain import cli
-    from pretrain.logging_utils import read_metrics
+    from pretrain.analysis.loss_curves import read_metrics
 
     rng = random.Random(0)
     words = " ".join(TEXTS).split()
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) + "." for _ in range(16)) + "\n")
     cli.main(["--objective", "cpdae_idfrec", "--model", tiny_bert_dir, "--corpus", str(corpus),
-              "--output", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--batch-size", "4",
+              "--output_dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--global_batch_size", "4",
               "--max-length", "32", "--max-steps", "2", "--save-steps", "1000", "--logging-steps", "1",
               "--learning-rate", "1e-3"])
-    rows = [{k: r[k] for k in ("loss", "mlm", "rec")} for r in read_metrics(str(tmp_path / "run" / "logs" / "metrics.csv"))]
+    rows = [{k: r[k] for k in ("loss", "mlm", "rec")} for r in read_metrics(str(tmp_path / "run"))]
     if os.environ.get("PIN_RECORD"):
         print(f"\nCLIPIN {json.dumps(rows)}")
         return

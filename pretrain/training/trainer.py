@@ -135,7 +135,7 @@ class PretrainTrainer(Trainer):
     # ------------------------------------------------------------------ loss and its terms
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        out = model(**inputs) if self._keyword_forward else model(inputs)
+        out = self.forward_objective(model, inputs)
         loss = out["loss"]
         terms = out.get("terms") if hasattr(out, "get") else None
         if terms is None:  # an objective returning a flat dict: its other scalar entries are the terms
@@ -148,6 +148,10 @@ class PretrainTrainer(Trainer):
                     self._terms[k] = self._terms.get(k, 0.0) + v
             self._term_batches += 1
         return (loss, out) if return_outputs else loss
+
+    def forward_objective(self, model: Any, inputs: dict[str, Any]) -> Any:
+        """``model(**inputs)``: the objective's output for a collated batch."""
+        return model(**inputs) if self._keyword_forward else model(inputs)
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
         if "loss" in logs and self._term_batches:
