@@ -231,8 +231,7 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
         probe = RetrievalProbe(config.probe, max_queries=config.probe_max_queries, max_docs=config.probe_max_docs)
         settings = {"pooling": getattr(config, "representation", "cls"), "normalize": False,
                     "max_length": config.max_length, "batch_size": training_args.per_device_eval_batch_size}
-    collator = objective.data_collator() if callable(getattr(objective, "data_collator", None)) else \
-        (lambda features: objective.collate([f["input_ids"] for f in features]))
+    collator = objective.data_collator()  # every example's masks and views from (seed, epoch, example index)
     place = OutputPlace(config.output, "run_config.json") if training_args.should_save else None
     try:
         callbacks = []

@@ -129,7 +129,7 @@ def test_cpdae_forward_matches_naive(tiny_bert_dir, tok, examples):
     obj = make("cpdae", tiny_bert_dir, tok).eval()
     batch = obj.collate(examples)
     out = obj(batch)
-    assert set(out) == {"loss", "mlm", "rec", "cl"}
+    assert set(out.flat()) == {"loss", "mlm", "rec", "cl"}
     assert out["loss"].item() == pytest.approx((out["rec"] + out["mlm"] + 0.1 * out["cl"]).item(), rel=1e-6)
     l_mlm, l_rec, cls, logits = _naive_components(obj, batch)
     assert out["mlm"].item() == pytest.approx(l_mlm.item(), rel=1e-5)
@@ -192,7 +192,7 @@ def test_nocl_and_idfrec(tiny_bert_dir, tok, examples):
     obj = make("cpdae_nocl", tiny_bert_dir, tok, rec_reduction="mean").eval()
     batch = obj.collate(examples)
     out = obj(batch)
-    assert set(out) == {"loss", "mlm", "rec"} and not obj.contrastive
+    assert set(out.flat()) == {"loss", "mlm", "rec"} and not obj.contrastive
     l_mlm, l_rec, _, _ = _naive_components(obj, batch, reduction="mean")
     assert out["rec"].item() == pytest.approx(l_rec.item(), rel=1e-5)
     assert out["loss"].item() == pytest.approx(l_rec.item() + l_mlm.item(), rel=1e-5)
@@ -202,7 +202,7 @@ def test_nocl_and_idfrec(tiny_bert_dir, tok, examples):
     obj = make("cpdae_idfrec", tiny_bert_dir, tok, idf=idf).eval()
     batch = obj.collate(examples)
     out = obj(batch)
-    assert set(out) == {"loss", "mlm", "rec"}
+    assert set(out.flat()) == {"loss", "mlm", "rec"}
     _, l_rec, _, _ = _naive_components(obj, batch, idf=idf)
     assert out["rec"].item() == pytest.approx(l_rec.item(), rel=1e-5)
     with pytest.raises(ValueError, match="idf"):
@@ -218,7 +218,7 @@ def test_mlm_objective_matches_hf_loss(tiny_bert_dir, tok, examples):
     batch = obj.collate(examples)
     assert batch["masked_input_ids"].shape[1] == 1
     out = obj(batch)
-    assert set(out) == {"loss", "mlm"}
+    assert set(out.flat()) == {"loss", "mlm"}
     ref = obj.mlm_model(input_ids=batch["masked_input_ids"][:, 0], attention_mask=batch["attention_mask"],
                         labels=batch["mlm_labels"][:, 0]).loss
     assert out["loss"].item() == pytest.approx(ref.item(), rel=1e-5)
@@ -255,7 +255,7 @@ def test_short_training_run_lowers_every_component(tiny_bert_dir, tok, examples)
         out["loss"].backward()
         opt.step()
         opt.zero_grad()
-        hist.append({k: v.item() for k, v in out.items()})
+        hist.append({k: v.item() for k, v in out.flat().items()})
     first = {k: sum(h[k] for h in hist[:3]) / 3 for k in hist[0]}
     last = {k: sum(h[k] for h in hist[-3:]) / 3 for k in hist[0]}
     assert last["mlm"] < 0.9 * first["mlm"], (first, last)

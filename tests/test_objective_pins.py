@@ -73,7 +73,7 @@ def run_pinned(tiny_bert_dir: str, case: str, steps: int = 3) -> list[dict[str, 
         out["loss"].backward()
         opt.step()
         obj.on_step(step + 1, 4)
-        rows.append({k: float(v.detach()) for k, v in sorted(out.items())})
+        rows.append({k: float(v.detach()) for k, v in sorted(out.flat().items())})
     return rows
 
 

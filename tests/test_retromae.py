@@ -176,7 +176,7 @@ def test_loss_and_training(tiny_bert_dir):
     content = batch["attention_mask"].bool() & ~batch["special_tokens_mask"].bool()
     assert not (batch["mlm_labels"][:, 0] != -100)[~content].any()
     out = obj(batch)
-    assert set(out) == {"loss", "mlm", "rec"} and torch.allclose(out["loss"], out["mlm"] + out["rec"])
+    assert set(out.flat()) == {"loss", "mlm", "rec"} and torch.allclose(out["loss"], out["mlm"] + out["rec"])
     losses = train_losses(obj, examples)
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5, losses
 

@@ -166,7 +166,7 @@ def test_loss_components_and_training(tiny_bert_dir, tmp_path):
     assert len(obj.decoder.layers) == cfg.seed_decoder_layers == 3
     examples = _examples(tok)
     out = obj(obj.collate(examples))
-    assert set(out) == {"loss", "mlm", "rec"}
+    assert set(out.flat()) == {"loss", "mlm", "rec"}
     assert torch.allclose(out["loss"], out["mlm"] + out["rec"])
     obj.train()
     losses = train_losses(obj, examples)

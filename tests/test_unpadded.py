@@ -105,7 +105,7 @@ def loss_and_grads(obj, batch) -> tuple[dict, dict]:
     out = obj({k: v.clone() for k, v in batch.items()})
     out["loss"].backward()
     grads = {n: p.grad.detach().clone() for n, p in obj.named_parameters() if p.grad is not None}
-    return {k: float(v.detach()) for k, v in out.items()}, grads
+    return {k: float(v.detach()) for k, v in out.flat().items()}, grads
 
 
 def encoder_calls(obj) -> list[tuple[tuple[int, ...], int]]:

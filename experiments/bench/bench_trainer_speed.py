@@ -64,8 +64,7 @@ def run_new(name: str, args: argparse.Namespace) -> float:
             if state.global_step in (args.warmup, total):
                 marks[state.global_step] = time.perf_counter()
 
-    collator = obj.data_collator() if callable(getattr(obj, "data_collator", None)) else \
-        (lambda features: obj.collate([f["input_ids"] for f in features]))
+    collator = obj.data_collator()
     with tempfile.TemporaryDirectory() as out:
         targs = PretrainingArguments(output_dir=out, max_steps=total, global_batch_size=args.batch, seed=1,
                                      use_cpu=True, logging_steps=total, save_steps=total, report_to="none",

@@ -310,8 +310,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
     obj.register_forward_pre_hook(record, with_kwargs=True)
     compiled = bool(getattr(args, "compile", False))
     workers = getattr(args, "num_workers", 0) or 0
-    collator = obj.data_collator() if callable(getattr(obj, "data_collator", None)) else \
-        (lambda features: obj.collate([f["input_ids"] for f in features]))
+    collator = obj.data_collator()
     with tempfile.TemporaryDirectory() as out:
         targs = PretrainingArguments(output_dir=out, max_steps=total, per_device_train_batch_size=run.n_texts, seed=1,
                                      bf16=bool(args.bf16), use_cpu=dev.type == "cpu", logging_steps=total,

@@ -2,7 +2,8 @@
 BERT-style masking (80/10/10, optional whole-word masking) and bag-of-words targets.
 
 All functions work on CPU tensors inside ``Objective.collate`` and are deterministic given
-a ``torch.Generator``.
+a ``torch.Generator``; :func:`mask_rows` draws every row from its own generator over the row's own tokens, so that a
+text's masks do not depend on the batch it is in (its length, its neighbours, their order).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-__all__ = ["pad_and_add_special", "mask_tokens", "bag_of_words", "continuation_table", "wordpiece_word_ids"]
+__all__ = ["pad_and_add_special", "mask_tokens", "mask_rows", "bag_of_words", "continuation_table", "wordpiece_word_ids"]
 
 
 def pad_and_add_special(examples: Sequence[Sequence[int]], tokenizer: PreTrainedTokenizerBase
@@ -141,6 +142,38 @@ def mask_tokens(input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, *, m
     random_ids = torch.randint(vocab_size, input_ids.shape, generator=generator, device=dev, dtype=input_ids.dtype)
     masked = input_ids.masked_fill(replace, mask_token_id)
     masked = torch.where(randomise, random_ids, masked)
+    return masked, labels
+
+
+def mask_rows(input_ids: torch.Tensor, special_tokens_mask: torch.Tensor, attention_mask: torch.Tensor,
+              generators: Sequence[torch.Generator], *, num_views: int = 1, mask_token_id: int, vocab_size: int,
+              mlm_probability: float = 0.15, word_ids: Optional[torch.Tensor] = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mask_tokens` row by row, ``num_views`` times: views ``0..num_views-1`` of row ``i`` are drawn in turn
+    from ``generators[i]`` over the row's real tokens only (``attention_mask``), so a row's masks depend on its tokens
+    and its generator alone, never on the batch's padded length or on the other rows.
+
+    Returns:
+        ``(masked_input_ids, labels)``, each ``(B, num_views, L)`` (padding unchanged, labels ``-100`` there).
+
+    Raises:
+        ValueError: when there is not one generator per row.
+    """
+    b = input_ids.shape[0]
+    if len(generators) != b:
+        raise ValueError(f"mask_rows needs one generator per row: {len(generators)} for {b} rows")
+    masked = input_ids.unsqueeze(1).repeat(1, num_views, 1)
+    labels = torch.full_like(masked, -100)
+    lengths = attention_mask.sum(1).tolist()
+    for i, (g, n) in enumerate(zip(generators, lengths)):
+        n = int(n)
+        row, spec = input_ids[i:i + 1, :n], special_tokens_mask[i:i + 1, :n]
+        words = None if word_ids is None else word_ids[i:i + 1, :n]
+        for v in range(num_views):
+            x, y = mask_tokens(row, spec, mask_token_id=mask_token_id, vocab_size=vocab_size,
+                               mlm_probability=mlm_probability, generator=g, word_ids=words)
+            masked[i, v, :n] = x[0]
+            labels[i, v, :n] = y[0]
     return masked, labels
 
 

@@ -32,7 +32,7 @@ How to add an objective
            def prepare(cls, corpus, config):  # optional: statistics of the tokenised corpus
                return {}                      # passed as keyword arguments to __init__
 
-           def forward(self, batch):
+           def losses(self, batch):           # objective(**batch) returns PretrainingOutput(loss, terms) of it
                hidden, labels = self.encode_views(batch)
                l_mlm = self.masked_lm_loss(hidden, labels)
                ...
@@ -44,7 +44,12 @@ How to add an objective
    dataclasses of the parts you reuse (:class:`~pretrain.objectives.base.MaskedViewsOptions`,
    :class:`~pretrain.objectives.base.MLMOptions`, ``CPDAEAutoencoderOptions``...); an option
    name must mean the same thing in every objective that has it.
-3. Shared parts live in :mod:`pretrain.objectives.base`: :class:`MaskedViewsMixin` (collate into
+3. ``objective(**batch)`` (``forward``, as ``transformers.Trainer`` calls a model) returns a
+   :class:`~pretrain.model.outputs.PretrainingOutput` (``loss`` and the detached ``terms``) of :meth:`losses`;
+   ``objective.data_collator()`` (:class:`~pretrain.data.collators.PretrainingCollator`) calls ``collate(examples,
+   generators)`` with one generator per example, seeded from (seed, epoch, example index): draw every random choice
+   of example ``i`` from ``generators[i]`` (``None``: batch-wise from the objective's own generator).
+   Shared parts live in :mod:`pretrain.objectives.base`: :class:`MaskedViewsMixin` (collate into
    ``num_views`` independently masked views, :meth:`encode_views`, the MLM term
    :meth:`masked_lm_loss`), :meth:`Objective.save_pretrained` (encoder + ``decoder_modules()``).
    Class flags: ``contrastive = True`` if the loss compares the texts of a batch (needs >= 2
@@ -114,6 +119,42 @@ def sequences_per_text(name: str) -> int:
     return n + 2 * span
 
 
+#: The run settings an objective reads besides its own options, with their values outside ``python -m pretrain``:
+#: the base (``model``, for the export's sentence-transformers pipeline; ``None``: none), the sequence length, the
+#: texts per optimizer step (contrastive objectives need >= 2 per forward pass) and the encoder path (``--unpad``).
+SHARED_SETTINGS: dict[str, Any] = {"model": None, "from_config": None, "max_length": 512, "batch_size": 8,
+                                   "grad_accum": 1, "unpad": "off", "seed": 0}
+
+
+def objective_config(name: str, **values: Any) -> Any:
+    """The config of objective ``name`` outside ``python -m pretrain`` (e.g. in a plain ``transformers.Trainer``):
+    a namespace of its options' defaults and :data:`SHARED_SETTINGS`, with ``values`` over them.
+
+    Raises:
+        ValueError: for a key that is neither an option of the objective nor a shared setting, or a value its
+            option refuses (one line naming the option).
+    """
+    import dataclasses
+    from types import SimpleNamespace
+
+    from ..config import option_problem
+
+    fields = {f.name: f for f in dataclasses.fields(objective_class(name).Options)}
+    unknown = sorted(set(values) - set(fields) - set(SHARED_SETTINGS))
+    if unknown:
+        raise ValueError(f"objective {name!r} has no option {', '.join(unknown)} (its options: {', '.join(sorted(fields))}; "
+                         f"shared settings: {', '.join(SHARED_SETTINGS)})")
+    out = dict(SHARED_SETTINGS)
+    for key, f in fields.items():
+        out[key] = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    out.update(values, objective=name)
+    for key in values:
+        problem = option_problem(fields[key], values[key]) if key in fields else None
+        if problem:
+            raise ValueError(f"objective {name!r}: option {key} {problem}")
+    return SimpleNamespace(**out)
+
+
 def build_objective(name: str, mlm_model: Any, tokenizer: Any, config: Any, **extra: Any) -> Objective:
     """Instantiate objective ``name``; ``extra`` are what its :meth:`~Objective.prepare` returns
     (e.g. ``idf=`` for ``cpdae_idfrec``, ``bias_prior=`` for the CPDAE decoders)."""
@@ -128,4 +169,4 @@ def __getattr__(attr: str) -> Any:
 
 __all__ = ["Objective", "ObjectiveOptions", "MaskedViewsOptions", "MLMOptions", "MaskedViewsMixin",
            "register_objective", "unregister_objective", "available_objectives", "build_objective",
-           "objective_class", "sequences_per_text", "ENTRY_POINT_GROUP"]
+           "objective_class", "objective_config", "sequences_per_text", "ENTRY_POINT_GROUP", "SHARED_SETTINGS"]

@@ -4,10 +4,13 @@ An :class:`Objective` is an ``nn.Module`` that owns the masked-LM model (encoder
 head) and any decoder it adds, so that ``accelerate.prepare(objective)`` wraps all
 trainable parameters in one DDP module. The trainer only ever calls:
 
-* ``objective.collate(examples)``: turn a list of token-id lists (no special tokens,
-  each at most ``max_length - 2`` long) into a batch dict of tensors (CPU);
-* ``objective(batch)``: return a dict of scalar tensors with a ``"loss"`` key and one key
-  per loss component (``"mlm"``, ``"rec"``, ``"cl"``, ...) for logging;
+* ``objective.collate(examples, generators=None)``: turn a list of token-id lists (no special tokens,
+  each at most ``max_length - 2`` long) into a batch dict of tensors (CPU); ``objective.data_collator()`` wraps it
+  for ``transformers.Trainer`` (features ``{"input_ids", "idx"}``, every example's masks drawn from its own generator
+  seeded by (seed, epoch, idx): :mod:`pretrain.data.collators`);
+* ``objective(**batch)`` (or ``objective(batch)``): a :class:`~pretrain.model.outputs.PretrainingOutput`, the
+  ``loss`` and the named loss terms (``"mlm"``, ``"rec"``, ``"cl"``, ...) for logging, from :meth:`Objective.losses`
+  (the method an objective implements: a dict with a ``"loss"`` key and one key per term);
 * ``objective.on_step(step, total_steps)``: optional hook at each optimizer step;
 * ``objective.save_pretrained(path)``: write the encoder as a standard Hugging Face
   directory (config, safetensors, tokenizer) at ``path`` and any decoder under
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 import json
 import logging
 import os
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -44,14 +47,18 @@ from pyterrier_cpdae.encoder.st_export import export_pipeline, write_st_config
 from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
 from ..training.distributed import global_mean_count
 from ..model.losses import mlm_loss, mlm_loss_selected
-from ..data.masking import continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
+from ..data.masking import continuation_table, mask_rows, mask_tokens, pad_and_add_special, wordpiece_word_ids
 from ..data.packing import pack_rows, packed_from_batch, packed_keys, sequence_bound
 from ..model.checks import quiet_transformers
 from ..model.modeling import mlm_head, untrained_mlm_head
+from ..model.outputs import PretrainingOutput
 from ..model.unpadded import (PackedHidden, packed_last_hidden, position_start, probe_paths, resolve_unpad,
                               unpadded_last_hidden, use_unpadded)
 from ..training.optim import compile_encoder
 from .contrast import SPAN_CONTRAST_FORMS
+
+if TYPE_CHECKING:
+    from ..data.collators import PretrainingCollator
 
 logger = logging.getLogger(__name__)
 
@@ -347,12 +354,47 @@ class Objective(nn.Module):
         """The bare encoder (e.g. ``BertModel``) inside the masked-LM model."""
         return self.mlm_model.base_model
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Build a batch from token-id lists (no special tokens)."""
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
+        """Build a batch from token-id lists (no special tokens). ``generators``: one ``torch.Generator`` per example
+        from which every random choice of that example (its masks, views, spans) is drawn, in an order that depends
+        on the example alone (:class:`~pretrain.data.collators.PretrainingCollator` seeds them from
+        (seed, epoch, example index)); ``None``: the objective's own generator or torch's global RNG, batch-wise."""
         raise NotImplementedError
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Compute the losses of one batch; must return ``{"loss": ..., <component>: ...}``."""
+    def data_collator(self, seed: Optional[int] = None) -> "PretrainingCollator":
+        """The collator of this objective for ``transformers.Trainer`` (``data_collator=``) or a ``DataLoader``:
+        features ``{"input_ids": [...], "idx": i}`` -> a batch for ``objective(**batch)``, every example's masks and
+        views drawn from (``seed``, epoch, ``idx``) only (:class:`~pretrain.data.collators.PretrainingCollator`;
+        ``seed``: the run's ``seed`` option, else 0)."""
+        from ..data.collators import PretrainingCollator
+        if seed is None:
+            seed = int(getattr(self.config, "seed", 0) or 0)
+        return PretrainingCollator(self.collate, seed=seed, max_length=getattr(self.config, "max_length", None))
+
+    #: ``transformers.Trainer``: the loss is already the batch's mean (its gradient-accumulation scaling applies).
+    accepts_loss_kwargs: ClassVar[bool] = False
+
+    def forward(self, batch: Optional[dict[str, torch.Tensor]] = None, /, *, input_ids: Optional[torch.Tensor] = None,
+                idx: Optional[torch.Tensor] = None, **tensors: torch.Tensor) -> PretrainingOutput:
+        """The losses of one collated batch: ``objective(**batch)`` (as ``transformers.Trainer`` calls a model) or
+        ``objective(batch)``. ``idx`` (the examples' dataset indices, which the collator adds) is not read.
+
+        Returns:
+            :class:`~pretrain.model.outputs.PretrainingOutput`: ``loss`` and the detached ``terms`` of :meth:`losses`.
+        """
+        if batch is None:
+            batch = dict(tensors)
+            if input_ids is not None:
+                batch["input_ids"] = input_ids
+        out = dict(self.losses(batch))
+        if "loss" not in out:
+            raise TypeError(f"{type(self).__name__}.losses must return a dict with a 'loss' entry")
+        loss = out.pop("loss")
+        return PretrainingOutput(loss=loss, terms={k: v.detach() for k, v in out.items()})
+
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Compute the losses of one batch; must return ``{"loss": ..., <term>: ...}`` (the terms for logging)."""
         raise NotImplementedError
 
     def on_step(self, step: int, total_steps: int) -> None:
@@ -430,25 +472,31 @@ class MaskedViewsMixin:
         if self.config.whole_word_mask:
             self._continuation = continuation_table(self.tokenizer, self.mlm_model.config.vocab_size)
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
-        """Add [CLS]/[SEP], pad and mask every text ``num_views`` times independently."""
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
+        """Add [CLS]/[SEP], pad and mask every text ``num_views`` times independently (with ``generators``: the
+        views of text ``i`` drawn from ``generators[i]`` alone, :func:`~pretrain.data.masking.mask_rows`)."""
         input_ids, attention_mask, special = pad_and_add_special(examples, self.tokenizer)
         word_ids = None
         if self._continuation is not None:
             word_ids = wordpiece_word_ids(input_ids, special, self._continuation)
-        masked, labels = [], []
-        for _ in range(self.num_views):
-            x, y = mask_tokens(input_ids, special, mask_token_id=self.tokenizer.mask_token_id,
-                               vocab_size=self.mlm_model.config.vocab_size,
-                               mlm_probability=self.mask_probability, generator=self.mask_generator,
-                               word_ids=word_ids)
-            masked.append(x)
-            labels.append(y)
+        kw = dict(mask_token_id=self.tokenizer.mask_token_id, vocab_size=self.mlm_model.config.vocab_size,
+                  mlm_probability=self.mask_probability, word_ids=word_ids)
+        if generators is not None:
+            masked_views, label_views = mask_rows(input_ids, special, attention_mask, generators,
+                                                  num_views=self.num_views, **kw)
+        else:
+            masked, labels = [], []
+            for _ in range(self.num_views):
+                x, y = mask_tokens(input_ids, special, generator=self.mask_generator, **kw)
+                masked.append(x)
+                labels.append(y)
+            masked_views, label_views = torch.stack(masked, 1), torch.stack(labels, 1)
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special,
-                 "masked_input_ids": torch.stack(masked, 1), "mlm_labels": torch.stack(labels, 1)}
+                 "masked_input_ids": masked_views, "mlm_labels": label_views}
         if self.packs():  # the encoder pass of encode_views, laid out here (in the DataLoader's workers)
-            batch.update(self.pack("views", self.views(batch["masked_input_ids"]),
-                                   attention_mask.repeat(self.num_views, 1), labels=self.views(batch["mlm_labels"])))
+            batch.update(self.pack("views", self.views(masked_views), attention_mask.repeat(self.num_views, 1),
+                                   labels=self.views(label_views)))
         return batch
 
     @staticmethod

@@ -140,7 +140,7 @@ class BoWObjective(MaskedViewsMixin, Objective):
         """Set the BoW weight for the next update; the trainer calls this after every optimizer step."""
         self.bow_weight = bow_weight_at(self.config.bow_weight, self.config.bow_weight_schedule, step, total_steps)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden, labels = self.encode_views(batch)
         l_mlm = self.masked_lm_loss(hidden, labels)
         special = batch["special_tokens_mask"].bool() | ~batch["attention_mask"].bool()

@@ -209,13 +209,18 @@ def _check_form(form: str) -> str:
     return form
 
 
-def _collate_with_spans(self: Any, examples: list[list[int]]) -> dict[str, torch.Tensor]:
-    batch = type(self).collate(self, examples)
-    gen = getattr(self, "mask_generator", None)
-    pairs = [split_spans(e, gen) for e in examples]
+def _collate_with_spans(self: Any, examples: list[list[int]],
+                        generators: Optional[list[torch.Generator]] = None) -> dict[str, torch.Tensor]:
+    batch = type(self).collate(self, examples, generators)
+    if generators is not None:  # text i's cut and coin from generators[i], after what the objective drew from it
+        pairs = [split_spans(e, g) for e, g in zip(examples, generators)]
+        flip = [bool(torch.rand(1, generator=g)[0] < 0.5) for g in generators]
+    else:
+        gen = getattr(self, "mask_generator", None)
+        pairs = [split_spans(e, gen) for e in examples]
+        flip = (torch.rand(len(pairs), generator=gen) < 0.5).tolist()
     if span_contrast_form(self.config) == "eq8":  # Eq. 8 is one-sided: a coin per text picks its anchor span
-        flip = torch.rand(len(pairs), generator=gen) < 0.5
-        pairs = [(b, a) if f else (a, b) for (a, b), f in zip(pairs, flip.tolist())]
+        pairs = [(b, a) if f else (a, b) for (a, b), f in zip(pairs, flip)]
     ids, am, _ = pad_and_add_special([p[0] for p in pairs] + [p[1] for p in pairs], self.tokenizer)
     m = len(examples)
     batch["span_input_ids"] = torch.stack([ids[:m], ids[m:]], 1)
@@ -225,8 +230,8 @@ def _collate_with_spans(self: Any, examples: list[list[int]]) -> dict[str, torch
     return batch
 
 
-def _forward_with_span_contrast(self: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = type(self).forward(self, batch)
+def _losses_with_span_contrast(self: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = type(self).losses(self, batch)
     l_span = span_contrast_loss(self, batch)
     out["loss"] = out["loss"] + float(self.config.span_contrast_weight) * l_span
     out["span"] = l_span.detach()
@@ -236,9 +241,8 @@ def _forward_with_span_contrast(self: Any, batch: dict[str, torch.Tensor]) -> di
 def attach_span_contrast(objective: Any) -> None:
     """Add ``w·L_span`` to ``objective`` when ``config.span_contrast_weight > 0`` (no-op otherwise).
 
-    Binds ``collate`` (adds the two spans of every text) and ``forward`` (adds the term and a
-    ``"span"`` loss component) on the instance; accelerate's autocast wraps the bound forward
-    like any other.
+    Binds ``collate`` (adds the two spans of every text, drawn from the text's own generator after the objective's
+    draws) and ``losses`` (adds the term and a ``"span"`` loss term) on the instance.
 
     Raises:
         ValueError: for a negative weight, ``τ <= 0``, an unknown ``--span-contrast-form`` or fewer
@@ -258,5 +262,5 @@ def attach_span_contrast(objective: Any) -> None:
         raise ValueError(f"--span-contrast-weight > 0 contrasts the texts of a batch and needs at least 2 texts per "
                          f"forward pass (batch_size {config.batch_size}, grad_accum {getattr(config, 'grad_accum', 1)})")
     objective.collate = MethodType(_collate_with_spans, objective)
-    objective.forward = MethodType(_forward_with_span_contrast, objective)
+    objective.losses = MethodType(_losses_with_span_contrast, objective)
     objective.loss_names = tuple(objective.loss_names) + ("span",)

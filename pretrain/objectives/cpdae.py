@@ -172,7 +172,8 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
             raise ValueError("idf weights must be finite and non-negative")
         self.register_buffer("idf", idf, persistent=False)
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
         """Two independently masked views per text (see :class:`~pretrain.objectives.mlm.MaskedViewsMixin`).
 
         Raises:
@@ -181,7 +182,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
         if self.contrastive and len(examples) < 2 and world_size() == 1:
             raise ValueError(f"objective {self.name!r} is contrastive and needs at least 2 texts per batch, "
                              f"got {len(examples)}")
-        return super().collate(examples)
+        return super().collate(examples, generators)
 
     # -- losses -------------------------------------------------------------------------
     def contrastive_loss(self, cls: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -211,7 +212,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
             losses["cl"] = self.contrastive_loss(cls, logits)
         return losses
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{"loss": L_REC + L_MLM (+ λ·L_CL), "mlm", "rec"(, "cl")}``; the components are detached (for logging)."""
         losses = self.compute_losses(batch)
         loss = losses["rec"] + losses["mlm"]

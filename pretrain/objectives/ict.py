@@ -119,13 +119,16 @@ class ICTObjective(Objective):
             raise ValueError(f"objective 'ict' splits sentences at the tokens {SENTENCE_END_TOKENS}, but the tokenizer "
                              f"of {config.model!r} has none of them as a single token")
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
         """``query_input_ids``/``query_attention_mask`` (the sentences) and ``input_ids``/``attention_mask``
-        (the passages without them), each ``(m, L)`` with [CLS]/[SEP]."""
+        (the passages without them), each ``(m, L)`` with [CLS]/[SEP]; text ``i``'s sentence drawn from
+        ``generators[i]`` when given."""
         if len(examples) < 2 and world_size() == 1:
             raise ValueError(f"objective 'ict' is contrastive and needs at least 2 texts per batch, got {len(examples)}")
-        pairs = [ict_example(e, self.end_ids, float(self.config.ict_keep_probability), self.generator)
-                 for e in examples]
+        gens = generators if generators is not None else [self.generator] * len(examples)
+        pairs = [ict_example(e, self.end_ids, float(self.config.ict_keep_probability), g)
+                 for e, g in zip(examples, gens)]
         q_ids, q_am, _ = pad_and_add_special([p[0] for p in pairs], self.tokenizer)
         b_ids, b_am, _ = pad_and_add_special([p[1] for p in pairs], self.tokenizer)
         batch = {"query_input_ids": q_ids, "query_attention_mask": q_am, "input_ids": b_ids, "attention_mask": b_am}
@@ -134,7 +137,7 @@ class ICTObjective(Objective):
             batch.update(self.pack("passage", b_ids, b_am))
         return batch
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hq = self.cls_vectors(self.encode(batch["query_input_ids"], batch["query_attention_mask"],
                                           packed=self.packed_inputs(batch, "query")))
         hb = self.cls_vectors(self.encode(batch["input_ids"], batch["attention_mask"],

@@ -33,7 +33,7 @@ class MLMObjective(MaskedViewsMixin, Objective):
         super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden, labels = self.encode_views(batch)
         loss = self.masked_lm_loss(hidden, labels)
         return {"loss": loss, "mlm": loss.detach()}

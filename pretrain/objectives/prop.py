@@ -44,7 +44,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, opt
-from ..data.masking import mask_tokens, wordpiece_word_ids
+from ..data.masking import mask_rows, mask_tokens, wordpiece_word_ids
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective
 
@@ -183,15 +183,17 @@ class PROPObjective(MaskedViewsMixin, Objective):
         """``collection_prob``, ``mu``, ``token_frequency`` (:func:`prop_corpus_statistics`)."""
         return prop_corpus_statistics(corpus)
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
         """``input_ids``, ``token_type_ids``, ``attention_mask``, ``masked_input_ids``, ``mlm_labels``:
         ``(m, 2, L)``, pair 0 with ``S⁺``, pair 1 with ``S⁻``; ``loglik`` ``(m, 2)``."""
         cfg, tok = self.config, self.tokenizer
         seqs, types, logliks = [], [], []
         budget = int(cfg.max_length) - 3
-        for e in examples:
+        gens = generators if generators is not None else [self.mask_generator] * len(examples)
+        for e, g in zip(examples, gens):
             pos, neg, lp, ln = sample_word_sets(e, self.collection_prob, self.mu, self.weights,
-                                                float(cfg.prop_poisson_lambda), self.mask_generator)
+                                                float(cfg.prop_poisson_lambda), g)
             logliks.append([lp, ln])
             for s in (pos, neg):
                 s = s[:max(1, budget - 1)]
@@ -213,10 +215,12 @@ class PROPObjective(MaskedViewsMixin, Objective):
             doc[-1] = False  # final [SEP]
             special[i, :len(s)] = ~doc | torch.isin(ids[i, :len(s)], special_ids)
         word_ids = wordpiece_word_ids(ids, special, self._continuation) if self._continuation is not None else None
-        masked, labels = mask_tokens(ids, special, mask_token_id=tok.mask_token_id,
-                                     vocab_size=self.mlm_model.config.vocab_size,
-                                     mlm_probability=float(cfg.mlm_probability), generator=self.mask_generator,
-                                     word_ids=word_ids)
+        kw = dict(mask_token_id=tok.mask_token_id, vocab_size=self.mlm_model.config.vocab_size,
+                  mlm_probability=float(cfg.mlm_probability), word_ids=word_ids)
+        if generators is not None:  # both pairs of text i from generators[i], after its word sets
+            masked, labels = (t[:, 0] for t in mask_rows(ids, special, am, [g for g in generators for _ in (0, 1)], **kw))
+        else:
+            masked, labels = mask_tokens(ids, special, generator=self.mask_generator, **kw)
         m = len(examples)
         batch = {"input_ids": ids.view(m, 2, -1), "token_type_ids": tt.view(m, 2, -1),
                  "attention_mask": am.view(m, 2, -1), "masked_input_ids": masked.view(m, 2, -1),
@@ -225,7 +229,7 @@ class PROPObjective(MaskedViewsMixin, Objective):
             batch.update(self.pack("pairs", masked, am, token_type_ids=tt, labels=labels))
         return batch
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{"loss": L_ROP + L_MLM, "mlm", "rop"}``; one encoder pass over the ``2m`` masked pairs."""
         L = batch["masked_input_ids"].shape[-1]
         hidden = self.encode(batch["masked_input_ids"].reshape(-1, L), batch["attention_mask"].reshape(-1, L),

@@ -90,7 +90,8 @@ def retromae_hidden_counts(content_mask: torch.Tensor, ratio: float) -> torch.Te
 
 
 def retromae_decoder_mask(attention_mask: torch.Tensor, special_tokens_mask: torch.Tensor, ratio: float,
-                          generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                          generator: Optional[torch.Generator] = None, row_seeds: Optional[torch.Tensor] = None,
+                          size: Optional[int] = None) -> torch.Tensor:
     """Per-row attention masks of RetroMAE's enhanced decoding, drawn on the inputs' device.
 
     Let ``C_b`` be the content positions (non-special, non-pad) of text ``b`` and
@@ -108,6 +109,10 @@ def retromae_decoder_mask(attention_mask: torch.Tensor, special_tokens_mask: tor
         special_tokens_mask: ``(B, L)`` 1 for special tokens ([CLS], [SEP], ...).
         ratio: Share of the other content positions hidden per row, in (0, 1).
         generator: Optional RNG (on the same device).
+        row_seeds: Optional ``(B,)`` seeds, one per text (the collator draws them from the text's own generator):
+            text ``b``'s scores are the top-left ``L x L`` block of a ``size x size`` draw of a generator seeded with
+            ``row_seeds[b]`` on the device, so its mask does not depend on the batch (its padded length, the other
+            texts). Needs ``size`` (the run's ``max_length``) ``>= L``.
 
     Returns:
         ``(B, L, L)`` bool, True where row ``i`` may attend to column ``j``.
@@ -125,7 +130,15 @@ def retromae_decoder_mask(attention_mask: torch.Tensor, special_tokens_mask: tor
     content = real & ~special_tokens_mask.bool()
     eye = torch.eye(L, dtype=torch.bool, device=dev)
     candidate = content.unsqueeze(1) & ~eye  # (B, L, L): columns row i may hide
-    scores = torch.rand((B, L, L), device=dev, generator=generator)
+    if row_seeds is None:
+        scores = torch.rand((B, L, L), device=dev, generator=generator)
+    else:
+        if size is None or int(size) < L or tuple(row_seeds.shape) != (B,):
+            raise ValueError(f"row_seeds must be (B,) = ({B},) with size >= L = {L}, got {tuple(row_seeds.shape)} "
+                             f"and size {size}")
+        scores = torch.stack([torch.rand((int(size), int(size)), device=dev,
+                                         generator=torch.Generator(dev).manual_seed(int(s)))[:L, :L]
+                              for s in row_seeds.tolist()])
     scores = scores.masked_fill(~candidate, 2.0)  # non-candidates sort last
     m = retromae_hidden_counts(content, ratio)  # (B,)
     kth = scores.sort(dim=-1).values.gather(-1, m.view(B, 1, 1).expand(B, L, 1))  # m-th smallest per row
@@ -242,7 +255,17 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
         """The encoder view is masked at ``encoder_mask_ratio`` (0.3), not ``mlm_probability``."""
         return self.config.encoder_mask_ratio
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
+        """The encoder's masked view (:class:`MaskedViewsMixin`); with ``generators``, also ``decoder_seed`` ``(m,)``:
+        the seed of text ``i``'s decoder mask, drawn from ``generators[i]`` after its view (see
+        :func:`retromae_decoder_mask`'s ``row_seeds``)."""
+        batch = super().collate(examples, generators)
+        if generators is not None:
+            batch["decoder_seed"] = torch.cat([torch.randint(2 ** 62, (1,), generator=g) for g in generators])
+        return batch
+
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden, labels = self.encode_views(batch)
         l_mlm = self.masked_lm_loss(hidden, labels)
 
@@ -254,7 +277,8 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
         positions = torch.arange(ids.shape[1], device=ids.device)
         query = cls + emb.position_embeddings(positions).unsqueeze(0)  # H1: h + p_i
         visible = retromae_decoder_mask(am, special, self.config.decoder_mask_ratio,
-                                        generator=self.decoder_mask_generator)
+                                        generator=self.decoder_mask_generator, row_seeds=batch.get("decoder_seed"),
+                                        size=self.config.max_length)
         dec = self.decoder(query, content, visible)
         for extra in self.extra_decoder_layers:  # the query stream goes on; content and mask stay
             dec = extra(dec, content, visible)

@@ -209,7 +209,7 @@ class SEEDObjective(MaskedViewsMixin, Objective):
         """See :func:`seed_decoder_targets`."""
         return seed_decoder_targets(input_ids, special_tokens_mask, attention_mask)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         hidden, labels = self.encode_views(batch)
         l_mlm = self.masked_lm_loss(hidden, labels)
 

@@ -20,7 +20,7 @@ not masked, so no mask token is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -73,8 +73,10 @@ class SimCSEObjective(Objective):
                              "hidden_dropout_prob = attention_probs_dropout_prob = 0: both encodings of a text would be "
                              "identical; use a checkpoint with dropout")
 
-    def collate(self, examples: list[list[int]]) -> dict[str, torch.Tensor]:
-        """``[CLS] text [SEP]``, padded: ``input_ids``, ``attention_mask`` ``(m, L)``."""
+    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
+                ) -> dict[str, torch.Tensor]:
+        """``[CLS] text [SEP]``, padded: ``input_ids``, ``attention_mask`` ``(m, L)`` (nothing random: ``generators``
+        is not read; the noise is the encoder's dropout)."""
         if len(examples) < 2 and world_size() == 1:
             raise ValueError(f"objective 'simcse' is contrastive and needs at least 2 texts per batch, got {len(examples)}")
         input_ids, attention_mask, _ = pad_and_add_special(examples, self.tokenizer)
@@ -83,7 +85,7 @@ class SimCSEObjective(Objective):
             batch.update(self.pack("passes", input_ids.repeat(2, 1), attention_mask.repeat(2, 1)))
         return batch
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{"loss": L_SimCSE, "cl": ...}``; both passes in one encoder call (rows ``i`` and ``i + m``)."""
         m = batch["input_ids"].shape[0]
         ids = batch["input_ids"].repeat(2, 1)

@@ -426,6 +426,8 @@ class Trainer:
                 out = model(batch)
                 if not isinstance(out, dict) or "loss" not in out:
                     raise TypeError(f"{type(self.module).__name__}.forward must return a dict with a 'loss' entry")
+                if isinstance(out.get("terms"), dict):  # an objective's PretrainingOutput: loss + named terms
+                    out = {"loss": out["loss"], **out["terms"]}
                 acc.backward(out["loss"] / cfg.grad_accum)
             for k, v in out.items():
                 if torch.is_tensor(v) and v.numel() == 1:

@@ -121,11 +121,6 @@ class PretrainTrainer(Trainer):
         self._term_batches = 0
         self._step_terms: dict[str, torch.Tensor] = {}
         objective = self.model
-        import inspect
-        batch_param = inspect.signature(objective.forward).parameters.get("batch")
-        # objective(**batch) (a PretrainingOutput objective); objective(batch) for one that takes the batch dict
-        self._keyword_forward = batch_param is None or batch_param.kind in (batch_param.VAR_KEYWORD,
-                                                                            batch_param.POSITIONAL_ONLY)
         if self._encoder_setup.get("gradient_checkpointing"):
             from .optim import enable_gradient_checkpointing
             enable_gradient_checkpointing(objective)
@@ -149,9 +144,10 @@ class PretrainTrainer(Trainer):
             self._term_batches += 1
         return (loss, out) if return_outputs else loss
 
-    def forward_objective(self, model: Any, inputs: dict[str, Any]) -> Any:
-        """``model(**inputs)``: the objective's output for a collated batch."""
-        return model(**inputs) if self._keyword_forward else model(inputs)
+    @staticmethod
+    def forward_objective(model: Any, inputs: dict[str, Any]) -> Any:
+        """``model(**inputs)``: the objective's ``PretrainingOutput`` for a collated batch."""
+        return model(**inputs)
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
         if "loss" in logs and self._term_batches:
