@@ -75,11 +75,13 @@ def check_checkpoint_files(checkpoint: str) -> None:
     import pickle
 
     import torch
+    from transformers.trainer_pt_utils import safe_globals  # the NumPy RNG state's types, as the Trainer allows
 
     for name in sorted(os.listdir(checkpoint)):
         if name.endswith((".pt", ".pth")):
             try:
-                torch.load(os.path.join(checkpoint, name), map_location="cpu", weights_only=True)
+                with safe_globals():
+                    torch.load(os.path.join(checkpoint, name), map_location="cpu", weights_only=True)
             except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ValueError(f"{os.path.join(checkpoint, name)}: not plain tensor data, refused without "
