@@ -1,285 +1,315 @@
-"""End-to-end ``python -m pretrain finetune`` runs on a tiny synthetic BEIR collection."""
+"""``python -m pretrain finetune`` on sentence-transformers' trainer: the export, its records, the mining model's
+pooling, the loss's scale, and the kept guarantees (resume after kill -9, locked output, non-finite loss, stale
+negatives, resumed rounds)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import logging
 import os
-import random
+import signal
 import subprocess
-import textwrap
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from _warm_python import torchrun, warm_python
-
+from _tiny_sets import tiny_beir
 from pretrain.finetune import negatives as neg
-from pretrain.config import FinetuneConfig, parse_config
-from pretrain.finetune.train import load_training_data, main
+from pretrain.finetune import train as ft
+from pretrain.finetune.arguments import parse_args
 
-REPO = Path(__file__).resolve().parents[1]
-WORDS = ("apple river mountain engine planet violin castle garden doctor ocean pencil rocket winter "
-         "forest bridge camera silver dragon island market").split()
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _write_beir(root, n_docs=40, n_queries=16, extra_qrels=()):
-    rng = random.Random(0)
-    os.makedirs(root / "qrels", exist_ok=True)
-    docs = []
-    with open(root / "corpus.jsonl", "w") as f:
-        for i in range(n_docs):
-            words = rng.sample(WORDS, 6)
-            docs.append(words)
-            f.write(json.dumps({"_id": f"d{i}", "title": words[0], "text": " ".join(words)}) + "\n")
-    with open(root / "queries.jsonl", "w") as f:
-        for i in range(n_queries):
-            f.write(json.dumps({"_id": f"q{i}", "text": " ".join(docs[i][:3])}) + "\n")
-    with open(root / "qrels" / "train.tsv", "w") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        for i in range(n_queries):
-            f.write(f"q{i}\td{i}\t1\n")
-        for q, d, s in extra_qrels:
-            f.write(f"{q}\t{d}\t{s}\n")
-    return f"beir:{root}:train"
+def _argv(model, train, out, *extra):
+    return ["--model", str(model), "--train", train, "--output_dir", str(out), "--num_negatives", "2",
+            "--per_device_train_batch_size", "4", "--max_steps", "4", "--save_steps", "2", "--max_seq_length", "32",
+            "--negatives_depth", "10", "--learning_rate", "1e-3", *extra]
 
 
-def _write_groups(path, negatives) -> str:
-    """A groups file for q0..q15 (positive ``d<i>``, negatives ``negatives(i)``); returns its path."""
-    neg.write_groups(str(path), [neg.Group(f"q{i}", "ignored", [f"d{i}"], negatives(i)) for i in range(16)])
-    return str(path)
-
-
-def _args(model, train, out, *extra):
-    return ["--model", model, "--train", train, "--output", str(out), "--batch-size", "4", "--max-steps", "2",
-            "--num-negatives", "2", "--negatives-depth", "10", "--query-max-length", "16", "--doc-max-length", "24",
-            "--learning-rate", "1e-3", "--logging-steps", "1", "--cpu", *extra]
-
-
-def _weights(path):
-    from safetensors.numpy import load_file
+def _weights(path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
     return load_file(os.path.join(path, "model.safetensors"))
 
 
-def test_max_train_queries_sampling_is_reproducible(tmp_path):
-    spec = _write_beir(tmp_path / "beir", extra_qrels=[("q3", "d9", 0)])
-    a = load_training_data(spec, max_train_queries=5, seed=1)
-    b = load_training_data(spec, max_train_queries=5, seed=1)
-    c = load_training_data(spec, max_train_queries=5, seed=2)
-    assert a.topics["qid"].tolist() == b.topics["qid"].tolist()
-    assert len(a.topics) == 5 and a.topics["qid"].tolist() != c.topics["qid"].tolist()
-    all_q = load_training_data(spec).topics["qid"].tolist()
-    assert sorted(all_q) == sorted(f"q{i}" for i in range(16))
-    assert a.topics["qid"].tolist() == neg.sample_queries(all_q, 5, 1)
-    assert a.positives == {q: [f"d{q[1:]}"] for q in a.topics["qid"]}   # label-0 qrel of q3 is not a positive
+def _st_base(tmp_path, tiny_bert_dir, pooling, normalize) -> str:
+    """The tiny BERT described as a sentence-transformers model (its own pooling and normalisation)."""
+    import shutil
+
+    from pyterrier_cpdae.encoder.st_export import write_st_config
+
+    base = tmp_path / f"base-{pooling}-{int(normalize)}"
+    shutil.copytree(tiny_bert_dir, base)
+    write_st_config(base, pooling=pooling, normalize=normalize, max_seq_length=32, hidden_size=32)
+    return str(base)
 
 
-def test_finetune_bm25_end_to_end_loads_with_cpdae(tmp_path, tiny_bert_dir, caplog):
-    import pyterrier_cpdae.encoder.cpdae as encoder_mod
-    spec = _write_beir(tmp_path / "beir")
-    out = tmp_path / "ft"
-    with caplog.at_level(logging.INFO, logger="pretrain"):
-        summary = main(_args(tiny_bert_dir, spec, out, "--negatives", "bm25"))
-    assert summary["num_queries"] == 16 and summary["rounds"][0]["num_examples"] == 16
-    groups, _ = neg.read_groups(str(out / "groups" / "round-0.jsonl"))
-    assert [g.qid for g in groups] == sorted(f"q{i}" for i in range(16))
-    corpus_ids = {f"d{i}" for i in range(40)}
-    for g in groups:
-        assert g.pos == [f"d{g.qid[1:]}"] and g.pos[0] not in g.negs and set(g.negs) <= corpus_ids
-        assert 0 < len(g.negs) <= 10
-    args = json.loads((out / "training_args.json").read_text())
-    assert args["finished"] and args["config"]["pooling"] == "cls" and args["config"]["negatives"] == "bm25"
-    # the encoder was trained: its weights moved away from the starting checkpoint
-    before, after = _weights(tiny_bert_dir), _weights(str(out))
-    key = next(k for k in after if k.endswith("encoder.layer.0.attention.self.query.weight"))
-    assert not np.allclose(after[key], before["bert." + key if "bert." + key in before else key])
-    model = encoder_mod.CPDAE.from_pretrained(str(out), pooling="cls")
-    vecs = model.encode_queries(["apple river", "ocean planet"])
-    assert vecs.shape == (2, 32) and np.isfinite(vecs).all()
-    assert (out / "rounds" / "round-0" / "logs" / "metrics.csv").exists()
-    # the same command again is refused; with --resume it reuses everything
-    with pytest.raises(ValueError, match="--resume"):
-        main(_args(tiny_bert_dir, spec, out, "--negatives", "bm25"))
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="pretrain"):
-        main(_args(tiny_bert_dir, spec, out, "--negatives", "bm25", "--resume"))
-    assert "reusing the saved groups" in caplog.text and "already trained" in caplog.text
-    with pytest.raises(ValueError, match="different fine-tuning run"):
-        main(_args(tiny_bert_dir, spec, out, "--negatives", "bm25", "--num-negatives", "3", "--resume"))
+# ----------------------------------------------------------------------------- the export
+def test_tiny_run_writes_a_portable_sentence_transformers_folder(tmp_path, tiny_bert_dir):
+    from pyterrier_cpdae import CPDAE
+    from sentence_transformers import SentenceTransformer
+
+    data = tiny_beir(tmp_path / "beir", docs=40, queries=6)
+    out = tmp_path / "run"
+    record = ft.main(_argv(tiny_bert_dir, f"beir:{data}:train", out, "--negatives", "bm25"))
+    assert record["finished"] and record["rounds"][0]["steps"] == 4
+    card = (out / "README.md").read_text()
+    assert "MultipleNegativesRankingLoss" in card and '"scale": 1.0' in card and "dot_score" in card
+    assert record["rounds"][0]["scale"] == 1.0 and record["rounds"][0]["similarity"] == "dot_score"
+    # no file of the run names the run's own directory (nor the tmp folder it sits in)
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert str(out).encode() not in f.read_bytes(), f
+            assert str(tmp_path).encode() not in f.read_bytes(), f
+    # loads identically in sentence-transformers and in the plugin
+    texts = ["alpha beta doc3", "gamma delta epsilon zeta theta doc7 " * 8]
+    a = SentenceTransformer(str(out), device="cpu").encode(texts)
+    b = CPDAE.from_pretrained(str(out), device="cpu").encode_docs(texts)
+    assert np.abs(a - b).max() < 1e-6
+    # the export is round 0's model, trained away from the base
+    assert not torch.equal(_weights(out)["embeddings.word_embeddings.weight"],
+                           _weights(tiny_bert_dir)["bert.embeddings.word_embeddings.weight"])
+    groups = neg.load_pools(str(out / "negatives" / "round-0.parquet"),
+                            json.loads((out / "negatives" / "round-0.parquet.key.json").read_text()))
+    assert groups and all(g.pos[0] not in g.negs for g in groups)
 
 
-def test_finetune_file_negatives_and_a_dense_mining_round(tmp_path, tiny_bert_dir):
-    spec = _write_beir(tmp_path / "beir")
-    groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{(i + 1) % 40}", f"d{i + 20}"])
-    out = tmp_path / "ft"
-    summary = main(_args(tiny_bert_dir, spec, out, "--negatives", f"file:{groups_file}", "--mining-rounds", "1",
-                         "--pooling", "mean", "--loss", "pairwise"))
-    assert [r["round"] for r in summary["rounds"]] == [0, 1]
-    r0, _ = neg.read_groups(str(out / "groups" / "round-0.jsonl"))
-    assert r0[0].negs == ["d1", "d20"] and r0[0].query != "ignored"   # query text comes from the topics
-    r1, _ = neg.read_groups(str(out / "groups" / "round-1.jsonl"))
-    assert len(r1) == 16
-    for g in r1:                        # dense top-10 minus the positive
-        assert g.pos[0] not in g.negs and len(g.negs) in (9, 10) and len(set(g.negs)) == len(g.negs)
-    assert (out / "rounds" / "round-1" / "config.json").exists() and (out / "config.json").exists()
-    assert not (out / "dense_index").exists()
+# ----------------------------------------------------------------------------- the model and the loss
+def test_normalize_base_trains_cosine_at_scale_20(tmp_path, tiny_bert_dir):
+    """A base ending in Normalize: the model keeps it and the loss is 20 x cosine; a base without: dot product at 1;
+    --scale overrides. The loss value is the hand-computed softmax cross-entropy over the scaled scores."""
+    from sentence_transformers.sentence_transformer.modules import Normalize
+
+    fa, _ = parse_args(["--output_dir", str(tmp_path / "x"), "--pooling", "cls"])
+    normed = _st_base(tmp_path, tiny_bert_dir, "cls", True)
+    model, normalize = ft.build_model(normed, fa)
+    assert normalize and isinstance(model[-1], Normalize)
+    loss, rec = ft.build_loss(model, fa, normalize)
+    assert (rec["scale"], rec["similarity"]) == (20.0, "cos_sim") and loss.scale == 20.0
+    plain, normalize2 = ft.build_model(tiny_bert_dir, fa)
+    assert not normalize2 and not isinstance(plain[-1], Normalize)
+    assert ft.build_loss(plain, fa, False)[1]["scale"] == 1.0
+    fa.scale = 5.0
+    assert ft.build_loss(model, fa, True)[1]["scale"] == 5.0 and ft.build_loss(model, fa, True)[1]["scale_from"] == \
+        "--scale"
+    fa.scale = None
+    # the loss value on one batch of 2 queries x (pos, 1 neg), against the equation
+    q, p, n = ["alpha beta", "gamma delta"], ["alpha beta doc1", "gamma delta doc2"], ["zeta", "theta kappa"]
+    feats = [model.preprocess(t) for t in (q, p, n)]
+    got = loss(feats, None)
+    with torch.no_grad():
+        e = [torch.nn.functional.normalize(model.encode(t, convert_to_tensor=True), dim=-1) for t in (q, p, n)]
+    scores = 20.0 * e[0] @ torch.cat([e[1], e[2]]).T
+    want = torch.nn.functional.cross_entropy(scores, torch.arange(2))
+    assert got.item() == pytest.approx(want.item(), rel=1e-4)
 
 
-def test_groups_spec_with_inline_texts_needs_no_corpus(tmp_path, tiny_bert_dir):
-    path = tmp_path / "groups.jsonl"
-    with open(path, "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"qid": f"q{i}", "query": f"{WORDS[i]} question",
-                                "pos": [{"text": f"{WORDS[i]} answer"}],
-                                "negs": [{"text": f"{w} other"} for w in WORDS[10:14]]}) + "\n")
-    out = tmp_path / "ft"
-    summary = main(_args(tiny_bert_dir, f"groups:{path}", out, "--max-train-queries", "4"))
-    assert summary["num_queries"] == 4 and summary["rounds"][0]["num_examples"] == 4
-    with pytest.raises(ValueError, match="needs a corpus"):
-        main(_args(tiny_bert_dir, f"groups:{path}", tmp_path / "ft2", "--mining-rounds", "1"))
+def test_without_in_batch_negatives_each_query_sees_its_own_group_only(tiny_bert_dir, tmp_path):
+    """The paper's loss: softmax over 1 positive + its own negatives (no other query's passages)."""
+    fa, _ = parse_args(["--output_dir", str(tmp_path / "x"), "--in_batch_negatives", "false", "--num_negatives", "2"])
+    model, normalize = ft.build_model(tiny_bert_dir, fa)
+    loss, rec = ft.build_loss(model, fa, normalize)
+    assert not rec["in_batch_negatives"]
+    cols = [["alpha beta", "gamma delta", "kappa"], ["alpha doc1", "delta doc2", "kappa doc3"],
+            ["zeta", "theta", "beta"], ["epsilon", "alpha", "gamma"]]
+    got = loss([model.preprocess(c) for c in cols], None)
+    with torch.no_grad():
+        e = [model.encode(c, convert_to_tensor=True) for c in cols]
+    own = torch.stack([e[0][i] @ torch.stack([e[1][i], e[2][i], e[3][i]]).T for i in range(3)])
+    want = torch.nn.functional.cross_entropy(own, torch.zeros(3, dtype=torch.long))
+    assert got.item() == pytest.approx(want.item(), rel=1e-4)
 
 
-def test_bad_training_data_errors(tmp_path, tiny_bert_dir):
-    groups_file = tmp_path / "negs.jsonl"
-    neg.write_groups(str(groups_file), [neg.Group(f"q{i}", "x", [], ["d30", "d31"]) for i in range(16)])
-    # qrels naming documents that are not in the corpus
-    spec = _write_beir(tmp_path / "beir", extra_qrels=[("q1", "ghost-7", 1)])
-    with pytest.raises(ValueError, match="not in the corpus: ghost-7"):
-        main(_args(tiny_bert_dir, spec, tmp_path / "a", "--negatives", f"file:{groups_file}"))
-    # no judged positive at all
-    empty = tmp_path / "empty"
-    _write_beir(empty)
-    qrels = empty / "qrels" / "train.tsv"
-    qrels.write_text(qrels.read_text().replace("\t1\n", "\t0\n"))
-    with pytest.raises(ValueError, match="no training query has a judged positive"):
-        main(_args(tiny_bert_dir, f"beir:{empty}:train", tmp_path / "b", "--negatives", f"file:{groups_file}"))
-    # every query dropped for too few negatives
-    spec = _write_beir(tmp_path / "beir2")
-    with pytest.raises(ValueError, match="no training example left"):
-        main(_args(tiny_bert_dir, spec, tmp_path / "c", "--negatives", f"file:{groups_file}",
-                   "--num-negatives", "3", "--few-negatives", "drop"))
-    with pytest.raises(ValueError, match="unknown --negatives"):
-        main(_args(tiny_bert_dir, spec, tmp_path / "d", "--negatives", "colbert"))
+def test_cached_loss_gives_the_same_gradients(tiny_bert_dir, tmp_path):
+    fa, _ = parse_args(["--output_dir", str(tmp_path / "x")])
+    cols = [["alpha beta", "gamma delta", "kappa", "zeta doc"], ["alpha doc1", "delta doc2", "kappa doc3", "zeta"],
+            ["zeta", "theta", "beta", "alpha"]]
+    grads = []
+    for kind in ("mnrl", "cached"):
+        fa.loss, fa.mini_batch_size = kind, 2
+        torch.manual_seed(0)
+        model, normalize = ft.build_model(tiny_bert_dir, fa)
+        model.eval()  # no dropout: both see the same network
+        loss, _ = ft.build_loss(model, fa, normalize)
+        loss([model.preprocess(c) for c in cols], None).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert (grads[0] - grads[1]).abs().max() <= 1e-3 * grads[0].abs().max(), (grads[0] - grads[1]).abs().max()
 
 
-def test_config_parses_finetune_flags():
-    cfg = parse_config(FinetuneConfig, ["--train", "x", "--negatives", "model:/m", "--mining-rounds", "2",
-                                        "--no-in-batch-negatives", "--max-train-queries", "100"])
-    assert cfg.negatives == "model:/m" and cfg.mining_rounds == 2 and not cfg.in_batch_negatives
-    assert cfg.max_train_queries == 100 and cfg.learning_rate == 5e-6 and cfg.num_negatives == 7
-    # the defaults share the paper's numbers (lr 5e-6, 64 queries per batch, 1 positive + 7 negatives, [CLS])
-    # but not its loss or schedule (listwise, rounds restart from --model); --preset paper is the paper's recipe
-    cfg = parse_config(FinetuneConfig, [])
-    assert (cfg.learning_rate, cfg.batch_size, cfg.num_negatives, cfg.pooling, cfg.loss, cfg.round_init) == \
-        (5e-6, 64, 7, "cls", "listwise", "base")
+# ----------------------------------------------------------------------------- mining with the run's pooling
+def _naive_pools(model_dir, data, pooling, depth, judged):
+    """Exact ranking by a hand-written encoder: AutoModel, the asked pooling, numpy dot products."""
+    from pyterrier_cpdae import load_dataset
+    from transformers import AutoModel, AutoTokenizer
+
+    ds = load_dataset(data)
+    docs = list(ds.get_corpus_iter())
+    model, tok = AutoModel.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+    def enc(texts, n):
+        x = tok(texts, max_length=n, truncation=True, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            h = model(**x).last_hidden_state
+        m = x["attention_mask"].unsqueeze(-1).float()
+        return (h[:, 0] if pooling == "cls" else (h * m).sum(1) / m.sum(1)).numpy()
+
+    d = enc([x["text"] for x in docs], 32)
+    topics = ds.get_topics()
+    q = enc(topics["query"].tolist(), 32)
+    pools = {}
+    for qid, row in zip(topics["qid"], q @ d.T):
+        ranked = [docs[i]["docno"] for i in np.argsort(-row, kind="stable")[:depth]]
+        pools[qid] = [x for x in ranked if x not in judged[qid]]
+    return pools
 
 
-@pytest.mark.multiproc
-def test_irds_triples_small_docpairs_are_read_from_a_fixture_cache(tmp_path, tiny_bert_dir):
-    """``--negatives file:irds:msmarco-passage/train/triples-small`` offline, from a temp IR_DATASETS_HOME."""
-    base = tmp_path / "irds" / "msmarco-passage"
-    (base / "train").mkdir(parents=True)
-    (base / "irds_version.txt").write_text("v2")  # exactly, or the migrator deletes collection.tsv
-    (base / "collection.tsv").write_text("".join(f"{i}\t{' '.join(random.Random(i).sample(WORDS, 5))}\n"
-                                                 for i in range(30)))
-    (base / "train" / "queries.tsv").write_text("".join(f"{100 + i}\t{WORDS[i]} {WORDS[i + 1]}\n" for i in range(9)))
-    # qid 108 has no judged positive: it is skipped, and so are its docpairs
-    (base / "train" / "qrels").write_text("".join(f"{100 + i} 0 {i} 1\n" for i in range(8)))
-    triples = [(100 + i, i, (i + k) % 30) for k in (10, 11, 12, 13) for i in range(9)]
-    triples += [(100, 0, 10), (101, 1, 1), (102, 2, 0)]   # a repeated pair, a negative that is the positive
-    (base / "train" / "small.triples.qidpid.tsv").write_text("".join(f"{q}\t{a}\t{b}\n" for q, a, b in triples))
-    out = tmp_path / "ft"
-    args = _args(tiny_bert_dir, "irds:msmarco-passage/train", out, "--negatives",
-                 "file:irds:msmarco-passage/train/triples-small", "--negatives-depth", "3")
-    code = f"""
-        import socket
-        def no_network(*args, **kwargs):
-            raise RuntimeError("network access attempted")
-        socket.socket.connect = no_network
-        from pretrain.finetune.train import main
-        main({args!r})
-    """
-    run = subprocess.run([warm_python(), "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "IR_DATASETS_HOME": str(tmp_path / "irds")}, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    groups, _ = neg.read_groups(str(out / "groups" / "round-0.jsonl"))
-    # by hand: the first 3 distinct negatives of each query's docpairs (in file order), minus its positive
-    expected = {str(100 + i): [str((i + k) % 30) for k in (10, 11, 12)] for i in range(8)}
-    assert {g.qid: g.negs for g in groups} == expected
-    assert all(g.pos == [str(int(g.qid) - 100)] for g in groups)
-    assert "skipped 1 of 9 training queries without a judged positive" in (out / "finetune.log").read_text()
-    assert (base / "collection.tsv").exists() and (out / "config.json").exists()
+def test_dense_negatives_are_mined_with_the_asked_pooling(tmp_path, tiny_bert_dir):
+    """--pooling mean on a base that declares [CLS]: the negatives are the mean-pooled model's ranking (the old stack
+    mined with the base's declared pooling)."""
+    base = _st_base(tmp_path, tiny_bert_dir, "cls", False)
+    data = f"beir:{tiny_beir(tmp_path / 'beir', docs=30, queries=6)}:train"
+    fa, ta = parse_args(_argv(base, data, tmp_path / "run", "--negatives", "model", "--pooling", "mean"))
+    loaded = ft.load_training_data(fa, ta.seed)
+    out = str(tmp_path / "run")
+    os.makedirs(out)
+    groups = ft.mine(fa, out, 0, loaded, normalize=False)
+    judged = {q: set(p) for q, p in loaded["positives"].items()}
+    mean = _naive_pools(base, data, "mean", 10, judged)
+    cls = _naive_pools(base, data, "cls", 10, judged)
+    got = {g.qid: g.negs for g in groups}
+    assert got == mean
+    assert got != cls
 
 
-def test_model_negatives_equal_a_naive_dense_ranking(tmp_path, tiny_bert_dir):
-    """``--negatives model:<dir>``: the pools are the checkpoint's exact dense top-k minus the positive."""
-    import pyterrier_cpdae.encoder.cpdae as encoder_mod
-    spec = _write_beir(tmp_path / "beir")
-    groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{i + 20}"])
-    first = tmp_path / "first"
-    main(_args(tiny_bert_dir, spec, first, "--negatives", f"file:{groups_file}", "--pooling", "mean"))
-    out = tmp_path / "ft"
-    main(_args(tiny_bert_dir, spec, out, "--negatives", f"model:{first}", "--negatives-depth", "5"))
-    # reference: encode everything with the first model (mean pooling, read from its training_args) and rank
-    enc = encoder_mod.CPDAE.from_pretrained(str(first), pooling="mean", query_max_length=16, doc_max_length=24)
-    docs = [json.loads(line) for line in open(tmp_path / "beir" / "corpus.jsonl")]
-    queries = [json.loads(line) for line in open(tmp_path / "beir" / "queries.jsonl")]
-    d = np.asarray(enc.encode_docs([f"{x['title']} {x['text']}" for x in docs]))
-    q = np.asarray(enc.encode_queries([x["text"] for x in queries]))
-    groups = {g.qid: g.negs for g in neg.read_groups(str(out / "groups" / "round-0.jsonl"))[0]}
-    for i, row in enumerate(q @ d.T):
-        ranked = [docs[j]["_id"] for j in np.argsort(-row, kind="stable")[:5]]
-        assert groups[f"q{i}"] == [x for x in ranked if x != f"d{i}"]
+def test_judged_documents_are_never_negatives(tmp_path, tiny_bert_dir):
+    data = tiny_beir(tmp_path / "beir", docs=30, queries=6)
+    with open(data / "qrels" / "train.tsv", "a") as f:  # a second, lower-graded judgement and a judged-0 one
+        f.write("q0\td1\t1\nq0\td2\t0\n")
+    fa, ta = parse_args(_argv(tiny_bert_dir, f"beir:{data}:train", tmp_path / "run", "--negatives", "model",
+                              "--pooling", "mean", "--negatives_depth", "30"))
+    loaded = ft.load_training_data(fa, ta.seed)
+    os.makedirs(tmp_path / "run")
+    groups = {g.qid: g for g in ft.mine(fa, str(tmp_path / "run"), 0, loaded, normalize=False)}
+    assert not {"d0", "d1", "d2"} & set(groups["q0"].negs) and len(groups["q0"].negs) == 27
 
 
-def _low_resource_module():
-    spec = importlib.util.spec_from_file_location("low_resource", REPO / "experiments" / "studies" / "low_resource.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# ----------------------------------------------------------------------------- kept guarantees
+def _cli(argv, **kw):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "pretrain", "finetune", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_low_resource_grid_averages_over_seeds():
-    import pandas as pd
-    rows = [{"N": 0, "seed": "-", "nDCG@10": 0.5, "R@100": 0.9},
-            {"N": 50, "seed": 1, "nDCG@10": 0.6, "R@100": 0.8},
-            {"N": 50, "seed": 2, "nDCG@10": 0.7, "R@100": 1.0},
-            {"N": 100, "seed": 1, "nDCG@10": 0.4, "R@100": 0.7},
-            {"N": 100, "seed": 2, "nDCG@10": 0.5, "R@100": 0.7},
-            {"N": 100, "seed": 3, "nDCG@10": 0.9, "R@100": 1.0}]
-    table = _low_resource_module().average_over_seeds(pd.DataFrame(rows)).set_index("N")
-    assert table.loc[50, "runs"] == 2 and table.loc[100, "runs"] == 3 and table.loc[0, "runs"] == 1
-    assert table.loc[50, "nDCG@10 mean"] == pytest.approx(0.65)
-    assert table.loc[100, "nDCG@10 mean"] == pytest.approx(0.6)
-    assert table.loc[100, "R@100 mean"] == pytest.approx(0.8)
-    assert table.loc[100, "nDCG@10 std"] == pytest.approx(0.264575, abs=1e-4)   # sample std of .4, .5, .9
-    assert table.loc[0, "nDCG@10 mean"] == 0.5
+def test_resume_after_kill_9_gives_bit_identical_weights(tmp_path, tiny_bert_dir):
+    groups = tmp_path / "groups.jsonl"
+    with open(groups, "w") as f:
+        for i in range(24):
+            f.write(json.dumps({"qid": f"q{i}", "query": f"query {i} alpha",
+                                "pos": [{"text": f"passage {i} alpha beta"}],
+                                "negs": [{"text": f"other {i + j} gamma"} for j in range(3)]}) + "\n")
+    common = ["--model", tiny_bert_dir, "--train", f"groups:{groups}", "--num_negatives", "2",
+              "--per_device_train_batch_size", "4", "--max_steps", "30", "--save_steps", "5", "--max_seq_length",
+              "32", "--num_train_epochs", "10"]
+    full = _cli([*common, "--output_dir", str(tmp_path / "full")])
+    assert full.wait(600) == 0, full.stderr.read()[-2000:]
+    cut = _cli([*common, "--output_dir", str(tmp_path / "cut")])
+    ckpt = tmp_path / "cut" / "rounds" / "round-0" / "checkpoint-10"
+    deadline = time.time() + 600
+    while not (ckpt / "trainer_state.json").exists() and time.time() < deadline and cut.poll() is None:
+        time.sleep(0.05)
+    os.kill(cut.pid, signal.SIGKILL)
+    cut.wait()
+    assert not (tmp_path / "cut" / "model.safetensors").exists()  # killed before the end
+    again = _cli([*common, "--output_dir", str(tmp_path / "cut"), "--resume"])
+    assert again.wait(600) == 0, again.stderr.read()[-2000:]
+    a, b = _weights(tmp_path / "full"), _weights(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.multiproc
-def test_finetune_under_torchrun_two_gloo_processes(tmp_path, tiny_bert_dir):
-    """Rank 0 prepares the output and mines (a single dense index), both ranks train each round together."""
-    import socket
+def test_non_finite_loss_stops_with_one_line(tmp_path, tiny_bert_dir):
+    data = tiny_beir(tmp_path / "beir", docs=30, queries=6)
+    p = _cli(_argv(tiny_bert_dir, f"beir:{data}:train", tmp_path / "run", "--negatives", "model", "--scale", "1e39"))
+    assert p.wait(600) == 1
+    err = [x for x in p.stderr.read().splitlines() if x.startswith("error:")]
+    assert len(err) == 1 and "NonFiniteLossError" in err[0] and "non-finite loss" in err[0], err
+    assert not (tmp_path / "run" / "model.safetensors").exists()
 
-    spec = _write_beir(tmp_path / "beir")
-    groups_file = _write_groups(tmp_path / "negs.jsonl", lambda i: [f"d{i + 20}", f"d{(i + 1) % 40}"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "ft"
-    cmd = torchrun(["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)],
-                   ["-m", "pretrain", "finetune",
-                    *_args(tiny_bert_dir, spec, out, "--negatives", f"file:{groups_file}", "--mining-rounds", "1")])
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    for r in (0, 1):
-        trainer = json.loads((out / "rounds" / f"round-{r}" / "run_config.json").read_text())["trainer"]
-        assert trainer["world_size"] == 2 and trainer["micro_batch_size"] == 2
-    r1, _ = neg.read_groups(str(out / "groups" / "round-1.jsonl"))
-    # mined over the whole corpus by rank 0 alone (not over a torchrun shard of it)
-    assert len(r1) == 16 and all(len(g.negs) in (9, 10) and g.pos[0] not in g.negs for g in r1)
-    mined = {int(d[1:]) for g in r1 for d in g.negs}
-    assert {i % 2 for i in mined} == {0, 1}          # torchrun shard 0 alone would hold the even records only
-    assert json.loads((out / "training_args.json").read_text())["finished"]
-    assert (out / "config.json").exists() and not (out / "dense_index").exists()
+
+def test_output_is_locked_while_a_run_writes_it(tmp_path, tiny_bert_dir):
+    from pyterrier_cpdae._locking import ConcurrentBuildError, build_lock
+
+    data = tiny_beir(tmp_path / "beir", docs=30, queries=6)
+    out = tmp_path / "run"
+    with build_lock(str(out), "fine-tuning run", "written"):
+        with pytest.raises(ConcurrentBuildError):
+            ft.main(_argv(tiny_bert_dir, f"beir:{data}:train", out, "--negatives", "model"))
+
+
+def test_stale_negatives_are_mined_again_and_resumed_rounds_train_to_the_asked_length(tmp_path, tiny_bert_dir,
+                                                                                       caplog):
+    data = tiny_beir(tmp_path / "beir", docs=30, queries=6)
+    out = tmp_path / "run"
+    argv = _argv(tiny_bert_dir, f"beir:{data}:train", out, "--negatives", "model", "--mining_rounds", "1")
+    first = ft.main(argv)
+    assert [r["steps"] for r in first["rounds"]] == [4, 4]
+    key1 = json.loads((out / "negatives" / "round-1.parquet.key.json").read_text())
+    with pytest.raises(ValueError, match="already holds this run"):
+        ft.main(argv)
+    # round 0 continued to 6 steps: its model changes, so round 1's negatives are stale: mined again, round 1 retrained
+    again = ft.main([*argv, "--resume", "--max_steps", "6"])
+    assert [r["steps"] for r in again["rounds"]] == [6, 6]
+    state = json.loads((out / "rounds" / "round-0" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["global_step"] == 6
+    key2 = json.loads((out / "negatives" / "round-1.parquet.key.json").read_text())
+    assert key1["model"]["weights"] != key2["model"]["weights"] and key1["data"] == key2["data"]
+    # the data edited in place: every round's negatives are mined again
+    tiny_beir(tmp_path / "beir", docs=30, queries=6, extra=" kappa kappa")
+    with caplog.at_level("WARNING", logger="pretrain.finetune.negatives"):
+        ft.main([*argv, "--resume", "--max_steps", "6"])
+    assert "round-0.parquet: made from other data" in caplog.text
+
+
+def test_bad_options_are_one_line_errors(tmp_path, tiny_bert_dir):
+    with pytest.raises(ValueError, match="--train is required"):
+        ft.main(["--model", tiny_bert_dir, "--output_dir", str(tmp_path / "o")])
+    with pytest.raises(ValueError, match="--loss cached needs in-batch negatives"):
+        ft.main(_argv(tiny_bert_dir, "sample", tmp_path / "o", "--loss", "cached", "--in_batch_negatives", "false"))
+    with pytest.raises(ValueError, match="--scale must be > 0"):
+        ft.main(_argv(tiny_bert_dir, "sample", tmp_path / "o", "--scale", "0"))
+
+
+def test_paper_preset_sets_the_papers_recipe_and_flags_override_it(tmp_path):
+    fa, ta = parse_args(["--preset", "paper", "--output_dir", str(tmp_path)])
+    assert (fa.num_negatives, fa.in_batch_negatives, fa.pooling, fa.mining_rounds, fa.round_init) == \
+        (7, False, "cls", 1, "previous")
+    assert (ta.learning_rate, ta.per_device_train_batch_size) == (5e-6, 64)
+    fa, ta = parse_args(["--preset", "paper", "--output_dir", str(tmp_path), "--learning-rate", "1e-5"])
+    assert ta.learning_rate == 1e-5
+
+
+def test_probe_evaluates_during_training_and_keeps_the_best_checkpoint(tmp_path, tiny_bert_dir):
+    """--probe: the trainer evaluates with the probe evaluator, selects the best checkpoint by probe nDCG@10 and stops
+    early; the round's record holds the probe's figures of the model it exported."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from pretrain.evaluation.probe import RetrievalProbe
+
+    data = tiny_beir(tmp_path / "beir", docs=30, queries=6)
+    out = tmp_path / "run"
+    record = ft.main(_argv(tiny_bert_dir, f"beir:{data}:train", out, "--negatives", "model", "--probe", "sample",
+                           "--probe_max_queries", "10", "--eval_strategy", "steps", "--eval_steps", "2",
+                           "--load_best_model_at_end", "true", "--metric_for_best_model", "probe_ndcg_cut_10",
+                           "--early_stopping_patience", "5", "--max_steps", "6"))
+    state = json.loads((out / "rounds" / "round-0" / "checkpoint-6" / "trainer_state.json").read_text())
+    evals = [h for h in state["log_history"] if "eval_probe_ndcg_cut_10" in h]
+    assert [h["step"] for h in evals] == [2, 4, 6]
+    best = max(h["eval_probe_ndcg_cut_10"] for h in evals)
+    assert state["best_metric"] == pytest.approx(best) and not os.path.isabs(state["best_model_checkpoint"])
+    # the exported model is the best checkpoint's: its probe figure is the best one, recomputed independently
+    probe = RetrievalProbe("sample", 10, seed=42)
+    got = probe.evaluate(AutoModel.from_pretrained(str(out)), AutoTokenizer.from_pretrained(str(out)),
+                         pooling="cls", max_length=32, query_max_length=32)
+    assert got["ndcg_cut_10"] == pytest.approx(best, abs=1e-4)
+    assert record["rounds"][0]["probe_ndcg_cut_10"] == pytest.approx(best, abs=1e-4)

@@ -30,20 +30,6 @@ def _pretrain_argv(model, corpus, out, *extra):
             "--max-steps", "2", "--warmup-ratio", "0", "--report-to", "none", "--output", str(out), "--cpu", *extra]
 
 
-def _groups(path: Path) -> str:
-    with open(path, "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"qid": f"q{i}", "query": f"{WORDS[i]} question", "pos": [{"text": f"{WORDS[i]} answer"}],
-                                "negs": [{"text": f"{w} other"} for w in WORDS[10:14]]}) + "\n")
-    return f"groups:{path}"
-
-
-def _finetune_argv(model, train, out, *extra):
-    return ["--model", str(model), "--train", train, "--output", str(out), "--batch-size", "4", "--max-steps", "2",
-            "--num-negatives", "2", "--query-max-length", "16", "--doc-max-length", "24", "--learning-rate", "1e-3",
-            "--report-to", "none", "--cpu", *extra]
-
-
 def _sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -245,52 +231,6 @@ def test_markdown_table_escapes_and_refuses_ragged_rows():
     assert "x\\|y" in table and "line break" in table and "| – | 0.1235 |" in table
     with pytest.raises(ValueError, match="2 cells"):
         markdown_table(["a", "b", "c"], [(1, 2)])
-
-
-@pytest.fixture(scope="module")
-def finetuned(tmp_path_factory, pretrained):
-    from pretrain.finetune.train import main
-
-    root = tmp_path_factory.mktemp("ft-cards")
-    train = _groups(root / "groups.jsonl")
-    a, b = root / "a", root / "b"
-    main(_finetune_argv(pretrained["a"], train, a))
-    main(_finetune_argv(pretrained["a"], train, b, "--doc-max-length", "20", "--num-negatives", "3"))
-    return {"a": a, "b": b, "train": train, "base": pretrained["a"]}
-
-
-def test_finetuning_card_fields_come_from_the_run(finetuned):
-    a, train, base = finetuned["a"], finetuned["train"], finetuned["base"]
-    meta, body = parse_card(a)
-    assert "base_model" not in meta and meta["datasets"] == [] and "fine-tuning" in meta["tags"]
-    check_tables(body)
-    rec = read_card_state(str(a))["record"]
-    assert rec["base_model"]["weights_sha256"] == _sha256(Path(base, "model.safetensors"))
-    assert rec["base_model"]["made_by"]["objective"] == "mlm"  # the pre-training run it came from
-    args = json.loads(Path(a, "training_args.json").read_text())
-    assert rec["data"]["queries"] == args["num_queries"] == 8
-    assert rec["training"]["rounds"][0]["num_examples"] == args["rounds"][0]["num_examples"]
-    assert rec["encoder"]["query_max_length"] == 16 and rec["encoder"]["document_max_length"] == 24
-    assert rec["encoder"]["max_seq_length"] == 24  # read back from the sentence-transformers files
-    assert rec["data"]["num_negatives"] == 2 and rec["command"].startswith("python -m pretrain finetune --model")
-    assert rec["carried"]["source"] == "base"  # the pre-trained export's pooler
-    # the pre-training card's limitations carry over (its seeded pooler), not its "not fine-tuned" line
-    inherited = [x for x in rec["limitations"] if x.startswith("From the base model's card:")]
-    assert any("initialised (seed 42)" in x for x in inherited) and not any("not fine-tuned" in x for x in inherited)
-    # the round's own directory has its card too
-    rmeta, _ = parse_card(Path(a, "rounds", "round-0"))
-    assert read_card_state(str(Path(a, "rounds", "round-0")))["record"]["training"]["round"] == 0
-    assert len(read_card_state(str(a))["sessions"]) == 1
-
-
-def test_a_changed_finetuning_setting_changes_the_card(finetuned):
-    ra = read_card_state(str(finetuned["a"]))["record"]
-    rb = read_card_state(str(finetuned["b"]))["record"]
-    assert (ra["encoder"]["document_max_length"], rb["encoder"]["document_max_length"]) == (24, 20)
-    assert (ra["data"]["num_negatives"], rb["data"]["num_negatives"]) == (2, 3)
-    _, body = parse_card(finetuned["b"])
-    rows = _table_rows(body, "")
-    assert rows["doc_max_length"][0] == "20" and rows["negatives per query"] == ["3"]
 
 
 def test_paper_pipeline_writes_its_figures_into_the_cards(pretrained, tmp_path):

@@ -25,7 +25,6 @@ def test_select_queries_skips_and_counts_queries_without_positive(caplog):
     assert kept["qid"].tolist() == ["1", "3"]           # 2: only label 0; 4: no qrels
     assert pos == {"1": ["d1", "d2"], "3": ["d4"]}
     assert "skipped 2 of 4 training queries" in caplog.text
-    assert "1 query ids that are not in the topics" in caplog.text  # qid 9
 
 
 def test_select_queries_empty_is_an_error():
@@ -55,11 +54,16 @@ def _groups():
     return groups, texts
 
 
-def test_sample_examples_reproducible_and_per_query(caplog):
+def _rows(ds):
+    cols = [c for c in ds.column_names if c.startswith("negative_")]
+    return [(r["query"], [r["positive"]] + [r[c] for c in cols]) for r in ds]
+
+
+def test_build_dataset_draws_reproducibly_and_per_query(caplog):
     groups, texts = _groups()
     with caplog.at_level(logging.WARNING, logger="pretrain.finetune.negatives"):
-        a = neg.sample_examples(groups, texts, 4, few_negatives="replace", seed=1)
-    assert a == neg.sample_examples(groups, texts, 4, few_negatives="replace", seed=1)
+        a = _rows(neg.build_dataset(groups, 4, texts=texts, few_negatives="replace", seed=1))
+    assert a == _rows(neg.build_dataset(groups, 4, texts=texts, few_negatives="replace", seed=1))
     assert len(a) == 2                                   # q3 has no candidate at all
     q, passages = a[0]
     assert q == "query one" and passages[0] == "text 0" and len(passages) == 5
@@ -67,31 +71,44 @@ def test_sample_examples_reproducible_and_per_query(caplog):
     assert set(passages[1:]) <= {texts[f"d{i}"] for i in range(1, 11)}
     q2 = a[1][1]
     assert q2[0] in ("text 11", "text 12") and set(q2[1:]) <= {"text 13", "text 14"} and len(q2) == 5
-    assert "1 queries had fewer than 4 negatives: sampled with replacement" in caplog.text
-    assert "dropped 1 queries without any negative candidate" in caplog.text
-    # a query's sample does not depend on the other queries
-    assert neg.sample_examples(groups[:1], texts, 4, seed=1) == a[:1]
-    seeds = {tuple(neg.sample_examples(groups[:1], texts, 4, seed=s)[0][1]) for s in range(5)}
+    assert "1 queries had fewer than 4 negatives (drawn with replacement), 1 none (dropped)" in caplog.text
+    # a query's draw does not depend on the other queries
+    assert _rows(neg.build_dataset(groups[:1], 4, texts=texts, seed=1)) == a[:1]
+    seeds = {tuple(_rows(neg.build_dataset(groups[:1], 4, texts=texts, seed=s))[0][1]) for s in range(5)}
     assert len(seeds) > 1
+    ds = neg.build_dataset(groups, 2, texts=texts, seed=1)
+    assert ds.column_names == ["query", "positive", "negative_1", "negative_2"]
 
 
-def test_sample_examples_drop_and_empty(caplog):
+def test_build_dataset_drop_and_empty(caplog):
     groups, texts = _groups()
     with caplog.at_level(logging.WARNING, logger="pretrain.finetune.negatives"):
-        out = neg.sample_examples(groups, texts, 4, few_negatives="drop", seed=1)
+        out = _rows(neg.build_dataset(groups, 4, texts=texts, few_negatives="drop", seed=1))
     assert [q for q, _ in out] == ["query one"]
-    assert "dropped 1 queries with fewer than 4 negatives" in caplog.text
+    assert "1 queries had fewer than 4 negatives (dropped)" in caplog.text
     with pytest.raises(ValueError, match="no training example left"):
-        neg.sample_examples(groups[1:], texts, 4, few_negatives="drop")
+        neg.build_dataset(groups[1:], 4, texts=texts, few_negatives="drop")
 
 
-def test_check_known_names_unknown_positive_docnos_and_drops_unknown_negatives(caplog):
+def test_build_dataset_names_unknown_positives_and_drops_unknown_negatives():
     texts = {"d1": "x", "d2": "y"}
+    corpus = lambda: iter([{"docno": "d1", "text": "x"}, {"docno": "d2", "text": "y"}])  # noqa: E731
     with pytest.raises(ValueError, match="not in the corpus: zz9"):
-        neg.check_known([neg.Group("q", "q", ["zz9"], ["d1"])], texts)
+        neg.build_dataset([neg.Group("q", "q", ["zz9"], ["d1"])], 1, corpus=corpus)
+    out = _rows(neg.build_dataset([neg.Group("q", "q", ["d1"], ["d2", "nope"])], 2, corpus=corpus, texts=texts))
+    assert out[0][1][1:] == ["y", "y"]
+
+
+def test_pools_are_stored_as_parquet_and_reused_only_for_their_key(tmp_path, caplog):
+    groups, _ = _groups()
+    path = str(tmp_path / "negatives" / "round-0.parquet")
+    neg.save_pools(path, groups, {"source": "bm25", "data": "a"})
+    import pyarrow.parquet as pq
+    assert pq.read_table(path).column_names == ["qid", "query", "pos", "negs"]
+    assert neg.load_pools(path, {"source": "bm25", "data": "a"}) == groups
     with caplog.at_level(logging.WARNING, logger="pretrain.finetune.negatives"):
-        out = neg.check_known([neg.Group("q", "q", ["d1"], ["d2", "nope"])], texts)
-    assert out[0].negs == ["d2"] and "dropped 1 negative" in caplog.text
+        assert neg.load_pools(path, {"source": "bm25", "data": "b"}) is None
+    assert "made from other data" in caplog.text
 
 
 def test_groups_file_roundtrip_and_inline_texts(tmp_path):
@@ -191,35 +208,22 @@ class _Corpus:
         return iter(self.docs)
 
 
-def test_build_examples_equals_naive_sampling_and_loads_only_drawn_texts(monkeypatch):
+def test_build_dataset_equals_naive_sampling_and_reads_the_corpus_twice():
     corpus = _Corpus(400)
     full = {d["docno"]: d["text"] for d in corpus.docs}
     groups = [neg.Group(f"q{i}", f"query {i}", [f"d{i}"],
                         [f"d{j}" for j in range(100 + 50 * i, 150 + 50 * i)] + ["ghost-1", "ghost-2"])
               for i in range(5)]
     groups.append(neg.Group("q9", "few", ["d9"], ["d10", "ghost-3"]))       # 1 known negative: replaced
-    # naive reference: every pool id resolved against the full corpus, then sampled
-    naive = neg.sample_examples(neg.check_known(groups, full), full, 3, seed=7)
-    loaded: list[int] = []
-    load_texts = neg.load_texts
-
-    def spy(docs, needed, texts=None):
-        out = load_texts(docs, needed, texts)
-        loaded.append(len(out))
-        return out
-
-    monkeypatch.setattr(neg, "load_texts", spy)
-    got = neg.build_examples(groups, 3, corpus=corpus, seed=7)
-    assert got == naive
-    assert corpus.passes == 2
-    # 6 positives + at most 6 x 3 drawn negatives are ever held as texts (the pools hold 303 ids)
-    assert loaded and max(loaded) <= 6 + 6 * 3
-    with pytest.raises(ValueError, match="not in the corpus: ghost-9"):
-        neg.build_examples([neg.Group("q", "q", ["ghost-9"], ["d1"])], 1, corpus=corpus)
-    with pytest.raises(ValueError, match="no corpus to look them up: d1"):
-        neg.build_examples([neg.Group("q", "q", ["d1"], [])], 0)
-    inline = neg.build_examples([neg.Group("q", "q", ["a"], ["b"])], 1, texts={"a": "A", "b": "B"})
-    assert inline == [("q", ["A", "B"])]
+    # naive reference: the unknown ids dropped by hand, every text given
+    known = [neg.Group(g.qid, g.query, g.pos, [d for d in g.negs if d in full]) for g in groups]
+    naive = _rows(neg.build_dataset(known, 3, texts=full, seed=7))
+    got = _rows(neg.build_dataset(groups, 3, corpus=corpus, seed=7))
+    assert got == naive and corpus.passes == 2
+    with pytest.raises(ValueError, match="no corpus"):
+        neg.build_dataset([neg.Group("q", "q", ["d1"], [])], 0)
+    assert _rows(neg.build_dataset([neg.Group("q", "q", ["a"], ["b"])], 1, texts={"a": "A", "b": "B"})) == \
+        [("q", ["A", "B"])]
 
 
 def test_mine_dense_memory_does_not_grow_with_the_corpus(tmp_path):

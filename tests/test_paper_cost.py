@@ -66,8 +66,8 @@ def _config(tmp_path):
         "pretrain": {"base": None, "base_model": "bert-base-uncased",
                      "continue": {"max_docs": -1, "max_length": 512, "batch_size": 64, "epochs": 2}},
         "objectives": {"mlm": {"objective": "mlm"}, "cpdae": {"objective": "cpdae"}},
-        "finetune": {"args": {"batch_size": 4, "num_negatives": 1, "epochs": 1, "mining_rounds": 1,
-                              "query_max_length": 32, "doc_max_length": 256}},
+        "finetune": {"args": {"per_device_train_batch_size": 4, "num_negatives": 1, "num_train_epochs": 1,
+                              "mining_rounds": 1, "max_seq_length": 256}},
         "finetune_sets": {"ft": {"spec": "toy:coll/train", "negatives": "file:toy-negatives", "seeds": [1, 2]}},
         "eval_sets": {"ev": {"spec": "toy:coll/dev", "metrics": ["nDCG@10"], "finetuned_on": "ft", "seeds": "all"}},
         "evaluation": {"doc_max_length": 256, "query_max_length": 32, "num_results": 10, "batch_size": 8},
@@ -81,9 +81,10 @@ def _config(tmp_path):
 def _options(argv):
     """The fine-tuning flags of a stage, as the toy config gives every one of them (no preset to resolve)."""
     flags = {a[2:].replace("-", "_"): b for a, b in zip(argv, argv[1:]) if a.startswith("--")}
-    return SimpleNamespace(max_train_queries=-1, negatives=flags["negatives"], **{
-        k: float(flags[k]) for k in ("batch_size", "num_negatives", "epochs", "mining_rounds", "query_max_length",
-                                     "doc_max_length")})
+    return SimpleNamespace(max_train_queries=-1, negatives=flags["negatives"], query_max_length=32.0,
+                           doc_max_length=float(flags["max_seq_length"]), epochs=float(flags["num_train_epochs"]),
+                           batch_size=float(flags["per_device_train_batch_size"]),
+                           **{k: float(flags[k]) for k in ("num_negatives", "mining_rounds")})
 
 
 def test_toy_run_costed_by_hand(tmp_path, monkeypatch):

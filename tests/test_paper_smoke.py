@@ -201,5 +201,5 @@ def test_pilot_runs_at_smoke_sizes_on_training_queries_only(smoke, tmp_path):
     mlm = json.loads((tmp_path / "pilot_mlm.json").read_text())
     assert mlm["continuation"]["0"] == rep["continuation"]["0"]
     assert not (work / "pilot" / "finetune" / "mlm_L0_s1").exists()
-    assert (work / "pilot" / "finetune" / "mlm_L3_s1" / "training_args.json").exists()
+    assert (work / "pilot" / "finetune" / "mlm_L3_s1" / "reproduction.json").exists()
     assert len(mlm["continuation"]["3"]["per_seed"]) == 2

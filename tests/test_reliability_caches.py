@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from _warm_python import warm_python
 
@@ -217,29 +216,6 @@ def test_paper_materialised_subset_is_written_again_when_its_source_changes(tmp_
 
 
 # ----------------------------------------------------------------------------- fine-tuning's BM25 negatives
-def test_finetune_bm25_negatives_index_is_rebuilt_for_other_train_data(tmp_path, caplog):
-    """``python -m pretrain finetune --negatives bm25`` kept its BM25 index in ``<output>/bm25_index`` and reused it
-    whenever it was built: an ``--overwrite`` run on another collection (or the same one edited in place) mined its
-    negatives from the old documents. Reference: the pools mined into a fresh output directory."""
-    from types import SimpleNamespace
-
-    from pretrain.finetune import train as ft
-
-    a, b = _write_trec(tmp_path / "a", TEXTS), _write_trec(tmp_path / "b", OTHER)
-
-    def pools(spec: Path, output: str) -> dict:
-        cfg = SimpleNamespace(output=str(tmp_path / output), train=f"trec:{spec}", negatives_depth=3)
-        return ft._pools_bm25(cfg, ft.load_training_data(cfg.train))
-
-    first = pools(a, "out")
-    other = pools(b, "out")                                       # the same output, another collection
-    assert other == pools(b, "fresh-b") and other != first
-    assert "rebuilding the BM25 index" in caplog.text
-    _swap_in_place(b, 2, 5, OTHER)                                # the same collection edited in place
-    edited = pools(b, "out")
-    assert edited == pools(b, "fresh-edited") and edited != other
-
-
 def test_a_folder_digest_follows_content_not_place(tmp_path):
     """The fingerprint of a set's own ir_datasets folder (``irds_copy_from``, e.g. TREC DL 2019): a copy elsewhere
     keeps it, an edit in place (same size) or an added file changes it, hidden files do not count."""

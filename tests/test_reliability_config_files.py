@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.config import FinetuneConfig, PretrainConfig, coerce_value, config_fields, parse_config
+from pretrain.config import PretrainConfig, coerce_value, config_fields, parse_config
 from _warm_python import warm_python
 from test_reliability_inputs import run_cli
 
@@ -37,13 +37,6 @@ def test_a_yaml_key_given_twice_is_refused_not_last_one_wins(tmp_path: Path) -> 
     f.write_text("learning_rate: 1e-3\nbatch_size: 4\nlearning_rate: 5.0\n")
     with pytest.raises(ValueError, match=_at(f, 3) + r" key 'learning_rate' is given twice .*first on line 1"):
         parse_config(PretrainConfig, ["--config", str(f)])
-
-
-def test_a_json_key_given_twice_is_refused_for_fine_tuning(tmp_path: Path) -> None:
-    f = tmp_path / "ft.json"
-    f.write_text('{\n "learning_rate": 1e-5,\n "epochs": 1,\n "learning_rate": 5.0\n}\n')
-    with pytest.raises(ValueError, match=_at(f, 4) + r" key 'learning_rate' is given twice .*first on line 2"):
-        parse_config(FinetuneConfig, ["--config", str(f)])
 
 
 def test_a_key_given_twice_in_a_flow_mapping_and_in_a_nested_object(tmp_path: Path) -> None:

@@ -207,126 +207,6 @@ def test_pretrain_refuses_a_bad_option_before_writing(tmp_path, corpus, tiny_ber
     assert not out.exists() and not cache.exists()
 
 
-def _groups_file(tmp_path: Path) -> str:
-    path = tmp_path / "groups.jsonl"
-    text = {f"d{i}": DOCS[i % 4] + f" Number {i}." for i in range(8)}
-    path.write_text("".join(json.dumps({"qid": f"q{i}", "query": f"query {i}",
-                                        "pos": [{"docno": f"d{i}", "text": text[f"d{i}"]}],
-                                        "negs": [{"docno": f"d{(i + 1) % 8}", "text": text[f"d{(i + 1) % 8}"]}]}) + "\n"
-                            for i in range(8)))
-    return f"groups:{path}"
-
-
-def finetune_args(model: str, train: str, out: Path, *extra: str) -> list[str]:
-    return ["finetune", "--model", model, "--train", train, "--output", str(out), "--batch-size", "4",
-            "--max-steps", "1", "--warmup-ratio", "0", "--num-negatives", "1", "--doc-max-length", "64", "--report-to", "none", "--cpu",
-            *extra]
-
-
-BAD_FINETUNE = [("--query-max-length", "0", "must be >= 3"), ("--doc-max-length", "2", "must be >= 3"),
-                ("--num-negatives", "-1", "must be >= 0"), ("--negatives-depth", "0", "must be >= 1"),
-                ("--max-train-queries", "0", "must be >= 1 (or -1: all)"), ("--mining-rounds", "-1", "must be >= 0"),
-                ("--learning-rate", "inf", "must be a finite number in (0, 1000000]"),
-                ("--query-max-length", "129", "exceeds the max_position_embeddings (128)")]
-
-
-@pytest.mark.parametrize("flag,value,problem", BAD_FINETUNE)
-def test_finetune_refuses_a_bad_option_before_writing(tmp_path, tiny_bert_dir, monkeypatch, capsys, flag, value,
-                                                      problem):
-    out = tmp_path / "ft"
-    code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), out), f"{flag}={value}"])
-    assert code == 2 and flag in line and problem in line
-    assert not out.exists()
-
-
-def test_a_run_whose_only_step_is_warm_up_is_refused(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
-    """One optimizer step with a warm-up ratio < 1: the linear warm-up starts at 0 and its ceiling covers the step,
-    so the run would finish with its starting weights and exit 0 (the paper pipeline's first Table 3 did: 30 queries,
-    batch 16, 1 epoch). Refused before the first step; warm-up 0 or a second step trains."""
-    import torch
-    from safetensors.torch import load_file
-
-    out = tmp_path / "run"
-    code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "cache",
-                                                            "--max-steps", "1"))
-    assert code == 2 and "one optimizer step" in line and "learning rate 0" in line and "--warmup-ratio 0" in line
-    assert not (out / "config.json").exists()
-    # fine-tuning: 8 training groups, batch 8, 1 epoch = one step (the Table 3 case)
-    ft = tmp_path / "ft"
-    code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), ft), "--max-steps",
-                                               "-1", "--batch-size", "8", "--epochs", "1", "--warmup-ratio", "0.1"])
-    assert code == 2 and "one optimizer step (8 examples, batch_size 8, epochs 1)" in line
-    assert not json.loads((ft / "training_args.json").read_text()).get("finished")  # recorded as unfinished
-    # the refused run's unfinished record and round-0 groups are continued with more epochs (Table 3's fix)
-    code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), ft), "--max-steps",
-                                               "-1", "--batch-size", "8", "--epochs", "2", "--warmup-ratio", "0.1", "--resume"])
-    assert code == 0, line
-    assert json.loads((ft / "training_args.json").read_text())["finished"]
-    # the same run with the warm-up off changes the weights: the guard only refuses the lr-0 case
-    assert run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "cache", "--max-steps", "1",
-                                                      "--warmup-ratio", "0", "--learning-rate", "1e-2"))[0] == 0
-    before, after = load_file(f"{tiny_bert_dir}/model.safetensors"), load_file(str(out / "model.safetensors"))
-    emb = next(k for k in after if k.endswith("word_embeddings.weight"))
-    assert not torch.equal(after[emb].float(), before[next(k for k in before if k.endswith("word_embeddings.weight"))].float())
-
-
-def test_finetune_checks_the_model_before_building_bm25(tmp_path, tiny_bert_dir, monkeypatch, capsys):
-    """A model that cannot be fine-tuned is refused before the BM25 index and the mining (today: after both, and
-    the outputs left behind block the corrected rerun)."""
-    import pyterrier_cpdae.bm25 as bm25
-
-    def no_bm25(*a, **k):
-        raise AssertionError("BM25 index built before the model was checked")
-
-    monkeypatch.setattr(bm25.BM25Index, "indexer", no_bm25)
-    beir = tmp_path / "beir"
-    (beir / "qrels").mkdir(parents=True)
-    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": d}) + "\n" for i, d in enumerate(DOCS)))
-    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": d.split('.')[0]}) + "\n"
-                                                for i, d in enumerate(DOCS)))
-    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(4)))
-    model = tmp_path / "no-tokenizer"
-    shutil.copytree(tiny_bert_dir, model)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        (model / name).unlink(missing_ok=True)
-    out = tmp_path / "ft"
-    code, line = run_cli(monkeypatch, capsys, finetune_args(str(model), f"beir:{beir}:train", out,
-                                                            "--negatives", "bm25"))
-    assert code == 2 and f"--model {model}" in line and "tokenizer" in line
-    assert not out.exists()
-    # the corrected rerun is not blocked
-    code, _ = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, _groups_file(tmp_path), out))
-    assert code == 0 and (out / "config.json").is_file()
-
-
-def test_resume_with_overwrite_is_refused(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
-    out = tmp_path / "run"
-    code, line = run_cli(monkeypatch, capsys, [*pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "c"),
-                                               "--resume", "--overwrite"])
-    assert code == 2 and "--resume and --overwrite contradict each other" in line and not out.exists()
-    code, line = run_cli(monkeypatch, capsys, [*finetune_args(tiny_bert_dir, _groups_file(tmp_path), out),
-                                               "--resume", "--overwrite"])
-    assert code == 2 and "--resume and --overwrite" in line and not out.exists()
-
-
-def test_preset_override_is_logged_and_recorded(tmp_path, tiny_bert_dir, caplog):
-    from pretrain.config import FinetuneConfig, parse_config
-    from pretrain.finetune.train import _prepare_output
-
-    out = tmp_path / "ft"
-    with caplog.at_level(logging.WARNING, logger="pretrain.config"):
-        cfg = parse_config(FinetuneConfig, ["--preset", "paper", "--loss", "listwise", "--output", str(out)])
-    assert "--loss 'listwise' overrides the value of --preset paper ('pairwise')" in caplog.text
-    assert cfg.loss == "listwise" and cfg.learning_rate == 5e-6  # the flag wins, the rest of the preset stays
-    _prepare_output(cfg)
-    record = json.loads((out / "training_args.json").read_text())
-    assert record["preset_overrides"] == {"loss": {"preset": "pairwise", "value": "listwise"}}
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="pretrain.config"):
-        parse_config(FinetuneConfig, ["--preset", "paper"])
-    assert "overrides" not in caplog.text
-
-
 def test_help_states_each_options_range():
     from pretrain.config import FinetuneConfig, build_parser
     text = build_parser(FinetuneConfig).format_help()
@@ -386,23 +266,6 @@ def test_from_config_missing(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsy
     assert "Repo id" not in line
 
 
-@pytest.mark.parametrize("command", ["pretrain", "finetune"])
-def test_missing_model(tmp_path, corpus, monkeypatch, capsys, command):
-    missing = str(tmp_path / "runs" / "cpdae")
-    argv = (pretrain_args(missing, corpus, tmp_path / "run", tmp_path / "c") if command == "pretrain"
-            else finetune_args(missing, _groups_file(tmp_path), tmp_path / "run"))
-    code, line = run_cli(monkeypatch, capsys, argv)
-    assert code == 2 and line == f"error: FileNotFoundError: --model {missing}: no such directory (and not a Hugging " \
-                                 "Face model id)"
-    assert not (tmp_path / "run").exists()
-
-
-def test_finetune_output_is_a_file(tmp_path, tiny_bert_dir, monkeypatch, capsys):
-    (tmp_path / "ft").write_text("x")
-    code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, _groups_file(tmp_path), tmp_path / "ft"))
-    assert code == 2 and line == f"error: ValueError: --output {tmp_path}/ft is a file, not a directory"
-
-
 @pytest.fixture
 def pickle_only_model(tmp_path, tiny_bert_dir) -> Path:
     import torch
@@ -412,17 +275,6 @@ def pickle_only_model(tmp_path, tiny_bert_dir) -> Path:
     torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
     (model / "model.safetensors").unlink()
     return model
-
-
-@pytest.mark.parametrize("command", ["pretrain", "finetune"])
-def test_pickle_only_model_is_refused_naming_the_file(tmp_path, corpus, pickle_only_model, monkeypatch, capsys,
-                                                      command):
-    argv = (pretrain_args(str(pickle_only_model), corpus, tmp_path / "run", tmp_path / "c") if command == "pretrain"
-            else finetune_args(str(pickle_only_model), _groups_file(tmp_path), tmp_path / "run"))
-    code, line = run_cli(monkeypatch, capsys, argv)
-    assert code == 2 and f"{pickle_only_model}/pytorch_model.bin is a pickle file" in line
-    assert "safetensors is required" in line and "weights_only" not in line
-    assert not (tmp_path / "run").exists()
 
 
 def test_pickle_only_model_is_refused_by_the_encoder(pickle_only_model):
@@ -460,61 +312,3 @@ def test_full_disk_under_bm25_indexing(tmp_path, mounts):
     assert info.value.errno == 28 and "AlreadyClosed" not in str(info.value)
     assert not (full / "idx").exists()  # the unfinished index is removed
 
-
-def test_full_disk_under_finetune_bm25(tmp_path, tiny_bert_dir, monkeypatch, capsys, mounts):
-    beir = tmp_path / "beir"
-    (beir / "qrels").mkdir(parents=True)
-    docs = _bm25_docs()
-    (beir / "corpus.jsonl").write_text("".join(json.dumps({"_id": d["docno"], "text": d["text"]}) + "\n" for d in docs))
-    (beir / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": docs[i]["text"][:40]}) + "\n"
-                                                for i in range(8)))
-    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(8)))
-    full = tmpfs(tmp_path / "full", "size=1m")
-    mounts.append(full)
-    code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, f"beir:{beir}:train", full / "ft",
-                                                            "--negatives", "bm25"))
-    assert code == 2 and f"no space left on {full}/ft/bm25_index" in line and "AlreadyClosed" not in line
-
-
-def test_finetune_resume_refuses_changed_training_data(tmp_path, tiny_bert_dir, monkeypatch, capsys):
-    """training_args.json records the fine-tuning data's files (fingerprints, kept when the run finishes); --resume
-    of the same command after the data changed is refused naming the file: its saved groups and rounds were made
-    from the old data. Unchanged data resumes."""
-    from pretrain.config import FinetuneConfig, parse_config
-    from pretrain.finetune.train import _prepare_output
-
-    train = _groups_file(tmp_path)
-    groups = Path(train[len("groups:"):])
-    out = tmp_path / "ft"
-    code, _ = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out))
-    assert code == 0
-    record = json.loads((out / "training_args.json").read_text())
-    assert record["finished"] is True and str(groups) in record["inputs"]["corpus_files"]
-    # an unfinished run of the same command (as if killed), resumed: unchanged data is accepted
-    record["finished"] = False
-    (out / "training_args.json").write_text(json.dumps(record))
-    argv = finetune_args(tiny_bert_dir, train, out, "--resume")[1:]
-    _prepare_output(parse_config(FinetuneConfig, argv))
-    groups.write_text(groups.read_text().replace("query 3", "query three"))
-    with pytest.raises(ValueError, match=r"--resume refused: the fine-tuning run in .* was started on other data: "
-                                         r"corpus file .*groups.jsonl changed"):
-        _prepare_output(parse_config(FinetuneConfig, argv))
-
-
-@pytest.mark.parametrize("content, says", [("[1, 2]", "must hold a mapping"), ('{"config": {', "not valid JSON")])
-def test_a_damaged_training_args_in_the_output_is_one_line_naming_it(tmp_path, tiny_bert_dir, content, says):
-    """Another run's output directory whose training_args.json is not a record (a list, a file cut short) is refused
-    with one line naming that file, before anything in the directory is touched (it used to be an AttributeError or a
-    JSONDecodeError without the file's name)."""
-    from pretrain.config import FinetuneConfig, parse_config
-    from pretrain.finetune.train import _prepare_output
-
-    out = tmp_path / "ft"
-    out.mkdir()
-    (out / "training_args.json").write_text(content)
-    (out / "groups").mkdir()
-    argv = finetune_args(tiny_bert_dir, _groups_file(tmp_path), out, "--resume")[1:]
-    with pytest.raises(ValueError, match=says) as e:
-        _prepare_output(parse_config(FinetuneConfig, argv))
-    assert str(e.value).startswith(str(out / "training_args.json")) and "\n" not in str(e.value)
-    assert (out / "training_args.json").read_text() == content and (out / "groups").is_dir()

@@ -162,7 +162,7 @@ def _fake_pretrain(fail: set[str], seconds: float = 0.3):
 
     def run(argv, cwd=None, stdout=None, stderr=None, env=None):
         args = [a for a in argv[3:] if a != "--resume"]
-        out = Path(args[args.index("--output") + 1])
+        out = Path(args[args.index("--output-dir" if args[0] == "finetune" else "--output") + 1])
         time.sleep(seconds / 6 if out.name in fail else seconds)  # fails while the stage beside it runs
         if out.name in fail:
             stdout.write(f"error: ValueError: {out.name} cannot be trained\n")
@@ -170,8 +170,9 @@ def _fake_pretrain(fail: set[str], seconds: float = 0.3):
             return types.SimpleNamespace(returncode=2)
         out.mkdir(parents=True, exist_ok=True)
         if args[0] == "finetune":
-            cfg = config_dict(parse_config(FinetuneConfig, args[1:]))
-            (out / "training_args.json").write_text(json.dumps({"config": cfg, "finished": True}))
+            from pretrain.finetune.train import recorded_options
+            (out / "reproduction.json").write_text(json.dumps({"options": recorded_options(args[1:]),
+                                                               "finished": True}))
         else:
             cfg = config_dict(parse_config(PretrainConfig, args))
             (out / "run_config.json").write_text(json.dumps({"config": cfg}))

@@ -141,32 +141,6 @@ def test_legacy_pickle_checkpoint_is_refused_with_explanation(tmp_path):
     assert not marker.exists()
 
 
-def test_finetune_resume_never_unpickles_the_run_directory(tmp_path, tiny_bert_dir):
-    from pretrain.finetune.train import main
-    groups = tmp_path / "groups.jsonl"
-    words = "apple river mountain engine planet violin castle garden doctor ocean pencil rocket".split()
-    with open(groups, "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"qid": f"q{i}", "query": f"{words[i]} question", "pos": [{"text": f"{words[i]} answer"}],
-                                "negs": [{"text": f"{w} other"} for w in words[8:12]]}) + "\n")
-    out = tmp_path / "ft"
-    args = ["--model", tiny_bert_dir, "--train", f"groups:{groups}", "--output", str(out), "--batch-size", "4",
-            "--num-negatives", "2", "--query-max-length", "16", "--doc-max-length", "24", "--learning-rate", "1e-3",
-            "--logging-steps", "1", "--save-steps", "1", "--save-total-limit", "3", "--cpu"]
-    main(args + ["--max-steps", "3"])
-    round_dir = out / "rounds" / "round-0"
-    assert [s for s, _ in list_checkpoints(str(round_dir))] == [1, 2, 3]
-    # as if the run had died after its step-2 checkpoint: resuming continues the round from it
-    os.remove(round_dir / "config.json")
-    shutil.rmtree(list_checkpoints(str(round_dir))[-1][1])
-    marker = tmp_path / "PWNED"
-    assert plant_pickles(round_dir, marker) > 0
-    summary = main(args + ["--max-steps", "3", "--resume"])
-    assert not marker.exists(), "resuming fine-tuning executed a pickle from the run directory"
-    assert summary["rounds"][0]["metrics"]["step"] == 3
-    assert [r["step"] for r in read_metrics(str(round_dir / "logs" / "metrics.csv"))] == [1, 2, 3]
-
-
 # ----------------------------------------------------------------------------- corrupt / truncated checkpoints
 def _corrupt_middle(path: Path) -> None:
     data = bytearray(path.read_bytes())

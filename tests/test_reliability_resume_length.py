@@ -40,23 +40,6 @@ def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, steps: int) 
             "--save-steps", "2", "--logging-steps", "1", "--learning-rate", "1e-3", "--report-to", "none", "--cpu"]
 
 
-def groups_file(tmp_path: Path) -> str:
-    path = tmp_path / "groups.jsonl"
-    text = {f"d{i}": DOCS[i % 4] + f" Number {i}." for i in range(8)}
-    path.write_text("".join(json.dumps({"qid": f"q{i}", "query": f"query {i}",
-                                        "pos": [{"docno": f"d{i}", "text": text[f"d{i}"]}],
-                                        "negs": [{"docno": f"d{(i + 1) % 8}", "text": text[f"d{(i + 1) % 8}"]}]}) + "\n"
-                            for i in range(8)))
-    return f"groups:{path}"
-
-
-def finetune_args(model: str, train: str, out: Path, steps: int, warmup: str) -> list[str]:
-    # 8 groups, batch 4: 2 steps an epoch
-    return ["finetune", "--model", model, "--train", train, "--output", str(out), "--batch-size", "4",
-            "--max-steps", str(steps), "--warmup-ratio", warmup, "--learning-rate", "1e-3", "--num-negatives", "1",
-            "--doc-max-length", "64", "--logging-steps", "1", "--report-to", "csv", "--cpu"]
-
-
 def weights(path: Path) -> dict:
     return load_file(str(path / "model.safetensors"))
 
@@ -96,42 +79,6 @@ def test_a_pre_training_extended_on_another_schedule_is_refused(tmp_path, tiny_b
     assert all((after[k] == before[k]).all() for k in before)
 
 
-def test_a_finished_fine_tuning_resumed_longer_trains_to_the_new_length(tmp_path, tiny_bert_dir, monkeypatch, capsys):
-    """--max-steps 2 then --max-steps 4 --resume said "round 0: already trained" and kept the 2-step weights under a
-    4-step record. With a warm-up of one step (ceil(0.1 x 2) = ceil(0.1 x 4) = 1) the two schedules give steps 1-2
-    the same rates (0, then the peak), so the run continues: its weights are those of a 4-step run from scratch."""
-    train = groups_file(tmp_path)
-    out, ref = tmp_path / "ft", tmp_path / "ref"
-    assert run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 2, "0.1"))[0] == 0
-    two = weights(out)
-    assert run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 4, "0.1") + ["--resume"])[0] == 0
-    assert run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, ref, 4, "0.1"))[0] == 0
-    got, want = weights(out), weights(ref)
-    assert any(not (got[k] == two[k]).all() for k in two)  # trained further
-    for k in want:
-        assert abs(got[k] - want[k]).max() <= 1e-6, k
-    record = json.loads((out / "training_args.json").read_text())
-    assert record["finished"] and record["config"]["max_steps"] == 4
-    metrics = (out / "rounds" / "round-0" / "logs" / "metrics.csv").read_text().splitlines()
-    assert len(metrics) == 1 + 4  # header and steps 1-4
-
-
-def test_a_fine_tuning_whose_schedule_cannot_be_extended_exactly_is_refused(tmp_path, tiny_bert_dir, monkeypatch,
-                                                                              capsys):
-    """No warm-up: a 2-step run's step 2 ran at x0.5 of the peak rate, a 4-step run's at x0.75. Refused in one line
-    naming the step; the run's record still says 2 steps, finished."""
-    train = groups_file(tmp_path)
-    out = tmp_path / "ft"
-    assert run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 2, "0"))[0] == 0
-    before = (out / "training_args.json").read_bytes(), (out / "model.safetensors").read_bytes()
-    code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 4, "0") + ["--resume"])
-    assert code == 2 and "--resume refused" in line and "step 2: x0.75 of the peak rate, not x0.5" in line
-    assert ((out / "training_args.json").read_bytes(), (out / "model.safetensors").read_bytes()) == before
-    # a finished run shortened: refused the same way
-    code, line = run_cli(monkeypatch, capsys, finetune_args(tiny_bert_dir, train, out, 1, "0") + ["--resume"])
-    assert code == 2 and "has trained 2 of its 2 steps, more than the 1 asked for" in line
-
-
 def test_a_pipeline_stage_shortened_is_refused_not_marked_done(tmp_path, tiny_bert_dir, corpus, monkeypatch):
     """A pre-training stage run for 6 steps, then configured for 3: it was resumed, exported the 6-step weights
     with max_steps 3 recorded and marked done. Now the stage stops with the refusal and is not done."""
@@ -157,29 +104,3 @@ def test_a_pipeline_stage_shortened_is_refused_not_marked_done(tmp_path, tiny_be
     assert shorter.state() != "done" and not shorter.finished()
     assert all((weights(out)[k] == six[k]).all() for k in six)
 
-
-def test_a_pipeline_fine_tuning_stage_lengthened_is_not_marked_done_with_the_old_weights(tmp_path, tiny_bert_dir,
-                                                                                          monkeypatch):
-    """A fine-tuning stage run for 2 steps (no warm-up), then configured for 4: its rerun said "round 0: already
-    trained", recorded 4 steps and the stage became done with the 2-step weights. Now the stage stops with the
-    refusal (a 4-step run gives step 2 another rate) and stays not done, its weights and record the 2-step run's."""
-    from experiments.paper import stages
-    from experiments.paper.stages import Runner, Stage, StageError
-
-    monkeypatch.setattr(stages, "RUNNING_WINDOW_S", 0)
-    train, out = groups_file(tmp_path), tmp_path / "work" / "finetune" / "m"
-
-    def stage(steps: int) -> Stage:
-        return Stage("finetune:m", "finetune", finetune_args(tiny_bert_dir, train, out, steps, "0"), out)
-
-    runner = Runner(tmp_path / "work", mode="inprocess", log=lambda _: None)
-    runner.run(stage(2))
-    assert stage(2).state() == "done"
-    two = weights(out)
-    longer = stage(4)
-    assert longer.state() == "resume"
-    with pytest.raises((ValueError, StageError), match=r"step 2: x0\.75 of the peak rate, not x0\.5"):
-        runner.run(longer)
-    assert longer.state() != "done" and not longer.finished()
-    assert all((weights(out)[k] == two[k]).all() for k in two)
-    assert json.loads((out / "training_args.json").read_text())["config"]["max_steps"] == 2

@@ -20,14 +20,11 @@ from pathlib import Path
 import pytest
 
 from _train_worker import RegressionData, TinyRegressor, collate
-from pretrain.config import FinetuneConfig, TrainConfig
+from pretrain.config import TrainConfig
 from pretrain.logging_utils import read_metrics
 from pretrain.training.checkpoint import list_checkpoints
-from pretrain.training.run_dir import RUN_CONFIG, RunDirectoryError, check_output_dir, config_dict
+from pretrain.training.run_dir import RUN_CONFIG, RunDirectoryError, config_dict
 from pretrain.training.trainer import Trainer
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 def _cfg(output: Path, **kw) -> TrainConfig:
     base = dict(output=str(output), batch_size=8, max_steps=8, learning_rate=0.05, warmup_ratio=0.1, logging_steps=1,
@@ -167,80 +164,7 @@ def test_a_run_recorded_before_output_path_was_recorded_is_compared_by_its_outpu
         check_output_dir(_cfg(out))
 
 
-def test_a_moved_finetuning_run_is_resumed_and_refused_without_resume(tmp_path):
-    from pretrain.finetune.train import TRAINING_ARGS, _prepare_output
-
-    old, new = tmp_path / "ft", tmp_path / "moved" / "ft"
-    _record(FinetuneConfig(output=str(old), train="sample"), TRAINING_ARGS, finished=False)
-    new.parent.mkdir()
-    shutil.move(str(old), str(new))
-    with pytest.raises(ValueError, match=rf"holds a fine-tuning run that was started in {os.path.realpath(old)}.*"
-                                         "pass --resume"):
-        _prepare_output(FinetuneConfig(output=str(new), train="sample"))
-    _prepare_output(FinetuneConfig(output=str(new), train="sample", resume=True))  # no error
-    rec = json.loads((new / TRAINING_ARGS).read_text())
-    assert rec["config"]["output"] == str(new) and rec["output_path"] == os.path.realpath(new)
-
-
 # ----------------------------------------------------------------------------- class 7 for fine-tuning
-_WORDS = "apple river mountain engine planet violin castle garden doctor ocean pencil rocket winter forest".split()
-
-
-def _groups(tmp_path) -> Path:
-    path = tmp_path / "groups.jsonl"
-    with open(path, "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"qid": f"q{i}", "query": f"{_WORDS[i]} question", "pos": [{"text": f"{_WORDS[i]} answer"}],
-                                "negs": [{"text": f"{w} other"} for w in _WORDS[9:13]]}) + "\n")
-    return path
-
-
-def _ft_args(model, groups, out, *extra):
-    return ["--model", model, "--train", f"groups:{groups}", "--output", str(out), "--batch-size", "4", "--max-steps",
-            "3", "--num-negatives", "2", "--query-max-length", "16", "--doc-max-length", "24", "--learning-rate",
-            "1e-3", "--logging-steps", "1", "--save-steps", "1", "--report-to", "csv", "--cpu", *extra]
-
-
-def test_a_finetuning_run_moved_while_training_stops_and_resumes_in_its_new_place(tmp_path, tiny_bert_dir, monkeypatch):
-    """`mv` of a fine-tuning run's --output during round 0's training: the round's trainer stops (naming where it
-    went) instead of re-creating the old path; --resume at the new place finishes the run there."""
-    from pretrain.finetune.train import main
-
-    out, new = tmp_path / "ft", tmp_path / "moved"
-    original = Trainer._on_step
-
-    def on_step(self, model, step):
-        original(self, model, step)
-        if step == 2 and out.exists():
-            shutil.move(str(out), str(new))
-    monkeypatch.setattr(Trainer, "_on_step", on_step)
-    groups = _groups(tmp_path)
-    with pytest.raises(RunDirectoryError, match=rf"{out / 'rounds' / 'round-0'} was moved to "
-                                                rf"{new / 'rounds' / 'round-0'}"):
-        main(_ft_args(tiny_bert_dir, groups, out))
-    assert not out.exists()
-    summary = main(_ft_args(tiny_bert_dir, groups, new, "--resume"))
-    assert summary["output"] == str(new) and (new / "config.json").is_file() and not out.exists()
-    assert json.loads((new / "training_args.json").read_text())["finished"] is True
-
-
-def test_a_finetuning_run_removed_between_rounds_writes_no_export(tmp_path, tiny_bert_dir, monkeypatch):
-    """The fine-tuning run's own checks (each round, before the export): `rm -rf` of --output after a round's
-    training stops the run instead of copying the model into a re-created directory."""
-    from pretrain.finetune import train as ft
-
-    out = tmp_path / "ft"
-
-    def fake_round(cfg, examples, round_):
-        shutil.rmtree(out)  # the user's rm -rf, while the round ran
-        return {}
-    monkeypatch.setattr(ft, "train_round", fake_round)
-    with pytest.raises(RunDirectoryError, match=rf"refusing to write the exported model: the output directory {out} "
-                                                r"was removed"):
-        ft.main(_ft_args(tiny_bert_dir, _groups(tmp_path), out))
-    assert not out.exists()
-
-
 # ----------------------------------------------------------------------------- class 6: a docno Lucene cannot index
 @pytest.mark.parametrize("docno,chars,size", [
     ("x" * 40_000, 40_000, 40_000),

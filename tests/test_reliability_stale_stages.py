@@ -4,7 +4,7 @@ Before, a stage was "done" when its directory held a finished run of the same co
 negatives file or training data had been rewritten since, or a continuation whose base had been retrained, was
 reused and its figures reported with exit 0; and the BM25 negatives of a set were "done" whenever their file
 existed, whatever set, depth or data they were mined from. Now the recorded fingerprints (the ones ``python -m
-pretrain`` writes into ``training_args.json`` / ``run_config.json`` and the model card's base weights digest) are
+pretrain`` writes into ``reproduction.json`` / ``run_config.json`` and the model card's base weights digest) are
 compared with the files as they are, and the negatives record what they were made from beside them."""
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ def _finished(stage, inputs: dict, base: Path) -> None:
     """What ``python -m pretrain finetune`` leaves in a finished stage directory (the parts the check reads)."""
     from pretrain.training.run_dir import config_dict
     stage.output.mkdir(parents=True, exist_ok=True)
-    name = "training_args.json" if stage.kind == "finetune" else "run_config.json"
-    rec = {"config": config_dict(stage._parsed()), "inputs": inputs, "finished": True}
+    name = "reproduction.json" if stage.kind == "finetune" else "run_config.json"
+    rec = ({"options": stage._parsed(), "inputs": inputs, "finished": True} if stage.kind == "finetune" else
+           {"config": config_dict(stage._parsed()), "inputs": inputs, "finished": True})
     (stage.output / name).write_text(json.dumps(rec))
     if stage.kind == "pretrain":
         (stage.output / "config.json").write_text("{}")
@@ -42,25 +43,25 @@ def _finished(stage, inputs: dict, base: Path) -> None:
 
 def test_a_finished_fine_tuning_is_not_reused_once_its_negatives_data_or_base_changed(tmp_path):
     from experiments.paper.stages import Runner, Stage, StageError
-    from pretrain.data.inputs import training_inputs
+    from pretrain.finetune.arguments import parse_args
+    from pretrain.finetune.train import input_digests
 
     beir = _tiny_beir(tmp_path / "data")
     negs = tmp_path / "negs.jsonl"
     negs.write_text('{"qid": "q0", "pos": ["d0"], "negs": ["d1", "d2"]}\n')
     base = _model_dir(tmp_path / "base", b"weights-v1")
     train, neg_spec = f"beir:{beir}:train", f"file:{negs}"
-    stage = Stage("finetune:tiny:m:s1", "finetune", ["finetune", "--model", str(base), "--train", train,
-                                                     "--negatives", neg_spec, "--output", str(tmp_path / "ft")],
-                  tmp_path / "ft")
-    _finished(stage, training_inputs(train, neg_spec), base)
+    argv = ["--model", str(base), "--train", train, "--negatives", neg_spec, "--output-dir", str(tmp_path / "ft")]
+    stage = Stage("finetune:tiny:m:s1", "finetune", ["finetune", *argv], tmp_path / "ft")
+    _finished(stage, input_digests(parse_args(argv)[0]), base)
     assert stage.state() == "done" and stage.finished()
 
     # the negatives file rewritten with other content: not done, named, and the runner stops naming the stage
     negs.write_text('{"qid": "q0", "pos": ["d0"], "negs": ["d3", "d4"]}\n')
     assert not stage.finished()
     state = stage.state()
-    assert state.startswith("conflict") and str(negs) in state and "changed" in state
-    with pytest.raises(StageError, match=r"stage finetune:tiny:m:s1: conflict: .*negs\.jsonl changed"):
+    assert state.startswith("conflict") and "its negatives (--negatives) changed" in state
+    with pytest.raises(StageError, match=r"stage finetune:tiny:m:s1: conflict: .*--negatives\) changed"):
         Runner(tmp_path / "work").run(stage)
     # the same bytes again (a new mtime): the same inputs, done again
     negs.write_text('{"qid": "q0", "pos": ["d0"], "negs": ["d1", "d2"]}\n')
@@ -68,16 +69,16 @@ def test_a_finished_fine_tuning_is_not_reused_once_its_negatives_data_or_base_ch
 
     # the training data edited in place
     _tiny_beir(beir, extra=" edited")
-    assert "corpus.jsonl changed" in stage.state()
+    assert "its train (--train) changed" in stage.state()
     _tiny_beir(beir)
     assert stage.state() == "done"
 
-    # the model it started from retrained (other weights under the same path)
+    # the model it started from retrained (other weights under the same path), then gone
     (base / "model.safetensors").write_bytes(b"weights-v2")
     state = stage.state()
-    assert state.startswith("conflict") and f"the model it started from, {base}, has other weights" in state
+    assert state.startswith("conflict") and "its model (--model) changed" in state
     (base / "model.safetensors").unlink()
-    assert "has no weights file any more" in stage.state()
+    assert "its model (--model) changed" in stage.state()
     (base / "model.safetensors").write_bytes(b"weights-v1")
     assert stage.state() == "done"
 

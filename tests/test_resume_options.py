@@ -1,22 +1,10 @@
 """One rule for which options may change on ``--resume``, shared by pre-training, fine-tuning and its rounds."""
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
 from pretrain.config import FinetuneConfig, RESUME_MUTABLE_OPTIONS, TrainConfig, check_same_run, resume_conflicts
-from pretrain.finetune.train import TRAINING_ARGS, _prepare_output
-from pretrain.training.run_dir import RUN_CONFIG, check_output_dir, config_dict
-
-
-def _recorded(tmp_path, cfg, name=RUN_CONFIG):
-    """An output directory recording ``cfg`` the way the trainer (run_config.json) or finetune (training_args.json)
-    records it."""
-    os.makedirs(cfg.output, exist_ok=True)
-    with open(os.path.join(cfg.output, name), "w") as f:
-        json.dump({"config": config_dict(cfg), "finished": False}, f)
+from pretrain.training.run_dir import config_dict
 
 
 @pytest.mark.parametrize("cls", [TrainConfig, FinetuneConfig])
@@ -44,24 +32,3 @@ def test_every_mutable_option_is_an_option():
     names |= set(config_dict(PretrainConfig()))
     assert RESUME_MUTABLE_OPTIONS <= names, RESUME_MUTABLE_OPTIONS - names
 
-
-def test_finetune_resume_with_more_steps(tmp_path):
-    """Regression: finetune's own rule lacked --max-steps, so `finetune --resume --max-steps N` was refused while the
-    trainer (the same rounds) accepted it."""
-    out = str(tmp_path / "ft")
-    _recorded(tmp_path, FinetuneConfig(output=out, train="sample", max_steps=10), TRAINING_ARGS)
-    _prepare_output(FinetuneConfig(output=out, train="sample", max_steps=20, resume=True))  # no error
-    with open(os.path.join(out, TRAINING_ARGS)) as f:
-        assert json.load(f)["config"]["max_steps"] == 20
-    with pytest.raises(ValueError, match=r"different fine-tuning run.*--learning-rate: 5e-06 -> 0\.1"):
-        _prepare_output(FinetuneConfig(output=out, train="sample", max_steps=20, learning_rate=0.1, resume=True))
-
-
-def test_finetune_round_resume_with_more_mining_rounds(tmp_path):
-    """Regression: a fine-tuning round's trainer checked the pre-training rule, which lacked --mining-rounds, so
-    resuming an interrupted round with more mining rounds was refused while finetune itself accepted it."""
-    out = str(tmp_path / "ft" / "rounds" / "round-0")
-    _recorded(tmp_path, FinetuneConfig(output=out, train="sample", mining_rounds=0))
-    check_output_dir(FinetuneConfig(output=out, train="sample", mining_rounds=2, resume=True))  # no error
-    with pytest.raises(ValueError, match=r"different run.*--num-negatives: 7 -> 3"):
-        check_output_dir(FinetuneConfig(output=out, train="sample", num_negatives=3, resume=True))

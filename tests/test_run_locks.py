@@ -2,15 +2,13 @@
 
 ``python -m pretrain`` launched twice into one ``--output`` used to run twice (duplicated metric rows, interleaved
 checkpoints, both exit 0).  The second run must exit non-zero at once, naming the first (pid, host, since when),
-whatever path it takes to the directory; fine-tuning's ``--output`` likewise.
+whatever path it takes to the directory (fine-tuning's: tests/test_finetune.py).
 """
 from __future__ import annotations
 
 import os
-import types
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 
 from _warm_python import warm_python
 
-from pyterrier_cpdae._locking import ConcurrentBuildError, holder
+from pyterrier_cpdae._locking import holder
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
@@ -67,42 +65,3 @@ def test_second_pretraining_run_into_the_same_output_is_refused(tmp_path, tiny_b
     assert holder(out) is None  # released by the OS when the run died
     assert not (out / "config.json").exists()
 
-
-_HOLD = textwrap.dedent("""
-    import sys, time
-    from pyterrier_cpdae._locking import build_lock
-    with build_lock(sys.argv[1]):
-        print("held", flush=True)
-        time.sleep(60)
-""")
-
-
-def test_finetuning_output_is_locked_for_the_whole_run(tmp_path, monkeypatch):
-    from pretrain.finetune import train as finetune
-
-    out = tmp_path / "ft"
-    groups = tmp_path / "groups.jsonl"
-    groups.write_text('{"qid": "q", "query": "a", "pos": ["d1"], "negs": ["d2"]}\n')
-    argv = ["--output", str(out), "--train", f"groups:{groups}", "--model", str(tmp_path / "model")]
-    # during the run, the output directory is held by this process ...
-    seen = []
-    # the model and data checks that come first are not under test here
-    monkeypatch.setattr(finetune, "validate_finetune", lambda cfg: None)
-    monkeypatch.setattr(finetune, "load_training_data", lambda *a, **k: types.SimpleNamespace(topics=[None] * 64))
-    monkeypatch.setattr(finetune, "_finetune", lambda cfg, procs, data: seen.append(holder(out)) or {})
-    finetune.main(argv)
-    assert seen and seen[0]["pid"] == os.getpid()
-    assert holder(out) is None  # ... and released afterwards
-    # ... so a second run (here by a symlink to it) is refused before it touches anything
-    (tmp_path / "link").symlink_to(out, target_is_directory=True)
-    before = sorted(os.listdir(out))
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], env=ENV, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        with pytest.raises(ConcurrentBuildError, match=rf"fine-tuning run at .*link.* is being written by pid "
-                                                       rf"{proc.pid} on host .* since "):
-            finetune.main(["--output", str(tmp_path / "link"), *argv[2:], "--overwrite"])
-    finally:
-        proc.kill()
-        proc.wait()
-    assert sorted(os.listdir(out)) == before  # --overwrite did not clear the busy directory

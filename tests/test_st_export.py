@@ -55,19 +55,20 @@ def finetuned_dir(tmp_path_factory, tiny_bert_dir) -> str:
                                 "pos": [{"docno": d, "text": texts[d]} for d in g.pos],
                                 "negs": [{"docno": d, "text": texts[d]} for d in g.negs]}) + "\n")
     out = tmp / "ft"
-    main(["--model", tiny_bert_dir, "--train", f"groups:{tmp / 'groups.jsonl'}", "--output", str(out),
-          "--batch-size", "4", "--max-steps", "2", "--num-negatives", "2", "--query-max-length", "16",
-          "--doc-max-length", "24", "--learning-rate", "1e-3", "--pooling", "mean", "--cpu"])
+    main(["--model", tiny_bert_dir, "--train", f"groups:{tmp / 'groups.jsonl'}", "--output_dir", str(out),
+          "--per_device_train_batch_size", "4", "--max_steps", "2", "--num_negatives", "2", "--max_seq_length", "24",
+          "--learning_rate", "1e-3", "--pooling", "mean"])
     return str(out)
 
 
 @pytest.fixture(scope="module")
 def normalized_dir(tmp_path_factory, tiny_bert_dir) -> str:
-    """A mean-pooled, L2-normalised encoder written by the fine-tuning export (``BiEncoder.save_pretrained``)."""
-    from pretrain.finetune.biencoder import BiEncoder
+    """A mean-pooled, L2-normalised encoder: the tiny BERT with the sentence-transformers files an export writes."""
+    from pyterrier_cpdae.encoder.st_export import write_st_config
 
     out = str(tmp_path_factory.mktemp("st-normalized") / "model")
-    BiEncoder.from_pretrained(tiny_bert_dir, pooling="mean", normalize=True, doc_max_length=48).save_pretrained(out)
+    shutil.copytree(tiny_bert_dir, out)
+    write_st_config(out, pooling="mean", normalize=True, max_seq_length=48, hidden_size=32)
     return out
 
 
@@ -112,7 +113,7 @@ def test_pyterrier_dr_agrees_on_the_cls_model(pretrained_dir):
 
 def test_finetuned_mean_model_loads_unchanged_in_sentence_transformers(finetuned_dir):
     enc = CPDAE.from_pretrained(finetuned_dir, dtype="float32")
-    assert (enc.pooling, enc.normalize, enc.query_max_length, enc.doc_max_length) == ("mean", False, 16, 24)
+    assert (enc.pooling, enc.normalize, enc.doc_max_length) == ("mean", False, 24)
     ours = enc.encode_docs(TEXTS)
     np.testing.assert_allclose(ours, _naive(finetuned_dir, "mean", False, 24), atol=1e-5)
     np.testing.assert_allclose(_st_encode(finetuned_dir), ours, atol=1e-5)
@@ -138,14 +139,7 @@ def test_explicit_arguments_win_with_a_warning(normalized_dir, caplog):
     assert "normalize=" not in text  # agrees with the stored value: no warning
 
 
-def test_older_export_reads_training_args_and_plain_dirs_keep_defaults(finetuned_dir, tiny_bert_dir, tmp_path):
-    old = tmp_path / "old"
-    shutil.copytree(finetuned_dir, old)
-    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
-        os.remove(old / name)
-    shutil.rmtree(old / "1_Pooling")
-    enc = CPDAE.from_pretrained(old)
-    assert (enc.pooling, enc.normalize, enc.query_max_length, enc.doc_max_length) == ("mean", False, 16, 24)
+def test_plain_dirs_keep_defaults(tiny_bert_dir):
     plain = CPDAE.from_pretrained(tiny_bert_dir)
     assert (plain.pooling, plain.normalize, plain.query_max_length, plain.doc_max_length) == ("cls", False, 32, 128)
 
@@ -162,37 +156,20 @@ def test_unsupported_sentence_transformers_pooling_is_refused(normalized_dir, tm
 
 
 # ----------------------------------------------------------------------------- one pooling function
-@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_training_vectors_equal_inference_vectors(finetuned_dir, pooling, autocast):
-    """BiEncoder.encode (what the loss sees) and CPDAE.encode_docs give the same vectors for the same model."""
-    from pretrain.finetune.biencoder import BiEncoder
+def test_training_vectors_equal_inference_vectors(finetuned_dir, pooling, tmp_path):
+    """The SentenceTransformer fine-tuning builds (what the loss sees) and CPDAE.encode_docs give the same vectors."""
+    from pretrain.finetune.arguments import parse_args
+    from pretrain.finetune.train import build_model
 
-    bi = BiEncoder.from_pretrained(finetuned_dir, pooling=pooling, doc_max_length=24).eval()
-    batch = bi.collate([("q", TEXTS)])
-    ctx = torch.autocast("cpu", dtype=autocast) if autocast is not None else torch.autocast("cpu", enabled=False)
-    with torch.no_grad(), ctx:
-        train_vecs = bi.encode(batch["p_input_ids"], batch["p_attention_mask"])
-    assert train_vecs.dtype == torch.float32
-    enc = CPDAE.from_pretrained(finetuned_dir, pooling=pooling, doc_max_length=24, batch_size=len(TEXTS),
-                                dtype="bf16" if autocast is not None else "float32")
-    np.testing.assert_allclose(enc.encode_docs(TEXTS), train_vecs.numpy(), rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_training_vectors_equal_inference_vectors_with_bf16_weights(finetuned_dir, pooling):
-    """With bf16 weights the hidden states are bf16 (under autocast LayerNorm returns fp32, so only this case
-    exercises the pooling's own precision): training and inference both pool in float32."""
-    from pretrain.finetune.biencoder import BiEncoder
-
-    bi = BiEncoder.from_pretrained(finetuned_dir, pooling=pooling, doc_max_length=24).eval()
-    bi.encoder.to(torch.bfloat16)
-    batch = bi.collate([("q", TEXTS)])
+    fa, _ = parse_args(["--output_dir", str(tmp_path), "--pooling", pooling, "--max_seq_length", "24"])
+    model, normalize = build_model(finetuned_dir, fa)
+    model.eval()
     with torch.no_grad():
-        train_vecs = bi.encode(batch["p_input_ids"], batch["p_attention_mask"])
-    assert train_vecs.dtype == torch.float32
-    enc = CPDAE(bi.encoder, bi.tokenizer, pooling=pooling, doc_max_length=24, batch_size=len(TEXTS),
-                dtype="float32")
+        train_vecs = model.encode(TEXTS, convert_to_tensor=True)
+    assert train_vecs.dtype == torch.float32 and normalize is False
+    enc = CPDAE.from_pretrained(finetuned_dir, pooling=pooling, doc_max_length=24, batch_size=len(TEXTS),
+                                dtype="float32")
     np.testing.assert_allclose(enc.encode_docs(TEXTS), train_vecs.numpy(), rtol=0, atol=1e-6)
 
 

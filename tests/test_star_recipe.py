@@ -1,73 +1,79 @@
 """``--preset paper`` runs the CPDAE paper's passage fine-tuning as STAR (Zhan et al., SIGIR 2021) describes it:
 a warm-up model trained on BM25 negatives, its top-200 mined as static hard negatives, then training continued
-from the warm-up model on them; ``paper-warmup`` is the first stage alone. Tables name the recipe they show."""
+from the warm-up model on them; ``paper-warmup`` is the first stage alone; ``--round_init base`` restarts every
+round from ``--model``. Tables name the recipe they show."""
 from __future__ import annotations
 
-import json
+import os
 
+import torch
+
+from _tiny_sets import tiny_beir
 from pretrain.finetune import train as ft
-from pretrain.finetune import negatives as neg
-from pretrain.finetune.train import main
-
-from test_finetune import _write_beir
-from test_finetune_paper_recipe import _encoder_weights, _same, _spy_on_round_starts
 
 
 def _tiny(model, train, out, *preset):
     # only sizes are overridden; the recipe (negatives, rounds, round init, depth) comes from the preset
-    return [*preset, "--model", model, "--train", train, "--output", str(out), "--batch-size", "4", "--max-steps", "2",
-            "--num-negatives", "2", "--query-max-length", "16", "--doc-max-length", "24", "--learning-rate", "1e-3",
-            "--logging-steps", "1", "--report-to", "csv", "--cpu"]
+    return [*preset, "--model", model, "--train", train, "--output_dir", str(out), "--per_device_train_batch_size",
+            "4", "--max_steps", "2", "--num_negatives", "2", "--max_seq_length", "24", "--learning_rate", "1e-3"]
 
 
-def _spy_on_mining(monkeypatch):
-    """Record which source mined each round's negatives, and how deep."""
-    calls = []
-    real_bm25, real_dense = ft._pools_bm25, ft._pools_dense
+def _spy(monkeypatch):
+    """Which source mined each round (and how deep), and the weights each round started from."""
+    calls, starts = [], {}
+    real_mine, real_build = ft.mine, ft.build_model
 
-    def bm25(cfg, data):
-        calls.append(("bm25", None, cfg.negatives_depth))
-        return real_bm25(cfg, data)
+    def mine(fa, out, r, data, normalize):
+        kind, model = ft.mining_source(fa, out, r)
+        calls.append((kind, model and os.path.relpath(model, out), fa.negatives_depth))
+        return real_mine(fa, out, r, data, normalize)
 
-    def dense(cfg, data, checkpoint, round_):
-        calls.append(("dense", checkpoint, cfg.negatives_depth))
-        return real_dense(cfg, data, checkpoint, round_)
+    def build(start, fa):
+        model, normalize = real_build(start, fa)
+        starts[len(starts)] = {k: v.clone() for k, v in model.state_dict().items()}
+        return model, normalize
 
-    monkeypatch.setattr(ft, "_pools_bm25", bm25)
-    monkeypatch.setattr(ft, "_pools_dense", dense)
-    return calls
+    monkeypatch.setattr(ft, "mine", mine)
+    monkeypatch.setattr(ft, "build_model", build)
+    return calls, starts
+
+
+def _weights_of(path):
+    from sentence_transformers import SentenceTransformer
+    return SentenceTransformer(str(path), device="cpu").state_dict()
+
+
+def _same(a, b):
+    keys = [k for k in a if "pooler" not in k]
+    return all(torch.equal(a[k], b[k]) for k in keys)
 
 
 def test_paper_preset_runs_the_star_stages(tmp_path, tiny_bert_dir, monkeypatch):
-    spec = _write_beir(tmp_path / "beir", n_docs=240)   # more documents than the mining depth of 200
-    calls = _spy_on_mining(monkeypatch)
-    starts = _spy_on_round_starts(monkeypatch)
+    data = f"beir:{tiny_beir(tmp_path / 'beir', docs=240, queries=6)}:train"  # more documents than the depth of 200
+    calls, starts = _spy(monkeypatch)
     out = tmp_path / "star"
-    summary = main(_tiny(tiny_bert_dir, spec, out, "--preset", "paper"))
-    # stage 1: the warm-up model, trained from --model on BM25 negatives; stage 2: mined by the warm-up model
-    assert [r["round"] for r in summary["rounds"]] == [0, 1]
-    warmup = str(out / "rounds" / "round-0")
-    assert calls == [("bm25", None, 200), ("dense", warmup, 200)]
-    assert _same(starts["round-0"], _encoder_weights(tiny_bert_dir))
-    assert _same(starts["round-1"], _encoder_weights(warmup))       # trained from the warm-up model
-    args = json.loads((out / "rounds" / "round-1" / "training_args.json").read_text())
-    assert args["init"] == warmup
-    cfg = json.loads((out / "training_args.json").read_text())["config"]
-    assert (cfg["negatives"], cfg["mining_rounds"], cfg["round_init"], cfg["negatives_depth"], cfg["loss"]) == \
-        ("bm25", 1, "previous", 200, "pairwise")
-    # the static hard negatives are the warm-up model's top 200 minus the positive
-    r1, _ = neg.read_groups(str(out / "groups" / "round-1.jsonl"))
-    assert all(len(g.negs) == 199 and g.pos[0] not in g.negs for g in r1)
-    # and the final model is the second stage's
-    assert _same(_encoder_weights(str(out)), _encoder_weights(str(out / "rounds" / "round-1")))
+    record = ft.main(_tiny(tiny_bert_dir, data, out, "--preset", "paper"))
+    assert [r["round"] for r in record["rounds"]] == [0, 1]
+    assert calls == [("bm25", None, 200), ("dense", os.path.join("rounds", "round-0", "model"), 200)]
+    assert _same(starts[0], _weights_of(tiny_bert_dir))
+    assert _same(starts[1], _weights_of(out / "rounds" / "round-0" / "model"))  # continued from the warm-up model
+    assert not any(r["in_batch_negatives"] for r in record["rounds"]) and record["options"]["round_init"] == "previous"
+    # the static hard negatives are the warm-up model's top 200 minus the judged document
+    key = __import__("json").loads((out / "negatives" / "round-1.parquet.key.json").read_text())
+    groups = ft.neg.load_pools(str(out / "negatives" / "round-1.parquet"), key)
+    assert all(len(g.negs) == 199 and g.pos[0] not in g.negs for g in groups)
+    assert _same(_weights_of(out), _weights_of(out / "rounds" / "round-1" / "model"))
 
 
-def test_paper_warmup_preset_is_the_first_stage_alone(tmp_path, tiny_bert_dir, monkeypatch):
-    spec = _write_beir(tmp_path / "beir")
-    calls = _spy_on_mining(monkeypatch)
-    out = tmp_path / "warm"
-    summary = main(_tiny(tiny_bert_dir, spec, out, "--preset", "paper-warmup"))
-    assert [r["round"] for r in summary["rounds"]] == [0] and calls == [("bm25", None, 200)]
+def test_round_init_base_restarts_and_warmup_is_one_round(tmp_path, tiny_bert_dir, monkeypatch):
+    data = f"beir:{tiny_beir(tmp_path / 'beir', docs=40, queries=6)}:train"
+    calls, starts = _spy(monkeypatch)
+    record = ft.main(_tiny(tiny_bert_dir, data, tmp_path / "base", "--negatives", "model", "--mining_rounds", "1",
+                           "--negatives_depth", "20"))
+    assert _same(starts[0], starts[1]) and len(record["rounds"]) == 2
+    calls.clear()
+    record = ft.main(_tiny(tiny_bert_dir, data, tmp_path / "warm", "--preset", "paper-warmup"))
+    assert [r["round"] for r in record["rounds"]] == [0] and calls == [("bm25", None, 200)]
 
 
 def test_tables_name_the_fine_tuning_recipe():
@@ -82,11 +88,4 @@ def test_tables_name_the_fine_tuning_recipe():
         text = finetune_recipes(load_config(scale))
         assert "`--preset paper-warmup`" in text and "not the paper's full recipe" in text
         assert "`--preset paper`" not in text
-    assert "`--preset paper` (the CPDAE paper's passage recipe" in finetune_recipes(load_config("gpu"))  # fits an H100
-    for scale in ("cpu", "gpu"):  # SciFact is zero-shot only there: its (defined, never run) recipe is not named
-        assert "SciFact" not in finetune_recipes(load_config(scale))
-        assert "MARCO-sample train" in finetune_recipes(load_config(scale))
-    # the paper scale reports R@100 for documents, as the paper does
-    cfg = load_config("paper")
-    assert cfg["eval_sets"]["marco_doc_dev"]["metrics"] == ["RR@100", "R@100"]
-    assert cfg["eval_sets"]["dl19_doc"]["metrics"] == ["nDCG@10", "R@100"]
+    assert "`--preset paper` (the CPDAE paper's passage recipe" in finetune_recipes(load_config("gpu"))

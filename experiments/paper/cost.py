@@ -326,17 +326,15 @@ def _flags(argv: list[str]) -> dict[str, str]:
 
 
 def default_finetune_options(argv: list[str]) -> Any:
-    """A fine-tuning stage's options as ``python -m pretrain finetune`` resolves them (presets included; its
-    warnings about flags that override a preset are not repeated here)."""
-    import logging
+    """A fine-tuning stage's options as ``python -m pretrain finetune`` resolves them (presets included), under the
+    names this estimate reads (``epochs``, ``batch_size``, ``query_max_length``, ``doc_max_length``, ...)."""
+    import types
 
-    from pretrain.config import FinetuneConfig, parse_config
+    from pretrain.finetune.arguments import parse_args
 
-    logging.disable(logging.WARNING)
-    try:
-        return parse_config(FinetuneConfig, argv)
-    finally:
-        logging.disable(logging.NOTSET)
+    fa, ta = parse_args(argv)
+    return types.SimpleNamespace(**vars(fa), epochs=ta.num_train_epochs, batch_size=ta.per_device_train_batch_size,
+                                 query_max_length=min(32, fa.max_seq_length), doc_max_length=fa.max_seq_length)
 
 
 #: the order of the groups in the report

@@ -145,7 +145,7 @@ def run_pilot(scale: str, work_dir: Path, out: Path, sizes: Optional[str] = None
         systems = {}
         for s in seeds:
             out_dir = pw / "finetune" / f"{objective}_L{L}_s{s}"
-            args = {**plan._finetune_args("pilot_train", train, model), "seed": s, "output": str(out_dir)}
+            args = {**plan._finetune_args("pilot_train", train, model), "seed": s, "output_dir": str(out_dir)}
             st = Stage(f"pilot:finetune:{objective}:L{L}:s{s}", "finetune", ["finetune", *to_argv(args)], out_dir)
             if L == 0 and st.state() == "todo":
                 st = _finished_base_finetuning(pw, args, s) or st

@@ -89,7 +89,7 @@ class Plan:
                     # tables.table3.args override the set's fine-tuning options for the low-resource runs (e.g.
                     # more epochs, so that N queries still make the full run's optimizer steps)
                     args = {**self._finetune_args(t3["set"], fs, self.pretrained[model]), **t3.get("args", {}),
-                            "seed": seed, "max_train_queries": n, "output": str(out)}
+                            "seed": seed, "max_train_queries": n, "output_dir": str(out)}
                     self._add(Stage(name, "finetune", ["finetune", *to_argv(args)], out,
                                     needs=self._pretrain_needs(model) + self._negatives_needs(t3["set"], fs)))
                     self.lowres[(model, n, seed)] = str(out)
@@ -144,7 +144,7 @@ class Plan:
         out = under_work(self, "finetune", set_name, model if seed is None else f"{model}_s{seed}",
                          what=f"the fine-tuning set {set_name!r}")
         args = {**self._finetune_args(set_name, fs, start), **({} if seed is None else {"seed": seed}),
-                "output": str(out)}
+                "output_dir": str(out)}
         self._add(Stage(self.finetune_stage_name(set_name, model, seed), "finetune", ["finetune", *to_argv(args)], out,
                         needs=needs))
         self.finetuned_seeds[set_name].setdefault(model, []).append((seed, str(out)))

@@ -4,7 +4,7 @@ Every training stage is one ``python -m pretrain ...`` command (run as a subproc
 takes; the smoke scale may run it in-process, ``"runner": "inprocess"``, to save the interpreter
 start-ups: same argument parsing and code). A stage is *done* when its output directory holds
 what ``python -m pretrain`` writes at the end of a run (the exported ``config.json`` beside a
-``run_config.json`` for pre-training; ``training_args.json`` with ``finished: true`` for fine-tuning)
+``run_config.json`` for pre-training; ``reproduction.json`` with ``finished: true`` for fine-tuning)
 **and** the recorded options equal the stage's command (compared by ``pretrain``'s own parser and
 :func:`pretrain.config.resume_conflicts`, the check ``--resume`` itself makes). A stage directory
 holding the same run unfinished is resumed with ``--resume``; one holding a different run is refused.
@@ -76,15 +76,14 @@ class Stage:
 
     # ------------------------------------------------------------------ state
     def _parsed(self) -> Any:
-        from pretrain.config import parse_config
         if self.kind == "finetune":
-            from pretrain.config import FinetuneConfig
-            return parse_config(FinetuneConfig, self.argv[1:])
+            from pretrain.finetune.train import recorded_options
+            return recorded_options(self.argv[1:])
         from pretrain.arguments import parse_args, run_config
         return run_config(*parse_args(self.argv))
 
     def _recorded(self) -> Optional[dict[str, Any]]:
-        f = self.output / ("training_args.json" if self.kind == "finetune" else "run_config.json")
+        f = self.output / ("reproduction.json" if self.kind == "finetune" else "run_config.json")
         if not f.exists():
             return None
         from pyterrier_cpdae._files import read_config_file
@@ -95,16 +94,15 @@ class Stage:
         epochs, mining rounds), with the command parsed once."""
         if rec is None:
             return [], False
-        parsed = self._parsed()
-        if self.kind == "pretrain":
-            from pretrain.training.run_dir import RESUMABLE
-            previous, current = rec.get("config", {}), parsed.options()
-            conflicts = sorted(k for k in set(previous) & set(current) - RESUMABLE if previous[k] != current[k])
-        else:
-            from pretrain.config import resume_conflicts
-            from pretrain.training.run_dir import config_dict
-            previous, current = rec.get("config", {}), config_dict(parsed)
-            conflicts = resume_conflicts(previous, current)
+        if self.kind == "finetune":
+            from pretrain.finetune.arguments import RESUME_MUTABLE
+            previous, current = rec.get("options", {}), self._parsed()
+            other_length = any(previous.get(k) != current.get(k) for k in LENGTH_OPTIONS if k in previous or k in current)
+            return sorted(k for k in set(previous) | set(current)
+                          if k not in RESUME_MUTABLE and previous.get(k) != current.get(k)), other_length
+        from pretrain.training.run_dir import RESUMABLE
+        previous, current = rec.get("config", {}), self._parsed().options()
+        conflicts = sorted(k for k in set(previous) & set(current) - RESUMABLE if previous[k] != current[k])
         other_length = any(k in previous and k in current and previous[k] != current[k] for k in LENGTH_OPTIONS)
         return conflicts, other_length
 
@@ -122,6 +120,15 @@ class Stage:
         rec = self._recorded() if rec is None else rec
         if rec is None:
             return []
+        if self.kind == "finetune":  # digests of --train's files, a --negatives file or model, --model's weights
+            from pretrain.finetune.arguments import parse_args
+            from pretrain.finetune.train import input_digests
+            try:
+                now = input_digests(parse_args(self.argv[1:])[0])
+            except (OSError, ValueError) as e:
+                return [f"its data cannot be read any more ({type(e).__name__}: {e})"]
+            have = rec.get("inputs") or {}
+            return [f"its {k} ({'--' + k}) changed" for k in sorted(now) if k in have and have[k] != now[k]]
         previous, changes = rec.get("inputs") or {}, []
         try:
             if self.kind == "finetune" and previous.get("specs"):
@@ -268,7 +275,7 @@ class Runner:
         rec = self.record(stage)
         if rec is not None and rec.get("command") == stage.command:
             return rec
-        start = stage.output / ("training_args.json" if stage.kind == "finetune" else "run_config.json")
+        start = stage.output / ("reproduction.json" if stage.kind == "finetune" else "run_config.json")
         end = stage.output / "config.json"
         wall = end.stat().st_mtime - start.stat().st_mtime if start.exists() and end.exists() else None
         # run_config.json is rewritten when a run is resumed: then this is the last part's time only

