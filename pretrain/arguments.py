@@ -255,6 +255,11 @@ def run_config(model_args: ModelArguments, data_args: DataArguments, training_ar
     return RunConfig(values, defaults, [f.name for f in dataclasses.fields(objective_options)])
 
 
+def shared_option_names() -> set[str]:
+    """The options every run has (ours and ``TrainingArguments``'): an objective's ``Options`` may not redefine them."""
+    return {f.name for cls in (ModelArguments, DataArguments, PretrainingArguments) for f in dataclasses.fields(cls)}
+
+
 def objective_config(objective: str = "cpdae", **values: Any) -> RunConfig:
     """A :class:`RunConfig` for building objective ``objective`` from Python (tests, notebooks): ``values`` are options
     of the model, data or objective dataclasses, or ``batch_size`` / ``grad_accum`` / ``seed``.
@@ -265,7 +270,8 @@ def objective_config(objective: str = "cpdae", **values: Any) -> RunConfig:
     from .registry import objective_class
 
     options_cls = objective_class(objective).Options
-    run = {k: values.pop(k) for k in ("batch_size", "grad_accum", "seed", "output", "cpu") if k in values}
+    run = {k: values.pop(k) for k in ("batch_size", "grad_accum", "seed", "output", "cpu", "learning_rate", "max_steps")
+           if k in values}
     groups = [ModelArguments, DataArguments, options_cls]
     parts = []
     for cls in groups:
@@ -424,5 +430,5 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
 
 
 __all__ = ["Range", "opt", "flag", "option_problem", "check_options", "ModelArguments", "DataArguments",
-           "PretrainingArguments", "RunConfig", "run_config", "objective_config", "build_parser", "parse_args",
+           "PretrainingArguments", "RunConfig", "run_config", "objective_config", "shared_option_names", "build_parser", "parse_args",
            "POSITIVE", "LEARNING_RATE", "NON_NEGATIVE", "AT_LEAST_1", "UNIT", "OPEN_UNIT", "FLOAT32_MAX"]

@@ -201,9 +201,8 @@ def worker(args: argparse.Namespace) -> None:
     n_texts, views = run.n_texts, run.views
     if getattr(args, "compile", False):  # the trainer's --compile: every encoder layer compiled in place
         obj.compile_encoder()
-    from pretrain.training.optim import adamw_options
-
-    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5, **adamw_options(dev))  # as the trainer: fused on CUDA
+    # as the Trainer's default optimizer (adamw_torch_fused on CUDA)
+    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5, **({"fused": True} if dev.type == "cuda" else {}))
     torch.manual_seed(1)
     batches = [{k: v.to(dev) for k, v in obj.collate(texts).items()} for _ in range(args.warmup + args.steps)]
     amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.bf16)

@@ -6,7 +6,7 @@ start-ups: same argument parsing and code). A stage is *done* when its output di
 what ``python -m pretrain`` writes at the end of a run (the exported ``config.json`` beside a
 ``run_config.json`` for pre-training; ``reproduction.json`` with ``finished: true`` for fine-tuning)
 **and** the recorded options equal the stage's command (compared by ``pretrain``'s own parser and
-:func:`pretrain.config.resume_conflicts`, the check ``--resume`` itself makes). A stage directory
+:data:`pretrain.training.run_dir.RESUMABLE`, the check ``--resume_from_checkpoint`` itself makes). A stage directory
 holding the same run unfinished is resumed with ``--resume``; one holding a different run is refused.
 Each finished stage's command, wall time and (pre-training) encoder sequences are recorded in
 ``<work>/stages/<stage>.json``.
@@ -30,10 +30,8 @@ from .config import ROOT
 RUNNING_WINDOW_S = 600
 #: Options of a pre-training run that may differ between the recorded run and the stage's command (they do
 #: not change what is trained). Stricter than ``--resume``'s own list: a run with other steps is another run.
-#: Options that may differ on ``--resume`` (pretrain.config.RESUME_MUTABLE_OPTIONS) but decide when a run is
-#: finished: a finished run with other values is never taken as done; it is resumed, and ``--resume`` continues it
-#: only where that gives the run asked for (pretrain.training.optim.check_resume_length), else refuses in one line and the
-#: stage fails naming it.
+#: Options that may differ on a resume (pretrain.training.run_dir.RESUMABLE) but decide when a run is
+#: finished: a finished run with other values is never taken as done; it is resumed to the new length.
 LENGTH_OPTIONS = ("max_steps", "epochs", "num_train_epochs", "mining_rounds")
 
 

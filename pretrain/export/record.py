@@ -296,9 +296,6 @@ def _preset_overrides(config: Any) -> dict[str, tuple[Any, Any]]:
     preset = getattr(config, "preset", None)
     if preset is None:
         return {}
-    if dataclasses.is_dataclass(config):
-        from ..config import preset_overrides
-        return preset_overrides(config)
     from ..registry import objective_class
     recipe = objective_class(config.objective).presets.get(preset, {})
     values = _values(config)
@@ -352,7 +349,6 @@ def finetune_record(cfg: Any, output: str, summary: dict[str, Any], model_config
     import torch
     import transformers
 
-    from ..training.optim import resolve_mixed_precision
 
     args = _read_json(os.path.join(cfg.output, "training_args.json"))
     inputs = args.get("inputs") or {}
@@ -378,7 +374,7 @@ def finetune_record(cfg: Any, output: str, summary: dict[str, Any], model_config
                      "query_max_length": cfg.query_max_length, "doc_max_length": cfg.doc_max_length,
                      "rounds": rounds, **({"round": round_, "init": init} if round_ is not None else {})},
         "session": {"wall_s": wall_s, "hardware": hardware(cfg.cpu, int(os.environ.get("WORLD_SIZE", "1") or 1)),
-                    "mixed_precision": resolve_mixed_precision(cfg.mixed_precision, cfg.cpu),
+                    "mixed_precision": getattr(cfg, "mixed_precision", None),
                     "save_dtype": cfg.save_dtype, "finished_at": _now()},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     })

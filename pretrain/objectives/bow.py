@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, NON_NEGATIVE, opt
+from ..arguments import RunConfig, NON_NEGATIVE, opt
 from ..data.masking import bag_of_words
 from ..model.modeling import mlm_head
 from . import register_objective
@@ -118,7 +118,7 @@ class BoWObjective(MaskedViewsMixin, Objective):
     num_views = 1
     ddp_find_unused_parameters = False
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         if config.bow_weight_schedule not in BOW_SCHEDULES:
             raise ValueError(f"unknown bow_weight_schedule {config.bow_weight_schedule!r}; choose one of {BOW_SCHEDULES}")

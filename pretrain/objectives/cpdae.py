@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, AT_LEAST_1, NON_NEGATIVE, POSITIVE, opt
+from ..arguments import RunConfig, AT_LEAST_1, NON_NEGATIVE, POSITIVE, opt
 from ..training.distributed import world_size
 from ..model.losses import pairwise_js, rec_loss, word_distribution
 from ..data.masking import bag_of_words
@@ -110,7 +110,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     use_cl = True
     ddp_find_unused_parameters = False
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  idf: Optional[torch.Tensor] = None, bias_prior: Optional[torch.Tensor] = None, **extra: Any):
         super().__init__(mlm_model, tokenizer, config, **extra)
         if self.contrastive:
@@ -142,7 +142,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
         self._set_idf(idf, vocab)
 
     @classmethod
-    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
+    def prepare(cls, corpus: Any, config: RunConfig) -> dict[str, Any]:
         """``bias_prior`` (the corpus log-odds of every token, :func:`pretrain.data.corpus.token_prior_logits`)
         with ``--decoder-bias-init prior``."""
         from ..data.corpus import idf_weights, token_prior_logits

@@ -44,7 +44,7 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, AT_LEAST_1, OPEN_UNIT, opt
+from ..arguments import RunConfig, AT_LEAST_1, OPEN_UNIT, opt
 from ..training.distributed import global_mean_count
 from ..model.losses import mlm_loss
 from ..model.heads import register_head_module
@@ -234,7 +234,7 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
     #: Optional generator (on the training device) for the decoder masks drawn in forward.
     decoder_mask_generator: Optional[torch.Generator] = None
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         _check_ratio(config.decoder_mask_ratio, "decoder_mask_ratio")
         _check_ratio(config.encoder_mask_ratio, "encoder_mask_ratio")

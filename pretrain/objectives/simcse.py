@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, POSITIVE, opt
+from ..arguments import RunConfig, POSITIVE, opt
 from ..training.distributed import world_size
 from ..data.masking import pad_and_add_special
 from . import register_objective
@@ -62,7 +62,7 @@ class SimCSEObjective(Objective):
     uses_mlm_head = False  # no MLM term: see Objective.uses_mlm_head
     ddp_find_unused_parameters = True  # the MLM head is not used
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         super().__init__(mlm_model, tokenizer, config, **extra)
         if not float(config.temperature) > 0:

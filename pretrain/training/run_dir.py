@@ -1,19 +1,16 @@
-"""A run's output directory: the checks before a run writes into it (:func:`check_output_dir`), its exclusive lock
+"""A run's output directory: the checks before a run writes into it (:func:`check_run_dir`), its exclusive lock
 (:func:`hold_output_lock`), its identity while the run writes (:class:`OutputPlace`) and the removal of a previous
-run's files under ``--overwrite``."""
+run's files under ``--overwrite_output_dir`` (:func:`clear_run`)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 from typing import Any, Optional
 
-from .checkpoint import list_checkpoints
-from ..config import check_moved_run, check_same_run
 
-__all__ = ["EXPORT_FILES", "RUN_CONFIG", "config_dict", "check_output_dir", "RunDirectoryError", "OutputPlace",
-           "hold_output_lock"]
+__all__ = ["EXPORT_FILES", "RUN_CONFIG", "RUN_FORMAT", "RESUMABLE", "config_dict", "run_moved", "check_moved_run",
+           "check_run_dir", "clear_run", "RunDirectoryError", "OutputPlace", "hold_output_lock"]
 
 #: Files whose presence means an output directory holds an exported model.
 EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
@@ -22,44 +19,48 @@ RUN_CONFIG = "run_config.json"
 
 # ----------------------------------------------------------------------------- output dir
 def config_dict(config: Any) -> dict[str, Any]:
-    """The options of a run as a plain dict (a dataclass config or a namespace)."""
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+    """The options of a run as a plain dict (a dataclass config, a RunConfig or a namespace)."""
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    return config.options() if callable(getattr(config, "options", None)) else dict(vars(config))
 
 
-def check_output_dir(config: Any, ignore: Any = ()) -> None:
-    """Refuse an output directory that holds a different run, unless ``config.overwrite``; the names in ``ignore``
-    (the run's own token cache, :func:`pretrain.data.inputs.own_cache_entries`) do not count.
+def run_moved(record: dict[str, Any], output: str) -> Optional[str]:
+    """Where the run recorded in ``output`` (its ``run_config.json``, ``record``) was
+    started, when that is another directory than ``output`` (the run was moved or copied there); else ``None``.
 
-    Accepted without ``overwrite``: a missing or empty directory; a directory of the *same*
-    run (same ``run_config.json`` up to :data:`~pretrain.config.RESUME_MUTABLE_OPTIONS`) when resuming, or when
-    it holds neither checkpoints nor an exported model yet.
+    The record's ``output_path`` (the real path of the directory when the run last started) is compared with
+    ``output``'s real path; a record without one compares its ``output`` option as resolved here.
+    """
+    here = os.path.realpath(output)
+    where = record.get("output_path")
+    if not isinstance(where, str):
+        where = (record.get("config") or {}).get("output")
+        if not isinstance(where, str) or os.path.realpath(where) == here:
+            return None
+        return where
+    return None if where == here else where
+
+
+def check_moved_run(record: dict[str, Any], output: str, resume: bool, what: str = "run") -> None:
+    """A run found in another directory than the one it recorded (:func:`run_moved`): continued there with
+    ``--resume_from_checkpoint`` (a warning says from where it was moved), refused without it, naming both places.
 
     Raises:
-        ValueError: naming the directory and the reason.
+        ValueError: the run was moved and ``resume`` is false.
     """
-    out = getattr(config, "output", None)
-    if not out:
-        raise ValueError("no output directory given (--output)")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"output path {out} exists and is not a directory")
-    own = set(ignore)  # the run's own files (its --cache-dir inside --output) are not another run's
-    if not os.path.isdir(out) or not set(os.listdir(out)) - own or config.overwrite:
+    import logging
+
+    moved_from = run_moved(record, output)
+    if moved_from is None:
         return
-    run_cfg = os.path.join(out, RUN_CONFIG)
-    if not os.path.isfile(run_cfg):
-        entries = sorted(set(os.listdir(out)) - own)
-        raise ValueError(f"output directory {out} is not empty and holds no {RUN_CONFIG} (it contains "
-                         f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
-                         "choose another --output or pass --overwrite")
-    with open(run_cfg) as f:
-        record = json.load(f)
-    check_same_run(record.get("config", {}), config_dict(config), out)
-    check_moved_run(record, out, config.resume)
-    if config.resume:
-        return
-    if list_checkpoints(out) or any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES):
-        raise ValueError(f"output directory {out} already holds checkpoints or an exported model of this run; "
-                         "pass --resume to continue it or --overwrite to start again")
+    if not resume:
+        raise ValueError(f"output directory {output} holds a {what} that was started in {moved_from} (the directory "
+                         f"was moved or copied to {output}); pass --resume_from_checkpoint true to continue it in {output} "
+                         "from its last checkpoint, or --overwrite_output_dir to start it again")
+    logging.getLogger("pretrain").warning(
+        "%s: this %s was started in %s and has been moved (or copied) here: continuing it here from its last "
+        "checkpoint; its record now names %s", output, what, moved_from, os.path.realpath(output))
 
 
 class RunDirectoryError(OSError):
