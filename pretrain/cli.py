@@ -200,6 +200,7 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
 
     from .data.corpus import TokenCache
     from .data.inputs import check_resume_inputs, check_something_to_learn, run_inputs
+    from .export.commit import commit_export, prepare_export_dir
     from .export.weights import base_pooler, save_with_carried
     from .objectives import build_objective, objective_class
     from .training.run_dir import OutputPlace
@@ -236,7 +237,8 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
     collator = objective.data_collator()  # every example's masks and views from (seed, epoch, example index)
     place = OutputPlace(config.output, "run_config.json") if training_args.should_save else None
     try:
-        callbacks = []
+        from .data.collators import CollatorEpochCallback
+        callbacks = [CollatorEpochCallback(collator)]  # the epoch the collator draws the masks of
         if training_args.early_stopping_patience:
             from transformers import EarlyStoppingCallback
             callbacks.append(EarlyStoppingCallback(early_stopping_patience=training_args.early_stopping_patience))
@@ -259,8 +261,12 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
             write_card(tmp, pretrain_record(config, config.output, result, cache, model.config, carried, argv,
                                             export_dir=tmp), previous=config.output)
 
-        trainer.export(lambda m, path: save_with_carried(type(m).save_pretrained, m, path, carried, m.mlm_model),
-                       dtype, card=card)
+        def write(m: Any) -> None:  # saved into <output>/.export-tmp, checked, moved in with config.json last
+            tmp = prepare_export_dir(config.output)
+            save_with_carried(type(m).save_pretrained, m, tmp, carried, m.mlm_model)
+            commit_export(tmp, config.output, card=card)
+
+        trainer.export(write, dtype)
     finally:
         if place is not None:
             place.close()

@@ -121,7 +121,7 @@ def test_idf_weighted_rec_with_the_contrastive_loss(tiny_bert_dir):
 def test_prepare_gives_idf_when_asked(tiny_bert_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from pretrain.config import PretrainConfig
+    from pretrain.arguments import objective_config
     from pretrain.data.corpus import TokenCache, idf_weights
     from pretrain.objectives import objective_class
 
@@ -129,9 +129,9 @@ def test_prepare_gives_idf_when_asked(tiny_bert_dir, tmp_path):
     corpus.write_text("\n".join(TEXTS) + "\n")
     cache = TokenCache.build_or_load(str(corpus), AutoTokenizer.from_pretrained(tiny_bert_dir), 32, str(tmp_path / "c"))
     cls = objective_class("cpdae")
-    got = cls.prepare(cache, PretrainConfig(objective="cpdae", rec_weighting="idf", decoder_bias_init="zero"))
+    got = cls.prepare(cache, objective_config(objective="cpdae", rec_weighting="idf", decoder_bias_init="zero"))
     assert set(got) == {"idf"} and torch.equal(got["idf"], idf_weights(cache))
-    assert set(cls.prepare(cache, PretrainConfig(objective="cpdae"))) == {"bias_prior"}
+    assert set(cls.prepare(cache, objective_config(objective="cpdae"))) == {"bias_prior"}
 
 
 # ----------------------------------------------------------------------------- BoW Eq. 11
@@ -243,7 +243,7 @@ def test_retromae_stacked_decoder_layers(tiny_bert_dir, tmp_path):
 def test_adam_betas_and_epsilon_reach_the_optimizer(tmp_path, monkeypatch):
     """Two AdamW steps of the trainer on one scalar parameter against Adam's update written out
     (m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², θ -= lr·(m/(1-β1^t)) / (sqrt(v/(1-β2^t)) + ε))."""
-    from pretrain.config import TrainConfig
+    from pretrain.arguments import TrainConfig
     from pretrain.training.trainer import Trainer
 
     class Scalar(torch.nn.Module):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pretrain import cli
-from pretrain.config import PretrainConfig, opt
+from pretrain.arguments import objective_config, opt
 from pretrain.logging_utils import read_metrics
 from pretrain.objectives import (MaskedViewsMixin, MLMOptions, Objective, available_objectives, objective_class,
                                  register_objective, unregister_objective)
@@ -167,20 +167,20 @@ def test_registration_is_checked():
 
 
 def test_config_of_an_objective_holds_its_options_only():
-    c = PretrainConfig(objective="seed", seed_decoder_layers=2, batch_size=8)
+    c = objective_config(objective="seed", seed_decoder_layers=2, batch_size=8)
     assert isinstance(c, PretrainConfig) and (c.seed_decoder_layers, c.batch_size, c.mlm_probability) == (2, 8, 0.15)
     assert not hasattr(c, "cl_weight")
-    assert PretrainConfig().cl_weight == 0.1  # the default objective (cpdae) and its options
+    assert objective_config().cl_weight == 0.1  # the default objective (cpdae) and its options
     with pytest.raises(ValueError, match=r"'cl_weight' \(an option of cpdae, cpdae_r\).*'mlm'"):
-        PretrainConfig(objective="mlm", cl_weight=0.3)
+        objective_config(objective="mlm", cl_weight=0.3)
     with pytest.raises(ValueError, match="'colour' \\(no objective has it\\)"):
-        PretrainConfig(objective="mlm", colour="red")
+        objective_config(objective="mlm", colour="red")
     # copies and pickles keep the class and the values
     assert pickle.loads(pickle.dumps(c)) == c and dataclasses.replace(c, seed_decoder_layers=1).seed_decoder_layers == 1
-    assert type(PretrainConfig(objective="seed")) is type(c)
+    assert type(objective_config(objective="seed")) is type(c)
     # an objective refuses a config without its options, before reading any
     with pytest.raises(ValueError, match="objective 'seed' needs the option\\(s\\) .*seed_decoder_layers.*PretrainConfig_mlm"):
-        objective_class("seed")(None, None, PretrainConfig(objective="mlm"))
+        objective_class("seed")(None, None, objective_config(objective="mlm"))
 
 
 def test_config_files_and_flags_of_other_objectives(tmp_path, monkeypatch, caplog):
@@ -216,7 +216,7 @@ def test_resume_accepts_a_run_recorded_with_the_former_flat_options(tmp_path):
 
     out = tmp_path / "run"
     out.mkdir()
-    cfg = PretrainConfig(objective="cpdae", output=str(out), resume=True)
+    cfg = objective_config(objective="cpdae", output=str(out), resume=True)
     legacy = {**config_dict(cfg), "seed_decoder_layers": 3, "encoder_mask_ratio": 0.3, "bow_weight": 1.0}
     (out / "run_config.json").write_text(json.dumps({"config": legacy}))
     check_output_dir(cfg)

@@ -281,11 +281,11 @@ def test_the_probe_times_paths_in_turn_and_keeps_the_fastest():
 
 
 def _train(tmp_path, name, unpad, tiny_bert_dir, tok, steps=1, resume=False, **options):
-    from pretrain.config import PretrainConfig
+    from pretrain.arguments import objective_config
     from pretrain.objectives import build_objective
     from pretrain.training.trainer import Trainer
 
-    config = PretrainConfig(objective="mlm", model=tiny_bert_dir, batch_size=4, max_length=32, unpad=unpad,
+    config = objective_config(objective="mlm", model=tiny_bert_dir, batch_size=4, max_length=32, unpad=unpad,
                             output=str(tmp_path / name), max_steps=steps, warmup_ratio=0.0, logging_steps=1,
                             save_steps=1, report_to="none", cpu=True, seed=3, resume=resume, **options)
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.config import PretrainConfig, coerce_value, config_fields, parse_config
+from pretrain.arguments import objective_config, coerce_value, config_fields, parse_config
 from _warm_python import warm_python
 from test_reliability_inputs import run_cli
 

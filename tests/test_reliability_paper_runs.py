@@ -157,7 +157,7 @@ def test_no_table_file_is_written_in_place():
 # ----------------------------------------------------------------------------- --jobs 2 with a failing stage
 def _fake_pretrain(fail: set[str], seconds: float = 0.3):
     """Stands in for ``subprocess.run([python, -m, pretrain, ...])``: writes what a finished run leaves, or fails."""
-    from pretrain.config import FinetuneConfig, PretrainConfig, parse_config
+    from pretrain.arguments import FinetuneConfig, objective_config, parse_config
     from pretrain.training.run_dir import config_dict
 
     def run(argv, cwd=None, stdout=None, stderr=None, env=None):

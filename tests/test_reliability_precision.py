@@ -74,9 +74,9 @@ def test_an_in_memory_bf16_model_is_used_as_given_with_a_warning(bf16_and_fp32, 
 
 def _pretrain(model: str, out: Path, cache: Path, corpus: Path, **kw):
     from pretrain.cli import pretrain
-    from pretrain.config import PretrainConfig
+    from pretrain.arguments import objective_config
 
-    return pretrain(PretrainConfig(objective="cpdae", model=model, corpus=str(corpus), output=str(out),
+    return pretrain(objective_config(objective="cpdae", model=model, corpus=str(corpus), output=str(out),
                                    cache_dir=str(cache), batch_size=4, max_length=32, max_steps=3, save_steps=3,
                                    logging_steps=1, learning_rate=1e-3, report_to="csv", **kw))
 
@@ -111,7 +111,7 @@ def test_pre_training_from_a_bf16_config_builds_float32_weights(bf16_and_fp32):
 
 def test_the_trainer_keeps_float32_master_weights(tmp_path, caplog):
     from _train_worker import RegressionData, TinyRegressor, collate
-    from pretrain.config import TrainConfig
+    from pretrain.arguments import TrainConfig
     from pretrain.training.trainer import Trainer
 
     module = TinyRegressor().to(torch.bfloat16)

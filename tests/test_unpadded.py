@@ -19,7 +19,7 @@ import torch
 
 from pretrain.model import unpadded
 from pyterrier_cpdae.encoder import attention
-from pretrain.config import PretrainConfig
+from pretrain.arguments import objective_config
 from pretrain.model.modeling import load_mlm_model
 from pretrain.objectives import build_objective
 
@@ -88,7 +88,7 @@ def extras(name: str, vocab: int) -> dict:
 def build(name: str, opts: dict, unpad: str, model, tok):
     model = copy.deepcopy(model)
     tiny_bert_dir = model.name_or_path
-    config = PretrainConfig(objective=name, model=tiny_bert_dir, batch_size=len(LENGTHS), unpad=unpad,
+    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=len(LENGTHS), unpad=unpad,
                             max_length=128, **opts)
     torch.manual_seed(1)
     return build_objective(name, model, tok, config, **extras(name, model.config.vocab_size)).eval()
@@ -217,11 +217,11 @@ def test_unsupported_model_auto_falls_back_and_on_is_refused():
 
 
 def test_unpad_option_is_checked_and_may_change_on_resume(tiny_bert_dir):
-    from pretrain.config import RESUME_MUTABLE_OPTIONS
+    from pretrain.arguments import RESUME_MUTABLE_OPTIONS
 
     with pytest.raises(ValueError, match=r"--unpad must be one of auto, on, off, got 'sometimes'"):
-        PretrainConfig(objective="mlm", unpad="sometimes")
-    assert PretrainConfig(objective="mlm").unpad == "auto" and not PretrainConfig(objective="mlm").compile
+        objective_config(objective="mlm", unpad="sometimes")
+    assert objective_config(objective="mlm").unpad == "auto" and not objective_config(objective="mlm").compile
     assert {"unpad", "compile"} <= RESUME_MUTABLE_OPTIONS
 
 

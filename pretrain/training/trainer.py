@@ -113,9 +113,6 @@ class PretrainTrainer(Trainer):
         super().__init__(*args, callbacks=callbacks, **kwargs)
         self.add_callback(FiniteLossCallback(self))
         self.add_callback(ObjectiveStepCallback(self))
-        epoch_cb = _collator_epoch_callback(self.data_collator)
-        if epoch_cb is not None:
-            self.add_callback(epoch_cb)
         self.probe, self.probe_settings, self.place = probe, dict(probe_settings or {}), place
         self._terms: dict[str, torch.Tensor] = {}
         self._term_batches = 0
@@ -221,15 +218,11 @@ class PretrainTrainer(Trainer):
         return f"training stopped, {what}. Nothing was saved from these weights; {kept}"
 
     # ------------------------------------------------------------------ export
-    def export(self, save_fn: Callable[[Any, str], None], dtype: torch.dtype = torch.float32,
-               card: Optional[Callable[[str], Any]] = None) -> None:
-        """``save_fn(objective, directory)`` into ``<output_dir>/.export-tmp``, then
-        :func:`pretrain.export.commit.commit_export` (every saved tensor finite in its dtype, ``card(tmp)`` beside the
-        weights, the files moved into ``output_dir`` with ``config.json`` last); refused from non-finite weights or
-        into a moved directory."""
+    def export(self, write: Callable[[Any], None], dtype: torch.dtype = torch.float32) -> None:
+        """``write(objective)`` on the main process (the caller's export: saved into a temporary folder, checked and
+        moved into ``output_dir``, :func:`pretrain.export.commit.commit_export`), the objective cast to ``dtype``
+        on a copy; refused from non-finite weights or into a moved directory."""
         import copy
-
-        from ..export.commit import commit_export, prepare_export_dir
 
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.check_writable("the exported model")
@@ -239,11 +232,7 @@ class PretrainTrainer(Trainer):
                                                          f"tensor(s) are not finite ({', '.join(bad[:3])})"))
         self.accelerator.wait_for_everyone()
         if self.is_world_process_zero():
-            if dtype != torch.float32:
-                unwrapped = copy.deepcopy(unwrapped).to(dtype)
-            tmp = prepare_export_dir(self.args.output_dir)
-            save_fn(unwrapped, tmp)
-            commit_export(tmp, self.args.output_dir, card=card)
+            write(copy.deepcopy(unwrapped).to(dtype) if dtype != torch.float32 else unwrapped)
         self.accelerator.wait_for_everyone()
 
     # ------------------------------------------------------------------ the retrieval probe
@@ -270,15 +259,6 @@ class PretrainTrainer(Trainer):
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
-
-
-def _collator_epoch_callback(collator: Any) -> Optional[TrainerCallback]:
-    """``pretrain.data.collators.CollatorEpochCallback`` for a collator with ``set_epoch`` (its masks derive from
-    (seed, epoch, example index))."""
-    if not callable(getattr(collator, "set_epoch", None)):
-        return None
-    from ..data.collators import CollatorEpochCallback
-    return CollatorEpochCallback(collator)
 
 
 __all__ = ["PretrainTrainer", "FiniteLossCallback", "ObjectiveStepCallback", "last_checkpoint", "NonFiniteError"]
