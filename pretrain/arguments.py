@@ -168,6 +168,7 @@ class PretrainingArguments(TrainingArguments):
                                                  "--probe and --load_best_model_at_end).", check=AT_LEAST_1)
     overwrite_output_dir: bool = opt(False, "Replace a different run in --output_dir (its checkpoints, logs, record "
                                      "and exported model); other files are kept.")
+    learning_rate: float = opt(5e-5, "The peak learning rate.", check=LEARNING_RATE)
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
     warmup_steps: float = field(default=0.1, metadata={"help": "Warm-up steps (a value < 1: a ratio of the run)."})
     save_steps: float = field(default=1000, metadata={"help": "Save a checkpoint every N steps."})

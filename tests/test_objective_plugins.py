@@ -15,7 +15,7 @@ import torch
 
 from pretrain import cli
 from pretrain.arguments import objective_config, opt
-from pretrain.logging_utils import read_metrics
+from pretrain.analysis.loss_curves import read_metrics
 from pretrain.objectives import (MaskedViewsMixin, MLMOptions, Objective, available_objectives, objective_class,
                                  register_objective, unregister_objective)
 
@@ -109,12 +109,12 @@ def test_toy_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir)
     out = tmp_path / "run"
     ToyObjective.prepared.clear()
     result = cli.main(["--objective", "toy_plugin", "--toy-weight", "0.5", "--model", tiny_bert_dir,
-                       "--corpus", str(corpus), "--output", str(out), "--cache-dir", str(tmp_path / "cache"),
-                       "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "1000",
+                       "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(tmp_path / "cache"),
+                       "--global_batch_size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "1000",
                        "--logging-steps", "1", "--learning-rate", "1e-3"])
     assert result["step"] == 2
     assert ToyObjective.prepared == [12]  # prepare() saw the tokenised corpus (12 one-line documents)
-    rows = read_metrics(str(out / "logs" / "metrics.csv"))
+    rows = read_metrics(str(out))
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["loss"] == pytest.approx(r["mlm"] + 0.5 * r["toy"], rel=1e-5)
@@ -166,60 +166,3 @@ def test_registration_is_checked():
     assert "no_options" not in available_objectives()
 
 
-def test_config_of_an_objective_holds_its_options_only():
-    c = objective_config(objective="seed", seed_decoder_layers=2, batch_size=8)
-    assert isinstance(c, PretrainConfig) and (c.seed_decoder_layers, c.batch_size, c.mlm_probability) == (2, 8, 0.15)
-    assert not hasattr(c, "cl_weight")
-    assert objective_config().cl_weight == 0.1  # the default objective (cpdae) and its options
-    with pytest.raises(ValueError, match=r"'cl_weight' \(an option of cpdae, cpdae_r\).*'mlm'"):
-        objective_config(objective="mlm", cl_weight=0.3)
-    with pytest.raises(ValueError, match="'colour' \\(no objective has it\\)"):
-        objective_config(objective="mlm", colour="red")
-    # copies and pickles keep the class and the values
-    assert pickle.loads(pickle.dumps(c)) == c and dataclasses.replace(c, seed_decoder_layers=1).seed_decoder_layers == 1
-    assert type(objective_config(objective="seed")) is type(c)
-    # an objective refuses a config without its options, before reading any
-    with pytest.raises(ValueError, match="objective 'seed' needs the option\\(s\\) .*seed_decoder_layers.*PretrainConfig_mlm"):
-        objective_class("seed")(None, None, objective_config(objective="mlm"))
-
-
-def test_config_files_and_flags_of_other_objectives(tmp_path, monkeypatch, caplog):
-    seen = {}
-    monkeypatch.setattr(cli, "pretrain", lambda config, argv=None: seen.__setitem__("config", config))
-    # one file for several objectives: options of other objectives are ignored, with a warning
-    (tmp_path / "shared.yaml").write_text("cl_weight: 0.3\nseed-attention-span: 4\nbatch_size: 8\n")
-    with caplog.at_level(logging.WARNING, logger="pretrain.config"):
-        cli.main(["--config", str(tmp_path / "shared.yaml"), "--objective", "seed"])
-    c = seen["config"]
-    assert (c.objective, c.seed_attention_span, c.batch_size) == ("seed", 4, 8) and not hasattr(c, "cl_weight")
-    assert "cl_weight" in caplog.text and "ignoring" in caplog.text
-    cli.main(["--config", str(tmp_path / "shared.yaml")])  # the default objective takes cl_weight
-    assert (seen["config"].objective, seen["config"].cl_weight) == ("cpdae", 0.3)
-    # the objective may come from the file; its options are then typed and checked
-    (tmp_path / "bow.yaml").write_text("objective: bow\nbow_weight: '0.5'\n")
-    cli.main(["--config", str(tmp_path / "bow.yaml")])
-    assert (seen["config"].objective, seen["config"].bow_weight) == ("bow", 0.5)
-    (tmp_path / "bad.yaml").write_text("objective: bow\nbow_weight_schedule: cosine\n")
-    with pytest.raises(ValueError, match="bow_weight_schedule.*one of constant, linear_decay"):
-        cli.main(["--config", str(tmp_path / "bad.yaml")])
-    # on the command line an option of another objective is refused, naming the objectives that have it
-    with pytest.raises(ValueError, match="'seed_attention_span' \\(an option of seed\\).*given on the command line"):
-        cli.main(["--objective", "mlm", "--seed-attention-span", "3"])
-    with pytest.raises(SystemExit):
-        cli.main(["--objective", "mlm", "--no-such-flag", "3"])
-
-
-def test_resume_accepts_a_run_recorded_with_the_former_flat_options(tmp_path):
-    """A run started before the options were split per objective recorded every objective's options
-    (e.g. seed_decoder_layers in a cpdae run): resuming it is accepted; a real difference is not."""
-    from pretrain.training.run_dir import check_output_dir, config_dict
-
-    out = tmp_path / "run"
-    out.mkdir()
-    cfg = objective_config(objective="cpdae", output=str(out), resume=True)
-    legacy = {**config_dict(cfg), "seed_decoder_layers": 3, "encoder_mask_ratio": 0.3, "bow_weight": 1.0}
-    (out / "run_config.json").write_text(json.dumps({"config": legacy}))
-    check_output_dir(cfg)
-    (out / "run_config.json").write_text(json.dumps({"config": {**legacy, "cl_weight": 0.5}}))
-    with pytest.raises(ValueError, match="cl.weight"):
-        check_output_dir(cfg)

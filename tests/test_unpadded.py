@@ -217,12 +217,12 @@ def test_unsupported_model_auto_falls_back_and_on_is_refused():
 
 
 def test_unpad_option_is_checked_and_may_change_on_resume(tiny_bert_dir):
-    from pretrain.arguments import RESUME_MUTABLE_OPTIONS
+    from pretrain.training.run_dir import RESUMABLE
 
     with pytest.raises(ValueError, match=r"--unpad must be one of auto, on, off, got 'sometimes'"):
         objective_config(objective="mlm", unpad="sometimes")
-    assert objective_config(objective="mlm").unpad == "auto" and not objective_config(objective="mlm").compile
-    assert {"unpad", "compile"} <= RESUME_MUTABLE_OPTIONS
+    assert objective_config(objective="mlm").unpad == "auto"
+    assert {"unpad", "torch_compile"} <= RESUMABLE
 
 
 def test_a_batch_that_is_not_right_padded_is_refused(tiny_bert_dir):
@@ -241,13 +241,6 @@ def test_switched_model_saves_no_attention_implementation(sharp_model, tok, tmp_
     obj.save_pretrained(str(tmp_path / "out"))
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     assert not any("attn" in k for k in saved), saved  # the export loads anywhere, with any attention
-
-
-def test_fused_adamw_only_on_cuda():
-    from pretrain.training.optim import adamw_options
-
-    assert adamw_options(torch.device("cuda")) == {"fused": True}
-    assert adamw_options(torch.device("cpu")) == {}
 
 
 def test_roberta_positions_start_after_the_padding_index():
