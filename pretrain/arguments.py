@@ -117,6 +117,8 @@ def check_options(*instances: Any) -> None:
 class ModelArguments:
     """What is trained: the objective and the model it starts from."""
 
+    _argument_group_name = "model options"
+
     objective: str = opt("cpdae", "Pre-training objective (`python -m pretrain --objective X --help` lists X's options).")
     model: str = opt("bert-base-uncased", "Hugging Face id or directory of a BERT-like masked-LM checkpoint (its "
                      "tokenizer too).")
@@ -136,6 +138,8 @@ class ModelArguments:
 @dataclass
 class DataArguments:
     """The training corpus and the retrieval probe."""
+
+    _argument_group_name = "data and probe options"
 
     corpus: Optional[str] = opt(None, "Corpus spec: irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt file (one "
                                 "document per line), or wiki:<dir>.")
@@ -301,6 +305,8 @@ class _Parser(HfArgumentParser):
         meta = {k: v for k, v in f.metadata.items() if k != "check"}
         if "check" in f.metadata:
             meta["help"] = f"{meta.get('help', '')} (must be {f.metadata['check'].describe()})"
+        if f.default is not dataclasses.MISSING and "help" in meta and "(default:" not in meta["help"]:
+            meta["help"] = f"{meta['help']} (default: {f.default})"
         g = copy.copy(f)
         g.metadata = types.MappingProxyType(meta)
         HfArgumentParser._parse_dataclass_field(parser, g)
@@ -334,9 +340,12 @@ def build_parser(objective: str) -> HfArgumentParser:
     from .registry import available_objectives, objective_class
 
     found = available_objectives()
+    options = objective_class(objective).Options
+    # each dataclass in its own group of --help; the objective's options under its name and summary
+    options._argument_group_name = f"options of objective {objective!r}: {objective_class(objective).summary()}"
     width = max(map(len, found), default=0)
     listing = "objectives (--objective):\n" + "\n".join(f"  {n:<{width}}  {c.summary()}" for n, c in found.items())
-    parser = _Parser([ModelArguments, DataArguments, PretrainingArguments, objective_class(objective).Options],
+    parser = _Parser([ModelArguments, DataArguments, PretrainingArguments, options],
                      prog="python -m pretrain", description=DESCRIPTION + "\n" + listing, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", default=None, help="YAML or JSON file of options (option names as keys).")
@@ -395,7 +404,10 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
     known, _ = pre.parse_known_args(argv)
     from_file = read_config_file(known.config, normalize_key=lambda k: k.replace("-", "_")) if known.config else {}
     objective = known.objective or from_file.get("objective") or ModelArguments.objective
-    if not isinstance(objective, str) or objective not in available_objectives():
+    if not isinstance(objective, str):  # its type checked before it is looked up (a list is no objective)
+        raise ValueError(f"option 'objective' in the config file {known.config} must be a string, got "
+                         f"{type(objective).__name__} {short_repr(objective)}")
+    if objective not in available_objectives():
         raise ValueError(f"--objective must be one of {', '.join(available_objectives())}; got {short_repr(objective)}")
     parser = build_parser(objective)
     actions = _dest_types(parser)

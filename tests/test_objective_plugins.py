@@ -86,21 +86,24 @@ def test_help_lists_every_objective_and_each_objectives_own_options(capsys, monk
     for name, cls in available_objectives().items():
         assert f"  {name}  " in objectives or f"  {name} " in objectives, name
     assert "Toy plugin: MLM plus a weighted squared norm" in objectives
-    shared = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(PretrainConfig)}
+    from pretrain.arguments import EPILOG, DataArguments, ModelArguments
+
+    shared = {"--" + f.name for c in (ModelArguments, DataArguments) for f in dataclasses.fields(c)} | {
+        "--learning_rate", "--per_device_train_batch_size", "--global_batch_size", "--report_to"}
     all_own = set()
     for name, cls in available_objectives().items():
         text = _help(capsys, monkeypatch, ["--objective", name, "--help"])
-        own = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(cls.Options)}
+        own = {"--" + f.name for f in dataclasses.fields(cls.Options)}
         all_own |= own
-        section = text[text.index(f"options of objective {name!r}"):text.index(cli.EPILOG.splitlines()[0])]
+        section = text[text.index(f"options of objective {name!r}"):text.index(EPILOG.splitlines()[0])]
         assert _flags(section) == own, name  # exactly its own options, in its own group
         assert shared <= _flags(text), name
         assert cls.summary() in section
     # every option of every objective belongs to some objective's help, and no two built-ins disagree on a name
-    assert {"--cl-weight", "--seed-attention-span", "--encoder-mask-ratio", "--bow-weight", "--toy-weight"} <= all_own
+    assert {"--cl_weight", "--seed_attention_span", "--encoder_mask_ratio", "--bow_weight", "--toy_weight"} <= all_own
     text = _help(capsys, monkeypatch, ["--objective", "toy_plugin", "--help"])
-    assert "--toy-weight" in text and "--cl-weight" not in text and "(default: 0.25)" in text
-    assert "--toy-weight" not in _help(capsys, monkeypatch, ["--objective", "cpdae", "--help"])
+    assert "--toy_weight" in text and "--cl_weight" not in text and "(default: 0.25)" in text
+    assert "--toy_weight" not in _help(capsys, monkeypatch, ["--objective", "cpdae", "--help"])
 
 
 def test_toy_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir):

@@ -258,13 +258,12 @@ def test_roberta_positions_start_after_the_padding_index():
 
 
 def test_compile_compiles_every_encoder_layer_in_place(sharp_model, tok):
-    """``--compile`` (the trainer's ``compile_module``): each encoder layer compiled in place, the parameter names (and
-    so checkpoints and the export) unchanged. Compilation itself runs at the first step (not here: minutes on a CPU)."""
-    from pretrain.training.optim import compile_module
-
+    """``--torch_compile`` (the trainer calls the objective's ``compile_encoder``): each encoder layer compiled in place,
+    the parameter names (and so checkpoints and the export) unchanged. Compilation itself runs at the first step (not
+    here: minutes on a CPU)."""
     obj = build("mlm", {}, "on", sharp_model, tok)
     names = [n for n, _ in obj.named_parameters()]
-    compile_module(obj)
+    obj.compile_encoder()
     layers = obj.encoder.encoder.layer
     assert len(layers) == 2 and all(layer._compiled_call_impl is not None for layer in layers)
     assert [n for n, _ in obj.named_parameters()] == names
