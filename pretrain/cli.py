@@ -308,7 +308,7 @@ def _prepare_output(config: RunConfig, training_args: Any, inputs: dict[str, Any
 def _choose_path(trainer: Any, objective: Any, record: dict[str, Any], resume: Optional[str]) -> None:
     """``--unpad auto`` on CUDA: time the padded and the packed path on the first batch and keep the faster (a
     resumed run keeps the path its start chose); the choice is recorded in ``run_config.json``'s ``resolved``."""
-    from .training.path_probe import fastest, preserved_random_state, time_paths
+    from .model.path_probe import fastest, preserved_random_state, time_paths
 
     device = trainer.args.device
     paths = tuple(objective.probe_paths(device)) if callable(getattr(objective, "probe_paths", None)) else ()

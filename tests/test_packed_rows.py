@@ -262,7 +262,7 @@ def test_a_packed_step_reads_nothing_back_from_the_device(name, sharp_model, tok
 
 # ------------------------------------------------------------------------------------ the probe
 def test_the_probe_times_paths_in_turn_and_keeps_the_fastest():
-    from pretrain.training.path_probe import fastest, time_paths
+    from pretrain.model.path_probe import fastest, time_paths
 
     now = [0.0]
     cost = {"off": 1.0, "on": 0.5}

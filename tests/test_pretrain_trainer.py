@@ -272,7 +272,7 @@ def test_unpad_auto_probe_keeps_the_chosen_paths_run_bit_for_bit(choice, tmp_pat
     is recorded in run_config.json. Packed rows (``on``) train on the Trainer loop."""
     from pretrain import cli
     from pretrain.model import unpadded
-    from pretrain.training import path_probe
+    from pretrain.model import path_probe
 
     common = ("--max_steps", "2", "--save_steps", "2")
     plain = tmp_path / "plain"

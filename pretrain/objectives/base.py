@@ -45,7 +45,7 @@ from pyterrier_cpdae.encoder.pooling import pool
 from pyterrier_cpdae.encoder.st_export import export_pipeline, write_st_config
 
 from ..arguments import RunConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
-from ..training.distributed import global_mean_count
+from ..model.distributed import global_mean_count
 from ..model.losses import mlm_loss, mlm_loss_selected
 from ..data.masking import continuation_table, mask_rows, mask_tokens, pad_and_add_special, wordpiece_word_ids
 from ..data.packing import pack_rows, packed_from_batch, packed_keys, sequence_bound

@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..arguments import RunConfig, AT_LEAST_1, NON_NEGATIVE, POSITIVE, opt
-from ..training.distributed import world_size
+from ..model.distributed import world_size
 from ..model.losses import pairwise_js, rec_loss, word_distribution
 from ..data.masking import bag_of_words
 from ..model.modeling import CPDAEDecoder, CPDAEDecoderConfig

@@ -32,7 +32,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..arguments import RunConfig, POSITIVE, UNIT, opt
-from ..training.distributed import world_size
+from ..model.distributed import world_size
 from ..data.masking import pad_and_add_special
 from . import register_objective
 from .base import Objective, ObjectiveOptions

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..arguments import RunConfig, AT_LEAST_1, OPEN_UNIT, opt
-from ..training.distributed import global_mean_count
+from ..model.distributed import global_mean_count
 from ..model.losses import mlm_loss
 from ..model.heads import register_head_module
 from ..model.modeling import mlm_head

@@ -14,7 +14,7 @@ lacks for our objectives.
 * ``--gradient_checkpointing`` and ``--torch_compile`` applied to the objective's encoder (each layer compiled in
   place, so parameter names and checkpoints are unchanged).
 
-Cross-device negatives with gradients are the objectives' own (:mod:`pretrain.training.distributed`).
+Cross-device negatives with gradients are the objectives' own (:mod:`pretrain.model.distributed`).
 """
 from __future__ import annotations
 
