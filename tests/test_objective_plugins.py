@@ -47,7 +47,7 @@ class ToyObjective(MaskedViewsMixin, Objective):
         self._mask_setup()
         ToyObjective.prepared.append(num_texts)
 
-    def forward(self, batch):
+    def losses(self, batch):  # Objective.forward(**batch) wraps them in a PretrainingOutput
         hidden, labels = self.encode_views(batch)
         l_mlm = self.masked_lm_loss(hidden, labels)
         l_toy = hidden[:, 0].float().pow(2).sum(-1).mean()
@@ -93,7 +93,8 @@ def test_help_lists_every_objective_and_each_objectives_own_options(capsys, monk
     all_own = set()
     for name, cls in available_objectives().items():
         text = _help(capsys, monkeypatch, ["--objective", name, "--help"])
-        own = {"--" + f.name for f in dataclasses.fields(cls.Options)}
+        own = {"--" + f.name for f in dataclasses.fields(cls.Options)} | {
+            "--no_" + f.name for f in dataclasses.fields(cls.Options) if f.default is True}  # a flag on by default
         all_own |= own
         section = text[text.index(f"options of objective {name!r}"):text.index(EPILOG.splitlines()[0])]
         assert _flags(section) == own, name  # exactly its own options, in its own group
