@@ -166,7 +166,7 @@ def test_resume_after_the_corpus_changed_is_refused(tmp_path, corpus, tiny_bert_
         f.write("A fifth document about something else entirely.\n")
     code, line = run_cli(monkeypatch, capsys, [*args, "--resume_from_checkpoint", "true"])
     assert code == 2
-    assert "--resume refused" in line and f"corpus file {corpus} changed" in line
+    assert "--resume_from_checkpoint refused" in line and f"corpus file {corpus} changed" in line
     assert not (out / "checkpoints" / "checkpoint-2").exists()
 
 
@@ -184,7 +184,7 @@ def test_resume_after_the_tokenizer_changed_is_refused(tmp_path, corpus, tiny_be
     assert AutoTokenizer.from_pretrained(str(model))("Apples")["input_ids"] != \
         AutoTokenizer.from_pretrained(tiny_bert_dir)("Apples")["input_ids"]
     code, line = run_cli(monkeypatch, capsys, [*args, "--resume_from_checkpoint", "true"])
-    assert code == 2 and "--resume refused" in line and "the tokenizer changed" in line
+    assert code == 2 and "--resume_from_checkpoint refused" in line and "the tokenizer changed" in line
 
 
 # ============================================================================= class 7: every option checked first

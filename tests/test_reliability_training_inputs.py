@@ -122,7 +122,7 @@ def test_an_edit_between_any_samples_changes_the_fingerprint_the_cache_and_refus
     otter = tok("otter", add_special_tokens=False)["input_ids"]
     assert any(otter[0] in second[i] for i in range(len(second)))
     assert not any(otter[0] in first[i] for i in range(len(first)))
-    with pytest.raises(ValueError, match=f"--resume refused.*corpus file {corpus} changed"):
+    with pytest.raises(ValueError, match=f"--resume_from_checkpoint refused.*corpus file {corpus} changed"):
         check_resume_inputs(str(out), run_inputs(str(corpus), tok))
 
 

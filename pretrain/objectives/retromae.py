@@ -224,7 +224,7 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
     #: --weight_decay 0.01 --encoder_mlm_probability 0.3 --decoder_mlm_probability 0.5
     #: --per_device_train_batch_size 32 (on "{number of gpus}"), max_seq_length 512 (src/pretrain/arguments.py).
     #: The global batch depends on the GPU count, which the command leaves open: the preset sets 32, i.e. one
-    #: device's batch (--batch-size here is global: multiply it by the number of processes to match).
+    #: device's batch (--global_batch_size: multiply it by the number of processes to match).
     presets = {"paper": {"learning_rate": 1e-4, "global_batch_size": 32, "num_train_epochs": 8.0, "warmup_steps": 0.1,
                          "weight_decay": 0.01, "max_length": 512, "encoder_mask_ratio": 0.3,
                          "decoder_mask_ratio": 0.5}}

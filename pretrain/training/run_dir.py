@@ -119,7 +119,8 @@ class OutputPlace:
     def error(self, what: str, problem: str, run: str = "run") -> "RunDirectoryError":
         """The error that stops a run before it writes ``what`` into a directory that is no longer its own."""
         where = self.now_at()
-        advice = (f"continue it there with the same command and --output {where} --resume" if where else
+        advice = (f"continue it there with the same command and --output_dir {where} --resume_from_checkpoint true"
+                  if where else
                   "start it again")
         return RunDirectoryError(f"refusing to write {what}: {problem}; the {run} stops rather than re-create "
                                  f"{self.path} without its {self.marker}. To finish the {run}, {advice}")
