@@ -124,8 +124,8 @@ class ModelArguments:
                      "tokenizer too).")
     from_config: Optional[str] = opt(None, "Start from random weights with this HF config (file/dir/id); the tokenizer "
                                      "still comes from --model.")
-    new_mlm_head: bool = opt(False, "Accept a checkpoint without trained MLM-head weights (e.g. a sentence-transformers "
-                             "model): the head's transform starts random, its decoder tied to the word embeddings.")
+    new_mlm_head: bool = opt(False, "No longer needed: a checkpoint without trained MLM-head weights (e.g. a "
+                             "sentence-transformers model) gets a new head, said in the log.")
     freeze_encoder: bool = opt(False, "Train only the objective's heads; every encoder parameter stays frozen.")
     decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the decoder of this exported stage-1 run "
                                       "(its <dir>/decoder); pass the same directory as --model.")

@@ -145,8 +145,8 @@ def load_model_and_tokenizer(config: Any) -> tuple[Any, Any]:
         raise ValueError(f"cannot load a tokenizer from --model {config.model!r}: {' '.join(str(e).split())}") from e
     if config.from_config is None:
         from pyterrier_cpdae.encoder.loading import checkpoint_keys
-        checkpoint_keys(config.model)  # names a damaged weights file
-    model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head,
+        checkpoint_keys(config.model)  # names a damaged weights file (and a MemoryError as such)
+    model = load_mlm_model(config.model, from_config=config.from_config, new_mlm_head=config.new_mlm_head or None,
                            head_used=objective_class(config.objective).uses_mlm_head)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and config.max_length > max_pos:

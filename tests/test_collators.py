@@ -87,6 +87,8 @@ def test_an_examples_masks_do_not_depend_on_its_batch_its_order_or_what_came_bef
     other(feats[2:6])
     mixed = other([feats[3], feats[6], feats[0], feats[5], feats[2], feats[1]])  # other neighbours, other order
     assert mixed["idx"].tolist() == [3, 6, 0, 5, 2, 1]
+    out = obj(**mixed)  # the collated batch is the objective's keyword input, idx included
+    assert set(out.terms) == set(obj.loss_names) and bool(torch.isfinite(out.loss)) and out.loss.requires_grad
     a, b = rows(first, 4), rows(mixed, 6)
     keys = set(a[0])
     assert {"idx", "input_ids"} <= keys and keys == set(b[0])

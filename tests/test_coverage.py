@@ -158,6 +158,11 @@ def test_cpdae_decoder_projection_matches_naive(tiny_bert_dir, tmp_path):
                 ref[k] += len([t for t in ranked[:k] if t in in_text]) / k / len(TEXTS)
     assert got == pytest.approx(ref, abs=1e-9)
     assert got[1] > 0 and got[50] > 0  # non-trivial (a random projection scores 0 here)
+    # the export keeps its trained MLM head in mlm_head/: --projection auto finds it, bit for bit
+    model, _, resolved = load_for_coverage(str(run))
+    assert resolved == "mlm_head"
+    assert torch.equal(model.cls.predictions.transform.dense.weight,
+                       obj.mlm_model.cls.predictions.transform.dense.weight)
     assert got != pytest.approx(token_coverage(model, tok, TEXTS, ks, projection="mlm_head"), abs=1e-3)
 
     # CLI: a per-model projection; a model without a decoder is refused with a clear error

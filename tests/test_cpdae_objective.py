@@ -300,8 +300,8 @@ def test_decoder_init_from_mlm_head(tiny_bert_dir, tok):
 
 def test_load_mlm_model(minilm_path, tiny_bert_dir, tmp_path):
     with pytest.raises(ValueError, match="no trained masked-LM head"):
-        load_mlm_model(minilm_path)
-    model = load_mlm_model(minilm_path, new_mlm_head=True)
+        load_mlm_model(minilm_path, new_mlm_head=False)
+    model = load_mlm_model(minilm_path)  # a new head, without asking (new_mlm_head=True does the same)
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     # encoder weights are the checkpoint's
     from transformers import AutoModel

@@ -1,8 +1,8 @@
 """An export carries every part of the model it came from.
 
 ``transformers.AutoModel.from_pretrained(export)`` and ``SentenceTransformer(export)`` report no missing weight for a
-pre-trained export (a masked-LM checkpoint: only its MLM head may be reported, as unused) and nothing at all for a
-fine-tuned one; the pooler is the base model's (bit for bit), with or without ``--freeze-encoder``, so
+pre-trained export (its MLM head lies in ``mlm_head/``, which they do not read, so nothing is reported either) and
+nothing at all for a fine-tuned one; the pooler is the base model's (bit for bit), with or without ``--freeze-encoder``, so
 ``pooler_output`` is the same at every load. Before, every export lacked the pooler and each load drew a new one."""
 from __future__ import annotations
 
@@ -86,26 +86,36 @@ def runs(tmp_path_factory, tiny_bert_dir, minilm_path):
     out = {"tiny_pt": root / "tiny_pt", "mini_pt": root / "mini_pt", "tiny_ft": root / "tiny_ft",
            "mini_ft": root / "mini_ft"}
     _pretrain(tiny_bert_dir, out["tiny_pt"], corpus)
-    _pretrain(minilm_path, out["mini_pt"], corpus, "--new-mlm-head", "--freeze-encoder")
+    _pretrain(minilm_path, out["mini_pt"], corpus, "--freeze-encoder")  # a new MLM head without --new-mlm-head
     _finetune(out["tiny_pt"], out["tiny_ft"], train)
     _finetune(minilm_path, out["mini_ft"], train)
     return out
 
 
 @pytest.mark.parametrize("name", ["tiny_pt", "mini_pt"])
-def test_pretrained_export_misses_no_weight(runs, name, capfd):
+def test_pretrained_export_loads_with_no_report_and_keeps_its_mlm_head_beside(runs, name, capfd):
     info, printed, (p1, p2) = load_report(runs[name], capfd)
-    assert info["missing_keys"] == set() and info["mismatched_keys"] == set()
-    # only the MLM head may be reported (unused by an encoder)
-    assert info["unexpected_keys"] and all(k.startswith("cls.predictions.") for k in info["unexpected_keys"])
-    assert "MISSING" not in printed and "newly initialized" not in printed
+    assert info == {"missing_keys": set(), "unexpected_keys": set(), "mismatched_keys": set(), "error_msgs": []}
+    assert "UNEXPECTED" not in printed and "MISSING" not in printed and "newly initialized" not in printed
+    assert "cls.predictions" not in printed
     assert torch.equal(p1, p2)  # the same pooler at every load
+    # the trained MLM head lies in mlm_head/ and a masked-LM continuation loads it back, bit for bit
+    from safetensors.torch import load_file
+
+    from pretrain.model.modeling import load_mlm_model
+
+    head = load_file(str(runs[name] / "mlm_head" / "model.safetensors"))
+    assert "cls.predictions.transform.dense.weight" in head and not any(k.startswith("bert.") for k in head)
+    model = load_mlm_model(str(runs[name]), new_mlm_head=False)  # refused if the head were not found
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in head.items())
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
 def test_pretraining_carries_the_base_pooler_bit_for_bit(runs, minilm_path):
     base = _tensors(minilm_path)
     assert set(base) == {"pooler.dense.weight", "pooler.dense.bias"}
-    exported = _tensors(runs["mini_pt"], "bert.")  # a masked-LM export names it under the base model's prefix
+    exported = _tensors(runs["mini_pt"])  # the export's root is the encoder alone: pooler.*
     assert exported.keys() == base.keys() and all(torch.equal(exported[k], base[k]) for k in base)
 
 
@@ -113,8 +123,8 @@ def test_a_base_without_pooler_gets_a_seeded_one_named_in_the_card(runs, tiny_be
     from pretrain.export.card import read_card_state
 
     assert _tensors(tiny_bert_dir, "bert.") == {} and _tensors(tiny_bert_dir) == {}  # the tiny base has none
-    w = _tensors(runs["tiny_pt"], "bert.")["pooler.dense.weight"]
-    assert 0.005 < float(w.std()) < 0.05 and float(_tensors(runs["tiny_pt"], "bert.")["pooler.dense.bias"].abs().max()) == 0
+    w = _tensors(runs["tiny_pt"])["pooler.dense.weight"]
+    assert 0.005 < float(w.std()) < 0.05 and float(_tensors(runs["tiny_pt"])["pooler.dense.bias"].abs().max()) == 0
     carried = read_card_state(str(runs["tiny_pt"]))["record"]["carried"]
     assert carried == {"part": "pooler", "tensors": 2, "source": "initialised (seed 42)"}
 
@@ -128,7 +138,7 @@ def test_finetuned_export_loads_with_no_report_at_all(runs, name, capfd):
 
 
 def test_finetuning_carries_the_start_checkpoints_pooler(runs, minilm_path):
-    for start, prefix, export in ((minilm_path, "", "mini_ft"), (runs["tiny_pt"], "bert.", "tiny_ft")):
+    for start, prefix, export in ((minilm_path, "", "mini_ft"), (runs["tiny_pt"], "", "tiny_ft")):
         want, got = _tensors(start, prefix), _tensors(runs[export])
         assert want and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
         assert _tensors(Path(runs[export], "rounds", "round-0", "model")).keys() == want.keys()

@@ -14,8 +14,8 @@ def _corpus(path):
 
 
 def _state(path):
-    from transformers import AutoModelForMaskedLM
-    m = AutoModelForMaskedLM.from_pretrained(path)
+    from pretrain.model.modeling import load_mlm_model
+    m = load_mlm_model(path, new_mlm_head=False)  # an export's MLM head lies in mlm_head/
     return {k: v.detach().clone() for k, v in m.state_dict().items()}
 
 

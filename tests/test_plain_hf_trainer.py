@@ -70,3 +70,21 @@ def test_cpdae_trains_in_a_plain_hf_trainer_and_its_export_loads(tiny_bert_dir, 
     st = SentenceTransformer(out, device="cpu")
     v = st.encode(["a query about retrieval"], convert_to_tensor=True)
     assert v.shape == (1, objective.mlm_model.config.hidden_size) and bool(torch.isfinite(v).all())
+
+
+def test_objective_config_holds_the_options_and_refuses_what_is_not_one():
+    import dataclasses
+
+    from pretrain.objectives import SHARED_SETTINGS, objective_class, objective_config
+
+    cfg = objective_config("cpdae", max_length=128, cl_weight=0.5)
+    fields = {f.name: f.default for f in dataclasses.fields(objective_class("cpdae").Options)}
+    assert cfg.cl_weight == 0.5 and cfg.max_length == 128 and cfg.objective == "cpdae"
+    assert all(getattr(cfg, k) == v for k, v in fields.items() if k != "cl_weight")
+    assert all(getattr(cfg, k) == v for k, v in SHARED_SETTINGS.items() if k != "max_length")
+    with pytest.raises(ValueError, match="objective 'cpdae' has no option bow_weight"):
+        objective_config("cpdae", bow_weight=1.0)
+    with pytest.raises(ValueError, match="objective 'cpdae': option cl_weight must be >= 0, got -1"):
+        objective_config("cpdae", cl_weight=-1)
+    with pytest.raises(ValueError, match="option representation must be one of auto, cls, mean"):
+        objective_config("mlm", representation="max")

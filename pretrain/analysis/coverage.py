@@ -74,9 +74,12 @@ def load_for_coverage(model: str, projection: str = "auto") -> tuple[nn.Module, 
         mlm, info = AutoModelForMaskedLM.from_pretrained(model, output_loading_info=True, trust_remote_code=False,
                                                          **float32_kwargs())
     tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
-    missing = info.get("missing_keys", [])
-    head_missing = any(not k.startswith(("bert.", "roberta.", "embeddings.", "encoder.")) and "position_ids" not in k
-                       for k in missing)
+    from ..model.modeling import load_saved_mlm_head
+
+    loaded = load_saved_mlm_head(mlm, model)  # an export keeps its MLM head in mlm_head/, beside the encoder
+    missing = [k for k in info.get("missing_keys", []) if k not in loaded]
+    head_missing = not loaded and any(not k.startswith(("bert.", "roberta.", "embeddings.", "encoder."))
+                                      and "position_ids" not in k for k in missing)
     encoder_missing = sorted(k for k in missing if k.startswith(("bert.", "roberta.", "embeddings.", "encoder."))
                              and "position_ids" not in k)
     if encoder_missing:

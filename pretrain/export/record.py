@@ -313,8 +313,12 @@ def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any
     base = _base_model(config.model, config.from_config, model_config)
     from pyterrier_cpdae.encoder.st_export import export_pipeline
 
-    pipeline = export_pipeline(None if config.from_config else config.model,
-                               getattr(config, "representation", "cls"), "--representation")
+    from ..objectives import objective_class
+    from ..objectives.base import resolve_representation
+
+    base_dir = None if config.from_config else config.model
+    option = objective_class(config.objective).fixed_representation or getattr(config, "representation", "auto")
+    pipeline = export_pipeline(base_dir, resolve_representation(option, base_dir)[0], "--representation")
     rec = _common(config, output, argv, "python -m pretrain", carried, pipeline, export_dir)
     rec.update({
         "kind": "pretrain", "objective": config.objective, "base_model": base,

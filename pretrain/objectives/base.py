@@ -42,7 +42,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pyterrier_cpdae.encoder.pooling import pool
-from pyterrier_cpdae.encoder.st_export import export_pipeline, write_st_config
+from pyterrier_cpdae.encoder.st_export import base_pipeline, export_pipeline, write_st_config
 
 from ..arguments import RunConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
 from ..model.distributed import global_mean_count
@@ -50,7 +50,7 @@ from ..model.losses import mlm_loss, mlm_loss_selected
 from ..data.masking import continuation_table, mask_rows, mask_tokens, pad_and_add_special, wordpiece_word_ids
 from ..data.packing import pack_rows, packed_from_batch, packed_keys, sequence_bound
 from ..model.checks import quiet_transformers
-from ..model.modeling import mlm_head, untrained_mlm_head
+from ..model.modeling import MLM_HEAD_DIR, mlm_head, save_mlm_head, untrained_mlm_head
 from ..model.outputs import PretrainingOutput
 from ..model.unpadded import (PackedHidden, packed_last_hidden, position_start, probe_paths, resolve_unpad,
                               unpadded_last_hidden, use_unpadded)
@@ -79,6 +79,12 @@ class ObjectiveOptions:
                                   "2m spans, 2m-2 negatives).", choices=list(SPAN_CONTRAST_FORMS))
     span_contrast_temperature: float = opt(1.0, "Temperature of the span-contrast InfoNCE over dot products "
                                            "(both papers: none, i.e. 1).", check=POSITIVE)
+    representation: str = opt("auto", "Text vector that the decoder / contrast / BoW head reads and the export pools: "
+                              "auto (the base's own pooling, when it is a sentence-transformers model pooling by "
+                              "cls or mean, its Normalize kept in the export; else cls), cls (the last layer's [CLS] "
+                              "vector, the papers') or mean (mean of the last layer over the real tokens). A choice "
+                              "other than the base's replaces its pipeline, and the run's log says so. Recorded in "
+                              "the exported config.json as \"pooling\".", choices=["auto", "cls", "mean"])
 
 
 @dataclass
@@ -98,12 +104,8 @@ class ReconstructionWeightsOptions(ObjectiveOptions):
 
 @dataclass
 class RepresentationOptions(ObjectiveOptions):
-    """The text representation the objective decodes or contrasts (and the exported model is meant to be used with)."""
-
-    representation: str = opt("cls", "Text vector that the decoder / contrast / BoW head reads: cls (the last layer's "
-                              "[CLS] vector, the papers') or mean (mean of the last layer over the real tokens, e.g. "
-                              "to adapt a mean-pooled model such as MiniLM). Recorded in the exported config.json "
-                              "as \"pooling\".", choices=["cls", "mean"])
+    """The objectives whose decoder / contrast / head reads the text representation (``--representation``, an option
+    of every objective: :class:`ObjectiveOptions`)."""
 
 
 @dataclass
@@ -111,6 +113,39 @@ class MLMOptions(MaskedViewsOptions):
     """Masked views at BERT's masking ratio (objectives whose encoder is trained with BERT's MLM)."""
 
     mlm_probability: float = opt(0.15, "Masking ratio (BERT 80/10/10) for the encoder's views.", check=UNIT)
+
+
+def export_lengths(base: Optional[str], max_length: int) -> tuple[int, bool]:
+    """``(max_seq_length, do_lower_case)`` of an export continued from ``base``, one rule whatever the pooling: the
+    base's own sentence-transformers ``max_seq_length`` and lower-casing where it declares them, else the run's
+    ``max_length`` and no lower-casing (the tokenizer's own)."""
+    pipe = base_pipeline(base) if base else None
+    length = (pipe or {}).get("max_seq_length") or int(max_length)
+    return int(length), bool((pipe or {}).get("do_lower_case"))
+
+
+def resolve_representation(option: str, base: Optional[str]) -> tuple[str, Optional[str]]:
+    """``(pooling, note)``: the text representation (``cls`` or ``mean``) that ``--representation option`` gives on
+    ``base`` (the model directory the run continues; ``None``: none), and the sentence for the run's log when the base
+    declares a sentence-transformers pipeline (None otherwise). ``auto`` keeps the base's own pooling (cls or mean;
+    else cls); an explicit choice other than the base's replaces its pipeline."""
+    if option not in ("auto", "cls", "mean"):
+        raise ValueError(f"--representation must be auto, cls or mean, got {option!r}")
+    pipe = base_pipeline(base) if base else None
+    if pipe is None:
+        return ("cls" if option == "auto" else option), None
+    own = pipe["pooling"]
+    described = f"{own} pooling{' + Normalize' if pipe['normalize'] else ''}"
+    if option == "auto":
+        if own in ("cls", "mean"):
+            return own, (f"--representation auto: the base's own {described} (its sentence-transformers pipeline), "
+                         "in training and in the export")
+        return "cls", (f"--representation auto: the base pools by {own}, which the objectives do not implement: "
+                       "cls, and the export replaces the base's pipeline by Transformer -> Pooling (cls)")
+    if option != own:
+        return option, (f"--representation {option} replaces the base's {described} (its sentence-transformers "
+                        f"pipeline) in training and in the export; --representation auto keeps it")
+    return option, None
 
 
 class Objective(nn.Module):
@@ -139,6 +174,9 @@ class Objective(nn.Module):
     sequences_per_text: ClassVar[Optional[int]] = None
     #: The objective's options (a dataclass subclass of :class:`ObjectiveOptions`).
     Options: ClassVar[type] = ObjectiveOptions
+    #: The representation the objective trains, whatever the base (ICT, SimCSE: ``"cls"``); ``None``: the
+    #: ``--representation`` option where the objective has it, else the base's own pooling (``auto``).
+    fixed_representation: ClassVar[Optional[str]] = None
     #: Named settings (``--preset NAME``): option values (shared or the objective's own) applied over the defaults
     #: and under a ``--config`` file and flags. ``"paper"``: the settings the objective's paper (or its authors'
     #: code) reports, each with its source in a comment and in docs/pretraining.md.
@@ -192,8 +230,25 @@ class Objective(nn.Module):
         self.unpad_probe_s: Optional[dict[str, float]] = None
         self._asked_unpad = getattr(config, "unpad", "auto")
         self._padded_attention = getattr(mlm_model.config, "_attn_implementation", None)
+        #: The text representation (``cls`` or ``mean``: :func:`resolve_representation` of ``--representation``
+        #: against the base) that :meth:`text_vectors` pools and the export declares.
+        option = getattr(config, "representation", "auto")
+        if self.fixed_representation and option not in ("auto", self.fixed_representation):
+            raise ValueError(f"objective {self.name!r} trains the {self.fixed_representation} vector: --representation "
+                             f"{option} does not apply (use auto or {self.fixed_representation})")
+        self.representation, note = resolve_representation(self.fixed_representation or option,
+                                                           self.base_model_dir())
+        if note:
+            (logger.warning if "replaces" in note else logger.info)("%s", note)
         from .contrast import attach_span_contrast
         attach_span_contrast(self)  # the add-on term of --span-contrast-weight (no-op at 0)
+
+    def base_model_dir(self) -> Optional[str]:
+        """The model the run continues (``config.model``; ``None`` for a model built from a config)."""
+        if getattr(self.config, "from_config", None):
+            return None
+        model = getattr(self.config, "model", None)
+        return str(model) if model else None
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                token_type_ids: Optional[torch.Tensor] = None,
@@ -277,8 +332,8 @@ class Objective(nn.Module):
         compile_encoder(self.mlm_model)
 
     def text_vectors(self, hidden: "torch.Tensor | PackedHidden", attention_mask: torch.Tensor) -> torch.Tensor:
-        """:meth:`encode`'s result → ``(B, H)`` text vectors (``--representation``; ``cls`` without the option)."""
-        pooling = getattr(self.config, "representation", "cls")
+        """:meth:`encode`'s result → ``(B, H)`` text vectors (:attr:`representation`)."""
+        pooling = self.representation
         if isinstance(hidden, PackedHidden):
             return hidden.pooled(attention_mask, pooling)
         return pool(hidden, attention_mask, pooling)
@@ -407,21 +462,27 @@ class Objective(nn.Module):
     def save_pretrained(self, path: str) -> None:
         """Save the encoder (+ MLM head) and tokenizer at ``path``, the decoder under ``path/decoder``."""
         os.makedirs(path, exist_ok=True)
-        if hasattr(self.config, "representation"):  # recorded for the users of the exported encoder
-            self.mlm_model.config.pooling = self.config.representation
-        # an MLM head this run never trained (new, and unused by the objective) is not exported: a later MLM run
-        # would take it for a trained one (load_mlm_model refuses the encoder-only export instead)
-        model = self.mlm_model.base_model if untrained_mlm_head(self.mlm_model) else self.mlm_model
+        self.mlm_model.config.pooling = self.representation  # recorded for the users of the exported encoder
+        # the encoder alone at the root (AutoModel and sentence-transformers load it without unexpected weights);
+        # the MLM head beside it in mlm_head/ (load_mlm_model reads it back), unless this run never trained it (new,
+        # and unused by the objective): a later MLM run would take it for a trained one
         with quiet_transformers(warnings=True):  # no "Writing model shards" bar for one file
-            model.save_pretrained(path)
+            self.mlm_model.base_model.save_pretrained(path)
+        head_dir = os.path.join(path, MLM_HEAD_DIR)
+        if not untrained_mlm_head(self.mlm_model):
+            save_mlm_head(self.mlm_model, head_dir)
+        elif os.path.isdir(head_dir):  # an earlier export's head would be stale
+            import shutil
+            shutil.rmtree(head_dir)
         self.tokenizer.save_pretrained(path)
-        # the base's sentence-transformers pipeline (Normalize included) is kept unless --representation replaces it
-        representation = getattr(self.config, "representation", "cls")
-        base = None if getattr(self.config, "from_config", None) else getattr(self.config, "model", None)
-        pipe = export_pipeline(base, representation, "--representation")
-        write_st_config(path, pooling=representation, max_seq_length=pipe["max_seq_length"] or self.config.max_length,
+        # the base's sentence-transformers pipeline (Normalize included) is kept unless --representation replaces it;
+        # the lengths are one rule whatever the pooling (export_lengths)
+        base = self.base_model_dir()
+        pipe = export_pipeline(base, self.representation, "--representation")
+        max_seq_length, do_lower_case = export_lengths(base, self.config.max_length)
+        write_st_config(path, pooling=self.representation, max_seq_length=max_seq_length,
                         hidden_size=self.mlm_model.config.hidden_size, normalize=pipe["normalize"],
-                        do_lower_case=bool(pipe["do_lower_case"]))
+                        do_lower_case=do_lower_case)
         decoders = self.decoder_modules()
         if decoders:
             from ..model.heads import ObjectiveHead
@@ -442,8 +503,7 @@ class Objective(nn.Module):
         """JSON-serialisable description of the decoder (objective name, sizes, options)."""
         cfg = {"objective": self.name, "hidden_size": self.mlm_model.config.hidden_size,
                "vocab_size": self.mlm_model.config.vocab_size}
-        if hasattr(self.config, "representation"):
-            cfg["representation"] = self.config.representation
+        cfg["representation"] = self.representation
         return cfg
 
 

@@ -89,6 +89,7 @@ class ICTObjective(Objective):
     kept in 10% of cases); in-batch softmax over inner products of [CLS], one shared encoder."""
 
     name = "ict"
+    fixed_representation = "cls"  # the [CLS] vector is what the contrast trains (and the export pools)
     sequences_per_text = 2
     Options = ICTOptions
     #: Lee et al. (ACL 2019), the authors' ICT pre-training entry point (github.com/google-research/language,

@@ -48,6 +48,7 @@ class SimCSEObjective(Objective):
     cosine similarities of [CLS] with in-batch negatives."""
 
     name = "simcse"
+    fixed_representation = "cls"  # the [CLS] vector is what the contrast trains (and the export pools)
     sequences_per_text = 2
     Options = SimCSEOptions
     #: Gao et al. (EMNLP 2021), unsupervised SimCSE with BERT-base: 1 epoch over 10^6 English Wikipedia sentences,

@@ -162,7 +162,7 @@ def _clear_previous_run(out: str) -> None:
     that still loads; other files in the directory are kept."""
     from pyterrier_cpdae.encoder.st_export import remove_exported_model
 
-    for name in ("checkpoints", "logs", "decoder", ".export-tmp"):
+    for name in ("checkpoints", "logs", "decoder", "mlm_head", ".export-tmp"):
         shutil.rmtree(os.path.join(out, name), ignore_errors=True)
     if os.path.isfile(os.path.join(out, RUN_CONFIG)):
         os.remove(os.path.join(out, RUN_CONFIG))
