@@ -84,8 +84,7 @@ def main(argv=None) -> dict:
         cmd = "python experiments/bench/bench_mining.py " + " ".join(argv if argv is not None else sys.argv[1:])
         Path(a.out).write_text(
             "# Dense mining: DenseIndex vs sentence-transformers' mine_hard_negatives\n\n"
-            f"Command: `{cmd}`\n\nMachine: {platform.machine()}, {os.cpu_count()} cores, CPU only (shared with other "
-            "jobs while it ran: times are indicative).\n\n"
+            f"Command: `{cmd}`\n\nMachine: {platform.machine()}, {os.cpu_count()} cores (say which, and its load).\n\n"
             "| miner | wall s | queries | documents | depth | top-10 overlap |\n|---|---:|---:|---:|---:|---:|\n"
             f"| DenseIndex (CPDAE + exact search) | {out['dense_index_s']} | {out['queries']} | {out['docs']} | "
             f"{a.depth} | - |\n"

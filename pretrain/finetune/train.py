@@ -218,8 +218,8 @@ def recorded_options(argv: list[str], parsed: Optional[tuple[Any, Any]] = None) 
 def input_digests(fa: FinetuneArguments) -> dict[str, str]:
     """Digests of what a run is made from: ``--train``'s files, a ``--negatives`` file or model, ``--model``'s
     weights (recorded as ``inputs``; the paper pipeline compares them to tell a stale run)."""
-    return {"train": _files_digest(fa.train), "negatives": _files_digest(fa.negatives),
-            "model": _files_digest(fa.model, "*.safetensors")}
+    return {"train": _files_digest(fa.train), "model": _files_digest(fa.model, "*.safetensors"),
+            "negatives": _files_digest(fa.negatives) if fa.negatives.startswith(("file:", "model:")) else fa.negatives}
 
 
 def _prepare(fa: FinetuneArguments, ta: Any, out: str) -> None:
@@ -298,7 +298,8 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
     # the sentence-transformers description that CPDAE reads as sentence-transformers does
     write_st_config(os.path.join(rdir, "model"), pooling=fa.pooling, normalize=normalize,
                     max_seq_length=fa.max_seq_length, hidden_size=model.get_embedding_dimension())
-    metrics = {"steps": result.global_step, "train_loss": result.training_loss, **loss_record,
+    metrics = {"steps": result.global_step, "train_loss": result.training_loss,
+               "train_runtime_s": result.metrics.get("train_runtime"), **loss_record,
                **(evaluator(model) if evaluator else {})}
     write_json_atomic(os.path.join(rdir, "model", "round.json"),
                       {**metrics, "asked": trainer.state.max_steps, "length": [ta.max_steps, ta.num_train_epochs]})
