@@ -115,7 +115,7 @@ _FINGERPRINTS: dict[tuple, dict[str, Any]] = {}
 def file_fingerprint(path: os.PathLike | str) -> dict[str, Any]:
     """``{"size", "mtime_ns", "sha256"}`` of a regular file; the hash covers every byte (and the size), so any edit is
     seen, also one that keeps the size and the modification time (``cp -p``, ``touch -r``, an in-place edit with the
-    time restored). About 0.1 s per 100 MB (see ``docs/reliability.md``).
+    time restored). About 0.3 s for 200 MB from the page cache (``experiments/results/bench_fingerprint.md``).
 
     Kept per process under the file's (size, mtime_ns, inode, ctime_ns): a pipeline that asks again about an
     unchanged file does not read it again; any write to the file changes its ``ctime`` (which no user call can set
