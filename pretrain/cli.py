@@ -232,8 +232,12 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
     if config.probe:
         from .evaluation.probe import RetrievalProbe
         probe = RetrievalProbe(config.probe, max_queries=config.probe_max_queries, max_docs=config.probe_max_docs)
-        settings = {"pooling": getattr(config, "representation", "cls"), "normalize": False,
-                    "max_length": config.max_length, "batch_size": training_args.per_device_eval_batch_size}
+        from pyterrier_cpdae.encoder.st_export import export_pipeline
+        pooling = getattr(objective, "representation", "cls")  # resolved: the base's own with --representation auto
+        normalize = export_pipeline(None if config.from_config else config.model, pooling,
+                                    "--representation")["normalize"]  # as the exported model encodes
+        settings = {"pooling": pooling, "normalize": normalize, "max_length": config.max_length,
+                    "batch_size": training_args.per_device_eval_batch_size}
     collator = objective.data_collator()  # every example's masks and views from (seed, epoch, example index)
     place = OutputPlace(config.output, "run_config.json") if training_args.should_save else None
     try:
