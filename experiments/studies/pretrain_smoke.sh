@@ -5,7 +5,7 @@
 # loss_curves.png, summary.md, run_info.txt) and experiments/results/pretrain_smoke_vaswani/
 # (table.md, table.csv); weights stay in runs/ (git-ignored).
 #   bash experiments/studies/pretrain_smoke.sh [tiny|minilm|vaswani|all]      (default: all)
-# A CPU-only machine is expected (--cpu is passed); the runs take minutes each on 2 cores.
+# A CPU-only machine is expected (--use_cpu is passed); the runs take minutes each on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHICH="${1:-all}"
@@ -54,7 +54,7 @@ if [[ "$WHICH" == minilm || "$WHICH" == all ]]; then
   MINILM_STEPS="${MINILM_STEPS:-1000}" MINILM_LR="${MINILM_LR:-2e-4}"
   CMD=(python -m pretrain --objective cpdae --decoder-bias-init zero --model "$MINILM" --new-mlm-head
        --corpus "$WIKI" --max-docs 1000 --max-length 128 --global_batch_size 8 --learning-rate "$MINILM_LR"
-       --max-steps "$MINILM_STEPS" --logging-steps 1 --save-steps 100 --seed 42 --cpu
+       --max-steps "$MINILM_STEPS" --logging-steps 1 --save-steps 100 --seed 42 --use_cpu
        --output_dir "$RUNS/pretrain_smoke_minilm" --overwrite_output_dir)
   run_and_record minilm "cpdae smoke run: all-MiniLM-L6-v2 + new MLM head ($MINILM_STEPS steps, batch 8, len 128, lr $MINILM_LR)"
 fi

@@ -9,7 +9,7 @@
 #   bash experiments/studies/two_stage_pretraining.sh [objective] [representation]   (default: retromae cls)
 # Defaults are a CPU-sized example: a tiny random BERT from experiments/configs/tiny-bert.json with
 # MiniLM's tokenizer, 200 + 100 steps (a few minutes on 2 cores). For a real run use
-#   MODEL=bert-base-uncased FROM_CONFIG= STAGE1_STEPS=... STAGE2_STEPS=... and drop --cpu.
+#   MODEL=bert-base-uncased FROM_CONFIG= STAGE1_STEPS=... STAGE2_STEPS=... and drop --use_cpu.
 # To adapt a mean-pooled model (all-MiniLM-L6-v2) without first destroying its representation:
 #   MODEL=<minilm dir> FROM_CONFIG= EXTRA=--new-mlm-head bash experiments/studies/two_stage_pretraining.sh cpdae mean
 set -euo pipefail
