@@ -190,7 +190,7 @@ def test_resume_after_the_tokenizer_changed_is_refused(tmp_path, corpus, tiny_be
 # ============================================================================= class 7: every option checked first
 BAD_PRETRAIN = [
     ("--learning-rate", "nan"), ("--learning-rate", "inf"), ("--learning-rate", "0"), ("--learning-rate", "-0.5"),
-    ("--max-steps", "-2"), ("--max-steps", "0"), ("--warmup_steps", "-0.1"), ("--warmup_steps", "1.5"),
+    ("--max-steps", "-2"), ("--max-steps", "0"), ("--warmup_steps", "-0.1"),
     ("--save-steps", "0"), ("--logging-steps", "0"), ("--weight-decay", "-0.01"), ("--max-grad-norm", "-1"),
     ("--max-grad-norm", "nan"), ("--save-total-limit", "-1"), ("--dataloader_num_workers", "-1"), ("--num_train_epochs", "0"),
     ("--global_batch_size", "0"), ("--gradient_accumulation_steps", "0"), ("--adam-beta1", "1"), ("--adam-epsilon", "0"), ("--seed", "-1"),
@@ -203,7 +203,8 @@ def test_pretrain_refuses_a_bad_option_before_writing(tmp_path, corpus, tiny_ber
                                                       value):
     out, cache = tmp_path / "run", tmp_path / "cache"
     code, line = run_cli(monkeypatch, capsys, [*pretrain_args(tiny_bert_dir, corpus, out, cache), f"{flag}={value}"])
-    assert code == 2 and line.startswith(f"error: ValueError: {flag} must be") and value in line
+    name = "--" + flag[2:].replace("-", "_")  # the one line names the option by its field name
+    assert code == 2 and line.startswith(f"error: ValueError: {name} must be") and value in line, line
     assert not out.exists() and not cache.exists()
 
 
