@@ -145,9 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"objective": name, "former_loop_s_per_step": old, "trainer_s_per_step": new,
                      "trainer_steps_per_s_vs_former": old / new, "runs_s_per_step": times})
         print(f"{name}: former loop {old:.3f} s/step, Trainer {new:.3f} s/step: {old / new:.3f}x", flush=True)
-    record = {"command": "python experiments/bench/bench_trainer_speed.py " + " ".join(argv or sys.argv[1:]),
+    shown = [("<checkout of the commit before the Trainer loop>" if a == args.former else a) for a in (argv or sys.argv[1:])]
+    record = {"command": "python experiments/bench/bench_trainer_speed.py " + " ".join(shown),
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared with other "
-                         "jobs while it ran: the figures are noisy)", "settings": vars(args), "rows": rows}
+                         "jobs while it ran: the figures are noisy)",
+              "settings": {k: v for k, v in vars(args).items() if k not in ("former", "out")}, "rows": rows}
     Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
     lines = ["# Steps per second: the Trainer loop against the former loop", "",
              f"Command: `{record['command']}`; machine: {record['machine']}.", "",
