@@ -213,14 +213,14 @@ def test_output_under_a_file(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsy
     (tmp_path / "file").write_text("x")
     code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, tmp_path / "file" / "run",
                                                             tmp_path / "cache"))
-    assert code == 2 and line == f"error: ValueError: --output {tmp_path}/file/run: {tmp_path}/file is a file, not a directory"
+    assert code == 2 and line == f"error: ValueError: --output_dir {tmp_path}/file/run: {tmp_path}/file is a file, not a directory"
 
 
 def test_output_on_a_read_only_file_system(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys, mounts):
     ro = tmpfs(tmp_path / "ro", "ro", "size=1m")
     mounts.append(ro)
     code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, ro / "run", tmp_path / "cache"))
-    assert code == 2 and line == f"error: ValueError: --output {ro}/run: cannot write in {ro} (read-only file system)"
+    assert code == 2 and line == f"error: ValueError: --output_dir {ro}/run: cannot write in {ro} (read-only file system)"
 
 
 def test_output_without_permission(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
@@ -248,14 +248,14 @@ def test_output_without_permission(tmp_path, corpus, tiny_bert_dir, monkeypatch,
 def test_cache_dir_is_a_file(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
     (tmp_path / "cache").write_text("x")
     code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, tmp_path / "run", tmp_path / "cache"))
-    assert code == 2 and line == f"error: ValueError: --cache-dir {tmp_path}/cache is a file, not a directory"
+    assert code == 2 and line == f"error: ValueError: --cache_dir {tmp_path}/cache is a file, not a directory"
     assert not (tmp_path / "run").exists()
 
 
 def test_from_config_missing(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
     code, line = run_cli(monkeypatch, capsys, [*pretrain_args(tiny_bert_dir, corpus, tmp_path / "run", tmp_path / "c"),
                                                "--from-config", str(tmp_path / "nope.json")])
-    assert code == 2 and line.startswith(f"error: FileNotFoundError: --from-config {tmp_path}/nope.json: no such file")
+    assert code == 2 and line.startswith(f"error: FileNotFoundError: --from_config {tmp_path}/nope.json: no such file")
     assert "Repo id" not in line
 
 
