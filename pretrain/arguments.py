@@ -267,7 +267,8 @@ def run_config(model_args: ModelArguments, data_args: DataArguments, training_ar
     values.update({"output": training_args.output_dir, "grad_accum": grad_accum, "cpu": bool(training_args.use_cpu),
                    "batch_size": training_args.per_device_train_batch_size * world * grad_accum})
     defaults = {**_defaults(ModelArguments), **_defaults(DataArguments), **_defaults(type(objective_options)),
-                **{k: v for k, v in _defaults(type(training_args)).items() if k in RECORDED_TRAINING}}
+                **{k: v for k, v in _defaults(type(training_args)).items() if k in RECORDED_TRAINING},
+                "batch_size": _defaults(type(training_args)).get("per_device_train_batch_size")}  # one process
     return RunConfig(values, defaults, [f.name for f in dataclasses.fields(objective_options)])
 
 

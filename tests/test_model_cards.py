@@ -91,7 +91,7 @@ def pretrained(tmp_path_factory, tiny_bert_dir):
     corpus = _corpus(root / "corpus.txt")
     a, b = root / "a", root / "b"
     main(_pretrain_argv(tiny_bert_dir, corpus, a))
-    main(_pretrain_argv(tiny_bert_dir, corpus, b, "--mlm-probability", "0.3", "--seed", "7", "--global_batch_size", "8"))
+    main(_pretrain_argv(tiny_bert_dir, corpus, b, "--mlm-probability", "0.3", "--seed", "7", "--global_batch_size", "16"))
     return {"a": a, "b": b, "corpus": corpus, "base": tiny_bert_dir, "root": root}
 
 
@@ -130,9 +130,9 @@ def test_a_changed_setting_changes_the_card(pretrained):
     rb = read_card_state(str(pretrained["b"]))["record"]
     _, body = parse_card(pretrained["b"])
     rows = _table_rows(body, "")
-    assert rows["mlm_probability"] == ["0.3", "0.15"] and rows["seed"] == ["7"] and rows["batch_size"][0] == "8"
+    assert rows["mlm_probability"] == ["0.3", "0.15"] and rows["seed"] == ["7"] and rows["batch_size"][0] == "16"
     nd = {o["option"]: o["value"] for o in rb["non_default"]}
-    assert nd["mlm_probability"] == 0.3 and nd["seed"] == 7 and nd["batch_size"] == 8
+    assert nd["mlm_probability"] == 0.3 and nd["seed"] == 7 and nd["batch_size"] == 16
     assert "mlm_probability" not in {o["option"] for o in ra["non_default"]}
     assert rb["weights_sha256"] != ra["weights_sha256"] and rb["training"]["seed"] == 7
 

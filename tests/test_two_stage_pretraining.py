@@ -49,13 +49,13 @@ def test_stage1_enwiki_then_stage2_scifact_continues_the_decoder(tmp_path, tiny_
     saved1 = _saved_decoder(stage1)
 
     seen = {}
-    train = trainer_mod.Trainer.train
+    train = trainer_mod.PretrainTrainer.train
 
-    def spy(self):  # the objective as stage 2 starts: step 0
-        seen["decoder"] = _decoder_state(self.module)
-        seen["encoder"] = {k: v.detach().clone() for k, v in self.module.mlm_model.state_dict().items()}
-        return train(self)
-    monkeypatch.setattr(trainer_mod.Trainer, "train", spy)
+    def spy(self, *args, **kwargs):  # the objective as stage 2 starts: step 0
+        seen["decoder"] = _decoder_state(self.model)
+        seen["encoder"] = {k: v.detach().clone() for k, v in self.model.mlm_model.state_dict().items()}
+        return train(self, *args, **kwargs)
+    monkeypatch.setattr(trainer_mod.PretrainTrainer, "train", spy)
     # the RetroMAE extension's stage 2 adds span contrast (its Eq. 8, the default form), as the recipe
     # experiments/studies/two_stage_pretraining.sh does for retromae
     span = ["--span-contrast-weight", "1"] if objective == "retromae" else []

@@ -24,7 +24,7 @@ __all__ = ["pretrain_record", "finetune_record", "weights_sha256", "toolkit_info
 
 #: options that say where and how a run was launched, not what was trained: left out of "non-default settings"
 OPERATIONAL = frozenset({"output", "resume", "overwrite", "cache_dir", "report_to", "num_workers", "logging_steps",
-                         "save_steps", "save_total_limit", "cpu", "batch_size", "grad_accum"})
+                         "save_steps", "save_total_limit", "cpu", "grad_accum", "per_device_train_batch_size"})
 REPO = Path(__file__).resolve().parents[2]
 PRETRAINED_ONLY = "A pre-trained (not fine-tuned) encoder"
 
