@@ -61,7 +61,7 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
             part = {key: v[rank * k:(rank + 1) * k] for key, v in ref["batch"].items()}
             out = model(part)
             out["loss"].backward()
-            losses = {key: v.detach().clone() for key, v in out.items()}
+            losses = {key: v.detach().clone() for key, v in out.flat().items()}
             for v in losses.values():  # global value = mean over processes of the local means
                 dist.all_reduce(v)
                 v /= world
@@ -87,7 +87,7 @@ def test_ddp_two_processes_match_single_process(tiny_bert_dir, tmp_path, free_po
         state = {k: v.clone() for k, v in obj.state_dict().items()}
         out = obj(batch)
         out["loss"].backward()
-        refs[name] = {"losses": {k: v.detach() for k, v in out.items()}, "grads": _grads(obj)}
+        refs[name] = {"losses": {k: v.detach() for k, v in out.flat().items()}, "grads": _grads(obj)}
         torch.save({"model_dir": tiny_bert_dir, "state": state, "batch": batch}, tmp_path / f"{name}.pt")
 
     with warm_spawn():  # the two workers start from the warm launcher (tests/_warm_python.py)

@@ -62,7 +62,7 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
             k = len(TEXTS) // world
             out = model({key: v[rank * k:(rank + 1) * k] for key, v in ref["batch"].items()})
             out["loss"].backward()
-            losses = {key: v.detach().clone() for key, v in out.items()}
+            losses = {key: v.detach().clone() for key, v in out.flat().items()}
             for v in losses.values():
                 dist.all_reduce(v)
                 v /= world
@@ -88,7 +88,7 @@ def test_new_objectives_ddp_two_processes_match_single_process(tiny_bert_dir, tm
         state = {k: v.clone() for k, v in obj.state_dict().items()}
         out = obj(batch)
         out["loss"].backward()
-        refs[case] = {"losses": {k: v.detach() for k, v in out.items()}, "grads": _grads(obj)}
+        refs[case] = {"losses": {k: v.detach() for k, v in out.flat().items()}, "grads": _grads(obj)}
         torch.save({"model_dir": tiny_bert_dir, "state": state, "batch": batch}, tmp_path / f"{case}.pt")
 
     with warm_spawn():  # the two workers start from the warm launcher (tests/_warm_python.py)
