@@ -173,11 +173,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def pretrain_command(args: argparse.Namespace, model: str, pooling: str, corpus: str, output: str) -> list[str]:
     """The ``python -m pretrain`` command that continues ``model`` (its text vector read as ``pooling``)."""
     return [sys.executable, "-m", "pretrain", "--objective", args.pretrain_objective, "--model", model,
-            "--new-mlm-head", "--representation", pooling, "--corpus", corpus,
-            "--max-length", str(args.pretrain_max_length), "--batch-size", str(args.pretrain_batch_size),
-            "--max-steps", str(args.pretrain_steps), "--save-steps", str(args.pretrain_steps),
-            "--logging-steps", str(max(1, min(10, args.pretrain_steps // 5))), "--report-to", "csv",
-            "--output", output]
+            "--new_mlm_head", "--representation", pooling, "--corpus", corpus,
+            "--max_length", str(args.pretrain_max_length), "--global_batch_size", str(args.pretrain_batch_size),
+            "--max_steps", str(args.pretrain_steps), "--save_steps", str(args.pretrain_steps),
+            "--logging_steps", str(max(1, min(10, args.pretrain_steps // 5))), "--report_to", "none",
+            "--output_dir", output]
 
 
 def shown_command(cmd: list[str], work: str) -> str:
@@ -200,12 +200,14 @@ def pretrain(cmd: list[str], output: str, rebuild: bool) -> Optional[float]:
     os.makedirs(os.path.dirname(output), exist_ok=True)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     t0 = time.time()
-    rc = subprocess.run(cmd + ["--overwrite"], cwd=REPO, env=env).returncode
+    rc = subprocess.run(cmd + ["--overwrite_output_dir"], cwd=REPO, env=env).returncode
     if rc != 0 or not os.path.isfile(os.path.join(output, "config.json")):
         raise SystemExit(f"the pre-training run failed (exit status {rc}); its output directory is {output}. "
                          f"Command: {' '.join(cmd)}. Rerun this job to start it again, or pass --no-pretrain.")
     # the resumable checkpoint (optimizer state, ~4x the model) is not needed once the model is exported
-    shutil.rmtree(os.path.join(output, "checkpoints"), ignore_errors=True)
+    for name in os.listdir(output):
+        if name.startswith("checkpoint-"):
+            shutil.rmtree(os.path.join(output, name), ignore_errors=True)
     return time.time() - t0
 
 

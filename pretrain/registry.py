@@ -1,6 +1,6 @@
 """The registry of pre-training objectives: name -> :class:`~pretrain.objectives.base.Objective` subclass.
 
-It sits below :mod:`pretrain.config` and :mod:`pretrain.objectives`: the config composes a run's options from the
+It sits below :mod:`pretrain.arguments` and :mod:`pretrain.objectives`: the parser composes a run's options from the
 objective's ``Options`` looked up here, and the objectives register themselves here
 (:func:`pretrain.objectives.register_objective`).  Neither imports the other through it: the registry finds the
 objectives the way it finds third-party ones, as plugins: it imports every module of the ``pretrain.objectives``

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from pretrain.config import PretrainConfig
+from pretrain.arguments import objective_config
 
 
 def sharpen(module: torch.nn.Module) -> None:
@@ -17,12 +17,12 @@ def sharpen(module: torch.nn.Module) -> None:
 
 
 def load_tiny(tiny_bert_dir: str, **cfg):
-    """``(masked-LM model, tokenizer, PretrainConfig(**cfg))`` of the tiny test BERT, seeded."""
+    """``(masked-LM model, tokenizer, objective_config(**cfg))`` of the tiny test BERT, seeded."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     torch.manual_seed(0)
     model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    return model, tok, PretrainConfig(model=tiny_bert_dir, **cfg)
+    return model, tok, objective_config(model=tiny_bert_dir, **cfg)
 
 
 def train_losses(obj: torch.nn.Module, examples: list[list[int]], steps: int = 30, lr: float = 3e-3) -> list[float]:

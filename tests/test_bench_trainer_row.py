@@ -1,5 +1,5 @@
 """The GPU suite's Trainer row: ``experiments/bench/objective_runs.trainer_worker`` runs an objective's
-steps through ``pretrain.training.trainer.Trainer`` and counts the work of the timed steps from the batches they consumed.
+steps through ``pretrain.training.trainer.PretrainTrainer`` and counts the work of the timed steps from the batches they consumed.
 Checked by hand: full-length texts hold ``length`` real tokens each, so every count is known in advance (texts x
 views x length tokens; ``forward_macs`` per sequence at the model's shape), and texts drawn from a length histogram
 hold fewer real than padded tokens. The rows are started as the GPU run starts them, through

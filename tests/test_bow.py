@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pretrain.config import PretrainConfig
+from pretrain.arguments import objective_config
 from pretrain.objectives import build_objective
 from pretrain.objectives.bow import bow_loss, bow_weight_at
 
@@ -19,7 +19,7 @@ def _load(tiny_bert_dir: str, **cfg):
     torch.manual_seed(0)
     model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    return model, tok, PretrainConfig(objective="bow", model=tiny_bert_dir, **cfg)
+    return model, tok, objective_config(objective="bow", model=tiny_bert_dir, **cfg)
 
 
 def test_bow_loss_hand_computed():
@@ -79,29 +79,33 @@ def test_linear_decay_counts_optimizer_steps(tiny_bert_dir):
 
 def test_trainer_drives_the_schedule_per_optimizer_step(tiny_bert_dir, tmp_path):
     """With 2 micro-batches per optimizer step, both micro-batches of step s use w * (1 - (s-1)/T)."""
-    from pretrain.training.trainer import Trainer
+    from pretrain.arguments import PretrainingArguments
+    from pretrain.training.trainer import PretrainTrainer
 
     model, tok, cfg = _load(tiny_bert_dir, bow_weight=2.0, bow_weight_schedule="linear_decay", batch_size=4,
-                            grad_accum=2, max_steps=3, save_steps=1000, logging_steps=1, warmup_ratio=0.0,
-                            mixed_precision="no", cpu=True, output=str(tmp_path / "run"))
+                            grad_accum=2)
     obj = build_objective("bow", model, tok, cfg)
     seen: list[float] = []
     forward = obj.forward
 
-    def recording_forward(batch):
+    def recording_forward(*args, **kwargs):
         seen.append(obj.bow_weight)
-        return forward(batch)
+        return forward(*args, **kwargs)
 
     obj.forward = recording_forward
-    data = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS] * 2
-    Trainer(obj, data, obj.collate, cfg).train()
+    data = [{"input_ids": tok(t, add_special_tokens=False)["input_ids"], "idx": i}
+            for i, t in enumerate(TEXTS * 2)]
+    args = PretrainingArguments(output_dir=str(tmp_path / "run"), max_steps=3, global_batch_size=4,
+                                gradient_accumulation_steps=2, warmup_steps=0, report_to="none", use_cpu=True,
+                                save_steps=1000, logging_steps=1, disable_tqdm=True)
+    PretrainTrainer(model=obj, args=args, train_dataset=data, data_collator=obj.data_collator()).train()
     assert seen == pytest.approx([2.0, 2.0, 4 / 3, 4 / 3, 2 / 3, 2 / 3])
     assert obj.bow_weight == 0.0
 
 
 def test_bad_schedule(tiny_bert_dir):
     # refused when the config is made (options are checked before anything runs)
-    with pytest.raises(ValueError, match="--bow-weight-schedule must be one of constant, linear_decay, got 'cosine'"):
+    with pytest.raises(ValueError, match="--bow_weight_schedule must be one of constant, linear_decay, got 'cosine'"):
         _load(tiny_bert_dir, bow_weight_schedule="cosine")
 
 

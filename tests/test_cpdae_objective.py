@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.config import PretrainConfig
+from pretrain.arguments import objective_config
 from pretrain.model.modeling import CPDAEDecoder, load_mlm_model
 from pretrain.objectives import build_objective
 
@@ -36,7 +36,7 @@ def make(name, tiny_bert_dir, tok, seed=0, **cfg):
     extra = {}
     if "idf" in cfg:
         extra["idf"] = cfg.pop("idf")
-    config = PretrainConfig(objective=name, model=tiny_bert_dir, batch_size=cfg.pop("batch_size", 4), **cfg)
+    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=cfg.pop("batch_size", 4), **cfg)
     obj = build_objective(name, model, tok, config, **extra)
     obj.mask_generator = torch.Generator().manual_seed(seed)
     return obj
@@ -339,7 +339,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert_dir, tok, exa
 def test_bias_prior_sets_the_decoder_bias_and_checks_its_shape(tiny_bert_dir, tok):
     torch.manual_seed(0)
     prior = torch.randn(tok.vocab_size)
-    cfg = PretrainConfig(objective="cpdae", model=tiny_bert_dir, batch_size=4)
+    cfg = objective_config(objective="cpdae", model=tiny_bert_dir, batch_size=4)
     obj = build_objective("cpdae", load_mlm_model(tiny_bert_dir), tok, cfg, bias_prior=prior)
     assert torch.equal(obj.decoder.decoder.bias.detach(), prior)
     for bad in (torch.zeros(5), torch.full((tok.vocab_size,), float("inf"))):

@@ -27,14 +27,14 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "information retrieval w
 def _build(name: str, model_dir: str, state: dict | None = None):
     from transformers import AutoTokenizer
 
-    from pretrain.config import PretrainConfig
+    from pretrain.arguments import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(0)
     obj = build_objective(name, load_mlm_model(model_dir), tok,
-                          PretrainConfig(objective=name, batch_size=len(TEXTS),
+                          objective_config(objective=name, batch_size=len(TEXTS),
                                          **(dict(temperature=0.5, cl_weight=0.1) if name.startswith("cpdae") else {})))
     if state is not None:
         obj.load_state_dict(state)

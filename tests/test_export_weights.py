@@ -34,9 +34,9 @@ def _groups(path: Path) -> str:
 def _pretrain(model, out, corpus, *extra):
     from pretrain.cli import main
 
-    main(["--objective", "mlm", "--model", str(model), "--corpus", corpus, "--max-length", "16", "--batch-size", "2",
-          "--max-steps", "1", "--warmup-ratio", "0", "--learning-rate", "1e-3", "--report-to", "none",
-          "--output", str(out), "--cpu", *extra])
+    main(["--objective", "mlm", "--model", str(model), "--corpus", corpus, "--max-length", "16", "--global_batch_size", "2",
+          "--max-steps", "1", "--warmup_steps", "0", "--learning-rate", "1e-3", "--report_to", "none",
+          "--output_dir", str(out), "--use_cpu", *extra])
 
 
 def _finetune(model, out, train):

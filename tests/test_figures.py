@@ -3,7 +3,6 @@ line style, splits baselines from CPDAE variants, keeps the legend off the curve
 [ln m, ln(2m-1)] for the run's batch size; every figure is written as PNG and SVG."""
 from __future__ import annotations
 
-import csv
 import math
 
 import matplotlib
@@ -11,7 +10,7 @@ matplotlib.use("Agg")
 import pytest
 
 from pretrain.analysis.coverage import draw_coverage, plot_coverage, read_csv, write_csv
-from pretrain.logging_utils import cl_band, cl_band_batch, plot_metrics
+from pretrain.analysis.loss_curves import cl_band, cl_band_batch, plot_metrics
 
 MODELS = ["bert", "mlm", "simcse", "ict", "prop", "seed", "retromae", "bow", "cpdae", "cpdae_r", "cpdae_nocl",
           "cpdae_idfrec", "cpdae_clsum"]  # the paper's 13 checkpoints
@@ -113,12 +112,12 @@ def test_loss_curves_shade_the_cl_band_for_the_batch_size(tmp_path, monkeypatch)
     """The shaded span of the cl panel lies exactly at [ln 8, ln 15] for m = 8 (read back from the drawn patch)."""
     import matplotlib.pyplot as plt
 
-    path = tmp_path / "metrics.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["step", "loss", "mlm", "rec", "cl"])
-        for s in range(1, 21):
-            w.writerow([s, 10 - s * 0.1, 5 - s * 0.05, 4, math.log(15) - 0.001 * s])
+    import json
+
+    path = tmp_path / "trainer_state.json"  # the Trainer's log history: training rows and an evaluation row
+    rows = [{"loss": 10 - s * 0.1, "mlm": 5 - s * 0.05, "rec": 4, "cl": math.log(15) - 0.001 * s, "learning_rate": 1e-5,
+             "epoch": s / 20, "step": s} for s in range(1, 21)]
+    path.write_text(json.dumps({"log_history": rows + [{"eval_probe_ndcg_cut_10": 0.1, "step": 20}]}))
     figs = []
     monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
     paths = plot_metrics(str(path), str(tmp_path / "out" / "loss_curves.png"), cl_batch_size=8)
@@ -146,14 +145,15 @@ def test_loss_curves_shade_the_cl_band_for_the_batch_size(tmp_path, monkeypatch)
 def test_record_run_reads_the_band_from_run_config(tmp_path, monkeypatch):
     import json
 
-    from pretrain import logging_utils
+    from pretrain.analysis import loss_curves
 
     run = tmp_path / "run"
-    (run / "logs").mkdir(parents=True)
-    (run / "logs" / "metrics.csv").write_text("step,loss,cl\n1,3.0,2.7\n2,2.9,2.7\n3,2.8,2.7\n4,2.7,2.7\n")
+    (run / "checkpoint-4").mkdir(parents=True)
+    (run / "checkpoint-4" / "trainer_state.json").write_text(json.dumps({"log_history": [
+        {"loss": 3.0 - 0.1 * s, "cl": 2.7, "step": s + 1} for s in range(4)]}))
     (run / "run_config.json").write_text(json.dumps({"config": {"objective": "cpdae", "batch_size": 8,
                                                                 "temperature": 1.0, "cl_reduction": "mean"}}))
     seen = {}
-    monkeypatch.setattr(logging_utils, "plot_metrics", lambda *a, **k: seen.update(k))
-    logging_utils.record_run(str(run), str(tmp_path / "rec"), window=1)
+    monkeypatch.setattr(loss_curves, "plot_metrics", lambda *a, **k: seen.update(k))
+    loss_curves.record_run(str(run), str(tmp_path / "rec"), window=1)
     assert (seen["cl_batch_size"], seen["cl_temperature"]) == (8, 1.0)

@@ -29,8 +29,8 @@ def test_two_step_run_from_minilm_is_quiet_and_its_decoder_is_a_hugging_face_mod
     corpus.write_text("\n".join(" ".join(words[(i * 7 + j) % len(words)] for j in range(24)) for i in range(16)) + "\n")
     out = tmp_path / "run"
     proc = _run(["-m", "pretrain", "--objective", "cpdae", "--model", minilm_path, "--new-mlm-head",
-                 "--corpus", str(corpus), "--output", str(out), "--cache-dir", str(tmp_path / "cache"),
-                 "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "1000",
+                 "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(tmp_path / "cache"),
+                 "--global_batch_size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "1000",
                  "--logging-steps", "1"])
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]

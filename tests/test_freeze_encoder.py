@@ -25,8 +25,8 @@ def test_freeze_encoder_trains_only_the_head(tmp_path, tiny_bert_dir, freeze):
 
     out = tmp_path / "run"
     argv = ["--objective", "mlm", "--model", tiny_bert_dir, "--corpus", _corpus(tmp_path / "c.txt"),
-            "--max-length", "32", "--batch-size", "4", "--max-steps", "3", "--learning-rate", "1e-2",
-            "--warmup-ratio", "0", "--save-steps", "1000", "--report-to", "none", "--output", str(out), "--cpu"]
+            "--max-length", "32", "--global_batch_size", "4", "--max-steps", "3", "--learning-rate", "1e-2",
+            "--warmup_steps", "0", "--save-steps", "1000", "--report_to", "none", "--output_dir", str(out), "--use_cpu"]
     main(argv + (["--freeze-encoder"] if freeze else []))
     before, after = _state(tiny_bert_dir), _state(str(out))
     enc = [k for k in before if k.startswith("bert.")]
@@ -46,7 +46,7 @@ def test_freeze_encoder_trains_only_the_head(tmp_path, tiny_bert_dir, freeze):
 def test_freeze_encoder_refuses_an_objective_with_nothing_else_to_train(tmp_path, tiny_bert_dir):
     from pretrain.cli import main
 
-    with pytest.raises(ValueError, match="--freeze-encoder.*nothing would train"):
+    with pytest.raises(ValueError, match="--freeze_encoder.*nothing would train"):
         main(["--objective", "simcse", "--model", tiny_bert_dir, "--corpus", _corpus(tmp_path / "c.txt"),
-              "--max-length", "32", "--batch-size", "4", "--max-steps", "1", "--warmup-ratio", "0", "--save-steps", "1000", "--report-to", "none",
-              "--output", str(tmp_path / "run"), "--cpu", "--freeze-encoder"])
+              "--max-length", "32", "--global_batch_size", "4", "--max-steps", "1", "--warmup_steps", "0", "--save-steps", "1000", "--report_to", "none",
+              "--output_dir", str(tmp_path / "run"), "--use_cpu", "--freeze-encoder"])

@@ -26,8 +26,8 @@ def _corpus(path: Path) -> str:
 
 
 def _pretrain_argv(model, corpus, out, *extra):
-    return ["--objective", "mlm", "--model", model, "--corpus", corpus, "--max-length", "32", "--batch-size", "4",
-            "--max-steps", "2", "--warmup-ratio", "0", "--report-to", "none", "--output", str(out), "--cpu", *extra]
+    return ["--objective", "mlm", "--model", model, "--corpus", corpus, "--max-length", "32", "--global_batch_size", "4",
+            "--max-steps", "2", "--warmup_steps", "0", "--report_to", "none", "--output_dir", str(out), "--use_cpu", *extra]
 
 
 def _sha256(path) -> str:
@@ -91,7 +91,7 @@ def pretrained(tmp_path_factory, tiny_bert_dir):
     corpus = _corpus(root / "corpus.txt")
     a, b = root / "a", root / "b"
     main(_pretrain_argv(tiny_bert_dir, corpus, a))
-    main(_pretrain_argv(tiny_bert_dir, corpus, b, "--mlm-probability", "0.3", "--seed", "7", "--batch-size", "8"))
+    main(_pretrain_argv(tiny_bert_dir, corpus, b, "--mlm-probability", "0.3", "--seed", "7", "--global_batch_size", "16"))
     return {"a": a, "b": b, "corpus": corpus, "base": tiny_bert_dir, "root": root}
 
 
@@ -130,9 +130,9 @@ def test_a_changed_setting_changes_the_card(pretrained):
     rb = read_card_state(str(pretrained["b"]))["record"]
     _, body = parse_card(pretrained["b"])
     rows = _table_rows(body, "")
-    assert rows["mlm_probability"] == ["0.3", "0.15"] and rows["seed"] == ["7"] and rows["batch_size"][0] == "8"
+    assert rows["mlm_probability"] == ["0.3", "0.15"] and rows["seed"] == ["7"] and rows["batch_size"][0] == "16"
     nd = {o["option"]: o["value"] for o in rb["non_default"]}
-    assert nd["mlm_probability"] == 0.3 and nd["seed"] == 7 and nd["batch_size"] == 8
+    assert nd["mlm_probability"] == 0.3 and nd["seed"] == 7 and nd["batch_size"] == 16
     assert "mlm_probability" not in {o["option"] for o in ra["non_default"]}
     assert rb["weights_sha256"] != ra["weights_sha256"] and rb["training"]["seed"] == 7
 
@@ -144,11 +144,11 @@ def test_resume_regenerates_the_card(pretrained):
     out = root / "resumed"
     # a one-step warm-up (ceil(0.3 x 2) = ceil(0.3 x 3) = 1): steps 1-2 of a 2-step run have a 3-step run's rates, so
     # --resume may extend it (another total would be refused: the schedule depends on it)
-    main(_pretrain_argv(pretrained["base"], pretrained["corpus"], out, "--save-steps", "1", "--warmup-ratio", "0.3"))
+    main(_pretrain_argv(pretrained["base"], pretrained["corpus"], out, "--save-steps", "1", "--warmup_steps", "0.3"))
     first = read_card_state(str(out))
     add_evaluation(str(out), {"nDCG@10": 0.5}, name="toy", collection="toy-spec", depth=10, exact=True)
-    main(_pretrain_argv(pretrained["base"], pretrained["corpus"], out, "--save-steps", "1", "--warmup-ratio", "0.3",
-                        "--resume", "--max-steps", "3"))
+    main(_pretrain_argv(pretrained["base"], pretrained["corpus"], out, "--save-steps", "1", "--warmup_steps", "0.3",
+                        "--resume_from_checkpoint", "true", "--max-steps", "3"))
     state = read_card_state(str(out))
     assert state["record"]["training"]["steps"] == 3 and len(state["sessions"]) == 2
     assert first["record"]["training"]["steps"] == 2

@@ -175,20 +175,20 @@ def test_wings_import_only_themselves_and_the_shared_helpers():
             assert targets <= shared, f"{module} imports a wing: {sorted(targets - shared)}"
 
 
-def test_pretrain_config_imports_no_objective():
-    """The config composes a run's options through the registry, not by importing the objectives."""
+def test_pretrain_arguments_import_no_objective():
+    """The options module composes a run's options through the registry, not by importing the objectives."""
     graph = import_graph(REPO / "pretrain")
-    assert graph["pretrain.config"] <= {"pretrain.registry"}
+    assert graph["pretrain.arguments"] <= {"pretrain.registry"}
     assert not {t for t in graph["pretrain.registry"] if t.startswith("pretrain.")}
-    assert "pretrain.config" in graph["pretrain.objectives.base"]
+    assert "pretrain.arguments" in graph["pretrain.objectives.base"]
 
 
 def test_pretrain_wings_import_one_way():
     """The data, model and training wings of ``pretrain`` stand below the objectives and the commands: they import
-    one another not at all, and of the top only the config (training), the logging (training) and the registry
-    (model: the heads load the objectives that register their modules)."""
+    one another not at all, and of the top only the registry (model: the heads load the objectives that register
+    their modules)."""
     graph = import_graph(REPO / "pretrain")
-    below = {"data": set(), "model": {"pretrain.registry"}, "training": {"pretrain.config", "pretrain.logging_utils"}}
+    below = {"data": set(), "model": {"pretrain.registry"}, "training": set()}
     for module, targets in graph.items():
         wing = next((w for w in below if module == f"pretrain.{w}" or module.startswith(f"pretrain.{w}.")), None)
         if wing is not None:

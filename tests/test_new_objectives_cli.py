@@ -10,7 +10,7 @@ import pytest
 from _warm_python import warm_python
 
 from pretrain import cli
-from pretrain.logging_utils import read_metrics
+from pretrain.analysis.loss_curves import read_metrics
 
 DOCS = [f"Document {i} is about dense retrieval. It has a second sentence about masked language models! "
         f"Does a third sentence ask about topic {i % 3}? The last one is short." for i in range(12)]
@@ -31,7 +31,7 @@ def run_cli(tmp_path, tiny_bert_dir, objective, flags):
     corpus.write_text("\n".join(DOCS))
     out = tmp_path / "run"
     result = cli.main(["--objective", objective, *flags, "--model", tiny_bert_dir, "--corpus", str(corpus),
-                       "--output", str(out), "--cache-dir", str(tmp_path / "cache"), "--batch-size", "4",
+                       "--output_dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--global_batch_size", "4",
                        "--max-length", "48", "--max-steps", "2", "--save-steps", "1000", "--logging-steps", "1",
                        "--learning-rate", "1e-3"])
     return result, out
@@ -43,7 +43,7 @@ def test_new_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir,
     objective = case.split("_")[0]
     result, out = run_cli(tmp_path, tiny_bert_dir, objective, flags)
     assert result["step"] == 2
-    rows = read_metrics(str(out / "logs" / "metrics.csv"))
+    rows = read_metrics(str(out))
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert all(k in r and r[k] == r[k] and r[k] >= 0 for k in components), r  # present, not NaN

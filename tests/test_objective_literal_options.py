@@ -114,14 +114,14 @@ def test_idf_weighted_rec_with_the_contrastive_loss(tiny_bert_dir):
     with pytest.raises(ValueError, match="needs idf weights"):
         _build(tiny_bert_dir, "cpdae", rec_weighting="idf")
     # cpdae_idfrec is IDF by definition: its only choice, refused when the config is made
-    with pytest.raises(ValueError, match="--rec-weighting must be one of idf, got 'none'"):
+    with pytest.raises(ValueError, match="--rec_weighting must be one of idf, got 'none'"):
         _build(tiny_bert_dir, "cpdae_idfrec", extra={"idf": idf}, rec_weighting="none")
 
 
 def test_prepare_gives_idf_when_asked(tiny_bert_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from pretrain.config import PretrainConfig
+    from pretrain.arguments import objective_config
     from pretrain.data.corpus import TokenCache, idf_weights
     from pretrain.objectives import objective_class
 
@@ -129,9 +129,9 @@ def test_prepare_gives_idf_when_asked(tiny_bert_dir, tmp_path):
     corpus.write_text("\n".join(TEXTS) + "\n")
     cache = TokenCache.build_or_load(str(corpus), AutoTokenizer.from_pretrained(tiny_bert_dir), 32, str(tmp_path / "c"))
     cls = objective_class("cpdae")
-    got = cls.prepare(cache, PretrainConfig(objective="cpdae", rec_weighting="idf", decoder_bias_init="zero"))
+    got = cls.prepare(cache, objective_config(objective="cpdae", rec_weighting="idf", decoder_bias_init="zero"))
     assert set(got) == {"idf"} and torch.equal(got["idf"], idf_weights(cache))
-    assert set(cls.prepare(cache, PretrainConfig(objective="cpdae"))) == {"bias_prior"}
+    assert set(cls.prepare(cache, objective_config(objective="cpdae"))) == {"bias_prior"}
 
 
 # ----------------------------------------------------------------------------- BoW Eq. 11
@@ -240,38 +240,3 @@ def test_retromae_stacked_decoder_layers(tiny_bert_dir, tmp_path):
 
 
 # ----------------------------------------------------------------------------- Adam β/ε
-def test_adam_betas_and_epsilon_reach_the_optimizer(tmp_path, monkeypatch):
-    """Two AdamW steps of the trainer on one scalar parameter against Adam's update written out
-    (m = β1 m + (1-β1) g, v = β2 v + (1-β2) g², θ -= lr·(m/(1-β1^t)) / (sqrt(v/(1-β2^t)) + ε))."""
-    from pretrain.config import TrainConfig
-    from pretrain.training.trainer import Trainer
-
-    class Scalar(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.ones(1, 1))  # 2-d: in the weight-decay group
-
-        def forward(self, batch):
-            loss = (self.w * batch["x"]).sum() ** 2  # d/dw = 2 (w·Σx) Σx
-            return {"loss": loss}
-
-        def save_pretrained(self, path):
-            pass
-
-    data = [1.0, 2.0, 0.5, 1.5]
-    b1, b2, eps, lr = 0.5, 0.7, 0.3, 0.1
-    cfg = TrainConfig(output=str(tmp_path / "adam"), batch_size=2, max_steps=2, learning_rate=lr, warmup_ratio=0.0,
-                      weight_decay=0.0, max_grad_norm=0.0, save_steps=1000, logging_steps=1, seed=0, epochs=1,
-                      adam_beta1=b1, adam_beta2=b2, adam_epsilon=eps)
-    module = Scalar()
-    trainer = Trainer(module, data, lambda xs: {"x": torch.tensor(xs)}, cfg)
-    order = trainer.sampler.permutation(0).tolist()
-    trainer.train()
-    w, m, v = 1.0, 0.0, 0.0
-    lrs = [lr, lr * 0.5]  # linear decay over 2 steps, no warm-up
-    for t in (1, 2):
-        s = sum(data[i] for i in order[(t - 1) * 2:t * 2])
-        g = 2 * (w * s) * s
-        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-        w -= lrs[t - 1] * (m / (1 - b1 ** t)) / (math.sqrt(v / (1 - b2 ** t)) + eps)
-    assert float(module.w.detach()) == pytest.approx(w, rel=1e-5)

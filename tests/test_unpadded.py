@@ -19,7 +19,7 @@ import torch
 
 from pretrain.model import unpadded
 from pyterrier_cpdae.encoder import attention
-from pretrain.config import PretrainConfig
+from pretrain.arguments import objective_config
 from pretrain.model.modeling import load_mlm_model
 from pretrain.objectives import build_objective
 
@@ -88,7 +88,7 @@ def extras(name: str, vocab: int) -> dict:
 def build(name: str, opts: dict, unpad: str, model, tok):
     model = copy.deepcopy(model)
     tiny_bert_dir = model.name_or_path
-    config = PretrainConfig(objective=name, model=tiny_bert_dir, batch_size=len(LENGTHS), unpad=unpad,
+    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=len(LENGTHS), unpad=unpad,
                             max_length=128, **opts)
     torch.manual_seed(1)
     return build_objective(name, model, tok, config, **extras(name, model.config.vocab_size)).eval()
@@ -217,12 +217,12 @@ def test_unsupported_model_auto_falls_back_and_on_is_refused():
 
 
 def test_unpad_option_is_checked_and_may_change_on_resume(tiny_bert_dir):
-    from pretrain.config import RESUME_MUTABLE_OPTIONS
+    from pretrain.training.run_dir import RESUMABLE
 
     with pytest.raises(ValueError, match=r"--unpad must be one of auto, on, off, got 'sometimes'"):
-        PretrainConfig(objective="mlm", unpad="sometimes")
-    assert PretrainConfig(objective="mlm").unpad == "auto" and not PretrainConfig(objective="mlm").compile
-    assert {"unpad", "compile"} <= RESUME_MUTABLE_OPTIONS
+        objective_config(objective="mlm", unpad="sometimes")
+    assert objective_config(objective="mlm").unpad == "auto"
+    assert {"unpad", "torch_compile"} <= RESUMABLE
 
 
 def test_a_batch_that_is_not_right_padded_is_refused(tiny_bert_dir):
@@ -243,13 +243,6 @@ def test_switched_model_saves_no_attention_implementation(sharp_model, tok, tmp_
     assert not any("attn" in k for k in saved), saved  # the export loads anywhere, with any attention
 
 
-def test_fused_adamw_only_on_cuda():
-    from pretrain.training.optim import adamw_options
-
-    assert adamw_options(torch.device("cuda")) == {"fused": True}
-    assert adamw_options(torch.device("cpu")) == {}
-
-
 def test_roberta_positions_start_after_the_padding_index():
     from transformers import RobertaConfig, RobertaForMaskedLM
 
@@ -265,13 +258,12 @@ def test_roberta_positions_start_after_the_padding_index():
 
 
 def test_compile_compiles_every_encoder_layer_in_place(sharp_model, tok):
-    """``--compile`` (the trainer's ``compile_module``): each encoder layer compiled in place, the parameter names (and
-    so checkpoints and the export) unchanged. Compilation itself runs at the first step (not here: minutes on a CPU)."""
-    from pretrain.training.optim import compile_module
-
+    """``--torch_compile`` (the trainer calls the objective's ``compile_encoder``): each encoder layer compiled in place,
+    the parameter names (and so checkpoints and the export) unchanged. Compilation itself runs at the first step (not
+    here: minutes on a CPU)."""
     obj = build("mlm", {}, "on", sharp_model, tok)
     names = [n for n, _ in obj.named_parameters()]
-    compile_module(obj)
+    obj.compile_encoder()
     layers = obj.encoder.encoder.layer
     assert len(layers) == 2 and all(layer._compiled_call_impl is not None for layer in layers)
     assert [n for n, _ in obj.named_parameters()] == names

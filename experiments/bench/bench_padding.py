@@ -5,8 +5,8 @@ The token cache never merges two documents into one block (CPDAE's target descri
 and every document's last block are shorter than ``--max-length``; a batch is padded to its longest text
 (:func:`pretrain.data.masking.pad_and_add_special`). For every length this script builds (or loads) the cache of the
 corpus slice with the bert-base-uncased WordPiece tokenizer (the MiniLM package's), draws the trainer's data order
-(:class:`pretrain.training.sampler.GlobalBatchSampler`, seed 42, epoch 0: ``randperm`` batches, the last incomplete one
-dropped) and reports, for each batch size:
+(a seeded random permutation, seed 42: ``randperm`` batches, the last incomplete one dropped, as the Trainer's
+sampler and ``--dataloader_drop_last`` draw them) and reports, for each batch size:
 
 * the padding share: padded positions over all positions (``1 - Σ real / Σ B·max``), over all batches, and the
   median and range over batches;
@@ -40,10 +40,10 @@ sys.path.insert(0, str(REPO))
 
 def batch_padding(lengths: np.ndarray, batch_size: int, seed: int = 42) -> dict:
     """Padding of the trainer's batches of texts of ``lengths`` tokens (special tokens included)."""
-    from pretrain.training.sampler import GlobalBatchSampler
+    import torch
 
-    sampler = GlobalBatchSampler(len(lengths), batch_size, seed=seed)
-    order = np.asarray(list(iter(sampler)), dtype=np.int64)
+    perm = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).numpy()
+    order = perm[:len(perm) // batch_size * batch_size].astype(np.int64)  # the last incomplete batch dropped
     if not len(order):
         raise ValueError(f"{len(lengths)} blocks are fewer than one batch of {batch_size}")
     per_batch = lengths[order].reshape(-1, batch_size)

@@ -158,7 +158,7 @@ def setup(args: argparse.Namespace, batches: int = 1) -> argparse.Namespace:
 
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-    from pretrain.config import PretrainConfig
+    from pretrain.arguments import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
@@ -176,8 +176,8 @@ def setup(args: argparse.Namespace, batches: int = 1) -> argparse.Namespace:
     n_texts = max(2, args.sequences // views)
     span = {"span_contrast_weight": 1.0} if args.objective.endswith("+span") else {}
     unpad = getattr(args, "unpad", None)
-    config = PretrainConfig(objective=name, model=args.model, batch_size=n_texts, max_length=args.length, **span,
-                            **({"unpad": unpad} if unpad else {}))
+    config = objective_config(name, model=args.model, batch_size=n_texts, max_length=args.length, **span,
+                              **({"unpad": unpad} if unpad else {}))
     g = torch.Generator().manual_seed(1234)
     lengths = sample_lengths(args.length, n_texts, getattr(args, "length_dist", None))
     lists = [[torch.randint(1000, mlm.config.vocab_size, (n - 2,), generator=g).tolist() for n in lengths]
@@ -201,9 +201,8 @@ def worker(args: argparse.Namespace) -> None:
     n_texts, views = run.n_texts, run.views
     if getattr(args, "compile", False):  # the trainer's --compile: every encoder layer compiled in place
         obj.compile_encoder()
-    from pretrain.training.optim import adamw_options
-
-    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5, **adamw_options(dev))  # as the trainer: fused on CUDA
+    # as the Trainer's default optimizer (adamw_torch_fused on CUDA)
+    opt = torch.optim.AdamW(obj.parameters(), lr=1e-5, **({"fused": True} if dev.type == "cuda" else {}))
     torch.manual_seed(1)
     batches = [{k: v.to(dev) for k, v in obj.collate(texts).items()} for _ in range(args.warmup + args.steps)]
     amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=args.bf16)
@@ -264,32 +263,34 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def trainer_worker(args: argparse.Namespace) -> None:
-    """One objective's steps through :class:`pretrain.training.trainer.Trainer` (what ``python -m pretrain`` runs): its
-    DataLoader and collate (``--num-workers``), its per-step checks (the finite-loss check's one device
-    synchronisation, gradient clipping, the update's weight check), the linear schedule, mixed precision through
-    accelerate and the trainer's ``--compile``; on ``warmup + steps`` batches of distinct texts whose lengths follow
-    :func:`setup`'s. Timed from the end of step ``warmup`` to the end of the last step (the device synchronised at
-    both, through the objective's ``on_step``); the final checkpoint and export come after. Prints one JSON line with
-    :func:`worker`'s fields, the real and padded work counted from the batches the timed steps consumed."""
-    import dataclasses
+    """One objective's steps through :class:`pretrain.training.trainer.PretrainTrainer` (what ``python -m pretrain``
+    runs: the Hugging Face Trainer): its DataLoader and collator (``--num-workers``), its per-step finite-loss check,
+    gradient clipping, the schedule, bf16 through accelerate and ``--torch_compile`` (each encoder layer compiled in
+    place); on ``warmup + steps`` batches of distinct texts whose lengths follow :func:`setup`'s. Timed from the end
+    of step ``warmup`` to the end of the last step (the device synchronised at both, by a callback); the final
+    checkpoint comes after. Prints one JSON line with :func:`worker`'s fields, the real and padded work counted from
+    the batches the timed steps consumed."""
     import tempfile
 
     import torch
+    from transformers import TrainerCallback
 
-    from pretrain.training.trainer import Trainer
+    from pretrain.arguments import PretrainingArguments
+    from pretrain.cli import _choose_path
+    from pretrain.training.trainer import PretrainTrainer
 
     if args.warmup < 1 or args.steps < 1:
         raise SystemExit("the trainer worker needs --warmup >= 1 and --steps >= 1")
     total = args.warmup + args.steps
     run = setup(args, batches=total)
     obj, dev = run.obj, run.dev
-    data = [t for texts in run.lists for t in texts]
+    data = [{"input_ids": t, "idx": i} for i, t in enumerate(t for texts in run.lists for t in texts)]
     state = {"step": 0}
     seen = []  # per forward of a timed step: its sequences' real lengths (a device tensor), the padded length
 
-    def record(module, inputs):
+    def record(module, inputs, kwargs):
         if state["step"] >= args.warmup:
-            mask = inputs[0]["attention_mask"]
+            mask = (kwargs or inputs[0])["attention_mask"]
             seen.append((mask.sum(1), mask.shape[1]))
 
     def sync() -> None:
@@ -297,27 +298,34 @@ def trainer_worker(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
 
     marks = {}
-    own_on_step = obj.on_step
 
-    def on_step(step: int, total_steps: int) -> None:
-        own_on_step(step, total_steps)
-        state["step"] = step
-        if step in (args.warmup, total):
-            sync()
-            marks[step] = time.perf_counter()
+    class Timer(TrainerCallback):
+        def on_step_end(self, a, s, control, **kw):
+            state["step"] = s.global_step
+            if s.global_step in (args.warmup, total):
+                sync()
+                marks[s.global_step] = time.perf_counter()
 
-    obj.register_forward_pre_hook(record)
-    obj.on_step = on_step
+    obj.register_forward_pre_hook(record, with_kwargs=True)
+    compiled = bool(getattr(args, "compile", False))
+    workers = getattr(args, "num_workers", 0) or 0
+    collator = obj.data_collator()
     with tempfile.TemporaryDirectory() as out:
-        config = dataclasses.replace(run.config, output=out, max_steps=total, batch_size=run.n_texts, seed=1,
-                                     mixed_precision="bf16" if args.bf16 else "no", cpu=dev.type == "cpu",
-                                     logging_steps=total, save_steps=total, report_to="none", warmup_ratio=0.0,
-                                     num_workers=getattr(args, "num_workers", 0) or 0,
-                                     compile=bool(getattr(args, "compile", False)))
+        targs = PretrainingArguments(output_dir=out, max_steps=total, per_device_train_batch_size=run.n_texts, seed=1,
+                                     bf16=bool(args.bf16), use_cpu=dev.type == "cpu", logging_steps=total,
+                                     save_steps=total, report_to="none", warmup_steps=0, save_total_limit=1,
+                                     dataloader_num_workers=workers, torch_compile=compiled, disable_tqdm=True)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        result = Trainer(obj, data, obj.collate, config).train()
+        from torch._dynamo.utils import counters
+        graphs = int(counters["stats"]["unique_graphs"])
+        trainer = PretrainTrainer(model=obj, args=targs, train_dataset=data, data_collator=collator,
+                                  callbacks=[Timer()])
+        _choose_path(trainer, obj, {}, None)
+        trainer.train()
+        compiled_graphs = int(counters["stats"]["unique_graphs"]) - graphs if compiled else None
         peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None
+    last = next((h for h in reversed(trainer.state.log_history) if "loss" in h), {})
     step = (marks[total] - marks[args.warmup]) / args.steps
     mc = run.mlm.config
     real = padded = real_tokens = padded_tokens = 0.0
@@ -330,15 +338,15 @@ def trainer_worker(args: argparse.Namespace) -> None:
     macs = sequence_macs(args.objective, args.length, run.config, mc)
     n = args.steps
     print(json.dumps({"macs_per_seq": macs, "objective": args.objective, "texts": run.n_texts,
-                      "sequences": run.n_texts * run.views, "loop": "Trainer", "num_workers": config.num_workers,
-                      "compiled": config.compile, "unpad": getattr(obj, "unpad", None),
-                      "unpad_option": config.unpad, "unpad_probe_s_per_step": getattr(obj, "unpad_probe_s", None),
+                      "sequences": run.n_texts * run.views, "loop": "Trainer", "num_workers": workers,
+                      "compiled": compiled, "unpad": getattr(obj, "unpad", None),
+                      "unpad_option": run.config.unpad, "unpad_probe_s_per_step": getattr(obj, "unpad_probe_s", None),
                       "mean_length": real_tokens / run.views / max(1, n * run.n_texts),
                       "real_macs_per_step": real / n, "padded_macs_per_step": padded / n,
                       "real_tokens_per_step": real_tokens / n, "padded_tokens_per_step": padded_tokens / n,
                       "step_s": step, "peak_mib": peak, "per_seq_ms": 1000 * step / (run.n_texts * run.views),
-                      "per_text_ms": 1000 * step / run.n_texts, "final_loss": float(result.get("loss", float("nan"))),
-                      "forwards_counted": len(seen), "compiled_graphs": result.get("compiled_graphs")}))
+                      "per_text_ms": 1000 * step / run.n_texts, "final_loss": float(last.get("loss", float("nan"))),
+                      "forwards_counted": len(seen), "compiled_graphs": compiled_graphs}))
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict:

@@ -46,7 +46,15 @@ def _read_cache(cache_file: str) -> dict[str, Any]:
 def file_digests(paths: Iterable[os.PathLike | str], cache_file: os.PathLike | str) -> dict[str, str]:
     """``{path: sha256}`` of each file, the digests kept in ``cache_file`` under the file's real path and its (size,
     mtime_ns, inode, ctime_ns): a file whose four values are unchanged is not read again."""
-    from pretrain.training.checkpoint import file_digest
+    import hashlib
+
+    def file_digest(path: str, chunk: int = 1 << 22) -> str:  # sha256 of a file (hex)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(chunk), b""):
+                h.update(block)
+        return h.hexdigest()
+
     from pyterrier_cpdae._files import write_json_atomic
 
     cache_file = str(cache_file)

@@ -380,10 +380,10 @@ def work_of(cfg: dict[str, Any], tp: Throughput, *, wiki_texts: int = WIKI_TEXTS
         if stage.kind != "pretrain":
             continue
         f = _flags(stage.argv)
-        batch, length = int(f["batch_size"]), int(f["max_length"])
+        batch, length = int(f["global_batch_size"]), int(f["max_length"])
         max_steps = int(f.get("max_steps", -1) or -1)
         texts = wiki_texts if int(f.get("max_docs", -1)) < 0 else min(wiki_texts, int(f["max_docs"]))
-        steps = max_steps if max_steps > 0 else math.ceil(texts * float(f.get("epochs", 1)) / batch)
+        steps = max_steps if max_steps > 0 else math.ceil(texts * float(f.get("num_train_epochs", 1)) / batch)
         sequences = steps * batch * stage.sequences_per_step
         sec = sequences * tp.sequence_seconds(f["objective"], length, notes)
         if name.startswith("select:"):  # the candidates of one selection: one row

@@ -88,7 +88,7 @@ def run_pilot(scale: str, work_dir: Path, out: Path, sizes: Optional[str] = None
     pre = cfg["pretrain"]
 
     def pretrain_stage(name: str, args: dict[str, Any]) -> Stage:
-        st = Stage(name, "pretrain", to_argv({**args, "output": str(pw / name.replace(":", "_"))}),
+        st = Stage(name, "pretrain", to_argv({**args, "output_dir": str(pw / name.replace(":", "_"))}, trainer=True),
                    pw / name.replace(":", "_"))
         runner.run(st)
         return st
@@ -137,7 +137,7 @@ def run_pilot(scale: str, work_dir: Path, out: Path, sizes: Optional[str] = None
             # the key order of Plan's continue:<objective> stage, so that equal runs have equal commands
             args = {"objective": objective, "model": str(base.output), **pre["continue"], "max_steps": L}
             proto = plan.stages.get(f"continue:{objective}")
-            if proto is not None and to_argv({**args, "output": str(proto.output)}) == proto.argv:
+            if proto is not None and to_argv({**args, "output_dir": str(proto.output)}, trainer=True) == proto.argv:
                 main_runner.run(proto)  # the same run as the protocol's own stage: run (or reuse) it once
                 model = str(proto.output)
             else:

@@ -43,8 +43,8 @@ class Plan:
         self.stages: dict[str, Stage] = {}
         base = pre.get("base")
         if base:
-            self.base_model = str(base["output"])
-            self._add(Stage("base", "pretrain", to_argv(base), Path(base["output"]),
+            self.base_model = str(base["output_dir"])
+            self._add(Stage("base", "pretrain", to_argv(base, trainer=True), Path(base["output_dir"]),
                             _sequences_per_text(base["objective"])))
         else:  # the paper scale: BERT itself is the starting point
             self.base_model = pre["base_model"]
@@ -61,10 +61,10 @@ class Plan:
                 chosen = chosen_setting(self, extra["select"])
             args = {"objective": extra["objective"], "model": self.base_model, **pre["continue"],
                     **{k: v for k, v in extra.items() if k not in ("objective", "select")}, **chosen,
-                    "output": str(under_work(self, "pretrain", name, what=f"the objective {name!r}"))}
-            self._add(Stage(f"continue:{name}", "pretrain", to_argv(args), Path(args["output"]),
+                    "output_dir": str(under_work(self, "pretrain", name, what=f"the objective {name!r}"))}
+            self._add(Stage(f"continue:{name}", "pretrain", to_argv(args, trainer=True), Path(args["output_dir"]),
                             _sequences_per_text(extra["objective"]), needs=needs))
-            self.pretrained[name] = args["output"]
+            self.pretrained[name] = args["output_dir"]
         self.models = list(self.pretrained)  # bert first, then the config's order (core rows first)
         self.finetuned: dict[str, dict[str, str]] = {s: {} for s in cfg["finetune_sets"]}
         #: set -> model -> [(seed, checkpoint)], the first seed first (a set without "seeds": [(None, checkpoint)])

@@ -18,7 +18,6 @@ choice is written to ``<work>/select/<key>.json`` (with every candidate's curve)
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -54,13 +53,13 @@ def add_selection_stages(plan: Any, key: str) -> None:
     if not sel.get("candidates"):
         raise ValueError(f"selection.{key}: no candidates")
     base = {"objective": sel["objective"], "model": plan.base_model, **plan.cfg["pretrain"]["continue"],
-            "max_steps": int(sel["max_steps"]), "logging_steps": int(sel.get("logging_steps", 1)), "report_to": "csv"}
+            "max_steps": int(sel["max_steps"]), "logging_steps": int(sel.get("logging_steps", 1)), "report_to": "none"}
     names = []
     for i, cand in enumerate(sel["candidates"]):
         out = under_work(plan, "select", key, f"c{i}", what=f"the selection {key!r}")
-        args = {**base, **cand, "output": str(out)}
+        args = {**base, **cand, "output_dir": str(out)}
         name = f"select:{key}:c{i}"
-        plan._add(Stage(name, "pretrain", to_argv(args), out, _sequences_per_text(sel["objective"]),
+        plan._add(Stage(name, "pretrain", to_argv(args, trainer=True), out, _sequences_per_text(sel["objective"]),
                         needs=["base"] if "base" in plan.stages else []))
         names.append(name)
     plan.selections[f"select:{key}"] = {"key": key, "needs": names, "file": selection_file(plan, key), "config": sel}
@@ -82,7 +81,7 @@ def selection_done(plan: Any, name: str) -> bool:
 
 #: Options a candidate may set for its own selection run only (e.g. a longer run than the other candidates'): they
 #: shape how the candidate is tried, not the setting, so the objective that reads the choice keeps the protocol's.
-RUN_ONLY_OPTIONS = ("max_steps", "epochs", "logging_steps", "save_steps")
+RUN_ONLY_OPTIONS = ("max_steps", "num_train_epochs", "logging_steps", "save_steps")
 
 
 def chosen_setting(plan: Any, key: str) -> dict[str, Any]:
@@ -95,20 +94,22 @@ def chosen_setting(plan: Any, key: str) -> dict[str, Any]:
     return {k: PLACEHOLDER.format(name=f"select:{key}") for k in keys}
 
 
-def l_cl_curve(metrics_csv: Path, m: int, reduction: str = "mean") -> list[tuple[int, float]]:
-    """``(step, L_CL per anchor)`` from a run's ``logs/metrics.csv`` (the ``cl`` column; ÷ m for the sum reduction).
+def l_cl_curve(run: Path, m: int, reduction: str = "mean") -> list[tuple[int, float]]:
+    """``(step, L_CL per anchor)`` from a run's log history (its ``trainer_state.json``: the ``cl`` term; ÷ m for the
+    sum reduction).
 
     Raises:
-        ValueError: if the log has no ``cl`` column (not a contrastive CPDAE run) or no logged value.
+        ValueError: if the log has no ``cl`` term (not a contrastive CPDAE run) or no logged value.
     """
-    with open(metrics_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
+    from pretrain.analysis.loss_curves import read_metrics
+
+    rows = read_metrics(str(run))
     if not rows or "cl" not in rows[0]:
-        raise ValueError(f"{metrics_csv}: no 'cl' column (the per-term log of a contrastive CPDAE run)")
+        raise ValueError(f"{run}: no 'cl' term in the log history (the per-term log of a contrastive CPDAE run)")
     scale = 1.0 / m if reduction == "sum" else 1.0
-    out = [(int(float(r["step"])), float(r["cl"]) * scale) for r in rows if r.get("cl") not in (None, "", "nan")]
+    out = [(int(r["step"]), float(r["cl"]) * scale) for r in rows if "cl" in r and math.isfinite(r["cl"])]
     if not out:
-        raise ValueError(f"{metrics_csv}: no logged L_CL value")
+        raise ValueError(f"{run}: no logged L_CL value")
     return out
 
 
@@ -148,7 +149,7 @@ def run_selection(plan: Any, name: str, log: Callable[[str], None] = print) -> d
         stage = plan.stages[n]
         cfg = json.loads((stage.output / "run_config.json").read_text())["config"]
         m = int(cfg["batch_size"])
-        curve = l_cl_curve(stage.output / "logs" / "metrics.csv", m, cfg.get("cl_reduction", "mean"))
+        curve = l_cl_curve(stage.output, m, cfg.get("cl_reduction", "mean"))
         bound = math.log(2 * m - 1)
         cands.append({"setting": sel["candidates"][i], "stage": n, "m": m, "ln_2m_minus_1": bound, "ln_m": math.log(m),
                       "l_cl_first": curve[0][1], "l_cl_end": curve_end(curve), "drop": bound - curve_end(curve),

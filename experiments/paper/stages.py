@@ -6,7 +6,7 @@ start-ups: same argument parsing and code). A stage is *done* when its output di
 what ``python -m pretrain`` writes at the end of a run (the exported ``config.json`` beside a
 ``run_config.json`` for pre-training; ``reproduction.json`` with ``finished: true`` for fine-tuning)
 **and** the recorded options equal the stage's command (compared by ``pretrain``'s own parser and
-:func:`pretrain.config.resume_conflicts`, the check ``--resume`` itself makes). A stage directory
+:data:`pretrain.training.run_dir.RESUMABLE`, the check ``--resume_from_checkpoint`` itself makes). A stage directory
 holding the same run unfinished is resumed with ``--resume``; one holding a different run is refused.
 Each finished stage's command, wall time and (pre-training) encoder sequences are recorded in
 ``<work>/stages/<stage>.json``.
@@ -30,10 +30,8 @@ from .config import ROOT
 RUNNING_WINDOW_S = 600
 #: Options of a pre-training run that may differ between the recorded run and the stage's command (they do
 #: not change what is trained). Stricter than ``--resume``'s own list: a run with other steps is another run.
-#: Options that may differ on ``--resume`` (pretrain.config.RESUME_MUTABLE_OPTIONS) but decide when a run is
-#: finished: a finished run with other values is never taken as done; it is resumed, and ``--resume`` continues it
-#: only where that gives the run asked for (pretrain.training.optim.check_resume_length), else refuses in one line and the
-#: stage fails naming it.
+#: Options that may differ on a resume (pretrain.training.run_dir.RESUMABLE) but decide when a run is
+#: finished: a finished run with other values is never taken as done; it is resumed to the new length.
 LENGTH_OPTIONS = ("max_steps", "epochs", "num_train_epochs", "mining_rounds")
 
 
@@ -42,17 +40,18 @@ class StageError(RuntimeError):
     names the stage; ``python -m experiments.paper`` prints it without a traceback and exits 1)."""
 
 
-def to_argv(args: dict[str, Any]) -> list[str]:
-    """``{"max_steps": 4, "new_mlm_head": True}`` -> ``["--max-steps", "4", "--new-mlm-head"]`` (order kept)."""
+def to_argv(args: dict[str, Any], trainer: bool = False) -> list[str]:
+    """``{"max_steps": 4, "new_mlm_head": True}`` -> ``["--max-steps", "4", "--new-mlm-head"]`` (order kept);
+    ``trainer``: the Hugging Face Trainer's spelling (``--max_steps 4 --new_mlm_head``, a false flag as ``--x false``)."""
     argv: list[str] = []
     for k, v in args.items():
         if v is None:
             continue
-        flag = "--" + k.replace("_", "-")
+        flag = "--" + (k if trainer else k.replace("_", "-"))
         if v is True:
             argv.append(flag)
         elif v is False:
-            argv.append("--no-" + k.replace("_", "-"))
+            argv += [flag, "false"] if trainer else ["--no-" + k.replace("_", "-")]
         else:
             argv += [flag, str(v)]
     return argv
@@ -75,12 +74,11 @@ class Stage:
 
     # ------------------------------------------------------------------ state
     def _parsed(self) -> Any:
-        from pretrain.config import parse_config
         if self.kind == "finetune":
             from pretrain.finetune.train import recorded_options
             return recorded_options(self.argv[1:])
-        from pretrain.config import PretrainConfig
-        return parse_config(PretrainConfig, self.argv)
+        from pretrain.arguments import parse_args, run_config
+        return run_config(*parse_args(self.argv))
 
     def _recorded(self) -> Optional[dict[str, Any]]:
         f = self.output / ("reproduction.json" if self.kind == "finetune" else "run_config.json")
@@ -92,8 +90,6 @@ class Stage:
     def _compare(self, rec: Optional[dict[str, Any]]) -> tuple[list[str], bool]:
         """(options that make the recorded run another run, whether it was asked for another length: steps,
         epochs, mining rounds), with the command parsed once."""
-        from pretrain.config import resume_conflicts
-        from pretrain.training.run_dir import config_dict
         if rec is None:
             return [], False
         if self.kind == "finetune":
@@ -102,9 +98,11 @@ class Stage:
             other_length = any(previous.get(k) != current.get(k) for k in LENGTH_OPTIONS if k in previous or k in current)
             return sorted(k for k in set(previous) | set(current)
                           if k not in RESUME_MUTABLE and previous.get(k) != current.get(k)), other_length
-        previous, current = rec.get("config", {}), config_dict(self._parsed())
+        from pretrain.training.run_dir import RESUMABLE
+        previous, current = rec.get("config", {}), self._parsed().options()
+        conflicts = sorted(k for k in set(previous) & set(current) - RESUMABLE if previous[k] != current[k])
         other_length = any(k in previous and k in current and previous[k] != current[k] for k in LENGTH_OPTIONS)
-        return resume_conflicts(previous, current), other_length
+        return conflicts, other_length
 
     def differences(self) -> list[str]:
         """Options whose recorded value differs from this stage's command (empty if nothing is recorded)."""
@@ -295,7 +293,8 @@ class Runner:
             raise StageError(f"stage {stage.name}: {stage.output} is unfinished and {who}. Wait for it to finish "
                              f"(a run started outside this pipeline and killed is resumed with --resume once it has "
                              f"not been written to for {RUNNING_WINDOW_S} s).")
-        argv = stage.argv + (["--resume"] if state == "resume" else [])
+        resume = ["--resume_from_checkpoint", "true"] if stage.kind == "pretrain" else ["--resume"]
+        argv = stage.argv + (resume if state == "resume" else [])
         self.log(f"[{stage.name}] {'resuming' if state == 'resume' else 'running'}: python -m pretrain "
                  + " ".join(shlex.quote(a) for a in argv))
         stage.output.parent.mkdir(parents=True, exist_ok=True)

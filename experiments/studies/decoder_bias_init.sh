@@ -18,9 +18,9 @@ export TOKENIZERS_PARALLELISM=false
 mkdir -p runs
 for init in zero prior; do
   python -m pretrain --objective cpdae --model "$MINILM" --new-mlm-head --decoder-bias-init "$init" \
-      --corpus "$WIKI" --max-docs 1000 --max-length 128 --batch-size 8 --learning-rate "$LR" \
-      --max-steps "$STEPS" --logging-steps 1 --save-steps "$STEPS" --seed 42 --cpu \
-      --output "runs/bias_init_$init" --overwrite 2> "runs/bias_init_$init.log"
+      --corpus "$WIKI" --max-docs 1000 --max-length 128 --global_batch_size 8 --learning-rate "$LR" \
+      --max-steps "$STEPS" --logging-steps 1 --save-steps "$STEPS" --seed 42 --use_cpu \
+      --output_dir "runs/bias_init_$init" --overwrite_output_dir 2> "runs/bias_init_$init.log"
   rm -rf "runs/bias_init_${init}_vaswani"
   python experiments/main.py --dataset "trec:$VASWANI" --model "runs/bias_init_$init" --pooling cls --no-normalize \
       --doc-max-length 128 --work-dir "runs/bias_init_${init}_vaswani" --results-dir "runs/bias_init_${init}_vaswani/results" \
@@ -35,7 +35,7 @@ import platform, sys
 import numpy as np
 import pandas as pd
 from pyterrier_cpdae import CPDAE, load_dataset
-from pretrain.logging_utils import read_metrics
+from pretrain.analysis.loss_curves import read_metrics
 
 out, steps, lr, minilm, vaswani = sys.argv[1:]
 docs = [d["text"] for _, d in zip(range(256), load_dataset(f"trec:{vaswani}").get_corpus_iter())]
@@ -48,7 +48,7 @@ def collapse(path):
 
 rows = []
 for init in ("zero", "prior"):
-    m = pd.DataFrame(read_metrics(f"runs/bias_init_{init}/logs/metrics.csv"))
+    m = pd.DataFrame(read_metrics(f"runs/bias_init_{init}"))
     t = pd.read_csv(f"runs/bias_init_{init}_vaswani/results/table.csv").iloc[1]
     first, last = m.head(20).mean(numeric_only=True), m.tail(20).mean(numeric_only=True)
     rows.append({"decoder bias init": init,

@@ -5,7 +5,7 @@
 # loss_curves.png, summary.md, run_info.txt) and experiments/results/pretrain_smoke_vaswani/
 # (table.md, table.csv); weights stay in runs/ (git-ignored).
 #   bash experiments/studies/pretrain_smoke.sh [tiny|minilm|vaswani|all]      (default: all)
-# A CPU-only machine is expected (--cpu is passed); the runs take minutes each on 2 cores.
+# A CPU-only machine is expected (--use_cpu is passed); the runs take minutes each on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHICH="${1:-all}"
@@ -30,8 +30,8 @@ run_and_record() {  # name title: runs "${CMD[@]}" and records it under experime
   { echo "machine: $MACHINE (load from other jobs: $(cut -d' ' -f1-3 /proc/loadavg) at the end)"
     echo "wall time (incl. tokenizing the corpus and export): $((SECONDS - start)) s"
     echo "last progress bar:"; tr '\r' '\n' < "$log" | grep '^train:' | tail -n 1 || true; } > "$dest/run_info.txt"
-  # copies metrics.csv, plots every component (loss_curves.png), writes summary.md (first vs last 20 steps)
-  python -m pretrain.logging_utils "$RUNS/pretrain_smoke_$1" "$dest" --window 20 --title "$2"
+  # copies the log rows (trainer_state.json), plots every component (loss_curves.png), writes summary.md (first vs last 20 steps)
+  python -m pretrain.analysis.loss_curves "$RUNS/pretrain_smoke_$1" "$dest" --window 20 --title "$2"
   if grep -q '| NO |' "$dest/summary.md"; then
     echo "WARNING: a loss component of run $1 did not fall (see $dest/summary.md)" >&2
   fi
@@ -42,8 +42,8 @@ if [[ "$WHICH" == tiny || "$WHICH" == all ]]; then
   # lr 2e-3 and 1000 steps: the decoder first learns only the unigram prior (~150 steps, L_CL flat at ln(2m-1));
   # L_CL starts to fall once the [CLS] carries text-specific words (~250 steps; experiments/results/rec_reduction.md)
   CMD=(python -m pretrain --objective cpdae --decoder-bias-init zero --model "$MINILM" --from-config experiments/configs/tiny-bert.json
-       --corpus "$WIKI" --max-docs 2000 --max-length 64 --batch-size 8 --learning-rate 2e-3
-       --max-steps 1000 --logging-steps 1 --save-steps 500 --seed 42 --cpu --output "$RUNS/pretrain_smoke_tiny" --overwrite)
+       --corpus "$WIKI" --max-docs 2000 --max-length 64 --global_batch_size 8 --learning-rate 2e-3
+       --max-steps 1000 --logging-steps 1 --save-steps 500 --seed 42 --use_cpu --output_dir "$RUNS/pretrain_smoke_tiny" --overwrite_output_dir)
   run_and_record tiny "cpdae smoke run: tiny BERT from config (1000 steps, batch 8, len 64, lr 2e-3)"
 fi
 
@@ -53,9 +53,9 @@ if [[ "$WHICH" == minilm || "$WHICH" == all ]]; then
   # for ~350 steps, then falls (recorded run: 1000 steps at lr 2e-4, ~25 min); MINILM_STEPS / MINILM_LR override.
   MINILM_STEPS="${MINILM_STEPS:-1000}" MINILM_LR="${MINILM_LR:-2e-4}"
   CMD=(python -m pretrain --objective cpdae --decoder-bias-init zero --model "$MINILM" --new-mlm-head
-       --corpus "$WIKI" --max-docs 1000 --max-length 128 --batch-size 8 --learning-rate "$MINILM_LR"
-       --max-steps "$MINILM_STEPS" --logging-steps 1 --save-steps 100 --seed 42 --cpu
-       --output "$RUNS/pretrain_smoke_minilm" --overwrite)
+       --corpus "$WIKI" --max-docs 1000 --max-length 128 --global_batch_size 8 --learning-rate "$MINILM_LR"
+       --max-steps "$MINILM_STEPS" --logging-steps 1 --save-steps 100 --seed 42 --use_cpu
+       --output_dir "$RUNS/pretrain_smoke_minilm" --overwrite_output_dir)
   run_and_record minilm "cpdae smoke run: all-MiniLM-L6-v2 + new MLM head ($MINILM_STEPS steps, batch 8, len 128, lr $MINILM_LR)"
 fi
 

@@ -46,17 +46,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from pretrain.cli import load_model_and_tokenizer, pretrain
-from pretrain.config import PretrainConfig
+from pretrain.cli import load_model_and_tokenizer, main as cli_main
+from pretrain.arguments import RunConfig, parse_args as pretrain_args, run_config as flat_config
 from pretrain.data.blocks import pack_texts
 from pretrain.data.corpus import TokenCache, iter_texts
-from pretrain.logging_utils import cl_band_batch, plot_metrics, summarize_metrics
+from pretrain.analysis.loss_curves import cl_band_batch, plot_metrics, summarize_metrics
 from pretrain.model.losses import info_nce, pairwise_js, rec_loss, word_distribution
 from pretrain.data.masking import bag_of_words
 from pretrain.model.modeling import CPDAEDecoder, load_mlm_model, mlm_head
 from pretrain.objectives import build_objective
 from pretrain.objectives.cpdae import CPDAEObjective
-from pretrain.training.sampler import GlobalBatchSampler
 
 COMPONENTS = ("rec", "mlm", "cl")
 
@@ -88,18 +87,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_config(args: argparse.Namespace, reduction: str) -> PretrainConfig:
-    """The ``python -m pretrain`` options of the run with this reduction."""
-    return PretrainConfig(
-        objective="cpdae", model=args.model, from_config=args.from_config or None, new_mlm_head=not args.from_config,
-        corpus=args.corpus, max_docs=args.max_docs, max_length=args.max_length, cache_dir=args.cache_dir,
-        batch_size=args.batch_size, learning_rate=args.learning_rate, max_steps=args.steps, logging_steps=1,
-        save_steps=1000, save_total_limit=1, seed=args.seed, rec_reduction=reduction,
-        decoder_bias_init="zero",  # as recorded (initial_objective below builds the zero-bias decoder too)
-        output=os.path.join(args.runs, reduction), overwrite=True)
+def run_argv(args: argparse.Namespace, reduction: str) -> list[str]:
+    """The ``python -m pretrain`` command line of the run with this reduction."""
+    return ["--objective", "cpdae", "--model", args.model, *(["--from_config", args.from_config] if args.from_config
+                                                             else ["--new_mlm_head"]),
+            "--corpus", args.corpus, "--max_docs", str(args.max_docs), "--max_length", str(args.max_length),
+            "--cache_dir", args.cache_dir, "--global_batch_size", str(args.batch_size),
+            "--learning_rate", str(args.learning_rate), "--max_steps", str(args.steps), "--logging_steps", "1",
+            "--save_steps", "1000", "--save_total_limit", "1", "--seed", str(args.seed), "--report_to", "none",
+            "--rec_reduction", reduction,
+            "--decoder_bias_init", "zero",  # as recorded (initial_objective below builds the zero-bias decoder too)
+            "--output_dir", os.path.join(args.runs, reduction), "--overwrite_output_dir"]
 
 
-def initial_objective(config: PretrainConfig) -> CPDAEObjective:
+def run_config(args: argparse.Namespace, reduction: str) -> RunConfig:
+    """The flat options of the run with this reduction."""
+    return flat_config(*pretrain_args(run_argv(args, reduction)))
+
+
+def initial_objective(config: RunConfig) -> CPDAEObjective:
     """The objective as :func:`pretrain.cli.pretrain` initialises it (same seed, same weights)."""
     from accelerate.utils import set_seed
 
@@ -108,7 +114,7 @@ def initial_objective(config: PretrainConfig) -> CPDAEObjective:
     return build_objective("cpdae", model, tokenizer, config)
 
 
-def trained_objective(config: PretrainConfig, tokenizer: Any) -> CPDAEObjective:
+def trained_objective(config: RunConfig, tokenizer: Any) -> CPDAEObjective:
     """The objective rebuilt from a finished run's export (encoder + MLM head, and decoder)."""
     obj = build_objective("cpdae", load_mlm_model(config.output), tokenizer, config)
     obj.decoder.load_state_dict(CPDAEDecoder.from_pretrained(config.output).state_dict())
@@ -198,11 +204,11 @@ def probes(obj: CPDAEObjective, blocks: list[list[int]], seed: int, batch_size: 
             "twin_acc_cls": float((sim_cls.masked_fill(eye, float("-inf")).argmax(1) == twin).float().mean())}
 
 
-def first_batch(config: PretrainConfig, obj: CPDAEObjective) -> tuple[dict[str, torch.Tensor], TokenCache]:
+def first_batch(config: RunConfig, obj: CPDAEObjective) -> tuple[dict[str, torch.Tensor], TokenCache]:
     """The first training batch of the runs' data order (masked with a fixed generator), and the token cache."""
     cache = TokenCache.build_or_load(config.corpus, obj.tokenizer, config.max_length, config.cache_dir,
                                      max_docs=config.max_docs)
-    order = list(GlobalBatchSampler(len(cache), config.batch_size, seed=config.seed))[:config.batch_size]
+    order = torch.randperm(len(cache), generator=torch.Generator().manual_seed(config.seed))[:config.batch_size].tolist()
     obj.mask_generator = torch.Generator().manual_seed(config.seed)
     batch = obj.collate([cache[i] for i in order])
     obj.mask_generator = None
@@ -226,11 +232,11 @@ def main(argv: list[str] | None = None) -> str:
             results["(unigram prior)"] = {"probes": {"r_precision": prior_r_precision(obj0, blocks,
                                                                                       cache.document_frequency())}}
         t0 = time.time()
-        pretrain(config)
+        cli_main(run_argv(args, red))
         seconds = time.time() - t0
         obj = trained_objective(config, obj0.tokenizer)
         results[red] = {"init_grads": init_grads, "end_grads": gradient_norms(obj, batch), "seconds": seconds,
-                        "curves": summarize_metrics(os.path.join(config.output, "logs", "metrics.csv"), args.window),
+                        "curves": summarize_metrics(config.output, args.window),
                         "probes": probes(obj, blocks, args.seed)}
         print(red, results[red], flush=True)
     text = report(args, argv, results)
@@ -242,7 +248,7 @@ def main(argv: list[str] | None = None) -> str:
         stem = os.path.splitext(args.out)[0]
         reductions = [r for r in results if not r.startswith("(")]
         for red in reductions:
-            plot_metrics(os.path.join(run_config(args, red).output, "logs", "metrics.csv"), f"{stem}_{red}.png",
+            plot_metrics(run_config(args, red).output, f"{stem}_{red}.png",
                          title=f"cpdae, --rec-reduction {red}", cl_batch_size=(cl_band_batch(run_config(args, red)) or [None])[0])
     return text
 

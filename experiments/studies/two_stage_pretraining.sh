@@ -9,7 +9,7 @@
 #   bash experiments/studies/two_stage_pretraining.sh [objective] [representation]   (default: retromae cls)
 # Defaults are a CPU-sized example: a tiny random BERT from experiments/configs/tiny-bert.json with
 # MiniLM's tokenizer, 200 + 100 steps (a few minutes on 2 cores). For a real run use
-#   MODEL=bert-base-uncased FROM_CONFIG= STAGE1_STEPS=... STAGE2_STEPS=... and drop --cpu.
+#   MODEL=bert-base-uncased FROM_CONFIG= STAGE1_STEPS=... STAGE2_STEPS=... and drop --use_cpu.
 # To adapt a mean-pooled model (all-MiniLM-L6-v2) without first destroying its representation:
 #   MODEL=<minilm dir> FROM_CONFIG= EXTRA=--new-mlm-head bash experiments/studies/two_stage_pretraining.sh cpdae mean
 set -euo pipefail
@@ -26,14 +26,14 @@ STAGE1_STEPS="${STAGE1_STEPS:-200}" STAGE2_STEPS="${STAGE2_STEPS:-100}"
 if [ "$OBJECTIVE" = retromae ]; then STAGE2_SPAN_WEIGHT="${STAGE2_SPAN_WEIGHT:-1}"; else STAGE2_SPAN_WEIGHT="${STAGE2_SPAN_WEIGHT:-0}"; fi
 SPAN_FORM="${SPAN_FORM:-eq8}"
 export TOKENIZERS_PARALLELISM=false
-COMMON=(--objective "$OBJECTIVE" --representation "$REPRESENTATION" --max-length 64 --batch-size 8
-        --learning-rate 2e-3 --logging-steps 10 --save-steps 100 --seed 42 --cpu --cache-dir "$RUNS/.token_cache")
+COMMON=(--objective "$OBJECTIVE" --representation "$REPRESENTATION" --max-length 64 --global_batch_size 8
+        --learning-rate 2e-3 --logging-steps 10 --save-steps 100 --seed 42 --use_cpu --cache-dir "$RUNS/.token_cache")
 # shellcheck disable=SC2086
 python -m pretrain "${COMMON[@]}" --model "$MODEL" ${FROM_CONFIG:+--from-config "$FROM_CONFIG"} ${EXTRA:-} \
-    --corpus "$WIKI" --max-docs 2000 --max-steps "$STAGE1_STEPS" --output "$RUNS/stage1" --overwrite
+    --corpus "$WIKI" --max-docs 2000 --max-steps "$STAGE1_STEPS" --output_dir "$RUNS/stage1" --overwrite_output_dir
 python -m pretrain "${COMMON[@]}" --model "$RUNS/stage1" --decoder-from "$RUNS/stage1" \
     --span-contrast-weight "$STAGE2_SPAN_WEIGHT" --span-contrast-form "$SPAN_FORM" \
-    --corpus "$TARGET" --max-docs 2000 --max-steps "$STAGE2_STEPS" --output "$RUNS/stage2" --overwrite
+    --corpus "$TARGET" --max-docs 2000 --max-steps "$STAGE2_STEPS" --output_dir "$RUNS/stage2" --overwrite_output_dir
 python - "$RUNS/stage2" "$REPRESENTATION" <<'PY'
 import json, sys
 from pyterrier_cpdae import CPDAE

@@ -389,7 +389,7 @@ def plot_coverage(results: dict[str, dict[str, dict[int, float]]], path: str,
     Returns:
         The PNG's and the SVG's paths.
     """
-    from ..logging_utils import save_figure
+    from .loss_curves import save_figure
 
     return save_figure(draw_coverage(results, title, references, groups), path)
 

@@ -221,8 +221,9 @@ def check_resume_inputs(output: str, current: dict[str, Any]) -> None:
         return
     changes = input_changes(previous, current)
     if changes:
-        raise ValueError(f"--resume refused: the run in {output} was trained on other inputs: {'; '.join(changes)}; "
-                         "restore them, or start a new run (another --output, or --overwrite)")
+        raise ValueError(f"--resume_from_checkpoint refused: the run in {output} was trained on other inputs: "
+                         f"{'; '.join(changes)}; restore them, or start a new run (another --output_dir, or "
+                         "--overwrite_output_dir)")
 
 
 #: fingerprints of serialised fast-tokenizer backends, by the SHA-256 of the serialisation (sorting the ~30k-entry
@@ -295,8 +296,9 @@ def check_output_holds_no_input(output: str, inputs: dict[str, Any]) -> None:
                 same = os.path.realpath(str(path)) == os.path.realpath(output) or (
                     os.path.isdir(path) and os.path.samefile(path, output))
                 where = "is" if same else "holds"
-                raise ValueError(f"--output {output} {where} the run's input {option} {path}; the run would write "
-                                 f"over what it reads (also with --overwrite): choose another --output")
+                raise ValueError(f"--output_dir {output} {where} the run's input {option} {path}; the run would "
+                                 "write over what it reads (also with --overwrite_output_dir): choose another "
+                                 "--output_dir")
 
 
 def own_cache_entries(output: str, cache_dir: Optional[str]) -> set[str]:

@@ -69,7 +69,7 @@ def check_export_finite(directory: str) -> None:
 def finish_export(tmp: str, card: Optional[Callable[[str], object]] = None) -> None:
     """The last steps before an export saved in ``tmp`` is moved into place: :func:`check_export_finite`, then
     ``card(tmp)`` (the card written beside the weights it describes). A training loop that moves the files itself
-    calls this between saving and moving (``pretrain.training.trainer.Trainer.finish_export``)."""
+    calls this between saving and moving (``pretrain.training.trainer.PretrainTrainer.export`` calls :func:`commit_export`)."""
     check_export_finite(tmp)
     if card is not None:
         card(tmp)

@@ -24,7 +24,7 @@ __all__ = ["pretrain_record", "finetune_record", "weights_sha256", "toolkit_info
 
 #: options that say where and how a run was launched, not what was trained: left out of "non-default settings"
 OPERATIONAL = frozenset({"output", "resume", "overwrite", "cache_dir", "report_to", "num_workers", "logging_steps",
-                         "save_steps", "save_total_limit"})
+                         "save_steps", "save_total_limit", "cpu", "grad_accum", "per_device_train_batch_size"})
 REPO = Path(__file__).resolve().parents[2]
 PRETRAINED_ONLY = "A pre-trained (not fine-tuned) encoder"
 
@@ -101,7 +101,14 @@ def command_line(argv: Optional[list[str]], prog: str) -> Optional[str]:
     return None if argv is None else " ".join([prog] + [shlex.quote(a) for a in argv])
 
 
+def _values(config: Any) -> dict[str, Any]:
+    """The options of ``config``: a dataclass or a :class:`pretrain.arguments.RunConfig`."""
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config.options()
+
+
 def _defaults(config: Any) -> dict[str, Any]:
+    if not dataclasses.is_dataclass(config):
+        return dict(config.defaults)
     out = {}
     for f in dataclasses.fields(config):
         if f.default is not dataclasses.MISSING:
@@ -115,7 +122,7 @@ def option_table(config: Any, names: Optional[list[str]] = None) -> list[dict[st
     """``[{"option", "value", "default"}]`` for ``names`` (default: every option whose value is not its default,
     the operational ones aside)."""
     defaults = _defaults(config)
-    values = dataclasses.asdict(config)
+    values = _values(config)
     if names is None:
         names = [k for k in values if k not in OPERATIONAL and values[k] != defaults.get(k)]
     return [{"option": k, "value": values[k], "default": defaults.get(k)} for k in names]
@@ -245,7 +252,7 @@ def _read_json(path: str) -> dict[str, Any]:
 
 def _limitations(kind: str, config: Any, base: dict[str, Any], carried: Optional[dict[str, Any]]) -> list[str]:
     out = []
-    values = dataclasses.asdict(config)
+    values = _values(config)
     if values.get("decoder_bias_init") == "prior":
         out.append("The decoder's output bias starts at the corpus prior (`--decoder-bias-init prior`, the "
                    "toolkit's default): the CPDAE paper does not say how its decoder is initialised (BERT's would be "
@@ -277,14 +284,22 @@ def _limitations(kind: str, config: Any, base: dict[str, Any], carried: Optional
 
 def _common(config: Any, output: str, argv: Optional[list[str]], prog: str, carried: Any,
             pipeline: dict[str, Any], export_dir: Optional[str] = None) -> dict[str, Any]:
-    from ..config import preset_overrides
-    from ..training.run_dir import config_dict
-
-    return {"toolkit": toolkit_info(), "command": command_line(argv, prog), "config": config_dict(config),
+    return {"toolkit": toolkit_info(), "command": command_line(argv, prog), "config": _values(config),
             "non_default": option_table(config), "preset": getattr(config, "preset", None),
-            "preset_overrides": {k: {"preset": p, "value": v} for k, (p, v) in preset_overrides(config).items()},
+            "preset_overrides": {k: {"preset": p, "value": v} for k, (p, v) in _preset_overrides(config).items()},
             "encoder": {**encoder_settings(export_dir or output), "pipeline": pipeline["note"]},
             "carried": carried.describe() if carried else None, "written_at": _now()}
+
+
+def _preset_overrides(config: Any) -> dict[str, tuple[Any, Any]]:
+    """``{option: (the preset's value, the run's)}`` for the options a run set differently from its ``--preset``."""
+    preset = getattr(config, "preset", None)
+    if preset is None:
+        return {}
+    from ..registry import objective_class
+    recipe = objective_class(config.objective).presets.get(preset, {})
+    values = _values(config)
+    return {k: (v, values[k]) for k, v in recipe.items() if k in values and values[k] != v}
 
 
 def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any, model_config: Any,
@@ -293,8 +308,6 @@ def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any
     """The record of a finished pre-training run in ``output`` (its ``run_config.json`` included); the exported
     encoder's settings are read from ``export_dir`` (default ``output``: the export's temporary folder when the card
     is written inside the export, :func:`pretrain.export.commit.commit_export`)."""
-    from ..config import objective_option_names
-
     run = _read_json(os.path.join(output, "run_config.json"))
     trainer, inputs = run.get("trainer", {}), run.get("inputs", {})
     base = _base_model(config.model, config.from_config, model_config)
@@ -309,7 +322,7 @@ def pretrain_record(config: Any, output: str, result: dict[str, Any], cache: Any
     rec = _common(config, output, argv, "python -m pretrain", carried, pipeline, export_dir)
     rec.update({
         "kind": "pretrain", "objective": config.objective, "base_model": base,
-        "objective_options": option_table(config, objective_option_names(type(config))),
+        "objective_options": option_table(config, config.objective_options),
         "data": {"corpus": config.corpus, "corpus_files": len(inputs.get("corpus_files", {})),
                  "corpus_fingerprint": _corpus_fingerprint(inputs.get("corpus_files", {})),
                  "token_cache_checksum": (inputs.get("token_cache") or {}).get("checksum"),
@@ -340,7 +353,6 @@ def finetune_record(cfg: Any, output: str, summary: dict[str, Any], model_config
     import torch
     import transformers
 
-    from ..training.optim import resolve_mixed_precision
 
     args = _read_json(os.path.join(cfg.output, "training_args.json"))
     inputs = args.get("inputs") or {}
@@ -366,7 +378,7 @@ def finetune_record(cfg: Any, output: str, summary: dict[str, Any], model_config
                      "query_max_length": cfg.query_max_length, "doc_max_length": cfg.doc_max_length,
                      "rounds": rounds, **({"round": round_, "init": init} if round_ is not None else {})},
         "session": {"wall_s": wall_s, "hardware": hardware(cfg.cpu, int(os.environ.get("WORLD_SIZE", "1") or 1)),
-                    "mixed_precision": resolve_mixed_precision(cfg.mixed_precision, cfg.cpu),
+                    "mixed_precision": getattr(cfg, "mixed_precision", None),
                     "save_dtype": cfg.save_dtype, "finished_at": _now()},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     })

@@ -37,7 +37,7 @@ def mlm_loss(hidden: torch.Tensor, labels: torch.Tensor, lm_head: Callable[[torc
         lm_head: Maps ``(n, H)`` hidden states to ``(n, |V|)`` logits (e.g. ``BertOnlyMLMHead``).
         num_items: Divide the summed loss by this instead of the local number of masked
             tokens (used to make the loss exact under data parallelism, see
-            :func:`pretrain.training.distributed.global_mean_count`).
+            :func:`pretrain.model.distributed.global_mean_count`).
 
     Returns:
         Scalar float32 loss (mean over masked tokens). A batch without any masked token

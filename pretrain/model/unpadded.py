@@ -34,7 +34,7 @@ attention implementation). Supported: the BERT family as transformers 5 writes i
 ``--unpad on`` runs unpadded on any device (one SDPA per text on the CPU) and refuses an unsupported model;
 ``off`` is the padded path. ``auto`` (the default) picks what is faster on the device at hand: on CUDA the trainer
 times a few forward and backward passes of the first batch on both paths before the run (:data:`PROBE_DEVICES`,
-:mod:`pretrain.training.path_probe`; results unchanged: the random states and the weights are restored) and keeps
+:mod:`pretrain.model.path_probe`; results unchanged: the random states and the weights are restored) and keeps
 the faster one; elsewhere it is the padded path (on the CPU packed rows measured 1.2-1.6x slower at 128 tokens
 and even at 512: ``experiments/results/bench_unpad_cpu.md``). With a model the unpadded path does not support, ``auto`` stays
 padded without an error.
@@ -111,7 +111,7 @@ def use_unpadded(mode: str, device: torch.device) -> bool:
 
 
 def probe_paths(mode: str, device: torch.device) -> tuple[str, ...]:
-    """The paths the trainer times on the first batch before the run (:mod:`pretrain.training.path_probe`):
+    """The paths the trainer times on the first batch before the run (:mod:`pretrain.model.path_probe`):
     ``("off", "on")`` for an unresolved ``auto`` on a device of :data:`PROBE_DEVICES`, else none (the mode is
     already what runs)."""
     return ("off", "on") if mode == "auto" and device.type in PROBE_DEVICES else ()

@@ -12,7 +12,7 @@ How to add an objective
 
        from dataclasses import dataclass
 
-       from ..config import opt
+       from ..arguments import opt
        from .base import MLMOptions, MaskedViewsMixin, Objective
        from . import register_objective
 
@@ -38,7 +38,7 @@ How to add an objective
                ...
                return {"loss": l_mlm + self.config.my_weight * l_mine, "mlm": l_mlm.detach(), ...}
 
-2. Options are dataclass fields made with :func:`pretrain.config.opt` (default + help text,
+2. Options are dataclass fields made with :func:`pretrain.arguments.opt` (default + help text,
    optional ``choices``); they are flags (``--my-weight``), config-file keys (``my_weight``)
    and attributes of the run's config (``self.config.my_weight``). Inherit the option
    dataclasses of the parts you reuse (:class:`~pretrain.objectives.base.MaskedViewsOptions`,
@@ -71,7 +71,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .. import registry
-from ..config import PretrainConfig
+from ..arguments import RunConfig
 from ..registry import (ENTRY_POINT_GROUP, available_objectives, objective_class,  # noqa: F401 (re-exported)
                         unregister_objective)
 from .base import MaskedViewsMixin, MaskedViewsOptions, MLMOptions, Objective, ObjectiveOptions
@@ -94,7 +94,8 @@ def register_objective(cls: Optional[type[Objective]] = None, *, name: Optional[
             raise ValueError(f"{c.__qualname__} needs a `name` (the value of --objective)")
         if not (dataclasses.is_dataclass(c.Options) and issubclass(c.Options, ObjectiveOptions)):
             raise ValueError(f"{c.__qualname__}.Options must be a @dataclass subclass of ObjectiveOptions")
-        clash = sorted({f.name for f in dataclasses.fields(c.Options)} & {f.name for f in dataclasses.fields(PretrainConfig)})
+        from ..arguments import shared_option_names
+        clash = sorted({f.name for f in dataclasses.fields(c.Options)} & shared_option_names())
         if clash:
             raise ValueError(f"{c.__qualname__}.Options redefines the shared option(s) {', '.join(clash)}; "
                              "choose other names")
@@ -137,7 +138,7 @@ def objective_config(name: str, **values: Any) -> Any:
     import dataclasses
     from types import SimpleNamespace
 
-    from ..config import option_problem
+    from ..arguments import option_problem
 
     fields = {f.name: f for f in dataclasses.fields(objective_class(name).Options)}
     unknown = sorted(set(values) - set(fields) - set(SHARED_SETTINGS))

@@ -21,7 +21,7 @@ The pipeline (:func:`pretrain.cli.pretrain`) also calls the classmethod
 ``Objective.prepare(corpus, config)`` once, before construction, for what the objective
 needs from the tokenised corpus. Each objective declares its options as a dataclass
 (``Objective.Options``, a subclass of :class:`ObjectiveOptions`); the run's config
-(:class:`~pretrain.config.PretrainConfig` of that objective) carries them as attributes.
+(:class:`~pretrain.arguments.RunConfig` of that objective) carries them as attributes.
 
 Shared parts: :class:`MaskedViewsMixin` builds independently masked views of every text
 and computes the MLM term; its options are :class:`MaskedViewsOptions` / :class:`MLMOptions`.
@@ -44,8 +44,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from pyterrier_cpdae.encoder.pooling import pool
 from pyterrier_cpdae.encoder.st_export import base_pipeline, export_pipeline, write_st_config
 
-from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
-from ..training.distributed import global_mean_count
+from ..arguments import RunConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
+from ..model.distributed import global_mean_count
 from ..model.losses import mlm_loss, mlm_loss_selected
 from ..data.masking import continuation_table, mask_rows, mask_tokens, pad_and_add_special, wordpiece_word_ids
 from ..data.packing import pack_rows, packed_from_batch, packed_keys, sequence_bound
@@ -65,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ObjectiveOptions:
-    """Base of every objective's options (a dataclass of :func:`pretrain.config.opt` fields).
+    """Base of every objective's options (a dataclass of :func:`pretrain.arguments.opt` fields).
 
     Holds the options of the add-on terms available to every objective
     (:mod:`pretrain.objectives.contrast`: span contrast, the RetroMAE extension's Eq. 8 or coCondenser's form)."""
@@ -154,7 +154,7 @@ class Objective(nn.Module):
     Args:
         mlm_model: A Hugging Face ``AutoModelForMaskedLM`` model (BERT-like).
         tokenizer: Its tokenizer.
-        config: The run's :class:`~pretrain.config.PretrainConfig`.
+        config: The run's :class:`~pretrain.arguments.RunConfig`.
     """
 
     #: Registry name, e.g. ``"cpdae"``.
@@ -189,7 +189,7 @@ class Objective(nn.Module):
         return " ".join(para.split()).replace("``", "")
 
     @classmethod
-    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
+    def prepare(cls, corpus: Any, config: RunConfig) -> dict[str, Any]:
         """What the objective needs from the tokenised corpus, as keyword arguments of its constructor.
 
         Args:
@@ -207,10 +207,10 @@ class Objective(nn.Module):
         if missing:
             raise ValueError(f"objective {cls.name!r} needs the option(s) {', '.join(missing)}, which the given "
                              f"config ({type(config).__name__}) lacks; build it with "
-                             f"PretrainConfig(objective={cls.name!r}, ...)")
+                             f"RunConfig(objective={cls.name!r}, ...)")
         return super().__new__(cls)
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         if extra:
             raise ValueError(f"objective {self.name!r} got unexpected arguments {sorted(extra)}")

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, NON_NEGATIVE, opt
+from ..arguments import RunConfig, NON_NEGATIVE, opt
 from ..data.masking import bag_of_words
 from ..model.modeling import mlm_head
 from . import register_objective
@@ -107,16 +107,18 @@ class BoWObjective(MaskedViewsMixin, Objective):
     #: "Pre-training with Bag-of-Word Prediction"): bert-base-uncased, --max_seq_length 512 --mlm_probability 0.30
     #: --max_steps 140000 --warmup_steps 4000 --learning_rate 3e-4 --weight_decay 0.01
     #: --per_device_train_batch_size 64 --gradient_accumulation_steps 4 under a plain `torchrun` (one process):
-    #: 256 texts per step. Not expressible here (documented departures): its cosine LR schedule (min ratio 0.1;
-    #: ours decays linearly) and the BoW weight's cosine decay to 0.1 (--bow-weight-schedule: constant or linear to 0).
-    presets = {"paper": {"learning_rate": 3e-4, "batch_size": 256, "max_steps": 140000,
-                         "warmup_ratio": 4000 / 140000, "weight_decay": 0.01, "max_length": 512,
+    #: 256 texts per step, its cosine LR schedule with a floor of 0.1 of the peak (cosine_with_min_lr). Not
+    #: expressible here (a documented departure): the BoW weight's cosine decay to 0.1 (--bow_weight_schedule:
+    #: constant or linear to 0).
+    presets = {"paper": {"learning_rate": 3e-4, "global_batch_size": 256, "max_steps": 140000,
+                         "warmup_steps": 4000, "weight_decay": 0.01, "max_length": 512,
+                         "lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
                          "mlm_probability": 0.3}}
     loss_names = ("mlm", "bow")
     num_views = 1
     ddp_find_unused_parameters = False
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         if config.bow_weight_schedule not in BOW_SCHEDULES:
             raise ValueError(f"unknown bow_weight_schedule {config.bow_weight_schedule!r}; choose one of {BOW_SCHEDULES}")

@@ -58,7 +58,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from ..training.distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
+from ..model.distributed import gather_sizes, gather_with_grad, is_distributed, rank, world_size
 from ..model.losses import info_nce
 from ..data.masking import pad_and_add_special
 
@@ -131,7 +131,7 @@ def paired_info_nce(anchors: torch.Tensor, candidates: torch.Tensor, temperature
 
     ``anchors`` and ``candidates`` are this process's ``(m, H)`` rows (row ``i`` of each is a
     positive pair). The candidates of all processes are gathered with gradients
-    (:func:`pretrain.training.distributed.gather_with_grad`), so ``j`` runs over the global batch; each
+    (:func:`pretrain.model.distributed.gather_with_grad`), so ``j`` runs over the global batch; each
     process returns the mean over its local anchors, which DDP's gradient averaging turns into
     the gradient of the global-batch mean.
 

@@ -27,8 +27,8 @@ from typing import Any, Optional
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, AT_LEAST_1, NON_NEGATIVE, POSITIVE, opt
-from ..training.distributed import world_size
+from ..arguments import RunConfig, AT_LEAST_1, NON_NEGATIVE, POSITIVE, opt
+from ..model.distributed import world_size
 from ..model.losses import pairwise_js, rec_loss, word_distribution
 from ..data.masking import bag_of_words
 from ..model.modeling import CPDAEDecoder, CPDAEDecoderConfig
@@ -81,7 +81,8 @@ class CPDAEOptions(CPDAEContrastOptions):
 
 #: CPDAE (Ma et al., CIKM 2022), Sec. 5.1: continue bert-base-uncased on English Wikipedia for 3 epochs, batch 64,
 #: lr 5e-5, 10% linear warm-up, texts of <= 512 tokens, λ = 0.1; Eq. 5 has no temperature (τ = 1).
-CPDAE_PAPER_TRAINING: dict[str, Any] = {"learning_rate": 5e-5, "batch_size": 64, "epochs": 3.0, "warmup_ratio": 0.1,
+CPDAE_PAPER_TRAINING: dict[str, Any] = {"learning_rate": 5e-5, "global_batch_size": 64, "num_train_epochs": 3.0,
+                                        "warmup_steps": 0.1,
                                         "max_length": 512}
 CPDAE_PAPER_CONTRAST: dict[str, Any] = {"cl_weight": 0.1, "temperature": 1.0}
 
@@ -109,7 +110,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
     use_cl = True
     ddp_find_unused_parameters = False
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  idf: Optional[torch.Tensor] = None, bias_prior: Optional[torch.Tensor] = None, **extra: Any):
         super().__init__(mlm_model, tokenizer, config, **extra)
         if self.contrastive:
@@ -141,7 +142,7 @@ class CPDAEObjective(MaskedViewsMixin, Objective):
         self._set_idf(idf, vocab)
 
     @classmethod
-    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
+    def prepare(cls, corpus: Any, config: RunConfig) -> dict[str, Any]:
         """``bias_prior`` (the corpus log-odds of every token, :func:`pretrain.data.corpus.token_prior_logits`)
         with ``--decoder-bias-init prior``."""
         from ..data.corpus import idf_weights, token_prior_logits

@@ -31,8 +31,8 @@ from typing import Any, Optional
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, POSITIVE, UNIT, opt
-from ..training.distributed import world_size
+from ..arguments import RunConfig, POSITIVE, UNIT, opt
+from ..model.distributed import world_size
 from ..data.masking import pad_and_add_special
 from . import register_objective
 from .base import Objective, ObjectiveOptions
@@ -106,7 +106,7 @@ class ICTObjective(Objective):
     #: Optional generator for the sentence draws (reproducible batches); default: torch's global RNG.
     generator: Optional[torch.Generator] = None
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         super().__init__(mlm_model, tokenizer, config, **extra)
         if not float(config.temperature) > 0:

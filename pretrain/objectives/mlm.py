@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig
+from ..arguments import RunConfig
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective
 
@@ -28,7 +28,7 @@ class MLMObjective(MaskedViewsMixin, Objective):
     num_views = 1
     ddp_find_unused_parameters = False
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, NON_NEGATIVE, POSITIVE, opt
+from ..arguments import RunConfig, NON_NEGATIVE, POSITIVE, opt
 from ..data.masking import mask_rows, mask_tokens, wordpiece_word_ids
 from . import register_objective
 from .base import MaskedViewsMixin, MLMOptions, Objective
@@ -138,7 +138,7 @@ class PROPObjective(MaskedViewsMixin, Objective):
     #: Optional generator for word sets and masking (reproducible batches); default: torch's global RNG.
     mask_generator: Optional[torch.Generator] = None
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  collection_prob: Optional[torch.Tensor] = None, mu: Optional[float] = None,
                  token_frequency: Optional[torch.Tensor] = None, **extra: Any):
         super().__init__(mlm_model, tokenizer, config, **extra)
@@ -179,7 +179,7 @@ class PROPObjective(MaskedViewsMixin, Objective):
         return out
 
     @classmethod
-    def prepare(cls, corpus: Any, config: PretrainConfig) -> dict[str, Any]:
+    def prepare(cls, corpus: Any, config: RunConfig) -> dict[str, Any]:
         """``collection_prob``, ``mu``, ``token_frequency`` (:func:`prop_corpus_statistics`)."""
         return prop_corpus_statistics(corpus)
 

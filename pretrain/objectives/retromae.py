@@ -44,8 +44,8 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, AT_LEAST_1, OPEN_UNIT, opt
-from ..training.distributed import global_mean_count
+from ..arguments import RunConfig, AT_LEAST_1, OPEN_UNIT, opt
+from ..model.distributed import global_mean_count
 from ..model.losses import mlm_loss
 from ..model.heads import register_head_module
 from ..model.modeling import mlm_head
@@ -224,8 +224,8 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
     #: --weight_decay 0.01 --encoder_mlm_probability 0.3 --decoder_mlm_probability 0.5
     #: --per_device_train_batch_size 32 (on "{number of gpus}"), max_seq_length 512 (src/pretrain/arguments.py).
     #: The global batch depends on the GPU count, which the command leaves open: the preset sets 32, i.e. one
-    #: device's batch (--batch-size here is global: multiply it by the number of processes to match).
-    presets = {"paper": {"learning_rate": 1e-4, "batch_size": 32, "epochs": 8.0, "warmup_ratio": 0.1,
+    #: device's batch (--global_batch_size: multiply it by the number of processes to match).
+    presets = {"paper": {"learning_rate": 1e-4, "global_batch_size": 32, "num_train_epochs": 8.0, "warmup_steps": 0.1,
                          "weight_decay": 0.01, "max_length": 512, "encoder_mask_ratio": 0.3,
                          "decoder_mask_ratio": 0.5}}
     loss_names = ("mlm", "rec")
@@ -234,7 +234,7 @@ class RetroMAEObjective(MaskedViewsMixin, Objective):
     #: Optional generator (on the training device) for the decoder masks drawn in forward.
     decoder_mask_generator: Optional[torch.Generator] = None
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         _check_ratio(config.decoder_mask_ratio, "decoder_mask_ratio")
         _check_ratio(config.encoder_mask_ratio, "encoder_mask_ratio")

@@ -43,8 +43,8 @@ from torch import nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, AT_LEAST_1, opt
-from ..training.distributed import global_mean_count
+from ..arguments import RunConfig, AT_LEAST_1, opt
+from ..model.distributed import global_mean_count
 from ..model.losses import mlm_loss
 from ..model.heads import register_head_module
 from . import register_objective
@@ -194,7 +194,7 @@ class SEEDObjective(MaskedViewsMixin, Objective):
     num_views = 1
     ddp_find_unused_parameters = False
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         super().__init__(mlm_model, tokenizer, config, **extra)
         self._mask_setup()

@@ -25,8 +25,8 @@ from typing import Any, Optional
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..config import PretrainConfig, POSITIVE, opt
-from ..training.distributed import world_size
+from ..arguments import RunConfig, POSITIVE, opt
+from ..model.distributed import world_size
 from ..data.masking import pad_and_add_special
 from . import register_objective
 from .base import Objective, ObjectiveOptions
@@ -55,15 +55,15 @@ class SimCSEObjective(Objective):
     #: batch 64, lr 3e-5, max length 32, τ = 0.05 (Appendix A; the authors' run_unsup_example.sh:
     #: --num_train_epochs 1 --per_device_train_batch_size 64 --learning_rate 3e-5 --max_seq_length 32 --temp 0.05,
     #: one process). That script sets no warm-up and no weight decay: Hugging Face Trainer's defaults, 0 and 0.
-    presets = {"paper": {"learning_rate": 3e-5, "batch_size": 64, "epochs": 1.0, "max_length": 32,
-                         "temperature": 0.05, "warmup_ratio": 0.0, "weight_decay": 0.0}}
+    presets = {"paper": {"learning_rate": 3e-5, "global_batch_size": 64, "num_train_epochs": 1.0, "max_length": 32,
+                         "temperature": 0.05, "warmup_steps": 0.0, "weight_decay": 0.0}}
     loss_names = ("cl",)
     needs_mask_token = False
     contrastive = True
     uses_mlm_head = False  # no MLM term: see Objective.uses_mlm_head
     ddp_find_unused_parameters = True  # the MLM head is not used
 
-    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: PretrainConfig,
+    def __init__(self, mlm_model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: RunConfig,
                  **extra: Any):
         super().__init__(mlm_model, tokenizer, config, **extra)
         if not float(config.temperature) > 0:

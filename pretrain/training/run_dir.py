@@ -1,19 +1,16 @@
-"""A run's output directory: the checks before a run writes into it (:func:`check_output_dir`), its exclusive lock
+"""A run's output directory: the checks before a run writes into it (:func:`check_run_dir`), its exclusive lock
 (:func:`hold_output_lock`), its identity while the run writes (:class:`OutputPlace`) and the removal of a previous
-run's files under ``--overwrite``."""
+run's files under ``--overwrite_output_dir`` (:func:`clear_run`)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 from typing import Any, Optional
 
-from .checkpoint import list_checkpoints
-from ..config import check_moved_run, check_same_run
 
-__all__ = ["EXPORT_FILES", "RUN_CONFIG", "config_dict", "check_output_dir", "RunDirectoryError", "OutputPlace",
-           "hold_output_lock"]
+__all__ = ["EXPORT_FILES", "RUN_CONFIG", "RUN_FORMAT", "RESUMABLE", "config_dict", "run_moved", "check_moved_run",
+           "check_run_dir", "clear_run", "RunDirectoryError", "OutputPlace", "hold_output_lock"]
 
 #: Files whose presence means an output directory holds an exported model.
 EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
@@ -22,44 +19,48 @@ RUN_CONFIG = "run_config.json"
 
 # ----------------------------------------------------------------------------- output dir
 def config_dict(config: Any) -> dict[str, Any]:
-    """The options of a run as a plain dict (a dataclass config or a namespace)."""
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+    """The options of a run as a plain dict (a dataclass config, a RunConfig or a namespace)."""
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    return config.options() if callable(getattr(config, "options", None)) else dict(vars(config))
 
 
-def check_output_dir(config: Any, ignore: Any = ()) -> None:
-    """Refuse an output directory that holds a different run, unless ``config.overwrite``; the names in ``ignore``
-    (the run's own token cache, :func:`pretrain.data.inputs.own_cache_entries`) do not count.
+def run_moved(record: dict[str, Any], output: str) -> Optional[str]:
+    """Where the run recorded in ``output`` (its ``run_config.json``, ``record``) was
+    started, when that is another directory than ``output`` (the run was moved or copied there); else ``None``.
 
-    Accepted without ``overwrite``: a missing or empty directory; a directory of the *same*
-    run (same ``run_config.json`` up to :data:`~pretrain.config.RESUME_MUTABLE_OPTIONS`) when resuming, or when
-    it holds neither checkpoints nor an exported model yet.
+    The record's ``output_path`` (the real path of the directory when the run last started) is compared with
+    ``output``'s real path; a record without one compares its ``output`` option as resolved here.
+    """
+    here = os.path.realpath(output)
+    where = record.get("output_path")
+    if not isinstance(where, str):
+        where = (record.get("config") or {}).get("output")
+        if not isinstance(where, str) or os.path.realpath(where) == here:
+            return None
+        return where
+    return None if where == here else where
+
+
+def check_moved_run(record: dict[str, Any], output: str, resume: bool, what: str = "run") -> None:
+    """A run found in another directory than the one it recorded (:func:`run_moved`): continued there with
+    ``--resume_from_checkpoint`` (a warning says from where it was moved), refused without it, naming both places.
 
     Raises:
-        ValueError: naming the directory and the reason.
+        ValueError: the run was moved and ``resume`` is false.
     """
-    out = getattr(config, "output", None)
-    if not out:
-        raise ValueError("no output directory given (--output)")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"output path {out} exists and is not a directory")
-    own = set(ignore)  # the run's own files (its --cache-dir inside --output) are not another run's
-    if not os.path.isdir(out) or not set(os.listdir(out)) - own or config.overwrite:
+    import logging
+
+    moved_from = run_moved(record, output)
+    if moved_from is None:
         return
-    run_cfg = os.path.join(out, RUN_CONFIG)
-    if not os.path.isfile(run_cfg):
-        entries = sorted(set(os.listdir(out)) - own)
-        raise ValueError(f"output directory {out} is not empty and holds no {RUN_CONFIG} (it contains "
-                         f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); refusing to write into it: "
-                         "choose another --output or pass --overwrite")
-    with open(run_cfg) as f:
-        record = json.load(f)
-    check_same_run(record.get("config", {}), config_dict(config), out)
-    check_moved_run(record, out, config.resume)
-    if config.resume:
-        return
-    if list_checkpoints(out) or any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES):
-        raise ValueError(f"output directory {out} already holds checkpoints or an exported model of this run; "
-                         "pass --resume to continue it or --overwrite to start again")
+    if not resume:
+        raise ValueError(f"output directory {output} holds a {what} that was started in {moved_from} (the directory "
+                         f"was moved or copied to {output}); pass --resume_from_checkpoint true to continue it in {output} "
+                         "from its last checkpoint, or --overwrite_output_dir to start it again")
+    logging.getLogger("pretrain").warning(
+        "%s: this %s was started in %s and has been moved (or copied) here: continuing it here from its last "
+        "checkpoint; its record now names %s", output, what, moved_from, os.path.realpath(output))
 
 
 class RunDirectoryError(OSError):
@@ -118,7 +119,8 @@ class OutputPlace:
     def error(self, what: str, problem: str, run: str = "run") -> "RunDirectoryError":
         """The error that stops a run before it writes ``what`` into a directory that is no longer its own."""
         where = self.now_at()
-        advice = (f"continue it there with the same command and --output {where} --resume" if where else
+        advice = (f"continue it there with the same command and --output_dir {where} --resume_from_checkpoint true"
+                  if where else
                   "start it again")
         return RunDirectoryError(f"refusing to write {what}: {problem}; the {run} stops rather than re-create "
                                  f"{self.path} without its {self.marker}. To finish the {run}, {advice}")
@@ -165,3 +167,65 @@ def _clear_previous_run(out: str) -> None:
     if os.path.isfile(os.path.join(out, RUN_CONFIG)):
         os.remove(os.path.join(out, RUN_CONFIG))
     remove_exported_model(out)  # config.json and the weights included
+
+
+# ----------------------------------------------------------------------------- the Trainer's run directory
+#: The marker of a run directory written by the Hugging Face Trainer loop (``run_config.json``'s ``format``).
+RUN_FORMAT = "hf-trainer"
+
+#: Options that may change when a run is resumed: how long it trains, how it runs, where and what it probes.
+RESUMABLE = frozenset({"max_steps", "num_train_epochs", "cache_dir", "unpad", "torch_compile", "use_cpu", "cpu",
+                       "probe", "probe_max_queries", "probe_max_docs", "output", "preset"})
+
+
+def check_run_dir(config: Any, resume: bool, overwrite: bool, own: Any = ()) -> None:
+    """Refuse an output directory the run may not write into: one of the previous format (one line saying what to
+    do), one holding a different run (options differ), or a finished/checkpointed run without ``--resume_from_checkpoint``
+    or ``--overwrite_output_dir``. The names in ``own`` (the run's token cache inside its directory) do not count.
+
+    Raises:
+        ValueError: naming the directory, the reason and what to do.
+    """
+    out = config.output
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--output_dir {out} exists and is not a directory")
+    if not os.path.isdir(out) or not set(os.listdir(out)) - set(own):
+        return
+    record_path = os.path.join(out, RUN_CONFIG)
+    record = None
+    if os.path.isfile(record_path):
+        from pyterrier_cpdae._files import read_config_file
+        record = read_config_file(record_path)
+    if os.path.isdir(os.path.join(out, "checkpoints")) or (record is not None and record.get("format") != RUN_FORMAT):
+        if not overwrite or resume:
+            raise ValueError(f"--output_dir {out} holds a run of the previous format (checkpoints/checkpoint-N, its "
+                             "own options): it cannot be resumed on the Hugging Face Trainer; its exported model still "
+                             "loads: start the run again with --overwrite_output_dir or choose another --output_dir")
+        return
+    if overwrite:
+        return
+    if record is None:
+        entries = sorted(set(os.listdir(out)) - set(own))
+        raise ValueError(f"--output_dir {out} is not empty and holds no {RUN_CONFIG} (it contains "
+                         f"{', '.join(entries[:5])}{', ...' if len(entries) > 5 else ''}); choose another "
+                         "--output_dir or pass --overwrite_output_dir")
+    previous, current = record.get("config", {}), config.options()
+    differ = sorted(k for k in set(previous) & set(current) - RESUMABLE if previous[k] != current[k])
+    if differ:
+        shown = "; ".join(f"--{k}: {previous[k]!r} -> {current[k]!r}" for k in differ)
+        raise ValueError(f"--output_dir {out} holds a different run (options differ: {shown}); choose another "
+                         "--output_dir or pass --overwrite_output_dir to replace it")
+    check_moved_run(record, out, resume)
+    has_run = any(n.startswith("checkpoint-") for n in os.listdir(out)) or \
+        any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES)
+    if has_run and not resume:
+        raise ValueError(f"--output_dir {out} already holds checkpoints or an exported model of this run; pass "
+                         "--resume_from_checkpoint to continue it or --overwrite_output_dir to start again")
+
+
+def clear_run(out: str) -> None:
+    """``--overwrite_output_dir``: remove a previous run's checkpoints, logs, record and exported model."""
+    for name in os.listdir(out) if os.path.isdir(out) else []:
+        if name.startswith("checkpoint-") or name == "runs":
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    _clear_previous_run(out)

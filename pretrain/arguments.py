@@ -1,0 +1,459 @@
+"""The options of ``python -m pretrain``: Hugging Face ``TrainingArguments`` plus our model, data and objective
+dataclasses, parsed with ``transformers.HfArgumentParser``.
+
+Every Trainer option keeps its own name (``--learning_rate`` or ``--learning-rate``, ``--per_device_train_batch_size``,
+``--lr_scheduler_type``, ``--report_to``, ...). Ours: :class:`ModelArguments`, :class:`DataArguments`, the two
+fields :class:`PretrainingArguments` adds to ``TrainingArguments`` (``--global_batch_size``, ``--preset``,
+``--overwrite_output_dir``) and the options of the chosen objective (its ``Objective.Options``; ``python -m pretrain
+--objective X --help`` lists only X's). Precedence: defaults < ``--preset`` < ``--config`` file (YAML/JSON, read by
+the bounded :func:`pyterrier_cpdae._files.read_config_file`: a key given twice is refused) < flags.
+
+An objective is built with a flat :class:`RunConfig` (:func:`run_config`): every option as an attribute, with the
+few run settings the objectives read (``batch_size``: the global batch, ``grad_accum``, ``seed``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from transformers import HfArgumentParser, TrainingArguments
+
+from pyterrier_cpdae._files import short_repr
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- declared checks
+@dataclass(frozen=True)
+class Range:
+    """A numeric option's allowed values: ``[lo, hi]`` (each end open when ``lo_open``/``hi_open``; ``None``:
+    unbounded) or one of ``special`` (``((value, meaning), ...)``)."""
+
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_open: bool = False
+    hi_open: bool = False
+    special: tuple = ()
+
+    def contains(self, value: float) -> bool:
+        if any(value == v for v, _ in self.special):
+            return True
+        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
+            return False
+        return not (self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)))
+
+    def describe(self) -> str:
+        def num(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+        if self.lo is not None and self.hi is not None:
+            text = f"in {'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            text = f"{'>' if self.lo_open else '>='} {num(self.lo)}"
+        else:
+            text = f"{'<' if self.hi_open else '<='} {num(self.hi)}" if self.hi is not None else "any value"
+        return text + (" (or " + ", ".join(f"{v}: {m}" for v, m in self.special) + ")" if self.special else "")
+
+
+#: The largest finite float32: a float option beyond it is finite only until torch converts it.
+FLOAT32_MAX = 3.4028234663852886e38
+POSITIVE = Range(0, lo_open=True)
+LEARNING_RATE = Range(0, 1e6, lo_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_1 = Range(1)
+UNIT = Range(0, 1)
+OPEN_UNIT = Range(0, 1, lo_open=True, hi_open=True)
+
+
+def opt(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its help text and optional ``choices`` and ``check`` (a :class:`Range`)."""
+    metadata = {"help": help}
+    for key in ("choices", "check"):
+        if key in kw:
+            metadata[key] = kw.pop(key)
+    return field(default=default, metadata=metadata, **kw)
+
+
+def flag(name: str) -> str:
+    """``max_length`` -> ``--max_length`` (the parser accepts ``--max-length`` too)."""
+    return "--" + name
+
+
+def option_problem(f: dataclasses.Field, value: Any) -> Optional[str]:
+    """What is wrong with ``value`` for option ``f`` (``None``: nothing)."""
+    if value is None or isinstance(value, bool):
+        return None
+    check: Optional[Range] = f.metadata.get("check")
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number{' ' + check.describe() if check else ''}, got {short_repr(value)}"
+    if isinstance(value, float) and abs(value) > FLOAT32_MAX:
+        return f"must be a number within float32's range (|x| <= {FLOAT32_MAX:.4g}), got {short_repr(value)}"
+    if check is not None and isinstance(value, (int, float)) and not check.contains(value):
+        return f"must be {check.describe()}, got {short_repr(value)}"
+    choices = f.metadata.get("choices")
+    if choices and isinstance(value, str) and value not in choices:
+        return f"must be one of {', '.join(choices)}, got {short_repr(value)}"
+    return None
+
+
+def check_options(*instances: Any) -> None:
+    """Every declared check of the dataclass ``instances``' fields.
+
+    Raises:
+        ValueError: one line naming each offending option.
+    """
+    problems = [f"{flag(f.name)} {p}" for obj in instances for f in dataclasses.fields(obj)
+                if (p := option_problem(f, getattr(obj, f.name))) is not None]
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- our dataclasses
+@dataclass
+class ModelArguments:
+    """What is trained: the objective and the model it starts from."""
+
+    _argument_group_name = "model options"
+
+    objective: str = opt("cpdae", "Pre-training objective (`python -m pretrain --objective X --help` lists X's options).")
+    model: str = opt("bert-base-uncased", "Hugging Face id or directory of a BERT-like masked-LM checkpoint (its "
+                     "tokenizer too).")
+    from_config: Optional[str] = opt(None, "Start from random weights with this HF config (file/dir/id); the tokenizer "
+                                     "still comes from --model.")
+    new_mlm_head: bool = opt(False, "No longer needed: a checkpoint without trained MLM-head weights (e.g. a "
+                             "sentence-transformers model) gets a new head, said in the log.")
+    freeze_encoder: bool = opt(False, "Train only the objective's heads; every encoder parameter stays frozen.")
+    decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the decoder of this exported stage-1 run "
+                                      "(its <dir>/decoder); pass the same directory as --model.")
+    unpad: str = opt("auto", "Run the encoder on packed rows of the real tokens: auto (on CUDA the faster path, timed "
+                     "on the first batch; elsewhere padded), on, off.", choices=["auto", "on", "off"])
+    save_dtype: str = opt("float32", "Dtype of the exported model's weights (training keeps float32).",
+                          choices=["float32", "bfloat16", "float16"])
+
+
+@dataclass
+class DataArguments:
+    """The training corpus and the retrieval probe."""
+
+    _argument_group_name = "data and probe options"
+
+    corpus: Optional[str] = opt(None, "Corpus spec: irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt file (one "
+                                "document per line), or wiki:<dir>.")
+    corpus_fields: Optional[str] = opt(None, "Comma-separated text fields for irds:/jsonl corpora (None: title,text).")
+    max_docs: int = opt(-1, "Read at most this many documents (-1: all).", check=Range(1, special=((-1, "all"),)))
+    max_length: int = opt(512, "Maximum tokens per block, special tokens included.", check=Range(3))
+    cache_dir: Optional[str] = opt(None, "Token cache directory (None: <output_dir>/../.token_cache).")
+    probe: Optional[str] = opt(None, "Retrieval probe run at each evaluation (--eval_strategy steps --eval_steps N): "
+                               "a local dataset folder or an ir_datasets id; logs eval_probe_ndcg_cut_10 and "
+                               "eval_probe_recip_rank_10 (--metric_for_best_model probe_ndcg_cut_10).")
+    probe_max_queries: Optional[int] = opt(None, "Probe at most this many queries.", check=AT_LEAST_1)
+    probe_max_docs: Optional[int] = opt(None, "Probe over at most this many documents.", check=AT_LEAST_1)
+
+
+@dataclass
+class PretrainingArguments(TrainingArguments):
+    """``TrainingArguments`` with our defaults (weight decay 0.01, warm-up 0.1, TensorBoard, checkpoints every 1000
+    steps, two kept) and three options of our own."""
+
+    output_dir: Optional[str] = field(default=None, metadata={"help": "The run directory: checkpoint-N/, logs, the "
+                                                              "exported model (required)."})
+    global_batch_size: Optional[int] = opt(None, "The global batch in texts: each of the N processes gets "
+                                           "global_batch_size / (N x gradient_accumulation_steps) per micro-batch "
+                                           "(sets --per_device_train_batch_size; the same batches under any N).",
+                                           check=AT_LEAST_1)
+    preset: Optional[str] = opt(None, "A named setting of the objective (paper: its paper's settings); a --config "
+                                "file and flags override it.")
+    early_stopping_patience: Optional[int] = opt(None, "Stop after this many evaluations without improvement of "
+                                                 "--metric_for_best_model (transformers' EarlyStoppingCallback; with "
+                                                 "--probe and --load_best_model_at_end).", check=AT_LEAST_1)
+    overwrite_output_dir: bool = opt(False, "Replace a different run in --output_dir (its checkpoints, logs, record "
+                                     "and exported model); other files are kept.")
+    # the Trainer's options whose range we check before anything is written (its own checks come later, or never)
+    learning_rate: float = opt(5e-5, "The peak learning rate.", check=LEARNING_RATE)
+    weight_decay: float = opt(0.01, "AdamW weight decay.", check=NON_NEGATIVE)
+    warmup_steps: float = opt(0.1, "Warm-up steps (a value < 1: a ratio of the run).", check=NON_NEGATIVE)
+    save_steps: float = opt(1000, "Save a checkpoint every N steps.", check=POSITIVE)
+    save_total_limit: Optional[int] = opt(2, "Keep at most this many checkpoints.", check=AT_LEAST_1)
+    logging_steps: float = opt(10, "Log the loss and its terms every N steps.", check=POSITIVE)
+    max_steps: int = opt(-1, "Train this many optimizer steps (-1: --num_train_epochs).",
+                         check=Range(1, special=((-1, "train --num_train_epochs"),)))
+    num_train_epochs: float = opt(3.0, "Passes over the training data.", check=POSITIVE)
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm (0: no clipping).", check=NON_NEGATIVE)
+    gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.", check=AT_LEAST_1)
+    adam_beta1: float = opt(0.9, "AdamW beta1.", check=Range(0, 1, hi_open=True))
+    adam_beta2: float = opt(0.999, "AdamW beta2.", check=Range(0, 1, hi_open=True))
+    adam_epsilon: float = opt(1e-8, "AdamW epsilon.", check=POSITIVE)
+    seed: int = opt(42, "Random seed.", check=Range(0, 2 ** 32 - 1))
+    dataloader_num_workers: int = opt(0, "DataLoader worker processes.", check=NON_NEGATIVE)
+    report_to: Optional[str] = field(default="tensorboard", metadata={"help": "tensorboard, wandb, mlflow, trackio, "
+                                                                       "all or none (comma-separated)."})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "Kept False: the collator reads the rows."})
+    dataloader_drop_last: bool = field(default=True, metadata={"help": "Drop the last incomplete batch."})
+
+    def __post_init__(self) -> None:
+        if not self.output_dir:
+            raise ValueError("--output_dir is required (the run directory: checkpoints, logs, exported model)")
+        check_options(self)
+        if isinstance(self.report_to, str) and "," in self.report_to:
+            self.report_to = [x.strip() for x in self.report_to.split(",") if x.strip()]
+        if self.global_batch_size is not None:
+            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            parts = world * self.gradient_accumulation_steps
+            if self.global_batch_size % parts:
+                raise ValueError(f"--global_batch_size {self.global_batch_size} must be divisible by the number of "
+                                 f"processes x --gradient_accumulation_steps = {world} x "
+                                 f"{self.gradient_accumulation_steps}")
+            self.per_device_train_batch_size = self.global_batch_size // parts
+        super().__post_init__()
+
+
+# ----------------------------------------------------------------------------- the flat run config
+class RunConfig:
+    """Every option of a run as an attribute (what objectives, the collators and the run record read).
+
+    ``batch_size`` is the global batch and ``grad_accum`` the accumulation; ``defaults`` maps each option to its
+    declared default and ``objective_options`` names the objective's own.
+    """
+
+    def __init__(self, values: dict[str, Any], defaults: dict[str, Any], objective_options: list[str]):
+        self.__dict__.update(values)
+        self.defaults = dict(defaults)
+        self.objective_options = list(objective_options)
+
+    def options(self) -> dict[str, Any]:
+        """The options as a plain dict."""
+        return {k: v for k, v in vars(self).items() if k not in ("defaults", "objective_options")}
+
+    def to_json_string(self) -> str:
+        """The options as JSON (what the Trainer's reporting callbacks record of ``model.config``)."""
+        import json
+        return json.dumps(self.options(), indent=2, sort_keys=True, default=str)
+
+    def __repr__(self) -> str:
+        return f"RunConfig(objective={getattr(self, 'objective', None)!r}, ...)"
+
+
+def _plain(value: Any) -> Any:
+    import enum
+
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+#: The TrainingArguments recorded in a run's config (the rest are the Trainer's and stay in its own files).
+RECORDED_TRAINING = ("seed", "learning_rate", "weight_decay", "warmup_steps", "num_train_epochs", "max_steps",
+                     "lr_scheduler_type", "lr_scheduler_kwargs", "max_grad_norm", "optim", "adam_beta1", "adam_beta2",
+                     "adam_epsilon", "gradient_accumulation_steps", "per_device_train_batch_size", "bf16", "fp16",
+                     "use_cpu", "torch_compile", "gradient_checkpointing", "data_seed", "preset")
+
+
+def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments,
+               objective_options: Any) -> RunConfig:
+    """The flat config of a run (see :class:`RunConfig`)."""
+    world = max(1, getattr(training_args, "world_size", 1))
+    grad_accum = training_args.gradient_accumulation_steps
+    values = {**dataclasses.asdict(model_args), **dataclasses.asdict(data_args),
+              **{k: _plain(getattr(training_args, k, None)) for k in RECORDED_TRAINING},
+              **dataclasses.asdict(objective_options)}
+    values.update({"output": training_args.output_dir, "grad_accum": grad_accum, "cpu": bool(training_args.use_cpu),
+                   "batch_size": training_args.per_device_train_batch_size * world * grad_accum})
+    defaults = {**_defaults(ModelArguments), **_defaults(DataArguments), **_defaults(type(objective_options)),
+                **{k: v for k, v in _defaults(type(training_args)).items() if k in RECORDED_TRAINING},
+                "batch_size": _defaults(type(training_args)).get("per_device_train_batch_size")}  # one process
+    return RunConfig(values, defaults, [f.name for f in dataclasses.fields(objective_options)])
+
+
+def shared_option_names() -> set[str]:
+    """The options every run has (ours and ``TrainingArguments``'): an objective's ``Options`` may not redefine them."""
+    return {f.name for cls in (ModelArguments, DataArguments, PretrainingArguments) for f in dataclasses.fields(cls)}
+
+
+def objective_config(objective: str = "cpdae", **values: Any) -> RunConfig:
+    """A :class:`RunConfig` for building objective ``objective`` from Python (tests, notebooks): ``values`` are options
+    of the model, data or objective dataclasses, or ``batch_size`` / ``grad_accum`` / ``seed``.
+
+    Raises:
+        ValueError: an option that none of them has, or a value outside its declared range.
+    """
+    from .registry import objective_class
+
+    options_cls = objective_class(objective).Options
+    run = {k: values.pop(k) for k in ("batch_size", "grad_accum", "seed", "output", "cpu", "learning_rate", "max_steps")
+           if k in values}
+    groups = [ModelArguments, DataArguments, options_cls]
+    parts = []
+    for cls in groups:
+        names = {f.name for f in dataclasses.fields(cls)}
+        parts.append(cls(**{k: values.pop(k) for k in list(values) if k in names},
+                         **({"objective": objective} if cls is ModelArguments else {})))
+    if values:
+        raise ValueError(f"option(s) {', '.join(sorted(values))} are not options of objective {objective!r}")
+    check_options(*parts)
+    config = RunConfig({**dataclasses.asdict(parts[0]), **dataclasses.asdict(parts[1]), **dataclasses.asdict(parts[2]),
+                        "batch_size": 64, "grad_accum": 1, "seed": 42, "output": None, "cpu": True, **run},
+                       {**_defaults(ModelArguments), **_defaults(DataArguments), **_defaults(options_cls)},
+                       [f.name for f in dataclasses.fields(options_cls)])
+    return config
+
+
+# ----------------------------------------------------------------------------- the parser
+class _Parser(HfArgumentParser):
+    """``HfArgumentParser`` that keeps our ``check`` metadata out of argparse and shows each field's default."""
+
+    @staticmethod
+    def _parse_dataclass_field(parser: Any, f: dataclasses.Field) -> None:
+        import copy
+        import types
+
+        meta = {k: v for k, v in f.metadata.items() if k != "check"}
+        if "check" in f.metadata:
+            meta["help"] = f"{meta.get('help', '')} (must be {f.metadata['check'].describe()})"
+        if f.default is not dataclasses.MISSING and "help" in meta and "(default:" not in meta["help"]:
+            meta["help"] = f"{meta['help']} (default: {f.default})"
+        g = copy.copy(f)
+        g.metadata = types.MappingProxyType(meta)
+        HfArgumentParser._parse_dataclass_field(parser, g)
+
+
+DESCRIPTION = """\
+Pre-train a BERT-like encoder for dense retrieval on the Hugging Face Trainer (CPDAE and rival objectives).
+
+usage:
+  python -m pretrain --objective cpdae --model <hf id or dir> --corpus <spec> --output_dir <dir> [Trainer options]
+  python -m pretrain {finetune,inspect,coverage} ...   (see python -m pretrain <subcommand> --help)
+"""
+
+EPILOG = """\
+Every transformers.TrainingArguments option works under its own name, with underscores or dashes
+(--learning_rate or --learning-rate). Options can also come from a YAML/JSON file (--config run.yaml;
+keys are option names); flags override it. --global_batch_size is the batch over all processes.
+
+examples:
+  python -m pretrain --objective cpdae --model bert-base-uncased --corpus wiki:../shared/data/enwiki-sample \\
+      --output_dir runs/cpdae --global_batch_size 64 --max_length 512
+  python -m pretrain --config run.yaml --resume_from_checkpoint runs/cpdae/checkpoint-1000
+  torchrun --nproc_per_node 8 -m pretrain --config run.yaml --global_batch_size 512
+"""
+
+
+def build_parser(objective: str) -> HfArgumentParser:
+    """The parser of ``python -m pretrain --objective <objective>``."""
+    import argparse
+
+    from .registry import available_objectives, objective_class
+
+    found = available_objectives()
+    options = objective_class(objective).Options
+    # each dataclass in its own group of --help; the objective's options under its name and summary
+    options._argument_group_name = f"options of objective {objective!r}: {objective_class(objective).summary()}"
+    width = max(map(len, found), default=0)
+    listing = "objectives (--objective):\n" + "\n".join(f"  {n:<{width}}  {c.summary()}" for n, c in found.items())
+    parser = _Parser([ModelArguments, DataArguments, PretrainingArguments, options],
+                     prog="python -m pretrain", description=DESCRIPTION + "\n" + listing, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser.add_argument("--config", default=None, help="YAML or JSON file of options (option names as keys).")
+    return parser
+
+
+def _dest_types(parser: Any) -> dict[str, Any]:
+    return {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+
+
+def _coerce(action: Any, value: Any, where: str) -> Any:
+    """A value from a config file or preset, typed like the flag ``action`` would type it."""
+    if value is None or isinstance(value, (bool, list, dict)):
+        return value
+    kind = action.type
+    if kind is not None and isinstance(value, str) or (kind in (int, float) and not isinstance(value, kind)):
+        try:
+            value = kind(value) if kind is not None else value
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"option {action.dest!r} in {where}: {short_repr(value)} is not valid ({e})") from None
+    if action.choices and value not in action.choices:
+        raise ValueError(f"option {action.dest!r} in {where} must be one of "
+                         f"{', '.join(map(str, action.choices))}; got {short_repr(value)}")
+    return value
+
+
+def _unknown_message(flags: list[str], objective: str) -> str:
+    """The one line for command-line options the parser does not know: each named, with the objectives that have it."""
+    from .registry import available_objectives
+
+    parts = []
+    for a in flags:
+        name = a.lstrip("-").split("=")[0].replace("-", "_")
+        owners = [o for o, c in available_objectives().items() if name in {f.name for f in dataclasses.fields(c.Options)}]
+        parts.append(f"--{name} (an option of {', '.join(owners)})" if owners else f"{a.split('=')[0]} (no such option)")
+    return (f"unrecognized option(s) for objective {objective!r}: {'; '.join(parts)}; "
+            f"`python -m pretrain --objective {objective} --help` lists its options")
+
+
+def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, PretrainingArguments, Any]:
+    """``argv`` -> (model, data, training, objective options).
+
+    Raises:
+        ValueError: an unknown option (in a file or a preset), a bad value, an unknown objective or preset.
+    """
+    import argparse
+
+    from pyterrier_cpdae._files import read_config_file
+
+    from .registry import available_objectives, objective_class
+
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default=None)
+    pre.add_argument("--objective", default=None)
+    pre.add_argument("--preset", default=None)
+    known, _ = pre.parse_known_args(argv)
+    from_file = read_config_file(known.config, normalize_key=lambda k: k.replace("-", "_")) if known.config else {}
+    objective = known.objective or from_file.get("objective") or ModelArguments.objective
+    if not isinstance(objective, str):  # its type checked before it is looked up (a list is no objective)
+        raise ValueError(f"option 'objective' in the config file {known.config} must be a string, got "
+                         f"{type(objective).__name__} {short_repr(objective)}")
+    if objective not in available_objectives():
+        raise ValueError(f"--objective must be one of {', '.join(available_objectives())}; got {short_repr(objective)}")
+    parser = build_parser(objective)
+    actions = _dest_types(parser)
+    unknown = sorted(set(from_file) - set(actions))
+    if unknown:
+        raise ValueError(f"unknown option(s) in config file {known.config}: {', '.join(unknown)} "
+                         f"(`python -m pretrain --objective {objective} --help` lists the options)")
+    defaults = {k: _coerce(actions[k], v, f"config file {known.config}") for k, v in from_file.items()}
+    preset = known.preset or defaults.get("preset")
+    recipe: dict[str, Any] = {}
+    if preset is not None:
+        presets = objective_class(objective).presets
+        if preset not in presets:
+            raise ValueError(f"unknown preset {preset!r} for objective {objective!r}; "
+                             + (f"its presets: {', '.join(sorted(presets))}" if presets else "it has no presets"))
+        recipe = {k: _coerce(actions[k], v, f"preset {preset!r}") for k, v in presets[preset].items()}
+    parser.set_defaults(**{**recipe, **defaults})
+    rest = parser.parse_known_args(args=argv)[1]  # unknown options named before any dataclass is built
+    if rest:
+        raise ValueError(_unknown_message([a for a in rest if a.startswith("-")] or rest, objective))
+    model_args, data_args, training_args, options = parser.parse_args_into_dataclasses(args=argv)[:4]
+    check_options(model_args, data_args, options)
+    if recipe:
+        given = {**recipe}
+        parsed = {**vars(model_args), **vars(data_args), **vars(options)}
+        shown = ", ".join(f"{k}={v!r}" for k, v in given.items())
+        logger.info("--preset %s of objective %s sets %s", preset, objective, shown)
+        for k, v in given.items():
+            now = parsed.get(k, getattr(training_args, k, v))
+            if now != v and not (k == "report_to"):
+                logger.warning("%s %r overrides the value of --preset %s (%r)", flag(k), now, preset, v)
+    return model_args, data_args, training_args, options
+
+
+__all__ = ["Range", "opt", "flag", "option_problem", "check_options", "ModelArguments", "DataArguments",
+           "PretrainingArguments", "RunConfig", "run_config", "objective_config", "shared_option_names", "build_parser", "parse_args",
+           "POSITIVE", "LEARNING_RATE", "NON_NEGATIVE", "AT_LEAST_1", "UNIT", "OPEN_UNIT", "FLOAT32_MAX"]
