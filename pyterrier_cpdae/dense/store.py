@@ -22,6 +22,9 @@ from .producers import (DEFAULT_PRODUCER_ADVICE, QUERY_PRODUCER_KEYS, check_prod
                         check_query_producer, describe_producer)
 from .ties import largest_norm, settle
 from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
+from . import binary as binary_search
+from . import int8 as int8_search
+from .codes import Codes
 
 #: docnos_of looks each distinct id up once when given more ids than this and than half the documents
 _DISTINCT_FROM = 1024
@@ -44,6 +47,7 @@ class DenseStore:
         # "pinned_refused" -> the build stamp whose page-locked copy the host refused (_pinned_or_pageable)
         self._copies: dict = {}
         self._max_norm: Optional[Tuple[Any, float]] = None  # (build stamp, largest stored norm): see max_norm
+        self._codes: Optional[Tuple[Any, list]] = None  # (build stamp, code parts): see code_parts
 
     def __repr__(self) -> str:
         return f"DenseStore({str(self.path)!r})"
@@ -82,6 +86,7 @@ class DenseStore:
         self._cache = None
         self._copies = {}
         self._max_norm = None
+        self._codes = None
 
     def device_parts(self, device: Any) -> List[Part]:
         """The index's parts as torch tensors held on ``device`` (stored dtype), loaded on first use and kept for
@@ -190,6 +195,28 @@ class DenseStore:
             lookups = [io.open_docnos(path, meta)]
         self._cache = (stamp, meta, parts, lookups)
         return meta, parts, lookups
+
+    def code_parts(self) -> list:
+        """The codes of a compressed index (dtype ``"int8"``/``"binary"``) as parts ``(Codes, offset, stride)``, one
+        per shard like :meth:`open`'s, opened (and their calibration checked against ``pt_meta.json``) on first use
+        and kept while the build is unchanged.
+
+        Raises:
+            ValueError: the index is not compressed, or its codes are missing, truncated or do not match their
+                fingerprint."""
+        meta, parts, _ = self.open()
+        stamp = self._cache[0]
+        if self._codes is not None and self._codes[0] == stamp:
+            return self._codes[1]
+        if meta["dtype"] not in io.COMPRESSED:
+            raise ValueError(f"{self.path} stores dtype={meta['dtype']!r}: it has no codes")
+        if meta.get("layout") == "sharded":
+            dirs = [self.path / io.SHARDS_DIR / str(s) for s in range(int(meta["num_shards"]))]
+        else:
+            dirs = [self.path]
+        codes = [(Codes(d, io.read_meta(d)), offset, stride) for d, (_, offset, stride) in zip(dirs, parts)]
+        self._codes = (stamp, codes)
+        return codes
 
     def checked_meta(self) -> dict:
         """``pt_meta.json`` once checked against the files on disk (:meth:`open`: vector and docno files, shards).
@@ -324,6 +351,9 @@ class DenseStore:
             raise ValueError(f"query_vecs must have shape (q, {meta['dim']}), got {query_vecs.shape}")
         if backend == "auto":
             backend = auto_backend()
+        if meta["dtype"] in io.COMPRESSED:
+            return self._search_codes(meta, query_vecs, k, backend, kwargs)
+        kwargs.pop("rescore_multiplier", None)
         if backend == "numpy":
             kernel = numpy_search
         elif backend == "torch":
@@ -351,6 +381,37 @@ class DenseStore:
             scores, ids = settle(lambda rows, width: kernel(parts, query_vecs[rows], width, **kwargs),
                                  self.vectors_of, query_vecs, min(k, count), count, max_norm,
                                  threads=kwargs.get("threads"))
+        self._check_finite(scores, ids)
+        return scores, ids
+
+    def _search_codes(self, meta: dict, query_vecs: np.ndarray, k: int, backend: str,
+                      kwargs: dict) -> Tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` of a compressed index: exact for int8 (:mod:`.int8`), approximate for binary
+        (:mod:`.binary`). Both backends run on the CPU (``torch``: int8 products through ``torch._int_mm``); the
+        options of the float kernels that do not apply (``device``, ``resident``, ``pinned``, ``precision``) are
+        ignored, ``chunk_size`` is the scan's ``block_size``."""
+        if backend not in ("numpy", "torch"):
+            raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', got {backend!r}")
+        options = {"backend": backend}
+        for name in ("block_size", "query_batch_size", "threads"):
+            if kwargs.get(name) is not None:
+                options[name] = kwargs[name]
+        if kwargs.get("chunk_size") is not None:
+            options["block_size"] = kwargs["chunk_size"]
+        multiplier = kwargs.get("rescore_multiplier")
+        if multiplier is not None and meta["dtype"] != "binary":
+            raise ValueError(f"rescore_multiplier applies to dtype='binary' indexes only; {self.path} stores "
+                             f"dtype={meta['dtype']!r}, whose search is exact")
+        from .kernels import _outputs
+        queries, k, _, _ = _outputs(self.open()[1], query_vecs, k)  # (checks k and the queries' values)
+        parts = self.code_parts()
+        if meta["dtype"] == "int8":
+            scores, ids = int8_search.search(parts, queries, k, self.vectors_of, stats=kwargs.get("stats"),
+                                             **options)
+        else:
+            if multiplier is not None:
+                options["rescore_multiplier"] = multiplier
+            scores, ids = binary_search.search(parts, queries, k, self.vectors_of, **options)
         self._check_finite(scores, ids)
         return scores, ids
 
