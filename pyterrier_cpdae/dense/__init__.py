@@ -21,7 +21,7 @@ helpers ``_artifact``, ``_checks``, ``_files``, ``_locking``)::
     index -> indexing          DenseIndexer (crash-resumable writer), merge_indexes, merge_shards
     index, indexing, exact_retr -> store
                                DenseStore: opens and checks vectors + docnos (single or sharded), exact search()
-    store -> format, kernels, ties, int8, binary
+    store -> format, kernels, ties, compressed -> int8, binary
                                the file format; the numpy/torch search kernels; exact near ties; the searches of
                                compressed indexes (int8: exact, with a proof; binary: Hamming scan + rescoring)
     int8, binary -> codes -> format, kernels

@@ -21,10 +21,8 @@ from . import format as io
 from .producers import (DEFAULT_PRODUCER_ADVICE, QUERY_PRODUCER_KEYS, check_producer, check_producers,  # noqa: F401
                         check_query_producer, describe_producer)
 from .ties import largest_norm, settle
-from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
-from . import binary as binary_search
-from . import int8 as int8_search
-from .codes import Codes
+from .kernels import PRECISIONS, Part, _outputs, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
+from . import compressed
 
 #: docnos_of looks each distinct id up once when given more ids than this and than half the documents
 _DISTINCT_FROM = 1024
@@ -197,26 +195,12 @@ class DenseStore:
         return meta, parts, lookups
 
     def code_parts(self) -> list:
-        """The codes of a compressed index (dtype ``"int8"``/``"binary"``) as parts ``(Codes, offset, stride)``, one
-        per shard like :meth:`open`'s, opened (and their calibration checked against ``pt_meta.json``) on first use
-        and kept while the build is unchanged.
-
-        Raises:
-            ValueError: the index is not compressed, or its codes are missing, truncated or do not match their
-                fingerprint."""
+        """A compressed index's codes as parts ``(Codes, offset, stride)`` (:func:`.compressed.open_code_parts`),
+        kept while the build is unchanged."""
         meta, parts, _ = self.open()
-        stamp = self._cache[0]
-        if self._codes is not None and self._codes[0] == stamp:
-            return self._codes[1]
-        if meta["dtype"] not in io.COMPRESSED:
-            raise ValueError(f"{self.path} stores dtype={meta['dtype']!r}: it has no codes")
-        if meta.get("layout") == "sharded":
-            dirs = [self.path / io.SHARDS_DIR / str(s) for s in range(int(meta["num_shards"]))]
-        else:
-            dirs = [self.path]
-        codes = [(Codes(d, io.read_meta(d)), offset, stride) for d, (_, offset, stride) in zip(dirs, parts)]
-        self._codes = (stamp, codes)
-        return codes
+        if self._codes is None or self._codes[0] != self._cache[0]:
+            self._codes = (self._cache[0], compressed.open_code_parts(self.path, meta, parts))
+        return self._codes[1]
 
     def checked_meta(self) -> dict:
         """``pt_meta.json`` once checked against the files on disk (:meth:`open`: vector and docno files, shards).
@@ -384,34 +368,10 @@ class DenseStore:
         self._check_finite(scores, ids)
         return scores, ids
 
-    def _search_codes(self, meta: dict, query_vecs: np.ndarray, k: int, backend: str,
-                      kwargs: dict) -> Tuple[np.ndarray, np.ndarray]:
-        """:meth:`search` of a compressed index: exact for int8 (:mod:`.int8`), approximate for binary
-        (:mod:`.binary`). Both backends run on the CPU (``torch``: int8 products through ``torch._int_mm``); the
-        options of the float kernels that do not apply (``device``, ``resident``, ``pinned``, ``precision``) are
-        ignored, ``chunk_size`` is the scan's ``block_size``."""
-        if backend not in ("numpy", "torch"):
-            raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', got {backend!r}")
-        options = {"backend": backend}
-        for name in ("block_size", "query_batch_size", "threads"):
-            if kwargs.get(name) is not None:
-                options[name] = kwargs[name]
-        if kwargs.get("chunk_size") is not None:
-            options["block_size"] = kwargs["chunk_size"]
-        multiplier = kwargs.get("rescore_multiplier")
-        if multiplier is not None and meta["dtype"] != "binary":
-            raise ValueError(f"rescore_multiplier applies to dtype='binary' indexes only; {self.path} stores "
-                             f"dtype={meta['dtype']!r}, whose search is exact")
-        from .kernels import _outputs
+    def _search_codes(self, meta: dict, query_vecs: np.ndarray, k: int, backend: str, kwargs: dict):
+        """:meth:`search` of a compressed index (:func:`.compressed.search`)."""
         queries, k, _, _ = _outputs(self.open()[1], query_vecs, k)  # (checks k and the queries' values)
-        parts = self.code_parts()
-        if meta["dtype"] == "int8":
-            scores, ids = int8_search.search(parts, queries, k, self.vectors_of, stats=kwargs.get("stats"),
-                                             **options)
-        else:
-            if multiplier is not None:
-                options["rescore_multiplier"] = multiplier
-            scores, ids = binary_search.search(parts, queries, k, self.vectors_of, **options)
+        scores, ids = compressed.search(self.path, meta, self.code_parts(), self.vectors_of, queries, k, backend, kwargs)
         self._check_finite(scores, ids)
         return scores, ids
 
