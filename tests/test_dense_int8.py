@@ -97,11 +97,14 @@ def test_bound_holds_against_exact_arithmetic():
     scales = qcodes.int8_scales(np.abs(x).max(axis=0))
     codes, resid, cnorm = qcodes.encode_int8(x, scales)
     q = rng.standard_normal((30, 40)).astype(np.float32)
-    p, t, e = quantise_queries(q, scales)
+    p, t, e, scaled = quantise_queries(q, scales)
+    np.testing.assert_array_equal(scaled, q.astype(np.float64) * scales)
     exact = q.astype(np.float64) @ x.astype(np.float64).T
     approx = t[:, None] * (p.astype(np.int64) @ codes.astype(np.int64).T)
     bound = np.linalg.norm(q.astype(np.float64), axis=1)[:, None] * resid + e[:, None] * cnorm
     assert np.all(np.abs(exact - approx) <= bound)
+    rnorm = np.linalg.norm(q.astype(np.float64), axis=1)[:, None] * resid  # the bound once q~ . c is known
+    assert np.all(np.abs(exact - scaled @ codes.astype(np.float64).T) <= rnorm)
     assert np.abs(codes).max() <= 127
 
 

@@ -168,7 +168,8 @@ CodePart = Tuple[Codes, int, int]
 
 
 def scan(parts: Sequence[CodePart], queries: Sequence[np.ndarray], width: int, *, decode: Callable, backend: str,
-         block_size: int = 16384, threads: Optional[int] = None) -> List[Tuple[np.ndarray, np.ndarray]]:
+         block_size: int = 16384, threads: Optional[int] = None,
+         transform: Optional[Callable] = None) -> List[Tuple[np.ndarray, np.ndarray]]:
     """For each part ``(codes, offset, stride)``, each query's ``width`` best documents by the integer score
     ``query_p . decode(code)``: ``(scores, ids)`` per part, ``(q, min(width, len(part)))``, float32 (exact integers
     below ``2**24``), descending, ties by ascending id (:class:`~pyterrier_cpdae.dense.kernels._NumpyTopK`); every
@@ -180,6 +181,8 @@ def scan(parts: Sequence[CodePart], queries: Sequence[np.ndarray], width: int, *
         backend: ``"torch"``: int8 products accumulated in int32 (``torch._int_mm``: oneDNN, VNNI where the CPU has
             it); ``"numpy"``: the int8 rows widened to float32 and multiplied with a float32 BLAS product, exact while
             ``dim * 127 * 128 < 2**24`` (every partial sum an integer that float32 holds).
+        transform: ``transform(part, scores, start, stop)``: what is ranked instead of the integer scores of a block
+            (float32 ``(q, b)`` scores of the part's rows ``start:stop``, modified in place), e.g. an upper bound.
     """
     from .._checks import default_num_threads
     from .kernels import _NumpyTopK
@@ -211,6 +214,8 @@ def scan(parts: Sequence[CodePart], queries: Sequence[np.ndarray], width: int, *
                     scores = scores[:len(query)].numpy().astype(np.float32)
                 else:
                     scores = _float_product(qf, rows)
+                if transform is not None:
+                    transform(len(out), scores, start, start + len(rows))
                 top.update(scores, ids)
             out.append(top.result())
         finally:
