@@ -297,6 +297,27 @@ def quality(args) -> list:
     return rows
 
 
+def markdown(rows: list, mode: str) -> str:
+    """The rows as a markdown table (what the record in experiments/results/ shows)."""
+    if mode == "speed":
+        head = "| N x dim | k | method | q/s | vs float32 exact | recall@k vs float32 | identical ranking | scanned MB |"
+        lines = [head, "|" + "---|" * 8]
+        for r in rows:
+            ident = {True: "yes", False: "no"}.get(r.get("identical"), "")
+            extra = f" (rescored {r['rescored_per_query']:.0f}/query, rescans {r['retries']})" \
+                if "rescored_per_query" in r else ""
+            lines.append(f"| {r['docs']:,} x {r['dim']} | {r['k']} | {r['method']}{extra} | {r['qps']:.1f} | "
+                         f"{r['ratio']:.2f}x | {r['recall']:.3f} | {ident} | {r['scanned_bytes'] / 1e6:,.0f} |")
+    else:
+        head = "| set | docs | queries | method | nDCG@10 | vs float32 | recall@10 vs float32 | top-1000 identical |"
+        lines = [head, "|" + "---|" * 8]
+        for r in rows:
+            ident = {True: "yes", False: "no"}.get(r.get("identical_top1000"), "")
+            lines.append(f"| {r['set']} | {r['docs']:,} | {r['queries']} | {r['method']} | {r['ndcg@10']:.4f} | "
+                         f"{r['ndcg_ratio']:.3f} | {r['recall@10']:.3f} | {ident} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["speed", "quality"])
@@ -309,9 +330,14 @@ def main(argv=None) -> None:
     parser.add_argument("--sets", nargs="+", default=["scifact", "marco", "dl19"])
     parser.add_argument("--keep", action="store_true", help="keep the synthetic indexes")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--table", help="print the markdown table of the rows of this --json file, and exit")
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())["rows"], args.mode))
+        return
     print(f"# machine: {machine()}", flush=True)
     rows = speed(args) if args.mode == "speed" else quality(args)
+    print(markdown(rows, args.mode))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
 
