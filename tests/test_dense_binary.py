@@ -50,7 +50,7 @@ def test_equals_naive_reference(data, multiplier):
     for k in (1, 10, 50):
         expected = naive(vecs, queries, k, multiplier)
         for backend in ("numpy", "torch"):
-            _, ids = binary.search(queries, k, backend=backend, rescore_multiplier=multiplier)
+            _, ids = binary.search(queries, k, scan=backend, rescore_multiplier=multiplier)
             np.testing.assert_array_equal(ids, expected, err_msg=f"k={k} {backend}")
 
 
@@ -76,6 +76,8 @@ def test_retriever_option_and_refusals(data, tmp_path):
     assert list(res["docno"]) == [f"d{i}" for i in expected.reshape(-1)]
     assert list(binary.retriever(num_results=5)(topics)["docno"]) == \
         list(binary.binary_retriever(num_results=5, rescore_multiplier=4)(topics)["docno"])
+    with pytest.raises(ValueError, match="scan must be 'numpy' or 'torch', got 'gpu'"):
+        binary.search(queries, 3, scan="gpu")
     with pytest.raises(ValueError, match="rescore_multiplier must be"):
         binary.binary_retriever(num_results=5, rescore_multiplier=0)
     with pytest.raises(ValueError, match="searches dtype='binary' indexes"):

@@ -39,8 +39,8 @@ def pair(tmp_path, vecs, name="", **kw):
 def assert_same_ranking(f32, i8, queries, ks=(1, 7, 50)):
     for k in ks:
         s0, i0 = f32.search(queries, k, backend="numpy")
-        for backend in ("numpy", "torch"):
-            s1, i1 = i8.search(queries, k, backend=backend)
+        for backend, scan in (("numpy", "numpy"), ("torch", "torch"), ("numpy", None)):
+            s1, i1 = i8.search(queries, k, backend=backend, scan=scan)
             np.testing.assert_array_equal(i1, i0, err_msg=f"k={k} backend={backend}")
             tol = 1e-5 * (1 + np.abs(s0))
             assert np.all(np.abs(s1 - s0) <= tol), (k, backend)

@@ -172,7 +172,7 @@ def speed(args) -> list:
             row("float32 exact (ours, numpy)", t_f32, ref, True, scanned_bytes=scanned["float32"])
             for backend in ("numpy", "torch"):
                 stats = {}
-                t, (_, ids) = timed(lambda: i8.search(queries, k, backend=backend, stats=stats))
+                t, (_, ids) = timed(lambda: i8.search(queries, k, scan=backend, stats=stats))
                 row(f"int8 exact (ours, {backend} scan)", t, ids, bool(np.array_equal(ids, ref)),
                     scanned_bytes=scanned["int8"], rescored_per_query=stats["rescored"] / args.queries,
                     retries=stats["retries"])
@@ -180,7 +180,7 @@ def speed(args) -> list:
             row("FAISS SQ8 flat (IndexScalarQuantizer)", t, ids, bool(np.array_equal(ids, ref)),
                 scanned_bytes=sq8.sa_code_size() * sq8.ntotal)
             for m in args.multipliers:
-                t, (_, ids) = timed(lambda: b1.search(queries, k, backend="torch", rescore_multiplier=m))
+                t, (_, ids) = timed(lambda: b1.search(queries, k, scan="torch", rescore_multiplier=m))
                 row(f"binary + rescoring x{m} (ours, torch scan)", t, ids, scanned_bytes=scanned["binary"])
                 qb = np.packbits(queries > 0, axis=1)
                 t, ids = timed(lambda: rescored(queries, fbin.search(qb, k * m)[1], f32.store, k))
@@ -274,7 +274,7 @@ def quality(args) -> list:
 
         row("float32 exact (ours)", ref, s_ref)
         for backend in ("numpy", "torch"):
-            s, ids = idx["int8"].search(qvecs, kk, backend=backend)
+            s, ids = idx["int8"].search(qvecs, kk, scan=backend)
             row(f"int8 exact (ours, {backend} scan)", ids, s, identical_top1000=bool(np.array_equal(ids, ref)))
         sq8 = faiss.IndexScalarQuantizer(dvecs.shape[1], faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
         sq8.train(dvecs)

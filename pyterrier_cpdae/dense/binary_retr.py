@@ -38,7 +38,7 @@ class BinaryRetriever(ExactRetriever):
         if meta["dtype"] != "binary":
             raise ValueError(f"binary_retriever() searches dtype='binary' indexes; {self.index.path} stores "
                              f"dtype={meta['dtype']!r} (use retriever())")
-        kwargs: Dict[str, Any] = {"rescore_multiplier": self.rescore_multiplier}
+        kwargs: Dict[str, Any] = {"rescore_multiplier": self.rescore_multiplier, "scan": self.backend}
         if self.query_batch_size:
             kwargs["query_batch_size"] = self.query_batch_size
         if self.block_size:
@@ -51,7 +51,8 @@ def _binary_retriever(self: DenseIndex, num_results: int = 1000, *,
                       block_size: int = 16384, query_batch_size: int = 1024,
                       drop_query_vec: bool = False) -> BinaryRetriever:
     """Retrieval from a binary index: the ``num_results * rescore_multiplier`` nearest in Hamming distance, rescored
-    in float32 (``backend``: the scan's products, ``"torch"`` int8 or ``"numpy"`` float32 BLAS; the same results)."""
+    in float32 (``backend``: the scan's products, ``"torch"`` int8 or ``"numpy"`` float32 BLAS, the same results; both
+    on the CPU)."""
     return BinaryRetriever(self, rescore_multiplier=rescore_multiplier, backend=backend, num_results=num_results,
                            block_size=block_size, query_batch_size=query_batch_size, drop_query_vec=drop_query_vec)
 

@@ -31,15 +31,26 @@ def open_code_parts(path: Path, meta: dict, parts: list) -> List[CodePart]:
 
 def search(path: Path, meta: dict, parts: List[CodePart], vectors_of: Callable[[np.ndarray], np.ndarray],
            queries: np.ndarray, k: int, backend: str, kwargs: dict) -> Tuple[np.ndarray, np.ndarray]:
-    """The search of a compressed index: exact for int8, approximate for binary. Both backends run on the CPU
-    (``torch``: int8 products through ``torch._int_mm``); the options of the float kernels that do not apply here
-    (``device``, ``resident``, ``pinned``, ``precision``) are ignored, ``chunk_size`` is the scan's ``block_size``.
+    """The search of a compressed index: exact for int8, approximate for binary, on the CPU whatever the backend. The
+    scan's products are int8 through ``torch._int_mm`` (the faster, measured: ``experiments/results/bench_int8.md``)
+    unless ``scan="numpy"`` (float32 BLAS products of the widened codes; the default where torch cannot be imported);
+    both give the same results. The options of the float kernels that do not apply here (``device``, ``resident``,
+    ``pinned``, ``precision``) are ignored, ``chunk_size`` is the scan's ``block_size``.
 
     Raises:
         ValueError: an unknown backend, or ``rescore_multiplier`` for an int8 index (whose search is exact)."""
     if backend not in ("numpy", "torch"):
         raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', got {backend!r}")
-    options = {"backend": backend}
+    scan = kwargs.get("scan")
+    if scan is None:
+        try:
+            import torch  # noqa: F401
+            scan = "torch"
+        except ImportError:  # pragma: no cover (a dependency)
+            scan = "numpy"
+    if scan not in ("numpy", "torch"):
+        raise ValueError(f"scan must be 'numpy' or 'torch', got {scan!r}")
+    options = {"backend": scan}
     for name in ("block_size", "query_batch_size", "threads"):
         if kwargs.get(name) is not None:
             options[name] = kwargs[name]

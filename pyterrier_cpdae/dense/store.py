@@ -338,6 +338,7 @@ class DenseStore:
         if meta["dtype"] in io.COMPRESSED:
             return self._search_codes(meta, query_vecs, k, backend, kwargs)
         kwargs.pop("rescore_multiplier", None)
+        kwargs.pop("scan", None)
         if backend == "numpy":
             kernel = numpy_search
         elif backend == "torch":
