@@ -116,7 +116,6 @@ def _search_batch(parts, queries, k, count, vectors_of, backend, block_size, thr
     qnorm = np.linalg.norm(queries.astype(np.float64), axis=1)
     tol = tolerance(queries, max_norm)
     quantised = [quantise_queries(queries, c.scales) for c, _, _ in parts]
-    n_parts = len(parts)
     out_scores = np.zeros((num_q, k), dtype=np.float32)
     out_ids = np.empty((num_q, k), dtype=np.int64)
     zero = ~np.any(queries, axis=1)
@@ -162,7 +161,7 @@ def _search_batch(parts, queries, k, count, vectors_of, backend, block_size, thr
         ref[rows, cols] = _rescore(queries[todo], rows, ids[rows, cols], vectors_of, threads)
         threshold = ref[rescored].reshape(len(todo), k).min(axis=1).astype(np.float64) - tol[todo]
         # 2. every kept document whose bound reaches the threshold: the query's share of the bound taken out (q~ . c
-        # computed from the code in float64, leaving |q| |r|), and those still reaching it rescored
+        # computed from the code, with its rounding margin, leaving |q| |r|), and those still reaching it rescored
         maybe = (upper >= threshold[:, None]) & ~rescored
         rows, cols = np.nonzero(maybe)
         if len(rows):
