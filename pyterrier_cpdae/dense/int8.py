@@ -96,6 +96,8 @@ def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: C
     stats = {} if stats is None else stats
     stats.setdefault("rescored", 0)
     stats.setdefault("retries", 0)
+    # the candidates' arrays are (queries, kept) float64 each: batches small enough that each stays near 128 MB
+    query_batch_size = max(1, min(query_batch_size, (16 << 20) // kept_for(k)))
     for qs in range(0, num_q, query_batch_size):
         s, i = _search_batch(parts, queries[qs:qs + query_batch_size], k, count, vectors_of, backend, block_size,
                              threads, stats)
