@@ -15,13 +15,17 @@ retrievers' modules so that they attach their factories.  The parts import one w
 helpers ``_artifact``, ``_checks``, ``_files``, ``_locking``)::
 
     exact_retr, faiss_retr     retrievers; attach retriever()/np_retriever()/.../faiss_*_retriever()/scorer()
+    binary_retr -> exact_retr  the binary index's retriever (rescore_multiplier); attaches binary_retriever()
         -> index               DenseIndex: state, meta(), indexing, merging
         -> retrieval           result frames and their checks
     index -> indexing          DenseIndexer (crash-resumable writer), merge_indexes, merge_shards
     index, indexing, exact_retr -> store
                                DenseStore: opens and checks vectors + docnos (single or sharded), exact search()
-    store -> format, kernels, ties
-                               the file format; the numpy/torch search kernels; exact near ties
+    store -> format, kernels, ties, compressed -> int8, binary
+                               the file format; the numpy/torch search kernels; exact near ties; the searches of
+                               compressed indexes (int8: exact, with a proof; binary: Hamming scan + rescoring)
+    int8, binary -> codes -> format, kernels
+                               compressed codes: their files, calibration and int8 scan (indexing writes them)
 
 See :mod:`pyterrier_cpdae.dense.format` for the directory format.
 """
@@ -30,9 +34,11 @@ from __future__ import annotations
 from .._artifact import IncompleteIndexError
 from .exact_retr import DenseScorer, ExactRetriever  # (importing it attaches the retriever factories to DenseIndex)
 from .faiss_retr import FAISS_KINDS, FaissRetriever  # (and the faiss_*_retriever factories)
+from .binary_retr import BinaryRetriever  # (and the binary_retriever factory)
 from .index import DenseIndex
 from .indexing import DenseIndexer
 from .retrieval import RESULT_COLUMNS, VectorRetriever
 
 __all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError", "ExactRetriever", "FaissRetriever", "DenseScorer",
+           "BinaryRetriever",
            "VectorRetriever", "FAISS_KINDS", "RESULT_COLUMNS"]

@@ -5,12 +5,16 @@ vector checks and atomic writes it shares with :class:`~pyterrier_cpdae.bm25.BM2
 Layout of a built (single) index directory::
 
     <path>/
-      vectors.bin      raw row-major (count, dim) little-endian float32 or float16, no header
+      vectors.bin      raw row-major (count, dim) little-endian float32 or float16, no header (for dtype "int8"
+                       and "binary": float32, the float copy that rescoring reads)
+      codes.bin, calibration.npz
+                       dtype "int8" / "binary" only: the scanned codes (:mod:`~pyterrier_cpdae.dense.codes`)
       docnos.npids     docno <-> row lookup (npids)
       pt_meta.json     written LAST: {"type": "dense_index", "format": "cpdae", "package_hint":
                        "pyterrier-cpdae", "layout": "single", "dim", "count", "num_docs", "dtype",
                        "build_id", ...}; ``num_docs`` (= ``count``, the key BM25Index uses too) since 0.1.0;
-                       ``build_id`` (random, new at every build's commit; absent in older indexes)
+                       ``build_id`` (random, new at every build's commit; absent in older indexes);
+                       ``format_version`` 2 for dtype "int8"/"binary" (with their ``codes`` entry), else 1
       faiss/           cached FAISS structures (built on first use, rebuilt when stale)
 
 While it is being built the directory additionally holds ``_docnos.txt`` (one docno per line, appended
@@ -43,27 +47,40 @@ BUILD_FILE = "_build.json"
 BUILD_DOCNOS_FILE = "_docnos.txt"
 MERGE_FILE = "_merge.json"
 SHARDS_DIR = "shards"
+CODES_FILE = "codes.bin"
+CALIBRATION_FILE = "calibration.npz"
 FAISS_DIR = "faiss"
 
 ARTIFACT_TYPE = "dense_index"
 ARTIFACT_FORMAT = "cpdae"
 PACKAGE_HINT = "pyterrier-cpdae"
 FORMAT_VERSION = 1
+#: the format version of compressed indexes (dtype "int8"/"binary"): readers of version 1 only refuse them
+CODES_FORMAT_VERSION = 2
+#: the format versions this reader reads
+READ_VERSIONS = (FORMAT_VERSION, CODES_FORMAT_VERSION)
 
-DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
+#: storage dtype -> dtype of ``vectors.bin`` (compressed indexes keep a float32 copy beside their codes)
+DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "int8": np.dtype("<f4"),
+          "binary": np.dtype("<f4")}
+#: the dtypes whose search scans codes (:mod:`~pyterrier_cpdae.dense.codes`)
+COMPRESSED = ("int8", "binary")
 
 #: the largest ``pt_meta.json`` (or ``_merge.json``) read: an index's metadata is a few hundred bytes
 
 
 def check_dtype(dtype: Any) -> str:
-    """Normalises a vector storage dtype to ``"float32"`` or ``"float16"``.
+    """Normalises a vector storage dtype to ``"float32"``, ``"float16"``, ``"int8"`` or ``"binary"``.
 
     Raises:
         ValueError: for any other dtype.
     """
-    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    try:
+        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    except TypeError:
+        name = None
     if name not in DTYPES:
-        raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
+        raise ValueError(f"dtype must be 'float32', 'float16', 'int8' or 'binary', got {dtype!r}")
     return name
 
 
@@ -102,7 +119,7 @@ def remove_leftovers(path: Path) -> list:
         except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
             keep = True  # unreadable: never delete shards on a guess
         if meta.get("layout") == "sharded":  # killed before the merged pt_meta.json: the view is still valid
-            for name in (VECTORS_FILE, DOCNOS_FILE):
+            for name in (VECTORS_FILE, DOCNOS_FILE, CODES_FILE, CALIBRATION_FILE):
                 remove(path / name)
         elif not keep:
             remove(path / SHARDS_DIR)
@@ -146,10 +163,10 @@ def read_meta(path: Path) -> Optional[dict]:
         return None
     meta_path = Path(path) / META_FILE
     version = meta.get("format_version", FORMAT_VERSION)  # (indexes written before it was recorded: version 1)
-    if version != FORMAT_VERSION or isinstance(version, bool):
+    if version not in READ_VERSIONS or isinstance(version, bool):
         raise ValueError(f"{path} is a DenseIndex of format_version {version!r} ({meta_path}); this pyterrier-cpdae "
-                         f"reads format_version {FORMAT_VERSION} only: open it with the pyterrier-cpdae that wrote it, "
-                         "or rebuild it with indexer(mode='overwrite')")
+                         f"reads format_version {', '.join(map(str, READ_VERSIONS))} only: open it with the "
+                         "pyterrier-cpdae that wrote it, or rebuild it with indexer(mode='overwrite')")
     layout = meta.get("layout", "single")
     if layout == "sharded" and "num_shards" not in meta:
         raise ValueError(f"corrupt {meta_path}: missing field(s) ['num_shards']")
@@ -162,6 +179,8 @@ def read_meta(path: Path) -> Optional[dict]:
     if meta.setdefault("num_docs", meta["count"]) != meta["count"]:
         raise ValueError(f"corrupt {meta_path}: num_docs={meta['num_docs']!r} differs from count={meta['count']!r}")
     check_dtype(meta["dtype"])
+    if (meta["dtype"] in COMPRESSED) != (version == CODES_FORMAT_VERSION):
+        raise ValueError(f"corrupt {meta_path}: dtype={meta['dtype']!r} with format_version {version!r}")
     return meta
 
 
@@ -177,7 +196,7 @@ def base_meta(*, dim: int, count: int, dtype: str, **extra: Any) -> dict:
         "type": ARTIFACT_TYPE,
         "format": ARTIFACT_FORMAT,
         "package_hint": PACKAGE_HINT,
-        "format_version": FORMAT_VERSION,
+        "format_version": CODES_FORMAT_VERSION if dtype in COMPRESSED else FORMAT_VERSION,
         "dim": int(dim),
         "count": int(count),
         "num_docs": int(count),

@@ -25,7 +25,8 @@ __all__ = ["DenseIndex", "DenseIndexer", "IncompleteIndexError"]
 
 
 class DenseIndex(PackagedArtifact, pt.Indexer):
-    """A dense index: float32/float16 vectors on disk plus a docno lookup, as a PyTerrier artifact and indexer.
+    """A dense index: float32/float16 vectors (or int8/binary codes beside a float32 copy) on disk plus a docno
+    lookup, as a PyTerrier artifact and indexer.
 
     ``DenseIndex(path)`` never touches the disk; the index is opened (and checked) lazily when first used for
     retrieval.  An index directory is either a *single* index or a *sharded view* (``<path>/shards/<i>``
@@ -91,7 +92,7 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
 
     @property
     def dtype(self) -> str:
-        """The storage dtype (``"float32"`` or ``"float16"``)."""
+        """The storage dtype (``"float32"``, ``"float16"``, ``"int8"`` or ``"binary"``)."""
         return str(self._store.checked_meta()["dtype"])
 
     @property
@@ -119,7 +120,11 @@ class DenseIndex(PackagedArtifact, pt.Indexer):
             mode: ``"create"`` (fails if the directory holds anything), ``"overwrite"`` (deletes this index's
                 files first) or ``"resume"`` (continues an interrupted build from its last durable record, or
                 starts one).
-            dtype: ``"float32"`` (default) or ``"float16"`` storage; on resume, defaults to the stored dtype.
+            dtype: ``"float32"`` (default) or ``"float16"`` storage, or a compressed index: ``"int8"`` (int8 codes
+                calibrated per dimension on the indexed vectors, scanned with a per-query proof that the ranking is
+                the float32 one; :mod:`~pyterrier_cpdae.dense.int8`) or ``"binary"`` (sign bits, Hamming scan and
+                float32 rescoring, approximate: :meth:`binary_retriever`'s ``rescore_multiplier``), both beside a
+                float32 copy of the vectors that only rescoring reads; on resume, defaults to the stored dtype.
             shard: index only every ``num_shards``-th record, starting at record ``shard``, into
                 ``<path>/shards/<shard>``.  Defaults to torchrun's ``RANK``/``WORLD_SIZE`` when
                 ``WORLD_SIZE > 1`` (pass ``shard=0, num_shards=1`` to force a single index).

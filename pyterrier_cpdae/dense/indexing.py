@@ -21,6 +21,7 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from .._locking import build_lock
+from . import codes as qcodes
 from . import format as io
 # iter_batches: re-exported (the indexer's input batches, dense/inputs.py)
 from .inputs import DOC_STAMP, iter_batches, iter_stamped_batches, peek_producer  # noqa: F401
@@ -30,7 +31,7 @@ from .store import (DenseStore, check_producer, check_producers, check_shard_met
 MODES = ("create", "overwrite", "resume")
 # files/directories an index directory may hold; ``overwrite`` deletes only these (never arbitrary content)
 _OWNED = [io.META_FILE, io.VECTORS_FILE, io.DOCNOS_FILE, io.BUILD_FILE, io.BUILD_DOCNOS_FILE, io.MERGE_FILE,
-          io.FAISS_DIR]
+          io.FAISS_DIR, *qcodes.FILES]
 
 
 def shard_from_env() -> Tuple[Optional[int], Optional[int]]:
@@ -379,6 +380,8 @@ class DenseIndexer(pt.Indexer):
             extra["producer"] = state["producer"]
         if self.num_shards:
             extra.update(shard=self.shard, num_shards=self.num_shards, input=self._input)
+        if state["dtype"] in io.COMPRESSED:  # the codes of every vector, calibrated on them all (codes.py)
+            extra["codes"] = qcodes.write_codes(target, state["dtype"], int(state["count"]), int(state["dim"]))
         io.write_json_atomic(target / io.META_FILE,
                              io.base_meta(dim=state["dim"], count=state["count"], dtype=state["dtype"], **extra))
         io.remove_leftovers(target)  # _docnos.txt and _build.json (a crash before this is finished on resume/open)
@@ -645,5 +648,7 @@ def _write_merged(target: Path, vector_blocks: Iterator[np.ndarray], docnos: Ite
         raise ValueError(f"merge wrote {written} vectors but expected {total}")
     io.build_docno_lookup(docnos, target / io.DOCNOS_FILE)
     extra = {"producer": meta["producer"]} if meta.get("producer") is not None else {}
+    if meta["dtype"] in io.COMPRESSED:  # calibrated again on the merged vectors
+        extra["codes"] = qcodes.write_codes(target, meta["dtype"], total, int(meta["dim"]))
     out_meta = io.base_meta(dim=meta["dim"], count=total, dtype=meta["dtype"], layout="single", **extra)
     io.write_json_atomic(target / io.META_FILE, out_meta)

