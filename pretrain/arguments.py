@@ -384,6 +384,25 @@ def _coerce(action: Any, value: Any, where: str) -> Any:
     return value
 
 
+def config_file_defaults(parser: Any, path: Optional[str], values: Optional[dict] = None,
+                         help_command: str = "--help") -> dict[str, Any]:
+    """The options of a ``--config`` file (YAML/JSON, read by the bounded
+    :func:`pyterrier_cpdae._files.read_config_file`: a key given twice is refused) as defaults of ``parser``, each typed
+    like its flag; an unknown key is refused naming the file (``values``: the file already read)."""
+    from pyterrier_cpdae._files import read_config_file
+
+    if path is None:
+        return {}
+    if values is None:
+        values = read_config_file(path, normalize_key=lambda k: k.replace("-", "_"))
+    actions = _dest_types(parser)
+    unknown = sorted(set(values) - set(actions))
+    if unknown:
+        raise ValueError(f"unknown option(s) in config file {path}: {', '.join(unknown)} (`{help_command}` lists the "
+                         "options)")
+    return {k: _coerce(actions[k], v, f"config file {path}") for k, v in values.items()}
+
+
 def _unknown_message(flags: list[str], objective: str) -> str:
     """The one line for command-line options the parser does not know: each named, with the objectives that have it."""
     from .registry import available_objectives
@@ -423,11 +442,8 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
         raise ValueError(f"--objective must be one of {', '.join(available_objectives())}; got {short_repr(objective)}")
     parser = build_parser(objective)
     actions = _dest_types(parser)
-    unknown = sorted(set(from_file) - set(actions))
-    if unknown:
-        raise ValueError(f"unknown option(s) in config file {known.config}: {', '.join(unknown)} "
-                         f"(`python -m pretrain --objective {objective} --help` lists the options)")
-    defaults = {k: _coerce(actions[k], v, f"config file {known.config}") for k, v in from_file.items()}
+    defaults = config_file_defaults(parser, known.config, from_file,
+                                    f"python -m pretrain --objective {objective} --help")
     preset = known.preset or defaults.get("preset")
     recipe: dict[str, Any] = {}
     if preset is not None:
@@ -455,5 +471,5 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
 
 
 __all__ = ["Range", "opt", "flag", "option_problem", "check_options", "ModelArguments", "DataArguments",
-           "PretrainingArguments", "RunConfig", "run_config", "objective_config", "shared_option_names", "build_parser", "parse_args",
+           "PretrainingArguments", "RunConfig", "run_config", "objective_config", "shared_option_names", "build_parser", "parse_args", "config_file_defaults",
            "POSITIVE", "LEARNING_RATE", "NON_NEGATIVE", "AT_LEAST_1", "UNIT", "OPEN_UNIT", "FLOAT32_MAX"]
