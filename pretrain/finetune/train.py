@@ -263,7 +263,6 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
                 data: dict[str, Any]) -> dict[str, Any]:
     """Round ``r``: fine-tune its start on its groups (from its last checkpoint, if any) into ``rounds/round-<r>``;
     the model is saved to ``rounds/round-<r>/model`` with ``round.json`` (its steps, loss and scale)."""
-    from pyterrier_cpdae.encoder.st_export import write_st_config
     from transformers import EarlyStoppingCallback, set_seed
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -295,9 +294,6 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
                                    evaluator=evaluator or None, callbacks=stop)
         result = trainer.train(resume_from_checkpoint=last and os.path.relpath(last, out))
     model.save_pretrained(os.path.join(rdir, "model"))
-    # the sentence-transformers description that CPDAE reads as sentence-transformers does
-    write_st_config(os.path.join(rdir, "model"), pooling=fa.pooling, normalize=normalize,
-                    max_seq_length=fa.max_seq_length, hidden_size=model.get_embedding_dimension())
     metrics = {"steps": result.global_step, "train_loss": result.training_loss,
                "train_runtime_s": result.metrics.get("train_runtime"), **loss_record,
                **(evaluator(model) if evaluator else {})}
