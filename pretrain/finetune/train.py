@@ -22,10 +22,25 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
+import pandas as pd
+import torch
+from pyterrier_cpdae import CPDAE, BM25Index, DenseIndex, load_dataset
 from pyterrier_cpdae._files import write_json_atomic
+from pyterrier_cpdae._locking import build_lock
+from pyterrier_cpdae.encoder.st_export import export_pipeline
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
+                                                               MultipleNegativesRankingLoss)
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+from sentence_transformers.util import cos_sim, dot_score
+from transformers import EarlyStoppingCallback, set_seed
+from transformers.trainer_utils import get_last_checkpoint
 
+from ..data.inputs import check_model_arg, check_writable_dir, file_fingerprint, spec_files
+from ..evaluation.probe import ProbeEvaluator, RetrievalProbe
 from . import negatives as neg
 from .arguments import RESUME_MUTABLE, FinetuneArguments, parse_args
 
@@ -37,36 +52,36 @@ class NonFiniteLossError(FloatingPointError):
     """The loss of a step was not finite: training stops before the update (nothing of the round is exported)."""
 
 
-def _trainer_class() -> type:
-    import torch
-    from sentence_transformers import SentenceTransformerTrainer
+class FiniteTrainer(SentenceTransformerTrainer):
+    """``SentenceTransformerTrainer`` that stops at a non-finite training loss (:class:`NonFiniteLossError`)."""
 
-    class FiniteTrainer(SentenceTransformerTrainer):
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            loss = out[0] if return_outputs else out
-            if model.training and not torch.isfinite(loss.detach()).all():
-                raise NonFiniteLossError(f"non-finite loss ({loss.item()}) at step {self.state.global_step + 1} of "
-                                         f"{self.args.output_dir}: lower --learning_rate; the last checkpoint is kept")
-            return out
-
-    return FiniteTrainer
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss = out[0] if return_outputs else out
+        if model.training and not torch.isfinite(loss.detach()).all():
+            raise NonFiniteLossError(f"non-finite loss ({loss.item()}) at step {self.state.global_step + 1} of "
+                                     f"{self.args.output_dir}: lower --learning_rate; the last checkpoint is kept")
+        return out
 
 
 def _device() -> Optional[str]:
-    import torch
-
     return None if torch.cuda.is_available() else "cpu"
+
+
+def _round(out: str, r: int, *sub: str) -> str:
+    return os.path.join(out, "rounds", f"round-{r}", *sub)
+
+
+def _normalize(model: Optional[str], fa: FinetuneArguments) -> bool:
+    """Whether the model built from ``model`` ends in Normalize: the base's own pipeline, unless ``--pooling``
+    replaces it."""
+    return bool(model and export_pipeline(model, fa.pooling, "--pooling")["normalize"])
 
 
 # ----------------------------------------------------------------------------- model and loss
 def build_model(start: str, fa: FinetuneArguments) -> tuple[Any, bool]:
     """``(SentenceTransformer, normalize)``: Transformer -> Pooling (``--pooling``) [-> Normalize, as the base]."""
-    from pyterrier_cpdae.encoder.st_export import export_pipeline
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
-    normalize = bool(export_pipeline(start, fa.pooling, "--pooling")["normalize"])
+    normalize = _normalize(start, fa)
     enc = Transformer(start, max_seq_length=fa.max_seq_length)
     modules = [enc, Pooling(enc.get_embedding_dimension(), pooling_mode=fa.pooling), *[Normalize()][:normalize]]
     return SentenceTransformer(modules=modules, device=_device()), normalize
@@ -74,11 +89,6 @@ def build_model(start: str, fa: FinetuneArguments) -> tuple[Any, bool]:
 
 def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any, dict[str, Any]]:
     """The loss and its record: cosine at scale 20 for a normalised model, dot product at scale 1 otherwise."""
-    import torch
-    from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
-                                                                   MultipleNegativesRankingLoss)
-    from sentence_transformers.util import cos_sim, dot_score
-
     sim, default = (cos_sim, 20.0) if normalize else (dot_score, 1.0)
     scale = default if fa.scale is None else float(fa.scale)
 
@@ -103,8 +113,6 @@ def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any,
 def load_training_data(fa: FinetuneArguments, seed: int) -> dict[str, Any]:
     """``--train``: topics with a judged positive (sampled with ``--max_train_queries``), positives, every judged
     document (never a negative), the corpus."""
-    import pandas as pd
-
     groups, texts, corpus = None, {}, None
     if fa.train.startswith("groups:"):
         groups, texts = neg.read_groups(fa.train[len("groups:"):])
@@ -114,8 +122,6 @@ def load_training_data(fa: FinetuneArguments, seed: int) -> dict[str, Any]:
         topics = pd.DataFrame({"qid": [g.qid for g in groups], "query": [g.query for g in groups]})
         positives, judged = {g.qid: g.pos for g in groups}, {}
     else:
-        from pyterrier_cpdae import load_dataset
-
         ds = load_dataset(fa.train)
         corpus, qrels = ds.get_corpus_iter, ds.get_qrels()
         topics, positives = neg.select_queries(ds.get_topics(), qrels)
@@ -133,10 +139,6 @@ def _digest(obj: Any) -> str:
 
 def _files_digest(path: str, pattern: str = "*") -> str:
     """A digest of the local files of a data spec or a model folder (names relative to it, content fingerprints)."""
-    from pathlib import Path
-
-    from ..data.inputs import file_fingerprint, spec_files
-
     files = spec_files(path) if ":" in path else [p for p in sorted(Path(path).glob(pattern)) if p.is_file()]
     if not files:
         return path
@@ -148,7 +150,7 @@ def mining_source(fa: FinetuneArguments, out: str, r: int) -> tuple[str, Optiona
     """``(kind, model folder)`` of round ``r``'s negatives: ``dense`` with the previous round's model, ``--model`` or
     ``model:<checkpoint>``; else ``--negatives`` itself."""
     if r > 0:
-        return "dense", os.path.join(out, "rounds", f"round-{r - 1}", "model")
+        return "dense", _round(out, r - 1, "model")
     if fa.negatives == "model" or fa.negatives.startswith("model:"):
         return "dense", fa.negatives[len("model:"):] or fa.model
     return fa.negatives, None
@@ -166,8 +168,6 @@ def mine(fa: FinetuneArguments, out: str, r: int, data: dict[str, Any], normaliz
                          "--mining_rounds 0)")
     judged = {q: set(positives[q]) | data["judged"].get(q, set()) for q in topics["qid"]}
     if model is not None:
-        from pyterrier_cpdae import CPDAE, DenseIndex
-
         logger.info("round %d: dense negatives (pooling %s%s)", r, fa.pooling, ", normalised" if normalize else "")
         enc = CPDAE.from_pretrained(model, pooling=fa.pooling, normalize=normalize, doc_max_length=fa.max_seq_length,
                                     query_max_length=min(fa.max_seq_length, 32), device=_device())
@@ -176,17 +176,15 @@ def mine(fa: FinetuneArguments, out: str, r: int, data: dict[str, Any], normaliz
         pools = neg.mine_dense(enc, index, topics, judged, fa.negatives_depth)
         shutil.rmtree(index.path, ignore_errors=True)
     elif kind == "bm25":
-        from pyterrier_cpdae import BM25Index
-
         index = BM25Index(os.path.join(out, "bm25_index"))
         index.indexer(mode="overwrite").index(data["corpus"]())
         pools = neg.mine_bm25(index.bm25(num_results=fa.negatives_depth), topics, judged, fa.negatives_depth)
-    elif kind.startswith("file:irds:"):
-        groups = neg.read_irds_docpairs(kind[len("file:irds:"):], set(topics["qid"]), fa.negatives_depth)
-        pools = {g.qid: [d for d in g.negs if d not in judged[g.qid]] for g in groups}
     elif kind.startswith("file:"):
-        groups, texts = neg.read_groups(kind[len("file:"):])
-        data["texts"].update(texts)
+        if kind.startswith("file:irds:"):
+            groups = neg.read_irds_docpairs(kind[len("file:irds:"):], set(topics["qid"]), fa.negatives_depth)
+        else:
+            groups, texts = neg.read_groups(kind[len("file:"):])
+            data["texts"].update(texts)
         pools = {g.qid: [d for d in g.negs if d not in judged[g.qid]] for g in groups if g.qid in judged}
     else:
         raise ValueError(f"unknown --negatives {fa.negatives!r}; use bm25, file:<path>, file:irds:<id>, model or "
@@ -224,8 +222,6 @@ def input_digests(fa: FinetuneArguments) -> dict[str, str]:
 
 def _prepare(fa: FinetuneArguments, ta: Any, out: str) -> None:
     """Checks the options; starts a new run, continues this one (``--resume``) or replaces one (``--overwrite``)."""
-    from ..data.inputs import check_model_arg, check_writable_dir
-
     check_writable_dir(ta.output_dir, "--output_dir")
     check_model_arg(fa.model, "--model")
     if fa.negatives.startswith("model:"):
@@ -263,13 +259,8 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
                 data: dict[str, Any]) -> dict[str, Any]:
     """Round ``r``: fine-tune its start on its groups (from its last checkpoint, if any) into ``rounds/round-<r>``;
     the model is saved to ``rounds/round-<r>/model`` with ``round.json`` (its steps, loss and scale)."""
-    from transformers import EarlyStoppingCallback, set_seed
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from ..evaluation.probe import ProbeEvaluator, RetrievalProbe
-
-    rdir = os.path.join(out, "rounds", f"round-{r}")
-    start = fa.model if r == 0 or fa.round_init == "base" else os.path.join(out, "rounds", f"round-{r - 1}", "model")
+    rdir = _round(out, r)
+    start = fa.model if r == 0 or fa.round_init == "base" else _round(out, r - 1, "model")
     set_seed(ta.seed)  # the weights a base lacks (a pooler) are drawn the same in every session of the run
     model, normalize = build_model(start, fa)
     loss, loss_record = build_loss(model, fa, normalize)
@@ -290,8 +281,8 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
     logger.info("round %d: %d examples%s", r, len(train), f", resumed from {os.path.basename(last)}" if last else "")
     with contextlib.chdir(out):
         stop = [EarlyStoppingCallback(fa.early_stopping_patience)] if fa.early_stopping_patience else []
-        trainer = _trainer_class()(model=model, args=args, train_dataset=train, loss=loss,
-                                   evaluator=evaluator or None, callbacks=stop)
+        trainer = FiniteTrainer(model=model, args=args, train_dataset=train, loss=loss,
+                                evaluator=evaluator or None, callbacks=stop)
         result = trainer.train(resume_from_checkpoint=last and os.path.relpath(last, out))
     model.save_pretrained(os.path.join(rdir, "model"))
     metrics = {"steps": result.global_step, "train_loss": result.training_loss,
@@ -315,16 +306,13 @@ def _trained(rdir: str, ta: Any) -> Optional[dict[str, Any]]:
 
 def finetune(fa: FinetuneArguments, ta: Any, argv: Optional[list[str]] = None) -> dict[str, Any]:
     """Run the fine-tuning (its output locked); returns its record (``<output_dir>/reproduction.json``)."""
-    from pyterrier_cpdae._locking import build_lock
-    from pyterrier_cpdae.encoder.st_export import export_pipeline
-
     for name, value in (("--output_dir", ta.output_dir), ("--model", fa.model), ("--train", fa.train)):
         if not value:
             raise ValueError(f"{name} is required")
     out = os.path.abspath(ta.output_dir)
     with build_lock(out, "fine-tuning run", "written"):
         _prepare(fa, ta, out)
-        data = load_training_data(fa, ta.seed)
+        data, digest = load_training_data(fa, ta.seed), _files_digest(fa.train)
         handler = logging.FileHandler(os.path.join(out, "finetune.log"))
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger("pretrain").addHandler(handler)
@@ -333,13 +321,12 @@ def finetune(fa: FinetuneArguments, ta: Any, argv: Optional[list[str]] = None) -
             rounds = []
             for r in range(fa.mining_rounds + 1):
                 model = mining_source(fa, out, r)[1]
-                normalize = bool(model and export_pipeline(model, fa.pooling, "--pooling")["normalize"])
-                key = {"source": "dense" if model else fa.negatives, "data": _files_digest(fa.train),
+                normalize = _normalize(model, fa)
+                key = {"source": "dense" if model else fa.negatives, "data": digest,
                        "queries": _digest(sorted(data["topics"]["qid"])), "depth": fa.negatives_depth,
                        "model": model and {"weights": _files_digest(model, "*.safetensors"), "pooling": fa.pooling,
                                            "normalize": normalize}}
-                path = os.path.join(out, "negatives", f"round-{r}.parquet")
-                rdir = os.path.join(out, "rounds", f"round-{r}")
+                path, rdir = os.path.join(out, "negatives", f"round-{r}.parquet"), _round(out, r)
                 groups = neg.load_pools(path, key)
                 if groups is None:  # none yet, or made from other data or another model: mined (and trained) again
                     groups = mine(fa, out, r, data, normalize)
@@ -351,15 +338,12 @@ def finetune(fa: FinetuneArguments, ta: Any, argv: Optional[list[str]] = None) -
         finally:
             logging.getLogger("pretrain").removeHandler(handler)
             handler.close()
-        final = os.path.join(out, "rounds", f"round-{fa.mining_rounds}", "model")
-        for name in os.listdir(final):
-            src, dst = os.path.join(final, name), os.path.join(out, name)
-            shutil.copytree(src, dst, dirs_exist_ok=True) if os.path.isdir(src) else shutil.copy2(src, dst)
+        shutil.copytree(_round(out, fa.mining_rounds, "model"), out, dirs_exist_ok=True)
         with open(os.path.join(out, RECORD), encoding="utf8") as f:
             record = json.load(f)
         argv = list(sys.argv[1:] if argv is None else argv)
         record.update(command=_portable("python -m pretrain finetune " + " ".join(argv), out), finished=True,
-                      data={"train": _portable(fa.train, out), "digest": _files_digest(fa.train),
+                      data={"train": _portable(fa.train, out), "digest": digest,
                             "num_queries": len(data["topics"])}, rounds=rounds)
         write_json_atomic(os.path.join(out, RECORD), record)
         return record
