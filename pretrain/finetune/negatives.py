@@ -4,6 +4,7 @@ the ``(query, positive, negative_1..n)`` dataset sentence-transformers trains on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -12,8 +13,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Iterable, Optional, Sequence
 
+import ir_datasets
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
+from datasets import Dataset
 
 from pyterrier_cpdae._files import atomic_write, read_jsonl, write_json_atomic
 
@@ -131,8 +135,6 @@ def make_groups(topics: pd.DataFrame, positives: dict[str, list[str]], pools: di
 def read_irds_docpairs(dataset_id: str, qids: Optional[Container[str]] = None,
                        max_negatives: int = -1) -> list[Group]:
     """Groups from an ir_datasets docpairs set (e.g. ``msmarco-passage/train/triples-small``), streamed once."""
-    import ir_datasets
-
     try:
         ds = ir_datasets.load(dataset_id)
     except KeyError as e:
@@ -163,21 +165,16 @@ def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[st
 # ----------------------------------------------------------------------------- stored pools
 def save_pools(path: str, groups: Sequence[Group], key: dict[str, Any]) -> None:
     """Pools as a ``datasets`` Parquet file (qid, query, pos, negs) and ``<path>.key.json``, what made them."""
-    from datasets import Dataset
-
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.remove(path + ".key.json")
-    Dataset.from_dict({"qid": [g.qid for g in groups], "query": [g.query for g in groups],
-                       "pos": [g.pos for g in groups], "negs": [g.negs for g in groups]}).to_parquet(path + ".tmp")
+    Dataset.from_list([dataclasses.asdict(g) for g in groups]).to_parquet(path + ".tmp")
     os.replace(path + ".tmp", path)
     write_json_atomic(path + ".key.json", key)
 
 
 def load_pools(path: str, key: dict[str, Any]) -> Optional[list[Group]]:
     """The pools saved at ``path`` when they were made from ``key``; ``None`` (logged: stale) otherwise."""
-    import pyarrow.parquet as pq
-
     try:
         with open(path + ".key.json", encoding="utf8") as f:
             have = json.load(f)
@@ -187,8 +184,7 @@ def load_pools(path: str, key: dict[str, Any]) -> Optional[list[Group]]:
         logger.warning("%s: made from other %s: mined again", os.path.basename(path),
                        ", ".join(k for k in key if have.get(k) != key[k]) or "inputs")
         return None
-    t = pq.read_table(path).to_pydict()
-    return [Group(*row) for row in zip(t["qid"], t["query"], t["pos"], t["negs"])]
+    return [Group(**row) for row in pq.read_table(path).to_pylist()]
 
 
 # ----------------------------------------------------------------------------- the training dataset
@@ -200,8 +196,6 @@ def build_dataset(groups: Sequence[Group], num_negatives: int, *,
     the others); a short pool is drawn with replacement or dropped (``few_negatives``), an empty one dropped. Only the
     drawn passages' texts are read from the corpus (two passes); a positive missing from it is an error, a missing
     negative is dropped."""
-    from datasets import Dataset
-
     texts = dict(texts or {})
     todo = {d for g in groups for d in (*g.pos, *g.negs)} - texts.keys()
     if todo and corpus is None:

@@ -46,6 +46,8 @@ from .arguments import RESUME_MUTABLE, FinetuneArguments, parse_args
 
 logger = logging.getLogger("pretrain.finetune")
 RECORD = "reproduction.json"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DEVICE = None if torch.cuda.is_available() else "cpu"  # (None: sentence-transformers picks the GPU)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -64,10 +66,6 @@ class FiniteTrainer(SentenceTransformerTrainer):
         return out
 
 
-def _device() -> Optional[str]:
-    return None if torch.cuda.is_available() else "cpu"
-
-
 def _round(out: str, r: int, *sub: str) -> str:
     return os.path.join(out, "rounds", f"round-{r}", *sub)
 
@@ -84,7 +82,7 @@ def build_model(start: str, fa: FinetuneArguments) -> tuple[Any, bool]:
     normalize = _normalize(start, fa)
     enc = Transformer(start, max_seq_length=fa.max_seq_length)
     modules = [enc, Pooling(enc.get_embedding_dimension(), pooling_mode=fa.pooling), *[Normalize()][:normalize]]
-    return SentenceTransformer(modules=modules, device=_device()), normalize
+    return SentenceTransformer(modules=modules, device=DEVICE), normalize
 
 
 def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any, dict[str, Any]]:
@@ -100,9 +98,9 @@ def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any,
 
     own_group.__name__ = sim.__name__
     fct = sim if fa.in_batch_negatives else own_group
-    loss = (CachedMultipleNegativesRankingLoss(model, scale=scale, similarity_fct=fct,
-                                               mini_batch_size=fa.mini_batch_size)
-            if fa.loss == "cached" else MultipleNegativesRankingLoss(model, scale=scale, similarity_fct=fct))
+    cached = {"mini_batch_size": fa.mini_batch_size} if fa.loss == "cached" else None
+    loss = (CachedMultipleNegativesRankingLoss if cached else MultipleNegativesRankingLoss)(
+        model, scale=scale, similarity_fct=fct, **(cached or {}))
     return loss, {"loss": type(loss).__name__, "similarity": sim.__name__, "scale": scale,
                   "scale_from": "--scale" if fa.scale is not None else
                   "the default for " + ("cosine (the model ends in Normalize)" if normalize else "dot product"),
@@ -170,7 +168,7 @@ def mine(fa: FinetuneArguments, out: str, r: int, data: dict[str, Any], normaliz
     if model is not None:
         logger.info("round %d: dense negatives (pooling %s%s)", r, fa.pooling, ", normalised" if normalize else "")
         enc = CPDAE.from_pretrained(model, pooling=fa.pooling, normalize=normalize, doc_max_length=fa.max_seq_length,
-                                    query_max_length=min(fa.max_seq_length, 32), device=_device())
+                                    query_max_length=min(fa.max_seq_length, 32), device=DEVICE)
         index = DenseIndex(os.path.join(out, "dense_index"))
         (enc.doc_encoder() >> index.indexer(mode="overwrite", shard=0, num_shards=1)).index(data["corpus"]())
         pools = neg.mine_dense(enc, index, topics, judged, fa.negatives_depth)
@@ -237,8 +235,7 @@ def _prepare(fa: FinetuneArguments, ta: Any, out: str) -> None:
     if os.path.isdir(out) and os.listdir(out) and not fa.overwrite:
         if not os.path.isfile(record):
             raise ValueError(f"--output_dir {out} is not empty and holds no {RECORD}; choose another or --overwrite")
-        with open(record, encoding="utf8") as f:
-            have = json.load(f).get("options", {})
+        have = json.loads(Path(record).read_text(encoding="utf8")).get("options", {})
         differ = sorted(k for k in set(have) | set(options)
                         if k not in RESUME_MUTABLE and have.get(k) != options.get(k))
         if differ:
@@ -296,8 +293,7 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
 def _trained(rdir: str, ta: Any) -> Optional[dict[str, Any]]:
     """The record of round ``rdir`` when it was trained to the end of the length asked now, else ``None``."""
     try:
-        with open(os.path.join(rdir, "model", "round.json"), encoding="utf8") as f:
-            done = json.load(f)
+        done = json.loads(Path(rdir, "model", "round.json").read_text(encoding="utf8"))
     except (OSError, ValueError):
         return None
     ok = done.get("length") == [ta.max_steps, ta.num_train_epochs] and done.get("steps") == done.get("asked")
@@ -314,7 +310,7 @@ def finetune(fa: FinetuneArguments, ta: Any, argv: Optional[list[str]] = None) -
         _prepare(fa, ta, out)
         data, digest = load_training_data(fa, ta.seed), _files_digest(fa.train)
         handler = logging.FileHandler(os.path.join(out, "finetune.log"))
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
         logging.getLogger("pretrain").addHandler(handler)
         logging.getLogger("pretrain").setLevel(logging.INFO)
         try:
@@ -339,8 +335,7 @@ def finetune(fa: FinetuneArguments, ta: Any, argv: Optional[list[str]] = None) -
             logging.getLogger("pretrain").removeHandler(handler)
             handler.close()
         shutil.copytree(_round(out, fa.mining_rounds, "model"), out, dirs_exist_ok=True)
-        with open(os.path.join(out, RECORD), encoding="utf8") as f:
-            record = json.load(f)
+        record = json.loads(Path(out, RECORD).read_text(encoding="utf8"))
         argv = list(sys.argv[1:] if argv is None else argv)
         record.update(command=_portable("python -m pretrain finetune " + " ".join(argv), out), finished=True,
                       data={"train": _portable(fa.train, out), "digest": digest,
@@ -353,5 +348,5 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     """Entry point of ``python -m pretrain finetune``."""
     fa, ta = parse_args(argv)
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     return finetune(fa, ta, argv)
