@@ -184,6 +184,11 @@ def test_a_sentence_transformers_6_folder_loads_with_its_own_vectors(tiny_bert_d
     np.testing.assert_allclose(enc.encode_docs(TEXTS), want, rtol=0, atol=1e-6)
     np.testing.assert_allclose(enc.encode_queries(TEXTS), want, rtol=0, atol=1e-6)
     np.testing.assert_allclose(want, _naive(path, pooling, normalize, 12), atol=1e-5)  # and both cut at 12 tokens
+    from pretrain.export.record import encoder_settings  # what a record states of such a folder
+
+    got = encoder_settings(path)
+    assert (got["pooling"], got["normalize"], got["max_seq_length"], got["dimension"]) == (pooling, normalize, 12, 32)
+    assert got["similarity"] == ("cosine" if normalize else st.similarity_fn_name)
 
 
 @pytest.mark.parametrize("mode", ["max", ["cls", "mean"]])
