@@ -155,6 +155,49 @@ def test_unsupported_sentence_transformers_pooling_is_refused(normalized_dir, tm
         CPDAE.from_pretrained(bad)
 
 
+# ----------------------------------------------------------------------------- folders saved by sentence-transformers 6
+def _st6_folder(root, tiny_bert_dir: str, pooling, normalize: bool) -> str:
+    """A ``SentenceTransformer`` built from the tiny BERT (texts cut at 12 tokens) and saved by its own
+    ``save_pretrained``: sentence-transformers 6's format (``"pooling_mode"``, the length in the tokenizer)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    enc = Transformer(tiny_bert_dir, max_seq_length=12)
+    modules = [enc, Pooling(enc.get_embedding_dimension(), pooling_mode=pooling), *[Normalize()][:normalize]]
+    out = str(root / f"st6-{pooling}-{normalize}")
+    SentenceTransformer(modules=modules, device="cpu").save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_sentence_transformers_6_folder_loads_with_its_own_vectors(tiny_bert_dir, tmp_path, pooling, normalize):
+    from sentence_transformers import SentenceTransformer
+
+    path = _st6_folder(tmp_path, tiny_bert_dir, pooling, normalize)
+    assert json.load(open(os.path.join(path, "1_Pooling", "config.json")))["pooling_mode"] == pooling  # the new format
+    assert "max_seq_length" not in json.load(open(os.path.join(path, "sentence_bert_config.json")))
+    enc = CPDAE.from_pretrained(path, dtype="float32", batch_size=len(TEXTS))
+    assert (enc.pooling, enc.normalize, enc.query_max_length, enc.doc_max_length) == (pooling, normalize, 12, 12)
+    st = SentenceTransformer(path, device="cpu")
+    want = st.encode(TEXTS, convert_to_numpy=True, batch_size=4)
+    np.testing.assert_allclose(enc.encode_docs(TEXTS), want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(enc.encode_queries(TEXTS), want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(want, _naive(path, pooling, normalize, 12), atol=1e-5)  # and both cut at 12 tokens
+    from pretrain.export.record import encoder_settings  # what a record states of such a folder
+
+    got = encoder_settings(path)
+    assert (got["pooling"], got["normalize"], got["max_seq_length"], got["dimension"]) == (pooling, normalize, 12, 32)
+    assert got["similarity"] == ("cosine" if normalize else st.similarity_fn_name)
+
+
+@pytest.mark.parametrize("mode", ["max", ["cls", "mean"]])
+def test_a_sentence_transformers_6_pooling_cpdae_lacks_is_refused(tiny_bert_dir, tmp_path, mode):
+    path = _st6_folder(tmp_path, tiny_bert_dir, mode, False)
+    with pytest.raises(ValueError, match="1_Pooling.config.json: CPDAE implements exactly one of"):
+        CPDAE.from_pretrained(path)
+
+
 # ----------------------------------------------------------------------------- one pooling function
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_training_vectors_equal_inference_vectors(finetuned_dir, pooling, tmp_path):

@@ -147,7 +147,8 @@ def encoder_settings(path: str) -> dict[str, Any]:
     st = os.path.join(path, ST_CONFIG)
     st_cfg = json.loads(Path(st).read_text()) if os.path.isfile(st) else {}
     pool = os.path.join(path, POOLING_DIR, "config.json")
-    dim = json.loads(Path(pool).read_text()).get("word_embedding_dimension") if os.path.isfile(pool) else None
+    pool_cfg = json.loads(Path(pool).read_text()) if os.path.isfile(pool) else {}
+    dim = pool_cfg.get("word_embedding_dimension", pool_cfg.get("embedding_dimension"))  # (sentence-transformers 6)
     prompts = st_cfg.get("prompts") or {}
     modules = _read_json(os.path.join(path, MODULES))
     return {"modules": [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]

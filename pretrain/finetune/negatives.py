@@ -3,6 +3,8 @@ the ``(query, positive, negative_1..n)`` dataset sentence-transformers trains on
 ``{"qid", "query", "pos": [...], "negs": [...]}``, an item a docno or ``{"docno"?, "text"}``."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -11,8 +13,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Iterable, Optional, Sequence
 
+import ir_datasets
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
+from datasets import Dataset
 
 from pyterrier_cpdae._files import atomic_write, read_jsonl, write_json_atomic
 
@@ -69,10 +74,8 @@ def select_queries(topics: pd.DataFrame, qrels: pd.DataFrame) -> tuple[pd.DataFr
     missing = ({"qid", "query"} - set(topics.columns)) | ({"qid", "docno", "label"} - set(qrels.columns))
     if missing:
         raise ValueError(f"topics/qrels lack column(s) {sorted(missing)}")
-    rel = qrels[qrels["label"].astype(float) > 0]
-    positives: dict[str, list[str]] = {}
-    for qid, docno in zip(rel["qid"].astype(str), rel["docno"].astype(str)):
-        positives.setdefault(qid, []).append(docno)
+    rel = qrels[qrels["label"].astype(float) > 0].astype({"qid": str, "docno": str})
+    positives = rel.groupby("qid", sort=False)["docno"].agg(list).to_dict()
     topics = topics[["qid", "query"]].astype(str).drop_duplicates("qid")
     keep = topics["qid"].isin(positives.keys())
     if (~keep).sum():
@@ -93,30 +96,35 @@ def sample_queries(qids: Sequence[str], n: int, seed: int) -> list[str]:
     return ordered if n < 0 or n >= len(ordered) else sorted(random.Random(seed).sample(ordered, n))
 
 
-def mine_bm25(retriever: Any, topics: pd.DataFrame, judged: dict[str, Any], depth: int,
-              chunk_size: int = 1000) -> dict[str, list[str]]:
-    """Pools from a BM25 ``pt.Transformer`` (qid, docno, rank), queries retrieved in chunks: the top ``depth`` minus
-    the judged documents."""
+def _pools(topics: pd.DataFrame, judged: dict[str, Any], rank: Callable, chunk_size: int) -> dict[str, list[str]]:
+    """Each query's ranking (``rank(chunk of topics)`` -> qid -> docnos, queries in chunks) minus its judged ones."""
     pools: dict[str, list[str]] = {q: [] for q in topics["qid"]}
     for start in range(0, len(topics), chunk_size):
-        res = retriever(topics.iloc[start:start + chunk_size][["qid", "query"]]).sort_values(["qid", "rank"])
-        for q, d in res.groupby("qid", sort=False)["docno"]:
-            pools[str(q)] = [x for x in d.astype(str).tolist()[:depth] if x not in judged.get(str(q), ())]
+        for q, ranked in rank(topics.iloc[start:start + chunk_size]).items():
+            pools[q] = [d for d in ranked if d not in judged.get(q, ())]
     return pools
+
+
+def mine_bm25(retriever: Any, topics: pd.DataFrame, judged: dict[str, Any], depth: int,
+              chunk_size: int = 1000) -> dict[str, list[str]]:
+    """Pools from a BM25 ``pt.Transformer`` (qid, docno, rank): the top ``depth`` minus the judged documents."""
+    def rank(chunk: pd.DataFrame) -> dict[str, list[str]]:
+        res = retriever(chunk[["qid", "query"]]).sort_values(["qid", "rank"])
+        return {str(q): d.astype(str).tolist()[:depth] for q, d in res.groupby("qid", sort=False)["docno"]}
+    return _pools(topics, judged, rank, chunk_size)
 
 
 def mine_dense(encoder: Any, index: Any, topics: pd.DataFrame, judged: dict[str, Any], depth: int,
                chunk_size: int = 1024) -> dict[str, list[str]]:
     """Pools from an exact dense ranking (``encoder.encode_queries`` + ``index.search``, which streams the index in
     blocks): the top ``depth`` minus the judged documents."""
-    fwd, pools, k = index.docnos.fwd, {}, min(depth, len(index))
-    for start in range(0, len(topics), chunk_size):
-        chunk = topics.iloc[start:start + chunk_size]
+    fwd, k = index.docnos.fwd, min(depth, len(index))
+
+    def rank(chunk: pd.DataFrame) -> dict[str, list[str]]:
         _, idx = index.search(np.asarray(encoder.encode_queries(chunk["query"].tolist()), dtype=np.float32), k)
-        for qid, row in zip(chunk["qid"], idx):
-            ranked = fwd.lookup(np.asarray(row[row >= 0], dtype=np.int64))
-            pools[qid] = [str(d) for d in ranked if str(d) not in judged.get(qid, ())]
-    return pools
+        return {q: [str(d) for d in fwd.lookup(np.asarray(row[row >= 0], dtype=np.int64))]
+                for q, row in zip(chunk["qid"], idx)}
+    return _pools(topics, judged, rank, chunk_size)
 
 
 def make_groups(topics: pd.DataFrame, positives: dict[str, list[str]], pools: dict[str, list[str]]) -> list[Group]:
@@ -127,8 +135,6 @@ def make_groups(topics: pd.DataFrame, positives: dict[str, list[str]], pools: di
 def read_irds_docpairs(dataset_id: str, qids: Optional[Container[str]] = None,
                        max_negatives: int = -1) -> list[Group]:
     """Groups from an ir_datasets docpairs set (e.g. ``msmarco-passage/train/triples-small``), streamed once."""
-    import ir_datasets
-
     try:
         ds = ir_datasets.load(dataset_id)
     except KeyError as e:
@@ -145,7 +151,7 @@ def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[st
     """Groups from (qid, positive, negative) triples of the queries with a text (and in ``qids``), merged per query,
     at most ``max_negatives`` negatives each (``< 0``: all)."""
     pos: dict[str, dict[str, None]] = {}
-    neg: dict[str, dict[str, None]] = {}
+    neg: dict[str, dict[str, None]] = {}  # (ordered sets)
     for qid, a, b in pairs:
         qid, a, b = str(qid), str(a), str(b)
         if qid in queries and (qids is None or qid in qids):
@@ -159,21 +165,16 @@ def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[st
 # ----------------------------------------------------------------------------- stored pools
 def save_pools(path: str, groups: Sequence[Group], key: dict[str, Any]) -> None:
     """Pools as a ``datasets`` Parquet file (qid, query, pos, negs) and ``<path>.key.json``, what made them."""
-    from datasets import Dataset
-
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.exists(path + ".key.json"):
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path + ".key.json")
-    Dataset.from_dict({"qid": [g.qid for g in groups], "query": [g.query for g in groups],
-                       "pos": [g.pos for g in groups], "negs": [g.negs for g in groups]}).to_parquet(path + ".tmp")
+    Dataset.from_list([dataclasses.asdict(g) for g in groups]).to_parquet(path + ".tmp")
     os.replace(path + ".tmp", path)
     write_json_atomic(path + ".key.json", key)
 
 
 def load_pools(path: str, key: dict[str, Any]) -> Optional[list[Group]]:
     """The pools saved at ``path`` when they were made from ``key``; ``None`` (logged: stale) otherwise."""
-    import pyarrow.parquet as pq
-
     try:
         with open(path + ".key.json", encoding="utf8") as f:
             have = json.load(f)
@@ -183,8 +184,7 @@ def load_pools(path: str, key: dict[str, Any]) -> Optional[list[Group]]:
         logger.warning("%s: made from other %s: mined again", os.path.basename(path),
                        ", ".join(k for k in key if have.get(k) != key[k]) or "inputs")
         return None
-    t = pq.read_table(path).to_pydict()
-    return [Group(*row) for row in zip(t["qid"], t["query"], t["pos"], t["negs"])]
+    return [Group(**row) for row in pq.read_table(path).to_pylist()]
 
 
 # ----------------------------------------------------------------------------- the training dataset
@@ -196,8 +196,6 @@ def build_dataset(groups: Sequence[Group], num_negatives: int, *,
     the others); a short pool is drawn with replacement or dropped (``few_negatives``), an empty one dropped. Only the
     drawn passages' texts are read from the corpus (two passes); a positive missing from it is an error, a missing
     negative is dropped."""
-    from datasets import Dataset
-
     texts = dict(texts or {})
     todo = {d for g in groups for d in (*g.pos, *g.negs)} - texts.keys()
     if todo and corpus is None:
@@ -207,27 +205,23 @@ def build_dataset(groups: Sequence[Group], num_negatives: int, *,
     bad = sorted({d for g in groups for d in g.pos if d not in found})
     if bad:
         raise ValueError(f"{len(bad)} judged positive document id(s) are not in the corpus: {', '.join(bad[:10])}")
-    drawn, short, empty = [], 0, 0
+    rows, short, empty = [], 0, 0
     for g in groups:
         rng = random.Random(f"{seed}:{g.qid}")
         pos, pool = rng.choice(g.pos), [d for d in dict.fromkeys(g.negs) if d in found]
-        if num_negatives and not pool:
-            empty += 1
-        elif len(pool) < num_negatives and (short := short + 1) and few_negatives == "drop":
-            continue
-        else:
-            drawn.append((g.query, pos, rng.sample(pool, num_negatives) if len(pool) >= num_negatives
-                          else rng.choices(pool, k=num_negatives)))
+        empty += bool(num_negatives and not pool)
+        short += bool(pool) and len(pool) < num_negatives
+        if (not num_negatives or pool) and (len(pool) >= num_negatives or few_negatives != "drop"):
+            rows.append([g.query, pos, *(rng.sample(pool, num_negatives) if len(pool) >= num_negatives
+                                         else rng.choices(pool, k=num_negatives))])
     if short or empty:
         logger.warning("%d queries had fewer than %d negatives (%s), %d none (dropped)", short, num_negatives,
                        "dropped" if few_negatives == "drop" else "drawn with replacement", empty)
-    if not drawn:
+    if not rows:
         raise ValueError(f"no training example left: {len(groups)} groups, {short + empty} with too few negatives "
                          f"(--num_negatives {num_negatives})")
-    need = {d for _, p, n in drawn for d in (p, *n)} - texts.keys()
+    need = {d for row in rows for d in row[1:]} - texts.keys()
     if need:
         texts.update({str(d["docno"]): str(d["text"]) for d in corpus() if str(d["docno"]) in need})
-    cols = {"query": [q for q, _, _ in drawn], "positive": [texts[p] for _, p, _ in drawn]}
-    for j in range(num_negatives):
-        cols[f"negative_{j + 1}"] = [texts[n[j]] for _, _, n in drawn]
-    return Dataset.from_dict(cols)
+    names = ["query", "positive", *(f"negative_{j + 1}" for j in range(num_negatives))]
+    return Dataset.from_dict({c: [row[0] if j == 0 else texts[row[j]] for row in rows] for j, c in enumerate(names)})

@@ -22,63 +22,71 @@ import os
 import re
 import shutil
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
+import pandas as pd
+import torch
+from pyterrier_cpdae import CPDAE, BM25Index, DenseIndex, load_dataset
 from pyterrier_cpdae._files import write_json_atomic
+from pyterrier_cpdae._locking import build_lock
+from pyterrier_cpdae.encoder.st_export import export_pipeline
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
+                                                               MultipleNegativesRankingLoss)
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+from sentence_transformers.util import cos_sim, dot_score
+from transformers import EarlyStoppingCallback, set_seed
+from transformers.trainer_utils import get_last_checkpoint
 
+from ..data.inputs import check_model_arg, check_writable_dir, file_fingerprint, spec_files
+from ..evaluation.probe import ProbeEvaluator, RetrievalProbe
 from . import negatives as neg
 from .arguments import RESUME_MUTABLE, FinetuneArguments, parse_args
 
 logger = logging.getLogger("pretrain.finetune")
 RECORD = "reproduction.json"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DEVICE = None if torch.cuda.is_available() else "cpu"  # (None: sentence-transformers picks the GPU)
 
 
 class NonFiniteLossError(FloatingPointError):
     """The loss of a step was not finite: training stops before the update (nothing of the round is exported)."""
 
 
-def _trainer_class() -> type:
-    import torch
-    from sentence_transformers import SentenceTransformerTrainer
+class FiniteTrainer(SentenceTransformerTrainer):
+    """``SentenceTransformerTrainer`` that stops at a non-finite training loss (:class:`NonFiniteLossError`)."""
 
-    class FiniteTrainer(SentenceTransformerTrainer):
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            loss = out[0] if return_outputs else out
-            if model.training and not torch.isfinite(loss.detach()).all():
-                raise NonFiniteLossError(f"non-finite loss ({loss.item()}) at step {self.state.global_step + 1} of "
-                                         f"{self.args.output_dir}: lower --learning_rate; the last checkpoint is kept")
-            return out
-
-    return FiniteTrainer
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss = out[0] if return_outputs else out
+        if model.training and not torch.isfinite(loss.detach()).all():
+            raise NonFiniteLossError(f"non-finite loss ({loss.item()}) at step {self.state.global_step + 1} of "
+                                     f"{self.args.output_dir}: lower --learning_rate; the last checkpoint is kept")
+        return out
 
 
-def _device() -> Optional[str]:
-    import torch
+def _round(out: str, r: int, *sub: str) -> str:
+    return os.path.join(out, "rounds", f"round-{r}", *sub)
 
-    return None if torch.cuda.is_available() else "cpu"
+
+def _normalize(model: Optional[str], fa: FinetuneArguments) -> bool:
+    """Whether the model built from ``model`` ends in Normalize: the base's own pipeline, unless ``--pooling``
+    replaces it."""
+    return bool(model and export_pipeline(model, fa.pooling, "--pooling")["normalize"])
 
 
 # ----------------------------------------------------------------------------- model and loss
 def build_model(start: str, fa: FinetuneArguments) -> tuple[Any, bool]:
     """``(SentenceTransformer, normalize)``: Transformer -> Pooling (``--pooling``) [-> Normalize, as the base]."""
-    from pyterrier_cpdae.encoder.st_export import export_pipeline
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
-    normalize = bool(export_pipeline(start, fa.pooling, "--pooling")["normalize"])
+    normalize = _normalize(start, fa)
     enc = Transformer(start, max_seq_length=fa.max_seq_length)
     modules = [enc, Pooling(enc.get_embedding_dimension(), pooling_mode=fa.pooling), *[Normalize()][:normalize]]
-    return SentenceTransformer(modules=modules, device=_device()), normalize
+    return SentenceTransformer(modules=modules, device=DEVICE), normalize
 
 
 def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any, dict[str, Any]]:
     """The loss and its record: cosine at scale 20 for a normalised model, dot product at scale 1 otherwise."""
-    import torch
-    from sentence_transformers.sentence_transformer.losses import (CachedMultipleNegativesRankingLoss,
-                                                                   MultipleNegativesRankingLoss)
-    from sentence_transformers.util import cos_sim, dot_score
-
     sim, default = (cos_sim, 20.0) if normalize else (dot_score, 1.0)
     scale = default if fa.scale is None else float(fa.scale)
 
@@ -90,9 +98,9 @@ def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any,
 
     own_group.__name__ = sim.__name__
     fct = sim if fa.in_batch_negatives else own_group
-    loss = (CachedMultipleNegativesRankingLoss(model, scale=scale, similarity_fct=fct,
-                                               mini_batch_size=fa.mini_batch_size)
-            if fa.loss == "cached" else MultipleNegativesRankingLoss(model, scale=scale, similarity_fct=fct))
+    cached = {"mini_batch_size": fa.mini_batch_size} if fa.loss == "cached" else None
+    loss = (CachedMultipleNegativesRankingLoss if cached else MultipleNegativesRankingLoss)(
+        model, scale=scale, similarity_fct=fct, **(cached or {}))
     return loss, {"loss": type(loss).__name__, "similarity": sim.__name__, "scale": scale,
                   "scale_from": "--scale" if fa.scale is not None else
                   "the default for " + ("cosine (the model ends in Normalize)" if normalize else "dot product"),
@@ -103,8 +111,6 @@ def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any,
 def load_training_data(fa: FinetuneArguments, seed: int) -> dict[str, Any]:
     """``--train``: topics with a judged positive (sampled with ``--max_train_queries``), positives, every judged
     document (never a negative), the corpus."""
-    import pandas as pd
-
     groups, texts, corpus = None, {}, None
     if fa.train.startswith("groups:"):
         groups, texts = neg.read_groups(fa.train[len("groups:"):])
@@ -114,8 +120,6 @@ def load_training_data(fa: FinetuneArguments, seed: int) -> dict[str, Any]:
         topics = pd.DataFrame({"qid": [g.qid for g in groups], "query": [g.query for g in groups]})
         positives, judged = {g.qid: g.pos for g in groups}, {}
     else:
-        from pyterrier_cpdae import load_dataset
-
         ds = load_dataset(fa.train)
         corpus, qrels = ds.get_corpus_iter, ds.get_qrels()
         topics, positives = neg.select_queries(ds.get_topics(), qrels)
@@ -133,10 +137,6 @@ def _digest(obj: Any) -> str:
 
 def _files_digest(path: str, pattern: str = "*") -> str:
     """A digest of the local files of a data spec or a model folder (names relative to it, content fingerprints)."""
-    from pathlib import Path
-
-    from ..data.inputs import file_fingerprint, spec_files
-
     files = spec_files(path) if ":" in path else [p for p in sorted(Path(path).glob(pattern)) if p.is_file()]
     if not files:
         return path
@@ -148,7 +148,7 @@ def mining_source(fa: FinetuneArguments, out: str, r: int) -> tuple[str, Optiona
     """``(kind, model folder)`` of round ``r``'s negatives: ``dense`` with the previous round's model, ``--model`` or
     ``model:<checkpoint>``; else ``--negatives`` itself."""
     if r > 0:
-        return "dense", os.path.join(out, "rounds", f"round-{r - 1}", "model")
+        return "dense", _round(out, r - 1, "model")
     if fa.negatives == "model" or fa.negatives.startswith("model:"):
         return "dense", fa.negatives[len("model:"):] or fa.model
     return fa.negatives, None
@@ -166,27 +166,23 @@ def mine(fa: FinetuneArguments, out: str, r: int, data: dict[str, Any], normaliz
                          "--mining_rounds 0)")
     judged = {q: set(positives[q]) | data["judged"].get(q, set()) for q in topics["qid"]}
     if model is not None:
-        from pyterrier_cpdae import CPDAE, DenseIndex
-
         logger.info("round %d: dense negatives (pooling %s%s)", r, fa.pooling, ", normalised" if normalize else "")
         enc = CPDAE.from_pretrained(model, pooling=fa.pooling, normalize=normalize, doc_max_length=fa.max_seq_length,
-                                    query_max_length=min(fa.max_seq_length, 32), device=_device())
+                                    query_max_length=min(fa.max_seq_length, 32), device=DEVICE)
         index = DenseIndex(os.path.join(out, "dense_index"))
         (enc.doc_encoder() >> index.indexer(mode="overwrite", shard=0, num_shards=1)).index(data["corpus"]())
         pools = neg.mine_dense(enc, index, topics, judged, fa.negatives_depth)
         shutil.rmtree(index.path, ignore_errors=True)
     elif kind == "bm25":
-        from pyterrier_cpdae import BM25Index
-
         index = BM25Index(os.path.join(out, "bm25_index"))
         index.indexer(mode="overwrite").index(data["corpus"]())
         pools = neg.mine_bm25(index.bm25(num_results=fa.negatives_depth), topics, judged, fa.negatives_depth)
-    elif kind.startswith("file:irds:"):
-        groups = neg.read_irds_docpairs(kind[len("file:irds:"):], set(topics["qid"]), fa.negatives_depth)
-        pools = {g.qid: [d for d in g.negs if d not in judged[g.qid]] for g in groups}
     elif kind.startswith("file:"):
-        groups, texts = neg.read_groups(kind[len("file:"):])
-        data["texts"].update(texts)
+        if kind.startswith("file:irds:"):
+            groups = neg.read_irds_docpairs(kind[len("file:irds:"):], set(topics["qid"]), fa.negatives_depth)
+        else:
+            groups, texts = neg.read_groups(kind[len("file:"):])
+            data["texts"].update(texts)
         pools = {g.qid: [d for d in g.negs if d not in judged[g.qid]] for g in groups if g.qid in judged}
     else:
         raise ValueError(f"unknown --negatives {fa.negatives!r}; use bm25, file:<path>, file:irds:<id>, model or "
@@ -224,8 +220,6 @@ def input_digests(fa: FinetuneArguments) -> dict[str, str]:
 
 def _prepare(fa: FinetuneArguments, ta: Any, out: str) -> None:
     """Checks the options; starts a new run, continues this one (``--resume``) or replaces one (``--overwrite``)."""
-    from ..data.inputs import check_model_arg, check_writable_dir
-
     check_writable_dir(ta.output_dir, "--output_dir")
     check_model_arg(fa.model, "--model")
     if fa.negatives.startswith("model:"):
@@ -241,8 +235,7 @@ def _prepare(fa: FinetuneArguments, ta: Any, out: str) -> None:
     if os.path.isdir(out) and os.listdir(out) and not fa.overwrite:
         if not os.path.isfile(record):
             raise ValueError(f"--output_dir {out} is not empty and holds no {RECORD}; choose another or --overwrite")
-        with open(record, encoding="utf8") as f:
-            have = json.load(f).get("options", {})
+        have = json.loads(Path(record).read_text(encoding="utf8")).get("options", {})
         differ = sorted(k for k in set(have) | set(options)
                         if k not in RESUME_MUTABLE and have.get(k) != options.get(k))
         if differ:
@@ -263,14 +256,8 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
                 data: dict[str, Any]) -> dict[str, Any]:
     """Round ``r``: fine-tune its start on its groups (from its last checkpoint, if any) into ``rounds/round-<r>``;
     the model is saved to ``rounds/round-<r>/model`` with ``round.json`` (its steps, loss and scale)."""
-    from pyterrier_cpdae.encoder.st_export import write_st_config
-    from transformers import EarlyStoppingCallback, set_seed
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from ..evaluation.probe import ProbeEvaluator, RetrievalProbe
-
-    rdir = os.path.join(out, "rounds", f"round-{r}")
-    start = fa.model if r == 0 or fa.round_init == "base" else os.path.join(out, "rounds", f"round-{r - 1}", "model")
+    rdir = _round(out, r)
+    start = fa.model if r == 0 or fa.round_init == "base" else _round(out, r - 1, "model")
     set_seed(ta.seed)  # the weights a base lacks (a pooler) are drawn the same in every session of the run
     model, normalize = build_model(start, fa)
     loss, loss_record = build_loss(model, fa, normalize)
@@ -291,13 +278,10 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
     logger.info("round %d: %d examples%s", r, len(train), f", resumed from {os.path.basename(last)}" if last else "")
     with contextlib.chdir(out):
         stop = [EarlyStoppingCallback(fa.early_stopping_patience)] if fa.early_stopping_patience else []
-        trainer = _trainer_class()(model=model, args=args, train_dataset=train, loss=loss,
-                                   evaluator=evaluator or None, callbacks=stop)
+        trainer = FiniteTrainer(model=model, args=args, train_dataset=train, loss=loss,
+                                evaluator=evaluator or None, callbacks=stop)
         result = trainer.train(resume_from_checkpoint=last and os.path.relpath(last, out))
     model.save_pretrained(os.path.join(rdir, "model"))
-    # the sentence-transformers description that CPDAE reads as sentence-transformers does
-    write_st_config(os.path.join(rdir, "model"), pooling=fa.pooling, normalize=normalize,
-                    max_seq_length=fa.max_seq_length, hidden_size=model.get_embedding_dimension())
     metrics = {"steps": result.global_step, "train_loss": result.training_loss,
                "train_runtime_s": result.metrics.get("train_runtime"), **loss_record,
                **(evaluator(model) if evaluator else {})}
@@ -309,8 +293,7 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
 def _trained(rdir: str, ta: Any) -> Optional[dict[str, Any]]:
     """The record of round ``rdir`` when it was trained to the end of the length asked now, else ``None``."""
     try:
-        with open(os.path.join(rdir, "model", "round.json"), encoding="utf8") as f:
-            done = json.load(f)
+        done = json.loads(Path(rdir, "model", "round.json").read_text(encoding="utf8"))
     except (OSError, ValueError):
         return None
     ok = done.get("length") == [ta.max_steps, ta.num_train_epochs] and done.get("steps") == done.get("asked")
@@ -319,31 +302,27 @@ def _trained(rdir: str, ta: Any) -> Optional[dict[str, Any]]:
 
 def finetune(fa: FinetuneArguments, ta: Any, argv: Optional[list[str]] = None) -> dict[str, Any]:
     """Run the fine-tuning (its output locked); returns its record (``<output_dir>/reproduction.json``)."""
-    from pyterrier_cpdae._locking import build_lock
-    from pyterrier_cpdae.encoder.st_export import export_pipeline
-
     for name, value in (("--output_dir", ta.output_dir), ("--model", fa.model), ("--train", fa.train)):
         if not value:
             raise ValueError(f"{name} is required")
     out = os.path.abspath(ta.output_dir)
     with build_lock(out, "fine-tuning run", "written"):
         _prepare(fa, ta, out)
-        data = load_training_data(fa, ta.seed)
+        data, digest = load_training_data(fa, ta.seed), _files_digest(fa.train)
         handler = logging.FileHandler(os.path.join(out, "finetune.log"))
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
         logging.getLogger("pretrain").addHandler(handler)
         logging.getLogger("pretrain").setLevel(logging.INFO)
         try:
             rounds = []
             for r in range(fa.mining_rounds + 1):
                 model = mining_source(fa, out, r)[1]
-                normalize = bool(model and export_pipeline(model, fa.pooling, "--pooling")["normalize"])
-                key = {"source": "dense" if model else fa.negatives, "data": _files_digest(fa.train),
+                normalize = _normalize(model, fa)
+                key = {"source": "dense" if model else fa.negatives, "data": digest,
                        "queries": _digest(sorted(data["topics"]["qid"])), "depth": fa.negatives_depth,
                        "model": model and {"weights": _files_digest(model, "*.safetensors"), "pooling": fa.pooling,
                                            "normalize": normalize}}
-                path = os.path.join(out, "negatives", f"round-{r}.parquet")
-                rdir = os.path.join(out, "rounds", f"round-{r}")
+                path, rdir = os.path.join(out, "negatives", f"round-{r}.parquet"), _round(out, r)
                 groups = neg.load_pools(path, key)
                 if groups is None:  # none yet, or made from other data or another model: mined (and trained) again
                     groups = mine(fa, out, r, data, normalize)
@@ -355,15 +334,11 @@ def finetune(fa: FinetuneArguments, ta: Any, argv: Optional[list[str]] = None) -
         finally:
             logging.getLogger("pretrain").removeHandler(handler)
             handler.close()
-        final = os.path.join(out, "rounds", f"round-{fa.mining_rounds}", "model")
-        for name in os.listdir(final):
-            src, dst = os.path.join(final, name), os.path.join(out, name)
-            shutil.copytree(src, dst, dirs_exist_ok=True) if os.path.isdir(src) else shutil.copy2(src, dst)
-        with open(os.path.join(out, RECORD), encoding="utf8") as f:
-            record = json.load(f)
+        shutil.copytree(_round(out, fa.mining_rounds, "model"), out, dirs_exist_ok=True)
+        record = json.loads(Path(out, RECORD).read_text(encoding="utf8"))
         argv = list(sys.argv[1:] if argv is None else argv)
         record.update(command=_portable("python -m pretrain finetune " + " ".join(argv), out), finished=True,
-                      data={"train": _portable(fa.train, out), "digest": _files_digest(fa.train),
+                      data={"train": _portable(fa.train, out), "digest": digest,
                             "num_queries": len(data["topics"])}, rounds=rounds)
         write_json_atomic(os.path.join(out, RECORD), record)
         return record
@@ -373,5 +348,5 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     """Entry point of ``python -m pretrain finetune``."""
     fa, ta = parse_args(argv)
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     return finetune(fa, ta, argv)

@@ -6,7 +6,7 @@ that reads them) rebuilds the same text encoder::
 
     modules.json                        # Transformer -> Pooling [-> Normalize]
     sentence_bert_config.json           # {"max_seq_length": ..., "do_lower_case": false}
-    1_Pooling/config.json               # pooling_mode_cls_token / pooling_mode_mean_tokens
+    1_Pooling/config.json               # "pooling_mode": "cls" (sentence-transformers 6) or pooling_mode_cls_token
     config_sentence_transformers.json   # similarity function (dot, or cosine when normalised)
 
 :func:`write_st_config` writes them; :func:`read_encoder_settings` reads them back (or, for directories exported
@@ -173,6 +173,33 @@ def _setting(path: str, key: str, value: Any) -> Any:
 _MAX_LENGTH = 1 << 24
 
 
+def _pooling_modes(cfg: Dict[str, Any]) -> tuple:
+    """``(CPDAE poolings, other modes)`` a Pooling ``config.json`` enables: sentence-transformers 6 writes
+    ``"pooling_mode": "cls"`` (or a list of modes, concatenated), earlier versions one boolean per mode."""
+    if "pooling_mode" in cfg:
+        mode = cfg["pooling_mode"]
+        names = [mode] if isinstance(mode, str) else list(mode) if isinstance(mode, (list, tuple)) else [mode]
+        return [m for m in names if m in POOLINGS], [short_repr(m) for m in names if m not in POOLINGS]
+    return ([name for name, key in _ST_POOLING_KEYS.items() if cfg.get(key)],
+            [k for k in _OTHER_POOLING_KEYS if cfg.get(k)])
+
+
+_TOKENIZER_FILES = ("tokenizer_config.json", "config.json")
+
+
+def _tokenizer_length(path: str) -> Optional[tuple]:
+    """``(length, source file)`` that sentence-transformers 6 cuts texts at in model directory ``path``: the
+    tokenizer's ``model_max_length`` (a million or more: unknown) capped at ``max_position_embeddings``; None when
+    neither file says."""
+    found = []
+    for name, key in zip(_TOKENIZER_FILES, ("model_max_length", "max_position_embeddings")):
+        file = os.path.join(path, name)
+        value = _read_json(file).get(key) if os.path.isfile(file) else None
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1_000_000:
+            found.append((_setting(file, key, value), file))
+    return min(found, default=None)
+
+
 def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """The pooling, normalisation and maximum lengths a model directory declares (only those it declares).
 
@@ -180,7 +207,9 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     ``do_lower_case``); a fine-tuning run's ``training_args.json`` fills in what they lack (``pooling``,
     ``query_max_length``, ``doc_max_length``), so that directories exported before the sentence-transformers files
     existed describe themselves too. A query length that no ``training_args.json`` declares is ``max_seq_length``
-    too: the folder's own pipeline (``SentenceTransformer.encode``) cuts queries and documents alike.
+    too: the folder's own pipeline (``SentenceTransformer.encode``) cuts queries and documents alike. A folder saved by
+    sentence-transformers 6 (``"pooling_mode": "cls"``, no ``max_seq_length``) declares its length through its
+    tokenizer (``model_max_length``, capped at ``max_position_embeddings``), as sentence-transformers reads it.
 
     Returns:
         ``{setting: (value, source file)}``; empty for a Hub name or a plain Hugging Face directory.
@@ -214,11 +243,10 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
                 raise ValueError(f"{modules_path} names a Pooling module in {short_repr(sub)}, but {pool_path} does "
                                  "not exist")
             cfg = _read_json(pool_path)
-            modes = [name for name, key in _ST_POOLING_KEYS.items() if cfg.get(key)]
-            others = [k for k in _OTHER_POOLING_KEYS if cfg.get(k)]
+            modes, others = _pooling_modes(cfg)
             if len(modes) != 1 or others:
                 raise ValueError(f"{pool_path}: CPDAE implements exactly one of {POOLINGS} pooling, but this "
-                                 f"file enables {[_ST_POOLING_KEYS[m] for m in modes] + others}; pass pooling= "
+                                 f"file enables {modes + others}; pass pooling= "
                                  "explicitly only if you accept different vectors from sentence-transformers")
             out["pooling"] = (modes[0], pool_path)
     sbert_path = os.path.join(path, SBERT_CONFIG)
@@ -237,7 +265,14 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
         for key in ("pooling", "query_max_length", "doc_max_length"):
             if key not in out and config.get(key) is not None:
                 out[key] = (_setting(args_path, key, config[key]), args_path)
-    if "query_max_length" not in out and out.get("doc_max_length", (None, None))[1] == sbert_path:
+    if os.path.isfile(modules_path) and "doc_max_length" not in out:
+        # sentence-transformers 6 stores no max_seq_length: it cuts at the tokenizer's model_max_length, capped at
+        # the config's max_position_embeddings (its Transformer module)
+        limit = _tokenizer_length(path)
+        if limit is not None:
+            out["doc_max_length"] = limit
+    if "query_max_length" not in out and out.get("doc_max_length", (None, None))[1] in (
+            sbert_path, *(os.path.join(path, n) for n in _TOKENIZER_FILES)):
         # sentence-transformers cuts every text, queries too, at max_seq_length (SentenceTransformer.encode)
         out["query_max_length"] = out["doc_max_length"]
     return out
