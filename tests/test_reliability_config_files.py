@@ -217,3 +217,19 @@ def test_the_paper_pipeline_names_a_bad_config_file_in_one_line(tmp_path):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
     assert lines[0].startswith("error: ConfigFileError: ") and f"{bad}:3" in lines[0] and "'extends'" in lines[0]
+
+
+def test_a_finetune_config_file_sets_options_between_the_preset_and_the_flags(tmp_path: Path) -> None:
+    """``python -m pretrain finetune --config``: the file's values replace the preset's, a flag replaces the file's;
+    the Trainer's options (``learning_rate``) and ours (``num_negatives``) alike; an unknown key names the file."""
+    from pretrain.finetune.arguments import PRESETS, parse_args as finetune_args
+
+    f = tmp_path / "ft.yaml"
+    f.write_text("preset: paper-warmup\nnum_negatives: 3\nlearning-rate: 2.0e-5\nmax_steps: 7\n")
+    fa, ta = finetune_args(["--config", str(f), "--output_dir", str(tmp_path / "o"), "--max_steps", "9"])
+    assert (fa.preset, fa.num_negatives, ta.learning_rate, ta.max_steps) == ("paper-warmup", 3, 2e-5, 9)
+    assert fa.mining_rounds == PRESETS["paper-warmup"]["mining_rounds"]  # the preset's value the file leaves alone
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("num_negatives: 3\nno_such_option: 1\n")
+    with pytest.raises(ValueError, match=re.escape(f"unknown option(s) in config file {bad}: no_such_option")):
+        finetune_args(["--config", str(bad), "--output_dir", str(tmp_path / "o")])

@@ -71,18 +71,34 @@ RESUME_MUTABLE = frozenset({"resume", "overwrite", "max_steps", "num_train_epoch
 
 
 def parse_args(argv: Optional[list[str]] = None) -> tuple[FinetuneArguments, Any]:
-    """``(FinetuneArguments, SentenceTransformerTrainingArguments)`` from the command line; ``--preset``'s values
-    become defaults before the flags are read. ``--output_dir`` is required."""
+    """``(FinetuneArguments, SentenceTransformerTrainingArguments)`` from the command line. Precedence: defaults <
+    ``--preset`` < ``--config`` file (YAML/JSON, read like the pre-training command's) < flags. ``--output_dir`` is
+    required."""
+    import argparse
+    import sys
+
     from sentence_transformers import SentenceTransformerTrainingArguments
     from transformers import HfArgumentParser
 
+    from ..arguments import config_file_defaults
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((FinetuneArguments, SentenceTransformerTrainingArguments),
                               prog="python -m pretrain finetune",
                               description="Fine-tune a bi-encoder with sentence-transformers on BM25, file or "
                                           "dense-mined hard negatives.")
     parser.set_defaults(output_dir=None, report_to="none", save_strategy="steps", logging_steps=10)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default=None)
+    known, argv = pre.parse_known_args(argv)
+    parser.add_argument("--config", default=None, help="YAML or JSON file of options (option names as keys).")
+    from_file = config_file_defaults(parser, known.config, help_command="python -m pretrain finetune --help")
     first, _ = parser.parse_known_args(argv)
-    if first.preset:
-        parser.set_defaults(**PRESETS[first.preset])
-    fa, ta = parser.parse_args_into_dataclasses(args=argv)
+    preset = first.preset or from_file.get("preset")
+    if preset and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r} in config file {known.config}; the presets: {', '.join(PRESETS)}")
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
+    parser.set_defaults(**from_file)
+    fa, ta = parser.parse_args_into_dataclasses(args=argv)[:2]
     return fa, ta
