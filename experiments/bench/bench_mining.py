@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
     out["dense_index_s"] = round(time.perf_counter() - t0, 1)
 
     t0 = time.perf_counter()
-    st = SentenceTransformer(a.model, device="cpu")
+    st = SentenceTransformer(a.model, device="cpu", trust_remote_code=False)
     st.max_seq_length = 256
     pairs = Dataset.from_dict({"query": topics["query"].tolist(),
                                "positive": [text[positives[q][0]] for q in topics["qid"]]})

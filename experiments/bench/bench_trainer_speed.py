@@ -34,7 +34,7 @@ def _objective(name: str, length: int, batch: int):
     from pretrain.objectives import build_objective
 
     path = str(gt.get_model_path())
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     torch.manual_seed(0)
     mlm = load_mlm_model(path, new_mlm_head=True)
     extra = {"decoder_bias_init": "zero"} if name == "cpdae" else {}  # no corpus prior: no corpus statistics needed

