@@ -75,6 +75,6 @@ def test_ict_loss_matches_the_in_batch_softmax(tiny_bert_dir, tau):
 
 def test_ict_options_are_checked(tiny_bert_dir):
     model, tok, _ = load_tiny(tiny_bert_dir)
-    for bad, msg in (({"ict_keep_probability": 1.5}, "ict-keep-probability"), ({"temperature": -1.0}, "temperature")):
+    for bad, msg in (({"ict_keep_probability": 1.5}, "--ict_keep_probability"), ({"temperature": -1.0}, "temperature")):
         with pytest.raises(ValueError, match=msg):
             build_objective("ict", model, tok, load_tiny(tiny_bert_dir, objective="ict", **bad)[2])

@@ -6,7 +6,7 @@
 * an export continued from a sentence-transformers model keeps its modules (Normalize included) unless the run's
   pooling option replaces them, and says so in the card; SentenceTransformer(export), CPDAE.from_pretrained(export)
   and the encoder the toolkit evaluates with give the same vectors (pre-training and fine-tuning);
-* hostile run metadata (an --output name with a newline and a backtick fence, a corpus path with HTML) cannot change
+* hostile run metadata (an --output_dir name with a newline and a backtick fence, a corpus path with HTML) cannot change
   the card's structure nor put raw HTML in it.
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ def _pretrain(model, corpus, out, *extra, objective="mlm"):
     from pretrain.cli import main
 
     main(["--objective", objective, "--model", str(model), "--corpus", str(corpus), "--max-length", "32",
-          "--batch-size", "2", "--max-steps", "1", "--warmup-ratio", "0", "--report-to", "none", "--output", str(out),
-          "--cache-dir", str(Path(out).parent / "cache"), "--cpu", *extra])
+          "--global_batch_size", "2", "--max_steps", "1", "--warmup_steps", "0", "--report_to", "none",
+          "--output_dir", str(out), "--cache_dir", str(Path(out).parent / "cache"), "--use_cpu", *extra])
     return Path(out)
 
 
@@ -148,7 +148,7 @@ def test_a_minilm_continuation_card_names_the_hub_base_and_no_path(minilm_runs, 
     # the local corpus: its file name and fingerprint in the body; the command reproducible with the Hub id
     rec = read_card_state(str(out))["record"]
     assert rec["data"]["corpus_fingerprint"] and rec["data"]["corpus_fingerprint"] in text
-    assert "&lt;dir&gt;/corpus.txt" in text and f"--model {MINILM_ID} " in text and "--output . " in text
+    assert "&lt;dir&gt;/corpus.txt" in text and f"--model {MINILM_ID} " in text and "--output_dir . " in text
     assert rec["base_model"]["weights_sha256"] in text
 
 
@@ -216,7 +216,7 @@ def test_hostile_names_cannot_break_the_card(tmp_path, tiny_bert_dir):
     text = _card(out)
     _front_matter(text)  # still valid
     _assert_no_absolute_path(text, tmp_path)
-    assert "--output '.' " in text  # the output, as written (with its newlines), shown relative to itself
+    assert "--output_dir '.' " in text  # the output, as written (with its newlines), shown relative to itself
     tokens = MarkdownIt("commonmark", {"html": True}).enable("table").parse(text.split("\n---\n", 1)[1])
     kinds = [t.type for t in tokens]
     # raw HTML: only the toolkit's marker comment; three code blocks (usage, command, options): none opened or

@@ -91,7 +91,7 @@ def test_a_finished_pre_training_is_not_reused_once_its_corpus_changed(tmp_path)
     corpus.write_text("".join(json.dumps({"text": f"text number {i}"}) + "\n" for i in range(20)))
     base = _model_dir(tmp_path / "base", b"base-weights")
     stage = Stage("continue:mlm", "pretrain", ["--objective", "mlm", "--model", str(base), "--corpus", str(corpus),
-                                               "--output", str(tmp_path / "mlm")], tmp_path / "mlm")
+                                               "--output_dir", str(tmp_path / "mlm")], tmp_path / "mlm")
     _finished(stage, {"corpus": str(corpus), "corpus_files": corpus_fingerprints(str(corpus)),
                       "tokenizer": {"hash": "abc", "vocab_size": 10}}, base)
     assert stage.state() == "done"

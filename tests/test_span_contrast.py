@@ -190,7 +190,7 @@ def test_every_objective_has_the_span_contrast_options_and_they_are_checked(tiny
     model, tok, _ = load_tiny(tiny_bert_dir)
     for bad, msg in (({"span_contrast_weight": -1.0}, "must be >= 0"),
                      ({"span_contrast_weight": 1.0, "span_contrast_temperature": 0.0}, "temperature must be > 0"),
-                     ({"span_contrast_weight": 1.0, "span_contrast_form": "simclr"}, "--span-contrast-form must be one of"),
+                     ({"span_contrast_weight": 1.0, "span_contrast_form": "simclr"}, "--span_contrast_form must be one of"),
                      ({"span_contrast_weight": 1.0, "batch_size": 1}, "at least 2 texts")):
         with pytest.raises(ValueError, match=msg):  # by the config (declared choices) or the objective
             cfg = load_tiny(tiny_bert_dir, objective="mlm", **bad)[2]

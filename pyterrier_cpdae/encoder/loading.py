@@ -32,9 +32,9 @@ def float32_kwargs() -> Dict[str, Any]:
 
 
 def autocast_dtype(device: Union[str, torch.device]) -> torch.dtype:
-    """The automatic autocast dtype on ``device``, the same for fine-tuning (``--mixed-precision auto``) and
-    encoding (``CPDAE(dtype=None)``): bf16 on CUDA where the GPU supports it, fp16 on other CUDA devices, float32
-    (no autocast) elsewhere."""
+    """The automatic autocast dtype of encoding (``CPDAE(dtype=None)``) on ``device``: bf16 on CUDA where the GPU
+    supports it, fp16 on other CUDA devices, float32 (no autocast) elsewhere. (Training's precision is the Trainer's
+    ``--bf16`` / ``--fp16``, float32 by default.)"""
     if torch.device(device).type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32

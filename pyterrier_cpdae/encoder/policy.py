@@ -107,9 +107,9 @@ def cpu_has_native_bf16() -> bool:
 def default_dtype(device: Union[str, torch.device]) -> torch.dtype:
     """The autocast dtype of an encoder created with ``dtype=None`` on ``device``.
 
-    ``$PYTERRIER_CPDAE_DTYPE`` when set (``float32``, ``bf16``, ``fp16``, ...); else the automatic dtype that
-    fine-tuning's ``--mixed-precision auto`` uses too (:func:`pyterrier_cpdae.encoder.loading.autocast_dtype`): bf16 on
-    CUDA (fp16 where the GPU lacks bf16) and float32 on the CPU.
+    ``$PYTERRIER_CPDAE_DTYPE`` when set (``float32``, ``bf16``, ``fp16``, ...); else the automatic dtype
+    (:func:`pyterrier_cpdae.encoder.loading.autocast_dtype`): bf16 on CUDA (fp16 where the GPU lacks bf16) and
+    float32 on the CPU.
 
     The CPU stays in float32 even where bf16 is native (:func:`cpu_has_native_bf16`): bf16 autocast is ~1.8x
     faster there and its vectors keep a cosine >= 0.99996 to float32, but the order of the exact top-10 changes
