@@ -240,7 +240,9 @@ def test_objective_loss_and_gradients_on_the_device_equal_cpu(name, bert_dir, te
     # RetroMAE draws its decoder masks inside forward, on the device: draw them on the CPU for both runs
     draw = retromae.retromae_decoder_mask
 
-    def cpu_mask(am, special, ratio, generator=None):
+    def cpu_mask(am, special, ratio, generator=None, row_seeds=None, size=None):
+        if row_seeds is not None:  # the collator's per-text seeds: each text's draw, on the CPU
+            return draw(am.cpu(), special.cpu(), ratio, row_seeds=row_seeds.cpu(), size=size).to(am.device)
         g = torch.Generator().manual_seed(7)
         return draw(am.cpu(), special.cpu(), ratio, generator=g).to(am.device)
     monkeypatch.setattr(retromae, "retromae_decoder_mask", cpu_mask)

@@ -64,7 +64,8 @@ def _config(tmp_path):
     cfg = {
         "scale": "toy", "corpus": "toy:wiki",
         "pretrain": {"base": None, "base_model": "bert-base-uncased",
-                     "continue": {"max_docs": -1, "max_length": 512, "batch_size": 64, "epochs": 2}},
+                     "continue": {"max_docs": -1, "max_length": 512, "global_batch_size": 64,
+                                  "num_train_epochs": 2}},
         "objectives": {"mlm": {"objective": "mlm"}, "cpdae": {"objective": "cpdae"}},
         "finetune": {"args": {"per_device_train_batch_size": 4, "num_negatives": 1, "num_train_epochs": 1,
                               "mining_rounds": 1, "max_seq_length": 256}},

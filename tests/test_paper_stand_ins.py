@@ -52,10 +52,10 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
         "runner": "inprocess",
         "corpus": str(corpus),
         "pretrain": {"base_model": tiny_bert_dir,
-                     "continue": {"max_docs": 20, "max_length": 64, "batch_size": 4, "epochs": None, "max_steps": 2,
-                                  "save_steps": 1000, "report_to": "csv"}},
+                     "continue": {"max_docs": 20, "max_length": 64, "global_batch_size": 4, "num_train_epochs": None,
+                                  "max_steps": 2, "save_steps": 1000, "report_to": "none"}},
         "objectives": drop,
-        "finetune": {"args": {"batch_size": 4, "max_steps": 2, "num_negatives": 2, "doc_max_length": 64,
+        "finetune": {"args": {"per_device_train_batch_size": 4, "max_steps": 2, "num_negatives": 2, "max_seq_length": 64,
                               "save_steps": 1000}},
         "finetune_sets": {"marco_doc": None, "marco": {"seeds": [1]}},  # one seed here: the smoke tests run two
         "selection": {"cl": {"max_steps": 2, "candidates": [{"temperature": 1.0}, {"temperature": 0.05}],
@@ -84,7 +84,8 @@ def test_paper_config_runs_with_tiny_stand_ins(tmp_path, tiny_bert_dir):
     records = {json.loads(p.read_text())["stage"] for p in (tmp_path / "work" / "stages").glob("*.json")}
     assert "base" not in records and "continue:cpdae" in records
     assert not [line for line in run.stdout.splitlines() if line.startswith("[base]")]
-    assert f"--model {tiny_bert_dir} --corpus {stand / 'wiki.txt'}" in run.stdout
+    # (the paper configs pin the [CLS] vector: --representation cls between the model and the corpus)
+    assert f"--model {tiny_bert_dir} --representation cls --corpus {stand / 'wiki.txt'}" in run.stdout
     assert "--negatives file:irds:msmarco-passage/train/triples-small" in run.stdout
     t1 = pd.read_csv(out / "table1.csv")
     assert list(t1[t1["block"] == "zero-shot"]["model"]) == TABLE1_ROWS

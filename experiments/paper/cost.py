@@ -380,6 +380,10 @@ def work_of(cfg: dict[str, Any], tp: Throughput, *, wiki_texts: int = WIKI_TEXTS
         if stage.kind != "pretrain":
             continue
         f = _flags(stage.argv)
+        missing = [k for k in ("global_batch_size", "max_length") if k not in f]
+        if missing:  # the texts per optimizer step and their length are read from the stage's own command
+            raise ValueError(f"{cfg.get('config_file')}: stage {name} sets no {', '.join('--' + k for k in missing)} "
+                             f"(command: python -m pretrain {' '.join(stage.argv)})")
         batch, length = int(f["global_batch_size"]), int(f["max_length"])
         max_steps = int(f.get("max_steps", -1) or -1)
         texts = wiki_texts if int(f.get("max_docs", -1)) < 0 else min(wiki_texts, int(f["max_docs"]))

@@ -210,7 +210,7 @@ def _finished_base_finetuning(pw: Path, args: dict[str, Any], seed: int) -> Opti
     pilot of another objective (``<objective>_L0_s<seed>``, the same command but its output) is reused, not re-run."""
     for other in sorted((pw / "finetune").glob(f"*_L0_s{seed}")):
         st = Stage(f"pilot:finetune:{other.name.rsplit('_L0_', 1)[0]}:L0:s{seed}", "finetune",
-                   ["finetune", *to_argv({**args, "output": str(other)})], other)
+                   ["finetune", *to_argv({**args, "output_dir": str(other)})], other)
         if other.is_dir() and st.state() == "done":
             return st
     return None

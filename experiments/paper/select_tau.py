@@ -2,9 +2,10 @@
 
 At τ = 1 CPDAE's L_CL per anchor lies in [ln m, ln(2m−1)] and cannot train (docs/objectives.md). A config's
 ``selection.<key>`` block lists candidate settings; for each one the pipeline runs a short continuation of the base
-checkpoint (stage ``select:<key>:c<i>``, a normal resumable ``python -m pretrain`` stage with a per-step CSV log),
-then stage ``select:<key>`` reads each run's L_CL curve from ``logs/metrics.csv`` (column ``cl``: the objective's
-per-term loss as the trainer logs it; divided by m for ``--cl-reduction sum``, which sums over the m anchors),
+checkpoint (stage ``select:<key>:c<i>``, a normal resumable ``python -m pretrain`` stage logging every step),
+then stage ``select:<key>`` reads each run's L_CL curve from its log history (``trainer_state.json``, entry ``cl``:
+the objective's per-term loss as the Trainer logs it; divided by m for ``--cl_reduction sum``, which sums over the
+m anchors),
 measures how far it ends below ln(2m−1) (its value when every similarity is equal: the uniform distribution over the
 2m−1 other views), and evaluates each run zero-shot on a held-aside *training* set (``held_aside``: e.g. the MARCO
 sample's train split; never evaluation queries). The rule (:func:`choose`): among the candidates whose L_CL ends at
