@@ -123,6 +123,15 @@ def run_old(name: str, args: argparse.Namespace) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def _cpu_name() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--objectives", default="mlm,cpdae")
@@ -133,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--former", required=True, help="a checkout of the commit before the Trainer loop "
                     "(git worktree add /tmp/former <commit>): its loop is the one compared with")
+    ap.add_argument("--machine-note", default="", help="what else the machine was doing (e.g. shared with other jobs)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_trainer_speed"))
     args = ap.parse_args(argv)
     rows = []
@@ -147,9 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: former loop {old:.3f} s/step, Trainer {new:.3f} s/step: {old / new:.3f}x", flush=True)
     shown = [("<checkout of the commit before the Trainer loop>" if a == args.former else a) for a in (argv or sys.argv[1:])]
     record = {"command": "python experiments/bench/bench_trainer_speed.py " + " ".join(shown),
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared with other "
-                         "jobs while it ran: the figures are noisy)",
-              "settings": {k: v for k, v in vars(args).items() if k not in ("former", "out")}, "rows": rows}
+              "machine": f"{_cpu_name()}, {os.cpu_count()} cores" + (f" ({args.machine_note})" if args.machine_note else ""),
+              "settings": {k: v for k, v in vars(args).items() if k not in ("former", "out", "machine_note")}, "rows": rows}
     Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
     lines = ["# Steps per second: the Trainer loop against the former loop", "",
              f"Command: `{record['command']}`; machine: {record['machine']}.", "",
