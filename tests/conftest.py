@@ -52,6 +52,25 @@ def minilm_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def two_encoders(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> list[str]:
+    """Two tiny BERT encoders (width 16, MiniLM's vocabulary) of the same dimension with different weights: the
+    producer tests' A and B."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    dirs = []
+    for seed in (0, 1):
+        out = tmp_path_factory.mktemp(f"enc{seed}")
+        torch.manual_seed(seed)
+        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=64)
+        BertModel(cfg).save_pretrained(out)
+        tok.save_pretrained(out)
+        dirs.append(str(out))
+    return dirs
+
+
+@pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> str:
     """A tiny random BertForMaskedLM (2 layers, width 32) with the bert-base-uncased tokenizer."""
     import torch

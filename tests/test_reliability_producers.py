@@ -9,30 +9,12 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from pyterrier_cpdae import CPDAE, DenseIndex
 
 TEXTS = [f"document {i} about {w} and {v}" for i, (w, v) in enumerate(
     zip("dense sparse lexical neural vector index query model token corpus passage ranking".split() * 2,
         "retrieval search encoding scoring learning pooling storage batching".split() * 3))]
-
-
-@pytest.fixture(scope="module")
-def two_encoders(tmp_path_factory, minilm_path):
-    """Two tiny BERT encoders of the same dimension (16) with different weights."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-    tok = AutoTokenizer.from_pretrained(minilm_path)
-    dirs = []
-    for seed in (0, 1):
-        out = tmp_path_factory.mktemp(f"enc{seed}")
-        torch.manual_seed(seed)
-        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=32, max_position_embeddings=64)
-        BertModel(cfg).save_pretrained(out)
-        tok.save_pretrained(out)
-        dirs.append(str(out))
-    return dirs
 
 
 def _enc(path, **kw):

@@ -23,23 +23,6 @@ TEXTS = [f"document {i} about {w}" for i, w in enumerate(
 TOPICS = pd.DataFrame({"qid": ["q1", "q2"], "query": ["dense vector retrieval", "ranking passages"]})
 
 
-@pytest.fixture(scope="module")
-def two_dirs(tmp_path_factory, minilm_path):
-    """Two tiny BERT encoders of the same dimension with different weights."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-    tok = AutoTokenizer.from_pretrained(minilm_path)
-    dirs = []
-    for seed in (0, 1):
-        out = tmp_path_factory.mktemp(f"qp{seed}")
-        torch.manual_seed(seed)
-        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=32, max_position_embeddings=64)
-        BertModel(cfg).save_pretrained(out)
-        tok.save_pretrained(out)
-        dirs.append(str(out))
-    return dirs
-
-
 def _enc(path, **kw):
     return CPDAE.from_pretrained(path, device="cpu", dtype="float32", doc_max_length=32, batch_size=8,
                                  backend=kw.pop("backend", "torch"), **kw)
@@ -68,8 +51,8 @@ def _shapes(enc, index):
     }
 
 
-def test_every_pipeline_shape_refuses_another_encoders_query_vectors(tmp_path, two_dirs):
-    a, b = _enc(two_dirs[0]), _enc(two_dirs[1])
+def test_every_pipeline_shape_refuses_another_encoders_query_vectors(tmp_path, two_encoders):
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
     index = _built(tmp_path, a)
     for name, make in _shapes(b, index).items():
         with pytest.raises(ValueError, match="weights") as info:
@@ -89,13 +72,13 @@ def test_every_pipeline_shape_refuses_another_encoders_query_vectors(tmp_path, t
     assert len(out) == 4
 
 
-def test_weights_replaced_under_the_same_name_size_and_times_are_another_producer(tmp_path, two_dirs):
+def test_weights_replaced_under_the_same_name_size_and_times_are_another_producer(tmp_path, two_encoders):
     folder = tmp_path / "model"
-    shutil.copytree(two_dirs[0], folder)
+    shutil.copytree(two_encoders[0], folder)
     a = _enc(str(folder))
     index = _built(tmp_path, a)
     before = a.producer()
-    weights, other = folder / "model.safetensors", os.path.join(two_dirs[1], "model.safetensors")
+    weights, other = folder / "model.safetensors", os.path.join(two_encoders[1], "model.safetensors")
     assert os.path.getsize(weights) == os.path.getsize(other)
     st = os.stat(weights)
     shutil.copy2(other, weights)  # cp -p ...
@@ -127,10 +110,10 @@ def test_the_same_weights_in_memory_and_in_a_folder_are_one_producer(tmp_path, m
 
 
 @pytest.mark.parametrize("edit", ["no_grad", "data"])
-def test_an_openvino_graph_follows_in_place_edits_of_its_module(two_dirs, edit):
+def test_an_openvino_graph_follows_in_place_edits_of_its_module(two_encoders, edit):
     pytest.importorskip("openvino")
-    ov = _enc(two_dirs[0], backend="openvino")
-    ref = _enc(two_dirs[0])
+    ov = _enc(two_encoders[0], backend="openvino")
+    ref = _enc(two_encoders[0])
     before = ov.encode_docs(TEXTS)
     np.testing.assert_allclose(before, ref.encode_docs(TEXTS), atol=1e-4)
     for enc in (ov, ref):
@@ -147,7 +130,7 @@ def test_an_openvino_graph_follows_in_place_edits_of_its_module(two_dirs, edit):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_weights_key_sees_edits_through_data_and_under_no_grad(two_dirs, dtype):
+def test_weights_key_sees_edits_through_data_and_under_no_grad(two_encoders, dtype):
     """:func:`weights_key` (what a compiled graph and a content digest are kept by) is equal while nothing changes and
     changes with an in-place edit under ``no_grad`` and with one through ``.data``, which the version counter does not
     see, whatever the dtype (CPU float32/float16 tensors are summed by numpy, bf16 ones by torch); the content digest
@@ -155,7 +138,7 @@ def test_weights_key_sees_edits_through_data_and_under_no_grad(two_dirs, dtype):
     from pyterrier_cpdae.encoder.identity import content_digest, weights_key
     from pyterrier_cpdae.encoder.loading import load_encoder
 
-    model = load_encoder(two_dirs[0]).to(dtype)
+    model = load_encoder(two_encoders[0]).to(dtype)
     key, digest = weights_key(model), content_digest(model)
     assert weights_key(model) == key and content_digest(model) == digest
     w = model.encoder.layer[0].output.dense.weight

@@ -25,32 +25,15 @@ TEXTS = [f"document {i} about {w}" for i, w in enumerate(
 TOPICS = pd.DataFrame({"qid": ["q1", "q2"], "query": ["dense vector retrieval", "ranking passages"]})
 
 
-@pytest.fixture(scope="module")
-def two_dirs(tmp_path_factory, minilm_path):
-    """Two tiny BERT encoders of the same dimension with different weights."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-    tok = AutoTokenizer.from_pretrained(minilm_path)
-    dirs = []
-    for seed in (0, 1):
-        out = tmp_path_factory.mktemp(f"rp{seed}")
-        torch.manual_seed(seed)
-        cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                         intermediate_size=32, max_position_embeddings=64)
-        BertModel(cfg).save_pretrained(out)
-        tok.save_pretrained(out)
-        dirs.append(str(out))
-    return dirs
-
-
 def _enc(path, **kw):
     return CPDAE.from_pretrained(path, device="cpu", dtype="float32", doc_max_length=32, batch_size=8,
                                  backend=kw.pop("backend", "torch"), **kw)
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, two_dirs):
+def setup(tmp_path_factory, two_encoders):
     """Encoders A and B; an index built by A; B's query frame."""
-    a, b = _enc(two_dirs[0]), _enc(two_dirs[1])
+    a, b = _enc(two_encoders[0]), _enc(two_encoders[1])
     index = DenseIndex(tmp_path_factory.mktemp("rows") / "idx")
     (a >> index.indexer()).index([{"docno": f"d{i}", "text": t} for i, t in enumerate(TEXTS)])
     return a, b, index
@@ -155,14 +138,14 @@ def test_the_stamp_is_the_producers_canonical_json(setup):
 
 
 # -- class: mixed producers in one frame ---------------------------------------------------------------------------
-def test_a_frame_of_two_producers_is_refused_naming_both(setup, two_dirs):
+def test_a_frame_of_two_producers_is_refused_naming_both(setup, two_encoders):
     a, b, index = setup
     mixed = pd.concat([a.query_encoder()(TOPICS.iloc[:1]), b.query_encoder()(TOPICS.iloc[1:])], ignore_index=True)
     for retr in (index.np_retriever(num_results=3), index, index.faiss_flat_retriever(num_results=3)):
         with pytest.raises(ValueError, match="more than one producer") as info:
             retr(mixed)
         msg = str(info.value)
-        assert "'q1'" in msg and "'q2'" in msg and two_dirs[0] in msg and two_dirs[1] in msg
+        assert "'q1'" in msg and "'q2'" in msg and two_encoders[0] in msg and two_encoders[1] in msg
     with pytest.raises(ValueError, match="more than one producer"):
         index.scorer()(mixed.assign(docno="d1"))
     with pytest.raises(ValueError, match="more than one producer"):  # also against an index of vectors from anywhere
@@ -176,7 +159,7 @@ def test_a_frame_of_two_producers_is_refused_naming_both(setup, two_dirs):
         index.np_retriever(num_results=3)(pd.concat([a.query_encoder()(TOPICS), plain], ignore_index=True))
     # one encoder's queries cut at two lengths are one producer's vectors (the query length is not the index's)
     two_lengths = pd.concat([a.query_encoder()(TOPICS.iloc[:1]),
-                             _enc(two_dirs[0], query_max_length=8).query_encoder()(TOPICS.iloc[1:])])
+                             _enc(two_encoders[0], query_max_length=8).query_encoder()(TOPICS.iloc[1:])])
     assert two_lengths["query_vec_producer"].nunique() == 2
     assert len(index.np_retriever(num_results=2)(two_lengths)) == 4
 
@@ -191,9 +174,9 @@ def test_vectors_without_a_stamp_are_searched_as_before(setup):
 
 
 # -- class: the weights key is a digest of the contents -------------------------------------------------------------
-def test_swapping_two_embedding_rows_in_place_changes_the_weights_key_and_the_producer(tmp_path, two_dirs):
+def test_swapping_two_embedding_rows_in_place_changes_the_weights_key_and_the_producer(tmp_path, two_encoders):
     from pyterrier_cpdae.encoder.identity import content_digest, weights_key
-    enc = _enc(two_dirs[0])
+    enc = _enc(two_encoders[0])
     index = DenseIndex(tmp_path / "idx")
     (enc >> index.indexer()).index([{"docno": f"d{i}", "text": t} for i, t in enumerate(TEXTS)])
     before, key = enc.producer(), weights_key(enc.model)
@@ -214,10 +197,10 @@ def test_swapping_two_embedding_rows_in_place_changes_the_weights_key_and_the_pr
     assert enc.producer() == before and weights_key(enc.model) == key
 
 
-def test_the_weights_key_is_equal_for_equal_contents_only(two_dirs):
+def test_the_weights_key_is_equal_for_equal_contents_only(two_encoders):
     from pyterrier_cpdae.encoder.identity import weights_key
     from pyterrier_cpdae.encoder.loading import load_encoder
-    m0, m0b, m1 = load_encoder(two_dirs[0]), load_encoder(two_dirs[0]), load_encoder(two_dirs[1])
+    m0, m0b, m1 = load_encoder(two_encoders[0]), load_encoder(two_encoders[0]), load_encoder(two_encoders[1])
     assert weights_key(m0) == weights_key(m0b) != weights_key(m1)
     for dtype in (torch.float16, torch.bfloat16):  # every dtype is read as its stored bytes
         half = copy.deepcopy(m0).to(dtype)
@@ -293,7 +276,7 @@ def _docs():
     return pd.DataFrame({"docno": [f"d{i}" for i in range(len(TEXTS))], "text": TEXTS})
 
 
-def test_the_indexer_records_and_checks_the_rows_producer(tmp_path, setup, two_dirs):
+def test_the_indexer_records_and_checks_the_rows_producer(tmp_path, setup, two_encoders):
     a, b, _ = setup
     docs_a, docs_b = a.doc_encoder()(_docs()), b.doc_encoder()(_docs())
     # vectors encoded earlier, saved as records and indexed later: the index records their producer
@@ -309,7 +292,7 @@ def test_the_indexer_records_and_checks_the_rows_producer(tmp_path, setup, two_d
             DenseIndex(tmp_path / f"mixed_{name}").indexer(batch_size=4).index(feed)
         msg = str(info.value)  # a frame is checked whole; a stream batch by batch (d4-d7: A's d4, B's d6)
         assert f"'d{0 if name == 'frame' else 4}'" in msg and "'d6'" in msg
-        assert two_dirs[0] in msg and two_dirs[1] in msg
+        assert two_encoders[0] in msg and two_encoders[1] in msg
         assert not DenseIndex(tmp_path / f"mixed_{name}").built()
     # B's vectors into an indexer told they are A's
     with pytest.raises(ValueError, match="weights"):
