@@ -31,36 +31,7 @@ from pretrain.data import inputs as inputs_mod
 from pretrain.data.corpus import TokenCache
 from pretrain.data.inputs import check_resume_inputs, file_fingerprint, run_inputs
 from pretrain.data.readers import iter_texts, resolve_spec
-
-DOCS = ["Dense retrieval encodes a text into one vector. The decoder reconstructs its words.",
-        "Apples grow on trees in the orchard. Bananas are yellow when ripe.",
-        "The river runs to the sea. Boats carry goods along the coast.",
-        "Physics studies matter and energy. Chemistry studies reactions."]
-
-
-@pytest.fixture
-def corpus(tmp_path) -> Path:
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(DOCS) + "\n")
-    return path
-
-
-@pytest.fixture
-def tok(tiny_bert_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_bert_dir)
-
-
-def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
-    """``python -m pretrain <argv>`` in this process: (exit code, the one ``error:`` line)."""
-    monkeypatch.setattr(sys, "argv", ["pretrain", *argv])
-    code = entry._run()
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == (1 if code else 0), err[-2000:]
-    return code, lines[0] if lines else ""
-
+from test_reliability_inputs import corpus, run_cli, tok  # noqa: F401 (fixtures)
 
 def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str) -> list[str]:
     return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),
