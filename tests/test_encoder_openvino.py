@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyterrier_cpdae.encoder import openvino_backend as _openvino
+from pyterrier_cpdae.encoder.backends import openvino as _openvino
 from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder import CPDAE
 
@@ -148,7 +148,7 @@ def test_compiling_prints_no_transformers_warning(tiny_bert_dir):
 
     import transformers.utils.logging as tlog
 
-    from pyterrier_cpdae.encoder.openvino_backend import compile_encoder
+    from pyterrier_cpdae.encoder.backends.openvino import compile_encoder
 
     enc = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="torch")
     seen = []
@@ -208,7 +208,7 @@ def test_a_compiled_encoder_is_freed_when_dropped(tiny_bert_dir):
     import gc
     import weakref
 
-    from pyterrier_cpdae.encoder.openvino_backend import compile_encoder
+    from pyterrier_cpdae.encoder.backends.openvino import compile_encoder
 
     enc = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="openvino")
     enc.encode_docs(TEXTS)

@@ -99,7 +99,7 @@ def test_batches_are_queued_without_waiting_for_the_device(bert_dir, texts):
     encoder's (cosine > 0.999)."""
     from pyterrier_cpdae.encoder import CPDAE
     from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
-    from pyterrier_cpdae.encoder.packing import packed_forward
+    from pyterrier_cpdae.encoder.backends.unpadded import packed_forward
     from pyterrier_cpdae.encoder.pooling import pool
 
     cuda = torch.device(DEVICE).type == "cuda"

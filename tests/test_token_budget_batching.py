@@ -17,7 +17,7 @@ from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder import stages as stages_mod
 from pyterrier_cpdae.encoder.batching import length_sorted_batches, token_budget_batches
 from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
-from pyterrier_cpdae.encoder.packing import supports_packing
+from pyterrier_cpdae.encoder.backends.unpadded import supports_packing
 
 
 

@@ -1,7 +1,7 @@
 """Where the CPU encoder's time goes: OpenVINO's per-operation counters over the compiled float32 graph.
 
 The default CPU encoder (``CPDAE`` with ``backend="openvino"``: the encoder and its pooling compiled as one float32
-graph, ``pyterrier_cpdae/encoder/openvino_backend.py``) runs one batch per inference stream; this script compiles the
+graph, ``pyterrier_cpdae/encoder/backends/openvino.py``) runs one batch per inference stream; this script compiles the
 same graph with ``PERF_COUNT`` and runs full-length batches (no padding) of ``--batch-tokens`` tokens through every
 stream at once, ``--repeats`` times after a warm-up, then prints per kind of operation (OpenVINO's node type and
 the kernel it chose) the time per batch and its share, and two rates against the CPU's float32 bound measured in the
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from transformers import AutoModel
 
-    from pyterrier_cpdae.encoder.openvino_backend import compile_encoder
+    from pyterrier_cpdae.encoder.backends.openvino import compile_encoder
 
     model = AutoModel.from_pretrained(args.model or default_model(), trust_remote_code=False).eval()
     enc = compile_encoder(model, args.pooling, True, profile=True)

@@ -26,7 +26,8 @@ from pyterrier_cpdae._lazy import lazy_exports
 _EXPORTS = {"CPDAE": "pyterrier_cpdae.encoder.cpdae"}
 _EXPORTS.update({name: "pyterrier_cpdae.encoder.policy" for name in (
     "default_dtype", "cpu_has_native_bf16", "BACKENDS", "BACKEND_ENV", "DTYPE_ENV", "OPENVINO_MIN_TOKENS")})
-_EXPORTS["openvino_available"] = "pyterrier_cpdae.encoder.openvino_backend"
+_EXPORTS["openvino_available"] = "pyterrier_cpdae.encoder.backends.openvino"
+_EXPORTS["EncoderOptions"] = "pyterrier_cpdae.encoder.options"
 
 __all__ = list(_EXPORTS)
 

@@ -16,7 +16,7 @@ path.  The kernels take ``(T, heads, head_dim)`` tensors and the text bounds:
 * ``loop``: one ``scaled_dot_product_attention`` per text (:func:`reference_kernel`; any device and dtype; the
   CPU's kernel and the reference of the tests).
 
-Who chooses: the encoder (:mod:`pyterrier_cpdae.encoder.cpdae`, through :mod:`~pyterrier_cpdae.encoder.packing`)
+Who chooses: the encoder (:mod:`pyterrier_cpdae.encoder.cpdae`, through :mod:`~pyterrier_cpdae.encoder.backends.unpadded`)
 asks :func:`varlen_kernel` once per device and dtype and passes the kernel with the call (:data:`KERNEL_KWARG`);
 it keeps padded batches where there is none (the CPU, float32, older torch).  Pre-training
 (:mod:`pretrain.model.unpadded`) passes no kernel: each call takes :func:`kernel_for_call`'s (``flash_attn`` on

@@ -36,16 +36,18 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 import torch
 
-from .batching import (check_int, check_texts, dedup, length_sorted_batches, pad, read_ahead,
-                       token_budget_batches)
+from .backends import Backend, BackendChoice, choose_backend
+from .backends.openvino import OpenVINOBackend, compile_encoder, openvino_available
+from .backends.padded import PaddedTorch
+from .backends.unpadded import UnpaddedTorch, packing_kernel
+from .batching import check_texts, dedup, length_sorted_batches, read_ahead, token_budget_batches
 from .first_token import check_first_token, first_token_model
-from .identity import content_digest, legacy_digest, weights_key
+from .identity import content_digest, encoder_digest, legacy_digest, weights_key
 from .loading import check_weights_file, load_encoder, load_tokenizer, weights_digest
-from .openvino_backend import compile_encoder, openvino_available
-from .attention import first_token_kernel_ok, varlen_kernel
-from .packing import packed_forward, supports_packing
+from .attention import first_token_kernel_ok
+from .options import EncoderOptions, positive_int
 from .policy import (_DTYPE_NAMES, _DTYPES, ASYNC_DEVICES, BACKEND_ENV, BACKENDS, CPU_BATCH_TOKENS,  # noqa: F401
-                     DTYPE_ENV, OPENVINO_MIN_TOKENS, STREAM_WINDOWS, _backend_name, _dtype_name, cpu_has_native_bf16,
+                     DTYPE_ENV, OPENVINO_MIN_TOKENS, STREAM_WINDOWS, _backend_name, cpu_has_native_bf16,
                      default_dtype)
 from .pooling import POOLINGS, pool
 from .stages import _ByColumns, _DocEncoder, _QueryEncoder, _TextScorer, _with_producer
@@ -65,6 +67,17 @@ def length_limit(config: Any, tokenizer: Any) -> Optional[int]:
     "unknown" in transformers), or ``None`` when neither is known. Longer maximum lengths are cut to it."""
     limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
     return min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
+
+
+def _option(name: str) -> property:
+    """The encoder attribute of the flat option ``name``: read from, and set (checked) in, :attr:`CPDAE.options`."""
+    def get(self: "CPDAE") -> Any:
+        return getattr(self._options, name)
+
+    def set_(self: "CPDAE", value: Any) -> None:
+        self._set_options(**{name: value})
+
+    return property(get, set_, doc=f"The option ``{name}`` (:attr:`CPDAE.options`); setting it checks it.")
 
 
 class CPDAE(pt.Transformer):
@@ -87,6 +100,23 @@ class CPDAE(pt.Transformer):
         batch_tokens: the token budget of a batch (``None``: automatic; 0: by text count); see ``__init__``.
         sort_window: length sorting happens within windows of ``batch_size * sort_window`` inputs.
     """
+
+    name_or_path = _option("name_or_path")
+    pooling, normalize = _option("pooling"), _option("normalize")
+    query_max_length, doc_max_length = _option("query_max_length"), _option("doc_max_length")
+    batch_size, sort_window, batch_tokens = _option("batch_size"), _option("sort_window"), _option("batch_tokens")
+    verbose = _option("verbose")
+    backend, dtype, unpad, cls_last_layer = _option("backend"), _option("dtype"), _option("unpad"), \
+        _option("cls_last_layer")
+
+    @property
+    def device(self) -> torch.device:
+        """The device the model runs on (the option ``device``, resolved)."""
+        return torch.device(self._options.device)
+
+    @device.setter
+    def device(self, value: Union[str, torch.device]) -> None:
+        self._set_options(device=value)
 
     def __init__(self, model: Optional[torch.nn.Module], tokenizer: Any, *, pooling: str = "cls",
                  normalize: bool = False, query_max_length: int = 32, doc_max_length: int = 256,
@@ -161,22 +191,13 @@ class CPDAE(pt.Transformer):
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         for name, value in (("query_max_length", query_max_length), ("doc_max_length", doc_max_length),
                             ("batch_size", batch_size), ("sort_window", sort_window)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(value, name)
         if model is None and name_or_path is None:
             raise ValueError("pass a model, or use CPDAE.from_pretrained(name_or_path)")
         if tokenizer is None:
             raise ValueError("a tokenizer is required")
         self._model = model
         self.tokenizer = tokenizer
-        self.name_or_path = name_or_path
-        self.pooling = pooling
-        self.normalize = bool(normalize)
-        self.batch_size = int(batch_size)
-        self.sort_window = int(sort_window)
-        self.verbose = None if verbose is None else bool(verbose)
-        self.dtype = _dtype_name(dtype)
-        self.backend = _backend_name(backend)
         self._openvino: Optional[Any] = None  # the compiled graph, built on first use
         self._openvino_failed = False
         self._tokens_encoded = 0  # over all calls: the automatic backend compiles once it passes OPENVINO_MIN_TOKENS
@@ -185,30 +206,50 @@ class CPDAE(pt.Transformer):
             device = next(model.parameters()).device
         elif device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        if model is not None and next(model.parameters()).device != self.device:
-            model.to(self.device)
-        self.query_max_length = self._clamp_length(int(query_max_length), "query_max_length")
-        self.doc_max_length = self._clamp_length(int(doc_max_length), "doc_max_length")
-        if batch_tokens is not None:
-            batch_tokens = check_int(batch_tokens, "batch_tokens", minimum=0)
-            longest = max(self.query_max_length, self.doc_max_length)
-            if 0 < batch_tokens < longest:
-                raise ValueError(f"batch_tokens={batch_tokens} is below the maximum length of {longest} tokens "
-                                 "(query_max_length/doc_max_length): one text would not fit a batch; pass at least "
-                                 f"{longest}, 0 (batches of batch_size texts) or None (automatic)")
-        self.batch_tokens = batch_tokens
-        if unpad is not None and not isinstance(unpad, (bool, np.bool_)):
-            raise ValueError(f"unpad must be True, False or None (automatic), got {type(unpad).__name__} {unpad!r}")
-        self.unpad = None if unpad is None else bool(unpad)
-        if cls_last_layer is not None and not isinstance(cls_last_layer, (bool, np.bool_)):
-            raise ValueError(f"cls_last_layer must be True, False or None (automatic), got "
-                             f"{type(cls_last_layer).__name__} {cls_last_layer!r}")
-        if cls_last_layer and pooling != "cls":
-            raise ValueError(f"cls_last_layer=True needs pooling='cls' (got {pooling!r}): mean pooling reads every "
-                             "position of the last layer")
-        self.cls_last_layer = None if cls_last_layer is None else bool(cls_last_layer)
+        device = torch.device(device)
+        if model is not None and next(model.parameters()).device != device:
+            model.to(device)
+        self._options = EncoderOptions.from_kwargs(
+            name_or_path=name_or_path, device=device, pooling=pooling, normalize=normalize,
+            query_max_length=self._clamp_length(int(query_max_length), "query_max_length"),
+            doc_max_length=self._clamp_length(int(doc_max_length), "doc_max_length"), batch_size=batch_size,
+            sort_window=sort_window, batch_tokens=batch_tokens, verbose=verbose, backend=backend, dtype=dtype,
+            unpad=unpad, cls_last_layer=cls_last_layer)
         self._first_token: Dict[int, Optional[str]] = {}  # id(model) -> why it cannot be trimmed (None: it can)
+
+    # -- options -------------------------------------------------------------------------------------------
+    @property
+    def options(self) -> EncoderOptions:
+        """This encoder's options, grouped (:class:`~pyterrier_cpdae.encoder.options.EncoderOptions`): the keywords
+        it was made with, checked and in canonical spellings, the device resolved and the lengths cut to the
+        model's :attr:`length_limit`. ``CPDAE.from_options(enc.options, model, tokenizer)`` makes an equal encoder.
+        Each flat option is an attribute of the encoder too (``enc.pooling``); setting one checks it."""
+        return self._options
+
+    def _set_options(self, **changes: Any) -> None:
+        self._options = self._options.replace(**changes)
+        self.__dict__.pop("_choice", None)  # the backend is chosen again from the new options
+
+    @classmethod
+    def from_options(cls, options: EncoderOptions, model: Optional[torch.nn.Module] = None, tokenizer: Any = None,
+                     config: Any = None) -> "CPDAE":
+        """An encoder with ``options``: ``CPDAE(model, tokenizer, **options.to_kwargs())``, or without a model and
+        tokenizer ``CPDAE.from_pretrained(options.name_or_path, ...)``."""
+        if not isinstance(options, EncoderOptions):
+            raise TypeError(f"options must be an EncoderOptions, got a {type(options).__name__}")
+        if model is None and tokenizer is None:
+            if options.name_or_path is None:
+                raise ValueError("options without a name_or_path need the model and its tokenizer")
+            return cls.from_pretrained(options.name_or_path, **options.to_kwargs(source=False))
+        return cls(model, tokenizer, config=config, **options.to_kwargs())
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        if "_options" not in state:  # an encoder pickled before the options were grouped: its flat attributes
+            fields = EncoderOptions.fields()
+            flat = {k: state.pop(k) for k in list(state) if k in fields}
+            state["_options"] = EncoderOptions.from_kwargs(**flat)
+        state.pop("_openvino_key", None)
+        self.__dict__.update(state)
 
     # -- construction --------------------------------------------------------------------------------------
     @classmethod
@@ -295,6 +336,7 @@ class CPDAE(pt.Transformer):
     def __getstate__(self) -> Dict[str, Any]:
         state = self.__dict__.copy()
         state["_openvino"] = None  # a compiled graph does not pickle; it is rebuilt on first use
+        state.pop("_choice", None)  # the backend is chosen again in the process that loads it
         state["_first_token"] = {}  # keyed by id(model): checked again in the process that loads it
         return state
 
@@ -313,6 +355,10 @@ class CPDAE(pt.Transformer):
         local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
         module = self.model if self._model is not None or local else None  # (a Hub name is not fetched for this)
         key = weights_key(module) if module is not None else None
+        identity = (self.identity(key), self.name_or_path)
+        cached = self.__dict__.get("_producer")
+        if cached is not None and cached[0] == identity:  # the fields below are functions of the identity
+            return dict(cached[1])
         content = content_digest(module, key) if module is not None else None
         # the folder's file digest holds for weights loaded from it and not edited since (an in-place edit of the
         # loaded module makes them other weights: their state dict's digest instead)
@@ -328,7 +374,27 @@ class CPDAE(pt.Transformer):
                "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
         if content is not None:
             out["weights_content"] = content
+        self._producer = (identity, out)
+        return dict(out)
+
+    def vector_options(self) -> Dict[str, Any]:
+        """The options that change this encoder's vectors (:data:`~pyterrier_cpdae.encoder.options.VECTOR_OPTIONS`),
+        the ``dtype`` resolved (the automatic one named)."""
+        out = self._options.vector_options()
+        out["dtype"] = _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype()))
         return out
+
+    def identity(self, key: Optional[str] = None) -> str:
+        """This encoder's identity: :func:`~pyterrier_cpdae.encoder.identity.encoder_digest` of its weights (their
+        :func:`~pyterrier_cpdae.encoder.identity.weights_key`, ``key`` when the caller has just taken it; the model's
+        name while a Hub model is not loaded) and :meth:`vector_options`. Equal identities, equal vectors: what the
+        encoder keys its caches by (its :meth:`producer` record, its compiled OpenVINO graph). A model in a local
+        folder is loaded for it, as for :meth:`producer`."""
+        if key is None:
+            local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
+            module = self.model if self._model is not None or local else None
+            key = weights_key(module) if module is not None else None
+        return encoder_digest(key if key is not None else f"name:{self.name_or_path}", self.vector_options())
 
     def __rshift__(self, right: Any) -> pt.Transformer:
         right = _with_producer(right, self)
@@ -338,7 +404,7 @@ class CPDAE(pt.Transformer):
 
     def _key(self) -> Tuple:
         source = self.name_or_path if self.name_or_path is not None else self._model
-        return (source, self.pooling, self.normalize, self.query_max_length, self.doc_max_length, self.dtype)
+        return (source,) + tuple(self._options.vector_options().values())  # canonical spellings: equal options
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, CPDAE):
@@ -385,13 +451,16 @@ class CPDAE(pt.Transformer):
             if was_training:
                 model.train()
 
-    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return pool(hidden, mask, self.pooling, self.normalize)
+    def _requested_backend(self) -> Tuple[Optional[str], str]:
+        """The backend asked for (``None``: automatic) and where the request comes from."""
+        if self.backend is not None:
+            return self.backend, f"backend={self.backend!r}"
+        env = _backend_name(os.environ.get(BACKEND_ENV, "").strip() or None, f"environment variable {BACKEND_ENV}")
+        return env, (f"{BACKEND_ENV}={env}" if env is not None else "automatic")
 
     def _chosen_backend(self) -> Optional[str]:
-        if self.backend is not None:
-            return self.backend
-        return _backend_name(os.environ.get(BACKEND_ENV, "").strip() or None, f"environment variable {BACKEND_ENV}")
+        """The backend asked for by the option or ``$PYTERRIER_CPDAE_BACKEND`` (``None``: automatic)."""
+        return self._requested_backend()[0]
 
     def _first_token_view(self, model: torch.nn.Module) -> Optional[torch.nn.Module]:
         """``model`` with its last layer at the ``[CLS]`` position only when ``cls_last_layer`` asks for it and
@@ -410,42 +479,74 @@ class CPDAE(pt.Transformer):
             return None
         return first_token_model(model)
 
-    def _openvino_encoder(self, tokens: int, model: Optional[torch.nn.Module] = None) -> Optional[Any]:
-        """The compiled OpenVINO graph when this window of ``tokens`` tokens should use it (see ``backend``), else
-        ``None``; compiled from ``model`` (default: the encoder) the first time."""
-        self._tokens_encoded += tokens
-        chosen = self._chosen_backend()
-        if chosen == "torch":
-            return None
+    def backend_choice(self, packed: Optional[bool] = None) -> BackendChoice:
+        """The backend of this encoder's next encoding and why (:func:`~pyterrier_cpdae.encoder.backends.choose_backend`):
+        chosen once and logged at INFO (``encoder backend: torch (reason: ...)``), chosen again only when what it
+        was chosen from changes (an option, ``$PYTERRIER_CPDAE_BACKEND``, the autocast dtype, a failed compilation)
+        or when the automatic choice reaches the token count it waits for (:attr:`BackendChoice.switch_at`).
+        ``packed``: whether PyTorch runs packed batches (default: as ``unpad`` and the model allow; loads the model)."""
+        if packed is None:
+            packed = self._packing_kernel(self.model) is not None
+        requested, origin = self._requested_backend()
         dtype = self._autocast_dtype()
-        if chosen == "openvino":
-            if self.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-                raise ValueError(f"backend='openvino' runs on the CPU in float32 or bf16, not on {self.device} "
-                                 f"in {_DTYPE_NAMES[dtype]}")
-            if not openvino_available():
-                raise ImportError("backend='openvino' needs the openvino package: "
-                                  "pip install 'pyterrier-cpdae[openvino]'")
-        elif (self.device.type != "cpu" or dtype != torch.float32 or self.name_or_path is None
-              or self._openvino_failed or not openvino_available()
-              or (self._openvino is None and self._tokens_encoded < OPENVINO_MIN_TOKENS)):
-            return None
-        source = model if model is not None else self.model
-        if self._openvino is not None and getattr(self, "_openvino_key", None) != weights_key(source):
-            logger.info("the weights of %s changed since OpenVINO compiled them; compiling again", self.name_or_path)
-            self._openvino = None  # a compiled graph holds a copy of the weights: edited in place, it is stale
+        key = (requested, id(self._model), bool(packed), dtype, self._openvino_failed)
+        have = self.__dict__.get("_choice")
+        if have is not None and have[0] == key and (have[1].switch_at is None
+                                                    or self._tokens_encoded < have[1].switch_at):
+            return have[1]
+        choice = choose_backend(requested=requested, origin=origin, device=self.device, dtype=dtype, packed=packed,
+                                loaded=self.name_or_path is not None, tokens=self._tokens_encoded,
+                                min_tokens=OPENVINO_MIN_TOKENS, openvino_failed=self._openvino_failed,
+                                openvino_installed=openvino_available)
+        logger.info("encoder backend: %s (reason: %s)", choice.name, choice.reason)
+        self._choice = (key, choice)
+        return choice
+
+    def _compiled_graph(self, model: torch.nn.Module, forward: torch.nn.Module) -> Optional[Any]:
+        """The OpenVINO graph of ``forward`` (``model``, or its view trimmed to ``[CLS]``), compiled once per
+        :meth:`identity` (a graph holds a copy of the weights and the pooling: edited weights or other options
+        compile it again); ``None`` when the automatic choice could not compile it (warned; PyTorch then)."""
+        identity = (self.identity(weights_key(model)), forward is not model)
+        if self._openvino is not None and self.__dict__.get("_openvino_identity") != identity:
+            logger.info("the weights or options of %s changed since OpenVINO compiled them; compiling again",
+                        self.name_or_path)
+            self._openvino = None
         if self._openvino is None:
-            precision = "bf16" if dtype == torch.bfloat16 else "f32"
+            precision = "bf16" if self._autocast_dtype() == torch.bfloat16 else "f32"
             try:
-                self._openvino_key = weights_key(source)
-                self._openvino = compile_encoder(source, self.pooling, self.normalize, precision=precision)
+                self._openvino = compile_encoder(forward, self.pooling, self.normalize, precision=precision)
+                self._openvino_identity = identity
             except Exception as ex:
-                if chosen == "openvino":
+                if self._chosen_backend() == "openvino":
                     raise
                 logger.warning("OpenVINO could not compile %s (%s: %s); encoding with PyTorch",
                                self.name_or_path, type(ex).__name__, ex)
                 self._openvino_failed = True
                 return None
         return self._openvino
+
+    def _backend(self, made: Dict[str, Backend], model: torch.nn.Module, kernel: Optional[Any],
+                 trimmed: Optional[torch.nn.Module], pad_id: int) -> Backend:
+        """The backend object of :meth:`backend_choice` for this call's ``model`` (made once per call, kept in
+        ``made``)."""
+        choice = self.backend_choice(kernel is not None)
+        if choice.name in made:
+            return made[choice.name]
+        forward = trimmed if trimmed is not None else model  # the last layer at [CLS] only, where it applies
+        backend: Optional[Backend] = None
+        if choice.name == OpenVINOBackend.name:
+            compiled = self._compiled_graph(model, forward)
+            if compiled is None:  # the automatic choice could not compile: chosen again (PyTorch)
+                return self._backend(made, model, kernel, trimmed, pad_id)
+            backend = OpenVINOBackend(compiled, pad_id)
+        elif choice.name == UnpaddedTorch.name:
+            first = trimmed is not None and first_token_kernel_ok(kernel, str(self.device), self._autocast_dtype())
+            backend = UnpaddedTorch(trimmed if first else model, self.device, kernel, self.pooling, self.normalize,
+                                    first_token=first)
+        else:
+            backend = PaddedTorch(forward, self.device, pad_id, self.pooling, self.normalize)
+        made[choice.name] = backend
+        return backend
 
     def token_budget(self, max_length: int) -> Optional[int]:
         """The token budget of a batch of texts truncated at ``max_length`` (``None``: batches of ``batch_size``
@@ -466,35 +567,14 @@ class CPDAE(pt.Transformer):
         return token_budget_batches(lengths, budget, padded=not packed)
 
     def _packing_kernel(self, model: torch.nn.Module) -> Optional[Any]:
-        """The variable-length attention kernel when batches run packed (see ``unpad``), else ``None``."""
-        unpad = getattr(self, "unpad", None)  # an encoder pickled before the option: automatic
-        if unpad is False:
-            return None
-        dtype = self._autocast_dtype()
-        kernel = varlen_kernel(self.device, dtype) if supports_packing(model) else None
-        if kernel is None and unpad:
-            raise ValueError(f"unpad=True: packed batches need a BERT model (this one: "
-                             f"{getattr(model.config, 'model_type', type(model).__name__)}) and torch's varlen_attn "
-                             f"kernel, which runs on CUDA in bf16/fp16 (here: {self.device}, {_DTYPE_NAMES[dtype]}); "
-                             "pass unpad=None (automatic) or False for padded batches")
-        return kernel
+        """The variable-length attention kernel when batches run packed (see ``unpad``), else ``None``
+        (:func:`~pyterrier_cpdae.encoder.backends.unpadded.packing_kernel`)."""
+        return packing_kernel(model, self.device, self._autocast_dtype(), getattr(self, "unpad", None))
 
     def _padded_forward(self, model: torch.nn.Module, seqs: Sequence[Sequence[int]], lengths: np.ndarray,
                         pad_id: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """One padded batch through ``model``: its token outputs and ``(B, longest)`` mask, for :meth:`_pool`.
-
-        On :data:`ASYNC_DEVICES`, with SDPA attention, the attention mask is decided on the host: none when no row
-        is padded (as transformers decides), else a ``(B, 1, 1, longest)`` boolean mask, which transformers passes
-        on as it is. Given the 2D mask, transformers would test ``mask.all()`` on the device, and the host would
-        wait there for the previous batch at every batch."""
-        input_ids, mask = pad(seqs, lengths, pad_id)
-        full = int(np.min(lengths)) == mask.shape[1]
-        input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-        mask = torch.from_numpy(mask).to(self.device, non_blocking=True)
-        attention: Optional[torch.Tensor] = mask
-        if self.device.type in ASYNC_DEVICES and getattr(model.config, "_attn_implementation", None) == "sdpa":
-            attention = None if full else mask[:, None, None, :].bool()
-        return model(input_ids=input_ids, attention_mask=attention)[0], mask
+        """One padded batch through ``model`` (:meth:`PaddedTorch.forward`)."""
+        return PaddedTorch(model, self.device, pad_id, self.pooling, self.normalize).forward(seqs, lengths)
 
     def _encode(self, texts: Sequence[str], max_length: int, unique: bool) -> np.ndarray:
         """Encodes checked texts into a float32 ``(len(texts), dim)`` matrix (rows in input order)."""
@@ -527,36 +607,14 @@ class CPDAE(pt.Transformer):
             total=n, desc="Encoding", unit="text", leave=False, delay=0 if self.verbose else PROGRESS_DELAY_S)
         with self._inference() as model:
             kernel = self._packing_kernel(model)
-            trimmed = self._first_token_view(model)  # the last layer at [CLS] only (padded batches)
-            forward = trimmed if trimmed is not None else model
-            packed_model = model  # packed rows: trimmed where the kernel takes one query row per text
-            if kernel is not None and trimmed is not None and first_token_kernel_ok(kernel, str(self.device),
-                                                                                     self._autocast_dtype()):
-                packed_model = trimmed
+            trimmed = self._first_token_view(model)  # the last layer at [CLS] only (where it applies)
+            made: Dict[str, Backend] = {}
             start = 0
             for ids, lengths in windows:
-                compiled = self._openvino_encoder(int(lengths.sum()), forward)
-                packed = kernel is not None and compiled is None
-                batches = self._batches(lengths, max_length, packed)
-                if compiled is not None:  # the window's batches through OpenVINO's parallel streams at once
-                    padded = [pad([ids[i] for i in rows], lengths[rows], pad_id) for rows in batches]
-                    for rows, vecs in zip(batches, compiled.map(padded)):
-                        out[start + rows] = vecs
-                else:
-                    pooled = []
-                    for rows in batches:
-                        if packed:  # unpadded: the layers compute on the real tokens only
-                            hidden, mask = packed_forward(packed_model, [ids[i] for i in rows], lengths[rows],
-                                                          self.device, kernel, first_token=packed_model is trimmed)
-                        else:
-                            hidden, mask = self._padded_forward(forward, [ids[i] for i in rows], lengths[rows],
-                                                                pad_id)
-                        pooled.append(self._pool(hidden, mask))
-                        if bar is not None:
-                            bar.update(len(rows))
-                    out[start + np.concatenate(batches)] = torch.cat(pooled).cpu().numpy()
-                if bar is not None and compiled is not None:
-                    bar.update(len(ids))
+                self._tokens_encoded += int(lengths.sum())  # this window counts for the automatic backend choice
+                backend = self._backend(made, model, kernel, trimmed, pad_id)
+                backend.run(ids, lengths, self._batches(lengths, max_length, backend.packed),
+                            out[start:start + len(ids)], bar)
                 start += len(ids)
         if bar is not None:
             bar.close()

@@ -11,7 +11,7 @@ masked positions only.  The ``[CLS]`` vector is the full model's up to float32 s
 ``attention.self.query/key/value``, ``attention.output`` and ``feed_forward_chunk``, as in transformers' BERT,
 RoBERTa and their copies) whose last layer is :class:`FirstTokenLayer`; it shares the weights and leaves the model
 itself unchanged. The view's last hidden state is ``(B, 1, H)``; in a packed row
-(:mod:`~pyterrier_cpdae.encoder.packing`) the last layer takes each text's first token as its one query against that
+(:mod:`~pyterrier_cpdae.encoder.backends.unpadded`) the last layer takes each text's first token as its one query against that
 text's keys through the variable-length kernel (query segments of length 1), where
 :func:`~pyterrier_cpdae.encoder.attention.first_token_kernel_ok` finds the kernel able to. Only the ``sdpa`` and
 ``eager`` attention implementations are used (their mask has a query axis that can be cut to the first row);

@@ -1,4 +1,10 @@
-"""What identifies the weights an encoder computes its vectors with, whatever they were loaded from.
+"""What identifies an encoder: one digest, :func:`encoder_digest`, over what identifies the weights it computes its
+vectors with, whatever they were loaded from (:func:`weights_key`), and the options that change its vectors.
+
+:func:`encoder_digest` is the encoder's identity (:meth:`~.cpdae.CPDAE.identity`): what it keys its caches by (its
+:meth:`~.cpdae.CPDAE.producer` record, and with it the stamp its rows carry; its compiled OpenVINO graph). The
+producer record's weights fields are what a dense index stores and compares (their format is the index's): they are
+computed from the weights only when the identity changes.
 
 :func:`content_digest` hashes the encoder's own tensors (names relative to the base model, float32 values), so the
 same weights give the same digest whether they were loaded from a folder (:func:`~.loading.load_encoder`) or handed
@@ -16,15 +22,16 @@ memory at several GB/s, so taking it at every load costs a few tens of milliseco
 from __future__ import annotations
 
 import hashlib
+import json
 import weakref
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, Mapping, Optional, Tuple
 
 import torch
 import xxhash
 
 from .loading import weights_digest
 
-__all__ = ["content_digest", "legacy_digest", "weights_key"]
+__all__ = ["encoder_digest", "content_digest", "legacy_digest", "weights_key"]
 
 _DIGESTS: "weakref.WeakKeyDictionary[Any, Tuple[str, str]]" = weakref.WeakKeyDictionary()
 _LEGACY: "weakref.WeakKeyDictionary[Any, Tuple[str, Optional[str]]]" = weakref.WeakKeyDictionary()
@@ -96,3 +103,17 @@ def legacy_digest(model: torch.nn.Module, key: Optional[str] = None) -> Optional
     if have is None or have[0] != key:
         have = _LEGACY[model] = (key, weights_digest(model))
     return have[1]
+
+
+def encoder_digest(weights: str, options: Mapping[str, Any]) -> str:
+    """The identity of an encoder: XXH3-128 (hex) over ``weights`` (its :func:`weights_key`; the model's name while
+    its weights are not loaded) and the canonical JSON of ``options``, the options that change its vectors
+    (:meth:`~.cpdae.CPDAE.vector_options`: pooling, normalisation, both maximum lengths, the autocast dtype, in their
+    canonical spellings). Equal digests, the same vectors for every text; options that do not change the vectors
+    (batching, backend, device, progress bar) are not part of it."""
+    if not isinstance(weights, str) or not weights:
+        raise ValueError(f"weights must be a weights key or a model name, got {weights!r}")
+    h = xxhash.xxh3_128()
+    h.update(weights.encode() + b"\n")
+    h.update(json.dumps(dict(options), sort_keys=True, separators=(",", ":"), default=str).encode())
+    return h.hexdigest()
