@@ -1,9 +1,15 @@
 """Exact retrieval and re-scoring over a :class:`~pyterrier_cpdae.dense.DenseIndex`, attached as its
 ``retriever``, ``np_retriever``, ``torch_retriever`` and ``scorer`` factories (pyterrier-dr's ``np_retr`` style).
+
+An :class:`ExactRetriever`'s search options are grouped in :class:`ExactOptions` (``retr.options``): the kernel
+(``backend``, ``device``, ``precision``), where the vectors are held (``resident``, ``pinned``) and how the work is
+cut (``block_size``, ``query_batch_size``); the retriever's keywords stay flat.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
@@ -16,7 +22,134 @@ from .index import DenseIndex
 from .retrieval import EncoderChecked, VectorRetriever, check_scores, optional_int, query_matrix
 from .store import PRECISIONS, auto_backend
 
-__all__ = ["ExactRetriever", "DenseScorer"]
+__all__ = ["ExactRetriever", "DenseScorer", "ExactOptions", "KernelOptions", "MemoryOptions", "BatchOptions"]
+
+
+def _set(obj: Any, **values: Any) -> None:
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
+def _tristate(value: Any, name: str) -> Optional[bool]:
+    if value not in (None, True, False):
+        raise ValueError(f"{name} must be None, True or False, got {value!r}")
+    return None if value is None else bool(value)
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """What scores the documents: ``backend`` (``"numpy"``: BLAS over blocks of the memmap; ``"torch"``: on
+    ``device``, default CUDA when available) and, for torch, ``precision`` (``"auto"``, ``"fp32"``, ``"fp16"``)."""
+    backend: str = "numpy"
+    device: Optional[str] = None
+    precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("numpy", "torch"):
+            raise ValueError(f"backend must be 'numpy' or 'torch', got {self.backend!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {self.precision!r}")
+        if self.precision != "auto" and self.backend != "torch":
+            raise ValueError("precision applies to backend='torch' only (numpy scores in float32)")
+        _set(self, device=None if self.device is None else str(self.device))
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Where torch reads the vectors from: ``resident`` (held on the device) or streamed, from a page-locked host
+    copy with ``pinned``; ``None`` = automatic for each (see :class:`ExactRetriever`)."""
+    resident: Optional[bool] = None
+    pinned: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        _set(self, resident=_tristate(self.resident, "resident"), pinned=_tristate(self.pinned, "pinned"))
+        if self.pinned and self.resident:
+            raise ValueError("pinned=True streams the index from page-locked host memory; resident=True holds it on "
+                             "the device instead: pass one of them")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How the work is cut: ``block_size`` rows of the index at a time (torch's chunk size), ``query_batch_size``
+    queries at a time; ``None`` = the store's defaults."""
+    block_size: Optional[int] = None
+    query_batch_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _set(self, block_size=optional_int(self.block_size, "block_size"),
+             query_batch_size=optional_int(self.query_batch_size, "query_batch_size"))
+
+
+_GROUPS = {"kernel": KernelOptions, "memory": MemoryOptions, "batching": BatchOptions}
+
+
+@dataclass(frozen=True)
+class ExactOptions:
+    """The search options of an :class:`ExactRetriever`, in three groups; built from its flat keywords by
+    :meth:`from_kwargs` and given back by :meth:`to_kwargs` (``ExactRetriever(index, **opts.to_kwargs())``)."""
+    kernel: KernelOptions = field(default_factory=KernelOptions)
+    memory: MemoryOptions = field(default_factory=MemoryOptions)
+    batching: BatchOptions = field(default_factory=BatchOptions)
+
+    def __post_init__(self) -> None:
+        torch = self.kernel.backend == "torch"
+        if self.memory.resident is not None and not torch:
+            raise ValueError("resident applies to backend='torch' only")
+        if self.memory.pinned and not torch:
+            raise ValueError("pinned applies to backend='torch' only (numpy reads the memmap in place)")
+
+    @classmethod
+    def fields(cls) -> Dict[str, str]:
+        """``{flat option: its group}``."""
+        return {f.name: group for group, kind in _GROUPS.items() for f in dataclasses.fields(kind)}
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "ExactOptions":
+        """The options of the flat keywords (those left out take their defaults).
+
+        Raises:
+            TypeError: an unknown keyword. ValueError: a bad value or combination (naming the option)."""
+        owner = cls.fields()
+        unknown = sorted(set(kwargs) - set(owner))
+        if unknown:
+            raise TypeError(f"unknown ExactRetriever option(s) {unknown}; the options are {list(owner)}")
+        groups: Dict[str, Dict[str, Any]] = {g: {} for g in _GROUPS}
+        for name, value in kwargs.items():
+            groups[owner[name]][name] = value
+        if groups["kernel"].get("backend") == "torch" and "block_size" in groups["batching"]:
+            optional_int(groups["batching"]["block_size"], "chunk_size")  # torch's name for it, in the error
+        return cls(**{g: _GROUPS[g](**values) for g, values in groups.items()})
+
+    def to_kwargs(self) -> Dict[str, Any]:
+        """The flat keywords of these options."""
+        return {name: getattr(getattr(self, group), name) for name, group in self.fields().items()}
+
+    def replace(self, **kwargs: Any) -> "ExactOptions":
+        """These options with flat options changed (checked)."""
+        return self.from_kwargs(**{**self.to_kwargs(), **kwargs})
+
+    def search_kwargs(self) -> Dict[str, Any]:
+        """The keywords of :meth:`~pyterrier_cpdae.dense.store.DenseStore.search` for these options (its defaults
+        where an option is ``None``)."""
+        kwargs: Dict[str, Any] = {}
+        if self.batching.query_batch_size:
+            kwargs["query_batch_size"] = self.batching.query_batch_size
+        if self.kernel.backend == "torch":
+            kwargs.update(device=self.kernel.device, chunk_size=self.batching.block_size,
+                          resident=self.memory.resident, precision=self.kernel.precision, pinned=self.memory.pinned)
+        elif self.batching.block_size:
+            kwargs["block_size"] = self.batching.block_size
+        return kwargs
+
+
+def _option(name: str) -> property:
+    def get(self: "ExactRetriever") -> Any:
+        return getattr(getattr(self.options, ExactOptions.fields()[name]), name)
+
+    def set_(self: "ExactRetriever", value: Any) -> None:
+        self.options = self.options.replace(**{name: value})
+
+    return property(get, set_, doc=f"The option ``{name}`` (:attr:`ExactRetriever.options`).")
 
 
 class ExactRetriever(VectorRetriever):
@@ -36,6 +169,10 @@ class ExactRetriever(VectorRetriever):
     memory), ``False``: chunks are copied from pageable memory into two pinned buffers.
     """
 
+    backend, device, precision = _option("backend"), _option("device"), _option("precision")
+    resident, pinned = _option("resident"), _option("pinned")
+    block_size, query_batch_size = _option("block_size"), _option("query_batch_size")
+
     def __init__(self, index: DenseIndex, *, backend: str = "numpy", num_results: int = 1000,
                  device: Optional[str] = None, block_size: Optional[int] = None,
                  query_batch_size: Optional[int] = None, drop_query_vec: bool = False,
@@ -43,33 +180,19 @@ class ExactRetriever(VectorRetriever):
         if backend not in ("numpy", "torch"):
             raise ValueError(f"backend must be 'numpy' or 'torch', got {backend!r}")
         super().__init__(index, num_results=num_results, drop_query_vec=drop_query_vec)
-        self.backend = backend
-        self.device = None if device is None else str(device)
-        self.block_size = optional_int(block_size, "chunk_size" if backend == "torch" else "block_size")
-        self.query_batch_size = optional_int(query_batch_size, "query_batch_size")
-        if resident not in (None, True, False):
-            raise ValueError(f"resident must be None, True or False, got {resident!r}")
-        if resident is not None and backend != "torch":
-            raise ValueError("resident applies to backend='torch' only")
-        self.resident = resident
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
-        if precision != "auto" and backend != "torch":
-            raise ValueError("precision applies to backend='torch' only (numpy scores in float32)")
-        self.precision = precision
-        if pinned not in (None, True, False):
-            raise ValueError(f"pinned must be None, True or False, got {pinned!r}")
-        if pinned and backend != "torch":
-            raise ValueError("pinned applies to backend='torch' only (numpy reads the memmap in place)")
-        if pinned and resident:
-            raise ValueError("pinned=True streams the index from page-locked host memory; resident=True holds it on "
-                             "the device instead: pass one of them")
-        self.pinned = pinned
+        #: the search options, grouped (:class:`ExactOptions`); each is an attribute of the retriever too
+        self.options = ExactOptions.from_kwargs(backend=backend, device=device, precision=precision,
+                                                resident=resident, pinned=pinned, block_size=block_size,
+                                                query_batch_size=query_batch_size)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        if "options" not in state:  # a retriever pickled before the options were grouped: its flat attributes
+            flat = {k: state.pop(k) for k in list(state) if k in ExactOptions.fields()}
+            state["options"] = ExactOptions.from_kwargs(**flat)
+        self.__dict__.update(state)
 
     def _params(self) -> Tuple:
-        return (str(self.index.path), self.backend, self.num_results, self.device, self.block_size,
-                self.query_batch_size, self.drop_query_vec, self.resident, self.precision,
-                self.pinned)
+        return (str(self.index.path), self.num_results, self.drop_query_vec) + tuple(self.options.to_kwargs().values())
 
     def __repr__(self) -> str:
         extra = f", device={self.device!r}" if self.backend == "torch" else ""
@@ -77,15 +200,8 @@ class ExactRetriever(VectorRetriever):
                 f"num_results={self.num_results}{extra})")
 
     def _search(self, queries: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        kwargs: Dict[str, Any] = {}
-        if self.query_batch_size:
-            kwargs["query_batch_size"] = self.query_batch_size
-        if self.backend == "torch":
-            kwargs.update(device=self.device, chunk_size=self.block_size, resident=self.resident,
-                          precision=self.precision, pinned=self.pinned)
-        elif self.block_size:
-            kwargs["block_size"] = self.block_size
-        return self.index.store.search(queries, self.num_results, backend=self.backend, **kwargs)
+        return self.index.store.search(queries, self.num_results, backend=self.backend,
+                                       **self.options.search_kwargs())
 
 
 class DenseScorer(EncoderChecked, pt.Transformer):
