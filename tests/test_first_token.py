@@ -118,14 +118,14 @@ def test_packed_rows_trim_the_last_layer_too(tiny_bert_dir, monkeypatch):
     """Packed (unpadded) batches with the varlen kernel (here its text-by-text CPU reference): the last layer takes
     each text's first token as its one query against that text's keys; vectors equal the padded full layer's, and
     a kernel that cannot take query segments of length 1 keeps the full layer."""
-    from pyterrier_cpdae.encoder import cpdae as enc_mod
+    from pyterrier_cpdae.encoder.backends import unpadded as unpadded_mod
     from pyterrier_cpdae.encoder import attention
 
     texts = TEXTS * 3
     full = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", backend="torch", pooling="cls", batch_size=4,
                                  unpad=False, cls_last_layer=False)
     reference = full.encode_docs(texts)
-    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: attention.reference_kernel)
+    monkeypatch.setattr(unpadded_mod, "varlen_kernel", lambda device, dtype: attention.reference_kernel)
     packed = CPDAE(full.model, full.tokenizer, pooling="cls", batch_size=4, backend="torch", unpad=True)
     packed.encode_docs(["warm-up"])  # the once-per-model check
     seen = _Positions(full.model.encoder.layer[-1])
@@ -142,7 +142,7 @@ def test_packed_rows_trim_the_last_layer_too(tiny_bert_dir, monkeypatch):
             raise RuntimeError("query and key segments differ")
         return attention.reference_kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale)
 
-    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: equal_segments_only)
+    monkeypatch.setattr(unpadded_mod, "varlen_kernel", lambda device, dtype: equal_segments_only)
     seen.lengths.clear()
     np.testing.assert_allclose(packed.encode_docs(texts), reference, atol=2e-5, rtol=1e-4)
     assert min(seen.lengths) > 1

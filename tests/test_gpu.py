@@ -72,11 +72,11 @@ def test_encoder_packed_batches_close_to_padded(bert_dir, texts, monkeypatch):
     CUDA): vectors at cosine > 0.999 to the padded path's and to float32, each forward pass one row of real tokens
     within the token budget."""
     from pyterrier_cpdae.encoder import CPDAE
-    from pyterrier_cpdae.encoder import cpdae as enc_mod
+    from pyterrier_cpdae.encoder.backends import unpadded as unpadded_mod
     from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
 
     if torch.device(DEVICE).type != "cuda":  # the CPU run of these checks: the text-by-text reference kernel
-        monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
+        monkeypatch.setattr(unpadded_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
     elif varlen_kernel(torch.device(DEVICE), torch.bfloat16) is None:
         pytest.skip(f"torch's varlen_attn does not run on {DEVICE} in bf16: the encoder keeps padded batches")
     packed = CPDAE.from_pretrained(bert_dir, pooling="mean", doc_max_length=64, batch_size=8, device=DEVICE,

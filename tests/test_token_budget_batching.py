@@ -15,6 +15,8 @@ import torch
 from pyterrier_cpdae.encoder import CPDAE
 from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder import stages as stages_mod
+from pyterrier_cpdae.encoder.backends import padded as padded_mod
+from pyterrier_cpdae.encoder.backends import unpadded as unpadded_mod
 from pyterrier_cpdae.encoder.batching import length_sorted_batches, token_budget_batches
 from pyterrier_cpdae.encoder.attention import reference_kernel, varlen_kernel
 from pyterrier_cpdae.encoder.backends.unpadded import supports_packing
@@ -23,7 +25,7 @@ from pyterrier_cpdae.encoder.backends.unpadded import supports_packing
 
 def async_on_cpu(monkeypatch) -> None:
     """The CPU treated as a device whose work is queued asynchronously (as CUDA), by the encoder and its stages."""
-    for mod in (enc_mod, stages_mod):
+    for mod in (enc_mod, stages_mod, padded_mod):
         monkeypatch.setattr(mod, "ASYNC_DEVICES", ("cpu",))
 
 def _cuts(lengths, budget, padded=True):
@@ -170,7 +172,7 @@ def test_vectors_and_top10_equal_text_count_batching_on_minilm(minilm_path, scif
     np.testing.assert_allclose(q_tok, q_count, atol=1e-5, rtol=0)
     assert (_top10(q_tok, d_tok) == _top10(q_count, d_count)).all()
 
-    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
+    monkeypatch.setattr(unpadded_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
     spy.shapes = []
     d_packed, q_packed = packed.encode_docs(docs), packed.encode_queries(queries)
     assert all(r == 1 and w <= 640 for r, w in spy.shapes)  # one row of real tokens per batch
@@ -187,7 +189,7 @@ def test_packed_cls_pooling_and_positions_match_padded(tiny_bert_dir, monkeypatc
     texts = _varied_texts(20)
     padded = CPDAE.from_pretrained(tiny_bert_dir, pooling="cls", batch_size=4, doc_max_length=64, unpad=False,
                                    device="cpu", backend="torch")
-    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
+    monkeypatch.setattr(unpadded_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
     packed = CPDAE(padded.model, padded.tokenizer, pooling="cls", batch_size=4, doc_max_length=64,
                    backend="torch")  # unpad=None: automatic, the (patched) kernel is there
     spy = _Spy(padded.model)
@@ -250,7 +252,7 @@ def test_windows_tokenized_ahead_give_the_same_vectors(tiny_bert_dir, monkeypatc
     settings = dict(pooling=pooling, batch_size=4, sort_window=2, doc_max_length=128, backend="torch")
     plain = CPDAE.from_pretrained(tiny_bert_dir, device="cpu", **settings)
     ref = plain.encode_docs(texts)
-    monkeypatch.setattr(enc_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
+    monkeypatch.setattr(unpadded_mod, "varlen_kernel", lambda device, dtype: reference_kernel)
     ref_packed = CPDAE(plain.model, plain.tokenizer, unpad=True, **settings).encode_docs(texts)
     threads = []
     tokenize = type(plain.tokenizer).__call__

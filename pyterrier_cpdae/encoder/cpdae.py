@@ -21,6 +21,11 @@ are always float32.  Repeated query texts are encoded once.
 On the CPU in float32, a loaded model's large encoding jobs run as an OpenVINO compiled graph when the
 ``openvino`` package is installed (``pip install pyterrier-cpdae[openvino]``): ~1.25-1.3x faster than PyTorch
 with vectors within ~3e-6 of it (``backend=``, :data:`BACKEND_ENV`; ``backend="torch"`` forces PyTorch).
+
+The keywords are grouped in :attr:`CPDAE.options` (:class:`~pyterrier_cpdae.encoder.options.EncoderOptions`); the
+backend objects live in :mod:`pyterrier_cpdae.encoder.backends`, whose ``choose_backend`` picks one at the first
+encoding (logged at INFO with its reason, ``encoder backend: ...``); :meth:`CPDAE.identity` is the one digest that
+identifies the encoder (its weights and the options that change its vectors).
 """
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ from .options import EncoderOptions, positive_int
 from .policy import (_DTYPE_NAMES, _DTYPES, ASYNC_DEVICES, BACKEND_ENV, BACKENDS, CPU_BATCH_TOKENS,  # noqa: F401
                      DTYPE_ENV, OPENVINO_MIN_TOKENS, STREAM_WINDOWS, _backend_name, cpu_has_native_bf16,
                      default_dtype)
-from .pooling import POOLINGS, pool
+from .pooling import POOLINGS
 from .stages import _ByColumns, _DocEncoder, _QueryEncoder, _TextScorer, _with_producer
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
@@ -93,6 +98,8 @@ class CPDAE(pt.Transformer):
     ``enc >> index.indexer()`` and ``enc >> index.retriever()`` work.
 
     Attributes:
+        options: every option below, grouped (:class:`~pyterrier_cpdae.encoder.options.EncoderOptions`); each is
+            also an attribute, and setting one checks it (and chooses the backend again).
         pooling: ``"cls"`` (the last layer's ``[CLS]`` vector, as in CPDAE) or ``"mean"`` (masked mean).
         normalize: L2-normalise vectors (scores are then cosine similarities).
         query_max_length / doc_max_length: truncation lengths in tokens, special tokens included.
@@ -179,8 +186,10 @@ class CPDAE(pt.Transformer):
                 weights it copies: compiled again when they change, :func:`~.identity.weights_key`) or ``None`` = automatic
                 (``$PYTERRIER_CPDAE_BACKEND`` when set): OpenVINO for a model loaded by :meth:`from_pretrained`
                 on the CPU in float32 when ``openvino`` is installed, once the encoder has encoded
-                :data:`OPENVINO_MIN_TOKENS` tokens in all (the window that crosses it included), else PyTorch (always PyTorch for an in-memory model, which
-                may be training).  Vectors of the two backends agree to ~3e-6.
+                :data:`OPENVINO_MIN_TOKENS` tokens in all (the window that crosses it included), else PyTorch
+                (always PyTorch for an in-memory model, which may be training).  Vectors of the two backends agree
+                to ~3e-6.  The choice, and the switch to OpenVINO when the tokens are reached, are logged at INFO with
+                their reason (:meth:`backend_choice`).
 
         Raises:
             ValueError: for an unknown pooling/dtype, non-positive lengths/batch size, or a ``batch_tokens`` that
@@ -350,7 +359,9 @@ class CPDAE(pt.Transformer):
             ``{"encoder": "CPDAE", "model", "weights_sha256", "pooling", "normalize", "max_length", "dtype",
             "dim"}``: the model's name or path (shown, not compared when the weights digest is known), a digest of
             its weights (:func:`~pyterrier_cpdae.encoder.loading.weights_digest`), the pooling, normalisation,
-            document length in tokens and autocast dtype the vectors are computed with, and their dimension.
+            document length in tokens and autocast dtype the vectors are computed with, and their dimension; and
+            ``weights_content``, the digest of the loaded tensors. The record is a function of :meth:`identity`:
+            computed again only when it changes (a dense index stores and compares these fields).
         """
         local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
         module = self.model if self._model is not None or local else None  # (a Hub name is not fetched for this)
