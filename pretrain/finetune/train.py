@@ -41,6 +41,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..data.inputs import check_model_arg, check_writable_dir, file_fingerprint, spec_files
 from ..evaluation.probe import ProbeEvaluator, RetrievalProbe
+from ..training.trainer import refuse_ignored_parallelism
 from . import negatives as neg
 from .arguments import RESUME_MUTABLE, FinetuneArguments, parse_args
 
@@ -56,6 +57,10 @@ class NonFiniteLossError(FloatingPointError):
 
 class FiniteTrainer(SentenceTransformerTrainer):
     """``SentenceTransformerTrainer`` that stops at a non-finite training loss (:class:`NonFiniteLossError`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        refuse_ignored_parallelism(self)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

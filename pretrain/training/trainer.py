@@ -88,6 +88,18 @@ class ObjectiveStepCallback(TrainerCallback):
         self._call(state)
 
 
+def refuse_ignored_parallelism(trainer: Trainer) -> None:
+    """Stop when ``--fsdp`` or ``--deepspeed`` was asked for but the Trainer runs without it: accelerate enables them on
+    accelerators only, and on the CPU the run would otherwise train as plain DDP (or one process) without a word."""
+    args = trainer.args
+    for option, asked, on in (("--fsdp", bool(args.fsdp), trainer.is_fsdp_enabled),
+                              ("--deepspeed", bool(args.deepspeed), trainer.is_deepspeed_enabled)):
+        if asked and not on:
+            raise ValueError(f"{option} was given but the Trainer does not run it on this machine (accelerate enables "
+                             f"it on GPUs only; {trainer.accelerator.distributed_type.value} here): drop {option} to "
+                             f"train with DDP, or run on GPUs")
+
+
 class PretrainTrainer(Trainer):
     """``transformers.Trainer`` for the objectives of :mod:`pretrain.objectives` (see the module's docstring).
 
@@ -111,6 +123,7 @@ class PretrainTrainer(Trainer):
             kwargs["eval_dataset"] = probe  # the evaluation set is the probe's (the Trainer asks for one)
         callbacks = list(kwargs.pop("callbacks", None) or [])
         super().__init__(*args, callbacks=callbacks, **kwargs)
+        refuse_ignored_parallelism(self)
         self.add_callback(FiniteLossCallback(self))
         self.add_callback(ObjectiveStepCallback(self))
         self.probe, self.probe_settings, self.place = probe, dict(probe_settings or {}), place
