@@ -25,7 +25,7 @@ _FAILED: dict[str, str] = {}
 _DISCOVERED = False
 ENTRY_POINT_GROUP = "pretrain.objectives"
 #: modules of the objectives package that hold no objective.
-_NOT_PLUGINS = {"base"}
+_NOT_PLUGINS = {"base", "options", "views"}
 #: listing order of the built-in modules in ``--help`` (other modules follow, alphabetically).
 _BUILTIN_ORDER = ("mlm", "cpdae", "seed", "retromae", "bow")
 
