@@ -448,5 +448,19 @@ def _corpus_files_record(spec: str) -> dict[str, Any]:
     return corpus_fingerprints(spec)
 
 
-__all__ = ["TokenCache", "encode_batch", "default_num_threads", "block_lengths", "fast_backend", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
+class IndexedTexts(torch.utils.data.Dataset):
+    """A token cache as the Trainer's dataset: item ``i`` is ``{"input_ids": block i, "idx": i}`` (the collators draw
+    every example's masks from its ``idx``)."""
+
+    def __init__(self, cache: TokenCache):
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.cache[i], "idx": int(i)}
+
+
+__all__ = ["TokenCache", "IndexedTexts", "encode_batch", "default_num_threads", "block_lengths", "fast_backend", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
            "token_dtype", "tokenizer_fingerprint"]

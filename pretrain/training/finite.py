@@ -1,5 +1,5 @@
 """Finite training: :class:`NonFiniteError` stops a run that met a non-finite loss or weight (raised by
-:class:`pretrain.training.trainer.FiniteLossCallback` and before a checkpoint or the export is written)."""
+:class:`pretrain.training.trainer.PretrainCallback` and before a checkpoint or the export is written)."""
 from __future__ import annotations
 
 import torch
