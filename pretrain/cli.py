@@ -68,24 +68,11 @@ def validate(config: RunConfig, training_args: Any) -> None:
     """Checks that need no model or data (raises ValueError naming the option, or ConcurrentBuildError)."""
     from pyterrier_cpdae._locking import refuse_if_busy
 
-    from .data.inputs import check_model_arg, check_output_holds_no_input, check_writable_dir, own_cache_entries
-    from .data.readers import corpus_files
+    from .data.inputs import check_run_paths, own_cache_entries
     from .objectives import objective_class
     from .training.run_dir import check_run_dir
 
-    if not config.corpus:
-        raise ValueError("--corpus is required (irds:<id>, a .jsonl/.txt file, or wiki:<dir>)")
-    check_writable_dir(config.output, "--output_dir")
-    check_writable_dir(default_cache_dir(config), "--cache_dir" if config.cache_dir else
-                       "the token cache directory (<output_dir>/../.token_cache; choose one with --cache_dir)")
-    check_model_arg(config.model, "--model", weights=config.from_config is None)
-    if config.from_config is not None:
-        check_model_arg(config.from_config, "--from_config", weights=False, config_file=True)
-    if config.decoder_from and not os.path.isdir(config.decoder_from):
-        raise FileNotFoundError(f"--decoder_from {config.decoder_from}: no such directory (the stage-1 run to continue)")
-    check_output_holds_no_input(config.output, {"--model": config.model, "--from_config": config.from_config,
-                                                "--decoder_from": config.decoder_from,
-                                                "--corpus": corpus_files(config.corpus)})  # a FIFO refused here too
+    check_run_paths(config, default_cache_dir(config))
     per_forward = training_args.per_device_train_batch_size
     if getattr(objective_class(config.objective), "contrastive", False) and per_forward * training_args.world_size < 2:
         raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
@@ -125,26 +112,6 @@ def load_model_and_tokenizer(config: Any) -> tuple[Any, Any]:
         raise ValueError(f"the tokenizer of {config.model!r} has {len(tokenizer)} tokens but the model's vocabulary "
                          f"holds {vocab}")
     return model, tokenizer
-
-
-def freeze_encoder(objective: Any) -> None:
-    """``--freeze_encoder``: no gradient to any encoder parameter; the heads still train (a ValueError at the first
-    training forward pass when the loss then depends on no trainable parameter)."""
-    for p in objective.encoder.parameters():
-        p.requires_grad_(False)
-
-    def check(module: Any, inputs: Any, output: Any) -> None:
-        import torch
-
-        loss = output.get("loss") if hasattr(output, "get") else None
-        if not torch.is_grad_enabled() or loss is None:
-            return
-        if not loss.requires_grad:
-            raise ValueError(f"--freeze_encoder: the loss of objective {objective.name!r} depends on no parameter "
-                             "outside the encoder, so nothing would train; drop --freeze_encoder")
-        handle.remove()
-
-    handle = objective.register_forward_hook(check)
 
 
 def pretrain(model_args: Any, data_args: Any, training_args: Any, options: Any,
@@ -191,7 +158,7 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
     if config.decoder_from:
         objective.load_decoder(config.decoder_from)
     if config.freeze_encoder:
-        freeze_encoder(objective)
+        objective.freeze_encoder()
     logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
                 config.max_length)
     record = _record(config, training_args, inputs, cache, resume)

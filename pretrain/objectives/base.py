@@ -370,6 +370,22 @@ class Objective(nn.Module):
         """Compute the losses of one batch; must return ``{"loss": ..., <term>: ...}`` (the terms for logging)."""
         raise NotImplementedError
 
+    def freeze_encoder(self) -> None:
+        """``--freeze_encoder``: no gradient to any encoder parameter; the heads still train (a ValueError at the first
+        training forward pass when the loss then depends on no trainable parameter)."""
+        for p in self.encoder.parameters():
+            p.requires_grad_(False)
+
+        def check(module: Any, inputs: Any, output: Any) -> None:
+            loss = output.get("loss") if hasattr(output, "get") else None
+            if torch.is_grad_enabled() and loss is not None:
+                if not loss.requires_grad:
+                    raise ValueError(f"--freeze_encoder: the loss of objective {self.name!r} depends on no parameter "
+                                     "outside the encoder, so nothing would train; drop --freeze_encoder")
+                handle.remove()
+
+        handle = self.register_forward_hook(check)
+
     def on_step(self, step: int, total_steps: int) -> None:
         """Called after every optimizer step (e.g. for loss-weight schedules)."""
 
