@@ -108,7 +108,7 @@ class PretrainTrainer(Trainer):
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        out = self.forward_objective(model, inputs)
+        out = model(**inputs)  # the objective's PretrainingOutput: the loss and its named terms
         loss = out["loss"]
         terms = out.get("terms") if hasattr(out, "get") else None
         if terms is None:  # an objective returning a flat dict: its other scalar entries are the terms
@@ -121,11 +121,6 @@ class PretrainTrainer(Trainer):
                     self._terms[k] = self._terms.get(k, 0.0) + v
             self._term_batches += 1
         return (loss, out) if return_outputs else loss
-
-    @staticmethod
-    def forward_objective(model: Any, inputs: dict[str, Any]) -> Any:
-        """``model(**inputs)``: the objective's ``PretrainingOutput`` for a collated batch."""
-        return model(**inputs)
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
         if "loss" in logs and self._term_batches:  # the terms averaged over the logging window and the processes
