@@ -31,37 +31,34 @@ def default_cache_dir(config: Any) -> str:
 
 def resume_checkpoint(value: Optional[str], output: str) -> Optional[str]:
     """``--resume_from_checkpoint``: a checkpoint directory, or ``true``/``last`` for the newest complete one in
-    ``output`` (``None`` when there is none yet: the run starts from scratch, with a warning)."""
-    from .training.trainer import last_checkpoint
-
-    if value is None or str(value).lower() in ("false", ""):
-        return None
-    if str(value).lower() in ("true", "last"):
-        found = last_checkpoint(output)
-        if found is None:
-            logger.warning("--resume_from_checkpoint %s: %s holds no checkpoint; starting from scratch", value, output)
-        return found
-    if not os.path.isfile(os.path.join(value, "trainer_state.json")):
-        raise ValueError(f"--resume_from_checkpoint {value}: not a complete checkpoint (no trainer_state.json)")
-    return value
-
-
-def check_checkpoint_files(checkpoint: str) -> None:
-    """Every ``*.pt``/``*.pth`` of ``checkpoint`` read as plain tensor data (``weights_only``) before the Trainer loads
-    it: a file holding anything else is refused in one line naming it, never unpickled."""
+    ``output`` (``None`` when there is none yet: the run starts from scratch, with a warning). Its ``*.pt``/``*.pth``
+    files are read as plain tensor data (``weights_only``) first: a file holding anything else is refused in one line
+    naming it, never unpickled."""
     import pickle
 
     import torch
     from transformers.trainer_pt_utils import safe_globals  # the NumPy RNG state's types, as the Trainer allows
 
-    for name in sorted(n for n in os.listdir(checkpoint) if n.endswith((".pt", ".pth"))):
+    from .training.trainer import last_checkpoint
+
+    if value is None or str(value).lower() in ("false", ""):
+        return None
+    if str(value).lower() in ("true", "last"):
+        value = last_checkpoint(output)
+        if value is None:
+            logger.warning("--resume_from_checkpoint: %s holds no checkpoint; starting from scratch", output)
+            return None
+    elif not os.path.isfile(os.path.join(value, "trainer_state.json")):
+        raise ValueError(f"--resume_from_checkpoint {value}: not a complete checkpoint (no trainer_state.json)")
+    for name in sorted(n for n in os.listdir(value) if n.endswith((".pt", ".pth"))):
         try:
             with safe_globals():
-                torch.load(os.path.join(checkpoint, name), map_location="cpu", weights_only=True)
+                torch.load(os.path.join(value, name), map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ValueError(f"{os.path.join(checkpoint, name)}: not plain tensor data, refused without unpickling it "
+            raise ValueError(f"{os.path.join(value, name)}: not plain tensor data, refused without unpickling it "
                              f"({first}); resume from an earlier checkpoint or start again") from None
+    return value
 
 
 def validate(config: RunConfig, training_args: Any) -> None:
@@ -146,7 +143,6 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
     inputs = run_inputs(config.corpus, tokenizer)
     resume = resume_checkpoint(training_args.resume_from_checkpoint, config.output)
     if resume:
-        check_checkpoint_files(resume)
         check_resume_inputs(config.output, inputs)
     cache = TokenCache.build_or_load(config.corpus, tokenizer, config.max_length, default_cache_dir(config),
                                      fields=config.corpus_fields, max_docs=config.max_docs)
