@@ -216,11 +216,14 @@ def _defaults(cls: type) -> dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
 
 
-def _flat(parts: list[Any], run: dict[str, Any], run_defaults: dict[str, Any]) -> RunConfig:
-    """The :class:`RunConfig` of the model, data and objective dataclasses ``parts`` and the run settings ``run``."""
-    values = {k: v for p in parts for k, v in dataclasses.asdict(p).items()}
+def _flat(parts: list[Any], run: dict[str, Any], run_defaults: dict[str, Any],
+          trained: Optional[dict[str, Any]] = None) -> RunConfig:
+    """The :class:`RunConfig` of the model, data and objective dataclasses ``parts``, the recorded training options
+    ``trained`` (listed before the objective's) and the run settings ``run``."""
+    model, data, options = (dataclasses.asdict(p) for p in parts)
     defaults = {k: v for p in parts for k, v in _defaults(type(p)).items()}
-    return RunConfig({**values, **run}, {**defaults, **run_defaults}, [f.name for f in dataclasses.fields(parts[-1])])
+    return RunConfig({**model, **data, **(trained or {}), **options, **run}, {**defaults, **run_defaults},
+                     [f.name for f in dataclasses.fields(parts[-1])])
 
 
 def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments,
@@ -235,10 +238,10 @@ def run_config(model_args: ModelArguments, data_args: DataArguments, training_ar
                for k, v in trained.items()}
     train_defaults = _defaults(type(training_args))
     return _flat([model_args, data_args, objective_options],
-                 {**trained, "output": training_args.output_dir, "grad_accum": accum, "cpu": bool(training_args.use_cpu),
+                 {"output": training_args.output_dir, "grad_accum": accum, "cpu": bool(training_args.use_cpu),
                   "batch_size": training_args.per_device_train_batch_size * world * accum},
                  {**{k: v for k, v in train_defaults.items() if k in RECORDED_TRAINING},
-                  "batch_size": train_defaults.get("per_device_train_batch_size")})  # one process
+                  "batch_size": train_defaults.get("per_device_train_batch_size")}, trained)  # batch: one process
 
 
 def shared_option_names() -> set[str]:
