@@ -173,7 +173,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 def pretrain_command(args: argparse.Namespace, model: str, pooling: str, corpus: str, output: str) -> list[str]:
     """The ``python -m pretrain`` command that continues ``model`` (its text vector read as ``pooling``)."""
     return [sys.executable, "-m", "pretrain", "--objective", args.pretrain_objective, "--model", model,
-            "--new_mlm_head", "--representation", pooling, "--corpus", corpus,
+            "--representation", pooling, "--corpus", corpus,
             "--max_length", str(args.pretrain_max_length), "--global_batch_size", str(args.pretrain_batch_size),
             "--max_steps", str(args.pretrain_steps), "--save_steps", str(args.pretrain_steps),
             "--logging_steps", str(max(1, min(10, args.pretrain_steps // 5))), "--report_to", "none",

@@ -1,6 +1,7 @@
 """``python -m pretrain``: see :mod:`pretrain.cli` (``python -m pretrain --help``)."""
 from __future__ import annotations
 
+import os
 import sys
 
 from pyterrier_cpdae._locking import ConcurrentBuildError
@@ -16,24 +17,15 @@ def error_line(e: BaseException) -> str:
 
 
 def _run() -> int:
+    """Bad input, a bad path or file, a full disk, too little memory, an output another process writes (exit 2) or a
+    diverged run (NonFiniteError, exit 1): one line instead of a traceback (``PRETRAIN_DEBUG=1`` shows it)."""
     try:
         main()
-    except FloatingPointError as e:
-        # pretrain.training.finite.NonFiniteError, a diverged run: exit 1 with the step, the loss term and what is left
-        # on disk, no traceback
-        import os
-        if os.environ.get("PRETRAIN_DEBUG"):
-            raise
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
-    except (ValueError, OSError, MemoryError, ConcurrentBuildError) as e:
-        # bad input, a bad path or file, a full disk, too little memory, an output another process is writing:
-        # a one-line message instead of a traceback (set PRETRAIN_DEBUG=1 for the traceback)
-        import os
+    except (FloatingPointError, ValueError, OSError, MemoryError, ConcurrentBuildError) as e:
         if os.environ.get("PRETRAIN_DEBUG"):
             raise
         print(error_line(e), file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, FloatingPointError) else 2
     return 0
 
 

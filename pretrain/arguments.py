@@ -1,18 +1,16 @@
 """The options of ``python -m pretrain``: Hugging Face ``TrainingArguments`` plus our model, data and objective
 dataclasses, parsed with ``transformers.HfArgumentParser``.
 
-Every Trainer option keeps its own name (``--learning_rate`` or ``--learning-rate``, ``--per_device_train_batch_size``,
-``--lr_scheduler_type``, ``--report_to``, ...). Ours: :class:`ModelArguments`, :class:`DataArguments`, the two
-fields :class:`PretrainingArguments` adds to ``TrainingArguments`` (``--global_batch_size``, ``--preset``,
-``--overwrite_output_dir``) and the options of the chosen objective (its ``Objective.Options``; ``python -m pretrain
---objective X --help`` lists only X's). Precedence: defaults < ``--preset`` < ``--config`` file (YAML/JSON, read by
-the bounded :func:`pyterrier_cpdae._files.read_config_file`: a key given twice is refused) < flags.
-
-An objective is built with a flat :class:`RunConfig` (:func:`run_config`): every option as an attribute, with the
-few run settings the objectives read (``batch_size``: the global batch, ``grad_accum``, ``seed``).
+Every Trainer option keeps its own name (``--learning_rate`` or ``--learning-rate``). Ours: :class:`ModelArguments`,
+:class:`DataArguments`, the options :class:`PretrainingArguments` adds to ``TrainingArguments`` and those of the
+chosen objective (its ``Objective.Options``; ``python -m pretrain --objective X --help`` lists only X's).
+Precedence: defaults < ``--preset`` < ``--config`` file (YAML/JSON, read by the bounded
+:func:`pyterrier_cpdae._files.read_config_file`: a key given twice is refused) < flags. An objective is built with a
+flat :class:`RunConfig` (:func:`run_config`).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import math
@@ -27,10 +25,9 @@ from pyterrier_cpdae._files import short_repr
 logger = logging.getLogger(__name__)
 
 
-# ----------------------------------------------------------------------------- declared checks
 @dataclass(frozen=True)
 class Range:
-    """A numeric option's allowed values: ``[lo, hi]`` (each end open when ``lo_open``/``hi_open``; ``None``:
+    """A numeric option's allowed values: ``[lo, hi]`` (an end open when ``lo_open``/``hi_open``; ``None``:
     unbounded) or one of ``special`` (``((value, meaning), ...)``)."""
 
     lo: Optional[float] = None
@@ -39,55 +36,50 @@ class Range:
     hi_open: bool = False
     special: tuple = ()
 
-    def contains(self, value: float) -> bool:
-        if any(value == v for v, _ in self.special):
-            return True
-        if self.lo is not None and (value < self.lo or (self.lo_open and value == self.lo)):
-            return False
-        return not (self.hi is not None and (value > self.hi or (self.hi_open and value == self.hi)))
+    def contains(self, x: float) -> bool:
+        return any(x == v for v, _ in self.special) or (
+            (self.lo is None or x > self.lo or (x == self.lo and not self.lo_open))
+            and (self.hi is None or x < self.hi or (x == self.hi and not self.hi_open)))
 
     def describe(self) -> str:
         def num(x: float) -> str:
             return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
-        if self.lo is not None and self.hi is not None:
-            text = f"in {'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
-        elif self.lo is not None:
-            text = f"{'>' if self.lo_open else '>='} {num(self.lo)}"
-        else:
-            text = f"{'<' if self.hi_open else '<='} {num(self.hi)}" if self.hi is not None else "any value"
+        lo, hi = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+        text = (f"in {lo}{num(self.lo)}, {num(self.hi)}{hi}" if self.lo is not None and self.hi is not None else
+                f"{'>' if self.lo_open else '>='} {num(self.lo)}" if self.lo is not None else
+                f"{'<' if self.hi_open else '<='} {num(self.hi)}" if self.hi is not None else "any value")
         return text + (" (or " + ", ".join(f"{v}: {m}" for v, m in self.special) + ")" if self.special else "")
 
 
 #: The largest finite float32: a float option beyond it is finite only until torch converts it.
 FLOAT32_MAX = 3.4028234663852886e38
-POSITIVE = Range(0, lo_open=True)
-LEARNING_RATE = Range(0, 1e6, lo_open=True)
-NON_NEGATIVE = Range(0)
-AT_LEAST_1 = Range(1)
-UNIT = Range(0, 1)
-OPEN_UNIT = Range(0, 1, lo_open=True, hi_open=True)
+POSITIVE, NON_NEGATIVE, AT_LEAST_1 = Range(0, lo_open=True), Range(0), Range(1)
+LEARNING_RATE, UNIT, OPEN_UNIT = Range(0, 1e6, lo_open=True), Range(0, 1), Range(0, 1, lo_open=True, hi_open=True)
+#: The Trainer's options whose range is checked before anything is written (its own checks come later, or never).
+TRAINING_CHECKS = {"learning_rate": LEARNING_RATE, "weight_decay": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE,
+                   "save_steps": POSITIVE, "save_total_limit": AT_LEAST_1, "logging_steps": POSITIVE,
+                   "max_steps": Range(1, special=((-1, "train --num_train_epochs"),)), "num_train_epochs": POSITIVE,
+                   "max_grad_norm": NON_NEGATIVE, "gradient_accumulation_steps": AT_LEAST_1,
+                   "adam_beta1": Range(0, 1, hi_open=True), "adam_beta2": Range(0, 1, hi_open=True),
+                   "adam_epsilon": POSITIVE, "seed": Range(0, 2 ** 32 - 1), "dataloader_num_workers": NON_NEGATIVE}
 
 
 def opt(default: Any, help: str, **kw: Any) -> Any:
     """A dataclass field with its help text and optional ``choices`` and ``check`` (a :class:`Range`)."""
-    metadata = {"help": help}
-    for key in ("choices", "check"):
-        if key in kw:
-            metadata[key] = kw.pop(key)
+    metadata = {"help": help, **{k: kw.pop(k) for k in ("choices", "check") if k in kw}}
     return field(default=default, metadata=metadata, **kw)
 
 
-def flag(name: str) -> str:
-    """``max_length`` -> ``--max_length`` (the parser accepts ``--max-length`` too)."""
-    return "--" + name
+def _check_of(f: dataclasses.Field) -> Optional[Range]:
+    return f.metadata.get("check") or TRAINING_CHECKS.get(f.name)
 
 
 def option_problem(f: dataclasses.Field, value: Any) -> Optional[str]:
     """What is wrong with ``value`` for option ``f`` (``None``: nothing)."""
     if value is None or isinstance(value, bool):
         return None
-    check: Optional[Range] = f.metadata.get("check")
+    check = _check_of(f)
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number{' ' + check.describe() if check else ''}, got {short_repr(value)}"
     if isinstance(value, float) and abs(value) > FLOAT32_MAX:
@@ -101,18 +93,13 @@ def option_problem(f: dataclasses.Field, value: Any) -> Optional[str]:
 
 
 def check_options(*instances: Any) -> None:
-    """Every declared check of the dataclass ``instances``' fields.
-
-    Raises:
-        ValueError: one line naming each offending option.
-    """
-    problems = [f"{flag(f.name)} {p}" for obj in instances for f in dataclasses.fields(obj)
+    """Every declared check of the dataclass ``instances``' fields (ValueError: one line naming each bad option)."""
+    problems = [f"--{f.name} {p}" for obj in instances for f in dataclasses.fields(obj)
                 if (p := option_problem(f, getattr(obj, f.name))) is not None]
     if problems:
         raise ValueError("; ".join(problems))
 
 
-# ----------------------------------------------------------------------------- our dataclasses
 @dataclass
 class ModelArguments:
     """What is trained: the objective and the model it starts from."""
@@ -157,10 +144,9 @@ class DataArguments:
 @dataclass
 class PretrainingArguments(TrainingArguments):
     """``TrainingArguments`` with our defaults (weight decay 0.01, warm-up 0.1, TensorBoard, checkpoints every 1000
-    steps, two kept) and three options of our own."""
+    steps, two kept) and options of our own."""
 
-    output_dir: Optional[str] = field(default=None, metadata={"help": "The run directory: checkpoint-N/, logs, the "
-                                                              "exported model (required)."})
+    output_dir: Optional[str] = opt(None, "The run directory: checkpoint-N/, logs, the exported model (required).")
     global_batch_size: Optional[int] = opt(None, "The global batch in texts: each of the N processes gets "
                                            "global_batch_size / (N x gradient_accumulation_steps) per micro-batch "
                                            "(sets --per_device_train_batch_size; the same batches under any N).",
@@ -172,27 +158,14 @@ class PretrainingArguments(TrainingArguments):
                                                  "--probe and --load_best_model_at_end).", check=AT_LEAST_1)
     overwrite_output_dir: bool = opt(False, "Replace a different run in --output_dir (its checkpoints, logs, record "
                                      "and exported model); other files are kept.")
-    # the Trainer's options whose range we check before anything is written (its own checks come later, or never)
-    learning_rate: float = opt(5e-5, "The peak learning rate.", check=LEARNING_RATE)
-    weight_decay: float = opt(0.01, "AdamW weight decay.", check=NON_NEGATIVE)
-    warmup_steps: float = opt(0.1, "Warm-up steps (a value < 1: a ratio of the run).", check=NON_NEGATIVE)
-    save_steps: float = opt(1000, "Save a checkpoint every N steps.", check=POSITIVE)
-    save_total_limit: Optional[int] = opt(2, "Keep at most this many checkpoints.", check=AT_LEAST_1)
-    logging_steps: float = opt(10, "Log the loss and its terms every N steps.", check=POSITIVE)
-    max_steps: int = opt(-1, "Train this many optimizer steps (-1: --num_train_epochs).",
-                         check=Range(1, special=((-1, "train --num_train_epochs"),)))
-    num_train_epochs: float = opt(3.0, "Passes over the training data.", check=POSITIVE)
-    max_grad_norm: float = opt(1.0, "Gradient clipping norm (0: no clipping).", check=NON_NEGATIVE)
-    gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.", check=AT_LEAST_1)
-    adam_beta1: float = opt(0.9, "AdamW beta1.", check=Range(0, 1, hi_open=True))
-    adam_beta2: float = opt(0.999, "AdamW beta2.", check=Range(0, 1, hi_open=True))
-    adam_epsilon: float = opt(1e-8, "AdamW epsilon.", check=POSITIVE)
-    seed: int = opt(42, "Random seed.", check=Range(0, 2 ** 32 - 1))
-    dataloader_num_workers: int = opt(0, "DataLoader worker processes.", check=NON_NEGATIVE)
-    report_to: Optional[str] = field(default="tensorboard", metadata={"help": "tensorboard, wandb, mlflow, trackio, "
-                                                                       "all or none (comma-separated)."})
-    remove_unused_columns: bool = field(default=False, metadata={"help": "Kept False: the collator reads the rows."})
-    dataloader_drop_last: bool = field(default=True, metadata={"help": "Drop the last incomplete batch."})
+    weight_decay: float = opt(0.01, "AdamW weight decay.")
+    warmup_steps: float = opt(0.1, "Warm-up steps (a value < 1: a ratio of the run).")
+    save_steps: float = opt(1000, "Save a checkpoint every N steps.")
+    save_total_limit: Optional[int] = opt(2, "Keep at most this many checkpoints.")
+    logging_steps: float = opt(10, "Log the loss and its terms every N steps.")
+    report_to: Optional[str] = opt("tensorboard", "tensorboard, wandb, mlflow, trackio, all or none (comma-separated).")
+    remove_unused_columns: bool = opt(False, "Kept False: the collator reads the rows.")
+    dataloader_drop_last: bool = opt(True, "Drop the last incomplete batch.")
 
     def __post_init__(self) -> None:
         if not self.output_dir:
@@ -202,27 +175,22 @@ class PretrainingArguments(TrainingArguments):
             self.report_to = [x.strip() for x in self.report_to.split(",") if x.strip()]
         if self.global_batch_size is not None:
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-            parts = world * self.gradient_accumulation_steps
-            if self.global_batch_size % parts:
+            if self.global_batch_size % (world * self.gradient_accumulation_steps):
                 raise ValueError(f"--global_batch_size {self.global_batch_size} must be divisible by the number of "
                                  f"processes x --gradient_accumulation_steps = {world} x "
                                  f"{self.gradient_accumulation_steps}")
-            self.per_device_train_batch_size = self.global_batch_size // parts
+            self.per_device_train_batch_size = self.global_batch_size // (world * self.gradient_accumulation_steps)
         super().__post_init__()
 
 
-# ----------------------------------------------------------------------------- the flat run config
 class RunConfig:
-    """Every option of a run as an attribute (what objectives, the collators and the run record read).
-
-    ``batch_size`` is the global batch and ``grad_accum`` the accumulation; ``defaults`` maps each option to its
-    declared default and ``objective_options`` names the objective's own.
-    """
+    """Every option of a run as an attribute (what objectives, the collators and the run record read): ``batch_size``
+    is the global batch and ``grad_accum`` the accumulation; ``defaults`` maps each option to its declared default
+    and ``objective_options`` names the objective's own."""
 
     def __init__(self, values: dict[str, Any], defaults: dict[str, Any], objective_options: list[str]):
         self.__dict__.update(values)
-        self.defaults = dict(defaults)
-        self.objective_options = list(objective_options)
+        self.defaults, self.objective_options = dict(defaults), list(objective_options)
 
     def options(self) -> dict[str, Any]:
         """The options as a plain dict."""
@@ -237,18 +205,6 @@ class RunConfig:
         return f"RunConfig(objective={getattr(self, 'objective', None)!r}, ...)"
 
 
-def _plain(value: Any) -> Any:
-    import enum
-
-    if isinstance(value, enum.Enum):
-        return value.value
-    return value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
-
-
-def _defaults(cls: type) -> dict[str, Any]:
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-
-
 #: The TrainingArguments recorded in a run's config (the rest are the Trainer's and stay in its own files).
 RECORDED_TRAINING = ("seed", "learning_rate", "weight_decay", "warmup_steps", "num_train_epochs", "max_steps",
                      "lr_scheduler_type", "lr_scheduler_kwargs", "max_grad_norm", "optim", "adam_beta1", "adam_beta2",
@@ -256,20 +212,36 @@ RECORDED_TRAINING = ("seed", "learning_rate", "weight_decay", "warmup_steps", "n
                      "use_cpu", "torch_compile", "gradient_checkpointing", "data_seed", "preset")
 
 
+def _defaults(cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def _flat(parts: list[Any], run: dict[str, Any], run_defaults: dict[str, Any],
+          trained: Optional[dict[str, Any]] = None) -> RunConfig:
+    """The :class:`RunConfig` of the model, data and objective dataclasses ``parts``, the recorded training options
+    ``trained`` (listed before the objective's) and the run settings ``run``."""
+    model, data, options = (dataclasses.asdict(p) for p in parts)
+    defaults = {k: v for p in parts for k, v in _defaults(type(p)).items()}
+    return RunConfig({**model, **data, **(trained or {}), **options, **run}, {**defaults, **run_defaults},
+                     [f.name for f in dataclasses.fields(parts[-1])])
+
+
 def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments,
                objective_options: Any) -> RunConfig:
     """The flat config of a run (see :class:`RunConfig`)."""
-    world = max(1, getattr(training_args, "world_size", 1))
-    grad_accum = training_args.gradient_accumulation_steps
-    values = {**dataclasses.asdict(model_args), **dataclasses.asdict(data_args),
-              **{k: _plain(getattr(training_args, k, None)) for k in RECORDED_TRAINING},
-              **dataclasses.asdict(objective_options)}
-    values.update({"output": training_args.output_dir, "grad_accum": grad_accum, "cpu": bool(training_args.use_cpu),
-                   "batch_size": training_args.per_device_train_batch_size * world * grad_accum})
-    defaults = {**_defaults(ModelArguments), **_defaults(DataArguments), **_defaults(type(objective_options)),
-                **{k: v for k, v in _defaults(type(training_args)).items() if k in RECORDED_TRAINING},
-                "batch_size": _defaults(type(training_args)).get("per_device_train_batch_size")}  # one process
-    return RunConfig(values, defaults, [f.name for f in dataclasses.fields(objective_options)])
+    import enum
+
+    world, accum = max(1, getattr(training_args, "world_size", 1)), training_args.gradient_accumulation_steps
+    trained = {k: getattr(training_args, k, None) for k in RECORDED_TRAINING}
+    trained = {k: v.value if isinstance(v, enum.Enum) else v if isinstance(v, (str, int, float, bool, type(None),
+                                                                               list, dict)) else str(v)
+               for k, v in trained.items()}
+    train_defaults = _defaults(type(training_args))
+    return _flat([model_args, data_args, objective_options],
+                 {"output": training_args.output_dir, "grad_accum": accum, "cpu": bool(training_args.use_cpu),
+                  "batch_size": training_args.per_device_train_batch_size * world * accum},
+                 {**{k: v for k, v in train_defaults.items() if k in RECORDED_TRAINING},
+                  "batch_size": train_defaults.get("per_device_train_batch_size")}, trained)  # batch: one process
 
 
 def shared_option_names() -> set[str]:
@@ -279,35 +251,30 @@ def shared_option_names() -> set[str]:
 
 def objective_config(objective: str = "cpdae", **values: Any) -> RunConfig:
     """A :class:`RunConfig` for building objective ``objective`` from Python (tests, notebooks): ``values`` are options
-    of the model, data or objective dataclasses, or ``batch_size`` / ``grad_accum`` / ``seed``.
-
-    Raises:
-        ValueError: an option that none of them has, or a value outside its declared range.
-    """
+    of the model, data or objective dataclasses, or ``batch_size`` / ``grad_accum`` / ``seed`` (ValueError: an option
+    none of them has, or a value outside its range)."""
     from .registry import objective_class
 
-    options_cls = objective_class(objective).Options
-    run = {k: values.pop(k) for k in ("batch_size", "grad_accum", "seed", "output", "cpu", "learning_rate", "max_steps")
-           if k in values}
-    groups = [ModelArguments, DataArguments, options_cls]
+    run = {"batch_size": 64, "grad_accum": 1, "seed": 42, "output": None, "cpu": True,
+           **{k: values.pop(k) for k in ("batch_size", "grad_accum", "seed", "output", "cpu", "learning_rate",
+                                         "max_steps") if k in values}}
     parts = []
-    for cls in groups:
+    for cls in (ModelArguments, DataArguments, objective_class(objective).Options):
         names = {f.name for f in dataclasses.fields(cls)}
         parts.append(cls(**{k: values.pop(k) for k in list(values) if k in names},
                          **({"objective": objective} if cls is ModelArguments else {})))
     if values:
         raise ValueError(f"option(s) {', '.join(sorted(values))} are not options of objective {objective!r}")
     check_options(*parts)
-    config = RunConfig({**dataclasses.asdict(parts[0]), **dataclasses.asdict(parts[1]), **dataclasses.asdict(parts[2]),
-                        "batch_size": 64, "grad_accum": 1, "seed": 42, "output": None, "cpu": True, **run},
-                       {**_defaults(ModelArguments), **_defaults(DataArguments), **_defaults(options_cls)},
-                       [f.name for f in dataclasses.fields(options_cls)])
-    return config
+    return _flat(parts, run, {})
 
 
-# ----------------------------------------------------------------------------- the parser
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
 class _Parser(HfArgumentParser):
-    """``HfArgumentParser`` that keeps our ``check`` metadata out of argparse and shows each field's default."""
+    """``HfArgumentParser`` that keeps our ``check`` metadata out of argparse and states each range in the help."""
 
     @staticmethod
     def _parse_dataclass_field(parser: Any, f: dataclasses.Field) -> None:
@@ -315,10 +282,8 @@ class _Parser(HfArgumentParser):
         import types
 
         meta = {k: v for k, v in f.metadata.items() if k != "check"}
-        if "check" in f.metadata:
-            meta["help"] = f"{meta.get('help', '')} (must be {f.metadata['check'].describe()})"
-        if f.default is not dataclasses.MISSING and "help" in meta and "(default:" not in meta["help"]:
-            meta["help"] = f"{meta['help']} (default: {f.default})"
+        if _check_of(f) is not None:
+            meta["help"] = f"{meta.get('help', '')} (must be {_check_of(f).describe()})"
         g = copy.copy(f)
         g.metadata = types.MappingProxyType(meta)
         HfArgumentParser._parse_dataclass_field(parser, g)
@@ -346,26 +311,19 @@ examples:
 
 
 def build_parser(objective: str) -> HfArgumentParser:
-    """The parser of ``python -m pretrain --objective <objective>``."""
-    import argparse
-
+    """The parser of ``python -m pretrain --objective <objective>`` (the objective's options in a group of their own,
+    the objectives listed in the description)."""
     from .registry import available_objectives, objective_class
 
-    found = available_objectives()
-    options = objective_class(objective).Options
-    # each dataclass in its own group of --help; the objective's options under its name and summary
+    found, options = available_objectives(), objective_class(objective).Options
     options._argument_group_name = f"options of objective {objective!r}: {objective_class(objective).summary()}"
     width = max(map(len, found), default=0)
     listing = "objectives (--objective):\n" + "\n".join(f"  {n:<{width}}  {c.summary()}" for n, c in found.items())
-    parser = _Parser([ModelArguments, DataArguments, PretrainingArguments, options],
-                     prog="python -m pretrain", description=DESCRIPTION + "\n" + listing, epilog=EPILOG,
-                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser = _Parser([ModelArguments, DataArguments, PretrainingArguments, options], prog="python -m pretrain",
+                     description=DESCRIPTION + "\n" + listing, epilog=EPILOG, formatter_class=_Formatter,
+                     allow_abbrev=False)
     parser.add_argument("--config", default=None, help="YAML or JSON file of options (option names as keys).")
     return parser
-
-
-def _dest_types(parser: Any) -> dict[str, Any]:
-    return {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
 
 
 def _coerce(action: Any, value: Any, where: str) -> Any:
@@ -386,16 +344,15 @@ def _coerce(action: Any, value: Any, where: str) -> Any:
 
 def config_file_defaults(parser: Any, path: Optional[str], values: Optional[dict] = None,
                          help_command: str = "--help") -> dict[str, Any]:
-    """The options of a ``--config`` file (YAML/JSON, read by the bounded
-    :func:`pyterrier_cpdae._files.read_config_file`: a key given twice is refused) as defaults of ``parser``, each typed
-    like its flag; an unknown key is refused naming the file (``values``: the file already read)."""
+    """The options of a ``--config`` file (``values``: the file already read) as defaults of ``parser``, each typed
+    like its flag; an unknown key is refused naming the file."""
     from pyterrier_cpdae._files import read_config_file
 
     if path is None:
         return {}
     if values is None:
         values = read_config_file(path, normalize_key=lambda k: k.replace("-", "_"))
-    actions = _dest_types(parser)
+    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
     unknown = sorted(set(values) - set(actions))
     if unknown:
         raise ValueError(f"unknown option(s) in config file {path}: {', '.join(unknown)} (`{help_command}` lists the "
@@ -403,35 +360,16 @@ def config_file_defaults(parser: Any, path: Optional[str], values: Optional[dict
     return {k: _coerce(actions[k], v, f"config file {path}") for k, v in values.items()}
 
 
-def _unknown_message(flags: list[str], objective: str) -> str:
-    """The one line for command-line options the parser does not know: each named, with the objectives that have it."""
-    from .registry import available_objectives
-
-    parts = []
-    for a in flags:
-        name = a.lstrip("-").split("=")[0].replace("-", "_")
-        owners = [o for o, c in available_objectives().items() if name in {f.name for f in dataclasses.fields(c.Options)}]
-        parts.append(f"--{name} (an option of {', '.join(owners)})" if owners else f"{a.split('=')[0]} (no such option)")
-    return (f"unrecognized option(s) for objective {objective!r}: {'; '.join(parts)}; "
-            f"`python -m pretrain --objective {objective} --help` lists its options")
-
-
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, PretrainingArguments, Any]:
-    """``argv`` -> (model, data, training, objective options).
-
-    Raises:
-        ValueError: an unknown option (in a file or a preset), a bad value, an unknown objective or preset.
-    """
-    import argparse
-
+    """``argv`` -> (model, data, training, objective options); ValueError for an unknown option (in a file or a
+    preset), a bad value, an unknown objective or preset."""
     from pyterrier_cpdae._files import read_config_file
 
     from .registry import available_objectives, objective_class
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", default=None)
-    pre.add_argument("--objective", default=None)
-    pre.add_argument("--preset", default=None)
+    for name in ("--config", "--objective", "--preset"):
+        pre.add_argument(name, default=None)
     known, _ = pre.parse_known_args(argv)
     from_file = read_config_file(known.config, normalize_key=lambda k: k.replace("-", "_")) if known.config else {}
     objective = known.objective or from_file.get("objective") or ModelArguments.objective
@@ -441,11 +379,9 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
     if objective not in available_objectives():
         raise ValueError(f"--objective must be one of {', '.join(available_objectives())}; got {short_repr(objective)}")
     parser = build_parser(objective)
-    actions = _dest_types(parser)
-    defaults = config_file_defaults(parser, known.config, from_file,
-                                    f"python -m pretrain --objective {objective} --help")
-    preset = known.preset or defaults.get("preset")
-    recipe: dict[str, Any] = {}
+    actions = {a.dest: a for a in parser._actions}
+    defaults = config_file_defaults(parser, known.config, from_file, f"python -m pretrain --objective {objective} --help")
+    preset, recipe = known.preset or defaults.get("preset"), {}
     if preset is not None:
         presets = objective_class(objective).presets
         if preset not in presets:
@@ -453,23 +389,29 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
                              + (f"its presets: {', '.join(sorted(presets))}" if presets else "it has no presets"))
         recipe = {k: _coerce(actions[k], v, f"preset {preset!r}") for k, v in presets[preset].items()}
     parser.set_defaults(**{**recipe, **defaults})
-    rest = parser.parse_known_args(args=argv)[1]  # unknown options named before any dataclass is built
+    rest = [a for a in parser.parse_known_args(args=argv)[1]]  # unknown options named before any dataclass is built
     if rest:
-        raise ValueError(_unknown_message([a for a in rest if a.startswith("-")] or rest, objective))
+        parts = []
+        for a in [a for a in rest if a.startswith("-")] or rest:
+            name = a.lstrip("-").split("=")[0].replace("-", "_")
+            owners = [o for o, c in available_objectives().items() if name in {f.name for f in dataclasses.fields(c.Options)}]
+            parts.append(f"--{name} (an option of {', '.join(owners)})" if owners else f"{a.split('=')[0]} (no such option)")
+        raise ValueError(f"unrecognized option(s) for objective {objective!r}: {'; '.join(parts)}; "
+                         f"`python -m pretrain --objective {objective} --help` lists its options")
     model_args, data_args, training_args, options = parser.parse_args_into_dataclasses(args=argv)[:4]
     check_options(model_args, data_args, options)
     if recipe:
-        given = {**recipe}
+        logger.info("--preset %s of objective %s sets %s", preset, objective,
+                    ", ".join(f"{k}={v!r}" for k, v in recipe.items()))
         parsed = {**vars(model_args), **vars(data_args), **vars(options)}
-        shown = ", ".join(f"{k}={v!r}" for k, v in given.items())
-        logger.info("--preset %s of objective %s sets %s", preset, objective, shown)
-        for k, v in given.items():
+        for k, v in recipe.items():
             now = parsed.get(k, getattr(training_args, k, v))
-            if now != v and not (k == "report_to"):
-                logger.warning("%s %r overrides the value of --preset %s (%r)", flag(k), now, preset, v)
+            if now != v and k != "report_to":
+                logger.warning("--%s %r overrides the value of --preset %s (%r)", k, now, preset, v)
     return model_args, data_args, training_args, options
 
 
-__all__ = ["Range", "opt", "flag", "option_problem", "check_options", "ModelArguments", "DataArguments",
-           "PretrainingArguments", "RunConfig", "run_config", "objective_config", "shared_option_names", "build_parser", "parse_args", "config_file_defaults",
-           "POSITIVE", "LEARNING_RATE", "NON_NEGATIVE", "AT_LEAST_1", "UNIT", "OPEN_UNIT", "FLOAT32_MAX"]
+__all__ = ["Range", "opt", "option_problem", "check_options", "ModelArguments", "DataArguments", "PretrainingArguments",
+           "RunConfig", "run_config", "objective_config", "shared_option_names", "build_parser", "parse_args",
+           "config_file_defaults", "POSITIVE", "LEARNING_RATE", "NON_NEGATIVE", "AT_LEAST_1", "UNIT", "OPEN_UNIT",
+           "FLOAT32_MAX", "TRAINING_CHECKS"]

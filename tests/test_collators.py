@@ -184,3 +184,18 @@ def test_epoch_callback_sets_the_epoch_at_each_epoch_and_on_a_resume():
     with pytest.raises(ValueError, match="dataloader_persistent_workers"):
         cb.on_train_begin(types.SimpleNamespace(dataloader_persistent_workers=True, dataloader_num_workers=2),
                           types.SimpleNamespace(epoch=0.0), None)
+
+
+@pytest.mark.parametrize("case", ["mlm", "mlm_span"])
+def test_the_collator_pickles_for_spawned_dataloader_workers(case, model, tok):
+    """A spawned DataLoader worker gets the collator pickled: the span-contrast add-on (RetroMAE's second stage) was
+    bound with types.MethodType and could not be unpickled. The copy gives the very batch of the original."""
+    import pickle
+
+    name, opts = CASES[case]
+    collator = build(name, opts, model, tok).data_collator(seed=5)
+    feats = [{"input_ids": t, "idx": i} for i, t in enumerate(texts(tok, 4))]
+    copy = pickle.loads(pickle.dumps(collator))
+    want, got = collator(feats), copy(feats)
+    assert set(got) == set(want) and ("span_input_ids" in got) == (case == "mlm_span")
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pretrain.data import corpus as corpus_mod
+from pretrain.data import blocks as blocks_mod  # encode_batch lives there
 from pretrain.data.blocks import block_lengths, fast_backend, pack_sentences, pack_texts, split_sentences
 from pretrain.data.corpus import TokenCache, idf_weights, token_dtype, tokenizer_fingerprint
 from pretrain.data.corpus import encode_batch as encode_corpus_batch
@@ -337,14 +337,14 @@ def test_cache_reuse_and_keys(jsonl, tok, tmp_path, monkeypatch):
 def test_crash_mid_build_leaves_no_complete_cache(jsonl, tok, tmp_path, monkeypatch):
     cdir = tmp_path / "cache"
     calls = []
-    real = corpus_mod._sentence_ids
+    real = blocks_mod._sentence_ids
 
     def flaky(texts, tokenizer, backend=None):
         calls.append(len(texts))
         if len(calls) == 2:
             raise RuntimeError("simulated crash")
         return real(texts, tokenizer, backend)
-    monkeypatch.setattr(corpus_mod, "_sentence_ids", flaky)
+    monkeypatch.setattr(blocks_mod, "_sentence_ids", flaky)
     with pytest.raises(RuntimeError, match="simulated crash"):
         TokenCache.build_or_load(str(jsonl), tok, 32, cdir, batch_docs=1, progress=False, num_threads=1)
     path = TokenCache.cache_path(str(jsonl), tok, 32, cdir)
@@ -443,7 +443,7 @@ def test_bad_tokenizer_output_leaves_no_cache(jsonl, tok, tmp_path):
 def test_tokenizing_thread_failure_leaves_no_cache(jsonl, tok, tmp_path, monkeypatch):
     """An error in one of the tokenizing threads reaches the caller and leaves no cache."""
     _write_jsonl(jsonl, DOCS * 5 + [{"_id": "p", "title": "", "text": "poison"}] + DOCS * 5)
-    real = corpus_mod._sentence_ids
+    real = blocks_mod._sentence_ids
     threads = set()
 
     def poisoned(texts, tokenizer, backend=None):
@@ -451,7 +451,7 @@ def test_tokenizing_thread_failure_leaves_no_cache(jsonl, tok, tmp_path, monkeyp
         if any("poison" in t for t in texts):
             raise RuntimeError("simulated failure in a tokenizing thread")
         return real(texts, tokenizer, backend)
-    monkeypatch.setattr(corpus_mod, "_sentence_ids", poisoned)
+    monkeypatch.setattr(blocks_mod, "_sentence_ids", poisoned)
     with pytest.raises(RuntimeError, match="simulated failure"):
         TokenCache.build_or_load(str(jsonl), tok, 32, tmp_path / "c", batch_docs=1, progress=False, num_threads=2)
     assert threads and all(name.startswith("tokenize") for name in threads)  # it ran on the threads

@@ -276,7 +276,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
     from transformers import TrainerCallback
 
     from pretrain.arguments import PretrainingArguments
-    from pretrain.cli import _choose_path
+    from pretrain.model.path_probe import choose_path
     from pretrain.training.trainer import PretrainTrainer
 
     if args.warmup < 1 or args.steps < 1:
@@ -321,7 +321,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
         graphs = int(counters["stats"]["unique_graphs"])
         trainer = PretrainTrainer(model=obj, args=targs, train_dataset=data, data_collator=collator,
                                   callbacks=[Timer()])
-        _choose_path(trainer, obj, {}, None)
+        choose_path(trainer, obj)
         trainer.train()
         compiled_graphs = int(counters["stats"]["unique_graphs"]) - graphs if compiled else None
         peak = torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda" else None

@@ -17,7 +17,7 @@ OUT=experiments/results/decoder_bias_init.md
 export TOKENIZERS_PARALLELISM=false
 mkdir -p runs
 for init in zero prior; do
-  python -m pretrain --objective cpdae --model "$MINILM" --new-mlm-head --decoder-bias-init "$init" \
+  python -m pretrain --objective cpdae --model "$MINILM" --decoder-bias-init "$init" \
       --corpus "$WIKI" --max-docs 1000 --max-length 128 --global_batch_size 8 --learning-rate "$LR" \
       --max-steps "$STEPS" --logging-steps 1 --save-steps "$STEPS" --seed 42 --use_cpu \
       --output_dir "runs/bias_init_$init" --overwrite_output_dir 2> "runs/bias_init_$init.log"

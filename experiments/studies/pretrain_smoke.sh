@@ -48,11 +48,11 @@ if [[ "$WHICH" == tiny || "$WHICH" == all ]]; then
 fi
 
 if [[ "$WHICH" == minilm || "$WHICH" == all ]]; then
-  # (b) the real all-MiniLM-L6-v2 weights; its checkpoint has no MLM head -> --new-mlm-head.
+  # (b) the real all-MiniLM-L6-v2 weights; its checkpoint has no MLM head: it gets a new one.
   # ~1.2-1.5 s per step on 2 cores. L_CL stays at ln(2m-1) while the new decoder learns the token prior
   # for ~350 steps, then falls (recorded run: 1000 steps at lr 2e-4, ~25 min); MINILM_STEPS / MINILM_LR override.
   MINILM_STEPS="${MINILM_STEPS:-1000}" MINILM_LR="${MINILM_LR:-2e-4}"
-  CMD=(python -m pretrain --objective cpdae --decoder-bias-init zero --model "$MINILM" --new-mlm-head
+  CMD=(python -m pretrain --objective cpdae --decoder-bias-init zero --model "$MINILM"
        --corpus "$WIKI" --max-docs 1000 --max-length 128 --global_batch_size 8 --learning-rate "$MINILM_LR"
        --max-steps "$MINILM_STEPS" --logging-steps 1 --save-steps 100 --seed 42 --use_cpu
        --output_dir "$RUNS/pretrain_smoke_minilm" --overwrite_output_dir)

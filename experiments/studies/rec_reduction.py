@@ -89,8 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_argv(args: argparse.Namespace, reduction: str) -> list[str]:
     """The ``python -m pretrain`` command line of the run with this reduction."""
-    return ["--objective", "cpdae", "--model", args.model, *(["--from_config", args.from_config] if args.from_config
-                                                             else ["--new_mlm_head"]),
+    return ["--objective", "cpdae", "--model", args.model, *(["--from_config", args.from_config] if args.from_config else []),
             "--corpus", args.corpus, "--max_docs", str(args.max_docs), "--max_length", str(args.max_length),
             "--cache_dir", args.cache_dir, "--global_batch_size", str(args.batch_size),
             "--learning_rate", str(args.learning_rate), "--max_steps", str(args.steps), "--logging_steps", "1",

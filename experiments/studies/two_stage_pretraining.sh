@@ -11,7 +11,7 @@
 # MiniLM's tokenizer, 200 + 100 steps (a few minutes on 2 cores). For a real run use
 #   MODEL=bert-base-uncased FROM_CONFIG= STAGE1_STEPS=... STAGE2_STEPS=... and drop --use_cpu.
 # To adapt a mean-pooled model (all-MiniLM-L6-v2) without first destroying its representation:
-#   MODEL=<minilm dir> FROM_CONFIG= EXTRA=--new-mlm-head bash experiments/studies/two_stage_pretraining.sh cpdae mean
+#   MODEL=<minilm dir> FROM_CONFIG= bash experiments/studies/two_stage_pretraining.sh cpdae mean
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OBJECTIVE="${1:-retromae}"

@@ -1,12 +1,19 @@
 """Block packing of the token cache: documents split into sentences (:func:`split_sentences`), whose token ids are
 packed greedily, in order, into blocks of at most ``max_length - 2`` ids, never merging two documents (see
-:mod:`pretrain.data.corpus`)."""
+:mod:`pretrain.data.corpus`); :func:`encode_batch` turns a batch of documents into what the cache stores, on
+threads (``_encode_batches``)."""
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
-__all__ = ["split_sentences", "block_lengths", "pack_sentences", "fast_backend", "pack_texts"]
+import numpy as np
+
+__all__ = ["split_sentences", "block_lengths", "pack_sentences", "fast_backend", "pack_texts", "token_dtype",
+           "encode_batch"]
 
 # A sentence ends at . ! ? (optionally followed by closing quotes/brackets) followed by
 # whitespace and a character that is not a lower-case ASCII letter (so "e.g. this" stays
@@ -145,3 +152,106 @@ def pack_texts(texts: Sequence[str], tokenizer: Any, max_length: int) -> list[li
         out.append(pack_sentences(ids[i:i + n], max_length - 2))
         i += n
     return out
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id of a ``vocab_size`` vocabulary fits (``vocab_size <= 65536``), else ``uint32``."""
+    return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.uint32)
+
+
+Encoded = tuple[int, Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
+
+
+def encode_batch(texts: Sequence[str], tokenizer: Any, max_length: int, *, backend: Any = None) -> Encoded:
+    """Tokenize and pack a batch of documents into what the cache stores.
+
+    Args:
+        texts: The documents.
+        tokenizer: A Hugging Face tokenizer.
+        max_length: Block length including the two special tokens.
+        backend: :func:`fast_backend` of ``tokenizer`` (None: call ``tokenizer`` itself). The output is the same.
+
+    Returns:
+        ``(documents with at least one block, None)`` when the batch yields no block, else
+        ``(documents, (tokens, lengths, ids, counts))``: the flat token ids in the cache's dtype,
+        the block lengths (``int64``), and the token ids occurring in the blocks with the number
+        of blocks each occurs in (the batch's document-frequency contribution).
+
+    Raises:
+        ValueError: if the tokenizer produces an id outside its vocabulary.
+    """
+    vocab_size = len(tokenizer)
+    counts, ids = _sentence_ids(texts, tokenizer, backend)
+    # blocks are cut from the concatenated sentences of each document, so the flat token array of the
+    # batch is all sentences back to back and packing only decides the block lengths
+    sent_lens = [len(x) for x in ids]
+    lengths: list[int] = []
+    docs = i = 0
+    for n in counts:
+        doc = block_lengths(sent_lens[i:i + n], max_length - 2)
+        docs += bool(doc)
+        lengths += doc
+        i += n
+    if not lengths:
+        return docs, None
+    total = sum(lengths)
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total)
+    if flat.min() < 0 or flat.max() >= vocab_size:
+        raise ValueError(f"tokenizer produced id {int(flat.max())} outside its vocabulary of {vocab_size}")
+    lens = np.asarray(lengths, dtype=np.int64)
+    # document frequency: count each id once per block (a sort of (block, id) keys, then their distinct ids;
+    # a plain sort is several times faster than np.unique's hashing and runs without the GIL)
+    keys = np.repeat(np.arange(len(lens), dtype=np.int64), lens) * vocab_size + flat
+    keys.sort()
+    first = np.empty(len(keys), dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    df = np.bincount(keys[first] % vocab_size, minlength=vocab_size)
+    uids = np.flatnonzero(df)
+    return docs, (flat.astype(token_dtype(vocab_size)), lens, uids, df[uids])
+
+
+def _encode_batches(batches: Iterator[list[str]], tokenizer: Any, max_length: int,
+                    num_threads: int) -> Iterator[tuple[int, Encoded]]:
+    """``(len(texts), encode_batch(texts))`` for each batch, in order, on ``num_threads`` threads.
+
+    The calling thread reads the corpus (bz2 decompression runs without the GIL) while the threads
+    tokenize: the Rust tokenizer releases the GIL, so the threads tokenize in parallel and only the
+    Python parts (parsing, sentence splitting, packing) take turns. At most ``2 * num_threads``
+    batches are in flight, so memory stays bounded by the batch size. No process is started (no
+    start-up cost, nothing to pickle, safe in a process that holds a JVM). Tokenizers without a Rust
+    backend (:func:`fast_backend` is None) run on the calling thread: they hold the GIL throughout.
+    """
+    backend = fast_backend(tokenizer)
+    encode = functools.partial(encode_batch, tokenizer=tokenizer, max_length=max_length, backend=backend)
+    if num_threads <= 1 or backend is None:
+        for texts in batches:
+            yield len(texts), encode(texts)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending: collections.deque = collections.deque()
+    with ThreadPoolExecutor(num_threads, thread_name_prefix="tokenize") as pool:
+        try:
+            for texts in batches:
+                pending.append((len(texts), pool.submit(encode, texts)))
+                if len(pending) >= 2 * num_threads:
+                    n, result = pending.popleft()
+                    yield n, result.result()
+            while pending:
+                n, result = pending.popleft()
+                yield n, result.result()
+        finally:  # an error (or the consumer stopping) drops the queued batches
+            for _, result in pending:
+                result.cancel()
+
+
+def _batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for x in it:
+        batch.append(x)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

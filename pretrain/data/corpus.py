@@ -27,10 +27,7 @@ together) serialise on a lock file, so one builds and the others wait and then l
 """
 from __future__ import annotations
 
-import collections
-import functools
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -39,17 +36,18 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
 from pyterrier_cpdae._checks import default_num_threads
 
-from .blocks import (_sentence_ids, block_lengths, fast_backend, pack_sentences,  # noqa: F401 (re-exported)
-                     pack_texts, split_sentences)
+from .blocks import (_encode_batches, _batched, block_lengths, encode_batch, fast_backend,  # noqa: F401
+                     pack_sentences, pack_texts, split_sentences, token_dtype)  # (re-exported)
 from .inputs import corpus_fingerprints, input_changes, tokenizer_fingerprint  # noqa: F401 (re-exported)
-from .readers import Fields, corpus_files, iter_texts, parse_fields, resolve_spec
+from .readers import Fields, corpus_files, iter_texts, parse_fields, resolve_spec  # noqa: F401
+from .token_stats import idf_weights, token_prior_logits  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +58,6 @@ CACHE_FORMAT_VERSION = 3  # 2: meta.json holds the data files' checksums and the
 
 #: The data files of a cache whose blake2b checksums ``meta.json`` records and every open checks.
 CHECKED_FILES = ("tokens.bin", "offsets.bin", "df.npy")
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    """``uint16`` when every id of a ``vocab_size`` vocabulary fits (``vocab_size <= 65536``), else ``uint32``."""
-    return np.dtype(np.uint16) if vocab_size <= 2 ** 16 else np.dtype(np.uint32)
 
 
 def _corpus_fingerprint(spec: str) -> str:
@@ -455,165 +448,19 @@ def _corpus_files_record(spec: str) -> dict[str, Any]:
     return corpus_fingerprints(spec)
 
 
-Encoded = tuple[int, Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]
+class IndexedTexts(torch.utils.data.Dataset):
+    """A token cache as the Trainer's dataset: item ``i`` is ``{"input_ids": block i, "idx": i}`` (the collators draw
+    every example's masks from its ``idx``)."""
+
+    def __init__(self, cache: TokenCache):
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.cache[i], "idx": int(i)}
 
 
-def encode_batch(texts: Sequence[str], tokenizer: Any, max_length: int, *, backend: Any = None) -> Encoded:
-    """Tokenize and pack a batch of documents into what the cache stores.
-
-    Args:
-        texts: The documents.
-        tokenizer: A Hugging Face tokenizer.
-        max_length: Block length including the two special tokens.
-        backend: :func:`fast_backend` of ``tokenizer`` (None: call ``tokenizer`` itself). The output is the same.
-
-    Returns:
-        ``(documents with at least one block, None)`` when the batch yields no block, else
-        ``(documents, (tokens, lengths, ids, counts))``: the flat token ids in the cache's dtype,
-        the block lengths (``int64``), and the token ids occurring in the blocks with the number
-        of blocks each occurs in (the batch's document-frequency contribution).
-
-    Raises:
-        ValueError: if the tokenizer produces an id outside its vocabulary.
-    """
-    vocab_size = len(tokenizer)
-    counts, ids = _sentence_ids(texts, tokenizer, backend)
-    # blocks are cut from the concatenated sentences of each document, so the flat token array of the
-    # batch is all sentences back to back and packing only decides the block lengths
-    sent_lens = [len(x) for x in ids]
-    lengths: list[int] = []
-    docs = i = 0
-    for n in counts:
-        doc = block_lengths(sent_lens[i:i + n], max_length - 2)
-        docs += bool(doc)
-        lengths += doc
-        i += n
-    if not lengths:
-        return docs, None
-    total = sum(lengths)
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total)
-    if flat.min() < 0 or flat.max() >= vocab_size:
-        raise ValueError(f"tokenizer produced id {int(flat.max())} outside its vocabulary of {vocab_size}")
-    lens = np.asarray(lengths, dtype=np.int64)
-    # document frequency: count each id once per block (a sort of (block, id) keys, then their distinct ids;
-    # a plain sort is several times faster than np.unique's hashing and runs without the GIL)
-    keys = np.repeat(np.arange(len(lens), dtype=np.int64), lens) * vocab_size + flat
-    keys.sort()
-    first = np.empty(len(keys), dtype=bool)
-    first[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=first[1:])
-    df = np.bincount(keys[first] % vocab_size, minlength=vocab_size)
-    uids = np.flatnonzero(df)
-    return docs, (flat.astype(token_dtype(vocab_size)), lens, uids, df[uids])
-
-
-def _encode_batches(batches: Iterator[list[str]], tokenizer: Any, max_length: int,
-                    num_threads: int) -> Iterator[tuple[int, Encoded]]:
-    """``(len(texts), encode_batch(texts))`` for each batch, in order, on ``num_threads`` threads.
-
-    The calling thread reads the corpus (bz2 decompression runs without the GIL) while the threads
-    tokenize: the Rust tokenizer releases the GIL, so the threads tokenize in parallel and only the
-    Python parts (parsing, sentence splitting, packing) take turns. At most ``2 * num_threads``
-    batches are in flight, so memory stays bounded by the batch size. No process is started (no
-    start-up cost, nothing to pickle, safe in a process that holds a JVM). Tokenizers without a Rust
-    backend (:func:`fast_backend` is None) run on the calling thread: they hold the GIL throughout.
-    """
-    backend = fast_backend(tokenizer)
-    encode = functools.partial(encode_batch, tokenizer=tokenizer, max_length=max_length, backend=backend)
-    if num_threads <= 1 or backend is None:
-        for texts in batches:
-            yield len(texts), encode(texts)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    pending: collections.deque = collections.deque()
-    with ThreadPoolExecutor(num_threads, thread_name_prefix="tokenize") as pool:
-        try:
-            for texts in batches:
-                pending.append((len(texts), pool.submit(encode, texts)))
-                if len(pending) >= 2 * num_threads:
-                    n, result = pending.popleft()
-                    yield n, result.result()
-            while pending:
-                n, result = pending.popleft()
-                yield n, result.result()
-        finally:  # an error (or the consumer stopping) drops the queued batches
-            for _, result in pending:
-                result.cancel()
-
-
-def _batched(it: Iterable[str], n: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    for x in it:
-        batch.append(x)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def idf_weights(cache_or_df: Union[TokenCache, np.ndarray], num_texts: Optional[int] = None, *,
-                smoothing: float = 1.0) -> torch.Tensor:
-    """Per-token IDF weights for the IDF-weighted reconstruction loss (``cpdae_idfrec``).
-
-    The smoothed IDF of scikit-learn's ``TfidfVectorizer(smooth_idf=True)``::
-
-        idf(t) = ln((N + s) / (df(t) + s)) + 1
-
-    with ``N`` the number of texts (blocks), ``df(t)`` the number of blocks containing
-    token ``t`` and ``s`` the smoothing (1 by default). Weights are >= 1; a token in every
-    block gets 1, a token never seen gets ``ln(N + s) - ln(s) + 1`` (the maximum).
-
-    Args:
-        cache_or_df: A :class:`TokenCache`, or a document-frequency array (then give ``num_texts``).
-        num_texts: ``N`` when ``cache_or_df`` is an array.
-        smoothing: ``s`` > 0.
-
-    Returns:
-        A float32 tensor of shape (|V|,).
-    """
-    if isinstance(cache_or_df, TokenCache):
-        df = cache_or_df.document_frequency()
-        n = cache_or_df.num_texts if num_texts is None else num_texts
-    else:
-        df = np.asarray(cache_or_df)
-        if num_texts is None:
-            raise ValueError("num_texts is required when passing a document-frequency array")
-        n = num_texts
-    if smoothing <= 0:
-        raise ValueError(f"smoothing must be > 0, got {smoothing}")
-    if df.ndim != 1 or (df < 0).any() or (df > n).any():
-        raise ValueError(f"document frequencies must be a 1-d array within [0, {n}]")
-    idf = np.log((n + smoothing) / (df.astype(np.float64) + smoothing)) + 1.0
-    return torch.from_numpy(idf.astype(np.float32))
-
-
-def token_prior_logits(cache_or_df: Union[TokenCache, np.ndarray], num_texts: Optional[int] = None) -> torch.Tensor:
-    """Log-odds of each token occurring in a text (block): ``log(p / (1 - p))``, ``p = (df + ½) / (N + 1)``.
-
-    The bias at which a sigmoid decoder of "which tokens occur in this text" outputs the corpus
-    prior (``--decoder-bias-init prior``); the add-½ smoothing keeps it finite for tokens that
-    occur in no block or in every block.
-
-    Args:
-        cache_or_df: A :class:`TokenCache`, or a document-frequency array (then give ``num_texts``).
-        num_texts: ``N`` when ``cache_or_df`` is an array.
-
-    Returns:
-        A float32 tensor of shape (|V|,).
-    """
-    if isinstance(cache_or_df, TokenCache):
-        df, n = cache_or_df.document_frequency(), cache_or_df.num_texts
-    else:
-        if num_texts is None:
-            raise ValueError("num_texts is required when passing a document-frequency array")
-        df, n = np.asarray(cache_or_df), num_texts
-    if df.ndim != 1 or (df < 0).any() or (df > n).any():
-        raise ValueError(f"document frequencies must be a 1-d array within [0, {n}]")
-    p = (df.astype(np.float64) + 0.5) / (n + 1.0)
-    return torch.from_numpy(np.log(p / (1.0 - p)).astype(np.float32))
-
-
-__all__ = ["TokenCache", "encode_batch", "default_num_threads", "block_lengths", "fast_backend", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
+__all__ = ["TokenCache", "IndexedTexts", "encode_batch", "default_num_threads", "block_lengths", "fast_backend", "idf_weights", "token_prior_logits", "iter_texts", "split_sentences", "pack_sentences", "pack_texts",
            "token_dtype", "tokenizer_fingerprint"]

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["tokenizer_fingerprint", "check_writable_dir", "check_model_arg", "file_fingerprint", "corpus_fingerprints", "run_inputs",
+__all__ = ["tokenizer_fingerprint", "check_run_paths", "check_writable_dir", "check_model_arg", "file_fingerprint", "corpus_fingerprints", "run_inputs",
            "check_resume_inputs", "input_changes", "check_output_holds_no_input",
            "own_cache_entries", "content_token_count", "check_something_to_learn"]
 
@@ -299,6 +299,27 @@ def check_output_holds_no_input(output: str, inputs: dict[str, Any]) -> None:
                 raise ValueError(f"--output_dir {output} {where} the run's input {option} {path}; the run would "
                                  "write over what it reads (also with --overwrite_output_dir): choose another "
                                  "--output_dir")
+
+
+def check_run_paths(config: Any, cache_dir: str) -> None:
+    """The paths a pre-training run is given (``config``: its RunConfig; ``cache_dir``: its token cache directory),
+    before anything is loaded or written: a corpus, writable output and cache directories, models that exist, a
+    stage-1 run to continue, and no input inside the output directory (ValueError naming the option)."""
+    from .readers import corpus_files
+
+    if not config.corpus:
+        raise ValueError("--corpus is required (irds:<id>, a .jsonl/.txt file, or wiki:<dir>)")
+    check_writable_dir(config.output, "--output_dir")
+    check_writable_dir(cache_dir, "--cache_dir" if config.cache_dir else
+                       "the token cache directory (<output_dir>/../.token_cache; choose one with --cache_dir)")
+    check_model_arg(config.model, "--model", weights=config.from_config is None)
+    if config.from_config is not None:
+        check_model_arg(config.from_config, "--from_config", weights=False, config_file=True)
+    if config.decoder_from and not os.path.isdir(config.decoder_from):
+        raise FileNotFoundError(f"--decoder_from {config.decoder_from}: no such directory (the stage-1 run to continue)")
+    check_output_holds_no_input(config.output, {"--model": config.model, "--from_config": config.from_config,
+                                                "--decoder_from": config.decoder_from,
+                                                "--corpus": corpus_files(config.corpus)})  # a FIFO refused here too
 
 
 def own_cache_entries(output: str, cache_dir: Optional[str]) -> set[str]:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["PROBE_ROUNDS", "time_paths", "fastest", "preserved_random_state"]
+__all__ = ["PROBE_ROUNDS", "time_paths", "fastest", "preserved_random_state", "choose_path"]
 
 #: Timed rounds of the probe (after one warm-up pass per path).
 PROBE_ROUNDS = 3
@@ -76,3 +76,35 @@ def preserved_random_state(module: torch.nn.Module) -> Iterator[None]:
             g.set_state(state)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+def choose_path(trainer: Any, module: torch.nn.Module, kept: Any = None) -> None:
+    """The probe in a ``transformers.Trainer`` before it trains ``module``: ``kept`` (``(path, times)`` a resumed run's
+    start chose: no new probe) or the fastest of ``module.probe_paths(device)`` on the first micro-batch of the
+    trainer's dataset and collator (each path's batch collated and run under the same random states)."""
+    device = trainer.args.device
+    paths = tuple(module.probe_paths(device)) if callable(getattr(module, "probe_paths", None)) else ()
+    if kept is not None or not paths:
+        if kept is not None and paths:
+            module.use_path(*kept)
+        return
+    from accelerate.utils import send_to_device
+
+    dataset, collator = trainer.train_dataset, trainer.data_collator
+    n = trainer.args.per_device_train_batch_size
+    module.to(device).train()
+    batches = {}
+    with preserved_random_state(module):
+        for path in paths:
+            with preserved_random_state(module):
+                module.use_path(path)
+                batches[path] = send_to_device(collator([dataset[i] for i in range(n)]), device)
+
+        def step(path: str) -> None:
+            module.use_path(path)
+            module(**batches[path])["loss"].backward()
+
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        times = time_paths(step, paths, sync=sync)
+        module.zero_grad(set_to_none=True)
+    module.use_path(fastest(times), times)

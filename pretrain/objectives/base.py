@@ -23,15 +23,14 @@ needs from the tokenised corpus. Each objective declares its options as a datacl
 (``Objective.Options``, a subclass of :class:`ObjectiveOptions`); the run's config
 (:class:`~pretrain.arguments.RunConfig` of that objective) carries them as attributes.
 
-Shared parts: :class:`MaskedViewsMixin` builds independently masked views of every text
-and computes the MLM term; its options are :class:`MaskedViewsOptions` / :class:`MLMOptions`.
-Add-on terms for every objective (options on :class:`ObjectiveOptions`): span contrast
+Shared parts (importable from here): :class:`~pretrain.objectives.views.MaskedViewsMixin` builds independently
+masked views of every text and computes the MLM term; the shared options are in :mod:`pretrain.objectives.options`.
+Add-on terms for every objective (options on ``ObjectiveOptions``): span contrast
 (``--span-contrast-weight``, :mod:`pretrain.objectives.contrast`).
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 import json
 import logging
 import os
@@ -42,110 +41,25 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pyterrier_cpdae.encoder.pooling import pool
-from pyterrier_cpdae.encoder.st_export import base_pipeline, export_pipeline, write_st_config
+from pyterrier_cpdae.encoder.st_export import export_pipeline, write_st_config
 
-from ..arguments import RunConfig, NON_NEGATIVE, POSITIVE, UNIT, opt
-from ..model.distributed import global_mean_count
-from ..model.losses import mlm_loss, mlm_loss_selected
-from ..data.masking import continuation_table, mask_rows, mask_tokens, pad_and_add_special, wordpiece_word_ids
+from ..arguments import RunConfig
 from ..data.packing import pack_rows, packed_from_batch, packed_keys, sequence_bound
 from ..model.checks import quiet_transformers
-from ..model.modeling import MLM_HEAD_DIR, mlm_head, save_mlm_head, untrained_mlm_head
+from ..model.modeling import MLM_HEAD_DIR, save_mlm_head, untrained_mlm_head
 from ..model.outputs import PretrainingOutput
 from ..model.unpadded import (PackedHidden, packed_last_hidden, position_start, probe_paths, resolve_unpad,
                               unpadded_last_hidden, use_unpadded)
 from ..training.optim import compile_encoder
-from .contrast import SPAN_CONTRAST_FORMS
+from .options import (MaskedViewsOptions, MLMOptions, ObjectiveOptions,  # noqa: F401 (the objectives' API)
+                      ReconstructionWeightsOptions, RepresentationOptions, export_lengths, resolve_representation)
+from .views import MaskedViewsMixin  # noqa: F401 (the objectives' API)
 
 if TYPE_CHECKING:
     from ..data.collators import PretrainingCollator
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class ObjectiveOptions:
-    """Base of every objective's options (a dataclass of :func:`pretrain.arguments.opt` fields).
-
-    Holds the options of the add-on terms available to every objective
-    (:mod:`pretrain.objectives.contrast`: span contrast, the RetroMAE extension's Eq. 8 or coCondenser's form)."""
-
-    span_contrast_weight: float = opt(0.0, "Weight w of the span-contrast add-on term (the RetroMAE extension's "
-                                      "second stage; coCondenser): L = L_objective + w*L_span; 0 = off.",
-                                      check=NON_NEGATIVE)
-    span_contrast_form: str = opt("eq8", "Span-contrast loss: eq8 (the RetroMAE extension's Eq. 8: each text's anchor "
-                                  "span h_i against its other span h_i+, the other texts' positives h_j+ the m-1 "
-                                  "negatives; one-sided) or cocondenser (coCondenser's symmetric NT-Xent over the "
-                                  "2m spans, 2m-2 negatives).", choices=list(SPAN_CONTRAST_FORMS))
-    span_contrast_temperature: float = opt(1.0, "Temperature of the span-contrast InfoNCE over dot products "
-                                           "(both papers: none, i.e. 1).", check=POSITIVE)
-    representation: str = opt("auto", "Text vector that the decoder / contrast / BoW head reads and the export pools: "
-                              "auto (the base's own pooling, when it is a sentence-transformers model pooling by "
-                              "cls or mean, its Normalize kept in the export; else cls), cls (the last layer's [CLS] "
-                              "vector, the papers') or mean (mean of the last layer over the real tokens). A choice "
-                              "other than the base's replaces its pipeline, and the run's log says so. Recorded in "
-                              "the exported config.json as \"pooling\".", choices=["auto", "cls", "mean"])
-
-
-@dataclass
-class MaskedViewsOptions(ObjectiveOptions):
-    """Options of the masked views built by :class:`MaskedViewsMixin`."""
-
-    whole_word_mask: bool = opt(False, "Mask whole words instead of single WordPiece tokens.")
-
-
-@dataclass
-class ReconstructionWeightsOptions(ObjectiveOptions):
-    """Loss weights of the autoencoders with an auxiliary decoder: ``L = w_mlm·L_MLM + w_rec·L_REC``."""
-
-    mlm_weight: float = opt(1.0, "Weight of the encoder's MLM loss (the papers: 1).", check=NON_NEGATIVE)
-    rec_weight: float = opt(1.0, "Weight of the decoder's reconstruction loss (the papers: 1).", check=NON_NEGATIVE)
-
-
-@dataclass
-class RepresentationOptions(ObjectiveOptions):
-    """The objectives whose decoder / contrast / head reads the text representation (``--representation``, an option
-    of every objective: :class:`ObjectiveOptions`)."""
-
-
-@dataclass
-class MLMOptions(MaskedViewsOptions):
-    """Masked views at BERT's masking ratio (objectives whose encoder is trained with BERT's MLM)."""
-
-    mlm_probability: float = opt(0.15, "Masking ratio (BERT 80/10/10) for the encoder's views.", check=UNIT)
-
-
-def export_lengths(base: Optional[str], max_length: int) -> tuple[int, bool]:
-    """``(max_seq_length, do_lower_case)`` of an export continued from ``base``, one rule whatever the pooling: the
-    base's own sentence-transformers ``max_seq_length`` and lower-casing where it declares them, else the run's
-    ``max_length`` and no lower-casing (the tokenizer's own)."""
-    pipe = base_pipeline(base) if base else None
-    length = (pipe or {}).get("max_seq_length") or int(max_length)
-    return int(length), bool((pipe or {}).get("do_lower_case"))
-
-
-def resolve_representation(option: str, base: Optional[str]) -> tuple[str, Optional[str]]:
-    """``(pooling, note)``: the text representation (``cls`` or ``mean``) that ``--representation option`` gives on
-    ``base`` (the model directory the run continues; ``None``: none), and the sentence for the run's log when the base
-    declares a sentence-transformers pipeline (None otherwise). ``auto`` keeps the base's own pooling (cls or mean;
-    else cls); an explicit choice other than the base's replaces its pipeline."""
-    if option not in ("auto", "cls", "mean"):
-        raise ValueError(f"--representation must be auto, cls or mean, got {option!r}")
-    pipe = base_pipeline(base) if base else None
-    if pipe is None:
-        return ("cls" if option == "auto" else option), None
-    own = pipe["pooling"]
-    described = f"{own} pooling{' + Normalize' if pipe['normalize'] else ''}"
-    if option == "auto":
-        if own in ("cls", "mean"):
-            return own, (f"--representation auto: the base's own {described} (its sentence-transformers pipeline), "
-                         "in training and in the export")
-        return "cls", (f"--representation auto: the base pools by {own}, which the objectives do not implement: "
-                       "cls, and the export replaces the base's pipeline by Transformer -> Pooling (cls)")
-    if option != own:
-        return option, (f"--representation {option} replaces the base's {described} (its sentence-transformers "
-                        f"pipeline) in training and in the export; --representation auto keeps it")
-    return option, None
 
 
 class Objective(nn.Module):
@@ -456,6 +370,22 @@ class Objective(nn.Module):
         """Compute the losses of one batch; must return ``{"loss": ..., <term>: ...}`` (the terms for logging)."""
         raise NotImplementedError
 
+    def freeze_encoder(self) -> None:
+        """``--freeze_encoder``: no gradient to any encoder parameter; the heads still train (a ValueError at the first
+        training forward pass when the loss then depends on no trainable parameter)."""
+        for p in self.encoder.parameters():
+            p.requires_grad_(False)
+
+        def check(module: Any, inputs: Any, output: Any) -> None:
+            loss = output.get("loss") if hasattr(output, "get") else None
+            if torch.is_grad_enabled() and loss is not None:
+                if not loss.requires_grad:
+                    raise ValueError(f"--freeze_encoder: the loss of objective {self.name!r} depends on no parameter "
+                                     "outside the encoder, so nothing would train; drop --freeze_encoder")
+                handle.remove()
+
+        handle = self.register_forward_hook(check)
+
     def on_step(self, step: int, total_steps: int) -> None:
         """Called after every optimizer step (e.g. for loss-weight schedules)."""
 
@@ -509,81 +439,3 @@ class Objective(nn.Module):
                "vocab_size": self.mlm_model.config.vocab_size}
         cfg["representation"] = self.representation
         return cfg
-
-
-class MaskedViewsMixin:
-    """Builds ``num_views`` independently masked views of every text in ``collate``.
-
-    Batch layout (every tensor has the texts on dim 0, so a batch can be split across
-    processes along dim 0): ``input_ids``, ``attention_mask``, ``special_tokens_mask``
-    ``(m, L)`` for the unmasked texts (with [CLS]/[SEP], padded; the special-token mask is
-    True at padding too) and ``masked_input_ids``, ``mlm_labels`` ``(m, num_views, L)``.
-    :meth:`views` flattens the views view-major: rows ``i``, ``i + m``, ``i + 2m``... are
-    the views of text ``i``.
-    """
-
-    num_views: int = 1
-    #: Optional generator used for masking (reproducible batches); default: torch's global RNG.
-    mask_generator: Optional[torch.Generator] = None
-
-    @property
-    def mask_probability(self) -> float:
-        """Share of the text tokens masked in each view (BERT masking: ``config.mlm_probability``)."""
-        return self.config.mlm_probability
-
-    def _mask_setup(self) -> None:
-        self._continuation = None
-        if self.config.whole_word_mask:
-            self._continuation = continuation_table(self.tokenizer, self.mlm_model.config.vocab_size)
-
-    def collate(self, examples: list[list[int]], generators: Optional[list[torch.Generator]] = None
-                ) -> dict[str, torch.Tensor]:
-        """Add [CLS]/[SEP], pad and mask every text ``num_views`` times independently (with ``generators``: the
-        views of text ``i`` drawn from ``generators[i]`` alone, :func:`~pretrain.data.masking.mask_rows`)."""
-        input_ids, attention_mask, special = pad_and_add_special(examples, self.tokenizer)
-        word_ids = None
-        if self._continuation is not None:
-            word_ids = wordpiece_word_ids(input_ids, special, self._continuation)
-        kw = dict(mask_token_id=self.tokenizer.mask_token_id, vocab_size=self.mlm_model.config.vocab_size,
-                  mlm_probability=self.mask_probability, word_ids=word_ids)
-        if generators is not None:
-            masked_views, label_views = mask_rows(input_ids, special, attention_mask, generators,
-                                                  num_views=self.num_views, **kw)
-        else:
-            masked, labels = [], []
-            for _ in range(self.num_views):
-                x, y = mask_tokens(input_ids, special, generator=self.mask_generator, **kw)
-                masked.append(x)
-                labels.append(y)
-            masked_views, label_views = torch.stack(masked, 1), torch.stack(labels, 1)
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "special_tokens_mask": special,
-                 "masked_input_ids": masked_views, "mlm_labels": label_views}
-        if self.packs():  # the encoder pass of encode_views, laid out here (in the DataLoader's workers)
-            batch.update(self.pack("views", self.views(masked_views), attention_mask.repeat(self.num_views, 1),
-                                   labels=self.views(label_views)))
-        return batch
-
-    @staticmethod
-    def views(t: torch.Tensor) -> torch.Tensor:
-        """``(m, k, L)`` → ``(k·m, L)``, view-major (rows ``i + v·m`` belong to text ``i``)."""
-        return t.transpose(0, 1).reshape(-1, t.shape[-1])
-
-    def encode_views(self, batch: dict[str, torch.Tensor]) -> tuple["torch.Tensor | PackedHidden", torch.Tensor]:
-        """Run the encoder on all masked views; returns ``(last hidden states of the k·m views (see
-        :meth:`Objective.encode`), labels (k·m, L))``."""
-        k = batch["masked_input_ids"].shape[1]
-        ids = self.views(batch["masked_input_ids"])
-        am = batch["attention_mask"].repeat(k, 1)
-        hidden = self.encode(ids, am, packed=self.packed_inputs(batch, "views"))
-        return hidden, self.views(batch["mlm_labels"])
-
-    def masked_lm_loss(self, hidden: "torch.Tensor | PackedHidden", labels: torch.Tensor) -> torch.Tensor:
-        """MLM loss, normalised by the global mean number of masked tokens per process, so that
-        DDP's gradient averaging gives exactly the gradient of the global-batch mean. A packed pass reads its
-        host-built masked positions and counts them from their shape (no boolean indexing, no wait for the device)."""
-        if isinstance(hidden, PackedHidden):
-            states, targets = hidden.masked()
-            n = global_mean_count(int(targets.shape[0]), device=targets.device)
-            return mlm_loss_selected(states, targets, mlm_head(self.mlm_model), num_items=n)
-        n = global_mean_count(int((labels != -100).sum()), device=labels.device)
-        return mlm_loss(hidden, labels, mlm_head(self.mlm_model), num_items=n)

@@ -45,14 +45,13 @@
   spans it also feeds to MLM; the add-on must not depend on the objective's views).
 
   :func:`attach_span_contrast` (called by :class:`~pretrain.objectives.base.Objective`) binds
-  the collate and forward wrappers on the instance when the weight is positive, so that the
+  the collate and losses wrappers on the instance when the weight is positive, so that the
   term applies to every registered objective without per-objective code; the objective's
   own numbers are untouched when it is 0 (no random numbers are drawn either).
 """
 from __future__ import annotations
 
 import math
-from types import MethodType
 from typing import Any, Callable, Optional
 
 import torch
@@ -209,33 +208,44 @@ def _check_form(form: str) -> str:
     return form
 
 
-def _collate_with_spans(self: Any, examples: list[list[int]],
-                        generators: Optional[list[torch.Generator]] = None) -> dict[str, torch.Tensor]:
-    batch = type(self).collate(self, examples, generators)
-    if generators is not None:  # text i's cut and coin from generators[i], after what the objective drew from it
-        pairs = [split_spans(e, g) for e, g in zip(examples, generators)]
-        flip = [bool(torch.rand(1, generator=g)[0] < 0.5) for g in generators]
-    else:
-        gen = getattr(self, "mask_generator", None)
-        pairs = [split_spans(e, gen) for e in examples]
-        flip = (torch.rand(len(pairs), generator=gen) < 0.5).tolist()
-    if span_contrast_form(self.config) == "eq8":  # Eq. 8 is one-sided: a coin per text picks its anchor span
-        pairs = [(b, a) if f else (a, b) for (a, b), f in zip(pairs, flip)]
-    ids, am, _ = pad_and_add_special([p[0] for p in pairs] + [p[1] for p in pairs], self.tokenizer)
-    m = len(examples)
-    batch["span_input_ids"] = torch.stack([ids[:m], ids[m:]], 1)
-    batch["span_attention_mask"] = torch.stack([am[:m], am[m:]], 1)
-    if self.packs():  # the spans' encoder pass (view-major: the anchors, then the positives), laid out here
-        batch.update(self.pack("spans", ids, am))
-    return batch
+class _WithSpans:
+    """The objective's ``collate`` / ``losses`` with the span-contrast add-on (a picklable callable: the collator goes
+    to spawned ``DataLoader`` workers with the objective)."""
 
+    def __init__(self, objective: Any, method: str):
+        self.objective, self.method = objective, method
 
-def _losses_with_span_contrast(self: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = type(self).losses(self, batch)
-    l_span = span_contrast_loss(self, batch)
-    out["loss"] = out["loss"] + float(self.config.span_contrast_weight) * l_span
-    out["span"] = l_span.detach()
-    return out
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        return getattr(self, "_" + self.method)(self.objective, *args, **kwargs)
+
+    @staticmethod
+    def _collate(self: Any, examples: list[list[int]],
+                 generators: Optional[list[torch.Generator]] = None) -> dict[str, torch.Tensor]:
+        batch = type(self).collate(self, examples, generators)
+        if generators is not None:  # text i's cut and coin from generators[i], after what the objective drew from it
+            pairs = [split_spans(e, g) for e, g in zip(examples, generators)]
+            flip = [bool(torch.rand(1, generator=g)[0] < 0.5) for g in generators]
+        else:
+            gen = getattr(self, "mask_generator", None)
+            pairs = [split_spans(e, gen) for e in examples]
+            flip = (torch.rand(len(pairs), generator=gen) < 0.5).tolist()
+        if span_contrast_form(self.config) == "eq8":  # Eq. 8 is one-sided: a coin per text picks its anchor span
+            pairs = [(b, a) if f else (a, b) for (a, b), f in zip(pairs, flip)]
+        ids, am, _ = pad_and_add_special([p[0] for p in pairs] + [p[1] for p in pairs], self.tokenizer)
+        m = len(examples)
+        batch["span_input_ids"] = torch.stack([ids[:m], ids[m:]], 1)
+        batch["span_attention_mask"] = torch.stack([am[:m], am[m:]], 1)
+        if self.packs():  # the spans' encoder pass (view-major: the anchors, then the positives), laid out here
+            batch.update(self.pack("spans", ids, am))
+        return batch
+
+    @staticmethod
+    def _losses(self: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = type(self).losses(self, batch)
+        l_span = span_contrast_loss(self, batch)
+        out["loss"] = out["loss"] + float(self.config.span_contrast_weight) * l_span
+        out["span"] = l_span.detach()
+        return out
 
 
 def attach_span_contrast(objective: Any) -> None:
@@ -261,6 +271,6 @@ def attach_span_contrast(objective: Any) -> None:
     if micro < 2 and world_size() == 1:
         raise ValueError(f"--span-contrast-weight > 0 contrasts the texts of a batch and needs at least 2 texts per "
                          f"forward pass (batch_size {config.batch_size}, grad_accum {getattr(config, 'grad_accum', 1)})")
-    objective.collate = MethodType(_collate_with_spans, objective)
-    objective.losses = MethodType(_losses_with_span_contrast, objective)
+    objective.collate = _WithSpans(objective, "collate")
+    objective.losses = _WithSpans(objective, "losses")
     objective.loss_names = tuple(objective.loss_names) + ("span",)

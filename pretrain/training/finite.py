@@ -1,5 +1,5 @@
 """Finite training: :class:`NonFiniteError` stops a run that met a non-finite loss or weight (raised by
-:class:`pretrain.training.trainer.FiniteLossCallback` and before a checkpoint or the export is written)."""
+:class:`pretrain.training.trainer.PretrainCallback` and before a checkpoint or the export is written)."""
 from __future__ import annotations
 
 import torch
@@ -14,9 +14,7 @@ class NonFiniteError(FloatingPointError):
 
 def nonfinite_tensors(module: nn.Module) -> list[str]:
     """Names of the floating-point parameters and buffers of ``module`` holding a NaN or an infinity (one device
-    synchronisation; empty when all are finite)."""
-    named = [(n, t) for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_floating_point()]
-    if not named:
-        return []
-    bad = (~torch.stack([torch.isfinite(t.detach()).all() for _, t in named])).tolist()
+    synchronisation)."""
+    named = [(n, t) for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_floating_point()]
+    bad = (~torch.stack([torch.isfinite(t.detach()).all() for _, t in named])).tolist() if named else []
     return [n for (n, _), b in zip(named, bad) if b]

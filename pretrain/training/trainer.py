@@ -1,23 +1,12 @@
-"""Pre-training on the Hugging Face Trainer: :class:`PretrainTrainer` adds only what the plain ``transformers.Trainer``
-lacks for our objectives.
-
-* the loss terms (``mlm``, ``rec``, ``cl``, ...) of the objective's output, averaged over the logging window and the
-  processes, in every log line (so in ``trainer_state.json``'s log history and every ``--report_to`` backend);
-* a non-finite loss term stops the run before the update (:class:`FiniteLossCallback`: one line naming the step
-  and the term); no checkpoint or export is written from non-finite weights;
-* the output directory watched: a run whose directory was moved or removed stops before it writes again
-  (:class:`~pretrain.training.run_dir.OutputPlace`);
-* checkpoints are the Trainer's own (``checkpoint-N/`` with ``trainer_state.json``, optimizer, scheduler and RNG
-  states, all loaded with ``weights_only``); the objective's weights are one ``model.safetensors`` (tied tensors
-  stored once);
-* the retrieval probe (``--probe``) as the evaluation: ``eval_probe_ndcg_cut_10`` / ``eval_probe_recip_rank_10``;
-* ``--gradient_checkpointing`` and ``--torch_compile`` applied to the objective's encoder (each layer compiled in
-  place, so parameter names and checkpoints are unchanged).
-
-Cross-device negatives with gradients are the objectives' own (:mod:`pretrain.model.distributed`).
-"""
+"""Pre-training on the Hugging Face Trainer: :class:`PretrainTrainer` adds only what ``transformers.Trainer`` lacks
+for our objectives: the loss terms in every log line; a non-finite loss stopping the run before the update, and no
+checkpoint or export from non-finite weights; a resume refused when its length gives the steps taken other rates;
+the run directory watched (:class:`~pretrain.training.run_dir.OutputPlace`); the objective's weights as one
+``model.safetensors`` (tied tensors once); the retrieval probe as the evaluation; ``--gradient_checkpointing`` and
+``--torch_compile`` applied to the encoder. Cross-device negatives with gradients are the objectives' own."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -35,57 +24,57 @@ WEIGHTS = "model.safetensors"
 
 def last_checkpoint(output: str) -> Optional[str]:
     """The newest complete ``checkpoint-N`` of ``output`` (its ``trainer_state.json``, written last, present)."""
-    if not os.path.isdir(output):
-        return None
-    found = []
-    for name in os.listdir(output):
-        step = name[len("checkpoint-"):]
-        if name.startswith("checkpoint-") and step.isdigit() and \
-                os.path.isfile(os.path.join(output, name, "trainer_state.json")):
-            found.append((int(step), os.path.join(output, name)))
+    found = [(int(n[11:]), os.path.join(output, n)) for n in (os.listdir(output) if os.path.isdir(output) else [])
+             if n.startswith("checkpoint-") and n[11:].isdigit()
+             and os.path.isfile(os.path.join(output, n, "trainer_state.json"))]
     return max(found)[1] if found else None
 
 
-class FiniteLossCallback(TrainerCallback):
-    """Stops the run before an update computed from a non-finite loss term (every process stops at the same step)."""
+def lr_factors(args: Any, total: int, steps: int) -> list[float]:
+    """The learning-rate factors of the first ``steps`` updates of a run of ``total`` steps (the scheduler the Trainer
+    builds from ``args``, on a throw-away optimizer)."""
+    from transformers import get_scheduler
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(total),
+                          num_training_steps=total, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+class PretrainCallback(TrainerCallback):
+    """Stops the run before an update computed from a non-finite loss term (every process at the same step), and
+    calls the objective's ``on_step(step, total_steps)`` at the start (a resumed run's schedules continue where they
+    were) and after each update."""
 
     def __init__(self, trainer: "PretrainTrainer"):
         self.trainer = trainer
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        terms = self.trainer._step_terms
-        self.trainer._step_terms = {}
+        trainer, terms = self.trainer, self.trainer._step_terms
+        trainer._step_terms = {}
         if not terms:
             return
-        keys = list(terms)
-        vals = torch.stack([terms[k] for k in keys])
+        vals = torch.stack(list(terms.values()))
         if args.world_size > 1:
-            vals = self.trainer.accelerator.reduce(vals, reduction="sum")
-        bad = [(k, v) for k, v in zip(keys, vals.tolist()) if not math.isfinite(v)]
+            vals = trainer.accelerator.reduce(vals, reduction="sum")
+        bad = [(k, v) for k, v in zip(terms, vals.tolist()) if not math.isfinite(v)]
         if bad:
-            self.trainer.close_progress_bar()
-            raise NonFiniteError(self.trainer.divergence_message(
+            trainer.close_progress_bar()
+            raise NonFiniteError(trainer.divergence_message(
                 f"step {state.global_step + 1}: the loss term {bad[0][0]} is {bad[0][1]}"
                 + (f" (also {', '.join(k for k, _ in bad[1:])})" if len(bad) > 1 else "")))
 
-
-class ObjectiveStepCallback(TrainerCallback):
-    """Calls the objective's ``on_step(step, total_steps)`` after each update and once at the start (a resumed run's
-    schedules, e.g. the BoW weight's, continue where they were)."""
-
-    def __init__(self, trainer: "PretrainTrainer"):
-        self.trainer = trainer
-
-    def _call(self, state: Any) -> None:
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         fn = getattr(self.trainer.accelerator.unwrap_model(self.trainer.model), "on_step", None)
         if callable(fn):
             fn(state.global_step, state.max_steps)
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._call(state)
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._call(state)
+    on_train_begin = on_step_end
 
 
 def refuse_ignored_parallelism(trainer: Trainer) -> None:
@@ -107,40 +96,32 @@ class PretrainTrainer(Trainer):
         probe: a :class:`pretrain.evaluation.probe.RetrievalProbe` run by :meth:`evaluate`, or ``None``.
         probe_settings: keyword arguments of ``probe.evaluate`` (pooling, normalize, max_length, batch_size).
         place: the run directory's :class:`~pretrain.training.run_dir.OutputPlace` (checked before each write).
-        Other arguments: those of ``transformers.Trainer``.
     """
 
     def __init__(self, *args: Any, probe: Any = None, probe_settings: Optional[dict[str, Any]] = None,
                  place: Any = None, **kwargs: Any):
-        train_args = kwargs.get("args")
-        self._encoder_setup = {}
+        train_args, setup = kwargs.get("args"), {}
         if train_args is not None:  # applied to the encoder here, not by the Trainer to the whole objective
-            self._encoder_setup = {"gradient_checkpointing": bool(train_args.gradient_checkpointing),
-                                   "torch_compile": bool(train_args.torch_compile)}
-            train_args.gradient_checkpointing = False
-            train_args.torch_compile = False
+            setup = {"checkpointing": train_args.gradient_checkpointing, "compile": train_args.torch_compile}
+            train_args.gradient_checkpointing = train_args.torch_compile = False
         if probe is not None and kwargs.get("eval_dataset") is None:
             kwargs["eval_dataset"] = probe  # the evaluation set is the probe's (the Trainer asks for one)
-        callbacks = list(kwargs.pop("callbacks", None) or [])
-        super().__init__(*args, callbacks=callbacks, **kwargs)
+        super().__init__(*args, **kwargs)
         refuse_ignored_parallelism(self)
-        self.add_callback(FiniteLossCallback(self))
-        self.add_callback(ObjectiveStepCallback(self))
+        self.add_callback(PretrainCallback(self))
         self.probe, self.probe_settings, self.place = probe, dict(probe_settings or {}), place
         self._terms: dict[str, torch.Tensor] = {}
         self._term_batches = 0
         self._step_terms: dict[str, torch.Tensor] = {}
-        objective = self.model
-        if self._encoder_setup.get("gradient_checkpointing"):
+        if setup.get("checkpointing"):
             from .optim import enable_gradient_checkpointing
-            enable_gradient_checkpointing(objective)
-        if self._encoder_setup.get("torch_compile"):
-            objective.compile_encoder()
+            enable_gradient_checkpointing(self.model)
+        if setup.get("compile"):
+            self.model.compile_encoder()
 
-    # ------------------------------------------------------------------ loss and its terms
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
-        out = self.forward_objective(model, inputs)
+        out = model(**inputs)  # the objective's PretrainingOutput: the loss and its named terms
         loss = out["loss"]
         terms = out.get("terms") if hasattr(out, "get") else None
         if terms is None:  # an objective returning a flat dict: its other scalar entries are the terms
@@ -154,30 +135,47 @@ class PretrainTrainer(Trainer):
             self._term_batches += 1
         return (loss, out) if return_outputs else loss
 
-    @staticmethod
-    def forward_objective(model: Any, inputs: dict[str, Any]) -> Any:
-        """``model(**inputs)``: the objective's ``PretrainingOutput`` for a collated batch."""
-        return model(**inputs)
-
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
-        if "loss" in logs and self._term_batches:
-            keys = list(self._terms)
-            vals = torch.stack([self._terms[k] for k in keys]) / self._term_batches
+        if "loss" in logs and self._term_batches:  # the terms averaged over the logging window and the processes
+            vals = torch.stack(list(self._terms.values())) / self._term_batches
             if self.args.world_size > 1:
                 vals = self.accelerator.reduce(vals, reduction="mean")
-            logs.update({k: float(v) for k, v in zip(keys, vals.tolist())})
+            logs.update({k: float(v) for k, v in zip(self._terms, vals.tolist())})
             self._terms, self._term_batches = {}, 0
         super().log(logs, start_time)
 
-    # ------------------------------------------------------------------ checkpoints
+    def _init_training_state(self, max_steps: int, *args: Any, **kwargs: Any) -> Any:
+        """Refuses a resume whose length (``--max_steps``, ``--num_train_epochs``) gives the steps already taken other
+        learning rates than they ran at (the schedule depends on the total), before anything is loaded."""
+        checkpoint = args[2] if len(args) > 2 else kwargs.get("resume_from_checkpoint")
+        state_file = os.path.join(checkpoint, "trainer_state.json") if checkpoint else None
+        if state_file and os.path.isfile(state_file):
+            with open(state_file) as f:
+                state = json.load(f)
+            before, step = int(state.get("max_steps") or 0), int(state.get("global_step") or 0)
+            if before and before != max_steps:
+                again = (f"resume with the length it was started with ({before} steps), or start a new run of "
+                         f"{max_steps} steps (another --output_dir, or --overwrite_output_dir)")
+                if step > max_steps:
+                    raise ValueError(f"--resume_from_checkpoint refused: {checkpoint} has trained {step} of its "
+                                     f"{before} steps, more than the {max_steps} asked for (--max_steps / "
+                                     f"--num_train_epochs); {again}")
+                old, new = lr_factors(self.args, before, step), lr_factors(self.args, max_steps, step)
+                k = next((k for k in range(step) if old[k] != new[k]), None)
+                if k is not None:
+                    raise ValueError(f"--resume_from_checkpoint refused: {checkpoint} took its {step} steps on the "
+                                     f"learning-rate schedule of a {before}-step run; a run of {max_steps} steps "
+                                     f"(--max_steps / --num_train_epochs) sets other rates (step {k + 1}: "
+                                     f"{new[k]:.6g} x the peak, not {old[k]:.6g}): {again}")
+        return super()._init_training_state(max_steps, *args, **kwargs)
+
     def _save(self, output_dir: Optional[str] = None, state_dict: Any = None) -> None:
         from safetensors.torch import save_model
 
-        output_dir = output_dir or self.args.output_dir
-        if not self.args.should_save:
-            return
-        os.makedirs(output_dir, exist_ok=True)
-        save_model(self.accelerator.unwrap_model(self.model), os.path.join(output_dir, WEIGHTS))
+        if self.args.should_save:
+            output_dir = output_dir or self.args.output_dir
+            os.makedirs(output_dir, exist_ok=True)
+            save_model(self.accelerator.unwrap_model(self.model), os.path.join(output_dir, WEIGHTS))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         from safetensors.torch import load_model
@@ -194,17 +192,12 @@ class PretrainTrainer(Trainer):
             self._load_from_checkpoint(best)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        name = f"checkpoint-{self.state.global_step}"
-        self.check_writable(f"checkpoint {name}")
-        bad = nonfinite_tensors(self.accelerator.unwrap_model(self.model))
-        if bad:
-            self.close_progress_bar()
-            raise NonFiniteError(self.divergence_message(f"refusing to write {name}: {len(bad)} weight tensor(s) are "
-                                                         f"not finite ({', '.join(bad[:3])})"))
+        self.check_finite_and_writable(f"checkpoint-{self.state.global_step}")
         super()._save_checkpoint(model, trial)
 
-    def check_writable(self, what: str) -> None:
-        """Stop, writing nothing, when the run directory was moved or removed (every process stops together)."""
+    def check_finite_and_writable(self, what: str) -> None:
+        """Stop, writing nothing, when the run directory was moved or removed (every process stops together) or a
+        weight is not finite."""
         problem = self.place.problem() if self.place is not None else None
         if self.args.world_size > 1:
             flag = torch.tensor([0.0 if problem is None else 1.0], device=self.args.device)
@@ -213,6 +206,11 @@ class PretrainTrainer(Trainer):
         if problem is not None:
             self.close_progress_bar()
             raise self.place.error(what, problem)
+        bad = nonfinite_tensors(self.accelerator.unwrap_model(self.model))
+        if bad:
+            self.close_progress_bar()
+            raise NonFiniteError(self.divergence_message(f"refusing to write {what}: {len(bad)} weight tensor(s) are "
+                                                         f"not finite ({', '.join(bad[:3])})"))
 
     def close_progress_bar(self) -> None:
         """Close the Trainer's progress bar, so that the error line that follows stands on a line of its own."""
@@ -230,41 +228,25 @@ class PretrainTrainer(Trainer):
                 "no checkpoint was written before it: start again with a lower --learning_rate")
         return f"training stopped, {what}. Nothing was saved from these weights; {kept}"
 
-    # ------------------------------------------------------------------ export
     def export(self, write: Callable[[Any], None], dtype: torch.dtype = torch.float32) -> None:
-        """``write(objective)`` on the main process (the caller's export: saved into a temporary folder, checked and
-        moved into ``output_dir``, :func:`pretrain.export.commit.commit_export`), the objective cast to ``dtype``
-        on a copy; refused from non-finite weights or into a moved directory."""
+        """``write(objective)`` on the main process (the caller's export, :func:`pretrain.export.commit.commit_export`),
+        the objective cast to ``dtype`` on a copy; refused from non-finite weights or into a moved directory."""
         import copy
 
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        self.check_writable("the exported model")
-        bad = nonfinite_tensors(unwrapped)
-        if bad:
-            raise NonFiniteError(self.divergence_message(f"refusing to write the exported model: {len(bad)} weight "
-                                                         f"tensor(s) are not finite ({', '.join(bad[:3])})"))
+        self.check_finite_and_writable("the exported model")
         self.accelerator.wait_for_everyone()
         if self.is_world_process_zero():
+            unwrapped = self.accelerator.unwrap_model(self.model)
             write(copy.deepcopy(unwrapped).to(dtype) if dtype != torch.float32 else unwrapped)
         self.accelerator.wait_for_everyone()
 
-    # ------------------------------------------------------------------ the retrieval probe
     def evaluate(self, eval_dataset: Any = None, ignore_keys: Any = None, metric_key_prefix: str = "eval") -> dict:
-        if self.probe is None:
-            if eval_dataset is None and self.eval_dataset is None:
-                raise ValueError("--eval_strategy asks for an evaluation, but there is nothing to evaluate: give "
-                                 "--probe SET (a local dataset folder or an ir_datasets id)")
+        if self.probe is None:  # (python -m pretrain refuses --eval_strategy without --probe before it starts)
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         objective = self.accelerator.unwrap_model(self.model)
         metrics: dict[str, float] = {}
-        if self.is_world_process_zero():
-            was_training = objective.training
-            objective.eval()
-            try:
-                with torch.no_grad():
-                    figures = self.probe.evaluate(objective.encoder, objective.tokenizer, **self.probe_settings)
-            finally:
-                objective.train(was_training)
+        if self.is_world_process_zero():  # RetrievalProbe.evaluate restores the encoder's training mode
+            figures = self.probe.evaluate(objective.encoder, objective.tokenizer, **self.probe_settings)
             metrics = {f"{metric_key_prefix}_probe_{k}": float(v) for k, v in figures.items()}
         if self.args.world_size > 1:
             from accelerate.utils import broadcast_object_list
@@ -274,4 +256,4 @@ class PretrainTrainer(Trainer):
         return metrics
 
 
-__all__ = ["PretrainTrainer", "FiniteLossCallback", "ObjectiveStepCallback", "last_checkpoint", "NonFiniteError"]
+__all__ = ["PretrainTrainer", "PretrainCallback", "last_checkpoint", "lr_factors", "NonFiniteError"]
