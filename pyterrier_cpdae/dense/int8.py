@@ -38,6 +38,7 @@ where that index kept its BLAS score).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -187,14 +188,22 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
     digits = 2 if k >= TWO_DIGITS_FROM else 1
     for codes, offset, stride in parts:
         _scan_part(codes, offset, stride, sub, qnorm[todo], tol[todo], cand, backend, block_size, digits)
-    rows, ids, upper, _ = cand.update()
-    # 3. the candidates that may reach the k-th best reference score, rescored from the float copy
-    ref = _rescore(sub, rows, ids, vectors_of, threads)
-    stats["rescored"] += len(rows)
-    order = np.lexsort((ids, -ref, rows))  # query by query: reference score descending, ties by ascending id
+    rows, ids, upper, lower = cand.update()
+    # 3. the candidates that may reach the k-th best reference score, rescored from the float copy in two rounds:
+    # first each query's k best by the middle of their bounds, whose k-th reference score R1 is at most the k-th
+    # best; then only the others whose upper bound reaches R1 (a candidate below it cannot reach the k-th best)
     counts = np.bincount(rows, minlength=len(todo))
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    take = order[(starts[:, None] + np.arange(k)).reshape(-1)]  # every query has at least k candidates (step 2)
+    order = np.lexsort((-(upper + lower), rows))
+    first = order[(starts[:, None] + np.arange(k)).reshape(-1)]  # every query has at least k candidates (step 2)
+    ref = np.full(len(rows), -np.inf, dtype=np.float32)
+    ref[first] = _rescore(sub, rows[first], ids[first], vectors_of, threads)
+    r1 = ref[first].reshape(len(todo), k).min(axis=1)
+    rest = np.flatnonzero((upper >= r1[rows]) & np.isneginf(ref))
+    ref[rest] = _rescore(sub, rows[rest], ids[rest], vectors_of, threads)
+    stats["rescored"] += len(first) + len(rest)
+    order = np.lexsort((ids, -ref, rows))  # query by query: reference score descending, ties by ascending id
+    take = order[(starts[:, None] + np.arange(k)).reshape(-1)]
     out_scores[todo] = ref[take].reshape(len(todo), k)
     out_ids[todo] = ids[take].reshape(len(todo), k)
     return out_scores, out_ids
@@ -242,8 +251,10 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
         rows = np.asarray(codes.codes[start:start + block_size])
         stop = start + len(rows)
         if backend == "torch":
-            rows = rows if rows.flags.writeable and rows.flags.c_contiguous else rows.copy()
-            ints = torch._int_mm(qt, torch.from_numpy(rows).T).numpy()
+            with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
+                warnings.simplefilter("ignore", UserWarning)
+                block = torch.from_numpy(rows)
+            ints = torch._int_mm(qt, block.T).numpy()
         else:
             ints = _float_product(qf, rows)
         gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
