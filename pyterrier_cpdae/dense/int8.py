@@ -233,8 +233,6 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
                            + err * codes.max_code_norm) + tol) * 1.01 + 1e-300
     coef = np.stack([_round_up32(err * 1.01), _round_up32(qnorm * (1 + 2.0 ** -40) * 1.01)],
                     axis=1).astype(np.float64)  # eps = coef . (|c|, |r|) + slack
-    p2norm = np.sqrt(np.einsum("ij,ij->i", p2.astype(np.float64), p2.astype(np.float64))) * (1 + 2.0 ** -40) \
-        if digits == 2 else np.zeros(num_q)
     margin = 2 + QMAX * QMAX * dim * 2.0 ** -20  # integers, for the float32 products of the numpy scan
     stacked = np.concatenate([p1, p2])
     if backend == "torch":
@@ -247,9 +245,11 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     else:
         qf = stacked.astype(np.float32)
     cnorm, rnorm = codes.code_norms, codes.residual_norms
-    for start in range(0, n, block_size):
-        rows = np.asarray(codes.codes[start:start + block_size])
-        stop = start + len(rows)
+    # a short first block while the batch knows fewer than k lower bounds: every document of it is a candidate
+    first = min(block_size, max(1024, 8 * cand.k)) if np.isneginf(cand.tau).any() else block_size
+    for start in [0] + list(range(first, n, block_size)):
+        stop = min(n, start + (first if start == 0 else block_size))
+        rows = np.asarray(codes.codes[start:stop])
         if backend == "torch":
             with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
                 warnings.simplefilter("ignore", UserWarning)
@@ -258,7 +258,9 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
         else:
             ints = _float_product(qf, rows)
         gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
-        reach = t2 * p2norm * gmax + coef[:, 0] * gmax + coef[:, 1] * rmax + slack
+        reach = coef[:, 0] * gmax + coef[:, 1] * rmax + slack
+        if digits == 2:  # the second digit's largest product in the block, per query (its bound where not exact)
+            reach += t2 * ints[num_q:2 * num_q].max(axis=1) * (1 + 2.0 ** -20) + t2 * margin
         with np.errstate(invalid="ignore"):
             thr = np.floor((cand.tau - reach) * 1.0000001 / t1 - margin)  # (tau - reach < 0: the factor lowers it)
         thr = np.nan_to_num(thr, nan=-2.0 ** 31, neginf=-2.0 ** 31).clip(-2.0 ** 31, 2.0 ** 31 - 1)
