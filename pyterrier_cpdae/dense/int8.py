@@ -215,8 +215,9 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     queries written in ``digits`` (1 or 2) int8 digits.
 
     Each block's integer products are filtered first on the first digit's alone: ``U >= tau`` implies
-    ``t1 (p1 . c) >= tau - D`` with ``D`` the block's largest ``t2 |p2| |c| + eps``, one comparison of the int32
-    products with a per-query integer threshold; only the documents that pass have their bounds computed (float64)."""
+    ``t1 (p1 . c) >= tau - D`` with ``D`` the block's largest ``t2 (p2 . c)`` plus its largest ``eps``, one
+    comparison of the int32 products with a per-query integer threshold (lowered by a margin for the float32
+    products of the numpy scan); only the documents that pass have their bounds computed, in float64."""
     n = len(codes.codes)
     if n == 0:
         return
@@ -260,9 +261,10 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
         gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
         reach = coef[:, 0] * gmax + coef[:, 1] * rmax + slack
         if digits == 2:  # the second digit's largest product in the block, per query (its bound where not exact)
-            reach += t2 * ints[num_q:2 * num_q].max(axis=1) * (1 + 2.0 ** -20) + t2 * margin
+            reach += t2 * ints[num_q:2 * num_q].max(axis=1) + t2 * margin
         with np.errstate(invalid="ignore"):
-            thr = np.floor((cand.tau - reach) * 1.0000001 / t1 - margin)  # (tau - reach < 0: the factor lowers it)
+            low = (cand.tau - reach) / t1
+            thr = np.floor(low - np.abs(low) * 2.0 ** -30 - margin)  # (lowered past the float64 rounding of low)
         thr = np.nan_to_num(thr, nan=-2.0 ** 31, neginf=-2.0 ** 31).clip(-2.0 ** 31, 2.0 ** 31 - 1)
         thr = thr.astype(ints.dtype)[:, None]
         r, c = np.nonzero(ints[:num_q] >= thr)
