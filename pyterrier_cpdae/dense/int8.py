@@ -239,10 +239,9 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     if backend == "torch":
         import torch
 
-        qt = torch.from_numpy(np.ascontiguousarray(stacked))
-        pad = max(0, 17 - len(qt))  # (oneDNN int8 products want more than 16 rows)
-        if pad:
-            qt = torch.cat([qt, torch.zeros((pad, dim), dtype=torch.int8)])
+        # the codes as the product's left operand and the digits, transposed and contiguous, as its right one: the
+        # document-major product measured 2-4x faster than the query-major one (oneDNN, VNNI)
+        qt = torch.from_numpy(np.ascontiguousarray(stacked.T))
     else:
         qf = stacked.astype(np.float32)
     cnorm, rnorm = codes.code_norms, codes.residual_norms
@@ -255,24 +254,25 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
             with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
                 warnings.simplefilter("ignore", UserWarning)
                 block = torch.from_numpy(rows)
-            ints = torch._int_mm(qt, block.T).numpy()
+            if len(block) < 17:  # (oneDNN int8 products want more than 16 rows)
+                block = torch.cat([block, torch.zeros((17 - len(block), dim), dtype=torch.int8)])
+            ints = torch._int_mm(block, qt)[:stop - start].numpy()  # (b, digit rows), document-major
         else:
-            ints = _float_product(qf, rows)
+            ints = _float_product(qf, rows).T
         gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
         reach = coef[:, 0] * gmax + coef[:, 1] * rmax + slack
         if digits == 2:  # the second digit's largest product in the block, per query (its bound where not exact)
-            reach += t2 * ints[num_q:2 * num_q].max(axis=1) + t2 * margin
+            reach += t2 * ints[:, num_q:2 * num_q].max(axis=0) + t2 * margin
         with np.errstate(invalid="ignore"):
             low = (cand.tau - reach) / t1
             thr = np.floor(low - np.abs(low) * 2.0 ** -30 - margin)  # (lowered past the float64 rounding of low)
         thr = np.nan_to_num(thr, nan=-2.0 ** 31, neginf=-2.0 ** 31).clip(-2.0 ** 31, 2.0 ** 31 - 1)
-        thr = thr.astype(ints.dtype)[:, None]
-        r, c = np.nonzero(ints[:num_q] >= thr)
+        c, r = np.nonzero(ints[:, :num_q] >= thr.astype(ints.dtype))
         if not len(r):
             continue
-        approx = t1[r] * ints[r, c]
+        approx = t1[r] * ints[c, r]
         if digits == 2:
-            approx += t2[r] * ints[num_q + r, c]
+            approx += t2[r] * ints[c, num_q + r]
         eps = coef[r, 0] * cnorm[start + c] + coef[r, 1] * rnorm[start + c] + slack[r]
         upper = approx + eps
         keep = upper >= cand.tau[r]
