@@ -350,8 +350,10 @@ def markdown(rows: list, mode: str) -> str:
         lines = [head, "|" + "---|" * 8]
         for r in rows:
             ident = {True: "yes", False: "no"}.get(r.get("identical"), "")
-            extra = f" (rescored {r['rescored_per_query']:.0f}/query, rescans {r['retries']})" \
-                if "rescored_per_query" in r else ""
+            notes = [f"rescored {r['rescored_per_query']:.0f}/query"] if "rescored_per_query" in r else []
+            if len(r.get("seconds", [])) > 1:
+                notes.append(f"rounds {min(r['seconds']):.1f}-{max(r['seconds']):.1f} s")
+            extra = f" ({', '.join(notes)})" if notes else ""
             lines.append(f"| {r['docs']:,} x {r['dim']} | {r['k']} | {r['method']}{extra} | {r['qps']:.1f} | "
                          f"{r['ratio']:.2f}x | {r['recall']:.3f} | {ident} | {r['scanned_bytes'] / 1e6:,.0f} |")
     else:
