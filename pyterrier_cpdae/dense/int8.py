@@ -154,7 +154,7 @@ class _Candidates:
             empty = np.empty(0, np.int64)
             return empty, empty, np.empty(0, np.float32), np.empty(0, np.float32)
         rows, ids, upper, lower = (np.concatenate(a) for a in zip(*self.chunks))
-        order = np.argsort(rows, kind="stable")  # (runs of ascending rows: a merge)
+        order = np.argsort(rows, kind="stable")
         counts = np.bincount(rows, minlength=self.num_q)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         full = counts >= self.k
