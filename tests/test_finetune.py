@@ -138,6 +138,33 @@ def test_cached_loss_gives_the_same_gradients(tiny_bert_dir, tmp_path):
     assert (grads[0] - grads[1]).abs().max() <= 1e-3 * grads[0].abs().max(), (grads[0] - grads[1]).abs().max()
 
 
+def test_cls_training_runs_the_last_layer_at_cls_only_with_the_full_models_gradients(tiny_bert_dir, tmp_path):
+    """Under [CLS] pooling the model built for training computes its last layer at [CLS] only (as CPDAE encodes): the
+    loss and every gradient are the full transformers model's (float64), and the weights keep their own names."""
+    fa, _ = parse_args(["--output_dir", str(tmp_path / "x"), "--pooling", "cls"])
+    model, normalize = ft.build_model(tiny_bert_dir, fa)
+    model.double().eval()  # no dropout: both passes see the same network
+    hf, keys = model[0].model, set(model.state_dict())
+    x = model.preprocess(["alpha beta gamma", "delta"])
+    assert hf.forward(input_ids=x["input_ids"], attention_mask=x["attention_mask"]).last_hidden_state.shape[1] == 1
+    loss, _ = ft.build_loss(model, fa, normalize)
+    cols = [["alpha beta", "gamma delta"], ["alpha doc1 zeta", "delta doc2"], ["zeta theta kappa", "beta"]]
+
+    def loss_and_grads():
+        model.zero_grad()
+        value = loss([model.preprocess(c) for c in cols], None)
+        value.backward()
+        return value.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    trimmed = loss_and_grads()
+    del hf.forward  # the transformers model's own forward: every position of the last layer
+    full = loss_and_grads()
+    assert trimmed[0] == pytest.approx(full[0], abs=1e-12) and trimmed[1].keys() == full[1].keys()
+    assert all(torch.allclose(trimmed[1][k], full[1][k], rtol=0, atol=1e-12) for k in full[1])
+    assert set(model.state_dict()) == keys and "forward" not in vars(ft.build_model(tiny_bert_dir, parse_args(
+        ["--output_dir", str(tmp_path / "x"), "--pooling", "mean"])[0])[0][0].model)  # mean pooling: the full layer
+
+
 # ----------------------------------------------------------------------------- mining with the run's pooling
 def _naive_pools(model_dir, data, pooling, depth, judged):
     """Exact ranking by a hand-written encoder: AutoModel, the asked pooling, numpy dot products."""
