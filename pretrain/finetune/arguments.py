@@ -2,16 +2,16 @@
 ``SentenceTransformerTrainingArguments`` (``HfArgumentParser``); ``--preset`` sets a recipe's defaults (``PRESETS``)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-_PAPER = {"in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7, "learning_rate": 5e-6,
-          "per_device_train_batch_size": 64, "pooling": "cls", "negatives_depth": 200, "round_init": "previous"}
+_PAPER = {"in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7, "learning_rate": 5e-6, "pooling": "cls",
+          "per_device_train_batch_size": 64, "negatives_depth": 200, "round_init": "previous", "mining_rounds": 1}
 #: Named recipes: the CPDAE paper's (1 positive + 7 negatives in one softmax, lr 5e-6, batch 64, [CLS]).
 PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {**_PAPER, "mining_rounds": 1}, "paper-warmup": {**_PAPER, "mining_rounds": 0},
-    "paper-document": {**_PAPER, "negatives": "model", "num_train_epochs": 1.0, "max_seq_length": 512,
-                       "mining_rounds": 1}}
+    "paper": _PAPER, "paper-warmup": {**_PAPER, "mining_rounds": 0},
+    "paper-document": {**_PAPER, "negatives": "model", "num_train_epochs": 1.0, "max_seq_length": 512}}
 #: What each preset is (``--help``, the experiments' table headers).
 PRESET_SUMMARIES: dict[str, str] = {
     "paper": "the CPDAE paper's passage recipe, STAR's two stages: a warm-up model trained on BM25 negatives, "
@@ -39,11 +39,9 @@ class FinetuneArguments:
                                   "model (dense negatives of --model with --pooling) or model:<checkpoint>.")
     num_negatives: int = _opt(7, "Hard negatives per query (the columns negative_1..n).")
     negatives_depth: int = _opt(200, "Negatives are drawn from this many top-ranked documents.")
-    few_negatives: str = _opt("replace", "A query with fewer negatives: drawn with replacement or dropped.",
-                              choices=["replace", "drop"])
+    few_negatives: str = _opt("replace", "Short pools: drawn with replacement or dropped.", choices=["replace", "drop"])
     mining_rounds: int = _opt(0, "Fine-tune, mine with the new model, fine-tune again: this many extra rounds.")
-    round_init: str = _opt("base", "Where a mining round starts: --model, or the previous round's model (STAR).",
-                           choices=["base", "previous"])
+    round_init: str = _opt("base", "Rounds start from --model or the previous model.", choices=["base", "previous"])
     loss: str = _opt("mnrl", "mnrl: MultipleNegativesRankingLoss; cached: CachedMultipleNegativesRankingLoss "
                              "(GradCache: the same gradients in mini-batches).", choices=["mnrl", "cached"])
     mini_batch_size: int = _opt(32, "--loss cached: texts per forward pass.")
@@ -82,8 +80,6 @@ RESUME_MUTABLE = frozenset({"resume", "overwrite", "max_steps", "num_train_epoch
 def parse_args(argv: Optional[list[str]] = None) -> tuple[FinetuneArguments, Any]:
     """``(FinetuneArguments, SentenceTransformerTrainingArguments)`` from the command line. Precedence: defaults <
     ``--preset`` < ``--config`` file (YAML/JSON, read like the pre-training command's) < flags."""
-    import sys
-
     from sentence_transformers import SentenceTransformerTrainingArguments
     from transformers import HfArgumentParser
 

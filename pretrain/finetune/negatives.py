@@ -1,6 +1,5 @@
-"""Training groups (a query's judged positives and ranked pool of negatives), mined or read, stored as Parquet, and
-the ``(query, positive, negative_1..n)`` dataset sentence-transformers trains on. A groups file (JSONL) holds
-``{"qid", "query", "pos": [...], "negs": [...]}``, an item a docno or ``{"docno"?, "text"}``."""
+"""Training groups (a query's positives and ranked negatives): mined, read from JSONL (``{"qid", "query", "pos": [...],
+"negs": [...]}``, an item a docno or ``{"docno"?, "text"}``), stored as Parquet; the dataset the trainer reads."""
 from __future__ import annotations
 
 import dataclasses
@@ -88,11 +87,8 @@ def sample_queries(qids: Sequence[str], n: int, seed: int) -> list[str]:
 
 def _pools(topics: pd.DataFrame, judged: dict[str, Any], rank: Callable, chunk_size: int) -> dict[str, list[str]]:
     """Each query's ranking (``rank(chunk of topics)`` -> qid -> docnos, queries in chunks) minus its judged ones."""
-    pools: dict[str, list[str]] = {q: [] for q in topics["qid"]}
-    for start in range(0, len(topics), chunk_size):
-        for q, ranked in rank(topics.iloc[start:start + chunk_size]).items():
-            pools[q] = [d for d in ranked if d not in judged.get(q, ())]
-    return pools
+    ranked = {q: d for i in range(0, len(topics), chunk_size) for q, d in rank(topics.iloc[i:i + chunk_size]).items()}
+    return {q: [d for d in ranked.get(q, []) if d not in judged.get(q, ())] for q in topics["qid"]}
 
 
 def mine_bm25(retriever: Any, topics: pd.DataFrame, judged: dict[str, Any], depth: int,
@@ -121,8 +117,8 @@ def make_groups(topics: pd.DataFrame, positives: dict[str, list[str]], pools: di
     return [Group(q, t, list(positives[q]), list(pools.get(q, []))) for q, t in zip(topics["qid"], topics["query"])]
 
 
-def read_irds_docpairs(dataset_id: str, qids: Container[str], max_negatives: int = -1) -> list[Group]:
-    """Groups of the queries ``qids`` from an ir_datasets docpairs set (``msmarco-passage/train/triples-small``)."""
+def read_irds_docpairs(dataset_id: str, qids: Container[str], max_negatives: int = -1) -> tuple[list[Group], dict]:
+    """``(groups, {})`` of the queries ``qids`` from an ir_datasets docpairs set, as :func:`read_groups` returns."""
     try:
         ds = ir_datasets.load(dataset_id)
     except KeyError as e:
@@ -130,8 +126,8 @@ def read_irds_docpairs(dataset_id: str, qids: Container[str], max_negatives: int
     if not ds.has_docpairs():
         raise ValueError(f"ir_datasets dataset {dataset_id!r} has no docpairs (--negatives file:irds:<id>)")
     queries = {q.query_id: q.text for q in ds.queries_iter() if q.query_id in qids}
-    return groups_from_docpairs(((p.query_id, p.doc_id_a, p.doc_id_b) for p in ds.docpairs_iter()), queries,
-                                max_negatives)
+    pairs = ((p.query_id, p.doc_id_a, p.doc_id_b) for p in ds.docpairs_iter())
+    return groups_from_docpairs(pairs, queries, max_negatives), {}
 
 
 def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[str, str],

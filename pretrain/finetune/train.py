@@ -79,7 +79,6 @@ def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any,
     def own_group(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # (B, B * G): query i keeps columns j * B + i
         s, i = sim(a, b), torch.arange(b.shape[0], device=b.device)
         return s.masked_fill(i[None, :] % len(a) != i[:len(a), None], float("-inf"))
-
     own_group.__name__ = sim.__name__
     kind = {"cached": {"mini_batch_size": fa.mini_batch_size}}.get(fa.loss, {})
     loss = (losses.CachedMultipleNegativesRankingLoss if kind else losses.MultipleNegativesRankingLoss)(
@@ -151,11 +150,9 @@ def mine(fa: FinetuneArguments, out: str, r: int, data: dict[str, Any], normaliz
         index = BM25Index(os.path.join(out, "bm25_index"))
         index.indexer(mode="overwrite").index(data["corpus"]())
         pools = neg.mine_bm25(index.bm25(num_results=fa.negatives_depth), topics, judged, fa.negatives_depth)
-    elif kind.startswith("file:irds:"):
-        groups = neg.read_irds_docpairs(kind[len("file:irds:"):], set(topics["qid"]), fa.negatives_depth)
-        pools = {g.qid: [d for d in g.negs if d not in judged.get(g.qid, ())] for g in groups}
-    else:  # file:<groups.jsonl> (FinetuneArguments checked the kind)
-        groups, texts = neg.read_groups(kind[len("file:"):])
+    else:  # file:irds:<id> or file:<groups.jsonl> (FinetuneArguments checked the kind)
+        groups, texts = (neg.read_irds_docpairs(kind[len("file:irds:"):], set(topics["qid"]), fa.negatives_depth)
+                         if kind.startswith("file:irds:") else neg.read_groups(kind[len("file:"):]))
         data["texts"].update(texts)
         pools = {g.qid: [d for d in g.negs if d not in judged.get(g.qid, ())] for g in groups}
     return neg.make_groups(topics, data["positives"], pools)
@@ -292,8 +289,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             log.removeHandler(handler)
             handler.close()
         shutil.copytree(_round(out, fa.mining_rounds, "model"), out, dirs_exist_ok=True)
-        record.update(command=_portable("python -m pretrain finetune " + " ".join(argv), out), finished=True,
-                      data={"train": _portable(fa.train, out), "digest": digest, "num_queries": len(data["topics"])},
-                      rounds=rounds)
+        record.update(finished=True, rounds=rounds, command=_portable(" ".join([record["command"], *argv]), out),
+                      data={"train": _portable(fa.train, out), "digest": digest, "num_queries": len(data["topics"])})
         write_json_atomic(os.path.join(out, RECORD), record)
         return record
