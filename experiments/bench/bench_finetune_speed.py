@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -161,9 +162,10 @@ def main(argv=None) -> dict:
                     got = timed_run(loop, checkouts[loop], argv_loop, tmp, a)
                     rows.setdefault(pooling, {}).setdefault(loop, []).append(got["steps_per_s"])
                     print(f"{pooling} {loop} run {r}: {got['steps_per_s']:.3f} steps/s", flush=True)
-    shown = [{a.former: "<former checkout>", a.before: "<before checkout>"}.get(x, x)
-             for x in (sys.argv[1:] if argv is None else argv)]
-    result = {"command": "python experiments/bench/bench_finetune_speed.py " + " ".join(shown),
+    places = {a.former: "<former checkout>", a.before: "<before checkout>",
+              a.out: a.out and os.path.relpath(os.path.abspath(a.out), ROOT)}
+    shown = [places.get(x, x) for x in (sys.argv[1:] if argv is None else argv)]
+    result = {"command": "python experiments/bench/bench_finetune_speed.py " + shlex.join(shown),
               "machine": f"{cpu_name()}, {os.cpu_count()} cores ({a.machine_note}), {a.threads} torch thread(s) a run",
               "setup": {"model": {"tiny4": "bert-tiny4 (random weights, MiniLM's vocabulary)",
                                   "minilm": "all-MiniLM-L6-v2"}.get(a.model, a.model), "batch_queries": a.batch,
