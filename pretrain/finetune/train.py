@@ -80,9 +80,9 @@ def build_loss(model: Any, fa: FinetuneArguments, normalize: bool) -> tuple[Any,
         s, i = sim(a, b), torch.arange(b.shape[0], device=b.device)
         return s.masked_fill(i[None, :] % len(a) != i[:len(a), None], float("-inf"))
     own_group.__name__ = sim.__name__
-    kind = {"cached": {"mini_batch_size": fa.mini_batch_size}}.get(fa.loss, {})
-    loss = (losses.CachedMultipleNegativesRankingLoss if kind else losses.MultipleNegativesRankingLoss)(
-        model, scale=scale, similarity_fct=sim if fa.in_batch_negatives else own_group, **kind)
+    cached = {"mini_batch_size": fa.mini_batch_size} if fa.loss == "cached" else {}
+    loss = (losses.CachedMultipleNegativesRankingLoss if cached else losses.MultipleNegativesRankingLoss)(
+        model, scale=scale, similarity_fct=sim if fa.in_batch_negatives else own_group, **cached)
     return loss, {"loss": type(loss).__name__, "similarity": sim.__name__, "scale": scale,
                   "scale_from": "--scale" if fa.scale is not None else
                   "the default for " + ("cosine (the model ends in Normalize)" if normalize else "dot product"),
