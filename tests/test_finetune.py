@@ -222,6 +222,20 @@ def test_judged_documents_are_never_negatives(tmp_path, tiny_bert_dir):
     assert not {"d0", "d1", "d2"} & set(groups["q0"].negs) and len(groups["q0"].negs) == 27
 
 
+def test_file_negatives_are_the_files_minus_the_judged_documents(tmp_path, tiny_bert_dir):
+    data = tiny_beir(tmp_path / "beir", docs=30, queries=6)
+    negs = tmp_path / "negs.jsonl"
+    negs.write_text("".join(json.dumps({"qid": f"q{q}", "query": "x", "pos": [f"d{q * 3}"], "negs": [
+        f"d{q * 3}", "d1", "d2", {"docno": "n9", "text": "inline"}]}) + "\n" for q in range(6)))
+    fa, ta = parse_args(_argv(tiny_bert_dir, f"beir:{data}:train", tmp_path / "run", "--negatives", f"file:{negs}"))
+    loaded = ft.load_training_data(fa, ta.seed)
+    groups = ft.mine(fa, str(tmp_path / "run"), 0, loaded, normalize=False)
+    assert {g.qid: g.negs for g in groups} == {f"q{q}": ["d1", "d2", "n9"] for q in range(6)}  # d<3q> is judged
+    assert loaded["texts"]["n9"] == "inline"
+    with pytest.raises(ValueError, match="unknown --negatives 'bm26'"):  # refused at parsing, before any reading
+        parse_args(_argv(tiny_bert_dir, f"beir:{data}:train", tmp_path / "run", "--negatives", "bm26"))
+
+
 # ----------------------------------------------------------------------------- kept guarantees
 def _cli(argv, **kw):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
