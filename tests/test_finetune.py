@@ -138,6 +138,33 @@ def test_cached_loss_gives_the_same_gradients(tiny_bert_dir, tmp_path):
     assert (grads[0] - grads[1]).abs().max() <= 1e-3 * grads[0].abs().max(), (grads[0] - grads[1]).abs().max()
 
 
+def test_cls_training_runs_the_last_layer_at_cls_only_with_the_full_models_gradients(tiny_bert_dir, tmp_path):
+    """Under [CLS] pooling the model built for training computes its last layer at [CLS] only (as CPDAE encodes): the
+    loss and every gradient are the full transformers model's (float64), and the weights keep their own names."""
+    fa, _ = parse_args(["--output_dir", str(tmp_path / "x"), "--pooling", "cls"])
+    model, normalize = ft.build_model(tiny_bert_dir, fa)
+    model.double().eval()  # no dropout: both passes see the same network
+    hf, keys = model[0].model, set(model.state_dict())
+    x = model.preprocess(["alpha beta gamma", "delta"])
+    assert hf.forward(input_ids=x["input_ids"], attention_mask=x["attention_mask"]).last_hidden_state.shape[1] == 1
+    loss, _ = ft.build_loss(model, fa, normalize)
+    cols = [["alpha beta", "gamma delta"], ["alpha doc1 zeta", "delta doc2"], ["zeta theta kappa", "beta"]]
+
+    def loss_and_grads():
+        model.zero_grad()
+        value = loss([model.preprocess(c) for c in cols], None)
+        value.backward()
+        return value.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    trimmed = loss_and_grads()
+    del hf.forward  # the transformers model's own forward: every position of the last layer
+    full = loss_and_grads()
+    assert trimmed[0] == pytest.approx(full[0], abs=1e-12) and trimmed[1].keys() == full[1].keys()
+    assert all(torch.allclose(trimmed[1][k], full[1][k], rtol=0, atol=1e-12) for k in full[1])
+    assert set(model.state_dict()) == keys and "forward" not in vars(ft.build_model(tiny_bert_dir, parse_args(
+        ["--output_dir", str(tmp_path / "x"), "--pooling", "mean"])[0])[0][0].model)  # mean pooling: the full layer
+
+
 # ----------------------------------------------------------------------------- mining with the run's pooling
 def _naive_pools(model_dir, data, pooling, depth, judged):
     """Exact ranking by a hand-written encoder: AutoModel, the asked pooling, numpy dot products."""
@@ -193,6 +220,20 @@ def test_judged_documents_are_never_negatives(tmp_path, tiny_bert_dir):
     os.makedirs(tmp_path / "run")
     groups = {g.qid: g for g in ft.mine(fa, str(tmp_path / "run"), 0, loaded, normalize=False)}
     assert not {"d0", "d1", "d2"} & set(groups["q0"].negs) and len(groups["q0"].negs) == 27
+
+
+def test_file_negatives_are_the_files_minus_the_judged_documents(tmp_path, tiny_bert_dir):
+    data = tiny_beir(tmp_path / "beir", docs=30, queries=6)
+    negs = tmp_path / "negs.jsonl"
+    negs.write_text("".join(json.dumps({"qid": f"q{q}", "query": "x", "pos": [f"d{q * 3}"], "negs": [
+        f"d{q * 3}", "d1", "d2", {"docno": "n9", "text": "inline"}]}) + "\n" for q in range(6)))
+    fa, ta = parse_args(_argv(tiny_bert_dir, f"beir:{data}:train", tmp_path / "run", "--negatives", f"file:{negs}"))
+    loaded = ft.load_training_data(fa, ta.seed)
+    groups = ft.mine(fa, str(tmp_path / "run"), 0, loaded, normalize=False)
+    assert {g.qid: g.negs for g in groups} == {f"q{q}": ["d1", "d2", "n9"] for q in range(6)}  # d<3q> is judged
+    assert loaded["texts"]["n9"] == "inline"
+    with pytest.raises(ValueError, match="unknown --negatives 'bm26'"):  # refused at parsing, before any reading
+        parse_args(_argv(tiny_bert_dir, f"beir:{data}:train", tmp_path / "run", "--negatives", "bm26"))
 
 
 # ----------------------------------------------------------------------------- kept guarantees

@@ -192,7 +192,7 @@ def test_mine_dense_streams_through_dense_index_and_equals_full_scoring(tmp_path
 
 def test_groups_from_docpairs_keeps_only_training_queries_and_caps_negatives():
     pairs = [("1", "p1", "n1"), ("2", "p2", "m1"), ("1", "p1", "n2"), ("1", "p1", "n3"), ("2", "p2", "m2")]
-    groups = neg.groups_from_docpairs(iter(pairs), {"1": "one", "2": "two"}, qids={"1"}, max_negatives=2)
+    groups = neg.groups_from_docpairs(iter(pairs), {"1": "one"}, max_negatives=2)  # the training queries' texts
     assert groups == [neg.Group("1", "one", ["p1"], ["n1", "n2"])]
 
 

@@ -61,7 +61,10 @@ def test_paper_preset_runs_the_star_stages(tmp_path, tiny_bert_dir, monkeypatch)
     # the static hard negatives are the warm-up model's top 200 minus the judged document
     key = __import__("json").loads((out / "negatives" / "round-1.parquet.key.json").read_text())
     groups = ft.neg.load_pools(str(out / "negatives" / "round-1.parquet"), key)
-    assert all(len(g.negs) == 199 and g.pos[0] not in g.negs for g in groups)
+    # (199 when the judged document is in the top 200, else 200: this corpus's near-identical passages tie near rank
+    # 200, where float summation order decides)
+    assert all(len(set(g.negs)) == len(g.negs) in (199, 200) and g.pos[0] not in g.negs for g in groups)
+    assert sum(len(g.negs) == 199 for g in groups) >= len(groups) // 2
     assert _same(_weights_of(out), _weights_of(out / "rounds" / "round-1" / "model"))
 
 

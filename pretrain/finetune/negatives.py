@@ -1,16 +1,14 @@
-"""Training groups (a query's judged positives and ranked pool of negatives), mined or read, stored as Parquet, and
-the ``(query, positive, negative_1..n)`` dataset sentence-transformers trains on. A groups file (JSONL) holds
-``{"qid", "query", "pos": [...], "negs": [...]}``, an item a docno or ``{"docno"?, "text"}``."""
+"""Training groups (a query's positives and ranked negatives): mined, read from JSONL (``{"qid", "query", "pos": [...],
+"negs": [...]}``, an item a docno or ``{"docno"?, "text"}``), stored as Parquet; the dataset the trainer reads."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import random
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Container, Iterable, Optional, Sequence
 
 import ir_datasets
@@ -25,30 +23,26 @@ logger = logging.getLogger(__name__)
 TEXT_ID_PREFIX = "text:"  # the id of a passage a groups file gives by its text only
 
 
-@dataclass
+@dataclasses.dataclass
 class Group:
     """One training query: ids of its judged positives and of its negatives, best-ranked first."""
     qid: str
     query: str
     pos: list[str]
-    negs: list[str] = field(default_factory=list)
+    negs: list[str] = dataclasses.field(default_factory=list)
 
 
 def read_groups(path: str) -> tuple[list[Group], dict[str, str]]:
     """A JSONL groups file: the groups and the passage texts given inline (id -> text); one line names a bad row."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"groups file not found: {path}")
     groups, texts = [], {}
 
     def item_id(item: Any, where: str) -> str:
-        if isinstance(item, str):
-            return item
-        if isinstance(item, dict) and ("docno" in item or "text" in item):
-            if "text" not in item:
-                return str(item["docno"])
+        if isinstance(item, dict) and "text" in item:
             docno = str(item.get("docno") or TEXT_ID_PREFIX + hashlib.sha1(str(item["text"]).encode()).hexdigest()[:20])
             texts[docno] = str(item["text"])
             return docno
+        if isinstance(item, str) or isinstance(item, dict) and "docno" in item:
+            return item if isinstance(item, str) else str(item["docno"])
         raise ValueError(f"{where}: a passage must be a document id or an object with docno and/or text, got {item!r}")
 
     for where, row in read_jsonl(path):
@@ -65,23 +59,18 @@ def write_groups(path: str, groups: Iterable[Group]) -> None:
     """Groups as JSONL (ids only), written atomically."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_write(path) as f:
-        for g in groups:
-            f.write(json.dumps({"qid": g.qid, "query": g.query, "pos": g.pos, "negs": g.negs}) + "\n")
+        f.writelines(json.dumps(dataclasses.asdict(g)) + "\n" for g in groups)
 
 
 def select_queries(topics: pd.DataFrame, qrels: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     """The topics with a judged positive (label > 0), sorted by qid, and their positives; the others are counted."""
-    missing = ({"qid", "query"} - set(topics.columns)) | ({"qid", "docno", "label"} - set(qrels.columns))
-    if missing:
-        raise ValueError(f"topics/qrels lack column(s) {sorted(missing)}")
     rel = qrels[qrels["label"].astype(float) > 0].astype({"qid": str, "docno": str})
     positives = rel.groupby("qid", sort=False)["docno"].agg(list).to_dict()
     topics = topics[["qid", "query"]].astype(str).drop_duplicates("qid")
-    keep = topics["qid"].isin(positives.keys())
-    if (~keep).sum():
-        logger.warning("skipped %d of %d training queries without a judged positive (label > 0)", (~keep).sum(),
-                       len(topics))
-    kept = topics[keep].sort_values("qid", kind="stable").reset_index(drop=True)
+    kept = topics[topics["qid"].isin(positives.keys())].sort_values("qid", kind="stable").reset_index(drop=True)
+    if len(kept) < len(topics):
+        logger.warning("skipped %d of %d training queries without a judged positive (label > 0)",
+                       len(topics) - len(kept), len(topics))
     if kept.empty:
         raise ValueError(f"no training query has a judged positive (label > 0): {len(topics)} topics, "
                          f"{len(qrels)} qrels")
@@ -90,19 +79,16 @@ def select_queries(topics: pd.DataFrame, qrels: pd.DataFrame) -> tuple[pd.DataFr
 
 def sample_queries(qids: Sequence[str], n: int, seed: int) -> list[str]:
     """``n`` query ids drawn with ``seed`` from the sorted set of ``qids`` (``n < 0``: all), sorted."""
-    ordered = sorted(set(map(str, qids)))
     if n == 0:
         raise ValueError("--max_train_queries 0 leaves no training query")
+    ordered = sorted(set(map(str, qids)))
     return ordered if n < 0 or n >= len(ordered) else sorted(random.Random(seed).sample(ordered, n))
 
 
 def _pools(topics: pd.DataFrame, judged: dict[str, Any], rank: Callable, chunk_size: int) -> dict[str, list[str]]:
     """Each query's ranking (``rank(chunk of topics)`` -> qid -> docnos, queries in chunks) minus its judged ones."""
-    pools: dict[str, list[str]] = {q: [] for q in topics["qid"]}
-    for start in range(0, len(topics), chunk_size):
-        for q, ranked in rank(topics.iloc[start:start + chunk_size]).items():
-            pools[q] = [d for d in ranked if d not in judged.get(q, ())]
-    return pools
+    ranked = {q: d for i in range(0, len(topics), chunk_size) for q, d in rank(topics.iloc[i:i + chunk_size]).items()}
+    return {q: [d for d in ranked.get(q, []) if d not in judged.get(q, ())] for q in topics["qid"]}
 
 
 def mine_bm25(retriever: Any, topics: pd.DataFrame, judged: dict[str, Any], depth: int,
@@ -116,8 +102,7 @@ def mine_bm25(retriever: Any, topics: pd.DataFrame, judged: dict[str, Any], dept
 
 def mine_dense(encoder: Any, index: Any, topics: pd.DataFrame, judged: dict[str, Any], depth: int,
                chunk_size: int = 1024) -> dict[str, list[str]]:
-    """Pools from an exact dense ranking (``encoder.encode_queries`` + ``index.search``, which streams the index in
-    blocks): the top ``depth`` minus the judged documents."""
+    """Pools from an exact dense ranking (``encoder.encode_queries``, ``index.search``): the top ``depth`` unjudged."""
     fwd, k = index.docnos.fwd, min(depth, len(index))
 
     def rank(chunk: pd.DataFrame) -> dict[str, list[str]]:
@@ -132,29 +117,26 @@ def make_groups(topics: pd.DataFrame, positives: dict[str, list[str]], pools: di
     return [Group(q, t, list(positives[q]), list(pools.get(q, []))) for q, t in zip(topics["qid"], topics["query"])]
 
 
-def read_irds_docpairs(dataset_id: str, qids: Optional[Container[str]] = None,
-                       max_negatives: int = -1) -> list[Group]:
-    """Groups from an ir_datasets docpairs set (e.g. ``msmarco-passage/train/triples-small``), streamed once."""
+def read_irds_docpairs(dataset_id: str, qids: Container[str], max_negatives: int = -1) -> tuple[list[Group], dict]:
+    """``(groups, {})`` of the queries ``qids`` from an ir_datasets docpairs set, as :func:`read_groups` returns."""
     try:
         ds = ir_datasets.load(dataset_id)
     except KeyError as e:
         raise ValueError(f"unknown ir_datasets id {dataset_id!r} (--negatives file:irds:<id>)") from e
     if not ds.has_docpairs():
         raise ValueError(f"ir_datasets dataset {dataset_id!r} has no docpairs (--negatives file:irds:<id>)")
-    queries = {q.query_id: q.text for q in ds.queries_iter() if qids is None or q.query_id in qids}
-    return groups_from_docpairs(((p.query_id, p.doc_id_a, p.doc_id_b) for p in ds.docpairs_iter()), queries,
-                                qids=qids, max_negatives=max_negatives)
+    queries = {q.query_id: q.text for q in ds.queries_iter() if q.query_id in qids}
+    pairs = ((p.query_id, p.doc_id_a, p.doc_id_b) for p in ds.docpairs_iter())
+    return groups_from_docpairs(pairs, queries, max_negatives), {}
 
 
-def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[str, str], *,
-                         qids: Optional[Container[str]] = None, max_negatives: int = -1) -> list[Group]:
-    """Groups from (qid, positive, negative) triples of the queries with a text (and in ``qids``), merged per query,
-    at most ``max_negatives`` negatives each (``< 0``: all)."""
-    pos: dict[str, dict[str, None]] = {}
-    neg: dict[str, dict[str, None]] = {}  # (ordered sets)
-    for qid, a, b in pairs:
-        qid, a, b = str(qid), str(a), str(b)
-        if qid in queries and (qids is None or qid in qids):
+def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[str, str],
+                         max_negatives: int = -1) -> list[Group]:
+    """Groups of ``queries`` (qid -> text) from (qid, positive, negative) triples, ``max_negatives`` each (< 0: all)."""
+    pos: dict[str, dict[str, None]] = {}  # qid -> ordered set of ids
+    neg: dict[str, dict[str, None]] = {}
+    for qid, a, b in ((str(q), str(a), str(b)) for q, a, b in pairs):
+        if qid in queries:
             pos.setdefault(qid, {})[a] = None
             negs = neg.setdefault(qid, {})
             if b != a and (max_negatives < 0 or len(negs) < max_negatives):
@@ -162,12 +144,10 @@ def groups_from_docpairs(pairs: Iterable[tuple[str, str, str]], queries: dict[st
     return [Group(q, queries[q], list(pos[q]), [d for d in neg[q] if d not in pos[q]]) for q in sorted(pos)]
 
 
-# ----------------------------------------------------------------------------- stored pools
 def save_pools(path: str, groups: Sequence[Group], key: dict[str, Any]) -> None:
     """Pools as a ``datasets`` Parquet file (qid, query, pos, negs) and ``<path>.key.json``, what made them."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path + ".key.json")
+    Path(path + ".key.json").unlink(missing_ok=True)
     Dataset.from_list([dataclasses.asdict(g) for g in groups]).to_parquet(path + ".tmp")
     os.replace(path + ".tmp", path)
     write_json_atomic(path + ".key.json", key)
@@ -176,8 +156,7 @@ def save_pools(path: str, groups: Sequence[Group], key: dict[str, Any]) -> None:
 def load_pools(path: str, key: dict[str, Any]) -> Optional[list[Group]]:
     """The pools saved at ``path`` when they were made from ``key``; ``None`` (logged: stale) otherwise."""
     try:
-        with open(path + ".key.json", encoding="utf8") as f:
-            have = json.load(f)
+        have = json.loads(Path(path + ".key.json").read_text(encoding="utf8"))
     except (OSError, ValueError):
         return None
     if have != key:
@@ -187,15 +166,12 @@ def load_pools(path: str, key: dict[str, Any]) -> Optional[list[Group]]:
     return [Group(**row) for row in pq.read_table(path).to_pylist()]
 
 
-# ----------------------------------------------------------------------------- the training dataset
 def build_dataset(groups: Sequence[Group], num_negatives: int, *,
-                  corpus: Optional[Callable[[], Iterable[dict[str, Any]]]] = None,
-                  texts: Optional[dict[str, str]] = None, few_negatives: str = "replace", seed: int = 42) -> Any:
-    """The ``datasets.Dataset`` of columns ``query, positive, negative_1..n`` (texts). Per query one positive and
-    ``num_negatives`` negatives are drawn by a generator seeded by ``(seed, qid)`` (a query's draw does not depend on
-    the others); a short pool is drawn with replacement or dropped (``few_negatives``), an empty one dropped. Only the
-    drawn passages' texts are read from the corpus (two passes); a positive missing from it is an error, a missing
-    negative is dropped."""
+                  corpus: Optional[Callable[[], Iterable[dict]]] = None, texts: Optional[dict[str, str]] = None,
+                  few_negatives: str = "replace", seed: int = 42) -> Any:
+    """The ``datasets.Dataset`` of columns ``query, positive, negative_1..n`` (texts), drawn per query with a generator
+    seeded by ``(seed, qid)``; a short pool drawn with replacement or dropped (``few_negatives``), an empty one dropped.
+    The corpus is read twice (ids, the drawn texts); an unknown positive is an error, an unknown negative dropped."""
     texts = dict(texts or {})
     todo = {d for g in groups for d in (*g.pos, *g.negs)} - texts.keys()
     if todo and corpus is None:
