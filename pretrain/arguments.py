@@ -23,7 +23,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from pyterrier_cpdae._files import short_repr
 
 logger = logging.getLogger(__name__)
-
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # the log lines of python -m pretrain [finetune]
 
 @dataclass(frozen=True)
 class Range:

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from .arguments import RunConfig, parse_args, run_config
+from .arguments import LOG_FORMAT, RunConfig, parse_args, run_config
 
 #: Subcommands: name -> (module with a ``main(argv)``, one-line description).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -261,8 +261,7 @@ def main(argv: Optional[list[str]] = None) -> Any:
             raise
         return module.main(argv[1:])
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                            stream=sys.stderr)
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     model_args, data_args, training_args, options = parse_args(argv)
     return pretrain(model_args, data_args, training_args, options, argv)
 

@@ -31,26 +31,22 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..data.inputs import check_model_arg, check_writable_dir, file_fingerprint, spec_files
 from ..evaluation.probe import ProbeEvaluator, RetrievalProbe
+from ..arguments import LOG_FORMAT
 from ..training.trainer import refuse_ignored_parallelism
 from . import negatives as neg
 from .arguments import RESUME_MUTABLE, FinetuneArguments, parse_args
 
 logger = logging.getLogger("pretrain.finetune")
 RECORD = "reproduction.json"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEVICE = None if torch.cuda.is_available() else "cpu"  # (None: sentence-transformers picks the GPU)
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss of a step was not finite: training stops before the update (nothing of the round is exported)."""
+    """A step's loss was not finite: training stops before the update (nothing of the round is exported)."""
 
 
 class FiniteTrainer(SentenceTransformerTrainer):
     """``SentenceTransformerTrainer`` that stops at a non-finite training loss (:class:`NonFiniteLossError`)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        refuse_ignored_parallelism(self)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -66,8 +62,7 @@ def _round(out: str, r: int, *sub: str) -> str:
 
 
 def build_model(start: str, fa: FinetuneArguments) -> tuple[Any, bool]:
-    """``(SentenceTransformer, normalize)``: Transformer -> Pooling (``--pooling``) [-> Normalize, as the base]. Under
-    [CLS] pooling the last layer runs at [CLS] only, as ``CPDAE`` encodes (the same vector, less work)."""
+    """``(SentenceTransformer, normalize)``: Transformer, Pooling [, Normalize as the base]; [CLS] pooling trims."""
     normalize = bool(export_pipeline(start, fa.pooling, "--pooling")["normalize"])  # as the base, with --pooling
     enc = Transformer(start, max_seq_length=fa.max_seq_length)
     if fa.pooling == "cls" and check_first_token(enc.model) is None:  # an attribute: the weights are not touched
@@ -135,8 +130,7 @@ def mining_source(fa: FinetuneArguments, out: str, r: int) -> tuple[str, Optiona
 
 
 def mine(fa: FinetuneArguments, out: str, r: int, data: dict[str, Any], normalize: bool) -> list[neg.Group]:
-    """Round ``r``'s groups: BM25, a file, or the dense ranking of the mining model with the run's ``--pooling`` and
-    normalisation (``CPDAE`` + ``DenseIndex``); a judged document is never a negative."""
+    """Round ``r``'s groups: BM25, a file, or the mining model's dense ranking (its ``--pooling``), judged ones left out."""
     (kind, model), topics, judged = mining_source(fa, out, r), data["topics"], data["judged"]
     if data["groups"] is not None and r == 0:
         return data["groups"]
@@ -246,6 +240,7 @@ def train_round(fa: FinetuneArguments, ta: Any, out: str, r: int, groups: list[n
     with contextlib.chdir(out):
         trainer = FiniteTrainer(model=model, args=args, train_dataset=train, loss=loss, evaluator=evaluator or None,
                                 callbacks=[EarlyStoppingCallback(p) for p in [fa.early_stopping_patience] if p])
+        refuse_ignored_parallelism(trainer)
         result = trainer.train(resume_from_checkpoint=last and os.path.relpath(last, out))
     model.save_pretrained(os.path.join(rdir, "model"))
     metrics = {"steps": result.global_step, "train_loss": result.training_loss,
