@@ -130,7 +130,7 @@ def mining_source(fa: FinetuneArguments, out: str, r: int) -> tuple[str, Optiona
 
 
 def mine(fa: FinetuneArguments, out: str, r: int, data: dict[str, Any], normalize: bool) -> list[neg.Group]:
-    """Round ``r``'s groups: BM25, a file, or the mining model's dense ranking (its ``--pooling``), judged ones left out."""
+    """Round ``r``'s groups: BM25, a file, or the mining model's dense ranking (its ``--pooling``); no judged one."""
     (kind, model), topics, judged = mining_source(fa, out, r), data["topics"], data["judged"]
     if data["groups"] is not None and r == 0:
         return data["groups"]
