@@ -281,8 +281,7 @@ class DenseStore:
 
     def vectors_of(self, ids: np.ndarray) -> np.ndarray:
         """float32 vectors ``(len(ids), dim)`` of global document ids (all must be valid; ascending ids, as the tie
-        settling asks for them, are read without sorting them again; ``np.take``, which gathers rows of a memmap
-        measured about twice as fast as fancy indexing)."""
+        settling asks for them, are read without sorting them again; ``np.take``: twice fancy indexing's speed)."""
         meta, parts, _ = self.open()
         ids = np.asarray(ids, dtype=np.int64)
         n = len(parts)
