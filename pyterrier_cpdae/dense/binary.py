@@ -67,12 +67,14 @@ def _words(bits: np.ndarray) -> np.ndarray:
 def _faiss_scan(codes: np.ndarray, bits: np.ndarray, width: int, threads: int) -> Tuple[np.ndarray, np.ndarray]:
     import faiss
 
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(threads)
+    before = faiss.omp_get_max_threads()  # (OpenMP's setting is the process's: changed only for this call)
+    if before != threads:
+        faiss.omp_set_num_threads(threads)
     try:
         dist, ids = faiss.knn_hamming(np.ascontiguousarray(bits), np.asarray(codes), width)
     finally:
-        faiss.omp_set_num_threads(before)
+        if before != threads:
+            faiss.omp_set_num_threads(before)
     return -dist.astype(np.float32), ids
 
 
@@ -201,10 +203,13 @@ def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: C
     if k == 0 or num_q == 0:
         return out_scores, out_ids
     max_norm = max(c.max_norm for c, _, _ in parts if len(c.codes))
+    every = None
+    if width == count:  # every document is rescored: no scan
+        every = np.concatenate([np.arange(len(c.codes), dtype=np.int64) * stride + offset
+                                for c, offset, stride in parts])
     for qs in range(0, num_q, query_batch_size):
         batch = queries[qs:qs + query_batch_size]
-        if width == count:  # every document
-            every = np.concatenate([np.arange(len(c.codes), dtype=np.int64) * stride + offset for c, offset, stride in parts])
+        if every is not None:
             cand = np.broadcast_to(every, (len(batch), count))
         else:
             cand = nearest(parts, np.packbits(batch > 0, axis=1), width, scan=scan, dim=dim, block_size=block_size,
