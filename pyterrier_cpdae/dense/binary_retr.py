@@ -9,7 +9,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 
 from .._checks import check_int
-from .binary import DEFAULT_RESCORE_MULTIPLIER
+from .binary import DEFAULT_RESCORE_MULTIPLIER, DEFAULT_SCAN, SCANS
 from .exact_retr import ExactRetriever
 from .index import DenseIndex
 
@@ -22,23 +22,26 @@ class BinaryRetriever(ExactRetriever):
     larger ``rescore_multiplier`` the closer to the float32 ranking (equal once every document is rescored)."""
 
     def __init__(self, index: DenseIndex, *, rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER,
-                 backend: str = "torch", **kwargs: Any):
-        super().__init__(index, backend=backend, **kwargs)
+                 scan: str = DEFAULT_SCAN, **kwargs: Any):
+        super().__init__(index, backend="numpy", **kwargs)
         self.rescore_multiplier = check_int(rescore_multiplier, "rescore_multiplier")
+        if scan not in SCANS:
+            raise ValueError(f"scan must be 'faiss', 'numpy' or 'torch' for a binary index, got {scan!r}")
+        self.scan = scan
 
     def _params(self) -> Tuple:
-        return super()._params() + (self.rescore_multiplier,)
+        return super()._params() + (self.rescore_multiplier, self.scan)
 
     def __repr__(self) -> str:
         return (f"BinaryRetriever({str(self.index.path)!r}, num_results={self.num_results}, "
-                f"rescore_multiplier={self.rescore_multiplier})")
+                f"rescore_multiplier={self.rescore_multiplier}, scan={self.scan!r})")
 
     def _search(self, queries: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         meta = self.index.meta()
         if meta["dtype"] != "binary":
             raise ValueError(f"binary_retriever() searches dtype='binary' indexes; {self.index.path} stores "
                              f"dtype={meta['dtype']!r} (use retriever())")
-        kwargs: Dict[str, Any] = {"rescore_multiplier": self.rescore_multiplier, "scan": self.backend}
+        kwargs: Dict[str, Any] = {"rescore_multiplier": self.rescore_multiplier, "scan": self.scan}
         if self.query_batch_size:
             kwargs["query_batch_size"] = self.query_batch_size
         if self.block_size:
@@ -47,13 +50,13 @@ class BinaryRetriever(ExactRetriever):
 
 
 def _binary_retriever(self: DenseIndex, num_results: int = 1000, *,
-                      rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, backend: str = "torch",
+                      rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, scan: str = DEFAULT_SCAN,
                       block_size: int = 16384, query_batch_size: int = 1024,
                       drop_query_vec: bool = False) -> BinaryRetriever:
     """Retrieval from a binary index: the ``num_results * rescore_multiplier`` nearest in Hamming distance, rescored
-    in float32 (``backend``: the scan's products, ``"torch"`` int8 or ``"numpy"`` float32 BLAS, the same results; both
-    on the CPU)."""
-    return BinaryRetriever(self, rescore_multiplier=rescore_multiplier, backend=backend, num_results=num_results,
+    in float32 (``scan``: the Hamming scan, ``"faiss"`` popcount, ``"numpy"`` ``np.bitwise_count`` or ``"torch"`` +-1
+    int8 products, the same results; all on the CPU)."""
+    return BinaryRetriever(self, rescore_multiplier=rescore_multiplier, scan=scan, num_results=num_results,
                            block_size=block_size, query_batch_size=query_batch_size, drop_query_vec=drop_query_vec)
 
 

@@ -42,13 +42,15 @@ def search(path: Path, meta: dict, parts: List[CodePart], vectors_of: Callable[[
     if backend not in ("numpy", "torch"):
         raise ValueError(f"backend must be 'auto', 'numpy' or 'torch', got {backend!r}")
     scan = kwargs.get("scan")
-    if scan is None:
+    if meta["dtype"] == "binary":  # the Hamming scans of binary.SCANS (checked there), FAISS's popcount by default
+        scan = binary_search.DEFAULT_SCAN if scan is None else scan
+    elif scan is None:
         try:
             import torch  # noqa: F401
             scan = "torch"
         except ImportError:  # pragma: no cover (a dependency)
             scan = "numpy"
-    if scan not in ("numpy", "torch"):
+    if meta["dtype"] != "binary" and scan not in ("numpy", "torch"):
         raise ValueError(f"scan must be 'numpy' or 'torch', got {scan!r}")
     options = {"backend": scan}
     for name in ("block_size", "query_batch_size", "threads"):

@@ -281,28 +281,28 @@ class DenseStore:
 
     def vectors_of(self, ids: np.ndarray) -> np.ndarray:
         """float32 vectors ``(len(ids), dim)`` of global document ids (all must be valid; ascending ids, as the tie
-        settling asks for them, are read without sorting them again)."""
+        settling asks for them, are read without sorting them again; ``np.take``: twice fancy indexing's speed)."""
         meta, parts, _ = self.open()
         ids = np.asarray(ids, dtype=np.int64)
         n = len(parts)
         ascending = bool(np.all(ids[1:] >= ids[:-1]))  # already in the memmap's order: read as they come
         if n == 1 and ascending:
-            return np.asarray(parts[0][0][ids], dtype=np.float32)
+            return np.asarray(np.take(parts[0][0], ids, axis=0), dtype=np.float32)
         out = np.empty((len(ids), int(meta["dim"])), dtype=np.float32)
         if n == 1:  # rows read in ascending order (the memmap's pages in sequence), put back in the asked order
             order = np.argsort(ids, kind="stable")
-            out[order] = parts[0][0][ids[order]]
+            out[order] = np.take(parts[0][0], ids[order], axis=0)
             return out
         for s, (vectors, _, _) in enumerate(parts):
             mask = ids % n == s
             if mask.any():
                 local = ids[mask] // n
                 if ascending:
-                    out[mask] = vectors[local]
+                    out[mask] = np.take(vectors, local, axis=0)
                     continue
                 order = np.argsort(local)  # sorted access pattern for the memmap
                 rows = np.empty((len(local), vectors.shape[1]), dtype=np.float32)
-                rows[order] = vectors[local[order]]
+                rows[order] = np.take(vectors, local[order], axis=0)
                 out[mask] = rows
         return out
 
