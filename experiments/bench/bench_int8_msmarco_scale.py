@@ -279,7 +279,7 @@ def stage_search(args) -> dict:
     import torch
 
     from pyterrier_cpdae.dense import DenseIndex
-    from pyterrier_cpdae.dense.int8 import kept_for, quantise_queries
+    from pyterrier_cpdae.dense import int8 as int8_search
 
     path = Path(args.workdir) / "index"
     index = DenseIndex(path)
@@ -293,12 +293,21 @@ def stage_search(args) -> dict:
     queries = Synthetic(dim, args.seed).queries(args.queries)
     frame = pd.DataFrame({"qid": [f"q{i}" for i in range(len(queries))], "query_vec": list(queries)})
     codes_part = index.store.code_parts()[0][0]
-    query_rows = quantise_queries(queries, codes_part.scales)[0]
+    one_digit = int8_search.quantise_queries(queries, codes_part.scales)[0]
+    two_digits_from = getattr(int8_search, "TWO_DIGITS_FROM", None)  # (a kernel whose queries have one digit: None)
+
+    def scan_rows(k: int) -> np.ndarray:
+        """The int8 query rows the scan multiplies the codes by at ``k``: one row per query, or two (digits)."""
+        if two_digits_from is not None and k >= two_digits_from:
+            p1, _, p2 = int8_search.split_queries(queries, codes_part.scales)[:3]
+            return np.concatenate([p1, p2])
+        return one_digit
     block = np.array(codes_part.codes[:args.block_size])
     out = {"docs": count, "dim": dim, "queries": len(queries), "torch": torch.__version__,
            "torch_threads": torch.get_num_threads(), "numpy": np.__version__, "block_size": args.block_size,
            "load_average_start": load_average(), "files": file_sizes(path), "memory_start": memory_status()}
     print(f"machine: {machine()}; load average (1 min): {out['load_average_start']:.1f}", flush=True)
+    watchdog = _Watchdog(args.memory_limit_gib, Path(args.workdir) / "search.json", out)
 
     # the codes in memory: their pages (the page cache behind the index's own memmap) locked there, so that other
     # work on the machine cannot evict them between the searches; then a short search (first-call costs)
@@ -309,7 +318,7 @@ def stage_search(args) -> dict:
     print(f"codes ({codes_part.codes.nbytes / 2**30:.2f} GiB) locked in memory: {out['codes_locked']} "
           f"({out['codes_lock_s']:.1f} s, {out['codes_lock_read_gib']:.2f} GiB read from storage)", flush=True)
     if args.matmul_pass:
-        out["matmul_pass_s"] = matmul_pass(codes_part.codes, query_rows, args.block_size)
+        out["matmul_pass_s"] = matmul_pass(codes_part.codes, one_digit, args.block_size)
     out["warmup_search_s"] = _timed(lambda: index.retriever(num_results=min(args.ks))(frame.iloc[:4]))[0]
     print(f"warm-up: 4-query search {out['warmup_search_s']:.1f} s" +
           (f"; matmul-only pass over the codes {out['matmul_pass_s']:.1f} s" if args.matmul_pass else ""), flush=True)
@@ -327,31 +336,38 @@ def stage_search(args) -> dict:
     store.vectors_of = counting_vectors_of
     ops = 2.0 * len(queries) * count * dim
     results, runs = {}, []
+    out["runs"] = runs
     try:
         for k in args.ks:
+            query_rows = scan_rows(k)
+            watchdog.doing = f"the k={k} search"
             before = int8_bound(query_rows, block, args.bound_seconds)
             counted.update(rows=0, calls=0)
             read0 = io_read_bytes()
             wall, res = _timed(lambda: index.retriever(num_results=k)(frame))
             read = io_read_bytes() - read0
             after = int8_bound(query_rows, block, args.bound_seconds)
-            rate = (before + after) / 2
-            bound_s = ops / rate / 1e9
+            rate = (before + after) / 2  # integer GOP/s counted on the real queries' rows (digits x queries)
+            digits = len(query_rows) // len(queries)
+            scan_ops = ops * digits
+            bound_s = scan_ops / rate / 1e9
             res = res.sort_values(["qid", "rank"], key=lambda c: c.str[1:].astype(int) if c.name == "qid" else c)
             results[k] = res["docid"].to_numpy().reshape(len(queries), -1)
             run = {"k": k, "search_wall_s": wall, "queries_per_s": len(queries) / wall,
                    "bound_gops_before": before, "bound_gops_after": after, "bound_s": bound_s,
-                   "share_of_bound": bound_s / wall, "achieved_gops": ops / wall / 1e9,
-                   "float_rows_read_per_query": counted["rows"] / len(queries), "kept_per_query": kept_for(k),
+                   "share_of_bound": bound_s / wall, "achieved_gops": scan_ops / wall / 1e9, "digits": digits,
+                   "share_of_one_digit_bound": bound_s / digits / wall,
+                   "float_rows_read_per_query": counted["rows"] / len(queries),
                    "storage_read_gib": read / 2**30, "memory": memory_status()}
             runs.append(run)
-            print(f"k={k}: {wall:.1f} s, {run['queries_per_s']:.2f} q/s; bound {before:.1f}/{after:.1f} GOP/s -> "
+            print(f"k={k} ({digits} query digit{'s' if digits > 1 else ''}): {wall:.1f} s, {run['queries_per_s']:.2f} "
+                  f"q/s; bound {before:.1f}/{after:.1f} GOP/s -> "
                   f"{bound_s:.1f} s: {100 * run['share_of_bound']:.1f}% of the bound; float rows read per query "
                   f"{run['float_rows_read_per_query']:.0f}; {run['storage_read_gib']:.2f} GiB read from storage",
                   flush=True)
     finally:
         store.vectors_of = original
-    out["runs"] = runs
+    watchdog.doing = "the exact float check"
     out["memory_after_searches"] = memory_status()
     if args.matmul_pass:
         out["matmul_pass_share_of_bound"] = ops / (runs[0]["bound_gops_before"] * 1e9) / out["matmul_pass_s"]
@@ -372,10 +388,42 @@ def stage_search(args) -> dict:
     out["check"] = checks
     out["check_ok"] = all(c["identical"] == c["queries"] for c in checks)
     out["load_average_end"] = load_average()
+    watchdog.stop()
     (Path(args.workdir) / "search.json").write_text(json.dumps(out, indent=1))
     if not out["check_ok"]:
         raise SystemExit("the int8 search's ranking differs from the exact float search's (above)")
     return out
+
+
+class _Watchdog:
+    """Stops the process (exit status 3, one line on stderr, the figures so far in ``record``) when its anonymous
+    memory passes ``limit_gib``: a search whose candidates outgrow the machine must not take the memory of the
+    other work on it (the locked codes are file-backed and not counted)."""
+
+    def __init__(self, limit_gib: float, record: Path, out: dict):
+        import threading
+
+        self.limit, self.record, self.out, self.doing, self.peak = limit_gib, record, out, "the search", 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            anon = memory_status().get("RssAnon_gib", 0.0)
+            self.peak = max(self.peak, anon)
+            if anon > self.limit:
+                self.out["aborted"] = (f"anonymous memory {anon:.1f} GiB passed --memory-limit-gib {self.limit:g} "
+                                       f"during {self.doing}")
+                self.out["memory_at_abort"] = memory_status()
+                self.record.write_text(json.dumps(self.out, indent=1))
+                print(f"stopped: {self.out['aborted']}", file=sys.stderr, flush=True)
+                os._exit(3)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        self.out["peak_anonymous_gib_sampled"] = self.peak
 
 
 def _timed(fn):
@@ -421,6 +469,8 @@ def parse(argv=None):
     p.add_argument("--bound-seconds", type=float, default=3.0, help="each measurement of the compute bound")
     p.add_argument("--no-lock-codes", dest="lock_codes", action="store_false",
                    help="leave the codes' pages to the page cache (default: locked in memory with mlock)")
+    p.add_argument("--memory-limit-gib", type=float, default=4.0,
+                   help="stop the search when the process's anonymous memory passes this (default 4)")
     p.add_argument("--matmul-pass", action="store_true", help="also time one pass of the scan's product alone")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stage", choices=("all", "build", "search"), default="all")
