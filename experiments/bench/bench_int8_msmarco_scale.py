@@ -35,8 +35,8 @@ The synthetic vectors (the shape of a BERT-base encoder's [CLS]/mean-pooled outp
 * queries: a centre plus more noise (0.7 of the documents' spread) and the same mean direction, norms as the
   documents'.
 
-Usage:
-    python experiments/bench/bench_int8_msmarco_scale.py --workdir /tmp/msmarco_int8 [--docs 8841823] [--dim 768] \\
+Usage (from the repository root; PYTHONPATH=$PWD so that this tree's package is the one measured):
+    PYTHONPATH=$PWD python experiments/bench/bench_int8_msmarco_scale.py --workdir /tmp/msmarco_int8 [--docs 8841823] [--dim 768] \\
         [--queries 200] [--ks 10 1000] [--check-queries 8] [--json out.json] [--stage all|build|search]
     python experiments/bench/bench_int8_msmarco_scale.py --workdir /tmp/msmarco_int8 --clean   # delete its data
 
@@ -306,21 +306,31 @@ def stage_search(args) -> dict:
     out = {"docs": count, "dim": dim, "queries": len(queries), "torch": torch.__version__,
            "torch_threads": torch.get_num_threads(), "numpy": np.__version__, "block_size": args.block_size,
            "load_average_start": load_average(), "files": file_sizes(path), "memory_start": memory_status()}
-    print(f"machine: {machine()}; load average (1 min): {out['load_average_start']:.1f}", flush=True)
+    import pyterrier_cpdae
+
+    out["package"] = str(Path(pyterrier_cpdae.__file__).resolve().parent)
+    print(f"machine: {machine()}; load average (1 min): {out['load_average_start']:.1f}; pyterrier_cpdae from "
+          f"{out['package']}", flush=True)
     watchdog = _Watchdog(args.memory_limit_gib, Path(args.workdir) / "search.json", out)
 
     # the codes in memory: their pages (the page cache behind the index's own memmap) locked there, so that other
-    # work on the machine cannot evict them between the searches; then a short search (first-call costs)
+    # work on the machine cannot evict them between the searches; then a one-query search (first-call costs)
     read0 = io_read_bytes()
     out["codes_lock_s"], out["codes_locked"] = _timed(lambda: lock_in_memory(codes_part.codes)) if args.lock_codes \
         else (0.0, False)
     out["codes_lock_read_gib"] = (io_read_bytes() - read0) / 2**30
     print(f"codes ({codes_part.codes.nbytes / 2**30:.2f} GiB) locked in memory: {out['codes_locked']} "
           f"({out['codes_lock_s']:.1f} s, {out['codes_lock_read_gib']:.2f} GiB read from storage)", flush=True)
+    if args.float_copy_random:  # the float copy's pages read one by one (no readahead around each rescored row)
+        import mmap
+
+        vectors = index.store.open()[1][0][0]
+        vectors._mmap.madvise(mmap.MADV_RANDOM)
+    out["float_copy_madvise_random"] = bool(args.float_copy_random)
     if args.matmul_pass:
         out["matmul_pass_s"] = matmul_pass(codes_part.codes, one_digit, args.block_size)
-    out["warmup_search_s"] = _timed(lambda: index.retriever(num_results=min(args.ks))(frame.iloc[:4]))[0]
-    print(f"warm-up: 4-query search {out['warmup_search_s']:.1f} s" +
+    out["warmup_search_s"] = _timed(lambda: index.retriever(num_results=min(args.ks))(frame.iloc[:1]))[0]
+    print(f"warm-up: 1-query search {out['warmup_search_s']:.1f} s" +
           (f"; matmul-only pass over the codes {out['matmul_pass_s']:.1f} s" if args.matmul_pass else ""), flush=True)
 
     # the float rows read (the float copy is read through the store's vectors_of, only to rescore)
@@ -373,6 +383,8 @@ def stage_search(args) -> dict:
         out["matmul_pass_share_of_bound"] = ops / (runs[0]["bound_gops_before"] * 1e9) / out["matmul_pass_s"]
 
     # correctness: the identical top-k ids as an exact float search over the float copy, for a sample of queries
+    if args.float_copy_random:  # the check streams the float copy: readahead again
+        vectors._mmap.madvise(mmap.MADV_NORMAL)
     sample = np.linspace(0, len(queries) - 1, args.check_queries).astype(int)
     t0 = time.perf_counter()
     ref = exact_reference(index.vectors(), queries[sample], max(args.ks))
@@ -471,6 +483,8 @@ def parse(argv=None):
                    help="leave the codes' pages to the page cache (default: locked in memory with mlock)")
     p.add_argument("--memory-limit-gib", type=float, default=4.0,
                    help="stop the search when the process's anonymous memory passes this (default 4)")
+    p.add_argument("--float-copy-random", action="store_true",
+                   help="madvise(MADV_RANDOM) on the float copy's memmap: no readahead around each rescored row")
     p.add_argument("--matmul-pass", action="store_true", help="also time one pass of the scan's product alone")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stage", choices=("all", "build", "search"), default="all")
