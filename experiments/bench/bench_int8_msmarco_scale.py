@@ -36,9 +36,10 @@ The synthetic vectors (the shape of a BERT-base encoder's [CLS]/mean-pooled outp
   documents'.
 
 Usage (from the repository root; PYTHONPATH=$PWD so that this tree's package is the one measured):
-    PYTHONPATH=$PWD python experiments/bench/bench_int8_msmarco_scale.py --workdir /tmp/msmarco_int8 [--docs 8841823] [--dim 768] \\
-        [--queries 200] [--ks 10 1000] [--check-queries 8] [--json out.json] [--stage all|build|search]
-    python experiments/bench/bench_int8_msmarco_scale.py --workdir /tmp/msmarco_int8 --clean   # delete its data
+    PYTHONPATH=$PWD python experiments/bench/bench_int8_msmarco_scale.py --workdir $TMPDIR/msmarco_int8 \\
+        [--docs 8841823] [--dim 768] [--queries 200] [--ks 10 1000] [--check-queries 8] [--json out.json] \\
+        [--stage all|build|search] [--float-copy-random] [--memory-limit-gib 4] [--no-lock-codes]
+    python experiments/bench/bench_int8_msmarco_scale.py --workdir $TMPDIR/msmarco_int8 --clean   # delete its data
 
 ``--stage all`` (the default) builds (or reuses a complete build in ``--workdir``) and searches; ``--stage search``
 searches an index built before. The summary is printed and, with ``--json``, written as JSON.
