@@ -338,3 +338,24 @@ def test_one_and_two_digits_many_blocks_equal_float32(tmp_path, monkeypatch, dig
             _, i1 = view.search(queries, k, scan=scan, chunk_size=97, stats=stats)
             np.testing.assert_array_equal(i1, i0, err_msg=f"k={k} scan={scan}")
             assert stats["retries"] == 0 and stats["rescored"] >= k * len(queries)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_the_float_copy_of_a_compressed_index_is_mapped_for_random_reads(tmp_path):
+    """A compressed index reads its float copy only to rescore: no readahead around each row (MADV_RANDOM), while
+    a float32 index, scanned in sequence, keeps the default."""
+    vecs = np.random.default_rng(3).standard_normal((500, 16)).astype(np.float32)
+    f32, i8 = pair(tmp_path, vecs)
+    q = vecs[:3]
+    f32.search(q, 5, backend="numpy")
+    i8.search(q, 5, backend="numpy")
+    by_dir, current = {}, None  # index folder -> the VmFlags of each mapping of its vectors.bin ("rr": MADV_RANDOM)
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and "-" in parts[0] and parts[-1].endswith("/" + io.VECTORS_FILE):
+            current = parts[-1]
+        elif line.startswith("VmFlags:") and current is not None:
+            by_dir.setdefault(Path(current).parent.name, []).append(parts[1:])
+            current = None
+    assert by_dir.get("i8") and all("rr" in f for f in by_dir["i8"]), by_dir
+    assert by_dir.get("f32") and not any("rr" in f for f in by_dir["f32"]), by_dir

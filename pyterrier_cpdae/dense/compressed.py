@@ -26,6 +26,8 @@ def open_code_parts(path: Path, meta: dict, parts: list) -> List[CodePart]:
         dirs = [Path(path) / io.SHARDS_DIR / str(s) for s in range(int(meta["num_shards"]))]
     else:
         dirs = [Path(path)]
+    for vectors, _, _ in parts:  # the float copy is read only to rescore, row by row
+        io.advise_random(vectors)
     return [(Codes(d, io.read_meta(d)), offset, stride) for d, (_, offset, stride) in zip(dirs, parts)]
 
 
