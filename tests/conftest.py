@@ -89,8 +89,8 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) ->
 @pytest.fixture
 def warm_children(monkeypatch):
     """The ``python -m ...`` processes the product starts itself (``sys.executable``) start warm during the test
-    (``tests/_warm_python.py``): for tests where those processes are not what is tested."""
-    from _warm_python import warm_python
+    (``tests/helpers/warm_python.py``): for tests where those processes are not what is tested."""
+    from tests.helpers.warm_python import warm_python
 
     monkeypatch.setattr(sys, "executable", warm_python())
 

@@ -67,7 +67,7 @@ def test_encode_margin_by_hand():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the load processes")
 def test_cpu_margins_smoke(tiny_bert_dir, tmp_path, capfd, monkeypatch, warm_children):
     """The driver runs in this process; the benchmarks and the load loops it starts (``sys.executable``) start warm
-    (tests/_warm_python.py), so that the run costs their work, not their imports."""
+    (tests/helpers/warm_python.py), so that the run costs their work, not their imports."""
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(f'{{"_id": "d{i}", "title": "t{i}", "text": "{" ".join(["word"] * (5 + 3 * i))}"}}\n'
                               for i in range(12)))

@@ -15,7 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertModel
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "bench" / "bench_search_bound.py"
 
 
 def run(*args, cwd):
-    """The script in a process of its own, started warm (tests/_warm_python.py: its commit line imports ``pretrain``,
+    """The script in a process of its own, started warm (tests/helpers/warm_python.py: its commit line imports ``pretrain``,
     and with it transformers, ~8 CPU-s per cold start)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     return subprocess.run([warm_python(), str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,

@@ -22,7 +22,7 @@ from pretrain.data.blocks import block_lengths, fast_backend, pack_sentences, pa
 from pretrain.data.corpus import TokenCache, idf_weights, token_dtype, tokenizer_fingerprint
 from pretrain.data.corpus import encode_batch as encode_corpus_batch
 from pretrain.data.readers import iter_texts, iter_wiki_documents, resolve_spec
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from _warm_python import warm_spawn
+from tests.helpers.warm_python import warm_spawn
 
 pytestmark = pytest.mark.multiproc
 
@@ -90,7 +90,7 @@ def test_ddp_two_processes_match_single_process(tiny_bert_dir, tmp_path, free_po
         refs[name] = {"losses": {k: v.detach() for k, v in out.flat().items()}, "grads": _grads(obj)}
         torch.save({"model_dir": tiny_bert_dir, "state": state, "batch": batch}, tmp_path / f"{name}.pt")
 
-    with warm_spawn():  # the two workers start from the warm launcher (tests/_warm_python.py)
+    with warm_spawn():  # the two workers start from the warm launcher (tests/helpers/warm_python.py)
         mp.spawn(_worker, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
     ddp = torch.load(tmp_path / "ddp.pt")
 

@@ -241,7 +241,7 @@ def test_inspect_and_coverage_load_an_old_run(cpdae_run, tmp_path):
 def test_decoder_from_refuses_a_cpdae_decoder_in_another_objective(cpdae_run, tiny_bert_dir):
     """The Hugging Face layout does not name the module in its keys: decoder_config.json does, so that a CPDAE
     decoder is still refused where SEED's is needed (and not loaded into it by shape accident)."""
-    from _objective_helpers import load_tiny
+    from tests.helpers.objectives import load_tiny
     from pretrain.objectives import build_objective
 
     out, _ = cpdae_run

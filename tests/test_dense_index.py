@@ -20,8 +20,8 @@ import pytest
 
 from pyterrier_cpdae.dense import DenseIndex, IncompleteIndexError
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _index_worker import synthetic_docs  # noqa: E402
+from tests.helpers import REPO, index_worker
+from tests.helpers.index_worker import synthetic_docs
 
 DIM = 16
 
@@ -385,8 +385,8 @@ def test_resume_after_exception_is_identical(tmp_path):
 
 @pytest.mark.multiproc
 def test_sigkill_then_resume_is_byte_identical(tmp_path):
-    n, worker = 3000, str(Path(__file__).parent / "_index_worker.py")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    n, worker = 3000, index_worker.__file__
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     ref = DenseIndex(tmp_path / "ref")
     ref.indexer(batch_size=16).index(synthetic_docs(n, DIM))
 
@@ -464,13 +464,13 @@ def test_shards_view_and_merge_equal_single_index(tmp_path, monkeypatch):
 @pytest.mark.multiproc
 def test_shards_in_subprocesses(tmp_path):
     """Two processes index their shard concurrently (like torchrun ranks)."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from _index_worker import synthetic_docs; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tests.helpers.index_worker import synthetic_docs; "
             "from pyterrier_cpdae.dense import DenseIndex; "
             "DenseIndex(sys.argv[2]).indexer().index(synthetic_docs(500, 16))")
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "PYTHONPATH": str(Path(__file__).parents[1])}
-        procs.append(subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parent), str(tmp_path / "ix")],
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path / "ix")],
                                       env=env, stderr=subprocess.PIPE, text=True))
     for p in procs:
         assert p.wait(timeout=120) == 0, p.stderr.read()

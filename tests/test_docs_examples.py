@@ -4,7 +4,7 @@ every relative link (file and #anchor) resolves.
 The convention (docs/development.md, "Runnable documentation"): a fenced block whose info string is
 ``python runnable`` or ``bash runnable`` (optionally followed by ``needs-shared-data``) is run.  The
 blocks of one page run in order, each in a fresh process (``python FILE`` or ``bash -euo pipefail FILE``;
-``python`` in both is ``tests/_warm_python.py``'s launcher: a process of its own forked from an interpreter that
+``python`` in both is ``tests/helpers/warm_python.py``'s launcher: a process of its own forked from an interpreter that
 imported the third-party libraries, torch and transformers among them, once, about 8 CPU-seconds less per
 ``python``, the project's own packages still imported by the program; ``CPDAE_TESTS_COLD_PYTHON=1`` runs the real
 interpreter),
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from _warm_python import warm_path, warm_python
+from tests.helpers.warm_python import warm_path, warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from _tiny_sets import tiny_beir
+from tests.helpers.tiny_sets import tiny_beir
 from pretrain.finetune import negatives as neg
 from pretrain.finetune import train as ft
 from pretrain.finetune.arguments import parse_args

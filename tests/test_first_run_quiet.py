@@ -11,12 +11,12 @@ import sys
 
 import pytest
 import torch
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 
 def _run(args: list[str], warm: bool = False, **kw) -> subprocess.CompletedProcess:
     """``python ARGS``: a fresh interpreter, whose import-time warnings are part of what a first run prints; ``warm``
-    where only what the program does after its imports is checked (tests/_warm_python.py: the same program in a fork
+    where only what the program does after its imports is checked (tests/helpers/warm_python.py: the same program in a fork
     of a server that imported the third-party libraries, ~8 CPU-seconds less)."""
     env = {**os.environ, "COLUMNS": "250"}  # a wide terminal: transformers' LOAD REPORT would have all columns
     python = warm_python() if warm else sys.executable

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 GPU = REPO / "experiments" / "gpu"
@@ -41,7 +41,7 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
         "tables": {"table3": {"models": ["bert"], "sizes": [4], "seeds": [1]},
                    "table4": {"models": ["cpdae", "cpdae_clactive"]}}}))
     bundle = tmp_path / "bundle"
-    # the entry script's own python (PYTHON) and the bundle builder start warm (tests/_warm_python.py)
+    # the entry script's own python (PYTHON) and the bundle builder start warm (tests/helpers/warm_python.py)
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "PYTHON": warm_python()}
     built = subprocess.run([warm_python(), str(GPU / "build_bundle.py"), "--out", str(bundle), "--sizes", "smoke",
                             "--stand-ins", str(stand), "--wheelhouse", "none", "--xz-preset", "0"], capture_output=True, text=True,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -142,7 +142,7 @@ def test_entry_script_cpu_smoke_end_to_end(tmp_path):
     run = subprocess.run(["bash", str(GPU / "run_gpu_suite.sh"), "--cpu-smoke", "--wheelhouse", str(wheels),
                           "--target", str(target), "--out", str(out), "--work", str(tmp_path / "work")],
                          capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "PYTHON": warm_python()})  # its python starts warm (tests/_warm_python.py)
+                         env={**os.environ, "PYTHON": warm_python()})  # its python starts warm (tests/helpers/warm_python.py)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert files == ["bench_gpu.md", "env.txt", "status.json", "suite.tar.gz"]  # at most 8 files come back

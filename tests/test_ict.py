@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from _objective_helpers import load_tiny, sharpen
+from tests.helpers.objectives import load_tiny, sharpen
 from pretrain.objectives import build_objective
 from pretrain.objectives.ict import ict_example, split_token_sentences
 

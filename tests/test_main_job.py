@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 BM25 = "BM25 (pyserini, k1=0.9 b=0.4)"
@@ -42,7 +42,7 @@ def default_run(tmp_path_factory, minilm_path):
     root = tmp_path_factory.mktemp("main-job")
     work, results = root / "work", root / "results"
     argv = ["--work-dir", str(work), "--results-dir", str(results), "--pretrain-steps", "2"]
-    with pytest.MonkeyPatch.context() as mp:  # its `python -m pretrain` starts warm (tests/_warm_python.py)
+    with pytest.MonkeyPatch.context() as mp:  # its `python -m pretrain` starts warm (tests/helpers/warm_python.py)
         mp.setattr(sys, "executable", warm_python())
         table = _load_main().main(argv)
     return SimpleNamespace(work=work, results=results, argv=argv, table=table)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 from pretrain import cli
 from pretrain.analysis.loss_curves import read_metrics

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 FIXTURES = Path(__file__).parent / "fixtures" / "legacy_decoders"
 OPTIONS = {"seed": {"seed_decoder_layers": 2}, "retromae": {"retromae_decoder_layers": 2}, "prop": {}}
 
 
 def _objective(tiny_bert_dir: str, name: str):
-    from _objective_helpers import load_tiny
+    from tests.helpers.objectives import load_tiny
     from pretrain.objectives import build_objective
 
     model, tok, cfg = load_tiny(tiny_bert_dir, objective=name, batch_size=2, **OPTIONS[name])

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _objective_helpers import load_tiny, sharpen
+from tests.helpers.objectives import load_tiny, sharpen
 from pretrain.objectives import build_objective
 
 TEXTS = ["dense retrieval with a contrastive autoencoder", "the decoder predicts the bag of words of a passage",

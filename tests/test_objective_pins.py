@@ -17,7 +17,7 @@ import torch
 
 from pretrain.objectives import build_objective
 
-from _objective_helpers import load_tiny
+from tests.helpers.objectives import load_tiny
 
 TEXTS = ["dense retrieval with a contrastive autoencoder", "the decoder predicts the bag of words of a passage",
          "masked language model pre-training of an encoder", "a query and its relevant document share words"]

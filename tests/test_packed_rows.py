@@ -27,8 +27,8 @@ from pretrain.data.packing import bucket_size, capacity, filler_sequences, pack_
 from pretrain.model import unpadded
 from pretrain.model.modeling import load_mlm_model
 
-from _objective_helpers import sharpen
-from test_unpadded import build, collate, extras, loss_and_grads
+from tests.helpers.objectives import sharpen
+from tests.test_unpadded import build, collate, extras, loss_and_grads
 
 ROOT = Path(__file__).resolve().parents[1]
 

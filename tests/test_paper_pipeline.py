@@ -14,7 +14,7 @@ import time
 import pandas as pd
 import pytest
 
-from _paper_run import run_paper as _run  # noqa: E402
+from tests.helpers.paper_run import run_paper as _run  # noqa: E402
 
 from experiments.paper.config import deep_merge, load_config  # noqa: E402
 from experiments.paper.stages import Stage, to_argv  # noqa: E402

@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from _paper_run import REPO, TABLE1_COLS, TABLE1_ROWS
-from _paper_run import run_paper as _run
-from _warm_python import warm_python
+from tests.helpers.paper_run import REPO, TABLE1_COLS, TABLE1_ROWS
+from tests.helpers.paper_run import run_paper as _run
+from tests.helpers.warm_python import warm_python
 
 
 @pytest.fixture(scope="module")

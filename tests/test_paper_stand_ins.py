@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from _paper_run import TABLE1_ROWS
-from _paper_run import run_paper as _run
+from tests.helpers.paper_run import TABLE1_ROWS
+from tests.helpers.paper_run import run_paper as _run
 
 
 WORDS = ("paris france capital banana yellow fruit physics quantum energy wing aircraft lift protein cell "

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from _objective_helpers import load_tiny, sharpen
+from tests.helpers.objectives import load_tiny, sharpen
 from pretrain.objectives import build_objective
 from pretrain.objectives.prop import document_language_model, sample_word_sets
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from pretrain.arguments import parse_args
-from _warm_python import warm_python
-from test_reliability_inputs import run_cli
+from tests.helpers.warm_python import warm_python
+from tests.test_reliability_inputs import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 

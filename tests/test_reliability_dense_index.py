@@ -25,12 +25,12 @@ from pyterrier_cpdae.dense.format import write_json_atomic
 from pyterrier_cpdae._locking import ConcurrentBuildError
 from pyterrier_cpdae.dense import DenseIndex, IncompleteIndexError
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _index_worker import synthetic_docs  # noqa: E402
+from tests.helpers import REPO, index_worker
+from tests.helpers.index_worker import synthetic_docs
 
 DIM = 8
-ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-WORKER = str(Path(__file__).parent / "_index_worker.py")
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+WORKER = index_worker.__file__
 
 
 def docs_frame(docnos, seed=0):
@@ -72,7 +72,7 @@ _KILL_AT = textwrap.dedent("""
     if point == "while writing the merged files":
         io.build_docno_lookup = lambda *a, **k: os._exit(137)
     sys.path.insert(0, sys.argv[4])
-    from _index_worker import synthetic_docs
+    from tests.helpers.index_worker import synthetic_docs
     from pyterrier_cpdae.dense import DenseIndex
     if action == "index":
         DenseIndex(path).indexer(batch_size=16, checkpoint_every=64).index(synthetic_docs(300, 8))
@@ -83,7 +83,7 @@ _KILL_AT = textwrap.dedent("""
 
 
 def run_and_kill(point: str, action: str, path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", _KILL_AT, point, action, str(path), str(Path(__file__).parent)],
+    out = subprocess.run([sys.executable, "-c", _KILL_AT, point, action, str(path), str(REPO)],
                          env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode == 137, (out.returncode, out.stdout, out.stderr)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from torch import nn
 import pretrain  # noqa: F401  (registers the model types with AutoModel)
 from pretrain.model.heads import ObjectiveHead
 from pretrain.model.modeling import CPDAEDecoder, CPDAEDecoderConfig
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -262,8 +262,7 @@ def test_ict_from_an_encoder_only_checkpoint_runs_and_exports_no_untrained_mlm_h
 @pytest.mark.parametrize("damage", ["another_heads_weights", "one_weight_missing", "config_is_a_list"])
 def test_decoder_from_refuses_a_decoder_that_is_not_whole(tmp_path, tiny_bert_dir, damage):
     """--decoder-from (Objective.load_decoder): a saved CPDAE decoder continues whole, or not at all."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from _objective_helpers import load_tiny
+    from tests.helpers.objectives import load_tiny
     from pretrain.objectives import build_objective
     from safetensors.torch import load_file, save_file
 

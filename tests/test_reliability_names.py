@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 BAD_NAMES = ["/tmp/escape", "../..", "..", ".", "", "a/b", "x\\y", ".hidden", "-dash", "a" * 101]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["--scale", "smoke"]

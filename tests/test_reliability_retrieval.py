@@ -20,8 +20,7 @@ import pytest
 from pyterrier_cpdae import DenseIndex
 from pyterrier_cpdae.dense import faiss_retr as _faiss_retr
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_dense_index import DIM, assert_matches_naive, built, make_docs, make_topics  # noqa: E402,F401
+from tests.test_dense_index import DIM, assert_matches_naive, built, make_docs, make_topics  # noqa: E402,F401
 
 
 # ------------------------------------------------------------------------------------------- k and num_results

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _tiny_sets import tiny_beir
+from tests.helpers.tiny_sets import tiny_beir
 
 
 def _tiny_beir(root: Path, extra: str = "") -> Path:

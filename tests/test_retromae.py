@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _objective_helpers import load_tiny, sharpen, train_losses
+from tests.helpers.objectives import load_tiny, sharpen, train_losses
 from pretrain.objectives import build_objective
 from pretrain.objectives.retromae import EnhancedDecoderLayer, retromae_decoder_mask
 

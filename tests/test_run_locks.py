@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 from pyterrier_cpdae._locking import holder
 

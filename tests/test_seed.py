@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _objective_helpers import load_tiny, sharpen, train_losses
+from tests.helpers.objectives import load_tiny, sharpen, train_losses
 from pretrain.objectives import build_objective
 from pretrain.objectives.seed import SEEDDecoder, seed_attention_mask
 

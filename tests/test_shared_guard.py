@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[0].parent / "shared"
@@ -77,7 +77,7 @@ def test_a_real_data_test_reads_shared_in_its_process_and_children():
 def test_a_real_data_test_is_one_with_the_shared_data_fixture_or_the_mark():
     from types import SimpleNamespace
 
-    from conftest import is_real_data_test
+    from tests.conftest import is_real_data_test
 
     def item(fixtures, marks=()):
         return SimpleNamespace(fixturenames=fixtures, get_closest_marker=lambda name: name if name in marks else None)

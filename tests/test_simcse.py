@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from _objective_helpers import load_tiny, sharpen
+from tests.helpers.objectives import load_tiny, sharpen
 from pretrain.objectives import build_objective
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "dense retrieval with a masked auto encoder",

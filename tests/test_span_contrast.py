@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from _objective_helpers import load_tiny, sharpen
+from tests.helpers.objectives import load_tiny, sharpen
 from pretrain.objectives import available_objectives, build_objective
 from pretrain.objectives.contrast import span_contrast, split_spans
 

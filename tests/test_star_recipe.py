@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from _tiny_sets import tiny_beir
+from tests.helpers.tiny_sets import tiny_beir
 from pretrain.finetune import train as ft
 
 

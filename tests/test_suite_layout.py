@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import conftest
-import test_docs_examples as docs_examples
+from tests import conftest
+from tests import test_docs_examples as docs_examples
 
 if sys.version_info >= (3, 11):
     import tomllib

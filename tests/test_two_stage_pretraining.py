@@ -106,7 +106,7 @@ def test_decoder_from_refuses_what_does_not_fit(tmp_path, tiny_bert_dir, enwiki_
 def test_representation_mean_feeds_the_masked_mean(tiny_bert_dir, objective, tmp_path):
     """--representation mean: the objective reads the mean of the last layer over the real tokens
     (spied at the decoder / head input) and the export records it."""
-    from _objective_helpers import load_tiny
+    from tests.helpers.objectives import load_tiny
     from pretrain.objectives import build_objective
 
     model, tok, cfg = load_tiny(tiny_bert_dir, objective=objective, batch_size=2, representation="mean")

@@ -23,7 +23,7 @@ from pretrain.arguments import objective_config
 from pretrain.model.modeling import load_mlm_model
 from pretrain.objectives import build_objective
 
-from _objective_helpers import sharpen
+from tests.helpers.objectives import sharpen
 
 #: text lengths (tokens without [CLS]/[SEP]): empty, one token, short, longest (126 of the 128 positions), medium
 LENGTHS = [0, 1, 5, 126, 40, 17]

@@ -1,4 +1,4 @@
-"""tests/_warm_python.py's launcher behaves as the real interpreter does in what the tests rely on, compared with
+"""tests/helpers/warm_python.py's launcher behaves as the real interpreter does in what the tests rely on, compared with
 ``sys.executable`` run the same way: ``python FILE``, ``python -m MODULE`` and ``python -c CODE`` get the same
 ``__main__``, ``argv``, ``sys.path`` (``[0]`` and ``PYTHONPATH``'s entries), working directory, environment, standard streams (stdin included) and exit
 status, in a process of their own with torch already imported and this project's packages not; a launcher killed by
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from _warm_python import COLD, warm_path, warm_python, warm_spawn
+from tests.helpers.warm_python import COLD, warm_path, warm_python, warm_spawn
 
 pytestmark = pytest.mark.skipif(COLD, reason="CPDAE_TESTS_COLD_PYTHON=1: every python is the real interpreter")
 

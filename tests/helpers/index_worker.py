@@ -1,6 +1,6 @@
 """Subprocess used by the kill/resume test: indexes a deterministic synthetic stream, slowly.
 
-Usage: python tests/_index_worker.py PATH MODE NUM_DOCS DIM SLEEP_PER_DOC CHECKPOINT_EVERY
+Usage: python tests/helpers/index_worker.py PATH MODE NUM_DOCS DIM SLEEP_PER_DOC CHECKPOINT_EVERY
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 
