@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers.warm_python import warm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BM25 = "BM25 (pyserini, k1=0.9 b=0.4)"
 START = "dense (all-MiniLM-L6-v2, mean)"
 PRETRAINED = "dense (all-MiniLM-L6-v2 + cpdae 2 steps, mean)"

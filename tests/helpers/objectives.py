@@ -1,4 +1,4 @@
-"""Helpers shared by the tests of the rival objectives (tests/test_seed.py, tests/test_retromae.py)."""
+"""Helpers shared by the objectives' tests (tests/pretrain/objectives/, tests/pretrain/model/, the GPU tests)."""
 from __future__ import annotations
 
 import torch
@@ -36,3 +36,19 @@ def train_losses(obj: torch.nn.Module, examples: list[list[int]], steps: int = 3
         opt.step()
         losses.append(float(out["loss"].detach()))
     return losses
+
+
+def make(name, tiny_bert_dir, tok, seed=0, **cfg):
+    """Objective ``name`` on the tiny test BERT, seeded (its mask generator too); ``idf``, when given, is passed on."""
+    from pretrain.model.modeling import load_mlm_model
+    from pretrain.objectives import build_objective
+
+    torch.manual_seed(seed)
+    model = load_mlm_model(tiny_bert_dir)
+    extra = {}
+    if "idf" in cfg:
+        extra["idf"] = cfg.pop("idf")
+    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=cfg.pop("batch_size", 4), **cfg)
+    obj = build_objective(name, model, tok, config, **extra)
+    obj.mask_generator = torch.Generator().manual_seed(seed)
+    return obj

@@ -8,23 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain import __main__ as entry
-
-DOCS = ["Dense retrieval encodes a text into one vector. The decoder reconstructs its words.",
-        "Apples grow on trees in the orchard. Bananas are yellow when ripe.",
-        "The river runs to the sea. Boats carry goods along the coast.",
-        "Physics studies matter and energy. Chemistry studies reactions."]
-
-
-def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
-    """``python -m pretrain <argv>`` in this process: (exit code, the one ``error:`` line)."""
-    monkeypatch.setattr(sys, "argv", ["pretrain", *argv])
-    code = entry._run()
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == (1 if code else 0), err[-2000:]
-    return code, lines[0] if lines else ""
+from tests.helpers.cli import DOCS, run_cli
 
 
 def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str, objective: str = "mlm") -> list[str]:
@@ -58,24 +42,6 @@ def test_a_float_option_beyond_float32_is_refused_naming_it(tmp_path, tiny_bert_
 
 
 # ----------------------------------------------------------------------------- a full disk under a checkpoint
-def tmpfs(path: Path, *options: str) -> Path:
-    """A size-limited tmpfs at ``path`` (skips the test where this process may not mount one)."""
-    path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root")
-    return path
-
-
-@pytest.fixture
-def mounts():
-    made: list[Path] = []
-    yield made
-    for p in made:
-        subprocess.run(["umount", str(p)], capture_output=True)
-
-
 def fill(disk: Path, leave: int) -> Path:
     """Fill ``disk`` up to ``leave`` free bytes (another process writing: the disk fills between two checkpoints)."""
     filler = disk / "filler"
@@ -99,7 +65,7 @@ def test_a_second_main_job_on_the_same_work_dir_is_one_line(tmp_path, monkeypatc
     one line naming the holder, before it writes anything; the lock is free again when the holder ends."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("cpdae_main_job_lock",
-                                                  Path(__file__).resolve().parents[1] / "experiments" / "main.py")
+                                                  Path(__file__).resolve().parents[2] / "experiments" / "main.py")
     main_job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(main_job)
 

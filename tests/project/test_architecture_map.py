@@ -15,7 +15,7 @@ from typing import Dict, List, Set
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("pyterrier_cpdae", "pretrain", "experiments")
 MAP = REPO / "docs" / "architecture.md"
 MAX_LINES = 700

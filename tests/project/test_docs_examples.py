@@ -31,7 +31,7 @@ import pytest
 
 from tests.helpers.warm_python import warm_path, warm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 DOCS = REPO / "docs"
 #: the pages whose code blocks and links are checked

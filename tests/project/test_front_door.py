@@ -12,7 +12,7 @@ import pytest
 
 from experiments.paper.tables import portable
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 RESULTS_MD = sorted((REPO / "experiments" / "results").rglob("*.md"))

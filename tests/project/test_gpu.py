@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments" / "gpu"))
 from synthetic_bert import TINY, make_bert_dir, synthetic_texts  # noqa: E402
 
 DEVICE = os.environ.get("CPDAE_GPU_TEST_DEVICE", "cuda")
@@ -137,7 +137,7 @@ N_DOCS, DIM_SEARCH, K_SEARCH = 3000, 16, 100
 @pytest.fixture
 def staged_search(tmp_path, monkeypatch):
     """A 3,000-document index, 40 topics, the numpy reference ranking, and the blocks the torch kernel stages."""
-    from tests.test_dense_index import make_docs, make_topics
+    from tests.helpers.dense import make_docs, make_topics
 
     from pyterrier_cpdae.dense import kernels as _exact_search
     from pyterrier_cpdae.dense import DenseIndex
@@ -235,7 +235,7 @@ def test_objective_loss_and_gradients_on_the_device_equal_cpu(name, bert_dir, te
     from transformers import AutoTokenizer
 
     from pretrain.objectives import retromae
-    from tests.test_cpdae_objective import make
+    from tests.helpers.objectives import make
 
     # RetroMAE draws its decoder masks inside forward, on the device: draw them on the CPU for both runs
     draw = retromae.retromae_decoder_mask
@@ -277,7 +277,7 @@ def test_objective_unpadded_equals_padded_on_the_device(name, precision, bert_di
     aside (its exact gradient is 0; both paths give rounding noise)."""
     from transformers import AutoTokenizer
 
-    from tests.test_cpdae_objective import make
+    from tests.helpers.objectives import make
 
     tok = AutoTokenizer.from_pretrained(bert_dir)
     examples = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[:8]]
@@ -311,7 +311,7 @@ def test_a_packed_training_step_does_not_wait_for_the_device(name, bert_dir, tex
     queue to wait for) runs the same step and checks its loss and gradients are finite."""
     from transformers import AutoTokenizer
 
-    from tests.test_cpdae_objective import make
+    from tests.helpers.objectives import make
 
     tok = AutoTokenizer.from_pretrained(bert_dir)
     examples = [tok(t, add_special_tokens=False)["input_ids"] for t in texts[:8]]
@@ -345,7 +345,7 @@ def test_faiss_gpu_flat_matches_exact_search(tmp_path):
     faiss = pytest.importorskip("faiss")
     if DEVICE != "cuda" or not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
         pytest.skip("faiss-gpu is not installed or sees no GPU")
-    from tests.test_dense_index import make_docs, make_topics
+    from tests.helpers.dense import make_docs, make_topics
 
     from pyterrier_cpdae.dense import DenseIndex
 

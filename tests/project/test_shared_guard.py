@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.warm_python import warm_python
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 SHARED = HERE.parents[0].parent / "shared"
 SPEC = importlib.util.spec_from_file_location("_guard_under_test", HERE / "_shared_guard" / "sitecustomize.py")
 guard = importlib.util.module_from_spec(SPEC)

@@ -9,14 +9,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tests import conftest
-from tests import test_docs_examples as docs_examples
+from tests.project import test_docs_examples as docs_examples
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _pyproject() -> dict:
@@ -38,7 +38,7 @@ def test_heavy_files_exist_and_are_moved_to_the_front_whole_and_in_order():
         assert (REPO / "tests" / name).is_file(), f"tests/{name} is in HEAVY_FIRST but does not exist"
     heavy = conftest.HEAVY_FIRST[:2]
     files = ["test_a.py", heavy[1], "test_b.py", heavy[0], "test_c.py"]
-    items = [SimpleNamespace(path=Path("tests") / f, name=f"{f}::t{i}") for f in files for i in range(2)]
+    items = [SimpleNamespace(path=REPO / "tests" / f, name=f"{f}::t{i}") for f in files for i in range(2)]
     conftest.pytest_collection_modifyitems(None, items)
     assert [it.name for it in items] == [f"{f}::t{i}" for f in [heavy[0], heavy[1], "test_a.py", "test_b.py",
                                                                   "test_c.py"] for i in range(2)]

@@ -22,7 +22,7 @@ from tests.helpers.warm_python import COLD, warm_path, warm_python, warm_spawn
 
 pytestmark = pytest.mark.skipif(COLD, reason="CPDAE_TESTS_COLD_PYTHON=1: every python is the real interpreter")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 PROGRAM = r"""
 import json, os, sys

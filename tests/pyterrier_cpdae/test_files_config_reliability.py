@@ -20,9 +20,9 @@ import pytest
 
 from pretrain.arguments import parse_args
 from tests.helpers.warm_python import warm_python
-from tests.test_reliability_inputs import run_cli
+from tests.helpers.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _at(path: Path, line: int) -> str:
@@ -207,7 +207,7 @@ def test_the_paper_pipeline_names_a_bad_config_file_in_one_line(tmp_path):
     import subprocess
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     bad = tmp_path / "paper_bad.json"
     bad.write_text('{"scale": "bad",\n "extends": "smoke",\n "extends": "cpu"}\n')
     run = subprocess.run([warm_python(), "-m", "experiments.paper", "--scale", str(bad), "--dry-run",

@@ -11,7 +11,7 @@ import numpy as np
 
 from tests.helpers.warm_python import warm_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "bench" / "bench_search_bound.py"
 
 

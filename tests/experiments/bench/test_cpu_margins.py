@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "experiments" / "bench" / "cpu_margins.py"
 sys.path.insert(0, str(ROOT))
 

@@ -17,7 +17,7 @@ from transformers import BertConfig, BertModel
 
 from tests.helpers.warm_python import warm_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from experiments.bench.objective_runs import encode_flops  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.warm_python import warm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 GPU = REPO / "experiments" / "gpu"
 
 

@@ -22,7 +22,7 @@ from tests.helpers.warm_python import warm_python
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 GPU = REPO / "experiments" / "gpu"
 sys.path.insert(0, str(GPU))
 import build_wheelhouse as bw  # noqa: E402

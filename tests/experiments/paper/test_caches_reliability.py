@@ -17,7 +17,7 @@ import pandas as pd
 
 from tests.helpers.warm_python import warm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 TEXTS = ["photon energy of light in a vacuum", "the roman empire and its history", "a recipe for bread and butter",
          "energy levels of the hydrogen atom", "football results of the season", "the photon as a light quantum"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tests.helpers.warm_python import warm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 BAD_NAMES = ["/tmp/escape", "../..", "..", ".", "", "a/b", "x\\y", ".hidden", "-dash", "a" * 101]
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from experiments.paper.config import SCALES, load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SHARED = REPO.parent / "shared" / "data"
 DL19 = SHARED / "msmarco-dl19-judged"
 METRICS = ["nDCG@10", "RR(rel=2)@10", "R(rel=2)@1000"]

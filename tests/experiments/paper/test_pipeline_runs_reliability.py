@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from tests.helpers.warm_python import warm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SMOKE = ["--scale", "smoke"]
 
 

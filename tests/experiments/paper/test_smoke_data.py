@@ -12,7 +12,7 @@ from experiments.paper.data import check_split, positive_qids, read_split
 from experiments.paper.smoke_data import OUT, make
 from pyterrier_cpdae import load_dataset
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -24,7 +24,7 @@ from pretrain.data.corpus import encode_batch as encode_corpus_batch
 from pretrain.data.readers import iter_texts, iter_wiki_documents, resolve_spec
 from tests.helpers.warm_python import warm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -15,62 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pretrain import __main__ as entry
 from pretrain.data.corpus import TokenCache
 
+from tests.helpers.cli import DOCS, run_cli
+
+
 # ----------------------------------------------------------------------------- helpers
-DOCS = ["Dense retrieval encodes a text into one vector. The decoder reconstructs its words.",
-        "Apples grow on trees in the orchard. Bananas are yellow when ripe.",
-        "The river runs to the sea. Boats carry goods along the coast.",
-        "Physics studies matter and energy. Chemistry studies reactions."]
-
-
-@pytest.fixture
-def corpus(tmp_path) -> Path:
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(DOCS) + "\n")
-    return path
-
-
-@pytest.fixture
-def tok(tiny_bert_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_bert_dir)
-
-
-def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
-    """``python -m pretrain <argv>`` in this process: (exit code, the one ``error:`` line)."""
-    monkeypatch.setattr(sys, "argv", ["pretrain", *argv])
-    code = entry._run()
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == (1 if code else 0), err[-2000:]
-    return code, lines[0] if lines else ""
-
-
 def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str) -> list[str]:
     return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),
             "--global_batch_size", "2", "--max-length", "32", "--max-steps", "2", "--save-steps", "1", "--logging-steps", "1",
             "--report_to", "none", "--use_cpu", *extra]
-
-
-def tmpfs(path: Path, *options: str) -> Path:
-    """A size-limited tmpfs at ``path`` (skips the test where this process may not mount one)."""
-    path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root")
-    return path
-
-
-@pytest.fixture
-def mounts():
-    made: list[Path] = []
-    yield made
-    for p in made:
-        subprocess.run(["umount", str(p)], capture_output=True)
 
 
 # ============================================================================= class 6: damaged or changed inputs
@@ -216,9 +170,8 @@ def test_output_under_a_file(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsy
     assert code == 2 and line == f"error: ValueError: --output_dir {tmp_path}/file/run: {tmp_path}/file is a file, not a directory"
 
 
-def test_output_on_a_read_only_file_system(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys, mounts):
+def test_output_on_a_read_only_file_system(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys, tmpfs):
     ro = tmpfs(tmp_path / "ro", "ro", "size=1m")
-    mounts.append(ro)
     code, line = run_cli(monkeypatch, capsys, pretrain_args(tiny_bert_dir, corpus, ro / "run", tmp_path / "cache"))
     assert code == 2 and line == f"error: ValueError: --output_dir {ro}/run: cannot write in {ro} (read-only file system)"
 
@@ -296,10 +249,9 @@ def _bm25_docs(n: int = 3000):
     return [{"docno": f"d{i}", "text": " ".join(rng.choice(words) for _ in range(200))} for i in range(n)]
 
 
-def test_full_disk_under_bm25_indexing(tmp_path, mounts):
+def test_full_disk_under_bm25_indexing(tmp_path, tmpfs):
     from pyterrier_cpdae.bm25 import BM25Index
     full = tmpfs(tmp_path / "full", "size=1m")
-    mounts.append(full)
     with pytest.raises(OSError, match=f"no space left on {full}/idx") as info:
         BM25Index(full / "idx").indexer().index(_bm25_docs())
     assert info.value.errno == 28 and "AlreadyClosed" not in str(info.value)

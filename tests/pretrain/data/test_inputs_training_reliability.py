@@ -31,7 +31,7 @@ from pretrain.data import inputs as inputs_mod
 from pretrain.data.corpus import TokenCache
 from pretrain.data.inputs import check_resume_inputs, file_fingerprint, run_inputs
 from pretrain.data.readers import iter_texts, resolve_spec
-from tests.test_reliability_inputs import corpus, run_cli, tok  # noqa: F401 (fixtures)
+from tests.helpers.cli import run_cli
 
 def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str) -> list[str]:
     return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),

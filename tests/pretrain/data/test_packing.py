@@ -5,7 +5,7 @@
   handful, and ``torch.compile`` compiles once per capacity (counted with dynamo's counting backend).
 * The packed forward (:func:`pretrain.model.unpadded.packed_last_hidden`) against each text encoded alone.
 * Batches of one text (1 token, the maximum length) give every non-contrastive objective the padded path's losses
-  and gradients (the batches of several texts, every objective: ``tests/test_unpadded.py``).
+  and gradients (the batches of several texts, every objective: ``tests/pretrain/model/test_unpadded.py``).
 * A packed training step reads nothing back from the device: no ``nonzero``, no boolean indexing, no scalar read
   (recorded below the autograd layer); the padded step does read (the check can fail).
 * The probe: rounds timed in turn with an injected clock, the fastest kept; a run whose probe chose a path is, loss by
@@ -28,9 +28,9 @@ from pretrain.model import unpadded
 from pretrain.model.modeling import load_mlm_model
 
 from tests.helpers.objectives import sharpen
-from tests.test_unpadded import build, collate, extras, loss_and_grads
+from tests.helpers.unpadded import build, collate, extras, loss_and_grads
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def naive_layout(ids, am, types, labels, start):

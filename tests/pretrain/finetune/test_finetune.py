@@ -20,7 +20,7 @@ from pretrain.finetune import negatives as neg
 from pretrain.finetune import train as ft
 from pretrain.finetune.arguments import parse_args
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _argv(model, train, out, *extra):

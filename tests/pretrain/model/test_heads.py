@@ -14,7 +14,7 @@ import pytest
 import torch
 from tests.helpers.warm_python import warm_python
 
-FIXTURES = Path(__file__).parent / "fixtures" / "legacy_decoders"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "legacy_decoders"
 OPTIONS = {"seed": {"seed_decoder_layers": 2}, "retromae": {"retromae_decoder_layers": 2}, "prop": {}}
 
 

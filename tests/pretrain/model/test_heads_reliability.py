@@ -21,7 +21,7 @@ from pretrain.model.heads import ObjectiveHead
 from pretrain.model.modeling import CPDAEDecoder, CPDAEDecoderConfig
 from tests.helpers.warm_python import warm_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _shapes(path) -> dict:

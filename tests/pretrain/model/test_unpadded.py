@@ -8,7 +8,7 @@ unpadded objective, so it carries the packed rows laid out on the host (:mod:`pr
 padded objective ignores; one case runs a batch without them (unpadded on the device). Both varlen kernels that run on
 the CPU are checked: ``loop`` (the CPU's) and ``njt`` (torch's nested-tensor SDPA, the CUDA path's plumbing).
 Independently of the padded path, the unpadded hidden states of a batch equal those of each text encoded alone.
-Batches of one text, the packer against a naive layout and ``--unpad auto``'s probe: ``tests/test_packed_rows.py``.
+Batches of one text, the packer against a naive layout and ``--unpad auto``'s probe: ``tests/pretrain/data/test_packing.py``.
 """
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ from pretrain.model.modeling import load_mlm_model
 from pretrain.objectives import build_objective
 
 from tests.helpers.objectives import sharpen
+from tests.helpers.unpadded import LENGTHS, build, collate, extras, loss_and_grads  # noqa: F401
 
-#: text lengths (tokens without [CLS]/[SEP]): empty, one token, short, longest (126 of the 128 positions), medium
-LENGTHS = [0, 1, 5, 126, 40, 17]
 
 #: objective -> its options (the add-on span contrast runs on mlm; mean pooling on cpdae and bow)
 CASES = {
@@ -73,39 +72,6 @@ def texts(tok) -> list[list[int]]:
         ids = torch.randint(2000, 29000, (n,), generator=g).tolist()
         out.append([stop if (j + 1) % 7 == 0 else t for j, t in enumerate(ids)])
     return out
-
-
-def extras(name: str, vocab: int) -> dict:
-    g = torch.Generator().manual_seed(3)
-    if name == "cpdae_idfrec":
-        return {"idf": torch.rand(vocab, generator=g) * 6}
-    if name == "prop":
-        p = torch.rand(vocab, generator=g) + 0.01
-        return {"collection_prob": p / p.sum(), "mu": 30.0, "token_frequency": p / p.sum()}
-    return {}
-
-
-def build(name: str, opts: dict, unpad: str, model, tok):
-    model = copy.deepcopy(model)
-    tiny_bert_dir = model.name_or_path
-    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=len(LENGTHS), unpad=unpad,
-                            max_length=128, **opts)
-    torch.manual_seed(1)
-    return build_objective(name, model, tok, config, **extras(name, model.config.vocab_size)).eval()
-
-
-def collate(obj, examples):
-    for attr in ("mask_generator", "generator"):
-        setattr(obj, attr, torch.Generator().manual_seed(5))
-    return obj.collate(examples)
-
-
-def loss_and_grads(obj, batch) -> tuple[dict, dict]:
-    obj.decoder_mask_generator = torch.Generator().manual_seed(7)  # RetroMAE's decoder masks, drawn in forward
-    out = obj({k: v.clone() for k, v in batch.items()})
-    out["loss"].backward()
-    grads = {n: p.grad.detach().clone() for n, p in obj.named_parameters() if p.grad is not None}
-    return {k: float(v.detach()) for k, v in out.flat().items()}, grads
 
 
 def encoder_calls(obj) -> list[tuple[tuple[int, ...], int]]:

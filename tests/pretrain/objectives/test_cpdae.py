@@ -13,6 +13,8 @@ from pretrain.arguments import objective_config
 from pretrain.model.modeling import CPDAEDecoder, load_mlm_model
 from pretrain.objectives import build_objective
 
+from tests.helpers.objectives import make
+
 TEXTS = ["the quick brown fox jumps over the lazy dog",
          "information retrieval with dense vectors and sparse indexes",
          "a cat sat on the mat in the kitchen \u2603",  # the snowman is [UNK]: a special token, never a REC label
@@ -28,18 +30,6 @@ def tok(tiny_bert_dir):
 @pytest.fixture(scope="module")
 def examples(tok):
     return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
-
-
-def make(name, tiny_bert_dir, tok, seed=0, **cfg):
-    torch.manual_seed(seed)
-    model = load_mlm_model(tiny_bert_dir)
-    extra = {}
-    if "idf" in cfg:
-        extra["idf"] = cfg.pop("idf")
-    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=cfg.pop("batch_size", 4), **cfg)
-    obj = build_objective(name, model, tok, config, **extra)
-    obj.mask_generator = torch.Generator().manual_seed(seed)
-    return obj
 
 
 # --------------------------------------------------------------------------- naive references

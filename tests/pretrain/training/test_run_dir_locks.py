@@ -18,7 +18,7 @@ from tests.helpers.warm_python import warm_python
 
 from pyterrier_cpdae._locking import holder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
            TOKENIZERS_PARALLELISM="false")
 

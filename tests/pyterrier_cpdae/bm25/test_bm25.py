@@ -17,7 +17,7 @@ import pytest
 
 from pyterrier_cpdae.bm25 import BM25Index, BM25Retriever
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 # Words that Anserini's analyzer keeps (no stop words) and that stay distinct after Porter stemming.
 TINY = [

@@ -20,7 +20,7 @@ import pytest
 
 import pyterrier_cpdae
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PACKAGE = Path(pyterrier_cpdae.__file__).resolve().parent
 
 CORPUS = [{"docno": f"d{i}", "text": t} for i, t in enumerate([

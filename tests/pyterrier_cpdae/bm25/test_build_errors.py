@@ -19,16 +19,9 @@ from pyterrier_cpdae.bm25 import index as bm25_index
 
 
 @pytest.fixture
-def full_disk(tmp_path: Path):
+def full_disk(tmp_path: Path, tmpfs) -> Path:
     """A 1 MB tmpfs, unmounted at the end."""
-    path = tmp_path / "full"
-    path.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root")
-    yield path
-    subprocess.run(["umount", str(path)], capture_output=True)
+    return tmpfs(tmp_path / "full", "size=1m")
 
 
 def _docs(n: int = 3000) -> list[dict]:

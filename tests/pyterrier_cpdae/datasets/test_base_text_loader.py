@@ -17,7 +17,7 @@ import pytest
 
 from pyterrier_cpdae.datasets import load_dataset
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "pyterrier_cpdae" / "data" / "sample" / "corpus.jsonl"
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from pyterrier_cpdae.datasets import load_dataset
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _check_types(ds) -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:

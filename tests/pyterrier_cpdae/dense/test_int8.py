@@ -20,7 +20,7 @@ from pyterrier_cpdae.dense import codes as qcodes
 from pyterrier_cpdae.dense import format as io
 from pyterrier_cpdae.dense.int8 import quantise_queries
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[3]
 
 
 def frame(vecs, prefix="d"):

@@ -20,7 +20,7 @@ import pytest
 from pyterrier_cpdae import DenseIndex
 from pyterrier_cpdae.dense import faiss_retr as _faiss_retr
 
-from tests.test_dense_index import DIM, assert_matches_naive, built, make_docs, make_topics  # noqa: E402,F401
+from tests.helpers.dense import DIM, assert_matches_naive, make_docs, make_topics  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------- k and num_results

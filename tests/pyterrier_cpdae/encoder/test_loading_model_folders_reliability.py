@@ -18,7 +18,7 @@ import torch
 
 from tests.helpers.warm_python import warm_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 #: the code a hostile folder carries: importing it leaves a marker file (its path is filled in per test)
 EVIL = """\

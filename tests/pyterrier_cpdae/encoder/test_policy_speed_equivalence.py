@@ -17,7 +17,7 @@ import torch
 from pyterrier_cpdae.encoder import cpdae as enc_mod
 from pyterrier_cpdae.encoder import CPDAE, cpu_has_native_bf16, default_dtype
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _equivalence_module():

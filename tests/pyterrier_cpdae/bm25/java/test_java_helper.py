@@ -21,7 +21,7 @@ import pyterrier_cpdae.bm25.retrieval as bm25_retrieval
 from pyterrier_cpdae.bm25 import BM25Index, BM25Indexer
 from pyterrier_cpdae.bm25.java import JAR, SOURCE_HASH_ENTRY, source_hash
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[4]
 
 # texts that exercise the byte transfer: multi-byte UTF-8 (2, 3 and 4 bytes: a non-BMP emoji is a surrogate pair
 # in Java), JSON-looking text, line breaks, tabs, and a long document
