@@ -1,5 +1,5 @@
-"""A tiny BEIR folder shared by the paper pipeline's tests (tests/test_paper_bm25_precomputed.py,
-tests/test_reliability_stale_stages.py)."""
+"""A tiny BEIR folder shared by the paper pipeline's tests (tests/experiments/paper/test_pipeline_bm25_precomputed.py,
+tests/experiments/paper/test_stages_reliability.py)."""
 from __future__ import annotations
 
 import json

@@ -14,7 +14,7 @@ beside the project) and ``experiments/configs`` are linked into place, so paths 
 repository root work.  A ``needs-shared-data`` block is skipped when ``../shared/data`` is absent (no
 other block may depend on it).  Pages run two at a time (``DOCS_EXAMPLES_WORKERS``).
 
-``python tests/test_docs_examples.py`` lists the runnable blocks (``--run PAGE`` runs one page's).
+``python -m tests.project.test_docs_examples`` lists the runnable blocks (``--run PAGE`` runs one page's).
 """
 from __future__ import annotations
 
@@ -337,7 +337,7 @@ def test_readme_opens_with_the_two_commands_that_ci_runs():
     assert install in ci and run in ci, f".ci/run does not run the README's test command {tests[0]!r}"
 
 
-if __name__ == "__main__":      # list the runnable blocks, or run one page's: python tests/test_docs_examples.py [--run PAGE]
+if __name__ == "__main__":      # list the runnable blocks, or run one page's: python -m tests.project.test_docs_examples [--run PAGE]
     if len(sys.argv) == 3 and sys.argv[1] == "--run":
         page = Path(sys.argv[2]).resolve()
         with tempfile.TemporaryDirectory() as d:

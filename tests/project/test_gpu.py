@@ -2,7 +2,7 @@
 trainer and every pre-training objective on the device, each against an independent CPU/fp32 reference.
 
 ``CPDAE_GPU_TEST_DEVICE=cpu`` runs the same checks on the CPU (the CPU fallback of
-``experiments/gpu/run_gpu_suite.sh --cpu-smoke``, run in CI by tests/test_gpu_packaging.py), so their logic is
+``experiments/gpu/run_gpu_suite.sh --cpu-smoke``, run in CI by tests/experiments/gpu/test_gpu_packaging.py), so their logic is
 exercised where no GPU is lent.  The model is a tiny random BERT with a synthetic vocabulary
 (``experiments/gpu/synthetic_bert.py``): the GPU machine has no Hub and no MiniLM package.
 """

@@ -1,6 +1,6 @@
 """Fresh process: every artifact built by one process is loaded and searched by another.
 
-The BM25 half of this promise (with and without ``JAVA_HOME``) is in ``tests/test_reliability_bm25.py``;
+The BM25 half of this promise (with and without ``JAVA_HOME``) is in ``tests/pyterrier_cpdae/bm25/test_bm25_reliability.py``;
 this module checks the DenseIndex, through both ``DenseIndex(path)`` and ``pt.Artifact.load(path)``, and
 through every exact backend and FAISS, against a brute-force top-k computed here.
 """

@@ -1,5 +1,5 @@
 """The device's path end to end at smoke sizes on the CPU: the bundle and the entry script running the comparison
-(split from test_gpu_packaging.py so that pytest-xdist runs it beside that file's other long test)."""
+(split from tests/experiments/gpu/test_gpu_packaging.py so that pytest-xdist runs it beside that file's other long test)."""
 from __future__ import annotations
 
 import json
@@ -31,12 +31,12 @@ def test_bundle_then_entry_script_runs_the_comparison_on_the_cpu_without_java(tm
     stand.mkdir()
     (stand / "overrides.json").write_text(json.dumps({  # fewer rows and sets: same code path, less time
         # one stage at a time, in-process (the config's "runner"), not the device's 4 processes on this CPU's 2 cores:
-        # the subprocess runner and --jobs are tested in test_paper_parallel_stages.py
+        # the subprocess runner and --jobs are tested in tests/experiments/paper/test_main_parallel_stages.py
         "jobs": 1,
-        # the rows BM25, BERT, CPDAE and the CL-active CPDAE (the others' stages: test_paper_smoke.py's gpu run)
+        # the rows BM25, BERT, CPDAE and the CL-active CPDAE (the others' stages: tests/experiments/paper/test_paper_smoke.py's gpu run)
         "objectives": {o: None for o in ("mlm", "seed", "bow", "retromae", "simcse", "ict", "prop", "cpdae_r",
                                          "cpdae_nocl", "cpdae_idfrec", "cpdae_clsum")},
-        # one fine-tuning seed, not three (the rows over seeds at this protocol: test_paper_smoke.py's gpu run)
+        # one fine-tuning seed, not three (the rows over seeds at this protocol: tests/experiments/paper/test_paper_smoke.py's gpu run)
         "finetune_sets": {"scifact": None, "marco": {"seeds": [1]}}, "eval_sets": {"scifact_dev": None, "vaswani": None},
         "tables": {"table3": {"models": ["bert"], "sizes": [4], "seeds": [1]},
                    "table4": {"models": ["cpdae", "cpdae_clactive"]}}}))

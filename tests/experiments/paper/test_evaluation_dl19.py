@@ -6,7 +6,7 @@
 - its measures on a hand-built run equal hand-computed values (graded nDCG@10, RR@10 and R@1000 with label >= 2);
 - every scale's Table 1 rows have the same >= 3 fine-tuning seeds, and no significance mark is printed between rows
   of unequal seed counts;
-- the smoke-scale pipeline writes Table 1 with the DL19 columns (test_paper_smoke.py, on the shared smoke run).
+- the smoke-scale pipeline writes Table 1 with the DL19 columns (tests/experiments/paper/test_paper_smoke.py, on the shared smoke run).
 """
 from __future__ import annotations
 

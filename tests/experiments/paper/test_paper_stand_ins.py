@@ -1,4 +1,4 @@
-"""The paper config (`--scale paper`) through the pipeline on tiny stand-ins (split from test_paper_pipeline.py)."""
+"""The paper config (`--scale paper`) through the pipeline on tiny stand-ins (split from tests/experiments/paper/test_pipeline.py)."""
 from __future__ import annotations
 
 import json
@@ -48,7 +48,7 @@ def _paper_stand_ins(root: Path, tiny_bert_dir: str) -> Path:
     assert not keep & set(drop)
     overrides = {
         # stages in-process, as the smoke scale runs them (same argument parsing and code, without a ~7 s interpreter
-        # start-up per stage); the subprocess runner is tested by test_paper_parallel_stages.py and test_gpu_bundle.py
+        # start-up per stage); the subprocess runner is tested by tests/experiments/paper/test_main_parallel_stages.py and tests/experiments/gpu/test_build_bundle.py
         "runner": "inprocess",
         "corpus": str(corpus),
         "pretrain": {"base_model": tiny_bert_dir,

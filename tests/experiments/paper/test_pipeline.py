@@ -1,7 +1,7 @@
 """The paper pipeline (``python -m experiments.paper``): configs, stage logic, dry runs and resumption.
 
 The smoke scale end to end (every stage, every objective, tiny sizes; a second run re-runs no stage) is in
-test_paper_smoke.py, which runs it once for all the tests that read a finished run.
+tests/experiments/paper/test_paper_smoke.py, which runs it once for all the tests that read a finished run.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The smoke scale's own collections (``experiments/smoke_data``, made by ``experiments/paper/smoke_data.py``): the
 shipped files are what the generator makes, the smoke sizes read nothing else, and each collection loads through the
-project's loaders with every judged query answerable (the whole pipeline on them: tests/test_paper_smoke.py)."""
+project's loaders with every judged query answerable (the whole pipeline on them: tests/experiments/paper/test_paper_smoke.py)."""
 from __future__ import annotations
 
 import json

@@ -200,7 +200,7 @@ ONE_TEXT = {"mlm": 126, "cpdae_nocl": 1, "seed": 1, "retromae": 126, "bow": 126,
 @pytest.mark.parametrize("name", sorted(ONE_TEXT))
 def test_a_batch_of_one_text_gives_the_padded_losses_and_gradients(name, sharp_model, tok):
     """One text per batch (the non-contrastive objectives), of 1 token or of the maximum length; float32, losses to
-    1e-5 relative, gradients to 1e-4 relative (the tolerances of tests/test_unpadded.py)."""
+    1e-5 relative, gradients to 1e-4 relative (the tolerances of tests/pretrain/model/test_unpadded.py)."""
     opts = {"representation": "mean"} if name == "bow" else {}
     padded, packed = (build(name, opts, mode, sharp_model, tok) for mode in ("off", "on"))
     text = torch.randint(2000, 29000, (ONE_TEXT[name],), generator=torch.Generator().manual_seed(6)).tolist()

@@ -161,7 +161,7 @@ def test_auto_is_padded_until_a_probe_resolves_it(sharp_model, tok):
     obj = build("mlm", {}, "auto", sharp_model, tok)
     assert obj.unpad == "auto"
     assert not unpadded.use_unpadded("auto", torch.device("cpu"))
-    # on CUDA too, until the trainer's probe turns it into on or off (tests/test_packed_rows.py)
+    # on CUDA too, until the trainer's probe turns it into on or off (tests/pretrain/data/test_packing.py)
     assert not unpadded.use_unpadded("auto", torch.device("cuda"))
     assert unpadded.use_unpadded("on", torch.device("cpu")) and not unpadded.use_unpadded("off", torch.device("cuda"))
     calls = encoder_calls(obj)

@@ -59,7 +59,7 @@ def test_new_objective_trains_two_steps_through_the_cli(tmp_path, tiny_bert_dir,
 
 
 def test_listing_order_does_not_depend_on_which_module_is_imported_first():
-    """Regression: a built-in module imported directly (as tests/test_bow.py does) registered itself after
+    """Regression: a built-in module imported directly (as tests/pretrain/objectives/test_bow.py does) registered itself after
     the modules that discovery imported meanwhile (the new simcse/ict/prop), so it dropped out of its place."""
     import subprocess
     # (the launcher's server imported third-party libraries only: this project's modules in the order asked for)

@@ -5,7 +5,7 @@ The numbers below were recorded with the code *before* the objectives were moved
 plugin registry (commit afbe6f3): three AdamW steps of each objective on the tiny test BERT,
 fixed seeds, every loss component logged. The refactored code must reproduce them. Record
 again (only for a deliberate change of an objective's numbers) with
-``PIN_RECORD=1 python -m pytest -q -s tests/test_objective_pins.py`` and paste the printout.
+``PIN_RECORD=1 python -m pytest -q -s tests/pretrain/objectives/test_objectives_pins.py`` and paste the printout.
 """
 from __future__ import annotations
 

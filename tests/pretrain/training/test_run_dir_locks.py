@@ -2,7 +2,7 @@
 
 ``python -m pretrain`` launched twice into one ``--output`` used to run twice (duplicated metric rows, interleaved
 checkpoints, both exit 0).  The second run must exit non-zero at once, naming the first (pid, host, since when),
-whatever path it takes to the directory (fine-tuning's: tests/test_finetune.py).
+whatever path it takes to the directory (fine-tuning's: tests/pretrain/finetune/test_finetune.py).
 """
 from __future__ import annotations
 

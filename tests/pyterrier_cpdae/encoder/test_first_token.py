@@ -1,7 +1,7 @@
 """The last layer at [CLS] only (``pyterrier_cpdae.encoder.first_token``, ``CPDAE(cls_last_layer=...)``).
 
 Reference: the full model's last hidden state at position 0, computed by transformers' own BERT on the same
-padded batch (and, through CPDAE, the one-text-at-a-time vectors of tests/test_encoder.py's naive encoder).
+padded batch (and, through CPDAE, the one-text-at-a-time vectors of tests/pyterrier_cpdae/encoder/test_cpdae.py's naive encoder).
 """
 from __future__ import annotations
 
