@@ -15,15 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _tiny_beir(root: Path) -> str:
-    (root / "qrels").mkdir(parents=True)
-    with open(root / "corpus.jsonl", "w") as f:
-        for i, t in enumerate(["particle physics in a magnetic field", "the history of rome", "energy of a photon"]):
-            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n")
-    (root / "queries.jsonl").write_text(json.dumps({"_id": "q0", "text": "photon energy"}) + "\n")
-    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td2\t1\n")
-    return f"beir:{root}:train"
+from tests.helpers.tiny_sets import photon_beir
 
 
 def _build(capsys, model: Path, spec: str, root: Path) -> str:
@@ -50,7 +42,7 @@ def test_a_shard_of_the_weights_rewritten_in_place_rebuilds_the_index(tmp_path, 
             shutil.copy(Path(tiny_bert_dir) / name, model / name)
     shards = sorted(model.glob("model-*-of-*.safetensors"))
     assert len(shards) > 1 and (model / "model.safetensors.index.json").is_file()
-    spec = _tiny_beir(tmp_path / "b")
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     assert "indexed 3 docs" in _build(capsys, model, spec, tmp_path / "i")
     assert "reusing the index" in _build(capsys, model, spec, tmp_path / "i")
 
@@ -70,7 +62,7 @@ def test_a_shard_of_the_weights_rewritten_in_place_rebuilds_the_index(tmp_path, 
 
 
 def test_another_autocast_dtype_rebuilds_the_index(tmp_path, capsys, tiny_bert_dir, monkeypatch):
-    spec = _tiny_beir(tmp_path / "b")
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     model = tmp_path / "m"
     shutil.copytree(tiny_bert_dir, model)
     monkeypatch.setenv("PYTERRIER_CPDAE_DTYPE", "float32")
@@ -87,7 +79,7 @@ def test_another_autocast_dtype_rebuilds_the_index(tmp_path, capsys, tiny_bert_d
 def test_a_card_rewritten_after_an_evaluation_keeps_the_index(tmp_path, capsys, tiny_bert_dir):
     """The model card and its state (``README.md``, ``model_card.json``) are rewritten when an evaluation is added
     (``pretrain.export.card.add_evaluation``) and never read by a loader: not part of the model's content."""
-    spec = _tiny_beir(tmp_path / "b")
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     model = tmp_path / "m"
     shutil.copytree(tiny_bert_dir, model)
     (model / "README.md").write_text("# a card\n")

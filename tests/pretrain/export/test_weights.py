@@ -14,21 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-WORDS = "paris france capital river bridge music piano ocean whale coral desert camel sand physics energy".split()
+from tests.helpers.tiny_sets import TOPIC_WORDS as WORDS, topic_groups as _groups
 
 
 def _corpus(path: Path) -> str:
     rng = random.Random(0)
     path.write_text("".join(" ".join(rng.choices(WORDS, k=30)) + ".\n" for _ in range(16)))
     return str(path)
-
-
-def _groups(path: Path) -> str:
-    with open(path, "w") as f:
-        for i in range(4):
-            f.write(json.dumps({"qid": f"q{i}", "query": f"{WORDS[i]} question", "pos": [{"text": f"{WORDS[i]} answer"}],
-                                "negs": [{"text": f"{w} other"} for w in WORDS[10:13]]}) + "\n")
-    return f"groups:{path}"
 
 
 def _pretrain(model, out, corpus, *extra):

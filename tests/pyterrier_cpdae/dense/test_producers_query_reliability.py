@@ -18,14 +18,7 @@ import torch
 
 from pyterrier_cpdae import CPDAE, DenseIndex
 
-TEXTS = [f"document {i} about {w}" for i, w in enumerate(
-    "dense sparse lexical neural vector index query model token corpus passage ranking".split())]
-TOPICS = pd.DataFrame({"qid": ["q1", "q2"], "query": ["dense vector retrieval", "ranking passages"]})
-
-
-def _enc(path, **kw):
-    return CPDAE.from_pretrained(path, device="cpu", dtype="float32", doc_max_length=32, batch_size=8,
-                                 backend=kw.pop("backend", "torch"), **kw)
+from tests.helpers.producers import TEXTS, TOPICS, enc as _enc
 
 
 def _built(tmp_path, enc, name="idx"):
