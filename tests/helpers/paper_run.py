@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.helpers.warm_python import warm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 TABLE1_ROWS = ["BM25", "BERT", "MLM", "SimCSE", "ICT", "PROP", "SEED", "RetroMAE", "BoW", "CPDAE_R", "CPDAE"]
