@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -89,10 +90,30 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) ->
 @pytest.fixture
 def warm_children(monkeypatch):
     """The ``python -m ...`` processes the product starts itself (``sys.executable``) start warm during the test
-    (``tests/_warm_python.py``): for tests where those processes are not what is tested."""
-    from _warm_python import warm_python
+    (``tests/helpers/warm_python.py``): for tests where those processes are not what is tested."""
+    from tests.helpers.warm_python import warm_python
 
     monkeypatch.setattr(sys, "executable", warm_python())
+
+
+@pytest.fixture
+def tmpfs():
+    """``tmpfs(path, *options)``: a size-limited tmpfs mounted at ``path`` (``"size=1m"``, ``"ro"``) for this test,
+    unmounted after it; skips the test where this process may not mount one (it needs root)."""
+    made: list[Path] = []
+
+    def mount(path: Path, *options: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root")
+        made.append(path)
+        return path
+
+    yield mount
+    for path in reversed(made):
+        subprocess.run(["umount", str(path)], capture_output=True)
 
 
 @pytest.fixture
@@ -103,13 +124,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-#: test files that take the most time, in that order (docs/development.md, "Test layout"): they are run first, so
-#: that under pytest-xdist (``--dist loadfile``, pyproject.toml) the two workers do not wait on one long file at the end
-HEAVY_FIRST = ["test_paper_smoke.py", "test_encoder_speed_equivalence.py", "test_gpu_bundle.py",
-               "test_docs_examples.py", "test_gpu_packaging.py", "test_main_job.py", "test_reliability_caches.py",
-               "test_paper_stand_ins.py", "test_dense_index.py", "test_first_run_quiet.py", "test_paper_pipeline.py",
-               "test_encoder_openvino.py", "test_pretrain_trainer.py", "test_finetune.py", "test_retrieval_probe.py",
-               "test_bench_search_bound.py"]
+#: test files that take the most time (paths below tests/), in that order (docs/development.md, "Test layout"): they
+#: are run first, so that under pytest-xdist (``--dist loadfile``, pyproject.toml) the two workers do not wait on one long file at the end
+HEAVY_FIRST = ["experiments/paper/test_paper_smoke.py", "pyterrier_cpdae/encoder/test_policy_speed_equivalence.py",
+               "experiments/gpu/test_build_bundle.py", "project/test_docs_examples.py",
+               "experiments/gpu/test_gpu_packaging.py", "experiments/test_main.py",
+               "experiments/paper/test_caches_reliability.py", "experiments/paper/test_paper_stand_ins.py",
+               "pyterrier_cpdae/dense/test_index.py", "pretrain/model/test_checks_first_run_quiet.py",
+               "experiments/paper/test_pipeline.py", "pyterrier_cpdae/encoder/test_openvino_backend.py",
+               "pretrain/training/test_trainer.py", "pretrain/finetune/test_finetune.py",
+               "pretrain/evaluation/test_probe.py", "experiments/bench/test_bench_search_bound.py"]
 
 
 def pytest_configure(config):
@@ -134,7 +158,13 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Moves the files of ``HEAVY_FIRST`` to the front, whole and in their own order; the rest keep theirs."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: file order and order within kept
+    tests = Path(__file__).resolve().parent
+
+    def place(item) -> int:
+        path = Path(item.path).resolve()
+        return rank.get(path.relative_to(tests).as_posix(), len(rank)) if path.is_relative_to(tests) else len(rank)
+
+    items.sort(key=place)   # stable: file order and order within kept
 
 
 # ------------------------------------------------------------------ the guard of ../shared (docs/development.md)

@@ -532,7 +532,7 @@ def bench_trainer(args, ns, peaks, unpad_rows: List[Dict[str, object]], smoke: b
             run = SimpleNamespace(**{**vars(ns), "compile": compiled}, length_dist=str(args.length_dist), trainer=True,
                                   num_workers=args.trainer_workers, unpad=mode)
             if smoke:  # in this process, as the other smoke rows: the last rows of the run, so the state accelerate
-                # leaves behind reaches nothing after them (the subprocess's command line: tests/test_bench_trainer_row.py)
+                # leaves behind reaches nothing after them (the subprocess's command line: tests/experiments/bench/test_objective_runs_trainer_row.py)
                 r = in_process(bench_objectives.trainer_worker, name, run)
             else:
                 r = bench_objectives.run_one(name, run)  # a process of its own: accelerate's state stays out of this one

@@ -163,7 +163,7 @@ def build(out: Path, scale: str = "gpu", sizes: Optional[str] = None, stand_ins:
     manifest: dict[str, Any] = {"scale": scale, "sizes": sizes or scale, "stand_ins": str(stand_ins or "")}
     # 1. the wheelhouse
     if wheelhouse == "build":
-        # its own command (no experiment script imports another: tests/test_module_graph.py)
+        # its own command (no experiment script imports another: tests/project/test_module_graph.py)
         subprocess.run([sys.executable, str(HERE / "build_wheelhouse.py"), "--dest", str(out / "wheelhouse")],
                        check=True)
     elif wheelhouse != "none":

@@ -8,7 +8,7 @@
 # 1. installs the wheelhouse (--bundle DIR: DIR/wheelhouse; else --wheelhouse, default experiments/gpu/wheelhouse;
 #    "none": nothing) into --target (default /tmp/cpdae-site) and puts the repository, then the target, on PYTHONPATH;
 # 2. the suite, once per machine (skipped when --work holds suite.done from an earlier call on this machine;
-#    --suite forces it, --no-suite skips it): pytest -m gpu tests/test_gpu.py, experiments/gpu/bench_gpu.py,
+#    --suite forces it, --no-suite skips it): pytest -m gpu tests/project/test_gpu.py, experiments/gpu/bench_gpu.py,
 #    env.txt; on the GPU the tests get until 40% of --budget-s and the benchmarks until 80%, each at least
 #    --min-step-s seconds (default 10), then the step is stopped (its process group) and the call goes on;
 # 3. with --bundle: unpacks DIR/data.tar.xz (once: DIR/data, DIR/bm25) and runs the gpu-scale comparison
@@ -151,7 +151,7 @@ suite_ran=0
 if [ "$SUITE" = 1 ] || { [ "$SUITE" = auto ] && [ ! -f "$WORK/suite.done" ]; }; then
   rm -rf "$SUITE_DIR"; mkdir -p "$SUITE_DIR"
   echo "== pytest -m gpu ($(elapsed) s)" >&2
-  run_until "$(deadline 40)" "$SUITE_DIR/gpu_tests.log" "$PY" -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -o addopts= -rs \
+  run_until "$(deadline 40)" "$SUITE_DIR/gpu_tests.log" "$PY" -m pytest -m gpu tests/project/test_gpu.py -p no:cacheprovider -o addopts= -rs \
     -q --junitxml="$SUITE_DIR/gpu_tests.xml" || status=1
   echo "== bench_gpu.py ($(elapsed) s)" >&2
   run_until "$(deadline 80)" "$SUITE_DIR/bench_gpu.log" "$PY" experiments/gpu/bench_gpu.py --out "$SUITE_DIR" \

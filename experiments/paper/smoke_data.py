@@ -8,7 +8,7 @@ in SMART's (with its quirk: queries numbered by position in the qrels), and the 
 texts are random sentences over a few topics of English words (on the bert-base-uncased vocabulary), each query a
 few words of its relevant documents, so BM25 and the encoders find something; the numbers mean nothing.
 
-The files are made by this module from a fixed seed; ``tests/test_paper_smoke_data.py`` checks that the shipped
+The files are made by this module from a fixed seed; ``tests/experiments/paper/test_smoke_data.py`` checks that the shipped
 files are exactly what it makes. To make them again (after changing this module)::
 
     python -m experiments.paper.smoke_data            # writes experiments/smoke_data/

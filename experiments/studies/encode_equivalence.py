@@ -16,7 +16,7 @@ Usage::
     python experiments/studies/encode_equivalence.py --backend openvino    # OpenVINO also where the automatic choice is torch
     python experiments/studies/encode_equivalence.py --collections vaswani --docs 500 --dtype bf16 --backend torch
 
-:func:`compare_dtypes` (with :func:`encode_reference`) is also what ``tests/test_encoder_speed_equivalence.py`` runs on
+:func:`compare_dtypes` (with :func:`encode_reference`) is also what ``tests/pyterrier_cpdae/encoder/test_policy_speed_equivalence.py`` runs on
 slices.
 """
 from __future__ import annotations

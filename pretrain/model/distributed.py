@@ -4,7 +4,7 @@
 autograd graph: ``torch.distributed.nn.functional.all_gather`` sums the incoming gradients
 of every process in backward. Hence, if each process returns the *mean over its local
 rows* of a loss computed against the gathered tensor, DDP's gradient averaging yields
-exactly the gradient of the mean over the global batch (see ``tests/test_ddp_equivalence.py``).
+exactly the gradient of the mean over the global batch (see ``tests/pretrain/model/test_distributed.py``).
 """
 from __future__ import annotations
 

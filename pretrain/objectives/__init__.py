@@ -62,8 +62,8 @@ How to add an objective
 4. What the objective needs from the corpus (IDF weights, a decoder-bias prior, ...) is
    computed in the classmethod :meth:`Objective.prepare` from the tokenised corpus
    (:class:`pretrain.data.corpus.TokenCache`); the CLI passes the returned dict to the constructor.
-5. Add ``tests/test_<name>.py``: a reference for its loss written from the paper's equation,
-   and a short run (``tests/test_objective_plugins.py`` shows a toy objective trained for two
+5. Add ``tests/pretrain/objectives/test_<name>.py``: a reference for its loss written from the paper's equation,
+   and a short run (``tests/pretrain/test_registry_plugins.py`` shows a toy objective trained for two
    steps through ``python -m pretrain``).
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ Example::
 
 This package (the dense wing) is the public home of :class:`DenseIndex` and its retrievers; it imports the
 retrievers' modules so that they attach their factories.  The parts import one way only
-(``tests/test_module_graph.py`` checks that there is no cycle and that the wing imports only itself and the shared
+(``tests/project/test_module_graph.py`` checks that there is no cycle and that the wing imports only itself and the shared
 helpers ``_artifact``, ``_checks``, ``_files``, ``_locking``)::
 
     exact_retr, faiss_retr     retrievers; attach retriever()/np_retriever()/.../faiss_*_retriever()/scorer()

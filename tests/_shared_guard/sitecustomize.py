@@ -1,7 +1,7 @@
 """The tests' guard of ``../shared``: only real-data tests may read the real data (docs/development.md, "Real data").
 
 ``tests/conftest.py`` loads this file and puts its folder first on ``PYTHONPATH``, so that every Python process a test
-starts (directly or through the warm interpreter, ``tests/_warm_python.py``) imports it as ``sitecustomize`` too. It
+starts (directly or through the warm interpreter, ``tests/helpers/warm_python.py``) imports it as ``sitecustomize`` too. It
 adds an audit hook (:func:`sys.addaudithook`) that refuses to open or list anything under ``CPDAE_TESTS_SHARED_ROOT``
 (the real path of ``../shared``) while ``CPDAE_TESTS_SHARED`` is ``deny``, which conftest sets for each test that is
 neither given the ``shared_data`` fixture (or one of its collections) nor marked ``real_data``. A refused access

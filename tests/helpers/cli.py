@@ -1,0 +1,23 @@
+"""``python -m pretrain`` run in the test's own process, for the tests of its one-line errors, and the four texts
+of their corpora."""
+from __future__ import annotations
+
+import sys
+
+from pretrain import __main__ as entry
+
+DOCS = ["Dense retrieval encodes a text into one vector. The decoder reconstructs its words.",
+        "Apples grow on trees in the orchard. Bananas are yellow when ripe.",
+        "The river runs to the sea. Boats carry goods along the coast.",
+        "Physics studies matter and energy. Chemistry studies reactions."]
+
+
+def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
+    """``python -m pretrain <argv>`` in this process: (exit code, the one ``error:`` line)."""
+    monkeypatch.setattr(sys, "argv", ["pretrain", *argv])
+    code = entry._run()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == (1 if code else 0), err[-2000:]
+    return code, lines[0] if lines else ""

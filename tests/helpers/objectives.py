@@ -1,0 +1,54 @@
+"""Helpers shared by the objectives' tests (tests/pretrain/objectives/, tests/pretrain/model/, the GPU tests)."""
+from __future__ import annotations
+
+import torch
+
+from pretrain.arguments import objective_config
+
+
+def sharpen(module: torch.nn.Module) -> None:
+    """Re-draw every weight matrix with a large spread, so that the losses react to every input
+    (the tiny model's BERT initialisation gives nearly uniform logits, hiding small mistakes)."""
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+
+
+def load_tiny(tiny_bert_dir: str, **cfg):
+    """``(masked-LM model, tokenizer, objective_config(**cfg))`` of the tiny test BERT, seeded."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    return model, tok, objective_config(model=tiny_bert_dir, **cfg)
+
+
+def train_losses(obj: torch.nn.Module, examples: list[list[int]], steps: int = 30, lr: float = 3e-3) -> list[float]:
+    """The total loss at each of ``steps`` AdamW steps on the same batch texts (re-masked every step)."""
+    opt = torch.optim.AdamW(obj.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        out = obj(obj.collate(examples))
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(float(out["loss"].detach()))
+    return losses
+
+
+def make(name, tiny_bert_dir, tok, seed=0, **cfg):
+    """Objective ``name`` on the tiny test BERT, seeded (its mask generator too); ``idf``, when given, is passed on."""
+    from pretrain.model.modeling import load_mlm_model
+    from pretrain.objectives import build_objective
+
+    torch.manual_seed(seed)
+    model = load_mlm_model(tiny_bert_dir)
+    extra = {}
+    if "idf" in cfg:
+        extra["idf"] = cfg.pop("idf")
+    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=cfg.pop("batch_size", 4), **cfg)
+    obj = build_objective(name, model, tok, config, **extra)
+    obj.mask_generator = torch.Generator().manual_seed(seed)
+    return obj
