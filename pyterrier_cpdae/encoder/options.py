@@ -12,7 +12,7 @@ options compare, hash and digest equal. Four groups:
 * :class:`ComputeOptions`: what computes it and in which precision (``backend``, ``dtype``, ``unpad``,
   ``cls_last_layer``).
 
-Only :data:`VECTOR_OPTIONS` change the vectors (``tests/test_reliability_encoder_options.py`` shows it option by
+Only :data:`VECTOR_OPTIONS` change the vectors (``tests/pyterrier_cpdae/encoder/test_identity_options_reliability.py`` shows it option by
 option); they, with the weights, make the encoder's identity (:func:`~pyterrier_cpdae.encoder.identity.encoder_digest`).
 """
 from __future__ import annotations

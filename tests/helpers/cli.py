@@ -21,3 +21,10 @@ def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == (1 if code else 0), err[-2000:]
     return code, lines[0] if lines else ""
+
+
+def pretrain_args(model: str, corpus, out, cache, *extra: str) -> list[str]:
+    """A tiny run's command line: 2 texts a step, 32 tokens, 2 steps, a checkpoint at each, on the CPU."""
+    return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),
+            "--global_batch_size", "2", "--max-length", "32", "--max-steps", "2", "--save-steps", "1", "--logging-steps", "1",
+            "--report_to", "none", "--use_cpu", *extra]

@@ -4,7 +4,7 @@ float32 graph.
 OpenVINO's compiled float32 graph encodes faster than PyTorch's eager float32 forward on the CPU (with the parallel
 streams below), with vectors within ~3e-6 of it (the float32 noise floor between two orders
 of summation), so rankings are unchanged (``experiments/results/bench_encode.md``,
-``tests/test_encoder_openvino.py``).  Unlike bf16 it does not round the weights or activations.
+``tests/pyterrier_cpdae/encoder/test_openvino_backend.py``).  Unlike bf16 it does not round the weights or activations.
 
 The graph is traced once per encoder from the loaded PyTorch model (``openvino.convert_model``, ~1.5 CPU-s for
 MiniLM; OpenVINO's usage reports are not sent, see :func:`_without_telemetry`) with dynamic batch and sequence

@@ -17,14 +17,7 @@ import pytest
 
 from pretrain.data.corpus import TokenCache
 
-from tests.helpers.cli import DOCS, run_cli
-
-
-# ----------------------------------------------------------------------------- helpers
-def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str) -> list[str]:
-    return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),
-            "--global_batch_size", "2", "--max-length", "32", "--max-steps", "2", "--save-steps", "1", "--logging-steps", "1",
-            "--report_to", "none", "--use_cpu", *extra]
+from tests.helpers.cli import DOCS, pretrain_args, run_cli
 
 
 # ============================================================================= class 6: damaged or changed inputs

@@ -1,4 +1,4 @@
-"""Fixtures of the data wing's tests: a four-line corpus and the tiny BERT's tokenizer."""
+"""Fixtures of the pre-training tests: a four-line corpus and the tiny BERT's tokenizer (a test file's own `corpus` wins)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from _warm_python import warm_python
+from tests.helpers.warm_python import warm_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 from experiments.bench import bench_int8_msmarco_scale as scale  # noqa: E402
 

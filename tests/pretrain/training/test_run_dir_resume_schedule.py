@@ -1,7 +1,7 @@
 """A resume refuses a changed schedule: ``--resume_from_checkpoint`` with another learning rate, scheduler, warm-up,
 global batch, seed, objective option or data stops with one line naming the option and what to do; another length is
 refused where it gives the steps already taken other learning rates (reference: the linear decay written out; a
-length that keeps them is accepted: tests/test_model_cards.py::test_resume_regenerates_the_card); the same options
+length that keeps them is accepted: tests/pretrain/export/test_card.py::test_resume_regenerates_the_card); the same options
 resume."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from test_reliability_inputs import corpus, pretrain_args, run_cli  # noqa: F401 (fixtures)
+from tests.helpers.cli import pretrain_args, run_cli
 
 CHANGED = [("--learning_rate", "1e-3", "learning_rate"), ("--lr_scheduler_type", "cosine", "lr_scheduler_type"),
            ("--warmup_steps", "0.5", "warmup_steps"), ("--global_batch_size", "4", "global_batch_size"),
@@ -17,7 +17,7 @@ CHANGED = [("--learning_rate", "1e-3", "learning_rate"), ("--lr_scheduler_type",
 
 
 @pytest.fixture
-def unfinished(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):  # noqa: F811
+def unfinished(tmp_path, corpus, tiny_bert_dir, monkeypatch, capsys):
     """A 4-step run whose last checkpoint is step 2 (checkpoint-4 and the export removed: it was killed after 2)."""
     out = tmp_path / "run"
     args = pretrain_args(tiny_bert_dir, corpus, out, tmp_path / "cache", "--max-steps", "4", "--save-steps", "2",
