@@ -6,7 +6,7 @@ fine-tuned row is "within" when ``|new - recorded mean| <= 2 x recorded std``. Z
 shown with their difference only. Both files are the ``table1.csv`` the pipeline writes (``--tables 1``).
 
     python -m experiments.paper.compare --recorded experiments/results/paper_cpu/table1.csv \\
-        --new ../paper-cpu-trainer/results-phase4/table1.csv [--markdown out.md]
+        --new <work-dir>/results/table1.csv [--markdown out.md]
 """
 from __future__ import annotations
 
