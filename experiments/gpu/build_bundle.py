@@ -22,7 +22,7 @@ the repository's working tree plus up to 8 carried ignored folders, 64 MiB in al
 - ``MANIFEST.json``: the scale, sizes, contents and sizes in bytes.
 
 The builder refuses a bundle whose size plus the tracked working tree exceeds ``--max-mb`` (default 63.5 MiB of the
-64 MiB a device call carries).
+64 MiB that travel to the GPU machine with each command).
 
 Usage (from the repository root)::
 
@@ -48,7 +48,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 DEFAULT_OUT = REPO / ".gpu_bundle"
 SHARED = "../shared/data"
-MAX_MB = 63.5  # of the device call's 64 MiB: 0.5 MiB left for untracked files (keep the checkout clean before a call)
+MAX_MB = 63.5  # of the 64 MiB that travel to the GPU machine: 0.5 MiB left for untracked files (keep the checkout clean)
 MIB = 1024 * 1024
 MODEL_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 COLLECTIONS = ("msmarco-dev-sample", "msmarco-dl19-judged", "scifact", "vaswani", "cranfield")
@@ -68,7 +68,7 @@ def tree_bytes(path: Path) -> int:
 
 
 def tracked_bytes() -> int:
-    """Bytes of the repository's tracked files (they travel with every device call)."""
+    """Bytes of the repository's tracked files (they travel with every command run on the GPU machine)."""
     out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     return sum((REPO / f).stat().st_size for f in out.decode().split("\0") if f and (REPO / f).is_file())
 

@@ -1,23 +1,6 @@
 """Deprecated: the OpenVINO backend moved to :mod:`pyterrier_cpdae.encoder.backends.openvino`; its names read here
 still work, with a ``DeprecationWarning``."""
-from __future__ import annotations
+from .._moved import moved_names
 
-import warnings
-from typing import Any
-
-_MOVED_TO = "pyterrier_cpdae.encoder.backends.openvino"
-_NAMES = ("openvino_available", "compile_encoder", "CompiledEncoder")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    warnings.warn(f"{__name__}.{name} moved to {_MOVED_TO}.{name}; import it from there", DeprecationWarning,
-                  stacklevel=2)
-    return getattr(importlib.import_module(_MOVED_TO), name)
-
-
-def __dir__() -> list:
-    return sorted(_NAMES)
+__getattr__, __dir__ = moved_names(__name__, "pyterrier_cpdae.encoder.backends.openvino",
+                                   ("openvino_available", "compile_encoder", "CompiledEncoder"))

@@ -206,19 +206,29 @@ def no_dropout_bert_dir(tmp_path_factory, tiny_bert_dir) -> str:
     return str(out)
 
 
-def test_torchrun_two_processes_same_global_batch_and_losses(tmp_path, no_dropout_bert_dir, corpus, free_port):
-    """The same global batch of 8 texts, as 1 x 8 and as 2 processes x 4 (gloo): the same losses and terms at every
-    step (the MLM term normalised by the global count of masked tokens, the contrast over the gathered views) and
-    the same weights after 3 updates."""
-    tiny_bert_dir = no_dropout_bert_dir
+LAUNCHERS = {  # 2 CPU processes (gloo), as a user starts them
+    "torchrun": lambda port: ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                              "--master_port", str(port)],
+    # accelerate's torchrun launcher (its --cpu flag starts one process only)
+    "accelerate": lambda port: ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                                "--main_process_port", str(port)],
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_two_processes_same_global_batch_losses_and_weights(launcher, tmp_path, no_dropout_bert_dir, corpus,
+                                                            free_port):
+    """The same global batch of 8 texts, as 1 x 8 and as 2 processes x 4 (gloo; torchrun or ``accelerate launch``):
+    the same losses and terms at every step (the MLM term normalised by the global count of masked tokens, the
+    contrast over the gathered views) and the same weights after 3 updates."""
     common = ("--max_steps", "3", "--save_steps", "3", "--dataloader_num_workers", "0")
     one = tmp_path / "one"
-    proc = run(args(tiny_bert_dir, corpus, one, *common, objective="cpdae"))
+    proc = run(args(no_dropout_bert_dir, corpus, one, *common, objective="cpdae"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = tmp_path / "two"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_addr", "127.0.0.1", "--master_port", str(free_port), "-m", "pretrain",
-                           *args(tiny_bert_dir, corpus, two, *common, objective="cpdae")],
+    proc = subprocess.run([sys.executable, *LAUNCHERS[launcher](free_port), "-m", "pretrain",
+                           *args(no_dropout_bert_dir, corpus, two, *common, objective="cpdae")],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((two / "run_config.json").read_text())["trainer"]["world_size"] == 2
@@ -234,38 +244,10 @@ def test_torchrun_two_processes_same_global_batch_and_losses(tmp_path, no_dropou
         assert torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-6), k
 
 
-def test_accelerate_launch_two_processes_same_losses_and_weights(tmp_path, no_dropout_bert_dir, corpus, free_port):
-    """``accelerate launch`` (its torchrun launcher, gloo on the CPU) with 2 processes x 4 texts: the losses, terms
-    and weights of 1 process x 8."""
-    common = ("--max_steps", "3", "--save_steps", "3", "--dataloader_num_workers", "0")
-    one = tmp_path / "one"
-    proc = run(args(no_dropout_bert_dir, corpus, one, *common, objective="cpdae"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    two = tmp_path / "two"
-    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                           "--main_process_port", str(free_port), "-m", "pretrain",
-                           *args(no_dropout_bert_dir, corpus, two, *common, objective="cpdae")],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((two / "run_config.json").read_text())["trainer"]["world_size"] == 2
-    a = [r for r in log_history(one, 3) if "loss" in r]
-    b = [r for r in log_history(two, 3) if "loss" in r]
-    assert [r["step"] for r in b] == [1, 2, 3]
-    for ra, rb in zip(a, b):
-        for k in ("loss", "mlm", "rec", "cl"):
-            assert rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-6), k
-    wa, wb = _final_weights(one), _final_weights(two)
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        assert torch.allclose(wa[k], wb[k], rtol=1e-4, atol=1e-6), k
-
-
 def test_fsdp_asked_for_on_the_cpu_stops_instead_of_training_as_ddp(tmp_path, tiny_bert_dir, corpus, free_port):
     """accelerate enables FSDP on accelerators only: 2 CPU processes would train as plain DDP, silently."""
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_addr", "127.0.0.1", "--master_port", str(free_port), "-m", "pretrain",
+    proc = subprocess.run([sys.executable, *LAUNCHERS["torchrun"](free_port), "-m", "pretrain",
                            *args(tiny_bert_dir, corpus, out, "--max_steps", "2", "--fsdp", "full_shard auto_wrap")],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode != 0, proc.stderr[-3000:]
