@@ -58,36 +58,14 @@ def toolkit_info() -> dict[str, Any]:
 
 
 def weights_sha256(path: Optional[str]) -> Optional[str]:
-    """SHA-256 of the safetensors weights of model directory ``path``: that of ``model.safetensors`` when it is the
-    only weights file (what ``sha256sum model.safetensors`` prints), else over every ``*.safetensors`` file's name
-    and contents, sorted by name; ``None`` for a Hub name or a directory without them."""
-    if not path or not os.path.isdir(path):
-        return None
-    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
-    if not files:
-        return None
-    key: tuple = (os.path.realpath(path),)  # kept per process under the files' stat (a rewrite gets a new ctime)
-    for name in files:
-        st = os.stat(os.path.join(path, name))
-        key += ((name, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns),)
-    if key not in _WEIGHTS_SHA256:
-        _WEIGHTS_SHA256[key] = _hash_weights(path, files)
-    return _WEIGHTS_SHA256[key]
+    """SHA-256 (hex) of the safetensors weights of model directory ``path``: that of ``model.safetensors`` (what
+    ``sha256sum model.safetensors`` prints), or of a sharded model's index file followed by its shards; ``None`` for
+    a Hub name or a directory without them. The plugin's digest of a folder's weights files
+    (:func:`pyterrier_cpdae.encoder.identity.files_sha256`): an index built by an encoder loaded from the export
+    records its first 16 characters as ``weights_sha256``."""
+    from pyterrier_cpdae.encoder.identity import files_sha256
 
-
-#: :func:`weights_sha256`'s results, by the directory and its weights files' (name, size, mtime, inode, ctime)
-_WEIGHTS_SHA256: dict[tuple, str] = {}
-
-
-def _hash_weights(path: str, files: list[str]) -> str:
-    h = hashlib.sha256()
-    for name in files:
-        if len(files) > 1:
-            h.update(name.encode() + b"\0")
-        with open(os.path.join(path, name), "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-    return h.hexdigest()
+    return files_sha256(path)
 
 
 def _file_sha256(path: str) -> Optional[str]:

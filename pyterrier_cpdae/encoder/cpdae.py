@@ -47,8 +47,8 @@ from .backends.padded import PaddedTorch
 from .backends.unpadded import UnpaddedTorch, packing_kernel
 from .batching import check_texts, dedup, length_sorted_batches, read_ahead, token_budget_batches
 from .first_token import check_first_token, first_token_model
-from .identity import content_digest, encoder_digest, legacy_digest, weights_key
-from .loading import check_weights_file, load_encoder, load_tokenizer, weights_digest
+from .identity import encoder_digest, files_sha256, producer_record, weights_key, weights_sha256
+from .loading import check_weights_file, load_encoder, load_tokenizer
 from .attention import first_token_kernel_ok
 from .options import EncoderOptions, positive_int
 from .policy import (_DTYPE_NAMES, _DTYPES, ASYNC_DEVICES, BACKEND_ENV, BACKENDS, CPU_BATCH_TOKENS,  # noqa: F401
@@ -334,7 +334,7 @@ class CPDAE(pt.Transformer):
         if self._model is None:
             logger.info("loading encoder %s on %s", self.name_or_path, self.device)
             self._model = load_encoder(self.name_or_path).to(self.device).eval()
-            self._loaded_key = weights_key(self._model)  # the file's digest describes these weights while unedited
+            self._loaded_key = weights_key(self._model)  # the files' digest describes these weights while unedited
         return self._model
 
     @property
@@ -350,41 +350,56 @@ class CPDAE(pt.Transformer):
         return state
 
     # -- identity ------------------------------------------------------------------------------------------
+    def _weights(self, key: Optional[str] = None) -> Tuple[Optional[torch.nn.Module], Optional[str]]:
+        """The module whose weights identify this encoder and its :func:`~.identity.weights_key` (``key`` when the
+        caller has just taken it); ``(None, None)`` for a Hub model not loaded yet (not fetched for an identity). A
+        model in a local folder is loaded."""
+        local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
+        module = self.model if self._model is not None or local else None
+        if module is None:
+            return None, None
+        return module, (weights_key(module) if key is None else key)
+
+    def identity(self, key: Optional[str] = None) -> str:
+        """This encoder's one digest: :func:`~pyterrier_cpdae.encoder.identity.encoder_digest` of the digest of its
+        weights (:func:`~pyterrier_cpdae.encoder.identity.weights_sha256`, kept while their
+        :func:`~pyterrier_cpdae.encoder.identity.weights_key` -- ``key`` when the caller has just taken it -- is
+        unchanged; the model's name while a Hub model is not loaded) and :meth:`vector_options`. Equal identities,
+        equal vectors: what the encoder keys its caches by (its :meth:`producer` record, which spells the same parts
+        out as fields; its compiled OpenVINO graph). A model in a local folder is loaded for it."""
+        module, key = self._weights(key)
+        weights = weights_sha256(module, key) if module is not None else None
+        return encoder_digest(weights or f"name:{self.name_or_path}", self.vector_options())
+
     def producer(self) -> Dict[str, Any]:
         """What makes this encoder's document vectors: recorded by a dense index built through it (``enc >>
         index.indexer()``, or ``indexer(producer=enc)``), so that shards or indexes of vectors from other encoders
         are refused when they are put together (``DenseIndex.merge``, ``merge_shards``, a sharded view).
 
         Returns:
-            ``{"encoder": "CPDAE", "model", "weights_sha256", "pooling", "normalize", "max_length", "dtype",
-            "dim"}``: the model's name or path (shown, not compared when the weights digest is known), a digest of
-            its weights (:func:`~pyterrier_cpdae.encoder.loading.weights_digest`), the pooling, normalisation,
-            document length in tokens and autocast dtype the vectors are computed with, and their dimension; and
-            ``weights_content``, the digest of the loaded tensors. The record is a function of :meth:`identity`:
-            computed again only when it changes (a dense index stores and compares these fields).
+            :func:`~pyterrier_cpdae.encoder.identity.producer_record` of the two parts of :meth:`identity`:
+            ``{"encoder": "CPDAE", "model", "weights_sha256", "pooling", "normalize", "max_length", "dtype", "dim",
+            "weights_content"}``: the model's name or path (shown, not compared when a weights digest is known);
+            ``weights_content``, the weights' digest (:func:`~pyterrier_cpdae.encoder.identity.weights_sha256`, 16
+            hex characters); ``weights_sha256``, the same, or while the weights are those of a local folder's files
+            (unedited since loaded) the digest of those files
+            (:func:`~pyterrier_cpdae.encoder.identity.files_sha256`), which indexes recorded without
+            ``weights_content`` compare; the pooling, normalisation, document length in tokens and autocast dtype
+            the vectors are computed with, and their dimension. Computed again only when :meth:`identity` changes.
         """
-        local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
-        module = self.model if self._model is not None or local else None  # (a Hub name is not fetched for this)
-        key = weights_key(module) if module is not None else None
-        identity = (self.identity(key), self.name_or_path)
+        module, key = self._weights()
+        weights = weights_sha256(module, key) if module is not None else None
+        options = self.vector_options()
+        identity = (encoder_digest(weights or f"name:{self.name_or_path}", options), self.name_or_path)
         cached = self.__dict__.get("_producer")
-        if cached is not None and cached[0] == identity:  # the fields below are functions of the identity
+        if cached is not None and cached[0] == identity:  # the record is a function of the identity
             return dict(cached[1])
-        content = content_digest(module, key) if module is not None else None
-        # the folder's file digest holds for weights loaded from it and not edited since (an in-place edit of the
-        # loaded module makes them other weights: their state dict's digest instead)
+        # the folder's files hold these weights while the loaded module is unedited (an in-place edit makes them
+        # other weights: then the record names only their digest)
         edited = getattr(self, "_loaded_key", None) not in (None, key)
-        if self.name_or_path is not None:
-            digest = weights_digest(self._model, self.name_or_path) if local and not edited else \
-                (legacy_digest(self._model, key) if self._model is not None else None)
-            model = self.name_or_path
-        else:
-            digest, model = legacy_digest(self._model, key), f"<in-memory {type(self._model).__name__}>"
-        out = {"encoder": "CPDAE", "model": str(model), "weights_sha256": digest, "pooling": self.pooling,
-               "normalize": self.normalize, "max_length": int(self.doc_max_length),
-               "dtype": _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype())), "dim": self.dim}
-        if content is not None:
-            out["weights_content"] = content
+        files = files_sha256(self.name_or_path) if module is not None and not edited else None
+        name = self.name_or_path if self.name_or_path is not None else f"<in-memory {type(self._model).__name__}>"
+        out = producer_record(weights, options, model=name, dim=self.dim, files=files)
         self._producer = (identity, out)
         return dict(out)
 
@@ -394,18 +409,6 @@ class CPDAE(pt.Transformer):
         out = self._options.vector_options()
         out["dtype"] = _DTYPE_NAMES.get(self._autocast_dtype(), str(self._autocast_dtype()))
         return out
-
-    def identity(self, key: Optional[str] = None) -> str:
-        """This encoder's identity: :func:`~pyterrier_cpdae.encoder.identity.encoder_digest` of its weights (their
-        :func:`~pyterrier_cpdae.encoder.identity.weights_key`, ``key`` when the caller has just taken it; the model's
-        name while a Hub model is not loaded) and :meth:`vector_options`. Equal identities, equal vectors: what the
-        encoder keys its caches by (its :meth:`producer` record, its compiled OpenVINO graph). A model in a local
-        folder is loaded for it, as for :meth:`producer`."""
-        if key is None:
-            local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
-            module = self.model if self._model is not None or local else None
-            key = weights_key(module) if module is not None else None
-        return encoder_digest(key if key is not None else f"name:{self.name_or_path}", self.vector_options())
 
     def __rshift__(self, right: Any) -> pt.Transformer:
         right = _with_producer(right, self)

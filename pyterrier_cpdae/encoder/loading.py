@@ -9,9 +9,12 @@ import contextlib
 import inspect
 import json
 import os
+import warnings
 from typing import Any, Dict, Iterator, Optional, Union
 
 import torch
+
+from .identity import RECORD_DIGEST_CHARS, SAFETENSORS_WEIGHTS, files_sha256, state_dict_sha256
 
 __all__ = ["load_encoder", "load_tokenizer", "load_config", "check_auto_fits", "autocast_dtype", "check_model_dir",
            "check_weights_file", "float32_kwargs", "weights_digest"]
@@ -83,52 +86,20 @@ def check_model_dir(path: str) -> None:
 
 #: Weight files that are loaded with pickle (they can run code when read): never loaded here.
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.ckpt", "training_args.bin")
-SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-
-
-_DIGESTS: Dict[Any, str] = {}  # (files' real paths, devices, inodes, sizes, mtimes, ctimes) -> digest
 
 
 def weights_digest(model: Any = None, path: Optional[str] = None) -> Optional[str]:
-    """A SHA-256 (hex, 16 characters) identifying the weights of an encoder: of the safetensors file(s) of the local
-    directory ``path`` (hashed once per process and file version), else of ``model``'s state dict (names, dtypes,
-    shapes and bytes); ``None`` when neither is available (a Hub name not loaded yet).
-
-    What a dense index records as the producer of its vectors: two encoders with the same digest hold the same
-    weights, whatever their names.
-    """
-    import hashlib
-
-    if path is not None and os.path.isdir(path):
-        files = []
-        index = os.path.join(path, SAFETENSORS_WEIGHTS[1])
-        if os.path.isfile(os.path.join(path, SAFETENSORS_WEIGHTS[0])):
-            files = [os.path.join(path, SAFETENSORS_WEIGHTS[0])]
-        elif os.path.isfile(index):
-            with open(index, encoding="utf8") as f:
-                files = [index] + [os.path.join(path, os.path.basename(n))
-                                   for n in sorted(set(json.load(f).get("weight_map", {}).values()))]
-        if files:
-            # the file's identity, not only its name and times: a file replaced in place (cp -p, touch -r) keeps
-            # its size and mtime, never its ctime (which no user call can set back)
-            key = tuple((os.path.realpath(f), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                        for f, st in ((f, os.stat(f)) for f in files))
-            if key not in _DIGESTS:
-                h = hashlib.sha256()
-                for f in files:
-                    with open(f, "rb") as fin:
-                        for block in iter(lambda: fin.read(8 << 20), b""):
-                            h.update(block)
-                _DIGESTS[key] = h.hexdigest()[:16]
-            return _DIGESTS[key]
-    if model is None:
-        return None
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        t = t.detach().to("cpu").contiguous()
-        h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
+    """Deprecated: the ``weights_sha256`` field of a producer record as it was computed before it came from the
+    encoder's one digest: :func:`~.identity.files_sha256` of the local folder ``path`` (16 hex characters), else
+    the digest of ``model``'s whole state dict; ``None`` when neither is available. An encoder's weights have one
+    digest now, :func:`~.identity.weights_sha256` (:meth:`~.cpdae.CPDAE.producer` derives its fields from it)."""
+    warnings.warn("pyterrier_cpdae.encoder.loading.weights_digest is deprecated: use "
+                  "pyterrier_cpdae.encoder.identity.weights_sha256(model) (the weights' digest) or files_sha256(path) "
+                  "(the digest of a folder's weights files)", DeprecationWarning, stacklevel=2)
+    files = files_sha256(path)
+    if files is not None:
+        return files[:RECORD_DIGEST_CHARS]
+    return None if model is None else state_dict_sha256(model)
 
 
 def check_weights_file(path: str) -> None:
