@@ -46,10 +46,10 @@ import pandas as pd
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # python experiments/bench/bench_binary.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from experiments.bench.vector_sets import build, load_set, recall, synthetic_batches, synthetic_queries  # noqa: E402
 from pyterrier_cpdae.dense import DenseIndex  # noqa: E402 (this checkout's package)
 from pyterrier_cpdae.dense import binary  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 #: multipliers timed by default, per k
 MULTIPLIERS = {10: [1, 2, 4, 10], 1000: [1, 2, 4]}
 
@@ -63,42 +63,10 @@ def machine() -> str:
     return f"{os.cpu_count()}-core CPU ({model}; {', '.join(simd)}), {mem:.0f} GB"
 
 
-# -- synthetic vectors (bench_int8.py's generator, the same seeds) -----------------------------------------------
-def synthetic_batches(docs: int, dim: int, batch: int = 65536, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    dim_scale = np.exp(rng.normal(0, 0.5, dim)).astype(np.float32)
-    centres = rng.standard_normal((4096, dim)).astype(np.float32) * dim_scale
-    for start in range(0, docs, batch):
-        n = min(batch, docs - start)
-        vecs = centres[rng.integers(0, len(centres), n)] + rng.standard_normal((n, dim)).astype(np.float32) * dim_scale
-        vecs *= np.exp(rng.normal(0, 0.15, (n, 1))).astype(np.float32) / np.sqrt(dim)
-        yield pd.DataFrame({"docno": [f"d{i}" for i in range(start, start + n)], "doc_vec": list(vecs)})
-
-
-def synthetic_queries(num: int, dim: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    dim_scale = np.exp(rng.normal(0, 0.5, dim)).astype(np.float32)
-    centres = rng.standard_normal((4096, dim)).astype(np.float32) * dim_scale
-    q = centres[rng.integers(0, 4096, num)] + 0.7 * rng.standard_normal((num, dim)).astype(np.float32) * dim_scale
-    return (q / np.sqrt(dim)).astype(np.float32)
-
-
-def build(path: Path, batches, dtype: str) -> DenseIndex:
-    index = DenseIndex(path)
-    if not index.built():
-        index.indexer(dtype=dtype, mode="overwrite").index(batches)
-    return index
-
-
 def timed(fn):
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
-
-
-def recall(ids: np.ndarray, ref: np.ndarray) -> float:
-    k = ref.shape[1]
-    return float(np.mean([len(set(a[:k]) & set(b)) / k for a, b in zip(ids, ref)]))
 
 
 def max_norm(index: DenseIndex) -> float:
@@ -203,32 +171,6 @@ def speed(args) -> list:
 
 
 # -- quality on real sets ----------------------------------------------------------------------------------------
-def load_set(name: str):
-    """``(doc_ids, doc_texts, query_ids, query_texts, qrels frame)`` of a set in ../shared/data."""
-    if name == "scifact":
-        root = DATA / "scifact"
-        docs = [json.loads(line) for line in open(root / "corpus.jsonl", encoding="utf8")]
-        qrels = pd.read_csv(root / "qrels" / "train.tsv", sep="\t", dtype=str)
-        qrels = pd.DataFrame({"query_id": qrels["query-id"], "doc_id": qrels["corpus-id"],
-                              "relevance": qrels["score"].astype(int)})
-        queries = {q["_id"]: q["text"] for q in map(json.loads, open(root / "queries.jsonl", encoding="utf8"))}
-        qids = sorted(set(qrels["query_id"]))
-        return ([d["_id"] for d in docs], [(d.get("title", "") + " " + d["text"]).strip() for d in docs],
-                qids, [queries[q] for q in qids], qrels)
-    sub = {"marco": ("msmarco-dev-sample", "dev/small"), "dl19": ("msmarco-dl19-judged", "trec-dl-2019")}[name]
-    root = DATA / sub[0] / "irds" / "msmarco-passage"
-    coll = pd.read_csv(root / "collection.tsv", sep="\t", header=None, names=["id", "text"], dtype=str,
-                       quoting=3, keep_default_na=False)
-    queries = pd.read_csv(root / sub[1] / "queries.tsv", sep="\t", header=None, names=["id", "text"], dtype=str,
-                          quoting=3, keep_default_na=False)
-    qrels = pd.read_csv(root / sub[1] / "qrels", sep=r"\s+", header=None, names=["query_id", "it", "doc_id", "rel"],
-                        dtype=str)
-    qrels = pd.DataFrame({"query_id": qrels["query_id"], "doc_id": qrels["doc_id"],
-                          "relevance": qrels["rel"].astype(int)})
-    queries = queries[queries["id"].isin(set(qrels["query_id"]))]
-    return list(coll["id"]), list(coll["text"]), list(queries["id"]), list(queries["text"]), qrels
-
-
 def ndcg10(qids, doc_ids, ids, qrels) -> float:
     import ir_measures
     from ir_measures import nDCG

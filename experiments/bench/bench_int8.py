@@ -37,16 +37,19 @@ import json
 import os
 import platform
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from pyterrier_cpdae.dense import DenseIndex
-from pyterrier_cpdae.dense.ties import _rescore
+if str(Path(__file__).resolve().parents[2]) not in sys.path:  # python experiments/bench/bench_int8.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+from experiments.bench.vector_sets import build, load_set, recall, synthetic_batches, synthetic_queries  # noqa: E402
+from pyterrier_cpdae.dense import DenseIndex  # noqa: E402
+from pyterrier_cpdae.dense.ties import _rescore  # noqa: E402
 
 
 def machine() -> str:
@@ -61,35 +64,6 @@ def machine() -> str:
     return f"{os.cpu_count()}-core CPU ({model or platform.machine()}; {', '.join(simd)}), {mem:.0f} GB"
 
 
-# -- synthetic vectors -----------------------------------------------------------------------------------------
-def synthetic_batches(docs: int, dim: int, batch: int = 65536, seed: int = 0):
-    """Clustered vectors: 4,096 centres, per-dimension scales log-normal (a few dimensions several times wider, as in
-    BERT's outputs), norms spread by a log-normal factor; yields docno/doc_vec frames."""
-    rng = np.random.default_rng(seed)
-    dim_scale = np.exp(rng.normal(0, 0.5, dim)).astype(np.float32)
-    centres = rng.standard_normal((4096, dim)).astype(np.float32) * dim_scale
-    for start in range(0, docs, batch):
-        n = min(batch, docs - start)
-        vecs = centres[rng.integers(0, len(centres), n)] + rng.standard_normal((n, dim)).astype(np.float32) * dim_scale
-        vecs *= np.exp(rng.normal(0, 0.15, (n, 1))).astype(np.float32) / np.sqrt(dim)
-        yield pd.DataFrame({"docno": [f"d{i}" for i in range(start, start + n)], "doc_vec": list(vecs)})
-
-
-def synthetic_queries(num: int, dim: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    dim_scale = np.exp(rng.normal(0, 0.5, dim)).astype(np.float32)
-    centres = rng.standard_normal((4096, dim)).astype(np.float32) * dim_scale
-    q = centres[rng.integers(0, 4096, num)] + 0.7 * rng.standard_normal((num, dim)).astype(np.float32) * dim_scale
-    return (q / np.sqrt(dim)).astype(np.float32)
-
-
-def build(path: Path, batches, dtype: str) -> DenseIndex:
-    index = DenseIndex(path)
-    if not index.built():
-        index.indexer(dtype=dtype, mode="overwrite").index(batches)
-    return index
-
-
 def timed(fn, repeats: int = 1):
     best, out = float("inf"), None
     for _ in range(repeats):
@@ -97,11 +71,6 @@ def timed(fn, repeats: int = 1):
         out = fn()
         best = min(best, time.perf_counter() - t0)
     return best, out
-
-
-def recall(ids: np.ndarray, ref: np.ndarray) -> float:
-    k = ref.shape[1]
-    return float(np.mean([len(set(a[:k]) & set(b)) / k for a, b in zip(ids, ref)]))
 
 
 def rescored(queries: np.ndarray, cand: np.ndarray, store, k: int):
@@ -241,33 +210,6 @@ def speed(args) -> list:
 
 
 # -- quality on real sets ----------------------------------------------------------------------------------------
-def load_set(name: str):
-    """``(doc_ids, doc_texts, query_ids, query_texts, qrels frame)`` of a set in ../shared/data."""
-    if name == "scifact":
-        root = DATA / "scifact"
-        docs = [json.loads(line) for line in open(root / "corpus.jsonl", encoding="utf8")]
-        qrels = pd.read_csv(root / "qrels" / "train.tsv", sep="\t", dtype=str)
-        qrels = pd.DataFrame({"query_id": qrels["query-id"], "doc_id": qrels["corpus-id"],
-                              "relevance": qrels["score"].astype(int)})
-        queries = {q["_id"]: q["text"] for q in map(json.loads, open(root / "queries.jsonl", encoding="utf8"))}
-        qids = sorted(set(qrels["query_id"]))
-        return ([d["_id"] for d in docs], [(d.get("title", "") + " " + d["text"]).strip() for d in docs],
-                qids, [queries[q] for q in qids], qrels)
-    sub = {"marco": ("msmarco-dev-sample", "dev/small"), "dl19": ("msmarco-dl19-judged", "trec-dl-2019")}[name]
-    root = DATA / sub[0] / "irds" / "msmarco-passage"
-    coll = pd.read_csv(root / "collection.tsv", sep="\t", header=None, names=["id", "text"], dtype=str,
-                       quoting=3, keep_default_na=False)
-    queries = pd.read_csv(root / sub[1] / "queries.tsv", sep="\t", header=None, names=["id", "text"], dtype=str,
-                          quoting=3, keep_default_na=False)
-    qrels = pd.read_csv(root / sub[1] / "qrels", sep=r"\s+", header=None, names=["query_id", "it", "doc_id", "rel"],
-                        dtype=str)
-    qrels = pd.DataFrame({"query_id": qrels["query_id"], "doc_id": qrels["doc_id"],
-                          "relevance": qrels["rel"].astype(int)})
-    judged = set(qrels["query_id"])
-    queries = queries[queries["id"].isin(judged)]
-    return list(coll["id"]), list(coll["text"]), list(queries["id"]), list(queries["text"]), qrels
-
-
 def ndcg10(qids, doc_ids, ids, scores, qrels) -> float:
     import ir_measures
     from ir_measures import nDCG
