@@ -9,7 +9,6 @@ The default pre-trains in the same run (``python -m pretrain``, here cut to 2 st
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -22,18 +21,15 @@ import pandas as pd
 import pytest
 
 from tests.helpers.warm_python import warm_python
+from tests.helpers.main_job import load_main
 
-REPO = Path(__file__).resolve().parents[2]
 BM25 = "BM25 (pyserini, k1=0.9 b=0.4)"
 START = "dense (all-MiniLM-L6-v2, mean)"
 PRETRAINED = "dense (all-MiniLM-L6-v2 + cpdae 2 steps, mean)"
 
 
 def _load_main():
-    spec = importlib.util.spec_from_file_location("cpdae_main_job", REPO / "experiments" / "main.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_main("cpdae_main_job")
 
 
 @pytest.fixture(scope="module")

@@ -7,21 +7,16 @@ index is checked against a fresh run of the same command in an empty work direct
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from tests.helpers.main_job import load_main
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _load_main():
-    spec = importlib.util.spec_from_file_location("cpdae_main_job_options", REPO / "experiments" / "main.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_main("cpdae_main_job_options")
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ of their corpora."""
 from __future__ import annotations
 
 import sys
+from typing import Mapping, Optional
 
 from pretrain import __main__ as entry
 
@@ -23,8 +24,15 @@ def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str]:
     return code, lines[0] if lines else ""
 
 
-def pretrain_args(model: str, corpus, out, cache, *extra: str) -> list[str]:
-    """A tiny run's command line: 2 texts a step, 32 tokens, 2 steps, a checkpoint at each, on the CPU."""
+#: the settings of a tiny run: 2 texts a step, 32 tokens, 2 steps, a checkpoint at each, a log line at each
+TINY_RUN = {"--global_batch_size": "2", "--max-length": "32", "--max-steps": "2", "--save-steps": "1",
+            "--logging-steps": "1", "--report_to": "none"}
+
+
+def pretrain_args(model: str, corpus, out, cache, *extra: str, objective: Optional[str] = None,
+                  settings: Optional[Mapping[str, str]] = None) -> list[str]:
+    """A tiny run's command line on the CPU: :data:`TINY_RUN` with ``settings`` (flag -> value) replacing or adding
+    to it, ``--objective`` when given, then ``extra``."""
+    run = {**({"--objective": objective} if objective is not None else {}), **TINY_RUN, **(settings or {})}
     return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),
-            "--global_batch_size", "2", "--max-length", "32", "--max-steps", "2", "--save-steps", "1", "--logging-steps", "1",
-            "--report_to", "none", "--use_cpu", *extra]
+            *(x for item in run.items() for x in item), "--use_cpu", *extra]

@@ -12,6 +12,11 @@ def make_docs(n: int, dim: int = DIM, seed: int = 0, prefix: str = "d"):
     return [{"docno": f"{prefix}{i}", "doc_vec": vecs[i]} for i in range(n)], vecs
 
 
+def vector_frame(vecs, prefix: str = "d") -> pd.DataFrame:
+    """The rows of ``vecs`` as an indexer's input: ``docno`` ``<prefix><row>``, ``doc_vec``."""
+    return pd.DataFrame({"docno": [f"{prefix}{i}" for i in range(len(vecs))], "doc_vec": list(vecs)})
+
+
 def make_topics(n: int, dim: int = DIM, seed: int = 1) -> pd.DataFrame:
     q = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
     return pd.DataFrame({"qid": [f"q{i}" for i in range(n)], "query": [f"query {i}" for i in range(n)],

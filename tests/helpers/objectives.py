@@ -6,6 +6,11 @@ import torch
 from pretrain.arguments import objective_config
 
 
+def token_ids(tok, texts: list[str]) -> list[list[int]]:
+    """Each text's word pieces (no special tokens): what an objective's ``collate`` takes."""
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
 def sharpen(module: torch.nn.Module) -> None:
     """Re-draw every weight matrix with a large spread, so that the losses react to every input
     (the tiny model's BERT initialisation gives nearly uniform logits, hiding small mistakes)."""

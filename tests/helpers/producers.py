@@ -11,6 +11,7 @@ TOPICS = pd.DataFrame({"qid": ["q1", "q2"], "query": ["dense vector retrieval", 
 
 
 def enc(path, **kw):
-    """CPDAE on the CPU in float32 (documents cut at 32 tokens, PyTorch unless ``backend`` says otherwise)."""
-    return CPDAE.from_pretrained(path, device="cpu", dtype="float32", doc_max_length=32, batch_size=8,
-                                 backend=kw.pop("backend", "torch"), **kw)
+    """CPDAE on the CPU in float32 (documents cut at 32 tokens, PyTorch, unless ``doc_max_length``/``backend`` say
+    otherwise)."""
+    return CPDAE.from_pretrained(path, device="cpu", dtype="float32", doc_max_length=kw.pop("doc_max_length", 32),
+                                 batch_size=8, backend=kw.pop("backend", "torch"), **kw)

@@ -2,19 +2,20 @@
 cannot represent, a full disk while a checkpoint is written, and a second main job on one work directory."""
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import cli
 from tests.helpers.cli import DOCS, run_cli
 
 
-def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str, objective: str = "mlm") -> list[str]:
-    return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),
-            "--objective", objective, "--global_batch_size", "2", "--max-length", "32", "--max-steps", "4", "--save-steps", "2",
-            "--logging-steps", "1", "--learning-rate", "1e-3", "--report_to", "none", "--use_cpu", *extra]
+#: this file's runs: 4 steps, a checkpoint every 2, a learning rate that moves a tiny model
+pretrain_args = functools.partial(cli.pretrain_args, objective="mlm",
+                                  settings={"--max-steps": "4", "--save-steps": "2", "--learning-rate": "1e-3"})
 
 
 @pytest.fixture

@@ -21,12 +21,10 @@ import pytest
 from pretrain.arguments import parse_args
 from tests.helpers.warm_python import warm_python
 from tests.helpers.cli import run_cli
+from tests.helpers.errors import at
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _at(path: Path, line: int) -> str:
-    return re.escape(f"{path}:{line}:")
 
 
 # ------------------------------------------------------------------ a key given twice (class 2)
@@ -35,7 +33,7 @@ def test_a_yaml_key_given_twice_is_refused_not_last_one_wins(tmp_path: Path) -> 
     """It trained at 5.0: the second ``learning_rate`` won without a word."""
     f = tmp_path / "run.yaml"
     f.write_text("learning_rate: 1e-3\nbatch_size: 4\nlearning_rate: 5.0\n")
-    with pytest.raises(ValueError, match=_at(f, 3) + r" key 'learning_rate' is given twice .*first on line 1"):
+    with pytest.raises(ValueError, match=at(f, 3) + r" key 'learning_rate' is given twice .*first on line 1"):
         parse_args(["--output_dir", str(tmp_path / "run"), "--config", str(f)])
 
 
@@ -44,11 +42,11 @@ def test_a_key_given_twice_in_a_flow_mapping_and_in_a_nested_object(tmp_path: Pa
 
     flow = tmp_path / "flow.yaml"
     flow.write_text("{a: 1, b: 2, a: 3}\n")
-    with pytest.raises(ValueError, match=_at(flow, 1) + r" key 'a' is given twice"):
+    with pytest.raises(ValueError, match=at(flow, 1) + r" key 'a' is given twice"):
         read_config_file(flow)
     nested = tmp_path / "nested.json"
     nested.write_text('{"a": {"x": 1,\n "y": 2,\n "x": 3}}\n')
-    with pytest.raises(ValueError, match=_at(nested, 3) + r" key 'x' is given twice .*first on line 1"):
+    with pytest.raises(ValueError, match=at(nested, 3) + r" key 'x' is given twice .*first on line 1"):
         read_config_file(nested)
 
 
@@ -57,7 +55,7 @@ def test_a_key_given_twice_in_a_flow_mapping_and_in_a_nested_object(tmp_path: Pa
 def test_two_spellings_of_one_option_are_refused(tmp_path: Path, name: str, text: str, line: int) -> None:
     f = tmp_path / name
     f.write_text(text)
-    with pytest.raises(ValueError, match=_at(f, line) + r" key .* sets 'learning_rate', which key .* \(line 1\) sets"):
+    with pytest.raises(ValueError, match=at(f, line) + r" key .* sets 'learning_rate', which key .* \(line 1\) sets"):
         parse_args(["--output_dir", str(tmp_path / "run"), "--config", str(f)])
 
 
@@ -75,7 +73,7 @@ def test_the_paper_pipeline_refuses_a_key_given_twice_in_an_overlay(tmp_path: Pa
 
     f = tmp_path / "overlay.json"
     f.write_text('{"pretrain": {"max_steps": 2,\n  "max_steps": 200}}\n')
-    with pytest.raises(ValueError, match=_at(f, 2) + r" key 'max_steps' is given twice"):
+    with pytest.raises(ValueError, match=at(f, 2) + r" key 'max_steps' is given twice"):
         load_config("smoke", overlay=f, work_dir=tmp_path / "w")
 
 
@@ -165,7 +163,7 @@ def test_aliases_within_the_bound_are_read(tmp_path: Path) -> None:
     f.write_text("a: &x [1, 2, 3]\nb: *x\n")
     assert read_config_file(f) == {"a": [1, 2, 3], "b": [1, 2, 3]}
     f.write_text("a: &x [*x]\n")
-    with pytest.raises(ValueError, match=_at(f, 1) + " a YAML alias refers to the value that holds it"):
+    with pytest.raises(ValueError, match=at(f, 1) + " a YAML alias refers to the value that holds it"):
         read_config_file(f)
 
 

@@ -8,7 +8,6 @@ the content digest (re-read when the file's ctime changes) can see.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from tests.helpers.warm_python import warm_python
+from tests.helpers.main_job import load_main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -49,10 +49,7 @@ def _swap_in_place(folder: Path, i: int, j: int, texts: list[str]) -> None:
 
 
 def _load_main():
-    spec = importlib.util.spec_from_file_location("cpdae_main_job_caches", REPO / "experiments" / "main.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_main("cpdae_main_job_caches")
 
 
 # ----------------------------------------------------------------------------- the fingerprints themselves

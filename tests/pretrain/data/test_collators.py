@@ -6,7 +6,6 @@ import types
 
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from pretrain.arguments import objective_config
 from pretrain.data.collators import CollatorEpochCallback, PretrainingCollator, example_generator
@@ -24,10 +23,6 @@ CASES = {
     "mlm_span": ("mlm", {"span_contrast_weight": 1.0}),
 }
 
-
-@pytest.fixture(scope="module")
-def tok(tiny_bert_dir):
-    return AutoTokenizer.from_pretrained(tiny_bert_dir)
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,6 @@ from tests.helpers.warm_python import warm_python
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def tok(minilm_path):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(minilm_path)
-
 
 DOCS = [
     {"_id": "d1", "title": "Anarchism", "text": "Anarchism is a political philosophy. It rejects rulers! Does it work? Many ask."},

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -18,13 +17,11 @@ import pytest
 from pretrain.data.corpus import TokenCache
 
 from tests.helpers.cli import DOCS, pretrain_args, run_cli
+from tests.helpers.tiny_sets import random_word_docs as _bm25_docs
+from tests.helpers.token_cache import build_cache as _cache
 
 
 # ============================================================================= class 6: damaged or changed inputs
-def _cache(corpus: Path, tok, cache_dir: Path) -> TokenCache:
-    return TokenCache.build_or_load(str(corpus), tok, 32, cache_dir, progress=False, num_threads=1)
-
-
 def _reference_blocks(tok) -> list[list[int]]:
     """Independent reference: every document here fits one 30-token block, so a block is its document's ids."""
     blocks = [tok(d, add_special_tokens=False)["input_ids"] for d in DOCS]
@@ -234,12 +231,6 @@ def test_memory_error_while_loading_is_not_called_corruption(tmp_path, corpus, t
     assert line == f"error: MemoryError: out of memory while reading the weights file " \
                    f"{tiny_bert_dir}/model.safetensors"
     assert "corrupt" not in line
-
-
-def _bm25_docs(n: int = 3000):
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghij") for _ in range(7)) for _ in range(5000)]
-    return [{"docno": f"d{i}", "text": " ".join(rng.choice(words) for _ in range(200))} for i in range(n)]
 
 
 def test_full_disk_under_bm25_indexing(tmp_path, tmpfs):

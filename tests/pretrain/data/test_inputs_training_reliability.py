@@ -14,6 +14,7 @@ class shows that ``python -m pretrain`` calls them.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -31,12 +32,12 @@ from pretrain.data import inputs as inputs_mod
 from pretrain.data.corpus import TokenCache
 from pretrain.data.inputs import check_resume_inputs, file_fingerprint, run_inputs
 from pretrain.data.readers import iter_texts, resolve_spec
+from tests.helpers import cli
 from tests.helpers.cli import run_cli
+from tests.helpers.token_cache import build_cache as _cache
 
-def pretrain_args(model: str, corpus: Path, out: Path, cache: Path, *extra: str) -> list[str]:
-    return ["--model", model, "--corpus", str(corpus), "--output_dir", str(out), "--cache-dir", str(cache),
-            "--global_batch_size", "2", "--max-length", "32", "--max-steps", "2", "--save-steps", "2",
-            "--logging-steps", "1", "--warmup_steps", "0", "--report_to", "none", "--use_cpu", *extra]
+#: this file's runs: a checkpoint at the end only, no warm-up
+pretrain_args = functools.partial(cli.pretrain_args, settings={"--save-steps": "2", "--warmup_steps": "0"})
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
@@ -110,10 +111,6 @@ def test_the_fingerprint_is_a_hash_of_every_byte():
 
 
 # ============================================================================= every cache file is checked
-def _cache(corpus: Path, tok, cache_dir: Path) -> TokenCache:
-    return TokenCache.build_or_load(str(corpus), tok, 32, cache_dir, progress=False, num_threads=1)
-
-
 def test_a_same_shape_rewrite_of_df_npy_is_named_and_rebuilt(tmp_path, corpus, tok, caplog):
     cache = _cache(corpus, tok, tmp_path / "cache")
     df = np.load(cache.path / "df.npy")

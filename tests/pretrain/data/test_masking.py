@@ -7,10 +7,9 @@ import torch
 from pretrain.data.masking import bag_of_words, continuation_table, mask_tokens, pad_and_add_special, wordpiece_word_ids
 
 
-@pytest.fixture(scope="module")
-def tokenizer(minilm_path):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(minilm_path)
+@pytest.fixture
+def tokenizer(tok):
+    return tok
 
 
 def test_pad_and_add_special(tokenizer):

@@ -162,11 +162,6 @@ def sharp_model(tiny_bert_dir):
     return model.eval()
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_bert_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_bert_dir)
-
 
 def test_packed_hidden_states_equal_each_text_encoded_alone(sharp_model):
     """An independent reference: the packed row's states, its rows' [CLS], the grid and the masked positions, against

@@ -57,11 +57,6 @@ def sharp_model(tiny_bert_dir):
     return model
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_bert_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_bert_dir)
-
 
 def texts(tok) -> list[list[int]]:
     """Random word pieces of the given lengths, a full stop every 7th token (ICT cuts sentences there)."""

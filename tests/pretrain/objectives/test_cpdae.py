@@ -13,7 +13,7 @@ from pretrain.arguments import objective_config
 from pretrain.model.modeling import CPDAEDecoder, load_mlm_model
 from pretrain.objectives import build_objective
 
-from tests.helpers.objectives import make
+from tests.helpers.objectives import make, token_ids
 
 TEXTS = ["the quick brown fox jumps over the lazy dog",
          "information retrieval with dense vectors and sparse indexes",
@@ -22,14 +22,8 @@ TEXTS = ["the quick brown fox jumps over the lazy dog",
 
 
 @pytest.fixture(scope="module")
-def tok(tiny_bert_dir):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(tiny_bert_dir)
-
-
-@pytest.fixture(scope="module")
 def examples(tok):
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    return token_ids(tok, TEXTS)
 
 
 # --------------------------------------------------------------------------- naive references

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers.objectives import load_tiny, sharpen
+from tests.helpers.objectives import load_tiny, sharpen, token_ids
 from pretrain.objectives import build_objective
 
 TEXTS = ["dense retrieval with a contrastive autoencoder", "the decoder predicts the bag of words of a passage",
@@ -24,7 +24,7 @@ TEXTS = ["dense retrieval with a contrastive autoencoder", "the decoder predicts
 
 
 def _examples(tok):
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    return token_ids(tok, TEXTS)
 
 
 def _build(tiny_bert_dir, name, extra=None, **cfg):

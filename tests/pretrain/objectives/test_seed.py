@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers.objectives import load_tiny, sharpen, train_losses
+from tests.helpers.objectives import load_tiny, sharpen, token_ids, train_losses
 from pretrain.objectives import build_objective
 from pretrain.objectives.seed import SEEDDecoder, seed_attention_mask
 
@@ -19,7 +19,7 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "dense retrieval with a 
 
 
 def _examples(tok, texts=TEXTS) -> list[list[int]]:
-    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return token_ids(tok, texts)
 
 
 def _naive_decoder(dec: SEEDDecoder, x: torch.Tensor, span: int) -> torch.Tensor:

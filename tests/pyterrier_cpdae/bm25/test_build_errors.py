@@ -8,7 +8,6 @@ is closed``, which used to reach Python when such a thread reported first.
 from __future__ import annotations
 
 import errno
-import random
 import subprocess
 from pathlib import Path
 
@@ -16,19 +15,13 @@ import pytest
 
 from pyterrier_cpdae.bm25 import BM25Index
 from pyterrier_cpdae.bm25 import index as bm25_index
+from tests.helpers.tiny_sets import random_word_docs as _docs  # 3,000: ~5 MB, more than a 1 MB disk holds indexed
 
 
 @pytest.fixture
 def full_disk(tmp_path: Path, tmpfs) -> Path:
     """A 1 MB tmpfs, unmounted at the end."""
     return tmpfs(tmp_path / "full", "size=1m")
-
-
-def _docs(n: int = 3000) -> list[dict]:
-    """About 5 MB of text: more than the 1 MB disk holds once indexed."""
-    rng = random.Random(0)
-    words = ["".join(rng.choice("abcdefghij") for _ in range(7)) for _ in range(5000)]
-    return [{"docno": f"d{i}", "text": " ".join(rng.choice(words) for _ in range(200))} for i in range(n)]
 
 
 def _left(folder: Path) -> list[str]:

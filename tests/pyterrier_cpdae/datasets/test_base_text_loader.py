@@ -3,11 +3,7 @@ against the collections' files read by hand."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -16,6 +12,7 @@ import pyterrier as pt
 import pytest
 
 from pyterrier_cpdae.datasets import load_dataset
+from tests.helpers.tiny_sets import offline_msmarco
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "pyterrier_cpdae" / "data" / "sample" / "corpus.jsonl"
@@ -103,17 +100,8 @@ def test_vaswani_every_document_equals_the_file_read_by_hand(vaswani_dir):
 
 @pytest.mark.multiproc
 def test_irds_text_loader_uses_the_docstore_offline(tmp_path: Path) -> None:
-    base = tmp_path / "msmarco-passage"
-    (base / "dev" / "small").mkdir(parents=True)
-    (base / "irds_version.txt").write_text("v2")  # exactly, or the migrator deletes collection.tsv
-    (base / "collection.tsv").write_text("0\tThe capital of France is Paris.\n1\tBananas are yellow.\n2\tPandas.\n")
-    (base / "dev" / "small" / "queries.tsv").write_text("100\twhat is the capital of france\n")
-    (base / "dev" / "small" / "qrels").write_text("100 0 0 1\n")
     code = """
-        import json, socket
-        def no_network(*args, **kwargs):
-            raise RuntimeError("network access attempted")
-        socket.socket.connect = no_network
+        import json
         import pandas as pd
         from pyterrier_cpdae.datasets import load_dataset
         ds = load_dataset("irds:msmarco-passage/dev/small")
@@ -125,10 +113,7 @@ def test_irds_text_loader_uses_the_docstore_offline(tmp_path: Path) -> None:
             missing = str(e)
         print(json.dumps({"rows": out.values.tolist(), "columns": list(out.columns), "missing": missing}))
     """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "IR_DATASETS_HOME": str(tmp_path)}, timeout=300)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = offline_msmarco(tmp_path, "100\twhat is the capital of france\n", "100 0 0 1\n", code, timeout=300)
     assert got["columns"] == ["qid", "docno", "score", "text"]
     assert got["rows"] == [["100", "2", 3, "Pandas."], ["100", "0", 2, "The capital of France is Paris."],
                            ["100", "2", 1, "Pandas."]]

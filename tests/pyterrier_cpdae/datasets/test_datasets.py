@@ -3,19 +3,13 @@ error messages, and ir_datasets (MS MARCO passage) read offline from a fixture c
 from __future__ import annotations
 
 import gzip
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from pyterrier_cpdae.datasets import load_dataset
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.helpers.tiny_sets import offline_msmarco, write_beir
 
 
 def _check_types(ds) -> tuple[list[dict], pd.DataFrame, pd.DataFrame]:
@@ -151,13 +145,11 @@ def test_tsv_folder_reads_what_the_files_hold_and_equals_the_beir_layout(tmp_pat
     assert topics.values.tolist() == [["q1", "dense vectors"], ["q2", "word weights"]]
     assert qrels.values.tolist() == [["q1", "d1", 1], ["q2", "d2", 2]]
     # the same collection in the BEIR layout (qrels with BEIR's header line) reads the same
-    beir = tmp_path / "beir"
-    (beir / "qrels").mkdir(parents=True)
-    (beir / "corpus.jsonl").write_text('{"_id": "d1", "title": "Vectors", "text": "Dense retrieval encodes text."}\n'
-                                       '{"_id": "d2", "title": "", "text": "BM25 weighs words."}\n')
-    (beir / "queries.jsonl").write_text('{"_id": "q1", "text": "dense vectors"}\n'
-                                        '{"_id": "q2", "text": "word weights"}\n')
-    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n")
+    beir = write_beir(tmp_path / "beir",
+                      '{"_id": "d1", "title": "Vectors", "text": "Dense retrieval encodes text."}\n'
+                      '{"_id": "d2", "title": "", "text": "BM25 weighs words."}\n',
+                      '{"_id": "q1", "text": "dense vectors"}\n{"_id": "q2", "text": "word weights"}\n',
+                      "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n")
     b_docs, b_topics, b_qrels = _check_types(load_dataset(f"beir:{beir}"))
     assert b_docs == docs and b_topics.equals(topics) and b_qrels.equals(qrels)
 
@@ -212,10 +204,7 @@ def test_tsv_folder_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("header", ["query-id\tcorpus-id\tscore\n", ""])
 def test_beir_qrels_read_with_or_without_the_header_line(tmp_path: Path, header: str) -> None:
-    (tmp_path / "qrels").mkdir()
-    (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "text": "x"}\n')
-    (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "y"}\n')
-    (tmp_path / "qrels" / "test.tsv").write_text(header + "q1\td1\t1\n")
+    write_beir(tmp_path, '{"_id": "d1", "text": "x"}\n', '{"_id": "q1", "text": "y"}\n', header + "q1\td1\t1\n")
     assert load_dataset(f"beir:{tmp_path}").get_qrels().values.tolist() == [["q1", "d1", 1]]
     (tmp_path / "qrels" / "test.tsv").write_text("q1\td1\t1\n" + "query-id\tcorpus-id\tscore\n")  # not first
     with pytest.raises(ValueError, match=r"test.tsv:2: cannot parse qrels line .*not an integer"):
@@ -268,25 +257,15 @@ def test_errors_name_the_problem(tmp_path: Path) -> None:
 @pytest.mark.multiproc
 def test_irds_msmarco_passage_from_fixture_cache(tmp_path: Path) -> None:
     base = tmp_path / "msmarco-passage"
-    (base / "dev" / "small").mkdir(parents=True)
-    (base / "irds_version.txt").write_text("v2")  # exactly, or the migrator deletes collection.tsv
-    (base / "collection.tsv").write_text("0\tThe capital of France is Paris.\n1\tBananas are yellow.\n2\tPandas.\n")
-    (base / "dev" / "small" / "queries.tsv").write_text("100\twhat is the capital of france\n200\tbanana colour\n")
-    (base / "dev" / "small" / "qrels").write_text("100 0 0 1\n200 0 1 1\n")
     code = """
-        import json, socket
-        def no_network(*args, **kwargs):
-            raise RuntimeError("network access attempted")
-        socket.socket.connect = no_network
+        import json
         from pyterrier_cpdae.datasets import load_dataset
         ds = load_dataset("irds:msmarco-passage/dev/small")
         print(json.dumps({"docs": list(ds.get_corpus_iter()), "topics": ds.get_topics().values.tolist(),
                           "qrels": ds.get_qrels().values.tolist()}))
     """
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "IR_DATASETS_HOME": str(tmp_path)}, timeout=120)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = offline_msmarco(tmp_path, "100\twhat is the capital of france\n200\tbanana colour\n",
+                          "100 0 0 1\n200 0 1 1\n", code, timeout=120)
     assert got["docs"] == [{"docno": "0", "text": "The capital of France is Paris."},
                            {"docno": "1", "text": "Bananas are yellow."}, {"docno": "2", "text": "Pandas."}]
     assert got["topics"] == [["100", "what is the capital of france"], ["200", "banana colour"]]

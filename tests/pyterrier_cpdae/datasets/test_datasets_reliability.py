@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pyterrier_cpdae.datasets import load_dataset
+from tests.helpers.tiny_sets import write_beir, write_trec
 
 QRELS = "1 0 D1 1\n"
 TOPICS = "<top>\n<num> 1 </num>\n<title> a query </title>\n</top>\n"
@@ -23,10 +24,7 @@ TOPICS = "<top>\n<num> 1 </num>\n<title> a query </title>\n</top>\n"
 
 def _trec(folder: Path, docs: str = "<DOC>\n<DOCNO>D1</DOCNO>\nsome text\n</DOC>\n", topics: str = TOPICS,
           qrels: str = QRELS):
-    (folder / "docs.trec").write_text(docs, encoding="utf-8")
-    (folder / "topics.trec").write_text(topics, encoding="utf-8")
-    (folder / "qrels").write_text(qrels, encoding="utf-8")
-    return load_dataset(f"trec:{folder}")
+    return load_dataset(f"trec:{write_trec(folder, docs, topics, qrels)}")
 
 
 def _docs(folder: Path, docs: str) -> list[dict]:
@@ -160,11 +158,7 @@ def test_trec_qrels_integral_float_labels_still_parse(tmp_path: Path) -> None:
 
 def _beir(folder: Path, corpus: str = '{"_id": "d1", "title": "T", "text": "body"}\n',
           queries: str = '{"_id": "q1", "text": "query"}\n', qrels: str = "query-id\tcorpus-id\tscore\nq1\td1\t1\n"):
-    (folder / "qrels").mkdir(exist_ok=True)
-    (folder / "corpus.jsonl").write_text(corpus, encoding="utf-8")
-    (folder / "queries.jsonl").write_text(queries, encoding="utf-8")
-    (folder / "qrels" / "test.tsv").write_text(qrels, encoding="utf-8")
-    return load_dataset(f"beir:{folder}")
+    return load_dataset(f"beir:{write_beir(folder, corpus, queries, qrels)}")
 
 
 def _everything(ds) -> None:

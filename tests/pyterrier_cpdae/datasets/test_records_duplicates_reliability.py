@@ -8,7 +8,6 @@ repeat is read once, with a warning naming both lines. Before, every topic reade
 """
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from pathlib import Path
@@ -17,6 +16,8 @@ import pandas as pd
 import pytest
 
 from pyterrier_cpdae.datasets import IRDSWrapper, load_dataset
+from tests.helpers.errors import at
+from tests.helpers.tiny_sets import BEIR_QRELS_HEADER, write_beir, write_trec
 
 DOCS = "<DOC>\n<DOCNO>D1</DOCNO>\none\n</DOC>\n<DOC>\n<DOCNO>D2</DOCNO>\ntwo\n</DOC>\n"
 
@@ -26,22 +27,12 @@ def _topic(qid: str, title: str) -> str:
 
 
 def _trec(folder: Path, topics: str, qrels: str = "1 0 D1 1\n2 0 D2 1\n"):
-    (folder / "docs.trec").write_text(DOCS)
-    (folder / "topics.trec").write_text(topics)
-    (folder / "qrels").write_text(qrels)
-    return load_dataset(f"trec:{folder}")
+    return load_dataset(f"trec:{write_trec(folder, DOCS, topics, qrels)}")
 
 
 def _beir(folder: Path, queries: list[dict], qrels: str):
-    (folder / "qrels").mkdir()
-    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": d, "text": d}) + "\n" for d in ("D1", "D2")))
-    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels)
-    return load_dataset(f"beir:{folder}")
-
-
-def _at(path: Path, line: int) -> str:
-    return re.escape(f"{path}:{line}:")
+    corpus = [{"_id": d, "text": d} for d in ("D1", "D2")]
+    return load_dataset(f"beir:{write_beir(folder, corpus, queries, BEIR_QRELS_HEADER + qrels)}")
 
 
 def _rows(df: pd.DataFrame) -> list[list]:
@@ -53,14 +44,14 @@ def _rows(df: pd.DataFrame) -> list[list]:
 def test_trec_topic_id_twice_with_two_texts_is_refused(tmp_path: Path) -> None:
     ds = _trec(tmp_path, _topic("1", "first query") + _topic("2", "other") + _topic("1", "another query"))
     # the third <top> opens at line 9; the first one with qid 1 at line 1
-    with pytest.raises(ValueError, match=_at(tmp_path / "topics.trec", 9) + r" query id '1' is given twice.*"
+    with pytest.raises(ValueError, match=at(tmp_path / "topics.trec", 9) + r" query id '1' is given twice.*"
                        + re.escape(f"{tmp_path / 'topics.trec'}:1")):
         ds.get_topics()
 
 
 def test_trec_topic_repeated_exactly_is_read_once_with_a_warning(tmp_path: Path) -> None:
     ds = _trec(tmp_path, _topic("1", "first query") + _topic("2", "other") + _topic("1", "first query"))
-    with pytest.warns(UserWarning, match=_at(tmp_path / "topics.trec", 9) + r" query '1' repeats .*topics.trec:1"):
+    with pytest.warns(UserWarning, match=at(tmp_path / "topics.trec", 9) + r" query '1' repeats .*topics.trec:1"):
         topics = ds.get_topics()
     # reference: the file without the repeat
     (tmp_path / "ref").mkdir()
@@ -71,14 +62,14 @@ def test_trec_topic_repeated_exactly_is_read_once_with_a_warning(tmp_path: Path)
 def test_beir_query_id_twice_is_refused_naming_file_and_line(tmp_path: Path) -> None:
     queries = [{"_id": "q1", "text": "alpha"}, {"_id": "q2", "text": "beta"}, {"_id": "q1", "text": "gamma"}]
     ds = _beir(tmp_path, queries, "q1\tD1\t1\nq2\tD2\t1\n")
-    with pytest.raises(ValueError, match=_at(tmp_path / "queries.jsonl", 3) + r" query id 'q1' is given twice"):
+    with pytest.raises(ValueError, match=at(tmp_path / "queries.jsonl", 3) + r" query id 'q1' is given twice"):
         ds.get_topics()
 
 
 def test_beir_query_repeated_exactly_is_read_once(tmp_path: Path) -> None:
     queries = [{"_id": "q1", "text": "alpha"}, {"_id": "q2", "text": "beta"}, {"_id": "q1", "text": "alpha"}]
     ds = _beir(tmp_path, queries, "q1\tD1\t1\nq2\tD2\t1\n")
-    with pytest.warns(UserWarning, match=_at(tmp_path / "queries.jsonl", 3)):
+    with pytest.warns(UserWarning, match=at(tmp_path / "queries.jsonl", 3)):
         assert _rows(ds.get_topics()) == [["q1", "alpha"], ["q2", "beta"]]
 
 
@@ -87,7 +78,7 @@ def test_smart_query_ids_that_normalise_to_one_are_refused(tmp_path: Path) -> No
     (tmp_path / "CISI.ALL").write_text(".I 1\n.T\nDoc one\n.W\ntext\n")
     (tmp_path / "CISI.QRY").write_text(".I 01\n.W\nfirst question\n.I 1\n.W\nsecond question\n")
     (tmp_path / "CISI.REL").write_text("1 1 0 0.000000\n")
-    with pytest.raises(ValueError, match=_at(tmp_path / "CISI.QRY", 4) + r" query id '1' is given twice"):
+    with pytest.raises(ValueError, match=at(tmp_path / "CISI.QRY", 4) + r" query id '1' is given twice"):
         load_dataset(f"cisi:{tmp_path}").get_topics()
 
 
@@ -96,23 +87,23 @@ def test_smart_query_ids_that_normalise_to_one_are_refused(tmp_path: Path) -> No
 def test_beir_pair_judged_twice_with_two_labels_is_refused(tmp_path: Path) -> None:
     ds = _beir(tmp_path, [{"_id": "q1", "text": "alpha"}], "q1\tD1\t1\nq1\tD2\t0\nq1\tD1\t0\n")
     qrels = tmp_path / "qrels" / "test.tsv"  # the header is line 1
-    with pytest.raises(ValueError, match=_at(qrels, 4) + r" query 'q1' judges document 'D1' twice, with label 0 "
+    with pytest.raises(ValueError, match=at(qrels, 4) + r" query 'q1' judges document 'D1' twice, with label 0 "
                        r"here and 1 at " + re.escape(f"{qrels}:2")):
         ds.get_qrels()
-    with pytest.raises(ValueError, match=_at(qrels, 4)):  # the topics read the qrels too
+    with pytest.raises(ValueError, match=at(qrels, 4)):  # the topics read the qrels too
         ds.get_topics()
 
 
 def test_trec_pair_judged_twice_with_two_labels_is_refused(tmp_path: Path) -> None:
     ds = _trec(tmp_path, _topic("1", "q"), "1 0 D1 1\n1 0 D2 0\n1 0 D1 2\n")
-    with pytest.raises(ValueError, match=_at(tmp_path / "qrels", 3) + r" query '1' judges document 'D1' twice"):
+    with pytest.raises(ValueError, match=at(tmp_path / "qrels", 3) + r" query '1' judges document 'D1' twice"):
         ds.get_qrels()
 
 
 def test_exact_repeated_judgement_counts_once_with_a_warning(tmp_path: Path) -> None:
     ds = _beir(tmp_path, [{"_id": "q1", "text": "alpha"}], "q1\tD1\t1\nq1\tD2\t0\nq1\tD1\t1\n")
     qrels = tmp_path / "qrels" / "test.tsv"
-    with pytest.warns(UserWarning, match=_at(qrels, 4) + r" the judgement of document 'D1' for query 'q1' repeats "
+    with pytest.warns(UserWarning, match=at(qrels, 4) + r" the judgement of document 'D1' for query 'q1' repeats "
                       + re.escape(f"{qrels}:2")):
         assert _rows(ds.get_qrels()) == [["q1", "D1", 1], ["q1", "D2", 0]]
 
@@ -121,7 +112,7 @@ def test_smart_qrels_repeat_counts_once(tmp_path: Path) -> None:
     (tmp_path / "CISI.ALL").write_text(".I 1\n.T\nDoc one\n.W\ntext\n")
     (tmp_path / "CISI.QRY").write_text(".I 1\n.W\nfirst question\n")
     (tmp_path / "CISI.REL").write_text("1 1 0 0.000000\n1 1 0 0.000000\n")
-    with pytest.warns(UserWarning, match=_at(tmp_path / "CISI.REL", 2)):
+    with pytest.warns(UserWarning, match=at(tmp_path / "CISI.REL", 2)):
         assert _rows(load_dataset(f"cisi:{tmp_path}").get_qrels()) == [["1", "1", 1]]
 
 
@@ -181,7 +172,7 @@ def test_irds_topics_and_qrels_are_checked_too() -> None:
 @pytest.mark.parametrize("label", ["100000000000000000000", "1e20", "-9223372036854775809"])
 def test_a_label_beyond_64_bits_names_file_and_line(tmp_path: Path, label: str) -> None:
     ds = _trec(tmp_path, _topic("1", "q"), f"1 0 D1 1\n1 0 D2 {label}\n")
-    with pytest.raises(ValueError, match=_at(tmp_path / "qrels", 2) + r".*relevance label .* is out of range"):
+    with pytest.raises(ValueError, match=at(tmp_path / "qrels", 2) + r".*relevance label .* is out of range"):
         ds.get_qrels()
 
 

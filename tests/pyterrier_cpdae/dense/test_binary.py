@@ -11,12 +11,9 @@ import pytest
 
 from pyterrier_cpdae.dense import DenseIndex
 from pyterrier_cpdae.dense import binary as binsearch
+from tests.helpers.dense import vector_frame as frame
 
 SCANS = ("faiss", "numpy", "torch")
-
-
-def frame(vecs):
-    return pd.DataFrame({"docno": [f"d{i}" for i in range(len(vecs))], "doc_vec": list(vecs)})
 
 
 def naive_candidates(vecs, q, width):

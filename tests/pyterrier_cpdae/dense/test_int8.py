@@ -19,12 +19,9 @@ from pyterrier_cpdae.dense import DenseIndex
 from pyterrier_cpdae.dense import codes as qcodes
 from pyterrier_cpdae.dense import format as io
 from pyterrier_cpdae.dense.int8 import quantise_queries
+from tests.helpers.dense import vector_frame as frame
 
 ROOT = Path(__file__).parents[3]
-
-
-def frame(vecs, prefix="d"):
-    return pd.DataFrame({"docno": [f"{prefix}{i}" for i in range(len(vecs))], "doc_vec": list(vecs)})
 
 
 def pair(tmp_path, vecs, name="", **kw):

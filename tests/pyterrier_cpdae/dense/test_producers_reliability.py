@@ -10,16 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pyterrier_cpdae import CPDAE, DenseIndex
+from pyterrier_cpdae import DenseIndex
+from tests.helpers.producers import enc as _enc
 
 TEXTS = [f"document {i} about {w} and {v}" for i, (w, v) in enumerate(
     zip("dense sparse lexical neural vector index query model token corpus passage ranking".split() * 2,
         "retrieval search encoding scoring learning pooling storage batching".split() * 3))]
-
-
-def _enc(path, **kw):
-    return CPDAE.from_pretrained(path, device="cpu", dtype="float32", doc_max_length=kw.pop("doc_max_length", 32),
-                                 batch_size=8, backend="torch", **kw)
 
 
 def _docs():

@@ -21,6 +21,7 @@ import torch
 from pyterrier_cpdae import CPDAE, DenseIndex
 
 from tests.helpers.producers import TEXTS, TOPICS, enc as _enc
+from tests.helpers.dense import vector_frame as _frame
 
 
 @pytest.fixture(scope="module")
@@ -204,10 +205,6 @@ def test_the_weights_key_is_equal_for_equal_contents_only(two_encoders):
 
 
 # -- class: vectors whose scores underflow ---------------------------------------------------------------------------
-def _frame(vecs, prefix="d"):
-    return pd.DataFrame({"docno": [f"{prefix}{i}" for i in range(len(vecs))], "doc_vec": list(vecs)})
-
-
 def test_vectors_of_norm_1e_23_are_refused_at_indexing_and_search(tmp_path):
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((6, 8)).astype("f4")

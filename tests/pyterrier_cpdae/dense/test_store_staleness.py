@@ -13,12 +13,9 @@ import pandas as pd
 import pytest
 
 from pyterrier_cpdae import DenseIndex
+from tests.helpers.dense import vector_frame as _docs
 
 DIM = 64
-
-
-def _docs(vecs: np.ndarray) -> pd.DataFrame:
-    return pd.DataFrame({"docno": [f"d{i}" for i in range(len(vecs))], "doc_vec": list(vecs)})
 
 
 def _check(res: pd.DataFrame, queries: np.ndarray, vecs: np.ndarray, k: int) -> None:

@@ -20,6 +20,7 @@ from pyterrier_cpdae import CPDAE
 from pyterrier_cpdae.dense.producers import check_query_producer, same_document_producer
 from pyterrier_cpdae.encoder import identity
 from pyterrier_cpdae.encoder.loading import load_encoder, load_tokenizer
+from tests.helpers.producers import enc as _enc
 
 
 def reference_weights_sha256(folder: str) -> str:
@@ -39,10 +40,6 @@ def reference_weights_sha256(folder: str) -> str:
 def file_sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
-
-
-def _enc(folder, **kw):
-    return CPDAE.from_pretrained(folder, device="cpu", dtype="float32", backend="torch", **kw)
 
 
 def test_the_weights_digest_is_sha256_over_the_tensors(two_encoders):
@@ -79,7 +76,7 @@ def test_the_files_digest_is_sha256_of_the_files(two_encoders, tmp_path):
 def test_the_record_and_the_identity_come_from_the_one_digest(two_encoders):
     a = two_encoders[0]
     ref, files = reference_weights_sha256(a), file_sha256(os.path.join(a, "model.safetensors"))
-    enc = _enc(a, doc_max_length=32)
+    enc = _enc(a)
     assert enc.identity() == identity.encoder_digest(ref, enc.vector_options())
     rec = enc.producer()
     assert rec == {"encoder": "CPDAE", "model": a, "weights_sha256": files[:16], "pooling": "cls",
@@ -106,7 +103,7 @@ def test_the_producer_check_refuses_another_encoder_and_accepts_the_same(two_enc
     # the same weights from another folder, and in memory: one producer
     copy_dir = tmp_path / "copy"
     shutil.copytree(a, copy_dir)
-    memory = CPDAE(load_encoder(a), load_tokenizer(a), device="cpu", dtype="float32").producer()
+    memory = CPDAE(load_encoder(a), load_tokenizer(a), device="cpu", dtype="float32", doc_max_length=32).producer()
     for same in (_enc(str(copy_dir)).producer(), memory):
         check_query_producer(tmp_path, rec_a, same)
         assert same_document_producer(rec_a, same)

@@ -17,10 +17,7 @@ TEXTS = ["the quick brown fox jumps over the lazy dog", "dense retrieval", "a th
          "autoencoders pre-train the encoder's [CLS] vector for retrieval", "x"]
 
 
-@pytest.fixture(autouse=True)
-def no_env(monkeypatch):
-    monkeypatch.delenv(enc_mod.BACKEND_ENV, raising=False)
-    monkeypatch.delenv(enc_mod.DTYPE_ENV, raising=False)
+pytestmark = pytest.mark.usefixtures("no_env")  # the encoder's own choices (conftest.py)
 
 
 def naive_vectors(model, tokenizer, texts, pooling, normalize):

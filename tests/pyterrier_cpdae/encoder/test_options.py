@@ -31,10 +31,7 @@ ALL_KWARGS = dict(pooling="mean", normalize=True, query_max_length=16, doc_max_l
 LOGGER = "pyterrier_cpdae.encoder.cpdae"
 
 
-@pytest.fixture(autouse=True)
-def no_env(monkeypatch):
-    monkeypatch.delenv(enc_mod.BACKEND_ENV, raising=False)
-    monkeypatch.delenv(enc_mod.DTYPE_ENV, raising=False)
+pytestmark = pytest.mark.usefixtures("no_env")  # the encoder's own choices (conftest.py)
 
 
 @pytest.fixture(scope="module")
