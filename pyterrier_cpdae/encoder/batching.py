@@ -137,6 +137,15 @@ def token_budget_batches(lengths: np.ndarray, max_tokens: int, padded: bool = Tr
     return batches
 
 
+def cut_batches(lengths: np.ndarray, budget: Optional[int], batch_size: int, packed: bool = False) -> List[np.ndarray]:
+    """A window's rows cut into length-sorted batches: by the token ``budget`` (real tokens when ``packed``, else
+    rows x longest: :func:`token_budget_batches`), or with no budget by ``batch_size`` texts
+    (:func:`length_sorted_batches`)."""
+    if budget is None:
+        return length_sorted_batches(lengths, batch_size)
+    return token_budget_batches(lengths, budget, padded=not packed)
+
+
 def pad(seqs: Sequence[Sequence[int]], lengths: np.ndarray, pad_id: int) -> Tuple[np.ndarray, np.ndarray]:
     """Right-pads token id sequences to the longest one of the batch (not to a fixed max length).
 

@@ -10,79 +10,47 @@ Example::
     pipeline = enc >> index.retriever(num_results=100)
     reranker = bm25 >> enc.text_scorer()
 
-Encoding runs under ``torch.inference_mode`` in batches of texts of similar token count (sorted within a
-window of ``batch_size * sort_window`` inputs, then restored to input order; ``batch_size`` texts per batch, or
-as many as a token budget holds: ``batch_tokens``, automatic: ``batch_size x`` the maximum length, on the CPU
-at most 2,048 tokens), padded only to the longest text of each
-batch (or packed without padding through a variable-length attention kernel where it runs: ``unpad``), under
-bf16 autocast on CUDA (fp16 where unsupported) and in float32 on the CPU (see :func:`default_dtype`); vectors
-are always float32.  Repeated query texts are encoded once.
-
-On the CPU in float32, a loaded model's large encoding jobs run as an OpenVINO compiled graph when the
-``openvino`` package is installed (``pip install pyterrier-cpdae[openvino]``): ~1.25-1.3x faster than PyTorch
-with vectors within ~3e-6 of it (``backend=``, :data:`BACKEND_ENV`; ``backend="torch"`` forces PyTorch).
-
-The keywords are grouped in :attr:`CPDAE.options` (:class:`~pyterrier_cpdae.encoder.options.EncoderOptions`); the
-backend objects live in :mod:`pyterrier_cpdae.encoder.backends`, whose ``choose_backend`` picks one at the first
-encoding (logged at INFO with its reason, ``encoder backend: ...``); :meth:`CPDAE.identity` is the one digest that
-identifies the encoder (its weights and the options that change its vectors).
+The path of a text: :meth:`CPDAE.encode_docs` / :meth:`CPDAE.encode_queries` (or a stage of
+:mod:`~pyterrier_cpdae.encoder.stages`) check the texts, tokenize them window by window (``batch_size *
+sort_window`` texts) and hand each window's length-sorted batches (:mod:`~pyterrier_cpdae.encoder.batching`) to the
+backend chosen once for the encoder (:mod:`~pyterrier_cpdae.encoder.backends`, logged at INFO with its reason). Its
+options: :mod:`~pyterrier_cpdae.encoder.options`; its one digest and producer record:
+:mod:`~pyterrier_cpdae.encoder.identity`; the defaults and their measurements: docs/encoder.md.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
 import pyterrier as pt
-import pyterrier_alpha as pta
 import torch
 
-from .backends import Backend, BackendChoice, choose_backend
+from .backends import Backend, BackendChoice, build_backend, choose_backend
 from .backends.openvino import OpenVINOBackend, compile_encoder, openvino_available
 from .backends.padded import PaddedTorch
-from .backends.unpadded import UnpaddedTorch, packing_kernel
-from .batching import check_texts, dedup, length_sorted_batches, read_ahead, token_budget_batches
-from .first_token import check_first_token, first_token_model
-from .identity import encoder_digest, files_sha256, producer_record, weights_key, weights_sha256
-from .loading import check_weights_file, load_encoder, load_tokenizer
-from .attention import first_token_kernel_ok
-from .options import EncoderOptions, positive_int
+from .backends.unpadded import packing_kernel
+from .batching import check_texts, cut_batches, dedup, read_ahead
+from .first_token import trimmed_model
+from .identity import identity_of, producer_of, weights_key
+from .loading import inference, length_limit, load_encoder, open_encoder
+from .options import EncoderOptions, option_attribute, positive_int
 from .policy import (_DTYPE_NAMES, _DTYPES, ASYNC_DEVICES, BACKEND_ENV, BACKENDS, CPU_BATCH_TOKENS,  # noqa: F401
-                     DTYPE_ENV, OPENVINO_MIN_TOKENS, STREAM_WINDOWS, _backend_name, cpu_has_native_bf16,
-                     default_dtype)
-from .pooling import POOLINGS
-from .stages import _ByColumns, _DocEncoder, _QueryEncoder, _TextScorer, _with_producer
+                     DTYPE_ENV, OPENVINO_MIN_TOKENS, STREAM_WINDOWS, cpu_has_native_bf16, default_dtype,
+                     requested_backend)
+from .st_export import folder_settings
+from .stages import _ByColumns, _DocEncoder, _QueryEncoder, _TextScorer, _with_producer, stage_for
 
 __all__ = ["CPDAE", "default_dtype", "cpu_has_native_bf16", "BACKENDS"]
 
 logger = logging.getLogger(__name__)
 
-#: with ``verbose=None`` (the default) a call's progress bar appears once it has run this long (tqdm's ``delay``):
-#: long work shows its progress, a short call (a query batch, a few documents) prints nothing
+#: with ``verbose=None`` a call's progress bar appears once it has run this long (tqdm's ``delay``): long work shows
+#: its progress, a short call (a query batch, a few documents) prints nothing
 PROGRESS_DELAY_S = 2.0
-
-
-def length_limit(config: Any, tokenizer: Any) -> Optional[int]:
-    """The longest text in tokens, special tokens included, that a model encodes: the smaller of its config's
-    ``max_position_embeddings`` and its tokenizer's ``model_max_length`` (values of a million or more are
-    "unknown" in transformers), or ``None`` when neither is known. Longer maximum lengths are cut to it."""
-    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
-    return min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
-
-
-def _option(name: str) -> property:
-    """The encoder attribute of the flat option ``name``: read from, and set (checked) in, :attr:`CPDAE.options`."""
-    def get(self: "CPDAE") -> Any:
-        return getattr(self._options, name)
-
-    def set_(self: "CPDAE", value: Any) -> None:
-        self._set_options(**{name: value})
-
-    return property(get, set_, doc=f"The option ``{name}`` (:attr:`CPDAE.options`); setting it checks it.")
 
 
 class CPDAE(pt.Transformer):
@@ -92,29 +60,23 @@ class CPDAE(pt.Transformer):
     model already in memory (e.g. during fine-tuning; it is switched to eval mode while encoding and back
     afterwards).
 
-    Called directly, the transformer picks its mode from the input columns: ``query`` (no ``text``) adds
-    ``query_vec``; ``text`` (no ``query``) adds ``doc_vec``; a query and a document column (``query`` or
-    ``query_vec`` with ``text`` or ``doc_vec``) scores like :meth:`text_scorer`.  So both
-    ``enc >> index.indexer()`` and ``enc >> index.retriever()`` work.
+    Called directly, it adds ``query_vec`` to queries, ``doc_vec`` to documents, and scores query-document rows
+    (:func:`~pyterrier_cpdae.encoder.stages.stage_for`), so both ``enc >> index.indexer()`` and ``enc >>
+    index.retriever()`` work.
 
     Attributes:
-        options: every option below, grouped (:class:`~pyterrier_cpdae.encoder.options.EncoderOptions`); each is
-            also an attribute, and setting one checks it (and chooses the backend again).
-        pooling: ``"cls"`` (the last layer's ``[CLS]`` vector, as in CPDAE) or ``"mean"`` (masked mean).
-        normalize: L2-normalise vectors (scores are then cosine similarities).
-        query_max_length / doc_max_length: truncation lengths in tokens, special tokens included.
-        batch_size: texts per forward pass (when batches are cut by text count).
-        batch_tokens: the token budget of a batch (``None``: automatic; 0: by text count); see ``__init__``.
-        sort_window: length sorting happens within windows of ``batch_size * sort_window`` inputs.
+        options: its options, grouped (:class:`~pyterrier_cpdae.encoder.options.EncoderOptions`, where each is
+            documented); each is also an attribute (``enc.pooling``), and setting one checks it (and chooses the
+            backend again).
     """
 
-    name_or_path = _option("name_or_path")
-    pooling, normalize = _option("pooling"), _option("normalize")
-    query_max_length, doc_max_length = _option("query_max_length"), _option("doc_max_length")
-    batch_size, sort_window, batch_tokens = _option("batch_size"), _option("sort_window"), _option("batch_tokens")
-    verbose = _option("verbose")
-    backend, dtype, unpad, cls_last_layer = _option("backend"), _option("dtype"), _option("unpad"), \
-        _option("cls_last_layer")
+    name_or_path = option_attribute("name_or_path")
+    pooling, normalize = option_attribute("pooling"), option_attribute("normalize")
+    query_max_length, doc_max_length = option_attribute("query_max_length"), option_attribute("doc_max_length")
+    batch_size, sort_window = option_attribute("batch_size"), option_attribute("sort_window")
+    batch_tokens, verbose = option_attribute("batch_tokens"), option_attribute("verbose")
+    backend, dtype = option_attribute("backend"), option_attribute("dtype")
+    unpad, cls_last_layer = option_attribute("unpad"), option_attribute("cls_last_layer")
 
     @property
     def device(self) -> torch.device:
@@ -137,67 +99,21 @@ class CPDAE(pt.Transformer):
             model: a Hugging Face encoder (``AutoModel``-like: returns the last hidden states first); ``None``
                 with ``name_or_path`` loads it lazily on first use.
             tokenizer: its (fast) tokenizer.
-            pooling: ``"cls"`` or ``"mean"``.
-            normalize: L2-normalise the vectors.
-            query_max_length: maximum query length in tokens.
-            doc_max_length: maximum document length in tokens.
-            batch_size: texts per forward pass when batches are cut by text count (see ``batch_tokens``); also
-                sizes the sorting window (``batch_size * sort_window`` texts), which is also the size of the
-                chunks PyTerrier's ``Compose.index`` feeds an ``enc >> indexer`` pipeline.
-            batch_tokens: batches cut by a token budget instead of a text count: each batch of the length-sorted
-                window holds as many texts as fit ``rows x longest text <= batch_tokens`` (its padded size), so
-                short texts go in large batches and long ones in small batches, for the same work per batch.
-                ``None`` = automatic: ``batch_size * max_length`` (the padded size of a full batch of the
-                longest texts, so no batch needs more memory than the text-count batching's largest) on CUDA,
-                and the smaller of that and :data:`CPU_BATCH_TOKENS` (2,048; at least ``max_length``) on the
-                CPU, where batches small enough to stay in the caches run faster;
-                ``0`` = text-count batches everywhere; a positive integer, at least the largest maximum length,
-                = that budget everywhere (``batch_size`` then does not cap the rows of a batch).  In packed
-                batches (``unpad``) the budget counts real tokens only (the sum of the texts' lengths).
-            unpad: run each batch unpadded: its texts packed end to end in one row of real tokens, attention kept
-                inside each text by torch's variable-length FlashAttention kernel (``varlen_attn``), so no layer
-                computes on padding.  ``None`` = automatic: packed where that kernel runs (CUDA in bf16/fp16, a
-                BERT model, PyTorch backend), else padded batches; ``False`` = always padded; ``True`` = packed,
-                or a ``ValueError`` at the first encoding where the kernel cannot run.
-            cls_last_layer: under ``[CLS]`` pooling, compute the last layer at the ``[CLS]`` position only (its keys
-                and values still from every token; :mod:`pyterrier_cpdae.encoder.first_token`): nothing reads its
-                other positions, so this skips most of the last layer's work (~1/7 of MiniLM's at 256 tokens)
-                with the same vectors up to float32 summation order.  ``None`` = automatic: on with ``"cls"``
-                pooling for a BERT-like model with ``sdpa``/``eager`` attention, in padded batches (PyTorch and
-                OpenVINO backends) and in packed ones where the varlen kernel takes one query row per text;
-                checked once per encoder against the full layer on random hidden states; ``False`` = the full
-                last layer; ``True`` = trimmed, or a ``ValueError`` (``"mean"`` pooling at once, an unsupported
-                model at the first encoding).
-            device: ``None`` = the in-memory model's device, or cuda when available for a lazily loaded model.
-            dtype: autocast dtype (``torch.float16``/``"fp16"``, ``torch.bfloat16``/``"bf16"``, ``"float32"``);
-                ``None`` = automatic (:func:`default_dtype`): bf16 on CUDA (fp16 where bf16 is unsupported),
-                float32 on the CPU; ``$PYTERRIER_CPDAE_DTYPE`` replaces the automatic choice.
-                ``dtype="float32"`` forces fp32.  Vectors are float32 either way.  A model loaded by
-                :meth:`from_pretrained` holds float32 weights whatever dtype its checkpoint was saved in (a bf16
-                export included), so the dtype alone decides the precision; an in-memory ``model`` is used as
-                it is (a warning says when its weights are below float32 and the dtype is float32).
-            verbose: the progress bar of an encoding call (``pt.tqdm``, as PyTerrier's transformers show theirs):
-                ``None`` (default) shows it once a call has run :data:`PROGRESS_DELAY_S` seconds, so long work
-                shows its progress and short calls print nothing; ``True`` always, ``False`` never.
-            sort_window: number of batches whose texts are sorted by length together.
-            name_or_path: where the model comes from (identity for ``==``/``hash``/``repr``).
             config: the model's ``PretrainedConfig`` when ``model`` is ``None``.
-            backend: ``"torch"``, ``"openvino"`` (CPU only: an OpenVINO graph compiled from the model, whose
-                weights it copies: compiled again when they change, :func:`~.identity.weights_key`) or ``None`` = automatic
-                (``$PYTERRIER_CPDAE_BACKEND`` when set): OpenVINO for a model loaded by :meth:`from_pretrained`
-                on the CPU in float32 when ``openvino`` is installed, once the encoder has encoded
-                :data:`OPENVINO_MIN_TOKENS` tokens in all (the window that crosses it included), else PyTorch
-                (always PyTorch for an in-memory model, which may be training).  Vectors of the two backends agree
-                to ~3e-6.  The choice, and the switch to OpenVINO when the tokens are reached, are logged at INFO with
-                their reason (:meth:`backend_choice`).
+            the other keywords: the encoder's options, each documented in its group of
+                :class:`~pyterrier_cpdae.encoder.options.EncoderOptions`: ``name_or_path`` and ``device``
+                (:class:`~pyterrier_cpdae.encoder.options.ModelOptions`); ``pooling`` and ``normalize``
+                (:class:`~pyterrier_cpdae.encoder.options.RepresentationOptions`); ``query_max_length``,
+                ``doc_max_length``, ``batch_size``, ``batch_tokens``, ``sort_window`` and ``verbose``
+                (:class:`~pyterrier_cpdae.encoder.options.BatchingOptions`); ``backend``, ``dtype``, ``unpad`` and
+                ``cls_last_layer`` (:class:`~pyterrier_cpdae.encoder.options.ComputeOptions`). Maximum lengths
+                beyond the model's :attr:`length_limit` are cut to it, with a warning.
 
         Raises:
             ValueError: for an unknown pooling/dtype, non-positive lengths/batch size, or a ``batch_tokens`` that
                 is not ``None``, 0 or an integer >= the largest maximum length (naming the option).
         """
         super().__init__()
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         for name, value in (("query_max_length", query_max_length), ("doc_max_length", doc_max_length),
                             ("batch_size", batch_size), ("sort_window", sort_window)):
             positive_int(value, name)
@@ -230,9 +146,8 @@ class CPDAE(pt.Transformer):
     @property
     def options(self) -> EncoderOptions:
         """This encoder's options, grouped (:class:`~pyterrier_cpdae.encoder.options.EncoderOptions`): the keywords
-        it was made with, checked and in canonical spellings, the device resolved and the lengths cut to the
-        model's :attr:`length_limit`. ``CPDAE.from_options(enc.options, model, tokenizer)`` makes an equal encoder.
-        Each flat option is an attribute of the encoder too (``enc.pooling``); setting one checks it."""
+        it was made with, checked, in canonical spellings, the device resolved and the lengths cut to the model's
+        :attr:`length_limit`. ``CPDAE.from_options(enc.options, model, tokenizer)`` makes an equal encoder."""
         return self._options
 
     def _set_options(self, **changes: Any) -> None:
@@ -254,9 +169,8 @@ class CPDAE(pt.Transformer):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         if "_options" not in state:  # an encoder pickled before the options were grouped: its flat attributes
-            fields = EncoderOptions.fields()
-            flat = {k: state.pop(k) for k in list(state) if k in fields}
-            state["_options"] = EncoderOptions.from_kwargs(**flat)
+            state["_options"] = EncoderOptions.from_kwargs(**{k: state.pop(k) for k in EncoderOptions.fields()
+                                                              if k in state})
         state.pop("_openvino_key", None)
         self.__dict__.update(state)
 
@@ -275,43 +189,21 @@ class CPDAE(pt.Transformer):
         head is ignored) and for plain encoders such as sentence-transformers model directories.  The config
         and tokenizer are loaded (and checked) now; the weights on first use.
 
-        ``pooling``, ``normalize``, ``query_max_length`` and ``doc_max_length`` left as ``None`` are taken from
-        the directory: its sentence-transformers files (``1_Pooling``, a ``Normalize`` module,
-        ``sentence_bert_config.json``'s ``max_seq_length`` for documents, and for queries too unless a fine-tuning
-        run's ``training_args.json`` records their length: ``SentenceTransformer.encode`` cuts every text at it),
-        else a fine-tuning run's ``training_args.json``; else the defaults ``"cls"``, ``False``, 32 and 256.  An explicit value wins, with
-        a warning when it contradicts the stored one.
+        ``pooling``, ``normalize``, ``query_max_length`` and ``doc_max_length`` left as ``None`` are the ones the
+        directory declares (its sentence-transformers files, else a fine-tuning run's ``training_args.json``:
+        :func:`~pyterrier_cpdae.encoder.st_export.folder_settings`), else ``"cls"``, ``False``, 32 and 256. An
+        explicit value wins, with a warning when it contradicts the stored one.
 
         Raises:
             OSError: when the directory/name holds no config or tokenizer (naming the missing ``config.json``
                 or tokenizer files of a local directory).
             ValueError: when its sentence-transformers files are unreadable or use a pooling CPDAE lacks.
         """
-        from .loading import load_config
-        from .st_export import read_encoder_settings
-
-        name = os.fspath(name_or_path)
-        if os.path.isdir(name):
-            name = os.path.abspath(name)
-        tokenizer = load_tokenizer(name)  # names a missing config.json first
-        if os.path.isdir(name):
-            check_weights_file(name)  # safetensors only, refused here rather than at the first encode
-        config = load_config(name)  # never runs code the directory names (auto_map)
-        stored = read_encoder_settings(name)
-        if stored.get("do_lower_case", (False,))[0]:
-            logger.warning("%s: do_lower_case is true in %s, but CPDAE does not lower-case texts; lower-case "
-                           "them before encoding to match sentence-transformers", name, stored["do_lower_case"][1])
-        given = {"pooling": pooling, "normalize": normalize, "query_max_length": query_max_length,
-                 "doc_max_length": doc_max_length}
-        defaults = {"pooling": "cls", "normalize": False, "query_max_length": 32, "doc_max_length": 256}
-        settings = {}
-        for key, value in given.items():
-            if value is None:
-                settings[key] = stored[key][0] if key in stored else defaults[key]
-                continue
-            if key in stored and stored[key][0] != value:
-                logger.warning("%s=%r overrides %r stored in %s", key, value, stored[key][0], stored[key][1])
-            settings[key] = value
+        name, tokenizer, config = open_encoder(name_or_path)  # checked now; the weights are read on first use
+        settings, warnings = folder_settings(name, pooling=pooling, normalize=normalize,
+                                             query_max_length=query_max_length, doc_max_length=doc_max_length)
+        for warning in warnings:  # logged here: experiments/main.py filters this module's override warnings
+            logger.warning(warning)
         return cls(None, tokenizer, batch_size=batch_size, device=device, dtype=dtype, verbose=verbose,
                    sort_window=sort_window, name_or_path=name, config=config, backend=backend,
                    batch_tokens=batch_tokens, unpad=unpad, cls_last_layer=cls_last_layer, **settings)
@@ -350,58 +242,20 @@ class CPDAE(pt.Transformer):
         return state
 
     # -- identity ------------------------------------------------------------------------------------------
-    def _weights(self, key: Optional[str] = None) -> Tuple[Optional[torch.nn.Module], Optional[str]]:
-        """The module whose weights identify this encoder and its :func:`~.identity.weights_key` (``key`` when the
-        caller has just taken it); ``(None, None)`` for a Hub model not loaded yet (not fetched for an identity). A
-        model in a local folder is loaded."""
-        local = self.name_or_path is not None and os.path.isdir(self.name_or_path)
-        module = self.model if self._model is not None or local else None
-        if module is None:
-            return None, None
-        return module, (weights_key(module) if key is None else key)
-
     def identity(self, key: Optional[str] = None) -> str:
-        """This encoder's one digest: :func:`~pyterrier_cpdae.encoder.identity.encoder_digest` of the digest of its
-        weights (:func:`~pyterrier_cpdae.encoder.identity.weights_sha256`, kept while their
-        :func:`~pyterrier_cpdae.encoder.identity.weights_key` -- ``key`` when the caller has just taken it -- is
-        unchanged; the model's name while a Hub model is not loaded) and :meth:`vector_options`. Equal identities,
-        equal vectors: what the encoder keys its caches by (its :meth:`producer` record, which spells the same parts
-        out as fields; its compiled OpenVINO graph). A model in a local folder is loaded for it."""
-        module, key = self._weights(key)
-        weights = weights_sha256(module, key) if module is not None else None
-        return encoder_digest(weights or f"name:{self.name_or_path}", self.vector_options())
+        """This encoder's one digest (:func:`~pyterrier_cpdae.encoder.identity.identity_of`), of its weights'
+        digest and :meth:`vector_options`: equal identities, equal vectors. What it keys its caches by (its
+        :meth:`producer` record, its OpenVINO graph). ``key``: the weights' ``weights_key`` if just taken."""
+        return identity_of(self, key)
 
     def producer(self) -> Dict[str, Any]:
-        """What makes this encoder's document vectors: recorded by a dense index built through it (``enc >>
-        index.indexer()``, or ``indexer(producer=enc)``), so that shards or indexes of vectors from other encoders
-        are refused when they are put together (``DenseIndex.merge``, ``merge_shards``, a sharded view).
-
-        Returns:
-            :func:`~pyterrier_cpdae.encoder.identity.producer_record` of the two parts of :meth:`identity`:
-            ``{"encoder": "CPDAE", "model", "weights_sha256", "pooling", "normalize", "max_length", "dtype", "dim",
-            "weights_content"}``: the model's name or path (shown, not compared when a weights digest is known);
-            ``weights_content``, the weights' digest (:func:`~pyterrier_cpdae.encoder.identity.weights_sha256`, 16
-            hex characters); ``weights_sha256``, the same, or while the weights are those of a local folder's files
-            (unedited since loaded) the digest of those files
-            (:func:`~pyterrier_cpdae.encoder.identity.files_sha256`), which indexes recorded without
-            ``weights_content`` compare; the pooling, normalisation, document length in tokens and autocast dtype
-            the vectors are computed with, and their dimension. Computed again only when :meth:`identity` changes.
-        """
-        module, key = self._weights()
-        weights = weights_sha256(module, key) if module is not None else None
-        options = self.vector_options()
-        identity = (encoder_digest(weights or f"name:{self.name_or_path}", options), self.name_or_path)
-        cached = self.__dict__.get("_producer")
-        if cached is not None and cached[0] == identity:  # the record is a function of the identity
-            return dict(cached[1])
-        # the folder's files hold these weights while the loaded module is unedited (an in-place edit makes them
-        # other weights: then the record names only their digest)
-        edited = getattr(self, "_loaded_key", None) not in (None, key)
-        files = files_sha256(self.name_or_path) if module is not None and not edited else None
-        name = self.name_or_path if self.name_or_path is not None else f"<in-memory {type(self._model).__name__}>"
-        out = producer_record(weights, options, model=name, dim=self.dim, files=files)
-        self._producer = (identity, out)
-        return dict(out)
+        """What makes this encoder's document vectors: the parts of :meth:`identity` as the fields a dense index
+        records and compares (:func:`~pyterrier_cpdae.encoder.identity.producer_of`: ``{"encoder": "CPDAE",
+        "model", "weights_sha256", "pooling", "normalize", "max_length", "dtype", "dim", "weights_content"}``), so
+        that shards or indexes of vectors from other encoders are refused when they are put together
+        (``DenseIndex.merge``, ``merge_shards``, a sharded view) and queries of another encoder are not searched;
+        recorded by an index built through it (``enc >> index.indexer()``, ``indexer(producer=enc)``)."""
+        return producer_of(self)
 
     def vector_options(self) -> Dict[str, Any]:
         """The options that change this encoder's vectors (:data:`~pyterrier_cpdae.encoder.options.VECTOR_OPTIONS`),
@@ -443,55 +297,17 @@ class CPDAE(pt.Transformer):
             return _DTYPES[self.dtype]
         return default_dtype(self.device)
 
-    @contextlib.contextmanager
-    def _inference(self) -> Iterator[torch.nn.Module]:
-        model = self.model
-        was_training = model.training
-        model.eval()
-        dtype = self._autocast_dtype()
+    def _inference(self) -> ContextManager[torch.nn.Module]:
+        """The model, ready to encode (:func:`~pyterrier_cpdae.encoder.loading.inference`)."""
+        model, dtype = self.model, self._autocast_dtype()
         weights = next(model.parameters()).dtype
         if weights != torch.float32 and dtype == torch.float32 and not getattr(self, "_warned_weights", False):
             # from_pretrained loads float32 weights; an in-memory model is used as the caller made it
             logger.warning("the in-memory model's weights are %s: its vectors are computed in %s, not in float32 "
-                           "(pass model.float(), or load it with CPDAE.from_pretrained)", _DTYPE_NAMES.get(weights, weights),
-                           _DTYPE_NAMES.get(weights, weights))
+                           "(pass model.float(), or load it with CPDAE.from_pretrained)",
+                           _DTYPE_NAMES.get(weights, weights), _DTYPE_NAMES.get(weights, weights))
             self._warned_weights = True
-        autocast = (torch.autocast(device_type=self.device.type, dtype=dtype) if dtype != torch.float32
-                    else contextlib.nullcontext())
-        try:
-            with torch.inference_mode(), autocast:
-                yield model
-        finally:
-            if was_training:
-                model.train()
-
-    def _requested_backend(self) -> Tuple[Optional[str], str]:
-        """The backend asked for (``None``: automatic) and where the request comes from."""
-        if self.backend is not None:
-            return self.backend, f"backend={self.backend!r}"
-        env = _backend_name(os.environ.get(BACKEND_ENV, "").strip() or None, f"environment variable {BACKEND_ENV}")
-        return env, (f"{BACKEND_ENV}={env}" if env is not None else "automatic")
-
-    def _chosen_backend(self) -> Optional[str]:
-        """The backend asked for by the option or ``$PYTERRIER_CPDAE_BACKEND`` (``None``: automatic)."""
-        return self._requested_backend()[0]
-
-    def _first_token_view(self, model: torch.nn.Module) -> Optional[torch.nn.Module]:
-        """``model`` with its last layer at the ``[CLS]`` position only when ``cls_last_layer`` asks for it and
-        the model allows it (checked once per model against the full layer), else ``None``."""
-        choice = getattr(self, "cls_last_layer", None)  # an encoder pickled before the option: automatic
-        if choice is False or self.pooling != "cls":
-            return None
-        checked = self.__dict__.setdefault("_first_token", {})
-        if id(model) not in checked:
-            checked[id(model)] = check_first_token(model)
-        problem = checked[id(model)]
-        if problem is not None:
-            if choice:
-                raise ValueError(f"cls_last_layer=True: the last layer cannot be trimmed to [CLS]: {problem}; pass "
-                                 "cls_last_layer=None (automatic) or False")
-            return None
-        return first_token_model(model)
+        return inference(model, self.device, dtype)
 
     def backend_choice(self, packed: Optional[bool] = None) -> BackendChoice:
         """The backend of this encoder's next encoding and why (:func:`~pyterrier_cpdae.encoder.backends.choose_backend`):
@@ -501,7 +317,7 @@ class CPDAE(pt.Transformer):
         ``packed``: whether PyTorch runs packed batches (default: as ``unpad`` and the model allow; loads the model)."""
         if packed is None:
             packed = self._packing_kernel(self.model) is not None
-        requested, origin = self._requested_backend()
+        requested, origin = requested_backend(self.backend)
         dtype = self._autocast_dtype()
         key = (requested, id(self._model), bool(packed), dtype, self._openvino_failed)
         have = self.__dict__.get("_choice")
@@ -531,7 +347,7 @@ class CPDAE(pt.Transformer):
                 self._openvino = compile_encoder(forward, self.pooling, self.normalize, precision=precision)
                 self._openvino_identity = identity
             except Exception as ex:
-                if self._chosen_backend() == "openvino":
+                if requested_backend(self.backend)[0] == "openvino":
                     raise
                 logger.warning("OpenVINO could not compile %s (%s: %s); encoding with PyTorch",
                                self.name_or_path, type(ex).__name__, ex)
@@ -544,23 +360,16 @@ class CPDAE(pt.Transformer):
         """The backend object of :meth:`backend_choice` for this call's ``model`` (made once per call, kept in
         ``made``)."""
         choice = self.backend_choice(kernel is not None)
-        if choice.name in made:
-            return made[choice.name]
-        forward = trimmed if trimmed is not None else model  # the last layer at [CLS] only, where it applies
-        backend: Optional[Backend] = None
-        if choice.name == OpenVINOBackend.name:
-            compiled = self._compiled_graph(model, forward)
-            if compiled is None:  # the automatic choice could not compile: chosen again (PyTorch)
-                return self._backend(made, model, kernel, trimmed, pad_id)
-            backend = OpenVINOBackend(compiled, pad_id)
-        elif choice.name == UnpaddedTorch.name:
-            first = trimmed is not None and first_token_kernel_ok(kernel, str(self.device), self._autocast_dtype())
-            backend = UnpaddedTorch(trimmed if first else model, self.device, kernel, self.pooling, self.normalize,
-                                    first_token=first)
-        else:
-            backend = PaddedTorch(forward, self.device, pad_id, self.pooling, self.normalize)
-        made[choice.name] = backend
-        return backend
+        if choice.name not in made:
+            compiled = None
+            if choice.name == OpenVINOBackend.name:
+                compiled = self._compiled_graph(model, trimmed if trimmed is not None else model)
+                if compiled is None:  # the automatic choice could not compile: chosen again (PyTorch)
+                    return self._backend(made, model, kernel, trimmed, pad_id)
+            made[choice.name] = build_backend(choice.name, model=model, trimmed=trimmed, kernel=kernel,
+                                              compiled=compiled, device=self.device, dtype=self._autocast_dtype(),
+                                              pad_id=pad_id, pooling=self.pooling, normalize=self.normalize)
+        return made[choice.name]
 
     def token_budget(self, max_length: int) -> Optional[int]:
         """The token budget of a batch of texts truncated at ``max_length`` (``None``: batches of ``batch_size``
@@ -575,10 +384,7 @@ class CPDAE(pt.Transformer):
     def _batches(self, lengths: np.ndarray, max_length: int, packed: bool = False) -> List[np.ndarray]:
         """The window's rows cut into length-sorted batches, by ``batch_tokens`` (real tokens when ``packed``,
         else rows x longest) or by ``batch_size``."""
-        budget = self.token_budget(max_length)
-        if budget is None:
-            return length_sorted_batches(lengths, self.batch_size)
-        return token_budget_batches(lengths, budget, padded=not packed)
+        return cut_batches(lengths, self.token_budget(max_length), self.batch_size, packed)
 
     def _packing_kernel(self, model: torch.nn.Module) -> Optional[Any]:
         """The variable-length attention kernel when batches run packed (see ``unpad``), else ``None``
@@ -621,7 +427,8 @@ class CPDAE(pt.Transformer):
             total=n, desc="Encoding", unit="text", leave=False, delay=0 if self.verbose else PROGRESS_DELAY_S)
         with self._inference() as model:
             kernel = self._packing_kernel(model)
-            trimmed = self._first_token_view(model)  # the last layer at [CLS] only (where it applies)
+            trimmed = trimmed_model(model, self.pooling, getattr(self, "cls_last_layer", None),  # the last layer at
+                                    self.__dict__.setdefault("_first_token", {}))  # [CLS] only, where it applies
             made: Dict[str, Backend] = {}
             start = 0
             for ids, lengths in windows:
@@ -657,15 +464,7 @@ class CPDAE(pt.Transformer):
         return self._encode_input(texts, "query", self.query_max_length, unique=True)
 
     def encode_docs(self, texts: Union[str, Iterable[str]]) -> np.ndarray:
-        """Encodes document texts (``doc_max_length``).
-
-        Returns:
-            float32 array ``(len(texts), dim)``; for a single string (not a list), one ``(dim,)`` vector.
-
-        Raises:
-            ValueError: a text is ``None``/NaN or not valid Unicode (a lone surrogate), naming its row.
-            TypeError: a text is not a string, or ``texts`` is ``bytes``/not iterable.
-        """
+        """Encodes document texts (``doc_max_length``); returns and raises as :meth:`encode_queries`."""
         return self._encode_input(texts, "text", self.doc_max_length, unique=False)
 
     # -- transformer factories -----------------------------------------------------------------------------
@@ -678,11 +477,9 @@ class CPDAE(pt.Transformer):
         return _DocEncoder(self)
 
     def text_scorer(self) -> pt.Transformer:
-        """Re-ranker: scores ``qid`` + (``query`` or ``query_vec``) + (``text`` or ``doc_vec``) rows.
-
-        The score is the dot product of the vectors (the cosine similarity when ``normalize``); the output is
-        the input with ``score`` and ``rank`` (per query, from 0).
-        """
+        """Re-ranker: scores ``qid`` + (``query`` or ``query_vec``) + (``text`` or ``doc_vec``) rows by the dot
+        product of the vectors (the cosine similarity when ``normalize``), adding ``score`` and ``rank`` (per query,
+        from 0)."""
         return _TextScorer(self)
 
     def scorer(self) -> pt.Transformer:
@@ -690,23 +487,9 @@ class CPDAE(pt.Transformer):
         return self.text_scorer()
 
     # -- direct use ----------------------------------------------------------------------------------------
-    @staticmethod
-    def _mode(inp: pd.DataFrame) -> str:
-        with pta.validate.any(inp) as v:
-            for q in ("query", "query_vec"):
-                for d in ("text", "doc_vec"):
-                    v.columns(includes=[q, d], mode="scorer")
-            v.columns(includes=["query"], mode="query_encoder")
-            v.columns(includes=["text"], mode="doc_encoder")
-        return v.mode
-
-    def _stage(self, mode: str) -> pt.Transformer:
-        return {"scorer": self.text_scorer, "query_encoder": self.query_encoder,
-                "doc_encoder": self.doc_encoder}[mode]()
-
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         """Adds ``query_vec`` or ``doc_vec``, or scores, depending on the input columns (see the class doc)."""
-        return self._stage(self._mode(inp)).transform(inp)
+        return stage_for(self, inp).transform(inp)
 
     def transform_iter(self, inp: Iterable[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
         """Streams dict records (e.g. ``enc >> indexer`` in indexing); the mode comes from the first record."""
@@ -714,5 +497,4 @@ class CPDAE(pt.Transformer):
         first = next(it, None)
         if first is None:
             return iter(())
-        mode = self._mode(pd.DataFrame(columns=list(first)))
-        return self._stage(mode).transform_iter(itertools.chain([first], it))
+        return stage_for(self, pd.DataFrame(columns=list(first))).transform_iter(itertools.chain([first], it))

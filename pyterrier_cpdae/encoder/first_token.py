@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 
 from .attention import KERNEL_KWARG
 
-__all__ = ["FirstTokenLayer", "first_token_model", "first_token_problem", "check_first_token"]
+__all__ = ["FirstTokenLayer", "first_token_model", "first_token_problem", "check_first_token", "trimmed_model"]
 
 _ATTENTION = ("sdpa", "eager")
 
@@ -146,3 +146,25 @@ def check_first_token(model: torch.nn.Module) -> Optional[str]:
                        type(model).__name__)
         return "its trimmed last layer did not reproduce the full layer's [CLS] output"
     return None
+
+
+def trimmed_model(model: torch.nn.Module, pooling: str, choice: Optional[bool],
+                  checked: Dict[int, Optional[str]]) -> Optional[torch.nn.Module]:
+    """``model`` with its last layer at the ``[CLS]`` position only (:func:`first_token_model`) where an encoder's
+    option ``cls_last_layer`` (``choice``: ``None`` automatic, ``True``, ``False``) and ``"cls"`` ``pooling`` ask for
+    it and the model allows it, else ``None``. The model is checked once against the full layer
+    (:func:`check_first_token`; the answer kept in ``checked``, by ``id(model)``).
+
+    Raises:
+        ValueError: ``cls_last_layer=True`` for a model whose last layer cannot be trimmed, naming why."""
+    if choice is False or pooling != "cls":
+        return None
+    if id(model) not in checked:
+        checked[id(model)] = check_first_token(model)
+    problem = checked[id(model)]
+    if problem is not None:
+        if choice:
+            raise ValueError(f"cls_last_layer=True: the last layer cannot be trimmed to [CLS]: {problem}; pass "
+                             "cls_last_layer=None (automatic) or False")
+        return None
+    return first_token_model(model)

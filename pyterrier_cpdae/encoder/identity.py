@@ -36,7 +36,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 import xxhash
 
-__all__ = ["encoder_digest", "weights_sha256", "files_sha256", "producer_record", "weights_key", "content_digest",
+__all__ = ["encoder_digest", "weights_sha256", "files_sha256", "producer_record", "identity_of", "producer_of",
+           "weights_key", "content_digest",
            "legacy_digest", "state_dict_sha256", "RECORD_DIGEST_CHARS", "SAFETENSORS_WEIGHTS"]
 
 #: the hex characters of a digest that a producer record keeps (``weights_content``, ``weights_sha256``)
@@ -173,6 +174,46 @@ def producer_record(weights: Optional[str], options: Mapping[str, Any], *, model
     if weights is not None:
         out["weights_content"] = weights[:cut]
     return out
+
+
+def _weights_of(encoder: Any, key: Optional[str] = None) -> Tuple[Optional[torch.nn.Module], Optional[str]]:
+    """The module whose weights identify ``encoder`` (a :class:`~pyterrier_cpdae.CPDAE`) and its
+    :func:`weights_key` (``key`` when the caller has just taken it); ``(None, None)`` for a Hub model not loaded yet
+    (not fetched for an identity). A model in a local folder is loaded."""
+    local = encoder.name_or_path is not None and os.path.isdir(encoder.name_or_path)
+    module = encoder.model if encoder._model is not None or local else None
+    if module is None:
+        return None, None
+    return module, (weights_key(module) if key is None else key)
+
+
+def identity_of(encoder: Any, key: Optional[str] = None) -> str:
+    """:meth:`CPDAE.identity <pyterrier_cpdae.CPDAE.identity>`: :func:`encoder_digest` of ``encoder``'s
+    :func:`weights_sha256` (the model's name while a Hub model is not loaded) and its ``vector_options()``."""
+    module, key = _weights_of(encoder, key)
+    weights = weights_sha256(module, key) if module is not None else f"name:{encoder.name_or_path}"
+    return encoder_digest(weights, encoder.vector_options())
+
+
+def producer_of(encoder: Any) -> Dict[str, Any]:
+    """:meth:`CPDAE.producer <pyterrier_cpdae.CPDAE.producer>`: :func:`producer_record` of the parts of
+    ``encoder``'s identity, with the files' digest while its weights are those it loaded from a local folder,
+    unedited since; kept on the encoder while its identity holds."""
+    module, key = _weights_of(encoder)
+    weights = weights_sha256(module, key) if module is not None else None
+    options = encoder.vector_options()
+    identity = (encoder_digest(weights or f"name:{encoder.name_or_path}", options), encoder.name_or_path)
+    cached = encoder.__dict__.get("_producer")
+    if cached is not None and cached[0] == identity:  # the record is a function of the identity
+        return dict(cached[1])
+    # an in-place edit of the loaded module makes them other weights: then the record names only their digest
+    edited = getattr(encoder, "_loaded_key", None) not in (None, key)
+    files = files_sha256(encoder.name_or_path) if module is not None and not edited else None
+    name = encoder.name_or_path if encoder.name_or_path is not None else \
+        f"<in-memory {type(encoder._model).__name__}>"
+    out = producer_record(weights, options, model=name, dim=encoder.dim, files=files)
+    encoder._producer = (identity, out)
+    return dict(out)
 
 
 def content_digest(model: torch.nn.Module, key: Optional[str] = None) -> str:

@@ -10,14 +10,14 @@ import inspect
 import json
 import os
 import warnings
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 import torch
 
 from .identity import RECORD_DIGEST_CHARS, SAFETENSORS_WEIGHTS, files_sha256, state_dict_sha256
 
 __all__ = ["load_encoder", "load_tokenizer", "load_config", "check_auto_fits", "autocast_dtype", "check_model_dir",
-           "check_weights_file", "float32_kwargs", "weights_digest"]
+           "check_weights_file", "float32_kwargs", "length_limit", "open_encoder", "inference", "weights_digest"]
 
 
 def float32_kwargs() -> Dict[str, Any]:
@@ -41,6 +41,14 @@ def autocast_dtype(device: Union[str, torch.device]) -> torch.dtype:
     if torch.device(device).type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
+
+
+def length_limit(config: Any, tokenizer: Any) -> Optional[int]:
+    """The longest text in tokens, special tokens included, that a model encodes: the smaller of its config's
+    ``max_position_embeddings`` and its tokenizer's ``model_max_length`` (values of a million or more are
+    "unknown" in transformers), or ``None`` when neither is known. Longer maximum lengths are cut to it."""
+    limits = [getattr(config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    return min([x for x in limits if isinstance(x, int) and 0 < x < 1_000_000], default=None)
 
 
 def checkpoint_keys(path: str) -> Optional[set]:
@@ -280,3 +288,33 @@ def load_encoder(name_or_path: Union[str, os.PathLike]) -> torch.nn.Module:
         raise ValueError(f"{name} does not hold the weights of a {type(model).__name__} encoder: "
                          f"{len(missing)} weights are missing (e.g. {missing[:3]}); these would be random")
     return model
+
+
+def open_encoder(name_or_path: Union[str, os.PathLike]) -> Tuple[str, Any, Any]:
+    """``(name, tokenizer, config)`` of the encoder at ``name_or_path`` (a local folder as its absolute path, or a
+    Hub name), checked before any weight is read: its tokenizer (a missing ``config.json`` named first), its
+    weights file (safetensors only: refused here rather than at the first encoding) and its config (no code it
+    names is run)."""
+    name = os.fspath(name_or_path)
+    if os.path.isdir(name):
+        name = os.path.abspath(name)
+    tokenizer = load_tokenizer(name)
+    if os.path.isdir(name):
+        check_weights_file(name)
+    return name, tokenizer, load_config(name)
+
+
+@contextlib.contextmanager
+def inference(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> Iterator[torch.nn.Module]:
+    """``model`` in eval mode under ``torch.inference_mode`` and, below float32, autocast to ``dtype`` on
+    ``device``; back in training mode afterwards when it was."""
+    was_training = model.training
+    model.eval()
+    autocast = (torch.autocast(device_type=device.type, dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
+    try:
+        with torch.inference_mode(), autocast:
+            yield model
+    finally:
+        if was_training:
+            model.train()

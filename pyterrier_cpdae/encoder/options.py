@@ -29,7 +29,7 @@ from .policy import _backend_name, _dtype_name
 from .pooling import POOLINGS
 
 __all__ = ["EncoderOptions", "ModelOptions", "RepresentationOptions", "BatchingOptions", "ComputeOptions",
-           "VECTOR_OPTIONS", "positive_int"]
+           "VECTOR_OPTIONS", "positive_int", "option_attribute"]
 
 #: the options that change an encoder's vectors (the rest change only how fast they are computed, or what is shown)
 VECTOR_OPTIONS = ("pooling", "normalize", "query_max_length", "doc_max_length", "dtype")
@@ -61,9 +61,10 @@ class ModelOptions:
     """Where the model comes from and where it runs.
 
     Attributes:
-        name_or_path: the model's folder or Hub name (``None``: an in-memory model).
-        device: ``None`` = automatic (the in-memory model's device, else CUDA when available); else a canonical
-            device string (``"cpu"``, ``"cuda:0"``).
+        name_or_path: the model's folder or Hub name (``None``: an in-memory model); what identifies it for
+            ``==``, ``hash`` and ``repr``.
+        device: ``None`` = automatic (the in-memory model's device, else CUDA when available for a lazily loaded
+            model); else a canonical device string (``"cpu"``, ``"cuda:0"``).
     """
     name_or_path: Optional[str] = None
     device: Optional[str] = None
@@ -80,8 +81,12 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class RepresentationOptions:
-    """What a vector is: ``pooling`` (``"cls"``: the last layer's ``[CLS]`` vector; ``"mean"``: the masked mean) and
-    ``normalize`` (L2-normalised: scores are cosine similarities)."""
+    """What a vector is.
+
+    Attributes:
+        pooling: ``"cls"`` (the last layer's ``[CLS]`` vector, as in CPDAE) or ``"mean"`` (the masked mean).
+        normalize: L2-normalise the vectors (scores are then cosine similarities).
+    """
     pooling: str = "cls"
     normalize: bool = False
 
@@ -93,7 +98,28 @@ class RepresentationOptions:
 
 @dataclass(frozen=True)
 class BatchingOptions:
-    """Texts' lengths in tokens (special tokens included) and how they are cut into batches (see ``CPDAE``)."""
+    """Texts' lengths in tokens (special tokens included) and how they are cut into batches.
+
+    Attributes:
+        query_max_length / doc_max_length: the maximum query / document length in tokens (cut to the model's
+            ``length_limit``, with a warning).
+        batch_size: texts per forward pass when batches are cut by text count (see ``batch_tokens``); also sizes
+            the sorting window (``batch_size * sort_window`` texts), which is also the size of the chunks
+            PyTerrier's ``Compose.index`` feeds an ``enc >> indexer`` pipeline.
+        sort_window: the number of batches whose texts are sorted by length together.
+        batch_tokens: batches cut by a token budget instead of a text count: each batch of the length-sorted
+            window holds as many texts as fit ``rows x longest text <= batch_tokens`` (its padded size), so short
+            texts go in large batches and long ones in small batches, for the same work per batch. ``None`` =
+            automatic: ``batch_size * max_length`` (the padded size of a full batch of the longest texts, so no
+            batch needs more memory than the text-count batching's largest) on CUDA, and the smaller of that and
+            ``CPU_BATCH_TOKENS`` (2,048; at least ``max_length``) on the CPU, where batches small enough to stay in
+            the caches run faster; ``0`` = text-count batches everywhere; a positive integer, at least the largest
+            maximum length, = that budget everywhere (``batch_size`` then does not cap the rows of a batch). In
+            packed batches (``unpad``) the budget counts real tokens only (the sum of the texts' lengths).
+        verbose: the progress bar of an encoding call (``pt.tqdm``, as PyTerrier's transformers show theirs):
+            ``None`` shows it once a call has run ``PROGRESS_DELAY_S`` seconds, so long work shows its progress and
+            short calls print nothing; ``True`` always, ``False`` never.
+    """
     query_max_length: int = 32
     doc_max_length: int = 256
     batch_size: int = 32
@@ -117,9 +143,37 @@ class BatchingOptions:
 
 @dataclass(frozen=True)
 class ComputeOptions:
-    """What computes the vectors and in which precision: ``backend`` (``"torch"``, ``"openvino"``, ``None`` =
-    automatic), the autocast ``dtype`` (a canonical name, ``None`` = automatic), ``unpad`` (packed batches) and
-    ``cls_last_layer`` (the last layer at ``[CLS]`` only); ``None`` = automatic for each."""
+    """What computes the vectors and in which precision; ``None`` = automatic for each.
+
+    Attributes:
+        backend: ``"torch"``, ``"openvino"`` (CPU only: an OpenVINO graph compiled from the model, whose weights
+            it copies: compiled again when they change) or ``None`` = automatic (``$PYTERRIER_CPDAE_BACKEND`` when
+            set): OpenVINO for a model loaded by ``CPDAE.from_pretrained`` on the CPU in float32 when ``openvino``
+            is installed, once the encoder has encoded ``OPENVINO_MIN_TOKENS`` tokens in all (the window that
+            crosses it included), else PyTorch (always PyTorch for an in-memory model, which may be training).
+            Vectors of the two backends agree to ~3e-6. The choice, and the switch to OpenVINO when the tokens are
+            reached, are logged at INFO with their reason (``CPDAE.backend_choice``).
+        dtype: the autocast dtype, a canonical name (given as ``torch.float16``/``"fp16"``,
+            ``torch.bfloat16``/``"bf16"``, ``"float32"``...); ``None`` = automatic (``default_dtype``): bf16 on
+            CUDA (fp16 where bf16 is unsupported), float32 on the CPU; ``$PYTERRIER_CPDAE_DTYPE`` replaces the
+            automatic choice. Vectors are float32 either way. A model loaded by ``CPDAE.from_pretrained`` holds
+            float32 weights whatever dtype its checkpoint was saved in (a bf16 export included), so the dtype alone
+            decides the precision; an in-memory model is used as it is (a warning says when its weights are below
+            float32 and the dtype is float32).
+        unpad: run each batch unpadded: its texts packed end to end in one row of real tokens, attention kept
+            inside each text by torch's variable-length FlashAttention kernel (``varlen_attn``), so no layer
+            computes on padding. ``None`` = packed where that kernel runs (CUDA in bf16/fp16, a BERT model, PyTorch
+            backend), else padded batches; ``False`` = always padded; ``True`` = packed, or a ``ValueError`` at the
+            first encoding where the kernel cannot run.
+        cls_last_layer: under ``[CLS]`` pooling, compute the last layer at the ``[CLS]`` position only (its keys
+            and values still from every token; :mod:`~pyterrier_cpdae.encoder.first_token`): nothing reads its
+            other positions, so this skips most of the last layer's work (~1/7 of MiniLM's at 256 tokens) with the same vectors up to
+            float32 summation order. ``None`` = on with ``"cls"`` pooling for a BERT-like model with
+            ``sdpa``/``eager`` attention, in padded batches (PyTorch and OpenVINO backends) and in packed ones
+            where the varlen kernel takes one query row per text; checked once per encoder against the full layer
+            on random hidden states; ``False`` = the full last layer; ``True`` = trimmed, or a ``ValueError``
+            (``"mean"`` pooling at once, an unsupported model at the first encoding).
+    """
     backend: Optional[str] = None
     dtype: Union[None, str, torch.dtype] = None
     unpad: Optional[bool] = None
@@ -199,3 +253,15 @@ class EncoderOptions:
         if owner is None or name.startswith("__"):
             raise AttributeError(f"{type(self).__name__} has no option {name!r}")
         return getattr(object.__getattribute__(self, owner), name)
+
+
+def option_attribute(name: str) -> property:
+    """The attribute of the flat option ``name`` on an object that keeps its :class:`EncoderOptions` in ``_options``
+    (a :class:`~pyterrier_cpdae.CPDAE`): read from them, and set through the object's ``_set_options`` (checked)."""
+    def get(self: Any) -> Any:
+        return getattr(self._options, name)
+
+    def set_(self: Any, value: Any) -> None:
+        self._set_options(**{name: value})
+
+    return property(get, set_, doc=f"The option ``{name}`` (``options``); setting it checks it.")

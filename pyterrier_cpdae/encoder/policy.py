@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -58,6 +58,15 @@ def _backend_name(backend: Optional[str], origin: str = "backend") -> Optional[s
     if not isinstance(backend, str) or backend.lower() not in BACKENDS:
         raise ValueError(f"{origin} must be one of {BACKENDS} or None (automatic), got {backend!r}")
     return backend.lower()
+
+
+def requested_backend(option: Optional[str]) -> Tuple[Optional[str], str]:
+    """The backend an encoder is asked for (``None``: automatic) and where the request comes from: its option
+    ``backend`` (``option``), else :data:`BACKEND_ENV`."""
+    if option is not None:
+        return option, f"backend={option!r}"
+    env = _backend_name(os.environ.get(BACKEND_ENV, "").strip() or None, f"environment variable {BACKEND_ENV}")
+    return env, (f"{BACKEND_ENV}={env}" if env is not None else "automatic")
 
 
 def _dtype_name(dtype: Union[None, str, torch.dtype]) -> Optional[str]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._files import read_config_file, short_repr, write_json_atomic
 from .pooling import POOLINGS
 
-__all__ = ["write_st_config", "read_encoder_settings", "exported_model_files", "remove_exported_model", "base_pipeline",
-           "export_pipeline"]
+__all__ = ["write_st_config", "read_encoder_settings", "folder_settings", "exported_model_files",
+           "remove_exported_model", "base_pipeline", "export_pipeline"]
 
 MODULES = "modules.json"
 SBERT_CONFIG = "sentence_bert_config.json"
@@ -276,6 +276,37 @@ def read_encoder_settings(path: Union[str, os.PathLike]) -> Dict[str, Any]:
         # sentence-transformers cuts every text, queries too, at max_seq_length (SentenceTransformer.encode)
         out["query_max_length"] = out["doc_max_length"]
     return out
+
+
+#: the settings that ``CPDAE.from_pretrained`` takes from a model folder, and their defaults where it declares none
+FOLDER_SETTINGS = {"pooling": "cls", "normalize": False, "query_max_length": 32, "doc_max_length": 256}
+
+
+def folder_settings(path: str, **given: Any) -> Tuple[Dict[str, Any], List[str]]:
+    """The :data:`FOLDER_SETTINGS` of an encoder loaded from ``path``, and the warnings they call for.
+
+    A setting ``given`` (not ``None``) wins, with a warning when it contradicts the one the folder declares
+    (:func:`read_encoder_settings`); one left ``None`` is the declared one, else its default. A folder that asks for
+    lower-cased texts is warned about too: CPDAE does not lower-case them.
+
+    Raises:
+        ValueError: as :func:`read_encoder_settings`.
+    """
+    stored = read_encoder_settings(path)
+    notes = []
+    if stored.get("do_lower_case", (False,))[0]:
+        notes.append(f"{path}: do_lower_case is true in {stored['do_lower_case'][1]}, but CPDAE does not lower-case "
+                     "texts; lower-case them before encoding to match sentence-transformers")
+    settings = {}
+    for key, default in FOLDER_SETTINGS.items():
+        value = given.get(key)
+        if value is None:
+            settings[key] = stored[key][0] if key in stored else default
+            continue
+        if key in stored and stored[key][0] != value:
+            notes.append(f"{key}={value!r} overrides {stored[key][0]!r} stored in {stored[key][1]}")
+        settings[key] = value
+    return settings, notes
 
 
 def base_pipeline(base: Union[str, os.PathLike, None]) -> Optional[Dict[str, Any]]:

@@ -37,6 +37,23 @@ def _with_producer(right: Any, encoder: "CPDAE") -> Any:
     return right
 
 
+def stage_for(encoder: "CPDAE", inp: pd.DataFrame) -> pt.Transformer:
+    """The stage of ``encoder`` that a frame with the columns of ``inp`` calls for: a query and a document column
+    (``query`` or ``query_vec`` with ``text`` or ``doc_vec``) are scored (``text_scorer()``); ``query`` alone gets
+    ``query_vec`` (``query_encoder()``); ``text`` alone gets ``doc_vec`` (``doc_encoder()``).
+
+    Raises:
+        ValueError: PyTerrier's, naming the columns each mode needs, for a frame of none of them."""
+    with pta.validate.any(inp) as v:
+        for q in ("query", "query_vec"):
+            for d in ("text", "doc_vec"):
+                v.columns(includes=[q, d], mode="scorer")
+        v.columns(includes=["query"], mode="query_encoder")
+        v.columns(includes=["text"], mode="doc_encoder")
+    return {"scorer": encoder.text_scorer, "query_encoder": encoder.query_encoder,
+            "doc_encoder": encoder.doc_encoder}[v.mode]()
+
+
 class _Stage(pt.Transformer):
     """Base of the transformers made by :class:`CPDAE`'s factories (equal when their encoders are equal)."""
 

@@ -15,18 +15,19 @@ before it compiles OpenVINO, the encoding that reaches them (the choice says so:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
+from ..attention import first_token_kernel_ok
 from ..policy import _DTYPE_NAMES
 from .base import Backend
 from .openvino import OpenVINOBackend
 from .padded import PaddedTorch
 from .unpadded import UnpaddedTorch
 
-__all__ = ["Backend", "BackendChoice", "choose_backend", "PaddedTorch", "UnpaddedTorch", "OpenVINOBackend",
-           "BACKEND_NAMES"]
+__all__ = ["Backend", "BackendChoice", "choose_backend", "build_backend", "PaddedTorch", "UnpaddedTorch",
+           "OpenVINOBackend", "BACKEND_NAMES"]
 
 #: the backends :func:`choose_backend` chooses among (the option ``backend=`` names ``"torch"`` or ``"openvino"``;
 #: ``"torch"`` runs packed batches, ``"torch-unpadded"``, where ``unpad`` and the kernel allow)
@@ -104,3 +105,19 @@ def choose_backend(*, requested: Optional[str], origin: str, device: torch.devic
                                          "faster encoding repays the compilation", switch_at=min_tokens)
     return BackendChoice(OpenVINOBackend.name, f"automatic: a model loaded on the CPU in float32 that has encoded "
                                                 f"{tokens:,} tokens, at least OPENVINO_MIN_TOKENS={min_tokens:,}")
+
+
+def build_backend(name: str, *, model: torch.nn.Module, trimmed: Optional[torch.nn.Module], kernel: Optional[Any],
+                  compiled: Optional[Any], device: torch.device, dtype: torch.dtype, pad_id: int, pooling: str,
+                  normalize: bool) -> Backend:
+    """The backend object ``name`` (:attr:`BackendChoice.name`) for one encoding call of ``model``.
+
+    ``trimmed`` is the model with its last layer at ``[CLS]`` only, where the encoder uses it (``None``: the full
+    model); ``kernel`` the variable-length attention kernel of packed batches; ``compiled`` the OpenVINO graph
+    (``"openvino"``). Packed batches use ``trimmed`` only where the kernel takes one query row per text."""
+    if name == OpenVINOBackend.name:
+        return OpenVINOBackend(compiled, pad_id)
+    if name == UnpaddedTorch.name:
+        first = trimmed is not None and first_token_kernel_ok(kernel, str(device), dtype)
+        return UnpaddedTorch(trimmed if first else model, device, kernel, pooling, normalize, first_token=first)
+    return PaddedTorch(trimmed if trimmed is not None else model, device, pad_id, pooling, normalize)
