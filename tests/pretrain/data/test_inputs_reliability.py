@@ -17,7 +17,6 @@ import pytest
 from pretrain.data.corpus import TokenCache
 
 from tests.helpers.cli import DOCS, pretrain_args, run_cli
-from tests.helpers.tiny_sets import random_word_docs as _bm25_docs
 from tests.helpers.token_cache import build_cache as _cache
 
 
@@ -231,13 +230,3 @@ def test_memory_error_while_loading_is_not_called_corruption(tmp_path, corpus, t
     assert line == f"error: MemoryError: out of memory while reading the weights file " \
                    f"{tiny_bert_dir}/model.safetensors"
     assert "corrupt" not in line
-
-
-def test_full_disk_under_bm25_indexing(tmp_path, tmpfs):
-    from pyterrier_cpdae.bm25 import BM25Index
-    full = tmpfs(tmp_path / "full", "size=1m")
-    with pytest.raises(OSError, match=f"no space left on {full}/idx") as info:
-        BM25Index(full / "idx").indexer().index(_bm25_docs())
-    assert info.value.errno == 28 and "AlreadyClosed" not in str(info.value)
-    assert not (full / "idx").exists()  # the unfinished index is removed
-
