@@ -1,9 +1,6 @@
 """The options of ``python -m pretrain``: Hugging Face ``TrainingArguments`` plus our model, data and objective
-dataclasses, parsed with ``transformers.HfArgumentParser``.
-
-Every Trainer option keeps its own name (``--learning_rate`` or ``--learning-rate``). Ours: :class:`ModelArguments`,
-:class:`DataArguments`, the options :class:`PretrainingArguments` adds to ``TrainingArguments`` and those of the
-chosen objective (its ``Objective.Options``; ``python -m pretrain --objective X --help`` lists only X's).
+dataclasses, parsed with ``transformers.HfArgumentParser``: every Trainer option under its own name (``--learning_rate``
+or ``--learning-rate``), the objective's own (its ``Objective.Options``) listed by ``--objective X --help`` only.
 Precedence: defaults < ``--preset`` < ``--config`` file (YAML/JSON, read by the bounded
 :func:`pyterrier_cpdae._files.read_config_file`: a key given twice is refused) < flags. An objective is built with a
 flat :class:`RunConfig` (:func:`run_config`).
@@ -11,11 +8,14 @@ flat :class:`RunConfig` (:func:`run_config`).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import json
 import logging
 import math
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from transformers import HfArgumentParser, TrainingArguments
@@ -107,19 +107,15 @@ class ModelArguments:
     _argument_group_name = "model options"
 
     objective: str = opt("cpdae", "Pre-training objective (`python -m pretrain --objective X --help` lists X's options).")
-    model: str = opt("bert-base-uncased", "Hugging Face id or directory of a BERT-like masked-LM checkpoint (its "
-                     "tokenizer too).")
-    from_config: Optional[str] = opt(None, "Start from random weights with this HF config (file/dir/id); the tokenizer "
-                                     "still comes from --model.")
-    new_mlm_head: bool = opt(False, "No longer needed: a checkpoint without trained MLM-head weights (e.g. a "
-                             "sentence-transformers model) gets a new head, said in the log.")
+    model: str = opt("bert-base-uncased", "Hub id or directory of a BERT-like masked-LM checkpoint and its tokenizer.")
+    from_config: Optional[str] = opt(None, "Random weights of this config (file/dir/id); the tokenizer of --model.")
+    new_mlm_head: bool = opt(False, "No longer needed: a base without MLM-head weights gets a new head (logged).")
     freeze_encoder: bool = opt(False, "Train only the objective's heads; every encoder parameter stays frozen.")
     decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the decoder of this exported stage-1 run "
                                       "(its <dir>/decoder); pass the same directory as --model.")
     unpad: str = opt("auto", "Run the encoder on packed rows of the real tokens: auto (on CUDA the faster path, timed "
                      "on the first batch; elsewhere padded), on, off.", choices=["auto", "on", "off"])
-    save_dtype: str = opt("float32", "Dtype of the exported model's weights (training keeps float32).",
-                          choices=["float32", "bfloat16", "float16"])
+    save_dtype: str = opt("float32", "Dtype of the exported weights.", choices=["float32", "bfloat16", "float16"])
 
 
 @dataclass
@@ -128,36 +124,29 @@ class DataArguments:
 
     _argument_group_name = "data and probe options"
 
-    corpus: Optional[str] = opt(None, "Corpus spec: irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt file (one "
-                                "document per line), or wiki:<dir>.")
+    corpus: Optional[str] = opt(None, "irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt (a text a line) or wiki:<dir>.")
     corpus_fields: Optional[str] = opt(None, "Comma-separated text fields for irds:/jsonl corpora (None: title,text).")
     max_docs: int = opt(-1, "Read at most this many documents (-1: all).", check=Range(1, special=((-1, "all"),)))
     max_length: int = opt(512, "Maximum tokens per block, special tokens included.", check=Range(3))
     cache_dir: Optional[str] = opt(None, "Token cache directory (None: <output_dir>/../.token_cache).")
-    probe: Optional[str] = opt(None, "Retrieval probe run at each evaluation (--eval_strategy steps --eval_steps N): "
-                               "a local dataset folder or an ir_datasets id; logs eval_probe_ndcg_cut_10 and "
-                               "eval_probe_recip_rank_10 (--metric_for_best_model probe_ndcg_cut_10).")
+    probe: Optional[str] = opt(None, "The set (a dataset folder or an ir_datasets id) of each evaluation: logs "
+                               "eval_probe_ndcg_cut_10 and eval_probe_recip_rank_10.")
     probe_max_queries: Optional[int] = opt(None, "Probe at most this many queries.", check=AT_LEAST_1)
     probe_max_docs: Optional[int] = opt(None, "Probe over at most this many documents.", check=AT_LEAST_1)
 
 
 @dataclass
 class PretrainingArguments(TrainingArguments):
-    """``TrainingArguments`` with our defaults (weight decay 0.01, warm-up 0.1, TensorBoard, checkpoints every 1000
-    steps, two kept) and options of our own."""
+    """``TrainingArguments`` with our defaults and options of our own."""
 
     output_dir: Optional[str] = opt(None, "The run directory: checkpoint-N/, logs, the exported model (required).")
-    global_batch_size: Optional[int] = opt(None, "The global batch in texts: each of the N processes gets "
-                                           "global_batch_size / (N x gradient_accumulation_steps) per micro-batch "
-                                           "(sets --per_device_train_batch_size; the same batches under any N).",
-                                           check=AT_LEAST_1)
-    preset: Optional[str] = opt(None, "A named setting of the objective (paper: its paper's settings); a --config "
-                                "file and flags override it.")
+    global_batch_size: Optional[int] = opt(None, "The batch over all N processes: sets --per_device_train_batch_size "
+                                           "to it / (N x gradient_accumulation_steps).", check=AT_LEAST_1)
+    preset: Optional[str] = opt(None, "A named setting of the objective (paper: its paper's); --config and flags "
+                                "override it.")
     early_stopping_patience: Optional[int] = opt(None, "Stop after this many evaluations without improvement of "
-                                                 "--metric_for_best_model (transformers' EarlyStoppingCallback; with "
-                                                 "--probe and --load_best_model_at_end).", check=AT_LEAST_1)
-    overwrite_output_dir: bool = opt(False, "Replace a different run in --output_dir (its checkpoints, logs, record "
-                                     "and exported model); other files are kept.")
+                                                 "--metric_for_best_model (EarlyStoppingCallback).", check=AT_LEAST_1)
+    overwrite_output_dir: bool = opt(False, "Replace the run in --output_dir (other files are kept).")
     weight_decay: float = opt(0.01, "AdamW weight decay.")
     warmup_steps: float = opt(0.1, "Warm-up steps (a value < 1: a ratio of the run).")
     save_steps: float = opt(1000, "Save a checkpoint every N steps.")
@@ -183,14 +172,10 @@ class PretrainingArguments(TrainingArguments):
         super().__post_init__()
 
 
-class RunConfig:
+class RunConfig(SimpleNamespace):
     """Every option of a run as an attribute (what objectives, the collators and the run record read): ``batch_size``
     is the global batch and ``grad_accum`` the accumulation; ``defaults`` maps each option to its declared default
     and ``objective_options`` names the objective's own."""
-
-    def __init__(self, values: dict[str, Any], defaults: dict[str, Any], objective_options: list[str]):
-        self.__dict__.update(values)
-        self.defaults, self.objective_options = dict(defaults), list(objective_options)
 
     def options(self) -> dict[str, Any]:
         """The options as a plain dict."""
@@ -198,11 +183,7 @@ class RunConfig:
 
     def to_json_string(self) -> str:
         """The options as JSON (what the Trainer's reporting callbacks record of ``model.config``)."""
-        import json
         return json.dumps(self.options(), indent=2, sort_keys=True, default=str)
-
-    def __repr__(self) -> str:
-        return f"RunConfig(objective={getattr(self, 'objective', None)!r}, ...)"
 
 
 #: The TrainingArguments recorded in a run's config (the rest are the Trainer's and stay in its own files).
@@ -222,26 +203,21 @@ def _flat(parts: list[Any], run: dict[str, Any], run_defaults: dict[str, Any],
     ``trained`` (listed before the objective's) and the run settings ``run``."""
     model, data, options = (dataclasses.asdict(p) for p in parts)
     defaults = {k: v for p in parts for k, v in _defaults(type(p)).items()}
-    return RunConfig({**model, **data, **(trained or {}), **options, **run}, {**defaults, **run_defaults},
-                     [f.name for f in dataclasses.fields(parts[-1])])
+    return RunConfig(**{**model, **data, **(trained or {}), **options, **run}, defaults={**defaults, **run_defaults},
+                     objective_options=[f.name for f in dataclasses.fields(parts[-1])])
 
 
 def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments,
                objective_options: Any) -> RunConfig:
     """The flat config of a run (see :class:`RunConfig`)."""
-    import enum
-
-    world, accum = max(1, getattr(training_args, "world_size", 1)), training_args.gradient_accumulation_steps
-    trained = {k: getattr(training_args, k, None) for k in RECORDED_TRAINING}
-    trained = {k: v.value if isinstance(v, enum.Enum) else v if isinstance(v, (str, int, float, bool, type(None),
-                                                                               list, dict)) else str(v)
-               for k, v in trained.items()}
-    train_defaults = _defaults(type(training_args))
+    accum, trained = training_args.gradient_accumulation_steps, training_args.to_dict()  # to_dict: enums as values
+    defaults = _defaults(type(training_args))
     return _flat([model_args, data_args, objective_options],
                  {"output": training_args.output_dir, "grad_accum": accum, "cpu": bool(training_args.use_cpu),
-                  "batch_size": training_args.per_device_train_batch_size * world * accum},
-                 {**{k: v for k, v in train_defaults.items() if k in RECORDED_TRAINING},
-                  "batch_size": train_defaults.get("per_device_train_batch_size")}, trained)  # batch: one process
+                  "batch_size": training_args.per_device_train_batch_size * max(1, training_args.world_size) * accum},
+                 {**{k: defaults.get(k) for k in RECORDED_TRAINING},
+                  "batch_size": defaults.get("per_device_train_batch_size")},  # the batch of one process
+                 {k: trained.get(k) for k in RECORDED_TRAINING})
 
 
 def shared_option_names() -> set[str]:
@@ -278,14 +254,10 @@ class _Parser(HfArgumentParser):
 
     @staticmethod
     def _parse_dataclass_field(parser: Any, f: dataclasses.Field) -> None:
-        import copy
-        import types
-
-        meta = {k: v for k, v in f.metadata.items() if k != "check"}
-        if _check_of(f) is not None:
-            meta["help"] = f"{meta.get('help', '')} (must be {_check_of(f).describe()})"
-        g = copy.copy(f)
-        g.metadata = types.MappingProxyType(meta)
+        g, check = copy.copy(f), _check_of(f)  # a copy: the parser rewrites its type
+        g.metadata = {k: v for k, v in f.metadata.items() if k != "check"}
+        if check is not None:
+            g.metadata["help"] = f"{g.metadata.get('help', '')} (must be {check.describe()})"
         HfArgumentParser._parse_dataclass_field(parser, g)
 
 
@@ -326,19 +298,16 @@ def build_parser(objective: str) -> HfArgumentParser:
     return parser
 
 
-def _coerce(action: Any, value: Any, where: str) -> Any:
-    """A value from a config file or preset, typed like the flag ``action`` would type it."""
+def _coerce(parser: Any, action: Any, value: Any, where: str) -> Any:
+    """A value from a config file or preset, typed and checked by ``parser`` as its flag ``action`` would be."""
     if value is None or isinstance(value, (bool, list, dict)):
         return value
-    kind = action.type
-    if kind is not None and isinstance(value, str) or (kind in (int, float) and not isinstance(value, kind)):
-        try:
-            value = kind(value) if kind is not None else value
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"option {action.dest!r} in {where}: {short_repr(value)} is not valid ({e})") from None
-    if action.choices and value not in action.choices:
-        raise ValueError(f"option {action.dest!r} in {where} must be one of "
-                         f"{', '.join(map(str, action.choices))}; got {short_repr(value)}")
+    try:
+        value = parser._get_value(action, str(value)) if action.type is not None else value
+        if action.choices:
+            parser._check_value(action, value)
+    except argparse.ArgumentError as e:
+        raise ValueError(f"option {action.dest!r} in {where}: {e.message}") from None
     return value
 
 
@@ -357,7 +326,7 @@ def config_file_defaults(parser: Any, path: Optional[str], values: Optional[dict
     if unknown:
         raise ValueError(f"unknown option(s) in config file {path}: {', '.join(unknown)} (`{help_command}` lists the "
                          "options)")
-    return {k: _coerce(actions[k], v, f"config file {path}") for k, v in values.items()}
+    return {k: _coerce(parser, actions[k], v, f"config file {path}") for k, v in values.items()}
 
 
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, PretrainingArguments, Any]:
@@ -387,9 +356,9 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
         if preset not in presets:
             raise ValueError(f"unknown preset {preset!r} for objective {objective!r}; "
                              + (f"its presets: {', '.join(sorted(presets))}" if presets else "it has no presets"))
-        recipe = {k: _coerce(actions[k], v, f"preset {preset!r}") for k, v in presets[preset].items()}
+        recipe = {k: _coerce(parser, actions[k], v, f"preset {preset!r}") for k, v in presets[preset].items()}
     parser.set_defaults(**{**recipe, **defaults})
-    rest = [a for a in parser.parse_known_args(args=argv)[1]]  # unknown options named before any dataclass is built
+    rest = parser.parse_known_args(args=argv)[1]  # unknown options named before any dataclass is built
     if rest:
         parts = []
         for a in [a for a in rest if a.startswith("-")] or rest:
@@ -410,8 +379,3 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
                 logger.warning("--%s %r overrides the value of --preset %s (%r)", k, now, preset, v)
     return model_args, data_args, training_args, options
 
-
-__all__ = ["Range", "opt", "option_problem", "check_options", "ModelArguments", "DataArguments", "PretrainingArguments",
-           "RunConfig", "run_config", "objective_config", "shared_option_names", "build_parser", "parse_args",
-           "config_file_defaults", "POSITIVE", "LEARNING_RATE", "NON_NEGATIVE", "AT_LEAST_1", "UNIT", "OPEN_UNIT",
-           "FLOAT32_MAX", "TRAINING_CHECKS"]

@@ -310,7 +310,7 @@ def test_load_mlm_model(minilm_path, tiny_bert_dir, tmp_path):
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert_dir, tok, examples):
     """--gradient-checkpointing (trainer.enable_gradient_checkpointing on the objective) changes memory, not results."""
-    from pretrain.training.optim import enable_gradient_checkpointing
+    from pretrain.training.trainer import enable_gradient_checkpointing
     obj = make("cpdae", tiny_bert_dir, tok).train()  # train mode: dropout on, checkpointing active
     batch = obj.collate(examples)
     runs = []
