@@ -193,56 +193,25 @@ RECORDED_TRAINING = ("seed", "learning_rate", "weight_decay", "warmup_steps", "n
                      "use_cpu", "torch_compile", "gradient_checkpointing", "data_seed", "preset")
 
 
-def _defaults(cls: type) -> dict[str, Any]:
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-
-
-def _flat(parts: list[Any], run: dict[str, Any], run_defaults: dict[str, Any],
-          trained: Optional[dict[str, Any]] = None) -> RunConfig:
-    """The :class:`RunConfig` of the model, data and objective dataclasses ``parts``, the recorded training options
-    ``trained`` (listed before the objective's) and the run settings ``run``."""
-    model, data, options = (dataclasses.asdict(p) for p in parts)
-    defaults = {k: v for p in parts for k, v in _defaults(type(p)).items()}
-    return RunConfig(**{**model, **data, **(trained or {}), **options, **run}, defaults={**defaults, **run_defaults},
-                     objective_options=[f.name for f in dataclasses.fields(parts[-1])])
-
-
 def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments,
                objective_options: Any) -> RunConfig:
-    """The flat config of a run (see :class:`RunConfig`)."""
-    accum, trained = training_args.gradient_accumulation_steps, training_args.to_dict()  # to_dict: enums as values
-    defaults = _defaults(type(training_args))
-    return _flat([model_args, data_args, objective_options],
-                 {"output": training_args.output_dir, "grad_accum": accum, "cpu": bool(training_args.use_cpu),
-                  "batch_size": training_args.per_device_train_batch_size * max(1, training_args.world_size) * accum},
-                 {**{k: defaults.get(k) for k in RECORDED_TRAINING},
-                  "batch_size": defaults.get("per_device_train_batch_size")},  # the batch of one process
-                 {k: trained.get(k) for k in RECORDED_TRAINING})
+    """The flat config of a run: the model, data and objective options, the recorded training options (before the
+    objective's) and the run settings (see :class:`RunConfig`)."""
+    parts, trained = (model_args, data_args, objective_options), training_args.to_dict()  # to_dict: enums as values
+    model, data, options = (dataclasses.asdict(p) for p in parts)
+    accum = training_args.gradient_accumulation_steps
+    run = {"output": training_args.output_dir, "grad_accum": accum, "cpu": bool(training_args.use_cpu),
+           "batch_size": training_args.per_device_train_batch_size * max(1, training_args.world_size) * accum}
+    defaults = {f.name: f.default for p in (training_args, *parts) for f in dataclasses.fields(p)
+                if f.default is not dataclasses.MISSING}
+    return RunConfig(**{**model, **data, **{k: trained.get(k) for k in RECORDED_TRAINING}, **options, **run},
+                     defaults={**defaults, "batch_size": defaults.get("per_device_train_batch_size")},  # one process's
+                     objective_options=list(options))
 
 
 def shared_option_names() -> set[str]:
     """The options every run has (ours and ``TrainingArguments``'): an objective's ``Options`` may not redefine them."""
     return {f.name for cls in (ModelArguments, DataArguments, PretrainingArguments) for f in dataclasses.fields(cls)}
-
-
-def objective_config(objective: str = "cpdae", **values: Any) -> RunConfig:
-    """A :class:`RunConfig` for building objective ``objective`` from Python (tests, notebooks): ``values`` are options
-    of the model, data or objective dataclasses, or ``batch_size`` / ``grad_accum`` / ``seed`` (ValueError: an option
-    none of them has, or a value outside its range)."""
-    from .registry import objective_class
-
-    run = {"batch_size": 64, "grad_accum": 1, "seed": 42, "output": None, "cpu": True,
-           **{k: values.pop(k) for k in ("batch_size", "grad_accum", "seed", "output", "cpu", "learning_rate",
-                                         "max_steps") if k in values}}
-    parts = []
-    for cls in (ModelArguments, DataArguments, objective_class(objective).Options):
-        names = {f.name for f in dataclasses.fields(cls)}
-        parts.append(cls(**{k: values.pop(k) for k in list(values) if k in names},
-                         **({"objective": objective} if cls is ModelArguments else {})))
-    if values:
-        raise ValueError(f"option(s) {', '.join(sorted(values))} are not options of objective {objective!r}")
-    check_options(*parts)
-    return _flat(parts, run, {})
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

@@ -58,12 +58,9 @@ def resume_checkpoint(value: Optional[str], output: str) -> Optional[str]:
 
 
 def validate(config: RunConfig, training_args: Any) -> None:
-    """Checks that need no model or data (raises ValueError naming the option, or ConcurrentBuildError)."""
-    from pyterrier_cpdae._locking import refuse_if_busy
-
-    from .data.inputs import check_run_paths, own_cache_entries
+    """Checks that need no model, data or output directory (ValueError naming the option)."""
+    from .data.inputs import check_run_paths
     from .objectives import objective_class
-    from .training.run_dir import check_run_dir
 
     check_run_paths(config, default_cache_dir(config))
     per_forward = training_args.per_device_train_batch_size
@@ -73,10 +70,6 @@ def validate(config: RunConfig, training_args: Any) -> None:
     if training_args.eval_strategy != "no" and not config.probe:
         raise ValueError(f"--eval_strategy {training_args.eval_strategy.value} evaluates during training, but there "
                          "is nothing to evaluate: give --probe SET (a local dataset folder or an ir_datasets id)")
-    if int(os.environ.get("RANK", "0") or 0) == 0:
-        refuse_if_busy(config.output, "output directory of a pre-training run", "written")
-    check_run_dir(config, bool(training_args.resume_from_checkpoint), training_args.overwrite_output_dir,
-                  own_cache_entries(config.output, config.cache_dir))
 
 
 def load_model_and_tokenizer(config: Any) -> tuple[Any, Any]:
@@ -115,18 +108,20 @@ def pretrain(model_args: Any, data_args: Any, training_args: Any, options: Any,
 
     from .data.collators import CollatorEpochCallback
     from .data.corpus import IndexedTexts, TokenCache
-    from .data.inputs import check_resume_inputs, check_something_to_learn, run_inputs
+    from .data.inputs import check_resume_inputs, check_something_to_learn, own_cache_entries, run_inputs
     from .export.commit import commit_export, prepare_export_dir
     from .export.weights import base_pooler, save_with_carried
     from .model.path_probe import choose_path
     from .objectives import build_objective, objective_class
-    from .training.run_dir import OutputPlace, hold_output_lock
+    from .training.run_dir import OutputPlace, check_run_dir, hold_output_lock
     from .training.trainer import PretrainTrainer
 
     config = run_config(model_args, data_args, training_args, options)
     validate(config, training_args)
     with contextlib.ExitStack() as stack:
-        hold_output_lock(stack, config.output)
+        hold_output_lock(stack, config.output)  # then the directory is checked: no other run is writing into it
+        check_run_dir(config, bool(training_args.resume_from_checkpoint), training_args.overwrite_output_dir,
+                      own_cache_entries(config.output, config.cache_dir))
         set_seed(training_args.seed)  # the random parts of the initialisation (decoders, --from_config weights)
         model, tokenizer = load_model_and_tokenizer(config)
         carried = base_pooler(None if config.from_config else config.model, model.config, config.seed)

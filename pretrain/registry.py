@@ -1,10 +1,7 @@
-"""The registry of pre-training objectives: name -> :class:`~pretrain.objectives.base.Objective` subclass.
-
-It sits below :mod:`pretrain.arguments` and :mod:`pretrain.objectives`, and imports neither: it finds the objectives
-the way it finds third-party ones, as plugins, by importing every module of the ``pretrain.objectives`` package by
-name (a new file there is found without editing any other) and the modules of the ``pretrain.objectives``
-entry-point group; they register themselves (:func:`pretrain.objectives.register_objective`).
-"""
+"""The registry of pre-training objectives: name -> :class:`~pretrain.objectives.base.Objective` subclass. It imports
+no part of the toolkit: it imports every module of the ``pretrain.objectives`` package by name (a new file there is
+found without editing any other) and those of the ``pretrain.objectives`` entry-point group, which register
+themselves (:func:`pretrain.objectives.register_objective`)."""
 from __future__ import annotations
 
 import importlib

@@ -21,24 +21,6 @@ RESUMABLE = frozenset({"max_steps", "num_train_epochs", "cache_dir", "unpad", "t
                        "output", "preset"})
 
 
-def check_moved_run(record: dict[str, Any], output: str, resume: bool) -> None:
-    """A run found in another directory than the one it recorded (``output_path``, the real path where it last
-    started; else its ``output`` option): continued there with ``--resume_from_checkpoint`` (a warning names both
-    places), refused without it (ValueError)."""
-    here, where = os.path.realpath(output), record.get("output_path")
-    if not isinstance(where, str):
-        where = (record.get("config") or {}).get("output")
-        where = where if isinstance(where, str) and os.path.realpath(where) != here else here
-    if where == here:
-        return
-    if not resume:
-        raise ValueError(f"output directory {output} holds a run that was started in {where} (the directory was "
-                         f"moved or copied to {output}); pass --resume_from_checkpoint true to continue it in "
-                         f"{output} from its last checkpoint, or --overwrite_output_dir to start it again")
-    logging.getLogger("pretrain").warning("%s: this run was started in %s and has been moved (or copied) here: "
-                                          "continuing it here from its last checkpoint", output, where)
-
-
 class RunDirectoryError(OSError):
     """A run's output directory was moved, removed or replaced while the run was writing into it."""
 
@@ -109,9 +91,10 @@ def hold_output_lock(stack: Any, output: str) -> None:
 
 def check_run_dir(config: Any, resume: bool, overwrite: bool, own: Any = ()) -> None:
     """Refuse an output directory the run may not write into: one of the previous format, one holding a different
-    run (a resume with changed options: they set its schedule and what it learns), or a checkpointed run without
-    ``--resume_from_checkpoint`` or ``--overwrite_output_dir`` (ValueError: one line naming the directory, the
-    reason and what to do). The names in ``own`` (the run's token cache inside its directory) do not count."""
+    run (a resume with changed options: they set its schedule and what it learns), a checkpointed run without
+    ``--resume_from_checkpoint`` or ``--overwrite_output_dir``, a run moved from elsewhere without a resume
+    (ValueError: one line naming the directory, the reason and what to do). The names in ``own`` (the run's token
+    cache inside its directory) do not count."""
     out = config.output
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output_dir {out} exists and is not a directory")
@@ -145,7 +128,17 @@ def check_run_dir(config: Any, resume: bool, overwrite: bool, own: Any = ()) -> 
                              "started with, or start a new run (another --output_dir, or --overwrite_output_dir)")
         raise ValueError(f"--output_dir {out} holds a different run (options differ: {shown}); choose another "
                          "--output_dir or pass --overwrite_output_dir to replace it")
-    check_moved_run(record, out, resume)
+    here, where = os.path.realpath(out), record.get("output_path")  # where it last started (else its --output_dir)
+    if not isinstance(where, str):
+        where = (record.get("config") or {}).get("output")
+        where = where if isinstance(where, str) and os.path.realpath(where) != here else here
+    if where != here and not resume:
+        raise ValueError(f"--output_dir {out} holds a run that was started in {where} (the directory was moved or "
+                         f"copied); pass --resume_from_checkpoint true to continue it here from its last checkpoint, "
+                         "or --overwrite_output_dir to start it again")
+    if where != here:
+        logging.getLogger("pretrain").warning("%s: this run was started in %s and has been moved (or copied) here: "
+                                              "continuing it here from its last checkpoint", out, where)
     if not resume and (any(n.startswith("checkpoint-") for n in os.listdir(out)) or
                        any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES)):
         raise ValueError(f"--output_dir {out} already holds checkpoints or an exported model of this run; pass "

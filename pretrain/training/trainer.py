@@ -118,9 +118,9 @@ def refuse_ignored_parallelism(trainer: Trainer) -> None:
 
 
 class PretrainTrainer(Trainer):
-    """``transformers.Trainer`` for the objectives of :mod:`pretrain.objectives` (see the module's docstring): ``probe``
-    a :class:`~pretrain.evaluation.probe.RetrievalProbe` (:meth:`evaluate`) run with ``probe_settings``; ``place`` the
-    run directory's :class:`~pretrain.training.run_dir.OutputPlace` (checked before each write)."""
+    """``transformers.Trainer`` for our objectives (see the module's docstring): ``probe``, a
+    :class:`~pretrain.evaluation.probe.RetrievalProbe` run with ``probe_settings``, is the evaluation; ``place``, the
+    run directory's :class:`~pretrain.training.run_dir.OutputPlace`, is checked before each write."""
 
     def __init__(self, *args_: Any, probe: Any = None, probe_settings: Optional[dict[str, Any]] = None,
                  place: Any = None, **kwargs: Any):
@@ -234,6 +234,7 @@ class PretrainTrainer(Trainer):
                 cb.training_bar = None
 
     def divergence_message(self, what: str) -> str:
+        """The line that stops a diverged run: ``what`` happened, and the checkpoint to go back to."""
         found = last_checkpoint(self.args.output_dir)
         kept = (f"the last checkpoint, {found}, holds finite weights (resuming it with the same options would "
                 "diverge again: start again with --overwrite_output_dir and a lower --learning_rate)" if found else

@@ -21,7 +21,7 @@ OBJECTIVES = ("cpdae", "cpdae_r", "mlm", "bow", "seed")  # retromae draws its de
 def _build(name: str, model_dir: str, state: dict | None = None):
     from transformers import AutoTokenizer
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
