@@ -114,7 +114,7 @@ def test_idf_weighted_rec_with_the_contrastive_loss(tiny_bert_dir):
     with pytest.raises(ValueError, match="needs idf weights"):
         _build(tiny_bert_dir, "cpdae", rec_weighting="idf")
     # cpdae_idfrec is IDF by definition: its only choice, refused when the config is made
-    with pytest.raises(ValueError, match="option rec_weighting must be one of idf, got 'none'"):
+    with pytest.raises(ValueError, match="--rec_weighting must be one of idf, got 'none'"):
         _build(tiny_bert_dir, "cpdae_idfrec", extra={"idf": idf}, rec_weighting="none")
 
 
