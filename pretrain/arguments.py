@@ -1,10 +1,7 @@
-"""The options of ``python -m pretrain``: Hugging Face ``TrainingArguments`` plus our model, data and objective
-dataclasses, parsed with ``transformers.HfArgumentParser``: every Trainer option under its own name (``--learning_rate``
-or ``--learning-rate``), the objective's own (its ``Objective.Options``) listed by ``--objective X --help`` only.
-Precedence: defaults < ``--preset`` < ``--config`` file (YAML/JSON, read by the bounded
-:func:`pyterrier_cpdae._files.read_config_file`: a key given twice is refused) < flags. An objective is built with a
-flat :class:`RunConfig` (:func:`run_config`).
-"""
+"""The options of ``python -m pretrain``: ``TrainingArguments`` plus our model, data and objective dataclasses on
+``HfArgumentParser`` (``--objective X --help`` lists X's own). Precedence: defaults < ``--preset`` < ``--config`` file
+(YAML/JSON, read by the bounded :func:`pyterrier_cpdae._files.read_config_file`) < flags. An objective is built with
+a flat :class:`RunConfig` (:func:`run_config`)."""
 from __future__ import annotations
 
 import argparse
@@ -178,7 +175,6 @@ class RunConfig(SimpleNamespace):
     and ``objective_options`` names the objective's own."""
 
     def options(self) -> dict[str, Any]:
-        """The options as a plain dict."""
         return {k: v for k, v in vars(self).items() if k not in ("defaults", "objective_options")}
 
     def to_json_string(self) -> str:
@@ -232,22 +228,17 @@ class _Parser(HfArgumentParser):
 
 DESCRIPTION = """\
 Pre-train a BERT-like encoder for dense retrieval on the Hugging Face Trainer (CPDAE and rival objectives).
-
-usage:
-  python -m pretrain --objective cpdae --model <hf id or dir> --corpus <spec> --output_dir <dir> [Trainer options]
-  python -m pretrain {finetune,inspect,coverage} ...   (see python -m pretrain <subcommand> --help)
+Subcommands: python -m pretrain {finetune,inspect,coverage} --help.
 """
 
 EPILOG = """\
-Every transformers.TrainingArguments option works under its own name, with underscores or dashes
-(--learning_rate or --learning-rate). Options can also come from a YAML/JSON file (--config run.yaml;
-keys are option names); flags override it. --global_batch_size is the batch over all processes.
+Every transformers.TrainingArguments option works under its own name, with underscores or dashes; a YAML/JSON
+file (--config run.yaml) holds options by name, and flags override it.
 
 examples:
   python -m pretrain --objective cpdae --model bert-base-uncased --corpus wiki:../shared/data/enwiki-sample \\
       --output_dir runs/cpdae --global_batch_size 64 --max_length 512
-  python -m pretrain --config run.yaml --resume_from_checkpoint runs/cpdae/checkpoint-1000
-  torchrun --nproc_per_node 8 -m pretrain --config run.yaml --global_batch_size 512
+  torchrun --nproc_per_node 8 -m pretrain --config run.yaml --resume_from_checkpoint true
 """
 
 
@@ -262,40 +253,28 @@ def build_parser(objective: str) -> HfArgumentParser:
     listing = "objectives (--objective):\n" + "\n".join(f"  {n:<{width}}  {c.summary()}" for n, c in found.items())
     parser = _Parser([ModelArguments, DataArguments, PretrainingArguments, options], prog="python -m pretrain",
                      description=DESCRIPTION + "\n" + listing, epilog=EPILOG, formatter_class=_Formatter,
-                     allow_abbrev=False)
+                     allow_abbrev=False, exit_on_error=False)
     parser.add_argument("--config", default=None, help="YAML or JSON file of options (option names as keys).")
     return parser
 
 
-def _coerce(parser: Any, action: Any, value: Any, where: str) -> Any:
-    """A value from a config file or preset, typed and checked by ``parser`` as its flag ``action`` would be."""
-    if value is None or isinstance(value, (bool, list, dict)):
-        return value
+def as_flags(parser: Any, values: dict[str, Any], where: str) -> list[str]:
+    """``values`` (options by name: a config file's, a preset's) as flags of ``parser``, typed and checked by it as the
+    command line is (ValueError naming ``where``: an unknown option, a bad value); a ``None`` value sets a default."""
+    flags = []
+    for k, v in values.items():
+        v = json.dumps(v) if isinstance(v, dict) else v
+        flags += [] if v is None else [f"--{k}", *map(str, v if isinstance(v, list) else [v])]
+    unknown = sorted(k for k, v in values.items() if v is None and k not in {a.dest for a in parser._actions})
     try:
-        value = parser._get_value(action, str(value)) if action.type is not None else value
-        if action.choices:
-            parser._check_value(action, value)
+        rest = parser.parse_known_args(flags)[1]
+        unknown += [a[2:] for a in rest if a.startswith("--")] or [repr(a) for a in rest]
     except argparse.ArgumentError as e:
-        raise ValueError(f"option {action.dest!r} in {where}: {e.message}") from None
-    return value
-
-
-def config_file_defaults(parser: Any, path: Optional[str], values: Optional[dict] = None,
-                         help_command: str = "--help") -> dict[str, Any]:
-    """The options of a ``--config`` file (``values``: the file already read) as defaults of ``parser``, each typed
-    like its flag; an unknown key is refused naming the file."""
-    from pyterrier_cpdae._files import read_config_file
-
-    if path is None:
-        return {}
-    if values is None:
-        values = read_config_file(path, normalize_key=lambda k: k.replace("-", "_"))
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
-    unknown = sorted(set(values) - set(actions))
+        raise ValueError(f"{where}: {e}") from None
     if unknown:
-        raise ValueError(f"unknown option(s) in config file {path}: {', '.join(unknown)} (`{help_command}` lists the "
-                         "options)")
-    return {k: _coerce(parser, actions[k], v, f"config file {path}") for k, v in values.items()}
+        raise ValueError(f"unknown option(s) in {where}: {', '.join(unknown)}")
+    parser.set_defaults(**{k: None for k, v in values.items() if v is None})
+    return flags
 
 
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, PretrainingArguments, Any]:
@@ -317,17 +296,20 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
     if objective not in available_objectives():
         raise ValueError(f"--objective must be one of {', '.join(available_objectives())}; got {short_repr(objective)}")
     parser = build_parser(objective)
-    actions = {a.dest: a for a in parser._actions}
-    defaults = config_file_defaults(parser, known.config, from_file, f"python -m pretrain --objective {objective} --help")
-    preset, recipe = known.preset or defaults.get("preset"), {}
+    file_flags = as_flags(parser, from_file, f"config file {known.config}")
+    preset, recipe = known.preset or from_file.get("preset"), {}
     if preset is not None:
-        presets = objective_class(objective).presets
-        if preset not in presets:
+        recipe = objective_class(objective).presets
+        if preset not in recipe:
             raise ValueError(f"unknown preset {preset!r} for objective {objective!r}; "
-                             + (f"its presets: {', '.join(sorted(presets))}" if presets else "it has no presets"))
-        recipe = {k: _coerce(parser, actions[k], v, f"preset {preset!r}") for k, v in presets[preset].items()}
-    parser.set_defaults(**{**recipe, **defaults})
-    rest = parser.parse_known_args(args=argv)[1]  # unknown options named before any dataclass is built
+                             + (f"its presets: {', '.join(sorted(recipe))}" if recipe else "it has no presets"))
+        recipe = recipe[preset]
+    argv = [*as_flags(parser, {k: v for k, v in recipe.items() if k not in from_file}, f"preset {preset!r}"),
+            *file_flags, *argv]  # defaults < preset < file < flags: the last of a flag given twice wins
+    try:
+        rest = parser.parse_known_args(args=argv)[1]  # unknown options named before any dataclass is built
+    except argparse.ArgumentError as e:
+        raise ValueError(str(e)) from None
     if rest:
         parts = []
         for a in [a for a in rest if a.startswith("-")] or rest:
@@ -347,4 +329,3 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
             if now != v and k != "report_to":
                 logger.warning("--%s %r overrides the value of --preset %s (%r)", k, now, preset, v)
     return model_args, data_args, training_args, options
-

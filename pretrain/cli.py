@@ -1,8 +1,6 @@
-"""``python -m pretrain``: parse the options (:func:`pretrain.arguments.parse_args`), check them and the inputs, load
-the tokenizer and the masked-LM model, build or load the token cache, build the objective and train it with
-:class:`pretrain.training.trainer.PretrainTrainer`; export the encoder at ``--output_dir`` (a Hugging Face directory,
-``CPDAE.from_pretrained`` loads it), its decoder under ``decoder/``, with a model card. ``python -m pretrain
-finetune|inspect|coverage ...`` dispatch to the fine-tuning, decoder-inspection and token-coverage tools."""
+"""``python -m pretrain``: the options checked, the model, token cache and objective built and trained with
+:class:`~pretrain.training.trainer.PretrainTrainer`; the encoder exported at ``--output_dir`` (its decoder under
+``decoder/``, a model card). ``python -m pretrain finetune|inspect|coverage`` run the other tools."""
 from __future__ import annotations
 
 import contextlib

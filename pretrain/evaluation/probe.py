@@ -92,10 +92,8 @@ class RetrievalProbe:
 
 
 class ProbeEvaluator(SentenceEvaluator):
-    """A sentence-transformers evaluator over a :class:`RetrievalProbe`: the model encodes the probe's queries and
-    documents with its own pipeline (``encode_query`` / ``encode_document``); the figures are
-    :meth:`RetrievalProbe.evaluate_vectors`', returned as ``<name>_ndcg_cut_10`` (the primary metric) and
-    ``<name>_recip_rank_10``."""
+    """A sentence-transformers evaluator over a :class:`RetrievalProbe` (the model's own ``encode_query`` /
+    ``encode_document``): ``<name>_ndcg_cut_10`` (the primary metric) and ``<name>_recip_rank_10``."""
 
     def __init__(self, probe: RetrievalProbe, name: str = "probe", batch_size: int = 32):
         super().__init__()

@@ -1,10 +1,9 @@
 """Pre-training on the Hugging Face Trainer: :class:`PretrainTrainer` adds only what ``transformers.Trainer`` lacks
 for our objectives: the loss terms in every log line; a non-finite loss stopping the run before the update, and no
 checkpoint or export from non-finite weights; a resume refused when its length gives the steps taken other rates;
-the run directory watched (:class:`~pretrain.training.run_dir.OutputPlace`); the objective's weights as one
-``model.safetensors`` (tied tensors once); the retrieval probe as the evaluation; ``--gradient_checkpointing`` and
-``--torch_compile`` applied to the encoder (the Trainer would ask the objective, which is no ``PreTrainedModel``:
-parameter names, checkpoints and the export stay the eager model's). Cross-device negatives are the objectives'."""
+the run directory watched; the objective's weights as one ``model.safetensors``; the retrieval probe as the
+evaluation; ``--gradient_checkpointing`` and ``--torch_compile`` on the encoder (the objective is no
+``PreTrainedModel``). Cross-device negatives are the objectives' own."""
 from __future__ import annotations
 
 import logging
