@@ -19,11 +19,6 @@ SUBCOMMANDS = {"finetune": "pretrain.finetune.train", "inspect": "pretrain.analy
 logger = logging.getLogger(__name__)
 
 
-def default_cache_dir(config: Any) -> str:
-    """``--cache_dir`` or ``<output_dir>/../.token_cache`` (shared by runs on the same corpus)."""
-    return config.cache_dir or os.path.join(os.path.dirname(os.path.abspath(config.output)), ".token_cache")
-
-
 def resume_checkpoint(value: Optional[str], output: str) -> Optional[str]:
     """``--resume_from_checkpoint``: a checkpoint directory, or ``true``/``last`` for the newest complete one in
     ``output`` (``None`` when there is none yet: a warning). Its ``*.pt``/``*.pth`` files are read as plain tensor
@@ -53,21 +48,6 @@ def resume_checkpoint(value: Optional[str], output: str) -> Optional[str]:
             raise ValueError(f"{os.path.join(value, name)}: not plain tensor data, refused without unpickling it "
                              f"({first}); resume from an earlier checkpoint or start again") from None
     return value
-
-
-def validate(config: RunConfig, training_args: Any) -> None:
-    """Checks that need no model, data or output directory (ValueError naming the option)."""
-    from .data.inputs import check_run_paths
-    from .objectives import objective_class
-
-    check_run_paths(config, default_cache_dir(config))
-    per_forward = training_args.per_device_train_batch_size
-    if getattr(objective_class(config.objective), "contrastive", False) and per_forward * training_args.world_size < 2:
-        raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
-                         f"{per_forward} text(s); use a batch of at least 2 texts per accumulation step")
-    if training_args.eval_strategy != "no" and not config.probe:
-        raise ValueError(f"--eval_strategy {training_args.eval_strategy.value} evaluates during training, but there "
-                         "is nothing to evaluate: give --probe SET (a local dataset folder or an ir_datasets id)")
 
 
 def load_model_and_tokenizer(config: Any) -> tuple[Any, Any]:
@@ -106,7 +86,8 @@ def pretrain(model_args: Any, data_args: Any, training_args: Any, options: Any,
 
     from .data.collators import CollatorEpochCallback
     from .data.corpus import IndexedTexts, TokenCache
-    from .data.inputs import check_resume_inputs, check_something_to_learn, own_cache_entries, run_inputs
+    from .data.inputs import (check_resume_inputs, check_run_paths, check_something_to_learn, own_cache_entries,
+                              run_inputs)
     from .export.commit import commit_export, prepare_export_dir
     from .export.weights import base_pooler, save_with_carried
     from .model.path_probe import choose_path
@@ -115,7 +96,15 @@ def pretrain(model_args: Any, data_args: Any, training_args: Any, options: Any,
     from .training.trainer import PretrainTrainer
 
     config = run_config(model_args, data_args, training_args, options)
-    validate(config, training_args)
+    cache_dir = config.cache_dir or os.path.join(os.path.dirname(os.path.abspath(config.output)), ".token_cache")
+    check_run_paths(config, cache_dir)  # the checks that need no model, data or output directory
+    cls, per_forward = objective_class(config.objective), training_args.per_device_train_batch_size
+    if getattr(cls, "contrastive", False) and per_forward * training_args.world_size < 2:
+        raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
+                         f"{per_forward} text(s); use a batch of at least 2 texts per accumulation step")
+    if training_args.eval_strategy != "no" and not config.probe:
+        raise ValueError(f"--eval_strategy {training_args.eval_strategy.value} evaluates during training, but there "
+                         "is nothing to evaluate: give --probe SET (a local dataset folder or an ir_datasets id)")
     with contextlib.ExitStack() as stack:
         hold_output_lock(stack, config.output)  # then the directory is checked: no other run is writing into it
         check_run_dir(config, bool(training_args.resume_from_checkpoint), training_args.overwrite_output_dir,
@@ -127,11 +116,10 @@ def pretrain(model_args: Any, data_args: Any, training_args: Any, options: Any,
         resume = resume_checkpoint(training_args.resume_from_checkpoint, config.output)
         if resume:
             check_resume_inputs(config.output, inputs)
-        cache = TokenCache.build_or_load(config.corpus, tokenizer, config.max_length, default_cache_dir(config),
+        cache = TokenCache.build_or_load(config.corpus, tokenizer, config.max_length, cache_dir,
                                          fields=config.corpus_fields, max_docs=config.max_docs)
         if len(cache) == 0:
             raise ValueError(f"corpus {config.corpus!r} produced no training text")
-        cls = objective_class(config.objective)
         check_something_to_learn(cls, config, cache, tokenizer)  # no content/masked token
         objective = build_objective(config.objective, model, tokenizer, config, **cls.prepare(cache, config))
         if config.decoder_from:
@@ -193,8 +181,7 @@ def pretrain(model_args: Any, data_args: Any, training_args: Any, options: Any,
 
 def _record(config: RunConfig, training_args: Any, inputs: dict[str, Any], cache: Any,
             resume: Optional[str]) -> dict[str, Any]:
-    """Clear a replaced run, then write ``run_config.json``: the run's options, inputs and versions (a resumed run
-    keeps the encoder path its start chose)."""
+    """Clear a replaced run, write ``run_config.json`` (options, inputs, versions; a resume keeps its encoder path)."""
     import accelerate
     import torch
     import transformers

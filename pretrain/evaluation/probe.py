@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import ir_measures
 import numpy as np
 import pandas as pd
 import torch
+from pyterrier_cpdae import CPDAE, load_dataset
 from sentence_transformers.evaluation import SentenceEvaluator
 
 
@@ -21,8 +23,6 @@ class RetrievalProbe:
 
     def __init__(self, spec: str, max_queries: Optional[int] = None, max_docs: Optional[int] = None, *, seed: int = 0,
                  rel: int = 1, depth: int = 100):
-        from pyterrier_cpdae import load_dataset
-
         for name, value in (("max_queries", max_queries), ("max_docs", max_docs)):
             if value is not None and value < 1:
                 raise ValueError(f"RetrievalProbe({spec!r}): {name} must be >= 1, got {value}")
@@ -55,14 +55,12 @@ class RetrievalProbe:
 
     def measures(self) -> dict[str, Any]:
         """The ``ir_measures`` measure behind each returned name."""
-        from ir_measures import RR, nDCG
-        return {"ndcg_cut_10": nDCG @ 10, "recip_rank_10": (RR @ 10) if self.rel == 1 else RR(rel=self.rel) @ 10}
+        rr = ir_measures.RR if self.rel == 1 else ir_measures.RR(rel=self.rel)
+        return {"ndcg_cut_10": ir_measures.nDCG @ 10, "recip_rank_10": rr @ 10}
 
     def evaluate_vectors(self, query_vecs: Any, doc_vecs: Any) -> dict[str, float]:
         """The measures of ranking ``doc_vecs`` (rows in :attr:`docnos` order) by dot product with ``query_vecs``
         (rows in :attr:`qids` order)."""
-        import ir_measures
-
         q, d = (torch.as_tensor(np.asarray(v.detach().float().cpu() if torch.is_tensor(v) else v, dtype=np.float32))
                 for v in (query_vecs, doc_vecs))
         if q.shape[0] != len(self.qids) or d.shape[0] != len(self.docnos) or q.shape[1:] != d.shape[1:]:
@@ -84,8 +82,6 @@ class RetrievalProbe:
                  query_max_length: Optional[int] = None) -> dict[str, float]:
         """nDCG@10 and RR@10 of a HF encoder (its training mode is restored) encoding as :class:`pyterrier_cpdae.CPDAE`
         (``pooling`` ``cls`` or ``mean``): documents cut at ``max_length`` tokens, queries at ``query_max_length``."""
-        from pyterrier_cpdae import CPDAE
-
         enc = CPDAE(model, tokenizer, pooling=pooling, normalize=normalize, doc_max_length=max_length,
                     query_max_length=query_max_length or max_length, batch_size=batch_size, verbose=False)
         return self.evaluate_vectors(enc.encode_queries(self.queries), enc.encode_docs(self.docs))

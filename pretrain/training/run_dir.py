@@ -9,6 +9,9 @@ import os
 import shutil
 from typing import Any, Optional
 
+from pyterrier_cpdae._files import read_config_file
+from pyterrier_cpdae._locking import build_lock, lock_path
+
 #: Files whose presence means an output directory holds an exported model.
 EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
 RUN_CONFIG = "run_config.json"
@@ -79,8 +82,6 @@ def hold_output_lock(stack: Any, output: str) -> None:
     """The exclusive OS lock of ``output`` (:func:`pyterrier_cpdae._locking.build_lock`, keyed on its real identity)
     taken into ``stack`` on rank 0 (the other ranks run under it): ConcurrentBuildError while another process writes
     into ``output``, ValueError when the lock file cannot be created."""
-    from pyterrier_cpdae._locking import build_lock, lock_path
-
     if int(os.environ.get("RANK", "0") or 0) == 0:
         try:
             stack.enter_context(build_lock(output, "output directory of a pre-training run", "written"))
@@ -102,7 +103,6 @@ def check_run_dir(config: Any, resume: bool, overwrite: bool, own: Any = ()) -> 
         return
     record = None
     if os.path.isfile(os.path.join(out, RUN_CONFIG)):
-        from pyterrier_cpdae._files import read_config_file
         record = read_config_file(os.path.join(out, RUN_CONFIG))
     if os.path.isdir(os.path.join(out, "checkpoints")) or (record is not None and record.get("format") != RUN_FORMAT):
         if not overwrite or resume:

@@ -6,13 +6,16 @@ evaluation; ``--gradient_checkpointing`` and ``--torch_compile`` on the encoder 
 ``PreTrainedModel``). Cross-device negatives are the objectives' own."""
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
 from typing import Any, Callable, Optional
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainerState
+from accelerate.utils import broadcast_object_list
+from safetensors.torch import load_model, save_model
+from transformers import Trainer, TrainerCallback, TrainerState, get_scheduler
 from transformers.trainer_utils import sort_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -65,8 +68,6 @@ def compile_encoder(mlm_model: Any) -> int:
 def lr_factors(args: Any, total: int, steps: int) -> list[float]:
     """The learning-rate factors of the first ``steps`` updates of a run of ``total`` steps (the scheduler the Trainer
     builds from ``args``; none for a schedule that follows a metric, not the length)."""
-    from transformers import get_scheduler
-
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(total),
                           num_training_steps=total, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
@@ -183,16 +184,12 @@ class PretrainTrainer(Trainer):
         return super()._init_training_state(max_steps, *args, **kwargs)
 
     def _save(self, output_dir: Optional[str] = None, state_dict: Any = None) -> None:
-        from safetensors.torch import save_model
-
         if self.args.should_save:
             output_dir = output_dir or self.args.output_dir
             os.makedirs(output_dir, exist_ok=True)
             save_model(self.accelerator.unwrap_model(self.model), os.path.join(output_dir, WEIGHTS))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        from safetensors.torch import load_model
-
         path = os.path.join(resume_from_checkpoint, WEIGHTS)
         if not os.path.isfile(path):
             raise ValueError(f"{resume_from_checkpoint} holds no {WEIGHTS}: not a checkpoint of this toolkit")
@@ -243,8 +240,6 @@ class PretrainTrainer(Trainer):
     def export(self, write: Callable[[Any], None], dtype: torch.dtype = torch.float32) -> None:
         """``write(objective)`` on the main process (the caller's export, :func:`pretrain.export.commit.commit_export`),
         the objective cast to ``dtype`` on a copy; refused from non-finite weights or into a moved directory."""
-        import copy
-
         self.check_finite_and_writable("the exported model")
         self.accelerator.wait_for_everyone()
         if self.is_world_process_zero():
@@ -261,7 +256,6 @@ class PretrainTrainer(Trainer):
             figures = self.probe.evaluate(objective.encoder, objective.tokenizer, **self.probe_settings)
             metrics = {f"{metric_key_prefix}_probe_{k}": float(v) for k, v in figures.items()}
         if self.args.world_size > 1:
-            from accelerate.utils import broadcast_object_list
             metrics = broadcast_object_list([metrics])[0]
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
