@@ -34,8 +34,8 @@ def _discover() -> None:
     from importlib.metadata import entry_points
 
     package = importlib.import_module(PACKAGE)  # its __init__ (register_objective); the objectives follow
-    jobs = [(f"{PACKAGE}.{m.name}", importlib.import_module, ImportError)
-            for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_") and m.name not in _NOT_PLUGINS]
+    found = [m.name for m in pkgutil.iter_modules(package.__path__) if m.name[0] != "_" and m.name not in _NOT_PLUGINS]
+    jobs = [(f"{PACKAGE}.{name}", importlib.import_module, ImportError) for name in found]
     jobs += [(ep.value, lambda _, ep=ep: ep.load(), Exception) for ep in entry_points(group=ENTRY_POINT_GROUP)]
     for name, load, errors in jobs:
         try:
