@@ -9,13 +9,6 @@ from pyterrier_cpdae._locking import ConcurrentBuildError
 from .cli import main
 
 
-def error_line(e: BaseException) -> str:
-    """The one line ``python -m pretrain`` prints for a failure it reports without a traceback."""
-    if isinstance(e, MemoryError):
-        return f"error: MemoryError: {str(e) or 'out of memory'}"
-    return f"error: {type(e).__name__}: {' '.join(str(e).split())}"
-
-
 def _run() -> int:
     """Bad input, a bad path or file, a full disk, too little memory, an output another process writes (exit 2) or a
     diverged run (NonFiniteError, exit 1): one line instead of a traceback (``PRETRAIN_DEBUG=1`` shows it)."""
@@ -24,7 +17,8 @@ def _run() -> int:
     except (FloatingPointError, ValueError, OSError, MemoryError, ConcurrentBuildError) as e:
         if os.environ.get("PRETRAIN_DEBUG"):
             raise
-        print(error_line(e), file=sys.stderr)
+        text = " ".join(str(e).split()) or ("out of memory" if isinstance(e, MemoryError) else "")
+        print(f"error: {type(e).__name__}: {text}", file=sys.stderr)
         return 1 if isinstance(e, FloatingPointError) else 2
     return 0
 

@@ -1,21 +1,18 @@
-"""The options of ``python -m pretrain``: Hugging Face ``TrainingArguments`` plus our model, data and objective
-dataclasses, parsed with ``transformers.HfArgumentParser``.
-
-Every Trainer option keeps its own name (``--learning_rate`` or ``--learning-rate``). Ours: :class:`ModelArguments`,
-:class:`DataArguments`, the options :class:`PretrainingArguments` adds to ``TrainingArguments`` and those of the
-chosen objective (its ``Objective.Options``; ``python -m pretrain --objective X --help`` lists only X's).
-Precedence: defaults < ``--preset`` < ``--config`` file (YAML/JSON, read by the bounded
-:func:`pyterrier_cpdae._files.read_config_file`: a key given twice is refused) < flags. An objective is built with a
-flat :class:`RunConfig` (:func:`run_config`).
-"""
+"""The options of ``python -m pretrain``: ``TrainingArguments`` plus our model, data and objective dataclasses on
+``HfArgumentParser`` (``--objective X --help`` lists X's own). Precedence: defaults < ``--preset`` < ``--config`` file
+(YAML/JSON, read by the bounded :func:`pyterrier_cpdae._files.read_config_file`) < flags. An objective is built with
+a flat :class:`RunConfig` (:func:`run_config`)."""
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import json
 import logging
 import math
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Optional
 
 from transformers import HfArgumentParser, TrainingArguments
@@ -107,19 +104,15 @@ class ModelArguments:
     _argument_group_name = "model options"
 
     objective: str = opt("cpdae", "Pre-training objective (`python -m pretrain --objective X --help` lists X's options).")
-    model: str = opt("bert-base-uncased", "Hugging Face id or directory of a BERT-like masked-LM checkpoint (its "
-                     "tokenizer too).")
-    from_config: Optional[str] = opt(None, "Start from random weights with this HF config (file/dir/id); the tokenizer "
-                                     "still comes from --model.")
-    new_mlm_head: bool = opt(False, "No longer needed: a checkpoint without trained MLM-head weights (e.g. a "
-                             "sentence-transformers model) gets a new head, said in the log.")
+    model: str = opt("bert-base-uncased", "Hub id or directory of a BERT-like masked-LM checkpoint and its tokenizer.")
+    from_config: Optional[str] = opt(None, "Random weights of this config (file/dir/id); the tokenizer of --model.")
+    new_mlm_head: bool = opt(False, "No longer needed: a base without MLM-head weights gets a new head (logged).")
     freeze_encoder: bool = opt(False, "Train only the objective's heads; every encoder parameter stays frozen.")
     decoder_from: Optional[str] = opt(None, "Two-stage pre-training: continue the decoder of this exported stage-1 run "
                                       "(its <dir>/decoder); pass the same directory as --model.")
     unpad: str = opt("auto", "Run the encoder on packed rows of the real tokens: auto (on CUDA the faster path, timed "
                      "on the first batch; elsewhere padded), on, off.", choices=["auto", "on", "off"])
-    save_dtype: str = opt("float32", "Dtype of the exported model's weights (training keeps float32).",
-                          choices=["float32", "bfloat16", "float16"])
+    save_dtype: str = opt("float32", "Dtype of the exported weights.", choices=["float32", "bfloat16", "float16"])
 
 
 @dataclass
@@ -128,36 +121,29 @@ class DataArguments:
 
     _argument_group_name = "data and probe options"
 
-    corpus: Optional[str] = opt(None, "Corpus spec: irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt file (one "
-                                "document per line), or wiki:<dir>.")
+    corpus: Optional[str] = opt(None, "irds:<id>, a .jsonl / BEIR corpus.jsonl, a .txt (a text a line) or wiki:<dir>.")
     corpus_fields: Optional[str] = opt(None, "Comma-separated text fields for irds:/jsonl corpora (None: title,text).")
     max_docs: int = opt(-1, "Read at most this many documents (-1: all).", check=Range(1, special=((-1, "all"),)))
     max_length: int = opt(512, "Maximum tokens per block, special tokens included.", check=Range(3))
     cache_dir: Optional[str] = opt(None, "Token cache directory (None: <output_dir>/../.token_cache).")
-    probe: Optional[str] = opt(None, "Retrieval probe run at each evaluation (--eval_strategy steps --eval_steps N): "
-                               "a local dataset folder or an ir_datasets id; logs eval_probe_ndcg_cut_10 and "
-                               "eval_probe_recip_rank_10 (--metric_for_best_model probe_ndcg_cut_10).")
+    probe: Optional[str] = opt(None, "The set (a dataset folder or an ir_datasets id) of each evaluation: logs "
+                               "eval_probe_ndcg_cut_10 and eval_probe_recip_rank_10.")
     probe_max_queries: Optional[int] = opt(None, "Probe at most this many queries.", check=AT_LEAST_1)
     probe_max_docs: Optional[int] = opt(None, "Probe over at most this many documents.", check=AT_LEAST_1)
 
 
 @dataclass
 class PretrainingArguments(TrainingArguments):
-    """``TrainingArguments`` with our defaults (weight decay 0.01, warm-up 0.1, TensorBoard, checkpoints every 1000
-    steps, two kept) and options of our own."""
+    """``TrainingArguments`` with our defaults and options of our own."""
 
     output_dir: Optional[str] = opt(None, "The run directory: checkpoint-N/, logs, the exported model (required).")
-    global_batch_size: Optional[int] = opt(None, "The global batch in texts: each of the N processes gets "
-                                           "global_batch_size / (N x gradient_accumulation_steps) per micro-batch "
-                                           "(sets --per_device_train_batch_size; the same batches under any N).",
-                                           check=AT_LEAST_1)
-    preset: Optional[str] = opt(None, "A named setting of the objective (paper: its paper's settings); a --config "
-                                "file and flags override it.")
+    global_batch_size: Optional[int] = opt(None, "The batch over all N processes: sets --per_device_train_batch_size "
+                                           "to it / (N x gradient_accumulation_steps).", check=AT_LEAST_1)
+    preset: Optional[str] = opt(None, "A named setting of the objective (paper: its paper's); --config and flags "
+                                "override it.")
     early_stopping_patience: Optional[int] = opt(None, "Stop after this many evaluations without improvement of "
-                                                 "--metric_for_best_model (transformers' EarlyStoppingCallback; with "
-                                                 "--probe and --load_best_model_at_end).", check=AT_LEAST_1)
-    overwrite_output_dir: bool = opt(False, "Replace a different run in --output_dir (its checkpoints, logs, record "
-                                     "and exported model); other files are kept.")
+                                                 "--metric_for_best_model (EarlyStoppingCallback).", check=AT_LEAST_1)
+    overwrite_output_dir: bool = opt(False, "Replace the run in --output_dir (other files are kept).")
     weight_decay: float = opt(0.01, "AdamW weight decay.")
     warmup_steps: float = opt(0.1, "Warm-up steps (a value < 1: a ratio of the run).")
     save_steps: float = opt(1000, "Save a checkpoint every N steps.")
@@ -183,26 +169,17 @@ class PretrainingArguments(TrainingArguments):
         super().__post_init__()
 
 
-class RunConfig:
+class RunConfig(SimpleNamespace):
     """Every option of a run as an attribute (what objectives, the collators and the run record read): ``batch_size``
     is the global batch and ``grad_accum`` the accumulation; ``defaults`` maps each option to its declared default
     and ``objective_options`` names the objective's own."""
 
-    def __init__(self, values: dict[str, Any], defaults: dict[str, Any], objective_options: list[str]):
-        self.__dict__.update(values)
-        self.defaults, self.objective_options = dict(defaults), list(objective_options)
-
     def options(self) -> dict[str, Any]:
-        """The options as a plain dict."""
         return {k: v for k, v in vars(self).items() if k not in ("defaults", "objective_options")}
 
     def to_json_string(self) -> str:
         """The options as JSON (what the Trainer's reporting callbacks record of ``model.config``)."""
-        import json
         return json.dumps(self.options(), indent=2, sort_keys=True, default=str)
-
-    def __repr__(self) -> str:
-        return f"RunConfig(objective={getattr(self, 'objective', None)!r}, ...)"
 
 
 #: The TrainingArguments recorded in a run's config (the rest are the Trainer's and stay in its own files).
@@ -212,61 +189,25 @@ RECORDED_TRAINING = ("seed", "learning_rate", "weight_decay", "warmup_steps", "n
                      "use_cpu", "torch_compile", "gradient_checkpointing", "data_seed", "preset")
 
 
-def _defaults(cls: type) -> dict[str, Any]:
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-
-
-def _flat(parts: list[Any], run: dict[str, Any], run_defaults: dict[str, Any],
-          trained: Optional[dict[str, Any]] = None) -> RunConfig:
-    """The :class:`RunConfig` of the model, data and objective dataclasses ``parts``, the recorded training options
-    ``trained`` (listed before the objective's) and the run settings ``run``."""
-    model, data, options = (dataclasses.asdict(p) for p in parts)
-    defaults = {k: v for p in parts for k, v in _defaults(type(p)).items()}
-    return RunConfig({**model, **data, **(trained or {}), **options, **run}, {**defaults, **run_defaults},
-                     [f.name for f in dataclasses.fields(parts[-1])])
-
-
 def run_config(model_args: ModelArguments, data_args: DataArguments, training_args: TrainingArguments,
                objective_options: Any) -> RunConfig:
-    """The flat config of a run (see :class:`RunConfig`)."""
-    import enum
-
-    world, accum = max(1, getattr(training_args, "world_size", 1)), training_args.gradient_accumulation_steps
-    trained = {k: getattr(training_args, k, None) for k in RECORDED_TRAINING}
-    trained = {k: v.value if isinstance(v, enum.Enum) else v if isinstance(v, (str, int, float, bool, type(None),
-                                                                               list, dict)) else str(v)
-               for k, v in trained.items()}
-    train_defaults = _defaults(type(training_args))
-    return _flat([model_args, data_args, objective_options],
-                 {"output": training_args.output_dir, "grad_accum": accum, "cpu": bool(training_args.use_cpu),
-                  "batch_size": training_args.per_device_train_batch_size * world * accum},
-                 {**{k: v for k, v in train_defaults.items() if k in RECORDED_TRAINING},
-                  "batch_size": train_defaults.get("per_device_train_batch_size")}, trained)  # batch: one process
+    """The flat config of a run: the model, data and objective options, the recorded training options (before the
+    objective's) and the run settings (see :class:`RunConfig`)."""
+    parts, trained = (model_args, data_args, objective_options), training_args.to_dict()  # to_dict: enums as values
+    model, data, options = (dataclasses.asdict(p) for p in parts)
+    accum = training_args.gradient_accumulation_steps
+    run = {"output": training_args.output_dir, "grad_accum": accum, "cpu": bool(training_args.use_cpu),
+           "batch_size": training_args.per_device_train_batch_size * max(1, training_args.world_size) * accum}
+    defaults = {f.name: f.default for p in (training_args, *parts) for f in dataclasses.fields(p)
+                if f.default is not dataclasses.MISSING}
+    return RunConfig(**{**model, **data, **{k: trained.get(k) for k in RECORDED_TRAINING}, **options, **run},
+                     defaults={**defaults, "batch_size": defaults.get("per_device_train_batch_size")},  # one process's
+                     objective_options=list(options))
 
 
 def shared_option_names() -> set[str]:
     """The options every run has (ours and ``TrainingArguments``'): an objective's ``Options`` may not redefine them."""
     return {f.name for cls in (ModelArguments, DataArguments, PretrainingArguments) for f in dataclasses.fields(cls)}
-
-
-def objective_config(objective: str = "cpdae", **values: Any) -> RunConfig:
-    """A :class:`RunConfig` for building objective ``objective`` from Python (tests, notebooks): ``values`` are options
-    of the model, data or objective dataclasses, or ``batch_size`` / ``grad_accum`` / ``seed`` (ValueError: an option
-    none of them has, or a value outside its range)."""
-    from .registry import objective_class
-
-    run = {"batch_size": 64, "grad_accum": 1, "seed": 42, "output": None, "cpu": True,
-           **{k: values.pop(k) for k in ("batch_size", "grad_accum", "seed", "output", "cpu", "learning_rate",
-                                         "max_steps") if k in values}}
-    parts = []
-    for cls in (ModelArguments, DataArguments, objective_class(objective).Options):
-        names = {f.name for f in dataclasses.fields(cls)}
-        parts.append(cls(**{k: values.pop(k) for k in list(values) if k in names},
-                         **({"objective": objective} if cls is ModelArguments else {})))
-    if values:
-        raise ValueError(f"option(s) {', '.join(sorted(values))} are not options of objective {objective!r}")
-    check_options(*parts)
-    return _flat(parts, run, {})
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -278,35 +219,26 @@ class _Parser(HfArgumentParser):
 
     @staticmethod
     def _parse_dataclass_field(parser: Any, f: dataclasses.Field) -> None:
-        import copy
-        import types
-
-        meta = {k: v for k, v in f.metadata.items() if k != "check"}
-        if _check_of(f) is not None:
-            meta["help"] = f"{meta.get('help', '')} (must be {_check_of(f).describe()})"
-        g = copy.copy(f)
-        g.metadata = types.MappingProxyType(meta)
+        g, check = copy.copy(f), _check_of(f)  # a copy: the parser rewrites its type
+        g.metadata = {k: v for k, v in f.metadata.items() if k != "check"}
+        if check is not None:
+            g.metadata["help"] = f"{g.metadata.get('help', '')} (must be {check.describe()})"
         HfArgumentParser._parse_dataclass_field(parser, g)
 
 
 DESCRIPTION = """\
 Pre-train a BERT-like encoder for dense retrieval on the Hugging Face Trainer (CPDAE and rival objectives).
-
-usage:
-  python -m pretrain --objective cpdae --model <hf id or dir> --corpus <spec> --output_dir <dir> [Trainer options]
-  python -m pretrain {finetune,inspect,coverage} ...   (see python -m pretrain <subcommand> --help)
+Subcommands: python -m pretrain {finetune,inspect,coverage} --help.
 """
 
 EPILOG = """\
-Every transformers.TrainingArguments option works under its own name, with underscores or dashes
-(--learning_rate or --learning-rate). Options can also come from a YAML/JSON file (--config run.yaml;
-keys are option names); flags override it. --global_batch_size is the batch over all processes.
+Every transformers.TrainingArguments option works under its own name, with underscores or dashes; a YAML/JSON
+file (--config run.yaml) holds options by name, and flags override it.
 
 examples:
   python -m pretrain --objective cpdae --model bert-base-uncased --corpus wiki:../shared/data/enwiki-sample \\
       --output_dir runs/cpdae --global_batch_size 64 --max_length 512
-  python -m pretrain --config run.yaml --resume_from_checkpoint runs/cpdae/checkpoint-1000
-  torchrun --nproc_per_node 8 -m pretrain --config run.yaml --global_batch_size 512
+  torchrun --nproc_per_node 8 -m pretrain --config run.yaml --resume_from_checkpoint true
 """
 
 
@@ -321,43 +253,28 @@ def build_parser(objective: str) -> HfArgumentParser:
     listing = "objectives (--objective):\n" + "\n".join(f"  {n:<{width}}  {c.summary()}" for n, c in found.items())
     parser = _Parser([ModelArguments, DataArguments, PretrainingArguments, options], prog="python -m pretrain",
                      description=DESCRIPTION + "\n" + listing, epilog=EPILOG, formatter_class=_Formatter,
-                     allow_abbrev=False)
+                     allow_abbrev=False, exit_on_error=False)
     parser.add_argument("--config", default=None, help="YAML or JSON file of options (option names as keys).")
     return parser
 
 
-def _coerce(action: Any, value: Any, where: str) -> Any:
-    """A value from a config file or preset, typed like the flag ``action`` would type it."""
-    if value is None or isinstance(value, (bool, list, dict)):
-        return value
-    kind = action.type
-    if kind is not None and isinstance(value, str) or (kind in (int, float) and not isinstance(value, kind)):
-        try:
-            value = kind(value) if kind is not None else value
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"option {action.dest!r} in {where}: {short_repr(value)} is not valid ({e})") from None
-    if action.choices and value not in action.choices:
-        raise ValueError(f"option {action.dest!r} in {where} must be one of "
-                         f"{', '.join(map(str, action.choices))}; got {short_repr(value)}")
-    return value
-
-
-def config_file_defaults(parser: Any, path: Optional[str], values: Optional[dict] = None,
-                         help_command: str = "--help") -> dict[str, Any]:
-    """The options of a ``--config`` file (``values``: the file already read) as defaults of ``parser``, each typed
-    like its flag; an unknown key is refused naming the file."""
-    from pyterrier_cpdae._files import read_config_file
-
-    if path is None:
-        return {}
-    if values is None:
-        values = read_config_file(path, normalize_key=lambda k: k.replace("-", "_"))
-    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
-    unknown = sorted(set(values) - set(actions))
+def as_flags(parser: Any, values: dict[str, Any], where: str) -> list[str]:
+    """``values`` (options by name: a config file's, a preset's) as flags of ``parser``, typed and checked by it as the
+    command line is (ValueError naming ``where``: an unknown option, a bad value); a ``None`` value sets a default."""
+    flags = []
+    for k, v in values.items():
+        v = json.dumps(v) if isinstance(v, dict) else v
+        flags += [] if v is None else [f"--{k}", *map(str, v if isinstance(v, list) else [v])]
+    unknown = sorted(k for k, v in values.items() if v is None and k not in {a.dest for a in parser._actions})
+    try:
+        rest = parser.parse_known_args(flags)[1]
+        unknown += [a[2:] for a in rest if a.startswith("--")] or [repr(a) for a in rest]
+    except argparse.ArgumentError as e:
+        raise ValueError(f"{where}: {e}") from None
     if unknown:
-        raise ValueError(f"unknown option(s) in config file {path}: {', '.join(unknown)} (`{help_command}` lists the "
-                         "options)")
-    return {k: _coerce(actions[k], v, f"config file {path}") for k, v in values.items()}
+        raise ValueError(f"unknown option(s) in {where}: {', '.join(unknown)}")
+    parser.set_defaults(**{k: None for k, v in values.items() if v is None})
+    return flags
 
 
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, PretrainingArguments, Any]:
@@ -379,17 +296,20 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
     if objective not in available_objectives():
         raise ValueError(f"--objective must be one of {', '.join(available_objectives())}; got {short_repr(objective)}")
     parser = build_parser(objective)
-    actions = {a.dest: a for a in parser._actions}
-    defaults = config_file_defaults(parser, known.config, from_file, f"python -m pretrain --objective {objective} --help")
-    preset, recipe = known.preset or defaults.get("preset"), {}
+    file_flags = as_flags(parser, from_file, f"config file {known.config}")
+    preset, recipe = known.preset or from_file.get("preset"), {}
     if preset is not None:
-        presets = objective_class(objective).presets
-        if preset not in presets:
+        recipe = objective_class(objective).presets
+        if preset not in recipe:
             raise ValueError(f"unknown preset {preset!r} for objective {objective!r}; "
-                             + (f"its presets: {', '.join(sorted(presets))}" if presets else "it has no presets"))
-        recipe = {k: _coerce(actions[k], v, f"preset {preset!r}") for k, v in presets[preset].items()}
-    parser.set_defaults(**{**recipe, **defaults})
-    rest = [a for a in parser.parse_known_args(args=argv)[1]]  # unknown options named before any dataclass is built
+                             + (f"its presets: {', '.join(sorted(recipe))}" if recipe else "it has no presets"))
+        recipe = recipe[preset]
+    argv = [*as_flags(parser, {k: v for k, v in recipe.items() if k not in from_file}, f"preset {preset!r}"),
+            *file_flags, *argv]  # defaults < preset < file < flags: the last of a flag given twice wins
+    try:
+        rest = parser.parse_known_args(args=argv)[1]  # unknown options named before any dataclass is built
+    except argparse.ArgumentError as e:
+        raise ValueError(str(e)) from None
     if rest:
         parts = []
         for a in [a for a in rest if a.startswith("-")] or rest:
@@ -409,9 +329,3 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
             if now != v and k != "report_to":
                 logger.warning("--%s %r overrides the value of --preset %s (%r)", k, now, preset, v)
     return model_args, data_args, training_args, options
-
-
-__all__ = ["Range", "opt", "option_problem", "check_options", "ModelArguments", "DataArguments", "PretrainingArguments",
-           "RunConfig", "run_config", "objective_config", "shared_option_names", "build_parser", "parse_args",
-           "config_file_defaults", "POSITIVE", "LEARNING_RATE", "NON_NEGATIVE", "AT_LEAST_1", "UNIT", "OPEN_UNIT",
-           "FLOAT32_MAX", "TRAINING_CHECKS"]

@@ -1,8 +1,6 @@
-"""``python -m pretrain``: parse the options (:func:`pretrain.arguments.parse_args`), check them and the inputs, load
-the tokenizer and the masked-LM model, build or load the token cache, build the objective and train it with
-:class:`pretrain.training.trainer.PretrainTrainer`; export the encoder at ``--output_dir`` (a Hugging Face directory,
-``CPDAE.from_pretrained`` loads it), its decoder under ``decoder/``, with a model card. ``python -m pretrain
-finetune|inspect|coverage ...`` dispatch to the fine-tuning, decoder-inspection and token-coverage tools."""
+"""``python -m pretrain``: the options checked, the model, token cache and objective built and trained with
+:class:`~pretrain.training.trainer.PretrainTrainer`; the encoder exported at ``--output_dir`` (its decoder under
+``decoder/``, a model card). ``python -m pretrain finetune|inspect|coverage`` run the other tools."""
 from __future__ import annotations
 
 import contextlib
@@ -14,26 +12,17 @@ from typing import Any, Optional
 
 from .arguments import LOG_FORMAT, RunConfig, parse_args, run_config
 
-#: Subcommands: name -> (module with a ``main(argv)``, one-line description).
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "finetune": ("pretrain.finetune.train", "fine-tune a bi-encoder (BM25 / file / dense-mined hard negatives)"),
-    "inspect": ("pretrain.analysis.inspect_decoder", "show the words a pre-trained decoder predicts from [CLS] vectors"),
-    "coverage": ("pretrain.analysis.coverage", "input-token coverage of [CLS] vectors projected onto the vocabulary"),
-}
+#: Subcommands: name -> the module whose ``main(argv)`` runs it (imported when asked for).
+SUBCOMMANDS = {"finetune": "pretrain.finetune.train", "inspect": "pretrain.analysis.inspect_decoder",
+               "coverage": "pretrain.analysis.coverage"}
 
 logger = logging.getLogger(__name__)
 
 
-def default_cache_dir(config: Any) -> str:
-    """``--cache_dir`` or ``<output_dir>/../.token_cache`` (shared by runs on the same corpus)."""
-    return config.cache_dir or os.path.join(os.path.dirname(os.path.abspath(config.output)), ".token_cache")
-
-
 def resume_checkpoint(value: Optional[str], output: str) -> Optional[str]:
     """``--resume_from_checkpoint``: a checkpoint directory, or ``true``/``last`` for the newest complete one in
-    ``output`` (``None`` when there is none yet: the run starts from scratch, with a warning). Its ``*.pt``/``*.pth``
-    files are read as plain tensor data (``weights_only``) first: a file holding anything else is refused in one line
-    naming it, never unpickled."""
+    ``output`` (``None`` when there is none yet: a warning). Its ``*.pt``/``*.pth`` files are read as plain tensor
+    data (``weights_only``) first: a file holding anything else is refused in one line naming it, never unpickled."""
     import pickle
 
     import torch
@@ -59,28 +48,6 @@ def resume_checkpoint(value: Optional[str], output: str) -> Optional[str]:
             raise ValueError(f"{os.path.join(value, name)}: not plain tensor data, refused without unpickling it "
                              f"({first}); resume from an earlier checkpoint or start again") from None
     return value
-
-
-def validate(config: RunConfig, training_args: Any) -> None:
-    """Checks that need no model or data (raises ValueError naming the option, or ConcurrentBuildError)."""
-    from pyterrier_cpdae._locking import refuse_if_busy
-
-    from .data.inputs import check_run_paths, own_cache_entries
-    from .objectives import objective_class
-    from .training.run_dir import check_run_dir
-
-    check_run_paths(config, default_cache_dir(config))
-    per_forward = training_args.per_device_train_batch_size
-    if getattr(objective_class(config.objective), "contrastive", False) and per_forward * training_args.world_size < 2:
-        raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
-                         f"{per_forward} text(s); use a batch of at least 2 texts per accumulation step")
-    if str(getattr(training_args.eval_strategy, "value", training_args.eval_strategy)) != "no" and not config.probe:
-        raise ValueError(f"--eval_strategy {training_args.eval_strategy.value} evaluates during training, but there "
-                         "is nothing to evaluate: give --probe SET (a local dataset folder or an ir_datasets id)")
-    if int(os.environ.get("RANK", "0") or 0) == 0:
-        refuse_if_busy(config.output, "output directory of a pre-training run", "written")
-    check_run_dir(config, bool(training_args.resume_from_checkpoint), training_args.overwrite_output_dir,
-                  own_cache_entries(config.output, config.cache_dir))
 
 
 def load_model_and_tokenizer(config: Any) -> tuple[Any, Any]:
@@ -114,67 +81,72 @@ def load_model_and_tokenizer(config: Any) -> tuple[Any, Any]:
 def pretrain(model_args: Any, data_args: Any, training_args: Any, options: Any,
              argv: Optional[list[str]] = None) -> dict[str, Any]:
     """Run the pre-training pipeline and return its final figures (rank 0 holds the lock of ``--output_dir``)."""
-    from .training.run_dir import hold_output_lock
-
-    config = run_config(model_args, data_args, training_args, options)
-    validate(config, training_args)
-    with contextlib.ExitStack() as stack:
-        hold_output_lock(stack, config.output, "output directory of a pre-training run", "--output_dir")
-        return _pretrain(config, training_args, argv)
-
-
-def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) -> dict[str, Any]:
     import torch
     from transformers import EarlyStoppingCallback, set_seed
 
     from .data.collators import CollatorEpochCallback
     from .data.corpus import IndexedTexts, TokenCache
-    from .data.inputs import check_resume_inputs, check_something_to_learn, run_inputs
+    from .data.inputs import (check_resume_inputs, check_run_paths, check_something_to_learn, own_cache_entries,
+                              run_inputs)
     from .export.commit import commit_export, prepare_export_dir
     from .export.weights import base_pooler, save_with_carried
     from .model.path_probe import choose_path
     from .objectives import build_objective, objective_class
-    from .training.run_dir import OutputPlace
+    from .training.run_dir import OutputPlace, check_run_dir, hold_output_lock
     from .training.trainer import PretrainTrainer
 
-    set_seed(training_args.seed)  # the random parts of the initialisation (decoders, --from_config weights)
-    model, tokenizer = load_model_and_tokenizer(config)
-    carried = base_pooler(None if config.from_config else config.model, model.config, config.seed)
-    inputs = run_inputs(config.corpus, tokenizer)
-    resume = resume_checkpoint(training_args.resume_from_checkpoint, config.output)
-    if resume:
-        check_resume_inputs(config.output, inputs)
-    cache = TokenCache.build_or_load(config.corpus, tokenizer, config.max_length, default_cache_dir(config),
-                                     fields=config.corpus_fields, max_docs=config.max_docs)
-    if len(cache) == 0:
-        raise ValueError(f"corpus {config.corpus!r} produced no training text")
-    cls = objective_class(config.objective)
-    check_something_to_learn(cls, config, cache, tokenizer)  # no content/masked token
-    objective = build_objective(config.objective, model, tokenizer, config, **cls.prepare(cache, config))
-    if config.decoder_from:
-        objective.load_decoder(config.decoder_from)
-    if config.freeze_encoder:
-        objective.freeze_encoder()
-    logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
-                config.max_length)
-    record = _record(config, training_args, inputs, cache, resume)
-    probe, settings = None, {}
-    if config.probe:
-        from pyterrier_cpdae.encoder.st_export import export_pipeline
+    config = run_config(model_args, data_args, training_args, options)
+    cache_dir = config.cache_dir or os.path.join(os.path.dirname(os.path.abspath(config.output)), ".token_cache")
+    check_run_paths(config, cache_dir)  # the checks that need no model, data or output directory
+    cls, per_forward = objective_class(config.objective), training_args.per_device_train_batch_size
+    if getattr(cls, "contrastive", False) and per_forward * training_args.world_size < 2:
+        raise ValueError(f"objective {config.objective!r} contrasts the texts of a batch, but each forward pass sees "
+                         f"{per_forward} text(s); use a batch of at least 2 texts per accumulation step")
+    if training_args.eval_strategy != "no" and not config.probe:
+        raise ValueError(f"--eval_strategy {training_args.eval_strategy.value} evaluates during training, but there "
+                         "is nothing to evaluate: give --probe SET (a local dataset folder or an ir_datasets id)")
+    with contextlib.ExitStack() as stack:
+        hold_output_lock(stack, config.output)  # then the directory is checked: no other run is writing into it
+        check_run_dir(config, bool(training_args.resume_from_checkpoint), training_args.overwrite_output_dir,
+                      own_cache_entries(config.output, config.cache_dir))
+        set_seed(training_args.seed)  # the random parts of the initialisation (decoders, --from_config weights)
+        model, tokenizer = load_model_and_tokenizer(config)
+        carried = base_pooler(None if config.from_config else config.model, model.config, config.seed)
+        inputs = run_inputs(config.corpus, tokenizer)
+        resume = resume_checkpoint(training_args.resume_from_checkpoint, config.output)
+        if resume:
+            check_resume_inputs(config.output, inputs)
+        cache = TokenCache.build_or_load(config.corpus, tokenizer, config.max_length, cache_dir,
+                                         fields=config.corpus_fields, max_docs=config.max_docs)
+        if len(cache) == 0:
+            raise ValueError(f"corpus {config.corpus!r} produced no training text")
+        check_something_to_learn(cls, config, cache, tokenizer)  # no content/masked token
+        objective = build_objective(config.objective, model, tokenizer, config, **cls.prepare(cache, config))
+        if config.decoder_from:
+            objective.load_decoder(config.decoder_from)
+        if config.freeze_encoder:
+            objective.freeze_encoder()
+        logger.info("objective %s on %s (%d texts of <= %d tokens)", config.objective, config.corpus, len(cache),
+                    config.max_length)
+        record = _record(config, training_args, inputs, cache, resume)
+        probe, settings = None, {}
+        if config.probe:
+            from pyterrier_cpdae.encoder.st_export import export_pipeline
 
-        from .evaluation.probe import RetrievalProbe
-        probe = RetrievalProbe(config.probe, max_queries=config.probe_max_queries, max_docs=config.probe_max_docs)
-        pooling = getattr(objective, "representation", "cls")  # resolved: the base's own with --representation auto
-        settings = {"pooling": pooling, "max_length": config.max_length,  # as the exported model encodes
-                    "normalize": export_pipeline(None if config.from_config else config.model, pooling,
-                                                 "--representation")["normalize"],
-                    "batch_size": training_args.per_device_eval_batch_size}
-    collator = objective.data_collator()  # every example's masks and views from (seed, epoch, example index)
-    callbacks = [CollatorEpochCallback(collator)]  # the epoch the collator draws the masks of
-    if training_args.early_stopping_patience:
-        callbacks.append(EarlyStoppingCallback(early_stopping_patience=training_args.early_stopping_patience))
-    place = OutputPlace(config.output, "run_config.json") if training_args.should_save else None
-    try:
+            from .evaluation.probe import RetrievalProbe
+            probe = RetrievalProbe(config.probe, max_queries=config.probe_max_queries, max_docs=config.probe_max_docs)
+            pooling = getattr(objective, "representation", "cls")  # resolved: the base's own with --representation auto
+            settings = {"pooling": pooling, "max_length": config.max_length,  # as the exported model encodes
+                        "normalize": export_pipeline(None if config.from_config else config.model, pooling,
+                                                     "--representation")["normalize"],
+                        "batch_size": training_args.per_device_eval_batch_size}
+        collator = objective.data_collator()  # every example's masks and views from (seed, epoch, example index)
+        callbacks = [CollatorEpochCallback(collator)]  # the epoch the collator draws the masks of
+        if training_args.early_stopping_patience:
+            callbacks.append(EarlyStoppingCallback(early_stopping_patience=training_args.early_stopping_patience))
+        place = OutputPlace(config.output, "run_config.json") if training_args.should_save else None
+        if place is not None:
+            stack.callback(place.close)
         trainer = PretrainTrainer(model=objective, args=training_args, train_dataset=IndexedTexts(cache),
                                   data_collator=collator, probe=probe, probe_settings=settings, place=place,
                                   callbacks=callbacks)
@@ -183,16 +155,14 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
         if callable(getattr(objective, "path_record", None)):
             record["resolved"] = dict(objective.path_record())
             _write_record(config, training_args, record)
-        trainer.train(resume_from_checkpoint=resume)
+        trained = trainer.train(resume_from_checkpoint=resume)
         trainer.save_state()  # <output_dir>/trainer_state.json: the whole log history, kept when checkpoints go
         record["trainer"]["total_steps"] = trainer.state.max_steps
         _write_record(config, training_args, record)
-        state = trainer.state
-        last = next((dict(h) for h in reversed(state.log_history) if "loss" in h), {})
+        last = next((dict(h) for h in reversed(trainer.state.log_history) if "loss" in h), {})
         result = {k: v for k, v in last.items() if k not in ("step", "epoch", "learning_rate", "grad_norm")}
-        result.update({"step": state.global_step, "total_steps": state.max_steps, "output": config.output,
-                       "train_runtime_s": next((h["train_runtime"] for h in reversed(state.log_history)
-                                                if "train_runtime" in h), None)})
+        result.update({"step": trainer.state.global_step, "total_steps": trainer.state.max_steps,
+                       "output": config.output, "train_runtime_s": trained.metrics.get("train_runtime")})
 
         def card(tmp: str) -> None:  # the model card, written inside the export: card and weights change together
             from .export.card import write_card
@@ -206,16 +176,12 @@ def _pretrain(config: RunConfig, training_args: Any, argv: Optional[list[str]]) 
             commit_export(tmp, config.output, card=card)
 
         trainer.export(write, getattr(torch, config.save_dtype))
-    finally:
-        if place is not None:
-            place.close()
-    return result
+        return result
 
 
 def _record(config: RunConfig, training_args: Any, inputs: dict[str, Any], cache: Any,
             resume: Optional[str]) -> dict[str, Any]:
-    """Clear a replaced run, then write ``run_config.json``: the run's options, inputs and versions (a resumed run
-    keeps the encoder path its start chose)."""
+    """Clear a replaced run, write ``run_config.json`` (options, inputs, versions; a resume keeps its encoder path)."""
     import accelerate
     import torch
     import transformers
@@ -252,18 +218,9 @@ def main(argv: Optional[list[str]] = None) -> Any:
     """Entry point of ``python -m pretrain``: a subcommand (its module imported lazily), or pre-training."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        module_name = SUBCOMMANDS[argv[0]][0]
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name == module_name:
-                raise ValueError(f"subcommand {argv[0]!r} is not available: module {module_name} is missing") from e
-            raise
-        return module.main(argv[1:])
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     model_args, data_args, training_args, options = parse_args(argv)
     return pretrain(model_args, data_args, training_args, options, argv)
 
-
-__all__ = ["main", "pretrain", "validate", "load_model_and_tokenizer", "SUBCOMMANDS"]

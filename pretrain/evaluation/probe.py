@@ -1,42 +1,28 @@
-"""The retrieval probe: nDCG@10 and RR@10 of an encoder on a small test collection, during training.
-
-:class:`RetrievalProbe` loads a set once (:func:`pyterrier_cpdae.load_dataset`, optionally cut to ``max_queries``
-judged queries and ``max_docs`` documents, every judged document of the kept queries included), ranks every document
-by exact dot product and scores the ranking with ``ir_measures`` as ``pt.Experiment`` does (graded labels; a judged
-query missing from the ranking counts 0), so that its figures are ``pt.Experiment``'s for the same weights.
-:meth:`RetrievalProbe.evaluate` encodes with a Hugging Face encoder pooled by
-:func:`pyterrier_cpdae.encoder.pooling.pool` (what ``CPDAE`` uses); :class:`ProbeEvaluator` is the
+"""The retrieval probe: nDCG@10 and RR@10 of an encoder on a small test collection, during training, equal to
+``pt.Experiment``'s for the same weights: encoded by :class:`pyterrier_cpdae.CPDAE` around the model being trained,
+ranked by exact dot product, scored with ``ir_measures`` (graded labels). :class:`ProbeEvaluator` is the
 sentence-transformers evaluator over the same probe.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
+import ir_measures
 import numpy as np
+import pandas as pd
 import torch
-
-__all__ = ["RetrievalProbe", "ProbeEvaluator", "METRICS"]
-
-#: The probe's figures, by the names it returns them under.
-METRICS = ("ndcg_cut_10", "recip_rank_10")
+from pyterrier_cpdae import CPDAE, load_dataset
+from sentence_transformers.evaluation import SentenceEvaluator
 
 
 class RetrievalProbe:
-    """A small retrieval test set held in memory, scored by exact search.
-
-    Args:
-        spec: A dataset spec for :func:`pyterrier_cpdae.load_dataset` (``sample``, ``trec:<folder>``, ``irds:<id>``, ...).
-        max_queries: Keep a seeded sample of this many judged queries (``None``: all judged queries).
-        max_docs: Keep at most this many documents: the judged ones of the kept queries, then others in corpus order.
-        seed: The seed of the query sample.
-        rel: The least label that counts as relevant for RR@10 (TREC DL: 2); nDCG@10 uses the graded labels.
-        depth: How many documents of each query are ranked for the measures (at least 10).
-    """
+    """A small retrieval test set held in memory, scored by exact search: the set ``spec`` of
+    :func:`pyterrier_cpdae.load_dataset`, a sample (``seed``) of ``max_queries`` judged queries, at most ``max_docs``
+    documents (the judged ones of the kept queries first), ``depth`` (>= 10) documents ranked per query; ``rel`` is
+    the least label relevant for RR@10 (TREC DL: 2), nDCG@10 uses the graded labels."""
 
     def __init__(self, spec: str, max_queries: Optional[int] = None, max_docs: Optional[int] = None, *, seed: int = 0,
                  rel: int = 1, depth: int = 100):
-        from pyterrier_cpdae import load_dataset
-
         for name, value in (("max_queries", max_queries), ("max_docs", max_docs)):
             if value is not None and value < 1:
                 raise ValueError(f"RetrievalProbe({spec!r}): {name} must be >= 1, got {value}")
@@ -51,16 +37,13 @@ class RetrievalProbe:
             topics = topics.iloc[np.sort(np.random.default_rng(seed).permutation(len(topics))[:max_queries])]
         self.qrels = qrels[qrels["qid"].isin(set(topics["qid"]))].reset_index(drop=True)
         judged = set(self.qrels["docno"])
-        self.docnos: list[str] = []
-        self.docs: list[str] = []
-        room = None if max_docs is None else max(max_docs - len(judged), 0)
+        self.docnos, self.docs = [], []
+        room = float("inf") if max_docs is None else max(max_docs - len(judged), 0)  # for the unjudged documents
         for doc in ds.get_corpus_iter():
-            if doc["docno"] not in judged:
-                if room is not None and room <= 0:
-                    continue
-                room = None if room is None else room - 1
-            self.docnos.append(doc["docno"])
-            self.docs.append(doc["text"])
+            if doc["docno"] in judged or room > 0:
+                room -= doc["docno"] not in judged
+                self.docnos.append(doc["docno"])
+                self.docs.append(doc["text"])
         if not self.docnos:
             raise ValueError(f"RetrievalProbe({spec!r}): the set has no documents")
         self.spec, self.rel, self.depth = spec, int(rel), int(depth)
@@ -72,78 +55,41 @@ class RetrievalProbe:
 
     def measures(self) -> dict[str, Any]:
         """The ``ir_measures`` measure behind each returned name."""
-        from ir_measures import RR, nDCG
-
-        return {"ndcg_cut_10": nDCG @ 10, "recip_rank_10": (RR @ 10) if self.rel == 1 else RR(rel=self.rel) @ 10}
+        rr = ir_measures.RR if self.rel == 1 else ir_measures.RR(rel=self.rel)
+        return {"ndcg_cut_10": ir_measures.nDCG @ 10, "recip_rank_10": rr @ 10}
 
     def evaluate_vectors(self, query_vecs: Any, doc_vecs: Any) -> dict[str, float]:
         """The measures of ranking ``doc_vecs`` (rows in :attr:`docnos` order) by dot product with ``query_vecs``
         (rows in :attr:`qids` order)."""
-        import ir_measures
-
-        q, d = (v.detach().float().cpu() if torch.is_tensor(v) else torch.as_tensor(np.asarray(v, dtype=np.float32))
+        q, d = (torch.as_tensor(np.asarray(v.detach().float().cpu() if torch.is_tensor(v) else v, dtype=np.float32))
                 for v in (query_vecs, doc_vecs))
         if q.shape[0] != len(self.qids) or d.shape[0] != len(self.docnos) or q.shape[1:] != d.shape[1:]:
             raise ValueError(f"{self!r}: got {tuple(q.shape)} query and {tuple(d.shape)} document vectors")
         if not (torch.isfinite(q).all() and torch.isfinite(d).all()):
             raise ValueError(f"{self!r}: the model gave non-finite vectors")
-        run = []
-        for start in range(0, q.shape[0], 256):
-            scores, idx = torch.topk(q[start:start + 256] @ d.T, min(self.depth, d.shape[0]), dim=1)
-            for row, (s, i) in enumerate(zip(scores.tolist(), idx.tolist())):
-                run.extend(ir_measures.ScoredDoc(self.qids[start + row], self.docnos[j], float(v)) for v, j in zip(s, i))
-        qrels = [ir_measures.Qrel(str(r.qid), str(r.docno), int(r.label)) for r in self.qrels.itertuples()]
-        measures = self.measures()
-        names = {m: n for n, m in measures.items()}
-        sums = dict.fromkeys(measures, 0.0)
-        for m in ir_measures.iter_calc(list(measures.values()), qrels, run):
-            sums[names[m.measure]] += float(m.value)
-        nq = self.qrels["qid"].nunique()  # every judged query counts (pt.Experiment: a missing one scores 0)
-        return {name: sums[name] / nq for name in METRICS}
+        top = [torch.topk(q[s:s + 256] @ d.T, min(self.depth, d.shape[0]), dim=1) for s in range(0, len(q), 256)]
+        idx = torch.cat([t.indices for t in top]).numpy()
+        run = pd.DataFrame({"query_id": np.repeat(self.qids, idx.shape[1]),
+                            "doc_id": np.asarray(self.docnos)[idx].ravel(),
+                            "score": torch.cat([t.values for t in top]).numpy().ravel().astype(np.float64)})
+        qrels = pd.DataFrame({"query_id": self.qrels["qid"].astype(str), "doc_id": self.qrels["docno"].astype(str),
+                              "relevance": self.qrels["label"].astype(int)})
+        found = ir_measures.calc_aggregate(list(self.measures().values()), qrels, run)
+        return {name: float(found[m]) for name, m in self.measures().items()}
 
-    @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, tokenizer: Any, pooling: str = "cls", normalize: bool = False,
                  max_length: int = 256, batch_size: int = 32,
                  query_max_length: Optional[int] = None) -> dict[str, float]:
-        """nDCG@10 and RR@10 of a HF encoder (its output has ``last_hidden_state``; its training mode is restored),
-        ``pooling`` ``cls`` or ``mean``, documents cut at ``max_length`` tokens, queries at ``query_max_length``."""
-        from pyterrier_cpdae.encoder.pooling import pool
-
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device
-
-        def encode(texts: Sequence[str], length: int) -> torch.Tensor:
-            order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # batches of similar length
-            parts = []
-            for s in range(0, len(order), batch_size):
-                enc = tokenizer([texts[i] for i in order[s:s + batch_size]], max_length=length, truncation=True,
-                                padding=True, return_tensors="pt").to(device)
-                out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
-                parts.append(pool(out.last_hidden_state, enc["attention_mask"], pooling, normalize).cpu())
-            vecs = torch.cat(parts)
-            back = torch.empty_like(vecs)
-            back[torch.as_tensor(order)] = vecs  # rows back in the texts' order
-            return back
-
-        try:
-            q, d = encode(self.queries, query_max_length or max_length), encode(self.docs, max_length)
-        finally:
-            model.train(was_training)
-        return self.evaluate_vectors(q, d)
+        """nDCG@10 and RR@10 of a HF encoder (its training mode is restored) encoding as :class:`pyterrier_cpdae.CPDAE`
+        (``pooling`` ``cls`` or ``mean``): documents cut at ``max_length`` tokens, queries at ``query_max_length``."""
+        enc = CPDAE(model, tokenizer, pooling=pooling, normalize=normalize, doc_max_length=max_length,
+                    query_max_length=query_max_length or max_length, batch_size=batch_size, verbose=False)
+        return self.evaluate_vectors(enc.encode_queries(self.queries), enc.encode_docs(self.docs))
 
 
-def _evaluator_base() -> type:
-    from sentence_transformers.evaluation import SentenceEvaluator
-
-    return SentenceEvaluator
-
-
-class ProbeEvaluator(_evaluator_base()):
-    """A sentence-transformers evaluator over a :class:`RetrievalProbe`: the model encodes the probe's queries and
-    documents with its own pipeline (``encode_query`` / ``encode_document``); the figures are
-    :meth:`RetrievalProbe.evaluate_vectors`', returned as ``<name>_ndcg_cut_10`` (the primary metric) and
-    ``<name>_recip_rank_10``."""
+class ProbeEvaluator(SentenceEvaluator):
+    """A sentence-transformers evaluator over a :class:`RetrievalProbe` (the model's own ``encode_query`` /
+    ``encode_document``): ``<name>_ndcg_cut_10`` (the primary metric) and ``<name>_recip_rank_10``."""
 
     def __init__(self, probe: RetrievalProbe, name: str = "probe", batch_size: int = 32):
         super().__init__()

@@ -2,6 +2,7 @@
 ``SentenceTransformerTrainingArguments`` (``HfArgumentParser``); ``--preset`` sets a recipe's defaults (``PRESETS``)."""
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -83,19 +84,24 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[FinetuneArguments, Any
     from sentence_transformers import SentenceTransformerTrainingArguments
     from transformers import HfArgumentParser
 
-    from ..arguments import config_file_defaults
+    from pyterrier_cpdae._files import read_config_file
+
+    from ..arguments import as_flags
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((FinetuneArguments, SentenceTransformerTrainingArguments),
-                              prog="python -m pretrain finetune",
+                              prog="python -m pretrain finetune", exit_on_error=False,
                               description="Fine-tune a bi-encoder with sentence-transformers on BM25, file or "
                                           "dense-mined hard negatives.")
     parser.set_defaults(output_dir=None, report_to="none", save_strategy="steps", logging_steps=10)
     parser.add_argument("--config", default=None, help="YAML or JSON file of options (option names as keys).")
-    first, _ = parser.parse_known_args(argv)
-    from_file = config_file_defaults(parser, first.config, help_command="python -m pretrain finetune --help")
-    preset = first.preset or from_file.get("preset")
-    if preset and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r} in config file {first.config}; the presets: {', '.join(PRESETS)}")
-    parser.set_defaults(**{**PRESETS.get(preset, {}), **from_file})
-    return tuple(parser.parse_args_into_dataclasses(args=argv)[:2])
+    try:
+        first, _ = parser.parse_known_args(argv)
+        values = read_config_file(first.config, normalize_key=lambda k: k.replace("-", "_")) if first.config else {}
+        file_flags = as_flags(parser, values, f"config file {first.config}")
+        preset = first.preset or values.get("preset")  # one of PRESETS: a choice of --preset
+        recipe = {k: v for k, v in PRESETS.get(preset, {}).items() if k not in values}
+        argv = [*as_flags(parser, recipe, f"preset {preset!r}"), *file_flags, *argv]  # the last given wins
+        return tuple(parser.parse_args_into_dataclasses(args=argv)[:2])
+    except argparse.ArgumentError as e:
+        raise ValueError(str(e)) from None

@@ -152,7 +152,7 @@ def objective_config(name: str, **values: Any) -> Any:
     for key in values:
         problem = option_problem(fields[key], values[key]) if key in fields else None
         if problem:
-            raise ValueError(f"objective {name!r}: option {key} {problem}")
+            raise ValueError(f"objective {name!r}: --{key} {problem}")
     return SimpleNamespace(**out)
 
 

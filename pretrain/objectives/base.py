@@ -50,7 +50,6 @@ from ..model.modeling import MLM_HEAD_DIR, save_mlm_head, untrained_mlm_head
 from ..model.outputs import PretrainingOutput
 from ..model.unpadded import (PackedHidden, packed_last_hidden, position_start, probe_paths, resolve_unpad,
                               unpadded_last_hidden, use_unpadded)
-from ..training.optim import compile_encoder
 from .options import (MaskedViewsOptions, MLMOptions, ObjectiveOptions,  # noqa: F401 (the objectives' API)
                       ReconstructionWeightsOptions, RepresentationOptions, export_lengths, resolve_representation)
 from .views import MaskedViewsMixin  # noqa: F401 (the objectives' API)
@@ -245,8 +244,9 @@ class Objective(nn.Module):
         return hidden.first() if isinstance(hidden, PackedHidden) else hidden[:, 0]
 
     def compile_encoder(self) -> None:
-        """``--compile`` (the trainer calls it): ``torch.compile`` every encoder layer in place
-        (:func:`pretrain.training.optim.compile_encoder`)."""
+        """``--torch_compile`` (the trainer calls it): ``torch.compile`` every encoder layer in place
+        (:func:`pretrain.training.trainer.compile_encoder`)."""
+        from ..training.trainer import compile_encoder
         compile_encoder(self.mlm_model)
 
     def text_vectors(self, hidden: "torch.Tensor | PackedHidden", attention_mask: torch.Tensor) -> torch.Tensor:

@@ -1,1 +1,1 @@
-"""The training loop and what it needs: run directory and lock, finite guard, data order, optimizer and precision, checkpoints, distributed helpers."""
+"""The training loop on the Hugging Face Trainer (trainer.py) and the run directory it writes (run_dir.py)."""

@@ -3,14 +3,14 @@
 run's files under ``--overwrite_output_dir`` (:func:`clear_run`)."""
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
 import os
 import shutil
 from typing import Any, Optional
 
-__all__ = ["EXPORT_FILES", "RUN_CONFIG", "RUN_FORMAT", "RESUMABLE", "config_dict", "check_moved_run", "check_run_dir",
-           "clear_run", "RunDirectoryError", "OutputPlace", "hold_output_lock"]
+from pyterrier_cpdae._files import read_config_file
+from pyterrier_cpdae._locking import build_lock, lock_path
 
 #: Files whose presence means an output directory holds an exported model.
 EXPORT_FILES = ("config.json", "model.safetensors", "pytorch_model.bin")
@@ -22,36 +22,6 @@ RUN_FORMAT = "hf-trainer"
 RESUMABLE = frozenset({"max_steps", "num_train_epochs", "cache_dir", "unpad", "torch_compile", "gradient_checkpointing",
                        "use_cpu", "cpu", "per_device_train_batch_size", "probe", "probe_max_queries", "probe_max_docs",
                        "output", "preset"})
-
-
-def config_dict(config: Any) -> dict[str, Any]:
-    """The options of a run as a plain dict (a dataclass config, a RunConfig or a namespace)."""
-    if dataclasses.is_dataclass(config):
-        return dataclasses.asdict(config)
-    return config.options() if callable(getattr(config, "options", None)) else dict(vars(config))
-
-
-def check_moved_run(record: dict[str, Any], output: str, resume: bool, what: str = "run") -> None:
-    """A run found in another directory than the one it recorded (``output_path``, the real path where it last
-    started; else its ``output`` option): continued there with ``--resume_from_checkpoint`` (a warning names both
-    places), refused without it.
-
-    Raises:
-        ValueError: the run was moved and ``resume`` is false.
-    """
-    here, where = os.path.realpath(output), record.get("output_path")
-    if not isinstance(where, str):
-        where = (record.get("config") or {}).get("output")
-        where = where if isinstance(where, str) and os.path.realpath(where) != here else here
-    if where == here:
-        return
-    if not resume:
-        raise ValueError(f"output directory {output} holds a {what} that was started in {where} (the directory "
-                         f"was moved or copied to {output}); pass --resume_from_checkpoint true to continue it in "
-                         f"{output} from its last checkpoint, or --overwrite_output_dir to start it again")
-    logging.getLogger("pretrain").warning(
-        "%s: this %s was started in %s and has been moved (or copied) here: continuing it here from its last "
-        "checkpoint; its record now names %s", output, what, where, here)
 
 
 class RunDirectoryError(OSError):
@@ -80,18 +50,16 @@ class OutputPlace:
 
     def now_at(self) -> Optional[str]:
         """Where the directory is now (Linux: through the descriptor held open), if it still exists."""
-        try:
-            where = os.readlink(f"/proc/self/fd/{self.fd}") if self.fd is not None else None
-        except OSError:
-            return None
-        return None if not where or where.endswith(" (deleted)") or not os.path.isdir(where) else where
+        with contextlib.suppress(OSError):
+            where = os.readlink(f"/proc/self/fd/{self.fd}") if self.fd is not None else ""
+            return where if where and not where.endswith(" (deleted)") and os.path.isdir(where) else None
+        return None
 
     def problem(self) -> Optional[str]:
         """``None`` while ``path`` is the run's directory and holds its record; else what happened to it."""
-        try:
+        st = None
+        with contextlib.suppress(OSError):
             st = os.stat(self.path)
-        except OSError:
-            st = None
         if st is None or (st.st_dev, st.st_ino) != self.identity:
             where = self.now_at()
             other = "" if st is None else f" (and {self.path} is now another directory)"
@@ -110,34 +78,24 @@ class OutputPlace:
                                  f"{self.path} without its {self.marker}. To finish the run, {advice}")
 
 
-def hold_output_lock(stack: Any, output: str, what: str, option: str) -> None:
+def hold_output_lock(stack: Any, output: str) -> None:
     """The exclusive OS lock of ``output`` (:func:`pyterrier_cpdae._locking.build_lock`, keyed on its real identity)
-    taken into ``stack`` on rank 0 (the other ranks of a job run under it); released when the process ends.
-
-    Raises:
-        ConcurrentBuildError: another process is running into ``output``.
-        ValueError: the lock file cannot be created (naming ``option`` and the reason).
-    """
-    from pyterrier_cpdae._locking import build_lock, lock_path
-
-    if int(os.environ.get("RANK", "0") or 0) != 0:
-        return
-    try:
-        stack.enter_context(build_lock(output, what, "written"))
-    except OSError as e:
-        raise ValueError(f"{option} {output}: cannot create its lock file {lock_path(output)} "
-                         f"({e.strerror or e})") from e
+    taken into ``stack`` on rank 0 (the other ranks run under it): ConcurrentBuildError while another process writes
+    into ``output``, ValueError when the lock file cannot be created."""
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        try:
+            stack.enter_context(build_lock(output, "output directory of a pre-training run", "written"))
+        except OSError as e:
+            raise ValueError(f"--output_dir {output}: cannot create its lock file {lock_path(output)} "
+                             f"({e.strerror or e})") from e
 
 
 def check_run_dir(config: Any, resume: bool, overwrite: bool, own: Any = ()) -> None:
     """Refuse an output directory the run may not write into: one of the previous format, one holding a different
-    run (a resume with changed options: they set its schedule and what it learns), or a checkpointed run without
-    ``--resume_from_checkpoint`` or ``--overwrite_output_dir``. The names in ``own`` (the run's token cache inside its
-    directory) do not count.
-
-    Raises:
-        ValueError: one line naming the directory, the reason (the options that changed) and what to do.
-    """
+    run (a resume with changed options: they set its schedule and what it learns), a checkpointed run without
+    ``--resume_from_checkpoint`` or ``--overwrite_output_dir``, a run moved from elsewhere without a resume
+    (ValueError: one line naming the directory, the reason and what to do). The names in ``own`` (the run's token
+    cache inside its directory) do not count."""
     out = config.output
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output_dir {out} exists and is not a directory")
@@ -145,7 +103,6 @@ def check_run_dir(config: Any, resume: bool, overwrite: bool, own: Any = ()) -> 
         return
     record = None
     if os.path.isfile(os.path.join(out, RUN_CONFIG)):
-        from pyterrier_cpdae._files import read_config_file
         record = read_config_file(os.path.join(out, RUN_CONFIG))
     if os.path.isdir(os.path.join(out, "checkpoints")) or (record is not None and record.get("format") != RUN_FORMAT):
         if not overwrite or resume:
@@ -171,17 +128,27 @@ def check_run_dir(config: Any, resume: bool, overwrite: bool, own: Any = ()) -> 
                              "started with, or start a new run (another --output_dir, or --overwrite_output_dir)")
         raise ValueError(f"--output_dir {out} holds a different run (options differ: {shown}); choose another "
                          "--output_dir or pass --overwrite_output_dir to replace it")
-    check_moved_run(record, out, resume)
+    here, where = os.path.realpath(out), record.get("output_path")  # where it last started (else its --output_dir)
+    if not isinstance(where, str):
+        where = (record.get("config") or {}).get("output")
+        where = where if isinstance(where, str) and os.path.realpath(where) != here else here
+    if where != here and not resume:
+        raise ValueError(f"--output_dir {out} holds a run that was started in {where} (the directory was moved or "
+                         f"copied); pass --resume_from_checkpoint true to continue it here from its last checkpoint, "
+                         "or --overwrite_output_dir to start it again")
+    if where != here:
+        logging.getLogger("pretrain").warning("%s: this run was started in %s and has been moved (or copied) here: "
+                                              "continuing it here from its last checkpoint", out, where)
     if not resume and (any(n.startswith("checkpoint-") for n in os.listdir(out)) or
                        any(os.path.exists(os.path.join(out, f)) for f in EXPORT_FILES)):
         raise ValueError(f"--output_dir {out} already holds checkpoints or an exported model of this run; pass "
                          "--resume_from_checkpoint to continue it or --overwrite_output_dir to start again")
 
 
-def _clear_previous_run(out: str) -> None:
-    """Remove what a previous run left in ``out`` (its checkpoints, logs, record and whole exported model: weights,
-    tokenizer, sentence-transformers files), so that a run cut short leaves no earlier model that still loads; other
-    files are kept."""
+def clear_run(out: str) -> None:
+    """``--overwrite_output_dir``: remove what a previous run left in ``out`` (its checkpoints, logs, record and whole
+    exported model: weights, tokenizer, sentence-transformers files), so that a run cut short leaves no earlier model
+    that still loads; other files are kept."""
     from pyterrier_cpdae.encoder.st_export import remove_exported_model
 
     for name in os.listdir(out) if os.path.isdir(out) else []:
@@ -191,7 +158,3 @@ def _clear_previous_run(out: str) -> None:
     if os.path.isfile(os.path.join(out, RUN_CONFIG)):
         os.remove(os.path.join(out, RUN_CONFIG))
     remove_exported_model(out)  # config.json and the weights included
-
-
-#: ``--overwrite_output_dir``: remove a previous run's checkpoints, logs, record and exported model.
-clear_run = _clear_previous_run

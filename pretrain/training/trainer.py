@@ -1,49 +1,77 @@
 """Pre-training on the Hugging Face Trainer: :class:`PretrainTrainer` adds only what ``transformers.Trainer`` lacks
 for our objectives: the loss terms in every log line; a non-finite loss stopping the run before the update, and no
 checkpoint or export from non-finite weights; a resume refused when its length gives the steps taken other rates;
-the run directory watched (:class:`~pretrain.training.run_dir.OutputPlace`); the objective's weights as one
-``model.safetensors`` (tied tensors once); the retrieval probe as the evaluation; ``--gradient_checkpointing`` and
-``--torch_compile`` applied to the encoder. Cross-device negatives with gradients are the objectives' own."""
+the run directory watched; the objective's weights as one ``model.safetensors``; the retrieval probe as the
+evaluation; ``--gradient_checkpointing`` and ``--torch_compile`` on the encoder (the objective is no
+``PreTrainedModel``). Cross-device negatives are the objectives' own."""
 from __future__ import annotations
 
-import json
+import copy
 import logging
 import math
 import os
 from typing import Any, Callable, Optional
 
 import torch
-from transformers import Trainer, TrainerCallback
-
-from .finite import NonFiniteError, nonfinite_tensors
+from accelerate.utils import broadcast_object_list
+from safetensors.torch import load_model, save_model
+from transformers import Trainer, TrainerCallback, TrainerState, get_scheduler
+from transformers.trainer_utils import sort_checkpoints
 
 logger = logging.getLogger(__name__)
 
 WEIGHTS = "model.safetensors"
 
 
+class NonFiniteError(FloatingPointError):
+    """Training met a non-finite loss or weight and stopped; nothing was saved from such weights."""
+
+
+def nonfinite_tensors(module: torch.nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers of ``module`` holding a NaN or an infinity (one device
+    synchronisation)."""
+    named = [(n, t) for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_floating_point()]
+    bad = (~torch.stack([torch.isfinite(t.detach()).all() for _, t in named])).tolist() if named else []
+    return [n for (n, _), b in zip(named, bad) if b]
+
+
 def last_checkpoint(output: str) -> Optional[str]:
     """The newest complete ``checkpoint-N`` of ``output`` (its ``trainer_state.json``, written last, present)."""
-    found = [(int(n[11:]), os.path.join(output, n)) for n in (os.listdir(output) if os.path.isdir(output) else [])
-             if n.startswith("checkpoint-") and n[11:].isdigit()
-             and os.path.isfile(os.path.join(output, n, "trainer_state.json"))]
-    return max(found)[1] if found else None
+    done = [c for c in sort_checkpoints(output) if os.path.isfile(os.path.join(c, "trainer_state.json"))]
+    return done[-1] if done else None
+
+
+def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
+    """``--gradient_checkpointing`` on ``module`` or the HF model inside it (``mlm_model``, ``encoder``, ``model``);
+    ValueError if none of them can enable it."""
+    for target in (module, *(getattr(module, n, None) for n in ("mlm_model", "encoder", "model"))):
+        for name, kw in (("activation_checkpointing_enable", "activation_checkpointing_kwargs"),  # transformers >= 5
+                         ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs")):
+            if callable(getattr(target, name, None)):
+                return getattr(target, name)(**{kw: {"use_reentrant": False}})
+    raise ValueError(f"--gradient_checkpointing: {type(module).__name__} has no gradient_checkpointing_enable() "
+                     "(nor its mlm_model/encoder)")
+
+
+def compile_encoder(mlm_model: Any) -> int:
+    """``--torch_compile``: ``torch.compile`` every Transformer layer of the encoder in place (the first batch of
+    another length recompiles with dynamic shapes); returns the number of layers compiled (ValueError: no
+    ``encoder.layer`` list)."""
+    layers = getattr(getattr(mlm_model.base_model, "encoder", None), "layer", None)
+    if layers is None or not len(layers):
+        raise ValueError(f"--torch_compile: {type(mlm_model.base_model).__name__} has no encoder.layer list to compile")
+    for layer in layers:
+        layer.compile()
+    return len(layers)
 
 
 def lr_factors(args: Any, total: int, steps: int) -> list[float]:
     """The learning-rate factors of the first ``steps`` updates of a run of ``total`` steps (the scheduler the Trainer
-    builds from ``args``, on a throw-away optimizer)."""
-    from transformers import get_scheduler
-
+    builds from ``args``; none for a schedule that follows a metric, not the length)."""
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     sched = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(total),
                           num_training_steps=total, scheduler_specific_kwargs=args.lr_scheduler_kwargs or {})
-    out = []
-    for _ in range(steps):
-        out.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    return out
+    return [sched.lr_lambdas[0](k) for k in range(steps)] if hasattr(sched, "lr_lambdas") else [1.0] * steps
 
 
 class PretrainCallback(TrainerCallback):
@@ -90,50 +118,38 @@ def refuse_ignored_parallelism(trainer: Trainer) -> None:
 
 
 class PretrainTrainer(Trainer):
-    """``transformers.Trainer`` for the objectives of :mod:`pretrain.objectives` (see the module's docstring).
+    """``transformers.Trainer`` for our objectives (see the module's docstring): ``probe``, a
+    :class:`~pretrain.evaluation.probe.RetrievalProbe` run with ``probe_settings``, is the evaluation; ``place``, the
+    run directory's :class:`~pretrain.training.run_dir.OutputPlace`, is checked before each write."""
 
-    Args:
-        probe: a :class:`pretrain.evaluation.probe.RetrievalProbe` run by :meth:`evaluate`, or ``None``.
-        probe_settings: keyword arguments of ``probe.evaluate`` (pooling, normalize, max_length, batch_size).
-        place: the run directory's :class:`~pretrain.training.run_dir.OutputPlace` (checked before each write).
-    """
-
-    def __init__(self, *args: Any, probe: Any = None, probe_settings: Optional[dict[str, Any]] = None,
+    def __init__(self, *args_: Any, probe: Any = None, probe_settings: Optional[dict[str, Any]] = None,
                  place: Any = None, **kwargs: Any):
-        train_args, setup = kwargs.get("args"), {}
-        if train_args is not None:  # applied to the encoder here, not by the Trainer to the whole objective
-            setup = {"checkpointing": train_args.gradient_checkpointing, "compile": train_args.torch_compile}
-            train_args.gradient_checkpointing = train_args.torch_compile = False
+        args = kwargs["args"]  # --gradient_checkpointing / --torch_compile: on the encoder, not the whole objective
+        checkpointing, compile_encoder = args.gradient_checkpointing, args.torch_compile
+        args.gradient_checkpointing = args.torch_compile = False
         if probe is not None and kwargs.get("eval_dataset") is None:
             kwargs["eval_dataset"] = probe  # the evaluation set is the probe's (the Trainer asks for one)
-        super().__init__(*args, **kwargs)
+        super().__init__(*args_, **kwargs)
         refuse_ignored_parallelism(self)
         self.add_callback(PretrainCallback(self))
         self.probe, self.probe_settings, self.place = probe, dict(probe_settings or {}), place
-        self._terms: dict[str, torch.Tensor] = {}
-        self._term_batches = 0
-        self._step_terms: dict[str, torch.Tensor] = {}
-        if setup.get("checkpointing"):
-            from .optim import enable_gradient_checkpointing
+        self._terms, self._step_terms, self._term_batches = {}, {}, 0  # the loss terms of the window, of the step
+        if checkpointing:
             enable_gradient_checkpointing(self.model)
-        if setup.get("compile"):
+        if compile_encoder:
             self.model.compile_encoder()
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:
         out = model(**inputs)  # the objective's PretrainingOutput: the loss and its named terms
-        loss = out["loss"]
-        terms = out.get("terms") if hasattr(out, "get") else None
-        if terms is None:  # an objective returning a flat dict: its other scalar entries are the terms
-            terms = {k: v for k, v in out.items() if k != "loss" and torch.is_tensor(v) and v.numel() == 1}
         if model.training:
-            for k, v in {"loss": loss, **terms}.items():
+            for k, v in out.flat().items():
                 v = v.detach().float().reshape(())
                 self._step_terms[k] = self._step_terms.get(k, 0.0) + v
                 if k != "loss":
                     self._terms[k] = self._terms.get(k, 0.0) + v
             self._term_batches += 1
-        return (loss, out) if return_outputs else loss
+        return (out.loss, out) if return_outputs else out.loss
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
         if "loss" in logs and self._term_batches:  # the terms averaged over the logging window and the processes
@@ -148,11 +164,9 @@ class PretrainTrainer(Trainer):
         """Refuses a resume whose length (``--max_steps``, ``--num_train_epochs``) gives the steps already taken other
         learning rates than they ran at (the schedule depends on the total), before anything is loaded."""
         checkpoint = args[2] if len(args) > 2 else kwargs.get("resume_from_checkpoint")
-        state_file = os.path.join(checkpoint, "trainer_state.json") if checkpoint else None
-        if state_file and os.path.isfile(state_file):
-            with open(state_file) as f:
-                state = json.load(f)
-            before, step = int(state.get("max_steps") or 0), int(state.get("global_step") or 0)
+        if checkpoint and os.path.isfile(os.path.join(checkpoint, "trainer_state.json")):
+            state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+            before, step = state.max_steps, state.global_step
             if before and before != max_steps:
                 again = (f"resume with the length it was started with ({before} steps), or start a new run of "
                          f"{max_steps} steps (another --output_dir, or --overwrite_output_dir)")
@@ -170,16 +184,12 @@ class PretrainTrainer(Trainer):
         return super()._init_training_state(max_steps, *args, **kwargs)
 
     def _save(self, output_dir: Optional[str] = None, state_dict: Any = None) -> None:
-        from safetensors.torch import save_model
-
         if self.args.should_save:
             output_dir = output_dir or self.args.output_dir
             os.makedirs(output_dir, exist_ok=True)
             save_model(self.accelerator.unwrap_model(self.model), os.path.join(output_dir, WEIGHTS))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        from safetensors.torch import load_model
-
         path = os.path.join(resume_from_checkpoint, WEIGHTS)
         if not os.path.isfile(path):
             raise ValueError(f"{resume_from_checkpoint} holds no {WEIGHTS}: not a checkpoint of this toolkit")
@@ -214,14 +224,13 @@ class PretrainTrainer(Trainer):
 
     def close_progress_bar(self) -> None:
         """Close the Trainer's progress bar, so that the error line that follows stands on a line of its own."""
-        from transformers.trainer_callback import ProgressCallback
-
         for cb in self.callback_handler.callbacks:
-            if isinstance(cb, ProgressCallback) and cb.training_bar is not None:
+            if getattr(cb, "training_bar", None) is not None:
                 cb.training_bar.close()
                 cb.training_bar = None
 
     def divergence_message(self, what: str) -> str:
+        """The line that stops a diverged run: ``what`` happened, and the checkpoint to go back to."""
         found = last_checkpoint(self.args.output_dir)
         kept = (f"the last checkpoint, {found}, holds finite weights (resuming it with the same options would "
                 "diverge again: start again with --overwrite_output_dir and a lower --learning_rate)" if found else
@@ -231,8 +240,6 @@ class PretrainTrainer(Trainer):
     def export(self, write: Callable[[Any], None], dtype: torch.dtype = torch.float32) -> None:
         """``write(objective)`` on the main process (the caller's export, :func:`pretrain.export.commit.commit_export`),
         the objective cast to ``dtype`` on a copy; refused from non-finite weights or into a moved directory."""
-        import copy
-
         self.check_finite_and_writable("the exported model")
         self.accelerator.wait_for_everyone()
         if self.is_world_process_zero():
@@ -249,11 +256,8 @@ class PretrainTrainer(Trainer):
             figures = self.probe.evaluate(objective.encoder, objective.tokenizer, **self.probe_settings)
             metrics = {f"{metric_key_prefix}_probe_{k}": float(v) for k, v in figures.items()}
         if self.args.world_size > 1:
-            from accelerate.utils import broadcast_object_list
             metrics = broadcast_object_list([metrics])[0]
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
-
-__all__ = ["PretrainTrainer", "PretrainCallback", "last_checkpoint", "lr_factors", "NonFiniteError"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from pretrain.arguments import objective_config
+from pretrain.objectives import objective_config
 
 
 def token_ids(tok, texts: list[str]) -> list[list[int]]:
@@ -21,13 +21,13 @@ def sharpen(module: torch.nn.Module) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
 
 
-def load_tiny(tiny_bert_dir: str, **cfg):
-    """``(masked-LM model, tokenizer, objective_config(**cfg))`` of the tiny test BERT, seeded."""
+def load_tiny(tiny_bert_dir: str, objective: str = "cpdae", **cfg):
+    """``(masked-LM model, tokenizer, objective_config(objective, **cfg))`` of the tiny test BERT, seeded."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     torch.manual_seed(0)
     model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    return model, tok, objective_config(model=tiny_bert_dir, **cfg)
+    return model, tok, objective_config(objective, model=tiny_bert_dir, **cfg)
 
 
 def train_losses(obj: torch.nn.Module, examples: list[list[int]], steps: int = 30, lr: float = 3e-3) -> list[float]:
@@ -53,7 +53,7 @@ def make(name, tiny_bert_dir, tok, seed=0, **cfg):
     extra = {}
     if "idf" in cfg:
         extra["idf"] = cfg.pop("idf")
-    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=cfg.pop("batch_size", 4), **cfg)
+    config = objective_config(name, model=tiny_bert_dir, batch_size=cfg.pop("batch_size", 4), **cfg)
     obj = build_objective(name, model, tok, config, **extra)
     obj.mask_generator = torch.Generator().manual_seed(seed)
     return obj

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from pretrain.arguments import objective_config
+from pretrain.objectives import objective_config
 from pretrain.objectives import build_objective
 
 #: text lengths (tokens without [CLS]/[SEP]): empty, one token, short, longest (126 of the 128 positions), medium
@@ -26,7 +26,7 @@ def extras(name: str, vocab: int) -> dict:
 def build(name: str, opts: dict, unpad: str, model, tok):
     model = copy.deepcopy(model)
     tiny_bert_dir = model.name_or_path
-    config = objective_config(objective=name, model=tiny_bert_dir, batch_size=len(LENGTHS), unpad=unpad,
+    config = objective_config(name, model=tiny_bert_dir, batch_size=len(LENGTHS), unpad=unpad,
                             max_length=128, **opts)
     torch.manual_seed(1)
     return build_objective(name, model, tok, config, **extras(name, model.config.vocab_size)).eval()

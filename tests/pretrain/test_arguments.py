@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pretrain.arguments import build_parser, objective_config, parse_args
+from pretrain.arguments import build_parser, parse_args
 
 
 def test_help_lists_trainer_options_by_their_names_and_only_the_objectives_own():
@@ -106,10 +106,3 @@ def test_global_batch_is_split_over_processes_and_accumulation(tmp_path, monkeyp
     with pytest.raises(ValueError, match="--global_batch_size 6 must be divisible"):
         parse_args(["--output_dir", str(tmp_path), "--global_batch_size", "6", "--gradient_accumulation_steps", "2"])
 
-
-def test_objective_config_routes_options_and_refuses_others():
-    config = objective_config("mlm", mlm_probability=0.2, max_length=32, batch_size=4)
-    assert (config.mlm_probability, config.max_length, config.batch_size, config.objective) == (0.2, 32, 4, "mlm")
-    assert config.defaults["mlm_probability"] == 0.15 and config.objective_options[-1] == "mlm_probability"
-    with pytest.raises(ValueError, match="cl_weight"):
-        objective_config("mlm", cl_weight=0.1)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pretrain import cli
-from pretrain.arguments import objective_config, opt
+from pretrain.arguments import opt
 from pretrain.analysis.loss_curves import read_metrics
 from pretrain.objectives import (MaskedViewsMixin, MLMOptions, Objective, available_objectives, objective_class,
                                  register_objective, unregister_objective)

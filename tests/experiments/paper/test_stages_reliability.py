@@ -28,11 +28,10 @@ def _model_dir(path: Path, payload: bytes) -> Path:
 
 def _finished(stage, inputs: dict, base: Path) -> None:
     """What ``python -m pretrain finetune`` leaves in a finished stage directory (the parts the check reads)."""
-    from pretrain.training.run_dir import config_dict
     stage.output.mkdir(parents=True, exist_ok=True)
     name = "reproduction.json" if stage.kind == "finetune" else "run_config.json"
     rec = ({"options": stage._parsed(), "inputs": inputs, "finished": True} if stage.kind == "finetune" else
-           {"config": config_dict(stage._parsed()), "inputs": inputs, "finished": True})
+           {"config": stage._parsed().options(), "inputs": inputs, "finished": True})
     (stage.output / name).write_text(json.dumps(rec))
     if stage.kind == "pretrain":
         (stage.output / "config.json").write_text("{}")

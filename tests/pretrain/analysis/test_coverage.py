@@ -125,13 +125,13 @@ def test_cpdae_decoder_projection_matches_naive(tiny_bert_dir, tmp_path):
     """``decoder``: the [CLS] vector read through a CPDAE checkpoint's own decoder (saved as a real run saves it)."""
     from transformers import AutoTokenizer
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     torch.manual_seed(0)
     obj = build_objective("cpdae", load_mlm_model(tiny_bert_dir), AutoTokenizer.from_pretrained(tiny_bert_dir),
-                          objective_config(objective="cpdae", batch_size=4))
+                          objective_config("cpdae", batch_size=4))
     tok0 = AutoTokenizer.from_pretrained(tiny_bert_dir)
     text_ids = sorted({t for text in TEXTS for t in tok0(text, add_special_tokens=False)["input_ids"]})
     with torch.no_grad():  # a decoder that ranks some of the texts' words high (unlike the random MLM head)

@@ -107,7 +107,7 @@ def cpdae_dir(tiny_bert_dir, tmp_path_factory):
     """A tiny random encoder + CPDAEDecoder saved in the trainer's layout (``Objective.save_pretrained``)."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import CPDAEDecoder, CPDAEDecoderConfig
     from pretrain.objectives.base import Objective
 
@@ -124,7 +124,7 @@ def cpdae_dir(tiny_bert_dir, tmp_path_factory):
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    objective = Saved(AutoModelForMaskedLM.from_pretrained(tiny_bert_dir), tok, objective_config(model=tiny_bert_dir))
+    objective = Saved(AutoModelForMaskedLM.from_pretrained(tiny_bert_dir), tok, objective_config("cpdae", model=tiny_bert_dir))
     with torch.no_grad():  # spread the decoder's outputs so that the top-k is well separated
         objective.decoder.decoder.weight.normal_(0, 1.0)
         objective.decoder.decoder.bias.normal_(0, 1.0)
@@ -187,13 +187,13 @@ def test_real_cpdae_objective_output_loads(tiny_bert_dir, tok, tmp_path):
     """What ``--objective cpdae`` saves is what the inspector loads (same probabilities as the objective's decoder)."""
     from transformers import AutoModelForMaskedLM
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.analysis.inspect_decoder import DecoderInspector
     from pretrain.objectives import build_objective
 
     torch.manual_seed(0)
     objective = build_objective("cpdae", AutoModelForMaskedLM.from_pretrained(tiny_bert_dir), tok,
-                                objective_config(model=tiny_bert_dir, objective="cpdae")).eval()
+                                objective_config("cpdae", model=tiny_bert_dir)).eval()
     objective.save_pretrained(str(tmp_path))
     text = "a text about albedo"
     enc = tok([text], return_tensors="pt")

@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from pretrain.arguments import objective_config
+from pretrain.objectives import objective_config
 from pretrain.data.collators import CollatorEpochCallback, PretrainingCollator, example_generator
 from pretrain.data.masking import mask_rows, mask_tokens, pad_and_add_special
 from pretrain.model.modeling import load_mlm_model
@@ -42,7 +42,7 @@ def texts(tok, n: int = 8) -> list[list[int]]:
 
 
 def build(name: str, opts: dict, model, tok):
-    config = objective_config(objective=name, model=model.name_or_path, batch_size=4, max_length=64, **opts)
+    config = objective_config(name, model=model.name_or_path, batch_size=4, max_length=64, **opts)
     extra = {}
     if name == "prop":
         p = torch.rand(model.config.vocab_size, generator=torch.Generator().manual_seed(3)) + 0.01

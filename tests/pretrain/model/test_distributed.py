@@ -21,15 +21,15 @@ OBJECTIVES = ("cpdae", "cpdae_r", "mlm", "bow", "seed")  # retromae draws its de
 def _build(name: str, model_dir: str, state: dict | None = None):
     from transformers import AutoTokenizer
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(0)
     obj = build_objective(name, load_mlm_model(model_dir), tok,
-                          objective_config(objective=name, batch_size=len(TEXTS),
-                                         **(dict(temperature=0.5, cl_weight=0.1) if name.startswith("cpdae") else {})))
+                          objective_config(name, batch_size=len(TEXTS),
+                                           **(dict(temperature=0.5, cl_weight=0.1) if name.startswith("cpdae") else {})))
     if state is not None:
         obj.load_state_dict(state)
     return obj.eval(), tok  # eval: no dropout, so both settings compute the same function

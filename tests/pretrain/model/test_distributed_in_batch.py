@@ -16,7 +16,7 @@ CASES = ("simcse", "ict", "prop", "mlm+span", "mlm+span_cocondenser")  # span: E
 def _build(case: str, model_dir: str, state: dict | None = None):
     from transformers import AutoTokenizer
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
@@ -34,7 +34,7 @@ def _build(case: str, model_dir: str, state: dict | None = None):
         v = model.config.vocab_size
         pc = torch.rand(v, generator=torch.Generator().manual_seed(0)) ** 4
         extra = {"collection_prob": pc / pc.sum(), "mu": 8.0, "token_frequency": pc / pc.sum()}
-    obj = build_objective(name, model, tok, objective_config(objective=name, batch_size=len(TEXTS), **options), **extra)
+    obj = build_objective(name, model, tok, objective_config(name, batch_size=len(TEXTS), **options), **extra)
     with torch.no_grad():  # a score head that makes the ROP term non-trivial
         for p in getattr(obj, "score_head", torch.nn.Linear(1, 1)).parameters():
             p.normal_(0, 1.0)

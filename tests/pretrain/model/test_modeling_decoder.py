@@ -167,13 +167,13 @@ def cpdae_run(tiny_bert_dir, tmp_path_factory):
     """A CPDAE objective (MLM-head-initialised decoder, random bias) exported with ``Objective.save_pretrained``."""
     from transformers import AutoTokenizer
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    cfg = objective_config(objective="cpdae", model=tiny_bert_dir, batch_size=4, decoder_init="mlm_head",
+    cfg = objective_config("cpdae", model=tiny_bert_dir, batch_size=4, decoder_init="mlm_head",
                          decoder_bias_init="zero")
     obj = build_objective("cpdae", load_mlm_model(tiny_bert_dir), tok, cfg).eval()
     with torch.no_grad():
@@ -202,7 +202,7 @@ def test_decoder_from_reads_old_and_new_runs(cpdae_run, tiny_bert_dir, tmp_path)
     """``--decoder-from`` (Objective.load_decoder) continues the decoder of a new-layout run and of an old one."""
     from transformers import AutoTokenizer
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.model.modeling import load_mlm_model
     from pretrain.objectives import build_objective
 
@@ -211,7 +211,7 @@ def test_decoder_from_reads_old_and_new_runs(cpdae_run, tiny_bert_dir, tmp_path)
     _legacy_files(obj.decoder, old_run / "decoder")
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
     for run in (out, old_run):
-        cfg = objective_config(objective="cpdae", model=tiny_bert_dir, batch_size=4, decoder_bias_init="zero")
+        cfg = objective_config("cpdae", model=tiny_bert_dir, batch_size=4, decoder_bias_init="zero")
         fresh = build_objective("cpdae", load_mlm_model(tiny_bert_dir), tok, cfg)
         assert not torch.equal(fresh.decoder.decoder.bias, obj.decoder.decoder.bias)
         fresh.load_decoder(str(run))

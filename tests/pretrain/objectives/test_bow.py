@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pretrain.arguments import objective_config
+from pretrain.objectives import objective_config
 from pretrain.objectives import build_objective
 from pretrain.objectives.bow import bow_loss, bow_weight_at
 
@@ -19,7 +19,7 @@ def _load(tiny_bert_dir: str, **cfg):
     torch.manual_seed(0)
     model = AutoModelForMaskedLM.from_pretrained(tiny_bert_dir)
     tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
-    return model, tok, objective_config(objective="bow", model=tiny_bert_dir, **cfg)
+    return model, tok, objective_config("bow", model=tiny_bert_dir, **cfg)
 
 
 def test_bow_loss_hand_computed():

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.arguments import objective_config
+from pretrain.objectives import objective_config
 from pretrain.model.modeling import CPDAEDecoder, load_mlm_model
 from pretrain.objectives import build_objective
 
@@ -304,7 +304,7 @@ def test_load_mlm_model(minilm_path, tiny_bert_dir, tmp_path):
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert_dir, tok, examples):
     """--gradient-checkpointing (trainer.enable_gradient_checkpointing on the objective) changes memory, not results."""
-    from pretrain.training.optim import enable_gradient_checkpointing
+    from pretrain.training.trainer import enable_gradient_checkpointing
     obj = make("cpdae", tiny_bert_dir, tok).train()  # train mode: dropout on, checkpointing active
     batch = obj.collate(examples)
     runs = []
@@ -323,7 +323,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert_dir, tok, exa
 def test_bias_prior_sets_the_decoder_bias_and_checks_its_shape(tiny_bert_dir, tok):
     torch.manual_seed(0)
     prior = torch.randn(tok.vocab_size)
-    cfg = objective_config(objective="cpdae", model=tiny_bert_dir, batch_size=4)
+    cfg = objective_config("cpdae", model=tiny_bert_dir, batch_size=4)
     obj = build_objective("cpdae", load_mlm_model(tiny_bert_dir), tok, cfg, bias_prior=prior)
     assert torch.equal(obj.decoder.decoder.bias.detach(), prior)
     for bad in (torch.zeros(5), torch.full((tok.vocab_size,), float("inf"))):

@@ -121,7 +121,7 @@ def test_idf_weighted_rec_with_the_contrastive_loss(tiny_bert_dir):
 def test_prepare_gives_idf_when_asked(tiny_bert_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from pretrain.arguments import objective_config
+    from pretrain.objectives import objective_config
     from pretrain.data.corpus import TokenCache, idf_weights
     from pretrain.objectives import objective_class
 
@@ -129,9 +129,9 @@ def test_prepare_gives_idf_when_asked(tiny_bert_dir, tmp_path):
     corpus.write_text("\n".join(TEXTS) + "\n")
     cache = TokenCache.build_or_load(str(corpus), AutoTokenizer.from_pretrained(tiny_bert_dir), 32, str(tmp_path / "c"))
     cls = objective_class("cpdae")
-    got = cls.prepare(cache, objective_config(objective="cpdae", rec_weighting="idf", decoder_bias_init="zero"))
+    got = cls.prepare(cache, objective_config("cpdae", rec_weighting="idf", decoder_bias_init="zero"))
     assert set(got) == {"idf"} and torch.equal(got["idf"], idf_weights(cache))
-    assert set(cls.prepare(cache, objective_config(objective="cpdae"))) == {"bias_prior"}
+    assert set(cls.prepare(cache, objective_config("cpdae"))) == {"bias_prior"}
 
 
 # ----------------------------------------------------------------------------- BoW Eq. 11

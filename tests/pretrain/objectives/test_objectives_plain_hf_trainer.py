@@ -84,7 +84,7 @@ def test_objective_config_holds_the_options_and_refuses_what_is_not_one():
     assert all(getattr(cfg, k) == v for k, v in SHARED_SETTINGS.items() if k != "max_length")
     with pytest.raises(ValueError, match="objective 'cpdae' has no option bow_weight"):
         objective_config("cpdae", bow_weight=1.0)
-    with pytest.raises(ValueError, match="objective 'cpdae': option cl_weight must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="objective 'cpdae': --cl_weight must be >= 0, got -1"):
         objective_config("cpdae", cl_weight=-1)
-    with pytest.raises(ValueError, match="option representation must be one of auto, cls, mean"):
+    with pytest.raises(ValueError, match="--representation must be one of auto, cls, mean"):
         objective_config("mlm", representation="max")

@@ -45,10 +45,10 @@ def test_exported_model_files_lists_the_model_and_not_the_users_files(tmp_path, 
 
 
 def test_pretrain_overwrite_leaves_no_earlier_model(tmp_path, tiny_bert_dir):
-    from pretrain.training.run_dir import _clear_previous_run
+    from pretrain.training.run_dir import clear_run
 
     out = _old_model(tmp_path, tiny_bert_dir)
     (out / "run_config.json").write_text("{}")
     (out / "checkpoints").mkdir()
-    _clear_previous_run(str(out))
+    clear_run(str(out))
     assert _left(out) == {"notes.txt", "mydata"}
