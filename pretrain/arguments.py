@@ -277,18 +277,31 @@ def as_flags(parser: Any, values: dict[str, Any], where: str) -> list[str]:
     return flags
 
 
+def config_values(path: Optional[str]) -> dict[str, Any]:
+    """The options of the config file ``path`` (none without one), read by the bounded ``read_config_file``."""
+    from pyterrier_cpdae._files import read_config_file
+    return read_config_file(path, normalize_key=lambda k: k.replace("-", "_")) if path else {}
+
+
+def layered_argv(parser: Any, argv: list[str], config: Optional[str], from_file: dict[str, Any],
+                 preset: Optional[str], recipe: dict[str, Any]) -> list[str]:
+    """``argv`` after the preset's and the config file's options: defaults < preset < file < flags (the last of a
+    flag given twice wins); each layer typed and checked by ``parser`` (:func:`as_flags`)."""
+    file_flags = as_flags(parser, from_file, f"config file {config}")
+    return [*as_flags(parser, {k: v for k, v in recipe.items() if k not in from_file}, f"preset {preset!r}"),
+            *file_flags, *argv]
+
+
 def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, PretrainingArguments, Any]:
     """``argv`` -> (model, data, training, objective options); ValueError for an unknown option (in a file or a
     preset), a bad value, an unknown objective or preset."""
-    from pyterrier_cpdae._files import read_config_file
-
     from .registry import available_objectives, objective_class
 
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for name in ("--config", "--objective", "--preset"):
         pre.add_argument(name, default=None)
     known, _ = pre.parse_known_args(argv)
-    from_file = read_config_file(known.config, normalize_key=lambda k: k.replace("-", "_")) if known.config else {}
+    from_file = config_values(known.config)
     objective = known.objective or from_file.get("objective") or ModelArguments.objective
     if not isinstance(objective, str):  # its type checked before it is looked up (a list is no objective)
         raise ValueError(f"option 'objective' in the config file {known.config} must be a string, got "
@@ -296,7 +309,6 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
     if objective not in available_objectives():
         raise ValueError(f"--objective must be one of {', '.join(available_objectives())}; got {short_repr(objective)}")
     parser = build_parser(objective)
-    file_flags = as_flags(parser, from_file, f"config file {known.config}")
     preset, recipe = known.preset or from_file.get("preset"), {}
     if preset is not None:
         recipe = objective_class(objective).presets
@@ -304,8 +316,7 @@ def parse_args(argv: list[str]) -> tuple[ModelArguments, DataArguments, Pretrain
             raise ValueError(f"unknown preset {preset!r} for objective {objective!r}; "
                              + (f"its presets: {', '.join(sorted(recipe))}" if recipe else "it has no presets"))
         recipe = recipe[preset]
-    argv = [*as_flags(parser, {k: v for k, v in recipe.items() if k not in from_file}, f"preset {preset!r}"),
-            *file_flags, *argv]  # defaults < preset < file < flags: the last of a flag given twice wins
+    argv = layered_argv(parser, argv, known.config, from_file, preset, recipe)
     try:
         rest = parser.parse_known_args(args=argv)[1]  # unknown options named before any dataclass is built
     except argparse.ArgumentError as e:

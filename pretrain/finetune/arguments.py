@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
+
+from ..arguments import opt as _opt
 
 _PAPER = {"in_batch_negatives": False, "negatives": "bm25", "num_negatives": 7, "learning_rate": 5e-6, "pooling": "cls",
           "per_device_train_batch_size": 64, "negatives_depth": 200, "round_init": "previous", "mining_rounds": 1}
@@ -22,10 +24,6 @@ PRESET_SUMMARIES: dict[str, str] = {
     "paper-document": "the CPDAE paper's document recipe: from the warm-up (passage) model, mine the top 200 with "
                       "the current model twice, 1 epoch per round, each round continuing from the previous one, "
                       "512-token documents"}
-
-
-def _opt(default: Any, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass
@@ -84,9 +82,7 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[FinetuneArguments, Any
     from sentence_transformers import SentenceTransformerTrainingArguments
     from transformers import HfArgumentParser
 
-    from pyterrier_cpdae._files import read_config_file
-
-    from ..arguments import as_flags
+    from ..arguments import config_values, layered_argv
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser((FinetuneArguments, SentenceTransformerTrainingArguments),
@@ -97,11 +93,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[FinetuneArguments, Any
     parser.add_argument("--config", default=None, help="YAML or JSON file of options (option names as keys).")
     try:
         first, _ = parser.parse_known_args(argv)
-        values = read_config_file(first.config, normalize_key=lambda k: k.replace("-", "_")) if first.config else {}
-        file_flags = as_flags(parser, values, f"config file {first.config}")
+        values = config_values(first.config)
         preset = first.preset or values.get("preset")  # one of PRESETS: a choice of --preset
-        recipe = {k: v for k, v in PRESETS.get(preset, {}).items() if k not in values}
-        argv = [*as_flags(parser, recipe, f"preset {preset!r}"), *file_flags, *argv]  # the last given wins
+        argv = layered_argv(parser, argv, first.config, values, preset, PRESETS.get(preset, {}))
         return tuple(parser.parse_args_into_dataclasses(args=argv)[:2])
     except argparse.ArgumentError as e:
         raise ValueError(str(e)) from None
