@@ -35,6 +35,14 @@ RUNNING_WINDOW_S = 600
 LENGTH_OPTIONS = ("max_steps", "epochs", "num_train_epochs", "mining_rounds")
 
 
+def adopted_wall(output: Path, end: Path) -> Optional[float]:
+    """Seconds from the earliest-written file under ``output`` to ``end`` (its last file): a stage's wall time told
+    by its files; None where the files cannot tell it (no earlier file, or clocks that put ``end`` first)."""
+    times = [p.stat().st_mtime for p in output.rglob("*") if p.is_file() and p != end]
+    wall = end.stat().st_mtime - min(times) if times else None
+    return wall if wall is not None and wall >= 0 else None
+
+
 class StageError(RuntimeError):
     """A stage failed, conflicts with what its directory holds, or is being run by another process (the message
     names the stage; ``python -m experiments.paper`` prints it without a traceback and exits 1)."""
@@ -273,12 +281,10 @@ class Runner:
         rec = self.record(stage)
         if rec is not None and rec.get("command") == stage.command:
             return rec
-        start = stage.output / ("reproduction.json" if stage.kind == "finetune" else "run_config.json")
         end = stage.output / "config.json"
-        wall = end.stat().st_mtime - start.stat().st_mtime if start.exists() and end.exists() else None
-        # run_config.json is rewritten when a run is resumed: then this is the last part's time only
-        return self._write_record(stage, wall, "file times (run_config.json -> config.json): finished outside "
-                                               "this pipeline, lower bound if it was resumed")
+        wall = adopted_wall(stage.output, end) if end.exists() else None
+        return self._write_record(stage, wall, "file times (the earliest file of the output -> config.json): "
+                                               "finished outside this pipeline, lower bound if it was resumed")
 
     def run(self, stage: Stage) -> dict[str, Any]:
         state = stage.state()
