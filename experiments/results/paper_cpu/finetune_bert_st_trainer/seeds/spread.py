@@ -106,11 +106,17 @@ def main() -> None:
     if s456:
         lines.append(("former loop, recorded seeds 1-3 + seeds 4-6 of this machine",
                       pooled([rec, summary(s456[0].mean())])))
-    if former_here and former_here[2] > 3:
+    if former_here:
         lines.append(("former loop, every seed run on this machine", former_here))
     out += ["| former loop | mean ± std | trainer | trainer − former (Welch) |", "|---|---:|---:|---|"]
     for label, g in lines:
         out.append(f"| {label} | {fmt(g)} | {fmt(tr) if tr else ''} | {welch(g, tr) if tr else ''} |")
+    if "former" in seeds and "trainer" in seeds:  # like for like: the seeds both loops ran on this machine
+        both = sorted(set(seeds["former"].columns) & set(seeds["trainer"].columns))
+        if len(both) > 1 and len(both) < len(seeds["trainer"].columns):
+            f_b, t_b = summary(seeds["former"][both].mean()), summary(seeds["trainer"][both].mean())
+            out.append(f"| former loop, seeds {','.join(map(str, both))} (this machine) | {fmt(f_b)} | "
+                       f"{fmt(t_b)}, the same seeds | {welch(f_b, t_b)} |")
     out += ["", f"The recorded std, {rec[1]:.4f}, is the sample std of {rec[2]} seeds: its 95% interval (chi-square, "
                 f"{rec[2] - 1} degrees of freedom) is {rec_lo:.4f} to {rec_hi:.4f}."]
     if "former" in seeds and "trainer" in seeds:
@@ -118,6 +124,10 @@ def main() -> None:
         out += ["", "## Per query (43 DL19 queries, each loop's seeds run here averaged per query; paired t-test)", "",
                 f"- trainer ({len(seeds['trainer'].columns)} seeds) − former loop "
                 f"({len(seeds['former'].columns)} seeds): {paired(f_q, t_q)}"]
+        both = sorted(set(seeds["former"].columns) & set(seeds["trainer"].columns))
+        if both and len(both) < max(len(seeds["former"].columns), len(seeds["trainer"].columns)):
+            out.append(f"- the same seeds ({','.join(map(str, both))}) of both: "
+                       f"{paired(seeds['former'][both].mean(axis=1), seeds['trainer'][both].mean(axis=1))}")
         for loop in ("former", "trainer"):
             w = seeds[loop]
             a, b = [c for c in (1, 2, 3) if c in w.columns], [c for c in (4, 5, 6) if c in w.columns]
