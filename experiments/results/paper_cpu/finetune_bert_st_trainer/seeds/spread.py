@@ -7,6 +7,7 @@ recorded row (``../../table1.csv``). Prints Markdown; no figure is typed by hand
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -39,6 +40,13 @@ def per_query(folder: Path) -> pd.DataFrame:
         if abs(w[name].mean() - a[name]) > 1e-9:
             raise SystemExit(f"{pq}: {name}'s mean {w[name].mean():.6f} differs from {agg}'s {a[name]:.6f}")
     w.columns = [int(c.split("@s")[1]) for c in w.columns]
+    overlay = folder / "overlay.json"  # the run's seeds (a shared work dir's perquery.csv holds earlier runs' too)
+    if overlay.is_file():
+        asked = json.loads(overlay.read_text(encoding="utf-8")).get("finetune_sets", {}).get("marco", {}).get("seeds")
+        if asked:
+            if set(asked) - set(w.columns):
+                raise SystemExit(f"{pq}: seeds {sorted(set(asked) - set(w.columns))} of {overlay} are missing")
+            w = w[sorted(asked)]
     return w
 
 
@@ -96,8 +104,14 @@ def main() -> None:
     for f, loop, what, w in have:
         cells = [f"{w[s].mean():.4f}" if s in w.columns else "" for s in range(1, 7)]
         out.append(f"| {what} | " + " | ".join(cells) + f" | {fmt(summary(w.mean()))} |")
-    seeds = {loop: pd.concat([w for f, lp, _, w in have if lp == loop], axis=1) for loop in ("former", "trainer")
-             if any(lp == loop for _, lp, _, _ in have)}
+    seeds = {}
+    for f, loop, _, w in have:  # one column per seed of each loop; a seed run twice must agree
+        if loop in seeds:
+            for c in set(w.columns) & set(seeds[loop].columns):
+                if (w[c] - seeds[loop][c]).abs().max() > 1e-12:
+                    raise SystemExit(f"{f}: seed {c} differs from the same loop's other run of it")
+            w = w[[c for c in w.columns if c not in seeds[loop].columns]]
+        seeds[loop] = pd.concat([seeds.get(loop), w], axis=1) if loop in seeds else w
     out += ["", "## Over seeds (Welch's t-test on the per-seed means; the difference is trainer − former)", ""]
     tr = summary(seeds["trainer"].mean()) if "trainer" in seeds else None
     former_here = summary(seeds["former"].mean()) if "former" in seeds else None
