@@ -154,7 +154,8 @@ class _Candidates:
             empty = np.empty(0, np.int64)
             return empty, empty, np.empty(0, np.float32), np.empty(0, np.float32)
         rows, ids, upper, lower = (np.concatenate(a) for a in zip(*self.chunks))
-        order = np.argsort(rows, kind="stable")
+        # (a stable sort of small keys is a radix sort in numpy: int16 keys sort several times faster than int64)
+        order = np.argsort(rows.astype(np.int16) if self.num_q < 1 << 15 else rows, kind="stable")
         counts = np.bincount(rows, minlength=self.num_q)
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         full = counts >= self.k
