@@ -10,7 +10,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import pandas as pd
 
-from .producers import frame_producer, producer_column, same_document_producer
+from .._producers import frame_producer, producer_column, same_document_producer
 
 __all__ = ["DOC_STAMP", "iter_batches", "iter_stamped_batches", "peek_producer"]
 
@@ -30,7 +30,7 @@ def iter_batches(inp: Any, batch_size: int) -> Iterator[Tuple[List[Any], List[An
         yield docnos, vecs
 
 
-#: the stamp column of document vectors (:mod:`~pyterrier_cpdae.dense.producers`)
+#: the stamp column of document vectors (:mod:`~pyterrier_cpdae._producers`)
 DOC_STAMP = producer_column("doc_vec")
 
 

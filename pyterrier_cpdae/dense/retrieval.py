@@ -123,7 +123,7 @@ class EncoderChecked:
         """Checks the producer an encoder stamped on the rows of the frame's ``query_vec`` (the column
         ``query_vec_producer``, added by :class:`~pyterrier_cpdae.CPDAE`'s query encoder) against the index's,
         whatever the pipeline's shape: the column stays with the rows through merge, concat, ``DataFrame(records)``,
-        apply, ``transform_iter``, fusion and pickling (:mod:`~pyterrier_cpdae.dense.producers`). Rows without a
+        apply, ``transform_iter``, fusion and pickling (:mod:`~pyterrier_cpdae._producers`). Rows without a
         stamp column (vectors from user code) are searched without a check.
 
         Raises:

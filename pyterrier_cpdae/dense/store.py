@@ -18,7 +18,7 @@ from .._artifact import IncompleteIndexError
 from .._locking import ConcurrentBuildError, build_lock, describe_holder, holder
 from .._checks import check_int
 from . import format as io
-from .producers import (DEFAULT_PRODUCER_ADVICE, QUERY_PRODUCER_KEYS, check_producer, check_producers,  # noqa: F401
+from .._producers import (DEFAULT_PRODUCER_ADVICE, QUERY_PRODUCER_KEYS, check_producer, check_producers,  # noqa: F401
                         check_query_producer, check_vectors_producer, describe_producer, frame_producer,
                         parse_stamp, producer_column, same_document_producer, stamp)
 from .ties import largest_norm, settle

@@ -9,7 +9,7 @@ these two parts.
 is the index's): the options by name, and the weights' digest cut to :data:`RECORD_DIGEST_CHARS` hex characters as
 ``weights_content``. ``weights_sha256`` holds the same value, except while the weights are those of a local folder's
 files, unedited since they were loaded: then it is the digest of those files (:func:`files_sha256`), which indexes
-recorded before ``weights_content`` existed compare (``dense/producers.py``), and which a model card records in full.
+recorded before ``weights_content`` existed compare (``_producers.py``), and which a model card records in full.
 
 :func:`weights_sha256` hashes the encoder's own tensors (names relative to the base model, float32 values), so the
 same weights give the same digest whether they were loaded from a folder (:func:`~.loading.load_encoder`) or handed

@@ -13,12 +13,10 @@ import pyterrier as pt
 import pyterrier_alpha as pta
 
 from .._checks import stack_vectors
+from .._producers import PRODUCER_SUFFIX, describe_producer, frame_producer, query_differences
 from .batching import check_texts, chunked, dedup, read_ahead
 from .policy import ASYNC_DEVICES, STREAM_WINDOWS
 
-#: the column beside a vector column that names its producer (``query_vec`` -> ``query_vec_producer``); the same
-#: suffix as :data:`pyterrier_cpdae.dense.producers.PRODUCER_SUFFIX` (the encoder does not import the index)
-PRODUCER_SUFFIX = "_producer"
 
 # ``CPDAE`` in the annotations below is :class:`~pyterrier_cpdae.encoder.cpdae.CPDAE` (not imported: cpdae.py imports
 # this module)
@@ -109,7 +107,7 @@ class _VecAdder(_Stage):
         texts = check_texts(inp[self.in_column].tolist(), self.in_column, ids, self.id_column)
         vecs = list(self._encode(texts))
         # each row says which encoder made its vector (a column travels with the row through merge, concat, records,
-        # pickling: dense/producers.py): a dense index checks it wherever the vectors meet it
+        # pickling: _producers.py): a dense index checks it wherever the vectors meet it
         return inp.assign(**{self.out_column: vecs, self.stamp_column: self.stamp()})
 
     @property
@@ -204,12 +202,27 @@ class _TextScorer(_Stage):
         enc = self.encoder
         ids, id_name = (inp[id_col].tolist(), id_col) if id_col in inp.columns else (list(range(len(inp))), "row")
         if vec_col in inp.columns:
+            self._check_producer(inp, vec_col, id_col)
             return stack_vectors(inp[vec_col].tolist(), ids, enc.dim, what=vec_col, id_name=id_name)
         texts = check_texts(inp[text_col].tolist(), text_col, *((ids, id_col) if id_name == id_col else ()))
         vecs = enc._encode(texts, max_length, unique=True)  # queries repeat per row; documents across queries
         if not np.isfinite(vecs).all():  # e.g. an fp16 overflow inside the model
             stack_vectors(list(vecs), ids, enc.dim, what=f"{vec_col} encoded from {text_col!r}", id_name=id_name)
         return vecs
+
+    def _check_producer(self, inp: pd.DataFrame, vec_col: str, id_col: str) -> None:
+        """Refuses given vectors that another encoder made (their stamp column, :mod:`pyterrier_cpdae._producers`):
+        this encoder's query and document vectors scored against them would rank at random. Rows without a stamp
+        (vectors from user code) are scored as given."""
+        same = lambda a, b: not query_differences(a, b)  # noqa: E731 (the index's rule for query vectors)
+        given = frame_producer(inp, vec_col, id_col, same)
+        own = self.encoder.producer()
+        differ = query_differences(own, given) if given else []
+        if differ:
+            raise ValueError(f"text_scorer: the {vec_col} column was encoded by {describe_producer(given)}, not by "
+                             f"this encoder ({describe_producer(own)}; they differ in {', '.join(differ)}): scores "
+                             f"of vectors from two encoders mean nothing. Drop {vec_col} to encode the "
+                             f"{'queries' if vec_col == 'query_vec' else 'documents'} with this encoder")
 
     def transform(self, inp: pd.DataFrame) -> pd.DataFrame:
         with pta.validate.any(inp) as v:

@@ -29,7 +29,7 @@ REPO = PACKAGE_DIR.parent
 PACKAGES = ["pyterrier_cpdae", "pretrain", "experiments"]
 WINGS = ["dense", "encoder", "bm25", "datasets"]
 #: modules directly in pyterrier_cpdae/ that every wing may import (and that import no wing)
-SHARED = ["_artifact", "_checks", "_files", "_lazy", "_locking", "_moved"]
+SHARED = ["_artifact", "_checks", "_files", "_lazy", "_locking", "_moved", "_producers"]
 
 
 def package_exports() -> Dict[str, Dict[str, str]]:

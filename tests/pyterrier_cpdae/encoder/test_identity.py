@@ -17,7 +17,7 @@ import torch
 from safetensors.numpy import load_file
 
 from pyterrier_cpdae import CPDAE
-from pyterrier_cpdae.dense.producers import check_query_producer, same_document_producer
+from pyterrier_cpdae._producers import check_query_producer, same_document_producer
 from pyterrier_cpdae.encoder import identity
 from pyterrier_cpdae.encoder.loading import load_encoder, load_tokenizer
 from tests.helpers.producers import enc as _enc

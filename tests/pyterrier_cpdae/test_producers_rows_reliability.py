@@ -119,7 +119,7 @@ def test_search_takes_a_rows_stamp(setup):
 
 
 def test_the_stamp_is_the_producers_canonical_json(setup):
-    from pyterrier_cpdae.dense.producers import parse_stamp, stamp
+    from pyterrier_cpdae._producers import parse_stamp, stamp
     a, _, index = setup
     docs = a.doc_encoder()(pd.DataFrame({"docno": ["d0"], "text": [TEXTS[0]]}))
     assert docs["doc_vec_producer"].iloc[0] == stamp(a.producer())
