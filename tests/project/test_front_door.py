@@ -104,8 +104,8 @@ def test_a_recorded_command_names_paths_relative_to_the_working_directory():
     assert portable("python -m pretrain --output /w/main", "/w/main") == "python -m pretrain --output ."
 
 
-#: a folder or file of experiments/results named by when or in which session it ran rather than by its subject: a
-#: date (2026-11-27, 20261127, 20261127T...), a lease, a numbered call or attempt (call3/, run3.sh)
+#: a folder or file of experiments/results named by when it ran or by its attempt rather than by its subject: a date
+#: (2026-11-27, 20261127, 20261127T...), a rented-machine tag, a numbered call or attempt (call3/, run3.sh)
 DATED_NAME = re.compile(r"\d{4}-\d{2}-\d{2}|(?<!\d)20\d{6}(?!\d)|lease|^call_?\d+$|^run_?\d+(\.\w+)?$", re.I)
 
 
@@ -134,8 +134,9 @@ def test_the_dated_name_pattern_finds_what_it_should_and_nothing_else(tmp_path):
         "paper_gpu/lease_x", "t/run3.sh", "x/table1_2026-11-26.md"])
 
 
-#: words of the workplace that built the project rather than of the project: a lent or leased machine, a device call,
-#: the build machine, device minutes, a ticket's wording ("the issue's")
+#: words that tell how the project's work was organised rather than what the project does (machines borrowed for a
+#: while and the calls made on them, minutes of GPU time, a ticket's wording): the docs say "a GPU", "the machine that
+#: ran it" instead
 LAB_WORDS = re.compile(r"\b(?:leas(?:e|es|ed|ing)|lent|loan(?:s|ed)?|device[- ]calls?|build machine|device tool|"
                        r"device[- ](?:minutes?|seconds?|hours?|time)|device machine|the issue's|this (?:issue|ticket)|"
                        r"helper session|integrator)\b", re.I)
@@ -147,7 +148,7 @@ def _library_code() -> list[Path]:
 
 def test_docs_readme_and_library_code_speak_without_lab_words():
     hits = _hits(LAB_WORDS, [README, *DOCS, *_library_code()])
-    assert not hits, ("a word of the workplace in the README, docs or library code (say \"a GPU\", \"the machine that "
+    assert not hits, ("a word about how the work was organised in the README, docs or library code (say \"a GPU\", \"the machine that "
                       "ran it\"):\n" + "\n".join(hits))
 
 
