@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .config import ROOT, under_work
+from .config import under_work
 from .data import set_spec
 from .evaluation import (BM25, PRECOMPUTED_MANIFEST, _bm25_what, bm25_index, digests_file,  # noqa: F401
                          eval_topics, evaluate, index_block, precomputed_bm25, precomputed_root,
@@ -258,7 +258,7 @@ def mine_negatives(plan: Plan, set_name: str, log: Callable[[str], None] = print
     """BM25 negative pools of every training query of a set (``pyterrier_cpdae.BM25Index`` of its corpus),
     written once as a groups file that every model's fine-tuning reads (``--negatives file:``)."""
     from pretrain.finetune import negatives as neg
-    from pyterrier_cpdae import BM25Index, load_dataset
+    from pyterrier_cpdae import load_dataset
 
     from experiments.paper.caches import forget_built_from, record_built_from
 

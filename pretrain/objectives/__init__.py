@@ -71,7 +71,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .. import registry
-from ..arguments import RunConfig
 from ..registry import (ENTRY_POINT_GROUP, available_objectives, objective_class,  # noqa: F401 (re-exported)
                         unregister_objective)
 from .base import MaskedViewsMixin, MaskedViewsOptions, MLMOptions, Objective, ObjectiveOptions

@@ -29,10 +29,9 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import stat
 import uuid
 from pathlib import Path
-from typing import IO, Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional
 
 import numpy as np
 

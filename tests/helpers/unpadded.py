@@ -6,8 +6,7 @@ import copy
 
 import torch
 
-from pretrain.objectives import objective_config
-from pretrain.objectives import build_objective
+from pretrain.objectives import build_objective, objective_config
 
 #: text lengths (tokens without [CLS]/[SEP]): empty, one token, short, longest (126 of the 128 positions), medium
 LENGTHS = [0, 1, 5, 126, 40, 17]
