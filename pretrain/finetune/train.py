@@ -20,7 +20,6 @@ import torch
 from pyterrier_cpdae import CPDAE, BM25Index, DenseIndex, load_dataset
 from pyterrier_cpdae._files import write_json_atomic
 from pyterrier_cpdae._locking import build_lock
-from pyterrier_cpdae.encoder.first_token import check_first_token, first_token_model
 from pyterrier_cpdae.encoder.st_export import export_pipeline
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
 from sentence_transformers.sentence_transformer import losses
@@ -31,6 +30,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..data.inputs import check_model_arg, check_writable_dir, file_fingerprint, spec_files
 from ..evaluation.probe import ProbeEvaluator, RetrievalProbe
+from ..model.length_buckets import training_forward
 from ..arguments import LOG_FORMAT
 from ..training.trainer import refuse_ignored_parallelism
 from . import negatives as neg
@@ -65,8 +65,7 @@ def build_model(start: str, fa: FinetuneArguments) -> tuple[Any, bool]:
     """``(SentenceTransformer, normalize)``: Transformer, Pooling [, Normalize as the base]; [CLS] pooling trims."""
     normalize = bool(export_pipeline(start, fa.pooling, "--pooling")["normalize"])  # as the base, with --pooling
     enc = Transformer(start, max_seq_length=fa.max_seq_length)
-    if fa.pooling == "cls" and check_first_token(enc.model) is None:  # an attribute: the weights are not touched
-        enc.model.forward = first_token_model(enc.model).forward
+    training_forward(enc.model, fa.pooling, chunked=DEVICE == "cpu")  # [CLS]: last layer trimmed; CPU: by length
     modules = [enc, Pooling(enc.get_embedding_dimension(), pooling_mode=fa.pooling), *[Normalize()][:normalize]]
     return SentenceTransformer(modules=modules, device=DEVICE, trust_remote_code=False), normalize
 
