@@ -268,9 +268,11 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
             low = (cand.tau - reach) / t1
             thr = np.floor(low - np.abs(low) * 2.0 ** -30 - margin)  # (lowered past the float64 rounding of low)
         thr = np.nan_to_num(thr, nan=-2.0 ** 31, neginf=-2.0 ** 31).clip(-2.0 ** 31, 2.0 ** 31 - 1)
-        c, r = np.nonzero(ints[:, :num_q] >= thr.astype(ints.dtype))
-        if not len(r):
+        # (flatnonzero of the mask and a divmod of the few survivors: several times faster than a 2-D nonzero)
+        flat = np.flatnonzero(ints[:, :num_q] >= thr.astype(ints.dtype))
+        if not len(flat):
             continue
+        c, r = np.divmod(flat, num_q)
         approx = t1[r] * ints[c, r]
         if digits == 2:
             approx += t2[r] * ints[c, num_q + r]
