@@ -38,6 +38,7 @@ where that index kept its BLAS score).
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -130,46 +131,75 @@ def _first_ids(parts: Sequence[CodePart], k: int) -> np.ndarray:
 
 class _Candidates:
     """The documents a query batch keeps during the scan: ``(row, id, upper, lower)`` entries, and each query's
-    ``tau`` (the ``k``-th largest lower bound seen so far; ``-inf`` until ``k`` are known), recomputed once the
-    entries added since the last time reach ``refresh``, when the entries whose upper bound is below ``tau`` are
-    dropped (module docstring, step 1)."""
+    ``tau`` (the ``k``-th largest lower bound seen so far; ``-inf`` until ``k`` are known; module docstring, step 1).
+
+    Each query's ``k`` largest lower bounds are kept apart, as a dense ``(queries, k)`` matrix: the lower bounds added
+    since are pooled and merged into it (one partition of each row) once they number ``refresh``, which sets the new
+    ``tau``; the candidates themselves are only appended, and those whose upper bound is below ``tau`` are dropped
+    when they have doubled since the last time (so a merge never sorts the kept candidates again). ``add`` may be
+    called from several threads (a lock orders them); ``tau`` may be read at any time: it only rises, and a stale
+    one lets through a superset."""
 
     def __init__(self, num_q: int, k: int):
         self.num_q, self.k = num_q, k
         self.tau = np.full(num_q, -np.inf)
+        self.top = np.full((num_q, k), -np.inf)  # each query's k largest lower bounds merged so far (any order)
         self.chunks: List[Tuple[np.ndarray, ...]] = []
-        self.fresh = 0
+        self.pool: List[Tuple[np.ndarray, np.ndarray]] = []  # (rows, lower) not merged into top yet
+        self.fresh = 0  # entries in pool
+        self.size = 0  # entries in chunks
+        self.pruned = 0  # entries in chunks after the last drop
         self.refresh = max(num_q * k, 1 << 16)
+        self.lock = threading.Lock()
 
     def add(self, rows: np.ndarray, ids: np.ndarray, upper: np.ndarray, lower: np.ndarray) -> None:
-        if len(rows):
+        if not len(rows):
+            return
+        with self.lock:
             self.chunks.append((rows, ids, upper, lower))
+            self.pool.append((rows, lower))
             self.fresh += len(rows)
+            self.size += len(rows)
             if self.fresh >= self.refresh:
-                self.update()
+                self._merge()
+                if self.size >= 2 * max(self.pruned, self.refresh):
+                    self._drop()
 
-    def update(self) -> Tuple[np.ndarray, ...]:
-        """Recomputes ``tau``, drops the entries below it; returns the kept ``(rows, ids, upper, lower)``."""
-        if not self.chunks:
-            empty = np.empty(0, np.int64)
-            return empty, empty, np.empty(0, np.float32), np.empty(0, np.float32)
-        rows, ids, upper, lower = (np.concatenate(a) for a in zip(*self.chunks))
-        # (a stable sort of small keys is a radix sort in numpy: int16 keys sort several times faster than int64)
+    def _merge(self) -> None:
+        """Merges the pooled lower bounds into each query's ``k`` largest; raises ``tau``."""
+        if not self.pool:
+            return
+        rows = np.concatenate([p[0] for p in self.pool])
+        lower = np.concatenate([p[1] for p in self.pool])
+        self.pool, self.fresh = [], 0
+        # grouped by query (a stable sort of small keys is a radix sort in numpy: int16 keys sort several times faster)
         order = np.argsort(rows.astype(np.int16) if self.num_q < 1 << 15 else rows, kind="stable")
         counts = np.bincount(rows, minlength=self.num_q)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        full = counts >= self.k
-        tau = np.full(self.num_q, -np.inf)
-        if full.any():  # each query's lower bounds as a row of a dense matrix, the k-th largest by a partition
-            by_row = rows[order]
-            dense = np.full((self.num_q, counts.max()), np.inf)
-            dense[by_row, np.arange(len(rows)) - starts[by_row]] = -lower[order]
-            tau[full] = -np.partition(dense[full], self.k - 1, axis=1)[:, self.k - 1]
-        self.tau = np.maximum(self.tau, tau)
+        starts = np.cumsum(counts) - counts
+        by_row = rows[order]
+        dense = np.full((self.num_q, self.k + int(counts.max())), -np.inf)
+        dense[:, :self.k] = self.top
+        dense[by_row, self.k + np.arange(len(rows)) - starts[by_row]] = lower[order]
+        self.top = -np.partition(-dense, self.k - 1, axis=1)[:, :self.k]
+        self.tau = np.maximum(self.tau, self.top.min(axis=1))
+
+    def _drop(self) -> None:
+        """Drops the candidates whose upper bound is below ``tau``."""
+        rows, ids, upper, lower = (np.concatenate(a) for a in zip(*self.chunks))
         keep = upper >= self.tau[rows]
-        kept = rows[keep], ids[keep], upper[keep], lower[keep]
-        self.chunks, self.fresh = [kept], 0
-        return kept
+        self.chunks = [(rows[keep], ids[keep], upper[keep], lower[keep])]
+        self.size = self.pruned = int(keep.sum())
+
+    def update(self) -> Tuple[np.ndarray, ...]:
+        """Merges the pool (the final ``tau``), drops the entries below it; returns the kept ``(rows, ids, upper,
+        lower)``."""
+        with self.lock:
+            if not self.chunks:
+                empty = np.empty(0, np.int64)
+                return empty, empty, np.empty(0, np.float32), np.empty(0, np.float32)
+            self._merge()
+            self._drop()
+            return self.chunks[0]
 
 
 def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, stats):
