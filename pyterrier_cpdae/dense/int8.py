@@ -38,8 +38,10 @@ where that index kept its BLAS score).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -218,7 +220,8 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
     cand = _Candidates(len(todo), k)
     digits = 2 if k >= TWO_DIGITS_FROM else 1
     for codes, offset, stride in parts:
-        _scan_part(codes, offset, stride, sub, qnorm[todo], tol[todo], cand, backend, block_size, digits)
+        _scan_part(codes, offset, stride, sub, qnorm[todo], tol[todo], cand, backend, block_size, digits,
+                   threads)
     rows, ids, upper, lower = cand.update()
     # 3. the candidates that may reach the k-th best reference score, rescored from the float copy in two rounds:
     # first each query's k best by the middle of their bounds, whose k-th reference score R1 is at most the k-th
@@ -241,7 +244,7 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
 
 
 def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.ndarray, tol: np.ndarray,
-               cand: _Candidates, backend: str, block_size: int, digits: int) -> None:
+               cand: _Candidates, backend: str, block_size: int, digits: int, threads: int = 1) -> None:
     """Scans one part (rows with ids ``row * stride + offset``) for the candidates of ``cand`` (steps 1-2), the
     queries written in ``digits`` (1 or 2) int8 digits.
 
@@ -276,10 +279,8 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     else:
         qf = stacked.astype(np.float32)
     cnorm, rnorm = codes.code_norms, codes.residual_norms
-    # a short first block while the batch knows fewer than k lower bounds: every document of it is a candidate
-    first = min(block_size, max(1024, 8 * cand.k)) if np.isneginf(cand.tau).any() else block_size
-    for start in [0] + list(range(first, n, block_size)):
-        stop = min(n, start + (first if start == 0 else block_size))
+
+    def scan_block(start: int, stop: int) -> None:
         rows = np.asarray(codes.codes[start:stop])
         if backend == "torch":
             with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
@@ -290,24 +291,58 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
             ints = torch._int_mm(block, qt)[:stop - start].numpy()  # (b, digit rows), document-major
         else:
             ints = _float_product(qf, rows).T
+        tau = cand.tau  # (read once: another worker may raise it meanwhile; a stale tau only keeps more)
         gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
         reach = coef[:, 0] * gmax + coef[:, 1] * rmax + slack
         if digits == 2:  # the second digit's largest product in the block, per query (its bound where not exact)
             reach += t2 * ints[:, num_q:2 * num_q].max(axis=0) + t2 * margin
         with np.errstate(invalid="ignore"):
-            low = (cand.tau - reach) / t1
+            low = (tau - reach) / t1
             thr = np.floor(low - np.abs(low) * 2.0 ** -30 - margin)  # (lowered past the float64 rounding of low)
         thr = np.nan_to_num(thr, nan=-2.0 ** 31, neginf=-2.0 ** 31).clip(-2.0 ** 31, 2.0 ** 31 - 1)
         # (flatnonzero of the mask and a divmod of the few survivors: several times faster than a 2-D nonzero)
         flat = np.flatnonzero(ints[:, :num_q] >= thr.astype(ints.dtype))
         if not len(flat):
-            continue
+            return
         c, r = np.divmod(flat, num_q)
         approx = t1[r] * ints[c, r]
         if digits == 2:
             approx += t2[r] * ints[c, num_q + r]
         eps = coef[r, 0] * cnorm[start + c] + coef[r, 1] * rnorm[start + c] + slack[r]
         upper = approx + eps
-        keep = upper >= cand.tau[r]
+        keep = upper >= tau[r]
         r, c, upper, eps = r[keep], c[keep], upper[keep], eps[keep]
         cand.add(r, (c + start).astype(np.int64) * stride + offset, upper, upper - 2 * eps)
+
+    # a short first block while the batch knows fewer than k lower bounds: every document of it is a candidate
+    first = min(block_size, max(1024, 8 * cand.k)) if np.isneginf(cand.tau).any() else block_size
+    spans = [(start, min(n, start + (first if start == 0 else block_size)))
+             for start in [0] + list(range(first, n, block_size))]
+    workers = min(threads, len(spans) - 1)
+    if workers <= 1:
+        for span in spans:
+            scan_block(*span)
+        return
+    # the blocks after the first shared by the workers, each taking the next one left: every worker runs its own
+    # products on one thread (torch's thread count is per thread; the BLAS held to one thread per call), so that the
+    # filters, which numpy runs on one core, run in parallel too (numpy releases the GIL)
+    scan_block(*spans[0])
+    todo = iter(spans[1:])
+    taking = threading.Lock()
+
+    def work() -> None:
+        if backend == "torch":
+            torch.set_num_threads(1)
+        while True:
+            with taking:
+                span = next(todo, None)
+            if span is None:
+                return
+            scan_block(*span)
+
+    from .kernels import one_blas_thread
+
+    held = one_blas_thread() if backend == "numpy" else None
+    with held if held is not None else contextlib.nullcontext(), ThreadPoolExecutor(workers) as pool:
+        for done in [pool.submit(work) for _ in range(workers)]:
+            done.result()
