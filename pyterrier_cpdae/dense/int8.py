@@ -57,6 +57,10 @@ U32 = 2.0 ** -24
 #: with one digit, and the second would double the scan's products for little
 TWO_DIGITS_FROM = 100
 
+#: the first block of a query batch's scan has at least this many times k rows (and at least the block size): the
+#: k-th largest lower bound over its rows seeds tau (measured: fewer seeded rows leave more candidates to keep)
+SEED_BLOCKS = 16
+
 
 def quantise_queries(queries: np.ndarray, scales: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(p, t, e, q~)``: the int8 queries ``p`` of ``q~ = queries * scales`` (``(q, dim)``), their scales ``t``
@@ -166,6 +170,12 @@ class _Candidates:
                 self._merge()
                 if self.size >= 2 * max(self.pruned, self.refresh):
                     self._drop()
+
+    def seed(self, tau: np.ndarray) -> None:
+        """Raises ``tau`` to ``tau`` where higher: each value must be at most the ``k``-th largest lower bound of
+        ``k`` documents that the scan adds or drops (the caller's proof)."""
+        with self.lock:
+            self.tau = np.maximum(self.tau, tau)
 
     def _merge(self) -> None:
         """Merges the pooled lower bounds into each query's ``k`` largest; raises ``tau``."""
@@ -280,7 +290,7 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
         qf = stacked.astype(np.float32)
     cnorm, rnorm = codes.code_norms, codes.residual_norms
 
-    def scan_block(start: int, stop: int) -> None:
+    def scan_block(start: int, stop: int, seed: bool = False) -> None:
         rows = np.asarray(codes.codes[start:stop])
         if backend == "torch":
             with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
@@ -291,9 +301,15 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
             ints = torch._int_mm(block, qt)[:stop - start].numpy()  # (b, digit rows), document-major
         else:
             ints = _float_product(qf, rows).T
-        tau = cand.tau  # (read once: another worker may raise it meanwhile; a stale tau only keeps more)
         gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
-        reach = coef[:, 0] * gmax + coef[:, 1] * rmax + slack
+        worst = coef[:, 0] * gmax + coef[:, 1] * rmax + slack  # each query's largest eps in the block
+        if seed and stop - start >= cand.k:  # tau from this block's own lower bounds, before its filter (see below)
+            approx = t1 * ints[:, :num_q]
+            if digits == 2:
+                approx += t2 * ints[:, num_q:2 * num_q]
+            cand.seed(np.partition(approx, stop - start - cand.k, axis=0)[stop - start - cand.k] - worst)
+        tau = cand.tau  # (read once: another worker may raise it meanwhile; a stale tau only keeps more)
+        reach = worst
         if digits == 2:  # the second digit's largest product in the block, per query (its bound where not exact)
             reach += t2 * ints[:, num_q:2 * num_q].max(axis=0) + t2 * margin
         with np.errstate(invalid="ignore"):
@@ -314,19 +330,22 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
         r, c, upper, eps = r[keep], c[keep], upper[keep], eps[keep]
         cand.add(r, (c + start).astype(np.int64) * stride + offset, upper, upper - 2 * eps)
 
-    # a short first block while the batch knows fewer than k lower bounds: every document of it is a candidate
-    first = min(block_size, max(1024, 8 * cand.k)) if np.isneginf(cand.tau).any() else block_size
+    # while the batch knows fewer than k lower bounds, a first block of at least SEED_BLOCKS x k rows sets tau: the
+    # k-th largest over its rows of A - (the block's largest eps), each at most that row's lower bound, so that at
+    # least k documents have L >= that value; then its rows are filtered as any block's
+    seed = bool(np.isneginf(cand.tau).any())
+    first = min(n, max(block_size, SEED_BLOCKS * cand.k)) if seed else block_size
     spans = [(start, min(n, start + (first if start == 0 else block_size)))
              for start in [0] + list(range(first, n, block_size))]
     workers = min(threads, len(spans) - 1)
+    scan_block(*spans[0], seed=seed)
     if workers <= 1:
-        for span in spans:
+        for span in spans[1:]:
             scan_block(*span)
         return
     # the blocks after the first shared by the workers, each taking the next one left: every worker runs its own
     # products on one thread (torch's thread count is per thread; the BLAS held to one thread per call), so that the
     # filters, which numpy runs on one core, run in parallel too (numpy releases the GIL)
-    scan_block(*spans[0])
     todo = iter(spans[1:])
     taking = threading.Lock()
 
