@@ -61,6 +61,9 @@ TWO_DIGITS_FROM = 100
 #: k-th largest lower bound over its rows seeds tau (measured: fewer seeded rows leave more candidates to keep)
 SEED_BLOCKS = 16
 
+#: the int32 products of one tile of the scan (after its first block), at most: a core's L2 cache
+TILE_BYTES = 2 << 20
+
 
 def quantise_queries(queries: np.ndarray, scales: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(p, t, e, q~)``: the int8 queries ``p`` of ``q~ = queries * scales`` (``(q, dim)``), their scales ``t``
@@ -335,8 +338,11 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     # least k documents have L >= that value; then its rows are filtered as any block's
     seed = bool(np.isneginf(cand.tau).any())
     first = min(n, max(block_size, SEED_BLOCKS * cand.k)) if seed else block_size
-    spans = [(start, min(n, start + (first if start == 0 else block_size)))
-             for start in [0] + list(range(first, n, block_size))]
+    # after it, tiles whose int32 products stay in a core's L2 cache while they are filtered (measured faster than
+    # 16,384-row blocks, whose products are read back from memory by the filter)
+    step = min(block_size, max(256, TILE_BYTES // (4 * digits * num_q)))
+    first = min(first, step) if not seed else first
+    spans = [(start, min(n, start + (first if start == 0 else step))) for start in [0] + list(range(first, n, step))]
     workers = min(threads, len(spans) - 1)
     scan_block(*spans[0], seed=seed)
     if workers <= 1:
