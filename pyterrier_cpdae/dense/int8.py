@@ -145,7 +145,7 @@ class _Candidates:
     Each query's ``k`` largest lower bounds are kept apart, as a dense ``(queries, k)`` matrix: the lower bounds added
     since are pooled and merged into it (one partition of each row) once they number ``refresh``, which sets the new
     ``tau``; the candidates themselves are only appended, and those whose upper bound is below ``tau`` are dropped
-    when they have doubled since the last time (so a merge never sorts the kept candidates again). ``add`` may be
+    when they have grown fourfold since the last time (so a merge never sorts the kept candidates again). ``add`` may be
     called from several threads (a lock orders them); ``tau`` may be read at any time: it only rises, and a stale
     one lets through a superset."""
 
@@ -171,7 +171,7 @@ class _Candidates:
             self.size += len(rows)
             if self.fresh >= self.refresh:
                 self._merge()
-                if self.size >= 2 * max(self.pruned, self.refresh):
+                if self.size >= 4 * max(self.pruned, self.refresh):
                     self._drop()
 
     def seed(self, tau: np.ndarray) -> None:
@@ -187,15 +187,22 @@ class _Candidates:
         rows = np.concatenate([p[0] for p in self.pool])
         lower = np.concatenate([p[1] for p in self.pool])
         self.pool, self.fresh = [], 0
-        # grouped by query (a stable sort of small keys is a radix sort in numpy: int16 keys sort several times faster)
-        order = np.argsort(rows.astype(np.int16) if self.num_q < 1 << 15 else rows, kind="stable")
         counts = np.bincount(rows, minlength=self.num_q)
-        starts = np.cumsum(counts) - counts
-        by_row = rows[order]
-        dense = np.full((self.num_q, self.k + int(counts.max())), -np.inf)
-        dense[:, :self.k] = self.top
-        dense[by_row, self.k + np.arange(len(rows)) - starts[by_row]] = lower[order]
-        self.top = -np.partition(-dense, self.k - 1, axis=1)[:, :self.k]
+        if _dense(self.num_q, self.k + int(counts.max()), self.top.size + len(rows)):
+            # each query's bounds as a row of a dense matrix (grouped by query with a radix sort), its k largest by a
+            # partition
+            order = _by_row(rows, self.num_q)
+            starts = np.cumsum(counts) - counts
+            by_row = rows[order]
+            dense = np.full((self.num_q, self.k + int(counts.max())), -np.inf)
+            dense[:, :self.k] = self.top
+            dense[by_row, self.k + np.arange(len(rows)) - starts[by_row]] = lower[order]
+            self.top = -np.partition(-dense, self.k - 1, axis=1)[:, :self.k]
+        else:  # (a few queries hold most of the bounds: one sort instead of a mostly empty matrix)
+            rows = np.concatenate([np.repeat(np.arange(self.num_q), self.k), rows])
+            lower = np.concatenate([self.top.ravel(), lower])
+            order = np.lexsort((-lower, rows))
+            self.top = lower[order[_starts(rows, self.num_q)[:, None] + np.arange(self.k)]]
         self.tau = np.maximum(self.tau, self.top.min(axis=1))
 
     def _drop(self) -> None:
@@ -215,6 +222,24 @@ class _Candidates:
             self._merge()
             self._drop()
             return self.chunks[0]
+
+
+def _by_row(rows: np.ndarray, num_q: int) -> np.ndarray:
+    """The order that groups ``rows`` (query rows ``< num_q``) by row, stable (numpy sorts small integer keys stably
+    with a radix sort: int16 keys sort several times faster than int64 ones)."""
+    return np.argsort(rows.astype(np.int16) if num_q < 1 << 15 else rows, kind="stable")
+
+
+def _starts(rows: np.ndarray, num_q: int) -> np.ndarray:
+    """Where each row's entries start once ``rows`` are sorted."""
+    counts = np.bincount(rows, minlength=num_q)
+    return np.cumsum(counts) - counts
+
+
+def _dense(num_q: int, width: int, entries: int) -> bool:
+    """Whether a dense ``(num_q, width)`` matrix of ``entries`` values is small enough to partition its rows (rather
+    than sort the entries): at most four times their number, or a MiB of float64."""
+    return num_q * width <= 4 * entries + (1 << 17)
 
 
 def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, stats):
@@ -239,18 +264,30 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
     # 3. the candidates that may reach the k-th best reference score, rescored from the float copy in two rounds:
     # first each query's k best by the middle of their bounds, whose k-th reference score R1 is at most the k-th
     # best; then only the others whose upper bound reaches R1 (a candidate below it cannot reach the k-th best)
-    counts = np.bincount(rows, minlength=len(todo))
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    order = np.lexsort((-(upper + lower), rows))
-    first = order[(starts[:, None] + np.arange(k)).reshape(-1)]  # every query has at least k candidates (step 2)
+    nq = len(todo)
+    counts = np.bincount(rows, minlength=nq)  # every query has at least k candidates (step 2)
+    starts = np.cumsum(counts) - counts
+    if _dense(nq, int(counts.max()), len(rows)):
+        by_row = _by_row(rows, nq)
+        sorted_rows = rows[by_row]
+        mid = np.full((nq, int(counts.max())), np.inf)  # minus the middles, query by query, inf past each query's
+        mid[sorted_rows, np.arange(len(rows)) - starts[sorted_rows]] = -(upper + lower)[by_row]
+        first = by_row[(starts[:, None] + np.argpartition(mid, k - 1, axis=1)[:, :k]).reshape(-1)]
+    else:  # (a few queries hold most of the candidates: one sort instead of a mostly empty matrix)
+        first = np.lexsort((-(upper + lower), rows))[(starts[:, None] + np.arange(k)).reshape(-1)]
     ref = np.full(len(rows), -np.inf, dtype=np.float32)
     ref[first] = _rescore(sub, rows[first], ids[first], vectors_of, threads)
-    r1 = ref[first].reshape(len(todo), k).min(axis=1)
-    rest = np.flatnonzero((upper >= r1[rows]) & np.isneginf(ref))
+    r1 = ref[first].reshape(nq, k).min(axis=1)
+    scored = np.zeros(len(rows), dtype=bool)
+    scored[first] = True
+    rest = np.flatnonzero((upper >= r1[rows]) & ~scored)
     ref[rest] = _rescore(sub, rows[rest], ids[rest], vectors_of, threads)
+    scored[rest] = True
     stats["rescored"] += len(first) + len(rest)
-    order = np.lexsort((ids, -ref, rows))  # query by query: reference score descending, ties by ascending id
-    take = order[(starts[:, None] + np.arange(k)).reshape(-1)]
+    done = np.flatnonzero(scored)  # query by query: reference score descending, ties by ascending id
+    order = done[np.lexsort((ids[done], -ref[done], rows[done]))]
+    counts = np.bincount(rows[done], minlength=nq)
+    take = order[((np.cumsum(counts) - counts)[:, None] + np.arange(k)).reshape(-1)]
     out_scores[todo] = ref[take].reshape(len(todo), k)
     out_ids[todo] = ids[take].reshape(len(todo), k)
     return out_scores, out_ids
