@@ -329,6 +329,7 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     else:
         qf = stacked.astype(np.float32)
     cnorm, rnorm = codes.code_norms, codes.residual_norms
+    coef0, coef1 = coef[:, 0].copy(), coef[:, 1].copy()
 
     def scan_block(start: int, stop: int, seed: bool = False) -> None:
         rows = np.asarray(codes.codes[start:stop])
@@ -361,10 +362,18 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
         if not len(flat):
             return
         c, r = np.divmod(flat, num_q)
-        approx = t1[r] * ints[c, r]
+        if ints.flags.c_contiguous:  # (torch's products: read in the flat array, faster than a 2-D gather)
+            at = flat + c * (ints.shape[1] - num_q)  # the survivors' first-digit products in the flat array
+            products = ints.reshape(-1)
+            first_digit = products[at]
+            second_digit = products[at + num_q] if digits == 2 else None
+        else:  # (numpy's: a transposed view)
+            first_digit = ints[c, r]
+            second_digit = ints[c, num_q + r] if digits == 2 else None
+        approx = t1[r] * first_digit
         if digits == 2:
-            approx += t2[r] * ints[c, num_q + r]
-        eps = coef[r, 0] * cnorm[start + c] + coef[r, 1] * rnorm[start + c] + slack[r]
+            approx += t2[r] * second_digit
+        eps = coef0[r] * cnorm[start:stop][c] + coef1[r] * rnorm[start:stop][c] + slack[r]
         upper = approx + eps
         keep = upper >= tau[r]
         r, c, upper, eps = r[keep], c[keep], upper[keep], eps[keep]
