@@ -64,6 +64,10 @@ SEED_BLOCKS = 16
 #: the int32 products of one tile of the scan (after its first block), at most: a core's L2 cache
 TILE_BYTES = 2 << 20
 
+#: the candidates kept during a scan are dropped below tau once they number four times this, at least (a drop copies
+#: them; before it they take about 32 bytes each)
+DROP_FROM = 1 << 19
+
 
 def quantise_queries(queries: np.ndarray, scales: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(p, t, e, q~)``: the int8 queries ``p`` of ``q~ = queries * scales`` (``(q, dim)``), their scales ``t``
@@ -144,10 +148,10 @@ class _Candidates:
 
     Each query's ``k`` largest lower bounds are kept apart, as a dense ``(queries, k)`` matrix: the lower bounds added
     since are pooled and merged into it (one partition of each row) once they number ``refresh``, which sets the new
-    ``tau``; the candidates themselves are only appended, and those whose upper bound is below ``tau`` are dropped
-    when they have grown fourfold since the last time (so a merge never sorts the kept candidates again). ``add`` may be
-    called from several threads (a lock orders them); ``tau`` may be read at any time: it only rises, and a stale
-    one lets through a superset."""
+    ``tau`` (a merge never sorts the kept candidates again); the candidates themselves are only appended, and those
+    whose upper bound is below ``tau`` are dropped when they have grown fourfold since the last drop (and number four
+    times ``DROP_FROM`` at least), and at the end. ``add`` may be called from several threads (a lock orders them);
+    ``tau`` may be read at any time: it only rises, and a stale one lets through a superset."""
 
     def __init__(self, num_q: int, k: int):
         self.num_q, self.k = num_q, k
@@ -171,7 +175,7 @@ class _Candidates:
             self.size += len(rows)
             if self.fresh >= self.refresh:
                 self._merge()
-                if self.size >= 4 * max(self.pruned, self.refresh):
+                if self.size >= 4 * max(self.pruned, self.refresh, DROP_FROM):
                     self._drop()
 
     def seed(self, tau: np.ndarray) -> None:
@@ -207,10 +211,12 @@ class _Candidates:
 
     def _drop(self) -> None:
         """Drops the candidates whose upper bound is below ``tau``."""
-        rows, ids, upper, lower = (np.concatenate(a) for a in zip(*self.chunks))
-        keep = upper >= self.tau[rows]
-        self.chunks = [(rows[keep], ids[keep], upper[keep], lower[keep])]
-        self.size = self.pruned = int(keep.sum())
+        kept = []
+        for rows, ids, upper, lower in self.chunks:  # chunk by chunk: only what is kept is copied
+            keep = upper >= self.tau[rows]
+            kept.append((rows[keep], ids[keep], upper[keep], lower[keep]))
+        self.chunks = [tuple(np.concatenate(a) for a in zip(*kept))]
+        self.size = self.pruned = len(self.chunks[0][0])
 
     def update(self) -> Tuple[np.ndarray, ...]:
         """Merges the pool (the final ``tau``), drops the entries below it; returns the kept ``(rows, ids, upper,

@@ -77,12 +77,13 @@ def test_seeded_tiled_threaded_scan_equals_naive_topk(tmp_path, monkeypatch, vec
 @pytest.mark.parametrize("dense", [True, False])
 def test_candidates_merges_against_naive(monkeypatch, dense):
     """Both merges of _Candidates (a dense matrix, or a sort where it would be mostly empty), with one query holding
-    most entries and equal bounds at the cut, entries added from two threads: tau is each query's k-th largest lower
+    most entries and equal bounds at the cut, entries added from two threads and dropped on the way: tau is each query's k-th largest lower
     bound over all entries, and the kept entries are those whose upper bound reaches it; a seed below that tau
     changes neither."""
     from concurrent.futures import ThreadPoolExecutor
 
     monkeypatch.setattr(int8_search, "_dense", lambda num_q, width, entries: dense)
+    monkeypatch.setattr(int8_search, "DROP_FROM", 1)  # drops during the adds too
     rng = np.random.default_rng(31)
     num_q, k, n = 7, 6, 3000
     mid = rng.standard_normal((num_q, n))
