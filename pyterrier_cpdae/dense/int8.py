@@ -18,11 +18,13 @@ inflated by 1%, plus the float32 rounding of ``A`` and the distance ``tol`` of :
 true inner product and the reference score of :func:`.ties.reference_scores`) therefore hold for the *reference*
 score ``R`` of every (query, document). For each query:
 
-1. ``tau``, the ``k``-th largest ``L`` over all documents, is kept while the scan runs (it only rises); a document
-   whose ``U`` is below the current ``tau`` is dropped at once, the others are kept as candidates;
+1. ``tau`` is kept while the scan runs (it only rises), never above the ``k``-th largest ``L`` of the documents
+   scanned so far: first the ``k``-th largest ``A - E`` over the first block's documents, ``E`` the largest ``eps``
+   of that block (so ``A - E <= L`` for each of them), then the ``k``-th largest ``L`` over the candidates; a
+   document whose ``U`` is below the current ``tau`` is dropped at once, the others are kept as candidates;
 2. at least ``k`` documents have ``R >= L >= tau`` (the final ``tau``), and every dropped document has
    ``R <= U < tau``: it is strictly below the ``k``-th best reference score, so it can neither enter the top ``k``
-   nor tie with its last entry;
+   nor tie with its last entry (a stale ``tau``, read while another thread raises it, is lower: it drops fewer);
 3. the candidates whose ``U`` reaches the final ``tau`` are rescored from the float copy (the reference arithmetic:
    exact products, one float64 sum, one rounding), and their top ``k`` by (reference score, ascending id) is the
    float32 index's ranking, ties by docid included. No query is ever scanned twice.
@@ -307,7 +309,11 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     Each block's integer products are filtered first on the first digit's alone: ``U >= tau`` implies
     ``t1 (p1 . c) >= tau - D`` with ``D`` the block's largest ``t2 (p2 . c)`` plus its largest ``eps``, one
     comparison of the int32 products with a per-query integer threshold (lowered by a margin for the float32
-    products of the numpy scan); only the documents that pass have their bounds computed, in float64."""
+    products of the numpy scan); only the documents that pass have their bounds computed, in float64.
+
+    The first block (``SEED_BLOCKS x k`` rows at least, while the batch has no ``tau``) seeds ``tau`` (step 1); the
+    rest is scanned in tiles of about ``TILE_BYTES`` of products (a core's L2 cache), shared by ``threads`` workers
+    that each run their products on one thread, so that the filters run in parallel too."""
     n = len(codes.codes)
     if n == 0:
         return
