@@ -63,6 +63,10 @@ TWO_DIGITS_FROM = 100
 #: k-th largest lower bound over its rows seeds tau (measured: fewer seeded rows leave more candidates to keep)
 SEED_BLOCKS = 16
 
+#: the first block's float64 estimates take about this at most (fewer rows than SEED_BLOCKS x k for large batches
+#: and k; never fewer than k rows)
+SEED_BYTES = 1 << 26
+
 #: the int32 products of one tile of the scan (after its first block), at most: a core's L2 cache
 TILE_BYTES = 2 << 20
 
@@ -395,7 +399,8 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     # k-th largest over its rows of A - (the block's largest eps), each at most that row's lower bound, so that at
     # least k documents have L >= that value; then its rows are filtered as any block's
     seed = bool(np.isneginf(cand.tau).any())
-    first = min(n, max(block_size, SEED_BLOCKS * cand.k)) if seed else block_size
+    first = min(n, max(block_size, min(SEED_BLOCKS * cand.k, max(cand.k, SEED_BYTES // (8 * num_q))))) if seed \
+        else block_size
     # after it, tiles whose int32 products stay in a core's L2 cache while they are filtered (measured faster than
     # 16,384-row blocks, whose products are read back from memory by the filter)
     step = min(block_size, max(256, TILE_BYTES // (4 * digits * num_q)))
