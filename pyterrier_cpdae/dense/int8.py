@@ -60,7 +60,8 @@ U32 = 2.0 ** -24
 TWO_DIGITS_FROM = 100
 
 #: the first block of a query batch's scan has at least this many times k rows (and at least the block size): the
-#: k-th largest lower bound over its rows seeds tau (measured: fewer seeded rows leave more candidates to keep)
+#: k-th largest of its rows' estimates less the block's largest error bound seeds tau (measured: a seed from fewer
+#: rows leaves more candidates to keep)
 SEED_BLOCKS = 16
 
 #: the first round of the rescoring takes each query's k + k // FIRST_EXTRA best candidates by their estimate
@@ -374,7 +375,7 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
         tau = cand.tau  # (read once: another worker may raise it meanwhile; a stale tau only keeps more)
         reach = worst
         if digits == 2:  # the second digit's largest product in the block, per query (its bound where not exact)
-            reach += t2 * ints[:, num_q:2 * num_q].max(axis=0) + t2 * margin
+            reach = worst + t2 * ints[:, num_q:2 * num_q].max(axis=0) + t2 * margin
         with np.errstate(invalid="ignore"):
             low = (tau - reach) / t1
             thr = np.floor(low - np.abs(low) * 2.0 ** -30 - margin)  # (lowered past the float64 rounding of low)
