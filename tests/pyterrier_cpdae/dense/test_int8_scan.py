@@ -49,9 +49,10 @@ def queries_for(vecs: np.ndarray, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("vectors", ["near_ties", "one_huge_dimension", "wide"])
 def test_seeded_tiled_threaded_scan_equals_naive_topk(tmp_path, monkeypatch, vectors):
-    """Every combination of the scan's mechanisms returns the naive top k: tau seeded from first blocks shorter and
-    longer than k (and none: shards shorter than k), tiles of a few hundred rows shared by one or two workers,
-    both scans, one and two query digits, k from 1 to every document."""
+    """Every combination of the scan's mechanisms returns the naive top k: tau seeded from first blocks of the block size,
+    of exactly k and of 3 k rows (and none: shards shorter than k), tiles of a few hundred rows shared by one or two workers,
+    both scans, one and two query digits, k from 1 to every document, the candidates merged and selected through a
+    dense matrix or a sort."""
     vecs = {"near_ties": lambda: near_ties(3000, 40, 21), "one_huge_dimension": lambda: one_huge_dimension(2400, 32, 22),
             "wide": lambda: near_ties(900, 1100, 23)}[vectors]()  # wide: float32 products of the numpy scan inexact
     index = DenseIndex(tmp_path / "i8")
@@ -61,8 +62,9 @@ def test_seeded_tiled_threaded_scan_equals_naive_topk(tmp_path, monkeypatch, vec
         view.indexer(dtype="int8", shard=s, num_shards=2).index(frame(vecs))
     queries = queries_for(vecs, 24)
     monkeypatch.setattr(int8_search, "TILE_BYTES", 1)  # tiles of the 256-row minimum
-    for seed_blocks in (1, 3):
+    for seed_blocks, dense in ((1, True), (3, False)):  # (the candidates merged and selected by both ways)
         monkeypatch.setattr(int8_search, "SEED_BLOCKS", seed_blocks)
+        monkeypatch.setattr(int8_search, "_dense", lambda num_q, width, entries, dense=dense: dense)
         for k in (1, 10, 150, 700, len(vecs)):
             want = naive_ids(vecs, queries, k)
             for scan in ("torch", "numpy"):
