@@ -49,11 +49,12 @@ def queries_for(vecs: np.ndarray, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("vectors", ["near_ties", "one_huge_dimension", "wide"])
 def test_seeded_tiled_threaded_scan_equals_naive_topk(tmp_path, monkeypatch, vectors):
-    """Every combination of the scan's mechanisms returns the naive top k: tau seeded from first blocks of the block size,
-    of exactly k and of 3 k rows (and none: shards shorter than k), tiles of a few hundred rows shared by one or two workers,
-    both scans, one and two query digits, k from 1 to every document, the candidates merged and selected through a
-    dense matrix or a sort."""
-    vecs = {"near_ties": lambda: near_ties(3000, 40, 21), "one_huge_dimension": lambda: one_huge_dimension(2400, 32, 22),
+    """Every combination of the scan's mechanisms returns the naive top k: tau seeded from first blocks of the
+    block size, of exactly k and of 3 k rows (and none: shards shorter than k), tiles of a few hundred rows shared
+    by one or two workers, both scans, one and two query digits, k from 1 to every document, the candidates merged
+    and selected through a dense matrix or a sort."""
+    vecs = {"near_ties": lambda: near_ties(3000, 40, 21),
+            "one_huge_dimension": lambda: one_huge_dimension(2400, 32, 22),
             "wide": lambda: near_ties(900, 1100, 23)}[vectors]()  # wide: float32 products of the numpy scan inexact
     index = DenseIndex(tmp_path / "i8")
     index.indexer(dtype="int8").index(frame(vecs))
@@ -79,9 +80,9 @@ def test_seeded_tiled_threaded_scan_equals_naive_topk(tmp_path, monkeypatch, vec
 @pytest.mark.parametrize("dense", [True, False])
 def test_candidates_merges_against_naive(monkeypatch, dense):
     """Both merges of _Candidates (a dense matrix, or a sort where it would be mostly empty), with one query holding
-    most entries and equal bounds at the cut, entries added from two threads and dropped on the way: tau is each query's k-th largest lower
-    bound over all entries, and the kept entries are those whose upper bound reaches it; a seed below that tau
-    changes neither."""
+    most entries and equal bounds at the cut, entries added from two threads and dropped on the way: tau is each
+    query's k-th largest lower bound over all entries, and the kept entries are those whose upper bound reaches it;
+    a seed below that tau changes neither."""
     from concurrent.futures import ThreadPoolExecutor
 
     monkeypatch.setattr(int8_search, "_dense", lambda num_q, width, entries: dense)
