@@ -115,3 +115,31 @@ def test_candidates_merges_against_naive(monkeypatch, dense):
     np.testing.assert_array_equal(cand.tau, want_tau)
     for q in range(num_q):
         np.testing.assert_array_equal(np.sort(ids[rows == q]), np.flatnonzero(added[q] & (upper[q] >= want_tau[q])))
+
+
+def test_worker_threads_leave_torch_thread_count_alone(tmp_path):
+    """The scan's workers do not change torch's thread count for the rest of the process: a thread started after a
+    threaded search (in a fresh process, where torch sets each thread's count from a process-wide value when the
+    thread first uses it) gets the count it would have got without the search."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    vecs = np.random.default_rng(41).standard_normal((20000, 24)).astype(np.float32)  # tiles for two workers
+    DenseIndex(tmp_path / "i8").indexer(dtype="int8").index(frame(vecs))
+    np.save(tmp_path / "q.npy", vecs[:20])
+    script = textwrap.dedent(f"""
+        import threading, numpy as np, torch
+        from pyterrier_cpdae.dense import DenseIndex
+        torch.set_num_threads(2)
+        DenseIndex({str(tmp_path / "i8")!r}).search(np.load({str(tmp_path / "q.npy")!r}), 50, scan="torch",
+                                                    threads=2, chunk_size=256)
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start(); t.join()
+        print(seen[0], torch.get_num_threads())
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[3])
+    assert out.stdout.split() == ["2", "2"], out.stdout + out.stderr
