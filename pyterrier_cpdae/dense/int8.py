@@ -323,8 +323,8 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     products of the numpy scan); only the documents that pass have their bounds computed, in float64.
 
     The first block (``SEED_BLOCKS x k`` rows at least, while the batch has no ``tau``) seeds ``tau`` (step 1); the
-    rest is scanned in tiles of about ``TILE_BYTES`` of products (a core's L2 cache), shared by ``threads`` workers,
-    so that the filters run in parallel too."""
+    rest is scanned in tiles of about ``TILE_BYTES`` of products (a core's L2 cache), shared by ``threads`` workers
+    that each run their products on one thread, so that the filters run in parallel too."""
     n = len(codes.codes)
     if n == 0:
         return
@@ -420,14 +420,17 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
             scan_block(*span)
         return
     # the blocks after the first shared by the workers, each taking the next one left, so that the filters, which
-    # numpy runs on one core, run in parallel too (numpy releases the GIL). torch's thread count is left as it is:
-    # torch.set_num_threads(1) in a worker would also change the count of every thread that starts torch later and
-    # of MKL in the whole process (measured: the float32 search beside it slowed down); the BLAS of the numpy scan is
-    # held to one thread per call meanwhile, as the fused float32 search does
+    # numpy runs on one core, run in parallel too (numpy releases the GIL). Each worker runs its int8 products on one
+    # thread (measured as fast or a little faster than workers of torch's whole thread count, which oversubscribe
+    # the cores); torch.set_num_threads also sets the count that threads starting torch later take (and MKL's), so
+    # the caller's count is set back at the end. The BLAS of the numpy scan is held to one thread per call meanwhile, as
+    # the fused float32 search does
     todo = iter(spans[1:])
     taking = threading.Lock()
 
     def work() -> None:
+        if backend == "torch":
+            torch.set_num_threads(1)
         while True:
             with taking:
                 span = next(todo, None)
@@ -438,6 +441,11 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     from .kernels import one_blas_thread
 
     held = one_blas_thread() if backend == "numpy" else None
-    with held if held is not None else contextlib.nullcontext(), ThreadPoolExecutor(workers) as pool:
-        for done in [pool.submit(work) for _ in range(workers)]:
-            done.result()
+    before = torch.get_num_threads() if backend == "torch" else None
+    try:
+        with held if held is not None else contextlib.nullcontext(), ThreadPoolExecutor(workers) as pool:
+            for done in [pool.submit(work) for _ in range(workers)]:
+                done.result()
+    finally:
+        if before is not None:
+            torch.set_num_threads(before)

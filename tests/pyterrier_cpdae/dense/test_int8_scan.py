@@ -117,10 +117,10 @@ def test_candidates_merges_against_naive(monkeypatch, dense):
         np.testing.assert_array_equal(np.sort(ids[rows == q]), np.flatnonzero(added[q] & (upper[q] >= want_tau[q])))
 
 
-def test_worker_threads_leave_torch_thread_count_alone(tmp_path):
-    """The scan's workers do not change torch's thread count for the rest of the process: a thread started after a
-    threaded search (in a fresh process, where torch sets each thread's count from a process-wide value when the
-    thread first uses it) gets the count it would have got without the search."""
+def test_worker_threads_set_torch_thread_count_back(tmp_path):
+    """The scan's workers (one torch thread each) leave torch's thread count as the caller set it: a thread started
+    after a threaded search (in a fresh process, where torch sets each thread's count from a process-wide value
+    when the thread first uses it) and the caller's thread get the count they had."""
     import subprocess
     import sys
     import textwrap
