@@ -18,11 +18,13 @@ inflated by 1%, plus the float32 rounding of ``A`` and the distance ``tol`` of :
 true inner product and the reference score of :func:`.ties.reference_scores`) therefore hold for the *reference*
 score ``R`` of every (query, document). For each query:
 
-1. ``tau``, the ``k``-th largest ``L`` over all documents, is kept while the scan runs (it only rises); a document
-   whose ``U`` is below the current ``tau`` is dropped at once, the others are kept as candidates;
+1. ``tau`` is kept while the scan runs (it only rises), never above the ``k``-th largest ``L`` of the documents
+   scanned so far: first the ``k``-th largest ``A - E`` over the first block's documents, ``E`` the largest ``eps``
+   of that block (so ``A - E <= L`` for each of them), then the ``k``-th largest ``L`` over the candidates; a
+   document whose ``U`` is below the current ``tau`` is dropped at once, the others are kept as candidates;
 2. at least ``k`` documents have ``R >= L >= tau`` (the final ``tau``), and every dropped document has
    ``R <= U < tau``: it is strictly below the ``k``-th best reference score, so it can neither enter the top ``k``
-   nor tie with its last entry;
+   nor tie with its last entry (a stale ``tau``, read while another thread raises it, is lower: it drops fewer);
 3. the candidates whose ``U`` reaches the final ``tau`` are rescored from the float copy (the reference arithmetic:
    exact products, one float64 sum, one rounding), and their top ``k`` by (reference score, ascending id) is the
    float32 index's ranking, ties by docid included. No query is ever scanned twice.
@@ -38,7 +40,10 @@ where that index kept its BLAS score).
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -53,6 +58,26 @@ U32 = 2.0 ** -24
 #: the smallest ``k`` whose queries are written in two int8 digits (module docstring): below it the candidates are few
 #: with one digit, and the second would double the scan's products for little
 TWO_DIGITS_FROM = 100
+
+#: the first block of a query batch's scan has at least this many times k rows (and at least the block size): the
+#: k-th largest of its rows' estimates less the block's largest error bound seeds tau (measured: a seed from fewer
+#: rows leaves more candidates to keep)
+SEED_BLOCKS = 16
+
+#: the first round of the rescoring takes each query's k + k // FIRST_EXTRA best candidates by their estimate
+#: (measured: about 5% fewer rescored in all than with k)
+FIRST_EXTRA = 10
+
+#: the first block's float64 estimates take about this at most (fewer rows than SEED_BLOCKS x k for large batches
+#: and k; never fewer than k rows)
+SEED_BYTES = 1 << 26
+
+#: the int32 products of one tile of the scan (after its first block), at most: a core's L2 cache
+TILE_BYTES = 2 << 20
+
+#: the candidates kept during a scan are dropped below tau once they number four times this, at least (a drop copies
+#: them; before it they take about 32 bytes each)
+DROP_FROM = 1 << 19
 
 
 def quantise_queries(queries: np.ndarray, scales: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -130,46 +155,108 @@ def _first_ids(parts: Sequence[CodePart], k: int) -> np.ndarray:
 
 class _Candidates:
     """The documents a query batch keeps during the scan: ``(row, id, upper, lower)`` entries, and each query's
-    ``tau`` (the ``k``-th largest lower bound seen so far; ``-inf`` until ``k`` are known), recomputed once the
-    entries added since the last time reach ``refresh``, when the entries whose upper bound is below ``tau`` are
-    dropped (module docstring, step 1)."""
+    ``tau`` (the ``k``-th largest lower bound seen so far; ``-inf`` until ``k`` are known; module docstring, step 1).
+
+    Each query's ``k`` largest lower bounds are kept apart, as a dense ``(queries, k)`` matrix: the lower bounds added
+    since are pooled and merged into it (one partition of each row) once they number ``refresh``, which sets the new
+    ``tau`` (a merge never sorts the kept candidates again); the candidates themselves are only appended, and those
+    whose upper bound is below ``tau`` are dropped when they have grown fourfold since the last drop (and number four
+    times ``DROP_FROM`` at least), and at the end. ``add`` may be called from several threads (a lock orders them);
+    ``tau`` may be read at any time: it only rises, and a stale one lets through a superset."""
 
     def __init__(self, num_q: int, k: int):
         self.num_q, self.k = num_q, k
         self.tau = np.full(num_q, -np.inf)
+        self.top = np.full((num_q, k), -np.inf)  # each query's k largest lower bounds merged so far (any order)
         self.chunks: List[Tuple[np.ndarray, ...]] = []
-        self.fresh = 0
+        self.pool: List[Tuple[np.ndarray, np.ndarray]] = []  # (rows, lower) not merged into top yet
+        self.fresh = 0  # entries in pool
+        self.size = 0  # entries in chunks
+        self.pruned = 0  # entries in chunks after the last drop
         self.refresh = max(num_q * k, 1 << 16)
+        self.lock = threading.Lock()
 
     def add(self, rows: np.ndarray, ids: np.ndarray, upper: np.ndarray, lower: np.ndarray) -> None:
-        if len(rows):
+        if not len(rows):
+            return
+        with self.lock:
             self.chunks.append((rows, ids, upper, lower))
+            self.pool.append((rows, lower))
             self.fresh += len(rows)
+            self.size += len(rows)
             if self.fresh >= self.refresh:
-                self.update()
+                self._merge()
+                if self.size >= 4 * max(self.pruned, self.refresh, DROP_FROM):
+                    self._drop()
+
+    def seed(self, tau: np.ndarray) -> None:
+        """Raises ``tau`` to ``tau`` where higher: each value must be at most the ``k``-th largest lower bound of
+        ``k`` documents that the scan adds or drops (the caller's proof)."""
+        with self.lock:
+            self.tau = np.maximum(self.tau, tau)
+
+    def _merge(self) -> None:
+        """Merges the pooled lower bounds into each query's ``k`` largest; raises ``tau``."""
+        if not self.pool:
+            return
+        rows = np.concatenate([p[0] for p in self.pool])
+        lower = np.concatenate([p[1] for p in self.pool])
+        self.pool, self.fresh = [], 0
+        counts = np.bincount(rows, minlength=self.num_q)
+        if _dense(self.num_q, self.k + int(counts.max()), self.top.size + len(rows)):
+            # each query's bounds as a row of a dense matrix (grouped by query with a radix sort), its k largest by a
+            # partition
+            order = _by_row(rows, self.num_q)
+            starts = np.cumsum(counts) - counts
+            by_row = rows[order]
+            dense = np.full((self.num_q, self.k + int(counts.max())), -np.inf)
+            dense[:, :self.k] = self.top
+            dense[by_row, self.k + np.arange(len(rows)) - starts[by_row]] = lower[order]
+            self.top = -np.partition(-dense, self.k - 1, axis=1)[:, :self.k]
+        else:  # (a few queries hold most of the bounds: one sort instead of a mostly empty matrix)
+            rows = np.concatenate([np.repeat(np.arange(self.num_q), self.k), rows])
+            lower = np.concatenate([self.top.ravel(), lower])
+            order = np.lexsort((-lower, rows))
+            self.top = lower[order[_starts(rows, self.num_q)[:, None] + np.arange(self.k)]]
+        self.tau = np.maximum(self.tau, self.top.min(axis=1))
+
+    def _drop(self) -> None:
+        """Drops the candidates whose upper bound is below ``tau``."""
+        kept = []
+        for rows, ids, upper, lower in self.chunks:  # chunk by chunk: only what is kept is copied
+            keep = upper >= self.tau[rows]
+            kept.append((rows[keep], ids[keep], upper[keep], lower[keep]))
+        self.chunks = [tuple(np.concatenate(a) for a in zip(*kept))]
+        self.size = self.pruned = len(self.chunks[0][0])
 
     def update(self) -> Tuple[np.ndarray, ...]:
-        """Recomputes ``tau``, drops the entries below it; returns the kept ``(rows, ids, upper, lower)``."""
-        if not self.chunks:
-            empty = np.empty(0, np.int64)
-            return empty, empty, np.empty(0, np.float32), np.empty(0, np.float32)
-        rows, ids, upper, lower = (np.concatenate(a) for a in zip(*self.chunks))
-        # (a stable sort of small keys is a radix sort in numpy: int16 keys sort several times faster than int64)
-        order = np.argsort(rows.astype(np.int16) if self.num_q < 1 << 15 else rows, kind="stable")
-        counts = np.bincount(rows, minlength=self.num_q)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        full = counts >= self.k
-        tau = np.full(self.num_q, -np.inf)
-        if full.any():  # each query's lower bounds as a row of a dense matrix, the k-th largest by a partition
-            by_row = rows[order]
-            dense = np.full((self.num_q, counts.max()), np.inf)
-            dense[by_row, np.arange(len(rows)) - starts[by_row]] = -lower[order]
-            tau[full] = -np.partition(dense[full], self.k - 1, axis=1)[:, self.k - 1]
-        self.tau = np.maximum(self.tau, tau)
-        keep = upper >= self.tau[rows]
-        kept = rows[keep], ids[keep], upper[keep], lower[keep]
-        self.chunks, self.fresh = [kept], 0
-        return kept
+        """Merges the pool (the final ``tau``), drops the entries below it; returns the kept ``(rows, ids, upper,
+        lower)``."""
+        with self.lock:
+            if not self.chunks:
+                empty = np.empty(0, np.int64)
+                return empty, empty, np.empty(0, np.float32), np.empty(0, np.float32)
+            self._merge()
+            self._drop()
+            return self.chunks[0]
+
+
+def _by_row(rows: np.ndarray, num_q: int) -> np.ndarray:
+    """The order that groups ``rows`` (query rows ``< num_q``) by row, stable (numpy sorts small integer keys stably
+    with a radix sort: int16 keys sort several times faster than int64 ones)."""
+    return np.argsort(rows.astype(np.int16) if num_q < 1 << 15 else rows, kind="stable")
+
+
+def _starts(rows: np.ndarray, num_q: int) -> np.ndarray:
+    """Where each row's entries start once ``rows`` are sorted."""
+    counts = np.bincount(rows, minlength=num_q)
+    return np.cumsum(counts) - counts
+
+
+def _dense(num_q: int, width: int, entries: int) -> bool:
+    """Whether a dense ``(num_q, width)`` matrix of ``entries`` values is small enough to partition its rows (rather
+    than sort the entries): at most four times their number, or a MiB of float64."""
+    return num_q * width <= 4 * entries + (1 << 17)
 
 
 def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, stats):
@@ -188,37 +275,56 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
     cand = _Candidates(len(todo), k)
     digits = 2 if k >= TWO_DIGITS_FROM else 1
     for codes, offset, stride in parts:
-        _scan_part(codes, offset, stride, sub, qnorm[todo], tol[todo], cand, backend, block_size, digits)
+        _scan_part(codes, offset, stride, sub, qnorm[todo], tol[todo], cand, backend, block_size, digits,
+                   threads)
     rows, ids, upper, lower = cand.update()
     # 3. the candidates that may reach the k-th best reference score, rescored from the float copy in two rounds:
-    # first each query's k best by the middle of their bounds, whose k-th reference score R1 is at most the k-th
-    # best; then only the others whose upper bound reaches R1 (a candidate below it cannot reach the k-th best)
-    counts = np.bincount(rows, minlength=len(todo))
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    order = np.lexsort((-(upper + lower), rows))
-    first = order[(starts[:, None] + np.arange(k)).reshape(-1)]  # every query has at least k candidates (step 2)
+    # first each query's k + k / FIRST_EXTRA best by the middle of their bounds, whose k-th best reference score R1
+    # is at most the k-th best; then only the others whose upper bound reaches R1 (a candidate below it cannot reach
+    # the k-th best)
+    nq = len(todo)
+    counts = np.bincount(rows, minlength=nq)  # every query has at least k candidates (step 2)
+    starts = np.cumsum(counts) - counts
+    width = min(int(counts.min()), k + k // FIRST_EXTRA)  # (a few more than k: R1 then nearer the k-th best)
+    if _dense(nq, int(counts.max()), len(rows)):
+        by_row = _by_row(rows, nq)
+        sorted_rows = rows[by_row]
+        mid = np.full((nq, int(counts.max())), np.inf)  # minus the middles, query by query, inf past each query's
+        mid[sorted_rows, np.arange(len(rows)) - starts[sorted_rows]] = -(upper + lower)[by_row]
+        first = by_row[(starts[:, None] + np.argpartition(mid, width - 1, axis=1)[:, :width]).reshape(-1)]
+    else:  # (a few queries hold most of the candidates: one sort instead of a mostly empty matrix)
+        first = np.lexsort((-(upper + lower), rows))[(starts[:, None] + np.arange(width)).reshape(-1)]
     ref = np.full(len(rows), -np.inf, dtype=np.float32)
     ref[first] = _rescore(sub, rows[first], ids[first], vectors_of, threads)
-    r1 = ref[first].reshape(len(todo), k).min(axis=1)
-    rest = np.flatnonzero((upper >= r1[rows]) & np.isneginf(ref))
+    r1 = -np.partition(-ref[first].reshape(nq, width), k - 1, axis=1)[:, k - 1]
+    scored = np.zeros(len(rows), dtype=bool)
+    scored[first] = True
+    rest = np.flatnonzero((upper >= r1[rows]) & ~scored)
     ref[rest] = _rescore(sub, rows[rest], ids[rest], vectors_of, threads)
+    scored[rest] = True
     stats["rescored"] += len(first) + len(rest)
-    order = np.lexsort((ids, -ref, rows))  # query by query: reference score descending, ties by ascending id
-    take = order[(starts[:, None] + np.arange(k)).reshape(-1)]
+    done = np.flatnonzero(scored)  # query by query: reference score descending, ties by ascending id
+    order = done[np.lexsort((ids[done], -ref[done], rows[done]))]
+    counts = np.bincount(rows[done], minlength=nq)
+    take = order[((np.cumsum(counts) - counts)[:, None] + np.arange(k)).reshape(-1)]
     out_scores[todo] = ref[take].reshape(len(todo), k)
     out_ids[todo] = ids[take].reshape(len(todo), k)
     return out_scores, out_ids
 
 
 def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.ndarray, tol: np.ndarray,
-               cand: _Candidates, backend: str, block_size: int, digits: int) -> None:
+               cand: _Candidates, backend: str, block_size: int, digits: int, threads: int = 1) -> None:
     """Scans one part (rows with ids ``row * stride + offset``) for the candidates of ``cand`` (steps 1-2), the
     queries written in ``digits`` (1 or 2) int8 digits.
 
     Each block's integer products are filtered first on the first digit's alone: ``U >= tau`` implies
     ``t1 (p1 . c) >= tau - D`` with ``D`` the block's largest ``t2 (p2 . c)`` plus its largest ``eps``, one
     comparison of the int32 products with a per-query integer threshold (lowered by a margin for the float32
-    products of the numpy scan); only the documents that pass have their bounds computed, in float64."""
+    products of the numpy scan); only the documents that pass have their bounds computed, in float64.
+
+    The first block (``SEED_BLOCKS x k`` rows at least, while the batch has no ``tau``) seeds ``tau`` (step 1); the
+    rest is scanned in tiles of about ``TILE_BYTES`` of products (a core's L2 cache), shared by ``threads`` workers
+    that each run their products on one thread, so that the filters run in parallel too."""
     n = len(codes.codes)
     if n == 0:
         return
@@ -246,10 +352,9 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     else:
         qf = stacked.astype(np.float32)
     cnorm, rnorm = codes.code_norms, codes.residual_norms
-    # a short first block while the batch knows fewer than k lower bounds: every document of it is a candidate
-    first = min(block_size, max(1024, 8 * cand.k)) if np.isneginf(cand.tau).any() else block_size
-    for start in [0] + list(range(first, n, block_size)):
-        stop = min(n, start + (first if start == 0 else block_size))
+    coef0, coef1 = coef[:, 0].copy(), coef[:, 1].copy()
+
+    def scan_block(start: int, stop: int, seed: bool = False) -> None:
         rows = np.asarray(codes.codes[start:stop])
         if backend == "torch":
             with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
@@ -261,21 +366,86 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
         else:
             ints = _float_product(qf, rows).T
         gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
-        reach = coef[:, 0] * gmax + coef[:, 1] * rmax + slack
+        worst = coef[:, 0] * gmax + coef[:, 1] * rmax + slack  # each query's largest eps in the block
+        if seed and stop - start >= cand.k:  # tau from this block's own lower bounds, before its filter (see below)
+            approx = t1 * ints[:, :num_q]
+            if digits == 2:
+                approx += t2 * ints[:, num_q:2 * num_q]
+            cand.seed(np.partition(approx, stop - start - cand.k, axis=0)[stop - start - cand.k] - worst)
+        tau = cand.tau  # (read once: another worker may raise it meanwhile; a stale tau only keeps more)
+        reach = worst
         if digits == 2:  # the second digit's largest product in the block, per query (its bound where not exact)
-            reach += t2 * ints[:, num_q:2 * num_q].max(axis=0) + t2 * margin
+            reach = worst + t2 * ints[:, num_q:2 * num_q].max(axis=0) + t2 * margin
         with np.errstate(invalid="ignore"):
-            low = (cand.tau - reach) / t1
+            low = (tau - reach) / t1
             thr = np.floor(low - np.abs(low) * 2.0 ** -30 - margin)  # (lowered past the float64 rounding of low)
         thr = np.nan_to_num(thr, nan=-2.0 ** 31, neginf=-2.0 ** 31).clip(-2.0 ** 31, 2.0 ** 31 - 1)
-        c, r = np.nonzero(ints[:, :num_q] >= thr.astype(ints.dtype))
-        if not len(r):
-            continue
-        approx = t1[r] * ints[c, r]
+        # (flatnonzero of the mask and a divmod of the few survivors: several times faster than a 2-D nonzero)
+        flat = np.flatnonzero(ints[:, :num_q] >= thr.astype(ints.dtype))
+        if not len(flat):
+            return
+        c, r = np.divmod(flat, num_q)
+        if ints.flags.c_contiguous:  # (torch's products: read in the flat array, faster than a 2-D gather)
+            at = flat + c * (ints.shape[1] - num_q)  # the survivors' first-digit products in the flat array
+            products = ints.reshape(-1)
+            first_digit = products[at]
+            second_digit = products[at + num_q] if digits == 2 else None
+        else:  # (numpy's: a transposed view)
+            first_digit = ints[c, r]
+            second_digit = ints[c, num_q + r] if digits == 2 else None
+        approx = t1[r] * first_digit
         if digits == 2:
-            approx += t2[r] * ints[c, num_q + r]
-        eps = coef[r, 0] * cnorm[start + c] + coef[r, 1] * rnorm[start + c] + slack[r]
+            approx += t2[r] * second_digit
+        eps = coef0[r] * cnorm[start:stop][c] + coef1[r] * rnorm[start:stop][c] + slack[r]
         upper = approx + eps
-        keep = upper >= cand.tau[r]
+        keep = upper >= tau[r]
         r, c, upper, eps = r[keep], c[keep], upper[keep], eps[keep]
         cand.add(r, (c + start).astype(np.int64) * stride + offset, upper, upper - 2 * eps)
+
+    # while the batch knows fewer than k lower bounds, a first block of at least SEED_BLOCKS x k rows sets tau: the
+    # k-th largest over its rows of A - (the block's largest eps), each at most that row's lower bound, so that at
+    # least k documents have L >= that value; then its rows are filtered as any block's
+    seed = bool(np.isneginf(cand.tau).any())
+    first = min(n, max(block_size, min(SEED_BLOCKS * cand.k, max(cand.k, SEED_BYTES // (8 * num_q))))) if seed \
+        else block_size
+    # after it, tiles whose int32 products stay in a core's L2 cache while they are filtered (measured faster than
+    # 16,384-row blocks, whose products are read back from memory by the filter)
+    step = min(block_size, max(256, TILE_BYTES // (4 * digits * num_q)))
+    first = min(first, step) if not seed else first
+    spans = [(start, min(n, start + (first if start == 0 else step))) for start in [0] + list(range(first, n, step))]
+    workers = min(threads, len(spans) - 1)
+    scan_block(*spans[0], seed=seed)
+    if workers <= 1:
+        for span in spans[1:]:
+            scan_block(*span)
+        return
+    # the blocks after the first shared by the workers, each taking the next one left, so that the filters, which
+    # numpy runs on one core, run in parallel too (numpy releases the GIL). Each worker runs its int8 products on one
+    # thread (measured as fast or a little faster than workers of torch's whole thread count, which oversubscribe
+    # the cores); torch.set_num_threads also sets the count that threads starting torch later take (and MKL's), so
+    # the caller's count is set back at the end. The BLAS of the numpy scan is held to one thread per call meanwhile, as
+    # the fused float32 search does
+    todo = iter(spans[1:])
+    taking = threading.Lock()
+
+    def work() -> None:
+        if backend == "torch":
+            torch.set_num_threads(1)
+        while True:
+            with taking:
+                span = next(todo, None)
+            if span is None:
+                return
+            scan_block(*span)
+
+    from .kernels import one_blas_thread
+
+    held = one_blas_thread() if backend == "numpy" else None
+    before = torch.get_num_threads() if backend == "torch" else None
+    try:
+        with held if held is not None else contextlib.nullcontext(), ThreadPoolExecutor(workers) as pool:
+            for done in [pool.submit(work) for _ in range(workers)]:
+                done.result()
+    finally:
+        if before is not None:
+            torch.set_num_threads(before)
