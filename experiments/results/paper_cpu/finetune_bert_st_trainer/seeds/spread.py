@@ -22,7 +22,8 @@ QUERIES = 43  # the DL19 judged queries
 RUNS = [("former_s123", "former", "former loop, seeds 1-3 again, this machine"),
         ("former_s456", "former", "former loop, seeds 4-6, this machine"),
         ("trainer_s123", "trainer", "trainer, seeds 1-3 (the first record of this folder)"),
-        ("trainer_s456", "trainer", "trainer, seeds 4-6, this machine")]
+        ("trainer_s456", "trainer", "trainer, seeds 4-6, this machine"),
+        ("trainer_chunks_s1to6", "chunks", "trainer, passages in length-sorted chunks, seeds 1-6, this machine")]
 
 
 def per_query(folder: Path) -> pd.DataFrame:
@@ -148,6 +149,16 @@ def main() -> None:
             if a and b:
                 out.append(f"- noise alone, {loop}: seeds {','.join(map(str, b))} − seeds {','.join(map(str, a))} "
                            f"of the same loop: {paired(w[a].mean(axis=1), w[b].mean(axis=1))}")
+    if "chunks" in seeds:  # the trainer as it is now: a step's passages encoded in length-sorted chunks on the CPU
+        c = summary(seeds["chunks"].mean())
+        out += ["", "## The trainer with its passages in length-sorted chunks (the code as it is now)", "",
+                "| against | mean ± std | chunks | chunks − it (Welch) | per query (paired) |", "|---|---:|---:|---|---|"]
+        for loop, label in (("trainer", "trainer without the chunks, every seed run here"),
+                            ("former", "former loop, every seed run here")):
+            if loop in seeds:
+                g, both = summary(seeds[loop].mean()), sorted(set(seeds[loop].columns) & set(seeds["chunks"].columns))
+                out.append(f"| {label} | {fmt(g)} | {fmt(c)} | {welch(g, c)} | seeds {','.join(map(str, both))}: "
+                           f"{paired(seeds[loop][both].mean(axis=1), seeds['chunks'][both].mean(axis=1))} |")
     print("\n".join(out))
 
 
