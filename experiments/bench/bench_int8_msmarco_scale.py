@@ -489,7 +489,7 @@ def parse(argv=None):
     p.add_argument("--matmul-pass", action="store_true", help="also time one pass of the scan's product alone")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stage", choices=("all", "build", "search"), default="all")
-    p.add_argument("--json", help="write the summary here")
+    p.add_argument("--json", help="write the summary here (with --stage search: the search's, with the build's record)")
     p.add_argument("--clean", action="store_true", help="delete --workdir's index and records, then stop")
     args = p.parse_args(argv)
     for name in ("docs", "dim", "queries", "check_queries", "block_size"):
@@ -519,10 +519,18 @@ def main(argv=None) -> dict:
     if args.stage == "build":
         out = stage_build(args)
         print(json.dumps(out), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
         return out
     if args.stage == "search":
         out = stage_search(args)
         print(json.dumps(out), flush=True)
+        if args.json:  # the summary of this search, with the build's record when the workdir holds one
+            build = workdir / "build.json"
+            summary = {"machine": machine(), "command": " ".join(["python", "experiments/bench/" + Path(__file__).name]
+                                                                 + (argv if argv is not None else sys.argv[1:])),
+                       **({"build": json.loads(build.read_text())} if build.is_file() else {}), **out}
+            Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
         return out
     # all: each stage in its own process (its own peak memory)
     base = [sys.executable, os.path.abspath(__file__)] + [a for a in (argv if argv is not None else sys.argv[1:])]

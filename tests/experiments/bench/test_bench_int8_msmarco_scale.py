@@ -50,6 +50,14 @@ def test_scale_bench_smoke(tmp_path):
     assert summary["check"] == [{"k": 10, "queries": 5, "identical": 5}, {"k": 100, "queries": 5, "identical": 5}]
     assert summary["check_ok"] is True
     assert "| 100 | 16 |" in res.stdout and "5/5 |" in res.stdout and "share of the bound" in res.stdout
+    # the search stage alone writes its --json too, with the build's record
+    alone = tmp_path / "search.json"
+    res = run("--workdir", str(work), "--docs", str(docs), "--dim", str(dim), "--queries", "4", "--ks", "10",
+              "--check-queries", "2", "--bound-seconds", "0.05", "--stage", "search", "--json", str(alone), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr + res.stdout
+    searched = json.loads(alone.read_text())
+    assert searched["build"]["files"] == files and searched["check"] == [{"k": 10, "queries": 2, "identical": 2}]
+    assert searched["command"].startswith("python experiments/bench/bench_int8_msmarco_scale.py --workdir")
     # a second run reuses the build; another size is refused by name; --clean deletes the data
     again = run("--workdir", str(work), "--docs", str(docs + 1), "--dim", str(dim), "--stage", "search", cwd=tmp_path)
     assert again.returncode != 0 and f"holds a {docs} x {dim} int8 index" in again.stderr
