@@ -100,11 +100,10 @@ def speed(args) -> list:
                 for m in mults:
                     # ours and FAISS in turn, first one then the other: the search right after float32 exact's scan
                     # of the whole float file finds the caches cold (about 50 ms more for 100 queries at 1M x 768)
-                    got = {}
-                    for who in (("ours", "faiss") if r % 2 == 0 else ("faiss", "ours")):
-                        got[who] = timed(lambda: b1.search(queries, k, rescore_multiplier=m)[1]) if who == "ours" \
-                            else timed(lambda: binary.rescore(queries, fbin.search(bits, k * m)[1], k,
-                                                              b1.store.vectors_of, norm)[1])
+                    runs = {"ours": lambda: b1.search(queries, k, rescore_multiplier=m)[1],
+                            "faiss": lambda: binary.rescore(queries, fbin.search(bits, k * m)[1], k,
+                                                            b1.store.vectors_of, norm)[1]}
+                    got = {who: timed(runs[who]) for who in (list(runs) if r % 2 == 0 else list(runs)[::-1])}
                     (t, ids), (t_f, ids_f) = got["ours"], got["faiss"]
                     keep(f"binary + rescoring x{m} (ours)", t, ids, multiplier=m, scanned_bytes=sizes["binary"])
                     keep(f"FAISS IndexBinaryFlat + the same rescoring x{m}", t_f, ids_f, multiplier=m,

@@ -104,6 +104,31 @@ def argv_of(loop: str, model: str, groups: Path, out: Path, pooling: str, a: arg
             "none", "--learning_rate", "5e-6"]
 
 
+def padding(groups: Path, model: str, a: argparse.Namespace) -> dict:
+    """Positions a step's passages take padded together against the length-sorted chunks of
+    ``pretrain.model.length_buckets`` (the same tokenizer, steps of ``--batch`` groups in file order): tokens, padded
+    positions, chunked positions, summed over the timed run's steps."""
+    from pretrain.model.length_buckets import MIN_SAVING, ROWS, chunk_plan
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    lines = groups.read_text(encoding="utf8").splitlines()[:(a.warmup + a.steps) * a.batch]
+    total = {"steps": 0, "tokens": 0, "padded_positions": 0, "chunked_positions": 0}
+    for i in range(0, len(lines) - a.batch + 1, a.batch):
+        rows = [json.loads(line) for line in lines[i:i + a.batch]]
+        texts = [d["text"] for g in rows for d in (g["pos"][:1] + g["negs"][:a.negatives])]
+        mask = tok(texts, padding=True, truncation=True, max_length=a.length, return_tensors="pt")["attention_mask"]
+        chunked = sum(len(c) * n for c, n in chunk_plan(mask, ROWS))
+        used = len(texts) > ROWS and chunked <= (1 - MIN_SAVING) * mask.numel()  # as length_bucketed decides
+        total["steps"] += 1
+        total["tokens"] += int(mask.sum())
+        total["padded_positions"] += mask.numel()
+        total["chunked_positions"] += chunked if used else mask.numel()
+    total["padding_share"] = round(1 - total["tokens"] / total["padded_positions"], 4)
+    total["chunked_share_of_padded"] = round(total["chunked_positions"] / total["padded_positions"], 4)
+    return total
+
+
 def timed_run(loop: str, checkout: Path, argv: list[str], tmp: Path, a: argparse.Namespace) -> dict:
     times = tmp / f"times-{loop}.json"
     threads = str(a.threads)
@@ -125,7 +150,7 @@ def timed_run(loop: str, checkout: Path, argv: list[str], tmp: Path, a: argparse
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--former", required=True, help="a checkout of the former fine-tuning loop")
+    p.add_argument("--former", default=None, help="a checkout of the former fine-tuning loop (required to time)")
     p.add_argument("--before", default=None, help="also time this checkout's sentence-transformers loop (e.g. the "
                    "commit before a change to it), as the loop 'before'")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run (the machine is shared)")
@@ -140,9 +165,20 @@ def main(argv=None) -> dict:
     p.add_argument("--length", type=int, default=128)
     p.add_argument("--machine-note", default="shared with other jobs", help="how loaded the machine was")
     p.add_argument("--out", default=None, help="Markdown record (and .json beside it)")
+    p.add_argument("--padding-only", action="store_true", help="print the passages' tokens, padded positions and "
+                   "length-sorted chunk positions over the run's steps (no timing), and exit")
     a = p.parse_args(argv)
     if a.warmup < 1 or a.steps < 1:
         p.error("--warmup and --steps must be >= 1")
+    if a.padding_only:
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            write_groups(tmp / "groups.jsonl")
+            got = padding(tmp / "groups.jsonl", model_path(a.model, tmp / "model"), a)
+        print(json.dumps(got, indent=1))
+        return got
+    if not a.former:
+        p.error("--former is required (a checkout of the former fine-tuning loop)")
     if not (Path(a.former) / "pretrain" / "finetune").is_dir():
         p.error(f"--former {a.former}: no pretrain/finetune/ in it")
     rows: dict[str, dict[str, list[float]]] = {}

@@ -502,6 +502,14 @@ def parse(argv=None):
     return args
 
 
+def _summary(workdir: Path, argv, search: dict) -> dict:
+    """The run's summary: machine, command, the build's record (when ``workdir`` holds one) and ``search``."""
+    build = workdir / "build.json"
+    return {"machine": machine(), "command": " ".join(["python", "experiments/bench/" + Path(__file__).name] +
+                                                      (argv if argv is not None else sys.argv[1:])),
+            **({"build": json.loads(build.read_text())} if build.is_file() else {}), **search}
+
+
 def main(argv=None) -> dict:
     args = parse(argv)
     workdir = Path(args.workdir)
@@ -526,11 +534,7 @@ def main(argv=None) -> dict:
         out = stage_search(args)
         print(json.dumps(out), flush=True)
         if args.json:  # the summary of this search, with the build's record when the workdir holds one
-            build = workdir / "build.json"
-            summary = {"machine": machine(), "command": " ".join(["python", "experiments/bench/" + Path(__file__).name]
-                                                                 + (argv if argv is not None else sys.argv[1:])),
-                       **({"build": json.loads(build.read_text())} if build.is_file() else {}), **out}
-            Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")
+            Path(args.json).write_text(json.dumps(_summary(workdir, argv, out), indent=1) + "\n")
         return out
     # all: each stage in its own process (its own peak memory)
     base = [sys.executable, os.path.abspath(__file__)] + [a for a in (argv if argv is not None else sys.argv[1:])]
@@ -539,10 +543,7 @@ def main(argv=None) -> dict:
     for stage in ("build", "search"):
         print(f"== stage {stage}", flush=True)
         subprocess.run(base + ["--stage", stage], check=True)
-    summary = {"machine": machine(), "command": " ".join(["python", "experiments/bench/" + Path(__file__).name] +
-                                                         (argv if argv is not None else sys.argv[1:])),
-               "build": json.loads((workdir / "build.json").read_text()),
-               **json.loads((workdir / "search.json").read_text())}
+    summary = _summary(workdir, argv, json.loads((workdir / "search.json").read_text()))
     report(summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")

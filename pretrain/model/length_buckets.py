@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from pyterrier_cpdae.encoder.batching import length_sorted_batches
 from pyterrier_cpdae.encoder.first_token import check_first_token, first_token_model
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -43,10 +44,11 @@ _SLICED = ("token_type_ids", "position_ids")
 
 def chunk_plan(attention_mask: torch.Tensor, rows: int = ROWS) -> list[tuple[torch.Tensor, int]]:
     """``[(row indices, length), ...]``: the rows sorted by length (longest first, ties in order), cut into chunks of
-    ``rows``, each with the length of its longest row."""
+    ``rows`` (the encoder's :func:`~pyterrier_cpdae.encoder.batching.length_sorted_batches`), each with the length of
+    its longest row."""
     lengths = attention_mask.sum(1)
-    order = torch.argsort(-lengths, stable=True)
-    return [(chunk, int(lengths[chunk[0]])) for chunk in order.split(rows)]
+    return [(chunk, int(lengths[chunk[0]])) for chunk in
+            map(torch.from_numpy, length_sorted_batches(lengths.cpu().numpy(), rows))]
 
 
 def _right_padded(attention_mask: torch.Tensor) -> bool:

@@ -305,8 +305,7 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
     stats["rescored"] += len(first) + len(rest)
     done = np.flatnonzero(scored)  # query by query: reference score descending, ties by ascending id
     order = done[np.lexsort((ids[done], -ref[done], rows[done]))]
-    counts = np.bincount(rows[done], minlength=nq)
-    take = order[((np.cumsum(counts) - counts)[:, None] + np.arange(k)).reshape(-1)]
+    take = order[(_starts(rows[done], nq)[:, None] + np.arange(k)).reshape(-1)]
     out_scores[todo] = ref[take].reshape(len(todo), k)
     out_ids[todo] = ids[take].reshape(len(todo), k)
     return out_scores, out_ids
@@ -406,12 +405,11 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     # k-th largest over its rows of A - (the block's largest eps), each at most that row's lower bound, so that at
     # least k documents have L >= that value; then its rows are filtered as any block's
     seed = bool(np.isneginf(cand.tau).any())
-    first = min(n, max(block_size, min(SEED_BLOCKS * cand.k, max(cand.k, SEED_BYTES // (8 * num_q))))) if seed \
-        else block_size
     # after it, tiles whose int32 products stay in a core's L2 cache while they are filtered (measured faster than
     # 16,384-row blocks, whose products are read back from memory by the filter)
     step = min(block_size, max(256, TILE_BYTES // (4 * digits * num_q)))
-    first = min(first, step) if not seed else first
+    first = min(n, max(block_size, min(SEED_BLOCKS * cand.k, max(cand.k, SEED_BYTES // (8 * num_q))))) if seed \
+        else step
     spans = [(start, min(n, start + (first if start == 0 else step))) for start in [0] + list(range(first, n, step))]
     workers = min(threads, len(spans) - 1)
     scan_block(*spans[0], seed=seed)
@@ -425,27 +423,14 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     # the cores); torch.set_num_threads also sets the count that threads starting torch later take (and MKL's), so
     # the caller's count is set back at the end. The BLAS of the numpy scan is held to one thread per call meanwhile, as
     # the fused float32 search does
-    todo = iter(spans[1:])
-    taking = threading.Lock()
-
-    def work() -> None:
-        if backend == "torch":
-            torch.set_num_threads(1)
-        while True:
-            with taking:
-                span = next(todo, None)
-            if span is None:
-                return
-            scan_block(*span)
-
     from .kernels import one_blas_thread
 
     held = one_blas_thread() if backend == "numpy" else None
     before = torch.get_num_threads() if backend == "torch" else None
+    one_thread = {"initializer": torch.set_num_threads, "initargs": (1,)} if backend == "torch" else {}
     try:
-        with held if held is not None else contextlib.nullcontext(), ThreadPoolExecutor(workers) as pool:
-            for done in [pool.submit(work) for _ in range(workers)]:
-                done.result()
+        with held if held is not None else contextlib.nullcontext(), ThreadPoolExecutor(workers, **one_thread) as pool:
+            list(pool.map(lambda span: scan_block(*span), spans[1:]))
     finally:
         if before is not None:
             torch.set_num_threads(before)

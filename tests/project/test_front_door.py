@@ -105,7 +105,8 @@ def test_a_recorded_command_names_paths_relative_to_the_working_directory():
 
 
 #: a folder or file of experiments/results named by when it ran or by its attempt rather than by its subject: a date
-#: (2026-11-27, 20261127, 20261127T...), a rented-machine tag, a numbered call or attempt (call3/, run3.sh)
+#: (2026-11-27, 20261127, 20261127T...), a tag of the session that ran it, a numbered attempt (call3/, run3.sh);
+#: a record names its subject and says "a GPU", "the machine that ran it"
 DATED_NAME = re.compile(r"\d{4}-\d{2}-\d{2}|(?<!\d)20\d{6}(?!\d)|lease|^call_?\d+$|^run_?\d+(\.\w+)?$", re.I)
 
 
@@ -134,9 +135,9 @@ def test_the_dated_name_pattern_finds_what_it_should_and_nothing_else(tmp_path):
         "paper_gpu/lease_x", "t/run3.sh", "x/table1_2026-11-26.md"])
 
 
-#: words that tell how the project's work was organised rather than what the project does (machines borrowed for a
-#: while and the calls made on them, minutes of GPU time, a ticket's wording): the docs say "a GPU", "the machine that
-#: ran it" instead
+#: words that tell how the project's work was organised rather than what the project does (how a GPU was obtained and
+#: how long it was held, a ticket's wording): the docs say "a GPU", "the machine that ran it" instead. The examples in
+#: the pattern's own test below are the words it must find
 LAB_WORDS = re.compile(r"\b(?:leas(?:e|es|ed|ing)|lent|loan(?:s|ed)?|device[- ]calls?|build machine|device tool|"
                        r"device[- ](?:minutes?|seconds?|hours?|time)|device machine|the issue's|this (?:issue|ticket)|"
                        r"helper session|integrator)\b", re.I)
