@@ -99,7 +99,7 @@ def speed(args) -> list:
                 ref = ids if ref is None else ref
                 for m in mults:
                     # ours and FAISS in turn, first one then the other: the search right after float32 exact's scan
-                    # of the whole float file finds the caches cold (about 50 ms more for 100 queries at 1M x 768)
+                    # of the whole float file finds the caches cold
                     runs = {"ours": lambda: b1.search(queries, k, rescore_multiplier=m)[1],
                             "faiss": lambda: binary.rescore(queries, fbin.search(bits, k * m)[1], k,
                                                             b1.store.vectors_of, norm)[1]}
