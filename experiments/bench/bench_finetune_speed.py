@@ -111,7 +111,7 @@ def padding(groups: Path, model: str, a: argparse.Namespace) -> dict:
     from pretrain.model.length_buckets import MIN_SAVING, ROWS, chunk_plan
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
     lines = groups.read_text(encoding="utf8").splitlines()[:(a.warmup + a.steps) * a.batch]
     total = {"steps": 0, "tokens": 0, "padded_positions": 0, "chunked_positions": 0}
     for i in range(0, len(lines) - a.batch + 1, a.batch):
