@@ -20,7 +20,9 @@ Stages (each in its own process, so that each one's peak memory is its own):
     the scan's query batch (the same int8 query rows, padded as the scan pads them) by one resident
     ``--block-size`` x dim int8 block, repeated for ``--bound-seconds`` before and after each search; a search
     cannot do more than one scan of ``2 x queries x N x dim`` integer operations at that rate, so the bound's time
-    over the search's time is its share of the bound. Then correctness: for ``--check-queries`` queries, an exact
+    over the search's time is its share of the bound. The search's own stats split its time into the scan and the
+    rescoring; ``--breakdown`` adds one pass of the scan's product alone (the scan's tiles and workers), and
+    ``--cold-float-copy`` drops the float copy's pages from the page cache before each search. Then correctness: for ``--check-queries`` queries, an exact
     search over the float copy streamed in chunks (float64 products of the float32 values, each score rounded
     once to float32, ties by ascending id: the float32 index's ranking) must give the identical top-k ids.
 
@@ -38,7 +40,8 @@ The synthetic vectors (the shape of a BERT-base encoder's [CLS]/mean-pooled outp
 Usage (from the repository root; PYTHONPATH=$PWD so that this tree's package is the one measured):
     PYTHONPATH=$PWD python experiments/bench/bench_int8_msmarco_scale.py --workdir $TMPDIR/msmarco_int8 \\
         [--docs 8841823] [--dim 768] [--queries 200] [--ks 10 1000] [--check-queries 8] [--json out.json] \\
-        [--stage all|build|search] [--float-copy-random] [--memory-limit-gib 4] [--no-lock-codes]
+        [--stage all|build|search] [--float-copy-random] [--cold-float-copy] [--breakdown] [--memory-limit-gib 4] \\
+        [--no-lock-codes]
     python experiments/bench/bench_int8_msmarco_scale.py --workdir $TMPDIR/msmarco_int8 --clean   # delete its data
 
 ``--stage all`` (the default) builds (or reuses a complete build in ``--workdir``) and searches; ``--stage search``
@@ -224,18 +227,55 @@ def int8_bound(query_rows: np.ndarray, block: np.ndarray, seconds: float) -> flo
             return reps * ops / elapsed / 1e9
 
 
-def matmul_pass(codes: np.ndarray, query_rows: np.ndarray, block_size: int) -> float:
-    """Seconds of one pass of the scan's product over all the codes (the memmap, block by block; no top-k)."""
+def product_pass(codes: np.ndarray, query_rows: np.ndarray, tile: int, workers: int) -> float:
+    """Seconds of one pass of the scan's own product over all the codes, with nothing else: ``torch._int_mm`` of each
+    ``tile``-row block of the memmap by the int8 query rows (document-major, as the scan multiplies), the tiles shared
+    by ``workers`` threads of one torch thread each, as the scan shares them; no filter, no candidates."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
-    qt = torch.from_numpy(np.ascontiguousarray(query_rows, dtype=np.int8))
-    if len(qt) < 17:
-        qt = torch.cat([qt, torch.zeros((17 - len(qt), qt.shape[1]), dtype=torch.int8)])
-    t0 = time.perf_counter()
-    for start in range(0, len(codes), block_size):
-        rows = np.array(codes[start:start + block_size])
-        torch._int_mm(qt, torch.from_numpy(rows).T)
-    return time.perf_counter() - t0
+    qt = torch.from_numpy(np.ascontiguousarray(np.asarray(query_rows, dtype=np.int8).T))
+
+    def one(start: int) -> None:
+        block = torch.from_numpy(np.array(codes[start:start + tile]))
+        if len(block) < 17:
+            block = torch.cat([block, torch.zeros((17 - len(block), block.shape[1]), dtype=torch.int8)])
+        torch._int_mm(block, qt)
+
+    before = torch.get_num_threads()
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            list(pool.map(one, range(0, len(codes), tile)))
+        return time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(before)
+
+
+def evict(path: Path) -> None:
+    """Drops the float copy's pages (``vectors.bin``) from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``:
+    clean pages, no privilege needed), so that a search reads every rescored row from storage, as it does when the
+    float copy is far larger than the memory."""
+    fd = os.open(Path(path) / "vectors.bin", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def product_share(codes: np.ndarray, query_rows: np.ndarray, num_queries: int, block_size: int, rate: float) -> dict:
+    """One pass of the scan's product alone with the scan's tiles and workers (:func:`product_pass`), and its share
+    of the bound (``rate``: the bound's integer GOP/s): what the scan's int8 products cost without their filter and
+    candidates."""
+    from pyterrier_cpdae._checks import default_num_threads
+    from pyterrier_cpdae.dense import int8 as int8_search
+
+    digits = len(query_rows) // num_queries
+    tile = int8_search.tile_rows(num_queries, digits, block_size)
+    seconds = product_pass(codes, query_rows, tile, max(1, min(default_num_threads(), len(codes) // tile)))
+    bound_s = 2.0 * len(query_rows) * codes.shape[0] * codes.shape[1] / rate / 1e9
+    return {"product_pass_s": seconds, "tile_rows": tile, "product_pass_share_of_bound": bound_s / seconds}
 
 
 def lock_in_memory(array: np.ndarray) -> bool:
@@ -328,11 +368,9 @@ def stage_search(args) -> dict:
         vectors = index.store.open()[1][0][0]
         vectors._mmap.madvise(mmap.MADV_RANDOM)
     out["float_copy_madvise_random"] = bool(args.float_copy_random)
-    if args.matmul_pass:
-        out["matmul_pass_s"] = matmul_pass(codes_part.codes, one_digit, args.block_size)
+    out["cold_float_copy"] = bool(args.cold_float_copy)
     out["warmup_search_s"] = _timed(lambda: index.retriever(num_results=min(args.ks))(frame.iloc[:1]))[0]
-    print(f"warm-up: 1-query search {out['warmup_search_s']:.1f} s" +
-          (f"; matmul-only pass over the codes {out['matmul_pass_s']:.1f} s" if args.matmul_pass else ""), flush=True)
+    print(f"warm-up: 1-query search {out['warmup_search_s']:.1f} s", flush=True)
 
     # the float rows read (the float copy is read through the store's vectors_of, only to rescore)
     store = index.store
@@ -345,6 +383,15 @@ def stage_search(args) -> dict:
         return original(ids)
 
     store.vectors_of = counting_vectors_of
+    # the int8 search's stats (its scan's and its rescoring's time), taken from the search the retriever runs
+    searched: dict = {}
+    int8_run = int8_search.search
+
+    def search_with_stats(*a, **kw):
+        kw["stats"] = searched
+        return int8_run(*a, **kw)
+
+    int8_search.search = search_with_stats
     ops = 2.0 * len(queries) * count * dim
     results, runs = {}, []
     out["runs"] = runs
@@ -353,7 +400,10 @@ def stage_search(args) -> dict:
             query_rows = scan_rows(k)
             watchdog.doing = f"the k={k} search"
             before = int8_bound(query_rows, block, args.bound_seconds)
+            if args.cold_float_copy:
+                evict(index.path)
             counted.update(rows=0, calls=0)
+            searched.clear()
             read0 = io_read_bytes()
             wall, res = _timed(lambda: index.retriever(num_results=k)(frame))
             read = io_read_bytes() - read0
@@ -370,18 +420,32 @@ def stage_search(args) -> dict:
                    "share_of_one_digit_bound": bound_s / digits / wall,
                    "float_rows_read_per_query": counted["rows"] / len(queries),
                    "storage_read_gib": read / 2**30, "memory": memory_status()}
+            if "scan_s" in searched:  # where the search's time went (the int8 search's stats over its batches; a
+                # package before them has none)
+                run.update(scan_s=searched["scan_s"], rescore_s=searched["rescore_s"],
+                           other_s=wall - searched["scan_s"] - searched["rescore_s"],
+                           scan_share_of_bound=bound_s / searched["scan_s"],
+                           candidates_per_query=searched["candidates"] / len(queries))
             runs.append(run)
             print(f"k={k} ({digits} query digit{'s' if digits > 1 else ''}): {wall:.1f} s, {run['queries_per_s']:.2f} "
                   f"q/s; bound {before:.1f}/{after:.1f} GOP/s -> "
                   f"{bound_s:.1f} s: {100 * run['share_of_bound']:.1f}% of the bound; float rows read per query "
                   f"{run['float_rows_read_per_query']:.0f}; {run['storage_read_gib']:.2f} GiB read from storage",
                   flush=True)
+            if "scan_s" in run:
+                print(f"  of which the scan {run['scan_s']:.2f} s ({100 * run['scan_share_of_bound']:.1f}% of the "
+                      f"bound; {run['candidates_per_query']:.0f} candidates a query), the rescoring "
+                      f"{run['rescore_s']:.2f} s, the rest {run['other_s']:.2f} s", flush=True)
+            if args.breakdown:
+                watchdog.doing = f"the k={k} product pass"
+                run.update(product_share(codes_part.codes, query_rows, len(queries), args.block_size, rate))
+                print(f"  the scan's product alone (its tiles of {run['tile_rows']} rows): {run['product_pass_s']:.2f} "
+                      f"s, {100 * run['product_pass_share_of_bound']:.1f}% of the bound", flush=True)
     finally:
         store.vectors_of = original
+        int8_search.search = int8_run
     watchdog.doing = "the exact float check"
     out["memory_after_searches"] = memory_status()
-    if args.matmul_pass:
-        out["matmul_pass_share_of_bound"] = ops / (runs[0]["bound_gops_before"] * 1e9) / out["matmul_pass_s"]
 
     # correctness: the identical top-k ids as an exact float search over the float copy, for a sample of queries
     if args.float_copy_random:  # the check streams the float copy: readahead again
@@ -466,6 +530,15 @@ def report(summary: dict) -> None:
         print(f"| {r['k']} | {summary['queries']} | {r['search_wall_s']:.1f} | {r['queries_per_s']:.2f} | "
               f"{r['bound_gops_before']:.1f} / {r['bound_gops_after']:.1f} | {100 * r['share_of_bound']:.1f}% | "
               f"{r['float_rows_read_per_query']:.0f} | {c['identical']}/{c['queries']} |")
+    print("\n| k | search s | its scan s (share of the bound) | the scan's product alone s (share) | rescoring s "
+          "| rest s | candidates / rescored per query |")
+    print("|---|---|---|---|---|---|---|")
+    for r in (r for r in summary["runs"] if "scan_s" in r):
+        product = (f"{r['product_pass_s']:.2f} ({100 * r['product_pass_share_of_bound']:.1f}%)"
+                   if "product_pass_s" in r else "-")
+        print(f"| {r['k']} | {r['search_wall_s']:.2f} | {r['scan_s']:.2f} ({100 * r['scan_share_of_bound']:.1f}%) | "
+              f"{product} | {r['rescore_s']:.2f} | {r['other_s']:.2f} | "
+              f"{r['candidates_per_query']:.0f} / {r['float_rows_read_per_query']:.0f} |")
 
 
 # -- driver --------------------------------------------------------------------------------------------------------
@@ -486,7 +559,12 @@ def parse(argv=None):
                    help="stop the search when the process's anonymous memory passes this (default 4)")
     p.add_argument("--float-copy-random", action="store_true",
                    help="madvise(MADV_RANDOM) on the float copy's memmap: no readahead around each rescored row")
-    p.add_argument("--matmul-pass", action="store_true", help="also time one pass of the scan's product alone")
+    p.add_argument("--cold-float-copy", action="store_true",
+                   help="drop the float copy's pages from the page cache before each search (every rescored row is "
+                        "then read from storage: the case of a float copy larger than the memory)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="after each search, time one pass of the scan's product alone (its tiles and workers, no "
+                        "filter, no candidates): how much of the scan's time the products take")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stage", choices=("all", "build", "search"), default="all")
     p.add_argument("--json", help="write the summary here (with --stage search: the search's, with the build's record)")

@@ -179,13 +179,14 @@ def rescore(queries: np.ndarray, candidates: np.ndarray, k: int, vectors_of: Cal
 
 def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: Callable[[np.ndarray], np.ndarray], *,
            rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER, backend: Optional[str] = None,
-           block_size: int = 16384, query_batch_size: int = 1024,
-           threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+           block_size: int = 16384, query_batch_size: int = 1024, threads: Optional[int] = None,
+           prefetch: Optional[Callable[[np.ndarray], object]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The top ``k`` ``(scores, ids)`` (``(q, min(k, count))``, float32 scores descending, ties by ascending id) of
     the ``k * rescore_multiplier`` documents nearest to each query in Hamming distance, rescored in float32.
 
     ``backend``: the scan (:data:`SCANS`; ``None``: :data:`DEFAULT_SCAN`). When ``k * rescore_multiplier`` reaches the
-    number of documents, every document is rescored (no scan): the float32 index's ranking."""
+    number of documents, every document is rescored (no scan): the float32 index's ranking. ``prefetch`` (the store's)
+    is called with each query batch's candidates before they are read from the float copy."""
     k = check_int(k, "k")
     rescore_multiplier = check_int(rescore_multiplier, "rescore_multiplier")
     block_size = check_int(block_size, "block_size")
@@ -214,6 +215,8 @@ def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: C
         else:
             cand = nearest(parts, np.packbits(batch > 0, axis=1), width, scan=scan, dim=dim, block_size=block_size,
                            threads=threads)
+            if prefetch is not None:
+                prefetch(cand.reshape(-1))
         out_scores[qs:qs + len(batch)], out_ids[qs:qs + len(batch)] = rescore(batch, cand, k, vectors_of, max_norm,
                                                                              threads)
     return out_scores, out_ids

@@ -4,7 +4,7 @@ sends a search to :mod:`~pyterrier_cpdae.dense.int8` (exact) or :mod:`~pyterrier
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -32,12 +32,14 @@ def open_code_parts(path: Path, meta: dict, parts: list) -> List[CodePart]:
 
 
 def search(path: Path, meta: dict, parts: List[CodePart], vectors_of: Callable[[np.ndarray], np.ndarray],
-           queries: np.ndarray, k: int, backend: str, kwargs: dict) -> Tuple[np.ndarray, np.ndarray]:
+           queries: np.ndarray, k: int, backend: str, kwargs: dict,
+           prefetch: Optional[Callable[[np.ndarray], object]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The search of a compressed index: exact for int8, approximate for binary, on the CPU whatever the backend. The
     scan's products are int8 through ``torch._int_mm`` (the faster, measured: ``experiments/results/bench_int8.md``)
     unless ``scan="numpy"`` (float32 BLAS products of the widened codes; the default where torch cannot be imported);
     both give the same results. The options of the float kernels that do not apply here (``device``, ``resident``,
-    ``pinned``, ``precision``) are ignored, ``chunk_size`` is the scan's ``block_size``.
+    ``pinned``, ``precision``) are ignored, ``chunk_size`` is the scan's ``block_size``. ``prefetch`` (the store's)
+    is called with the ids of the rows each round of rescoring reads, before they are read.
 
     Raises:
         ValueError: an unknown backend, or ``rescore_multiplier`` for an int8 index (whose search is exact)."""
@@ -65,7 +67,8 @@ def search(path: Path, meta: dict, parts: List[CodePart], vectors_of: Callable[[
         raise ValueError(f"rescore_multiplier applies to dtype='binary' indexes only; {path} stores "
                          f"dtype={meta['dtype']!r}, whose search is exact")
     if meta["dtype"] == "int8":
-        return int8_search.search(parts, queries, k, vectors_of, stats=kwargs.get("stats"), **options)
+        return int8_search.search(parts, queries, k, vectors_of, stats=kwargs.get("stats"), prefetch=prefetch,
+                                  **options)
     if multiplier is not None:
         options["rescore_multiplier"] = multiplier
-    return binary_search.search(parts, queries, k, vectors_of, **options)
+    return binary_search.search(parts, queries, k, vectors_of, prefetch=prefetch, **options)

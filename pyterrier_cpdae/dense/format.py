@@ -26,6 +26,7 @@ atomic writes) behind: :func:`remove_leftovers` finishes the job once the index 
 """
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -238,6 +239,75 @@ def advise_random(vectors: np.ndarray) -> None:
     mapping = getattr(vectors, "_mmap", None)
     if mapping is not None and hasattr(mmap, "MADV_RANDOM"):
         mapping.madvise(mmap.MADV_RANDOM)
+
+
+#: rows of a prefetch whose residency is sampled first (:func:`prefetch_rows`)
+PREFETCH_SAMPLE = 64
+
+
+def prefetch_rows(vectors: np.ndarray, rows: np.ndarray) -> int:
+    """Asks the kernel to read the pages of ``rows`` of a memory-mapped vector file ahead of their use
+    (``madvise(MADV_WILLNEED)`` over each run of pages, adjacent rows' pages merged): the reads are queued together
+    and the storage serves them in parallel, where reading the rows one by one waits for one page fault after another
+    (at 8.8M x 768, about 5x faster on this project's build machine: ``bench_int8_msmarco_scale.md``). Only a hint:
+    what is read stays the file's. Skipped (0) when ``vectors`` is not a memmap, or when a sample of
+    ``PREFETCH_SAMPLE`` of the rows is in the page cache already (each advice costs about a microsecond, more than it
+    saves when the file is cached). Returns the number of page runs advised."""
+    mapping = getattr(vectors, "_mmap", None)
+    if mapping is None or not hasattr(mmap, "MADV_WILLNEED") or vectors.ndim != 2 or not len(rows) \
+            or not vectors.flags.c_contiguous:
+        return 0
+    rows = np.asarray(rows, dtype=np.int64)
+    if _resident(vectors, rows[np.linspace(0, len(rows) - 1, min(len(rows), PREFETCH_SAMPLE)).astype(np.int64)]):
+        return 0
+    rows = np.unique(rows)
+    row_bytes = vectors.strides[0]
+    base = int(getattr(vectors, "offset", 0)) % mmap.ALLOCATIONGRANULARITY  # row 0's place in the mapping
+    page = mmap.PAGESIZE
+    first = (base + rows * row_bytes) // page * page
+    last = -(-(base + (rows + 1) * row_bytes) // page) * page  # (the end of each row's last page)
+    new = np.concatenate([[True], first[1:] > last[:-1]])  # a row whose pages start a run (rows ascending)
+    starts = first[new]
+    ends = np.maximum.accumulate(last)[np.concatenate([np.flatnonzero(new)[1:] - 1, [len(rows) - 1]])]
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        try:
+            _advise(mapping, a, b - a)
+        except (OSError, ValueError):  # (a hint the system refuses: the rows are read as they come)
+            return 0
+    return len(starts)
+
+
+def _advise(mapping: mmap.mmap, start: int, length: int) -> None:
+    mapping.madvise(mmap.MADV_WILLNEED, start, length)
+
+
+def _resident(vectors: np.ndarray, rows: np.ndarray) -> bool:
+    """Whether the first page of each of ``rows`` of the memmap ``vectors`` is in memory (``mincore``); False where
+    it cannot be asked."""
+    import ctypes
+
+    mincore = _mincore()
+    if mincore is None:
+        return False
+    page = mmap.PAGESIZE
+    flag = (ctypes.c_ubyte * 1)()
+    for row in rows.tolist():
+        address = (vectors.ctypes.data + row * vectors.strides[0]) // page * page
+        if mincore(ctypes.c_void_p(address), ctypes.c_size_t(page), flag) != 0 or not flag[0] & 1:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _mincore():
+    """libc's ``mincore`` (looked up once: finding the library runs a program), or None where there is none."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
 
 
 def open_docnos(path: Path, meta: dict):

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -114,16 +115,21 @@ def split_queries(queries: np.ndarray, scales: np.ndarray):
 
 def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: Callable[[np.ndarray], np.ndarray], *,
            backend: str = "numpy", block_size: int = 16384, query_batch_size: int = 512,
-           threads: Optional[int] = None, stats: Optional[dict] = None) -> Tuple[np.ndarray, np.ndarray]:
+           threads: Optional[int] = None, stats: Optional[dict] = None,
+           prefetch: Optional[Callable[[np.ndarray], object]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The exact top ``k`` ``(scores, ids)`` (``(q, min(k, count))``, scores descending, ties by ascending id) of the
     float32 ``queries`` (finite, checked by the caller) over the int8 ``parts`` (module docstring).
 
     Args:
         vectors_of: float32 stored vectors (the float copy) of global document ids.
+        prefetch: when given, called with the global ids of each round of rescoring before ``vectors_of`` reads
+            them (the store's :meth:`~pyterrier_cpdae.dense.store.DenseStore.prefetch`: their reads queued together).
         backend: the scan's products: ``"torch"`` (``torch._int_mm``) or ``"numpy"`` (float32 BLAS of the widened
             codes); the same results.
-        stats: when given, counts ``rescored`` (documents rescored from the float copy) and ``retries`` (queries
-            scanned again: always 0, kept for the callers that read it).
+        stats: when given, counts ``rescored`` (documents rescored from the float copy), ``candidates`` (documents
+            kept by the scans, before the rescoring's rounds) and ``retries`` (queries scanned again: always 0, kept for
+            the callers that read it), and adds up the wall time of the scans (``scan_s``: the int8 products, their
+            filter and the candidates) and of the rescoring (``rescore_s``: reading the float copy and scoring).
     """
     k = check_int(k, "k")
     block_size = check_int(block_size, "block_size")
@@ -135,15 +141,21 @@ def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: C
     out_scores = np.empty((num_q, k), dtype=np.float32)
     out_ids = np.empty((num_q, k), dtype=np.int64)
     stats = {} if stats is None else stats
-    stats.setdefault("rescored", 0)
-    stats.setdefault("retries", 0)
+    for key in ("rescored", "candidates", "retries", "scan_s", "rescore_s"):
+        stats.setdefault(key, 0)
     if k == 0 or num_q == 0:
         return out_scores, out_ids
     for qs in range(0, num_q, query_batch_size):
         s, i = _search_batch(parts, queries[qs:qs + query_batch_size], k, vectors_of, backend, block_size,
-                             threads, stats)
+                             threads, stats, prefetch)
         out_scores[qs:qs + len(s)], out_ids[qs:qs + len(s)] = s, i
     return out_scores, out_ids
+
+
+def tile_rows(num_q: int, digits: int, block_size: int) -> int:
+    """Rows of the scan's tiles after its first block for ``num_q`` queries written in ``digits`` int8 digits: int32
+    products of about ``TILE_BYTES`` (a core's L2 cache), at least 256 rows and at most ``block_size``."""
+    return min(block_size, max(256, TILE_BYTES // (4 * digits * num_q)))
 
 
 def _first_ids(parts: Sequence[CodePart], k: int) -> np.ndarray:
@@ -259,7 +271,7 @@ def _dense(num_q: int, width: int, entries: int) -> bool:
     return num_q * width <= 4 * entries + (1 << 17)
 
 
-def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, stats):
+def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, stats, prefetch=None):
     num_q, dim = queries.shape
     max_norm = max(c.max_norm for c, _, _ in parts)
     qnorm = np.linalg.norm(queries.astype(np.float64), axis=1)
@@ -274,10 +286,14 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
     sub = queries[todo]
     cand = _Candidates(len(todo), k)
     digits = 2 if k >= TWO_DIGITS_FROM else 1
+    started = time.perf_counter()
     for codes, offset, stride in parts:
         _scan_part(codes, offset, stride, sub, qnorm[todo], tol[todo], cand, backend, block_size, digits,
                    threads)
     rows, ids, upper, lower = cand.update()
+    scanned = time.perf_counter()
+    stats["scan_s"] += scanned - started
+    stats["candidates"] += len(rows)
     # 3. the candidates that may reach the k-th best reference score, rescored from the float copy in two rounds:
     # first each query's k + k / FIRST_EXTRA best by the middle of their bounds, whose k-th best reference score R1
     # is at most the k-th best; then only the others whose upper bound reaches R1 (a candidate below it cannot reach
@@ -295,14 +311,19 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
     else:  # (a few queries hold most of the candidates: one sort instead of a mostly empty matrix)
         first = np.lexsort((-(upper + lower), rows))[(starts[:, None] + np.arange(width)).reshape(-1)]
     ref = np.full(len(rows), -np.inf, dtype=np.float32)
+    if prefetch is not None:
+        prefetch(ids[first])
     ref[first] = _rescore(sub, rows[first], ids[first], vectors_of, threads)
     r1 = -np.partition(-ref[first].reshape(nq, width), k - 1, axis=1)[:, k - 1]
     scored = np.zeros(len(rows), dtype=bool)
     scored[first] = True
     rest = np.flatnonzero((upper >= r1[rows]) & ~scored)
+    if prefetch is not None and len(rest):
+        prefetch(ids[rest])
     ref[rest] = _rescore(sub, rows[rest], ids[rest], vectors_of, threads)
     scored[rest] = True
     stats["rescored"] += len(first) + len(rest)
+    stats["rescore_s"] += time.perf_counter() - scanned
     done = np.flatnonzero(scored)  # query by query: reference score descending, ties by ascending id
     order = done[np.lexsort((ids[done], -ref[done], rows[done]))]
     take = order[(_starts(rows[done], nq)[:, None] + np.arange(k)).reshape(-1)]
@@ -407,7 +428,7 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     seed = bool(np.isneginf(cand.tau).any())
     # after it, tiles whose int32 products stay in a core's L2 cache while they are filtered (measured faster than
     # 16,384-row blocks, whose products are read back from memory by the filter)
-    step = min(block_size, max(256, TILE_BYTES // (4 * digits * num_q)))
+    step = tile_rows(num_q, digits, block_size)
     first = min(n, max(block_size, min(SEED_BLOCKS * cand.k, max(cand.k, SEED_BYTES // (8 * num_q))))) if seed \
         else step
     spans = [(start, min(n, start + (first if start == 0 else step))) for start in [0] + list(range(first, n, step))]

@@ -46,6 +46,7 @@ def test_scale_bench_smoke(tmp_path):
         assert np.isclose(r["share_of_bound"], r["bound_s"] / r["search_wall_s"])
         # the proof rescored at least the k best of each query from the float copy, and not every document
         assert r["k"] <= r["float_rows_read_per_query"] < docs
+        assert np.isclose(r["scan_s"] + r["rescore_s"] + r["other_s"], r["search_wall_s"]) and "product_pass_s" not in r
     assert summary["memory_after_searches"]["VmHWM_gib"] > 0
     assert summary["check"] == [{"k": 10, "queries": 5, "identical": 5}, {"k": 100, "queries": 5, "identical": 5}]
     assert summary["check_ok"] is True
@@ -53,10 +54,20 @@ def test_scale_bench_smoke(tmp_path):
     # the search stage alone writes its --json too, with the build's record
     alone = tmp_path / "search.json"
     res = run("--workdir", str(work), "--docs", str(docs), "--dim", str(dim), "--queries", "4", "--ks", "10",
-              "--check-queries", "2", "--bound-seconds", "0.05", "--stage", "search", "--json", str(alone), cwd=tmp_path)
+              "--check-queries", "2", "--bound-seconds", "0.05", "--stage", "search", "--json", str(alone),
+              "--breakdown", "--cold-float-copy", cwd=tmp_path)
     assert res.returncode == 0, res.stderr + res.stdout
     searched = json.loads(alone.read_text())
     assert searched["build"]["files"] == files and searched["check"] == [{"k": 10, "queries": 2, "identical": 2}]
+    # the search's own stats: its parts add up to its wall time; --breakdown times the scan's product alone
+    b = searched["runs"][0]
+    assert np.isclose(b["scan_s"] + b["rescore_s"] + b["other_s"], b["search_wall_s"])
+    assert b["scan_s"] > 0 and b["rescore_s"] > 0 and b["product_pass_s"] > 0
+    assert b["tile_rows"] == 16384  # 4 queries in one digit: their products fit the cache at the block size
+    assert b["candidates_per_query"] >= b["float_rows_read_per_query"] >= 10
+    assert np.isclose(b["scan_share_of_bound"], b["bound_s"] / b["scan_s"])
+    assert np.isclose(b["product_pass_share_of_bound"], b["bound_s"] / b["product_pass_s"])
+    assert "the scan's product alone" in res.stdout
     assert searched["command"].startswith("python experiments/bench/bench_int8_msmarco_scale.py --workdir")
     # a second run reuses the build; another size is refused by name; --clean deletes the data
     again = run("--workdir", str(work), "--docs", str(docs + 1), "--dim", str(dim), "--stage", "search", cwd=tmp_path)

@@ -68,6 +68,9 @@ def test_near_ties_equal_float32_ranking(tmp_path):
     stats = {}
     i8.search(queries[:20], 7, stats=stats)
     assert stats["rescored"] < 20 * len(vecs) / 4  # the proof cut the work: not every document was rescored
+    # every rescored document was a candidate of the scan, and at least the k best of each query were rescored
+    assert 20 * 7 <= stats["rescored"] <= stats["candidates"] <= 20 * len(vecs)
+    assert stats["scan_s"] > 0 and stats["rescore_s"] > 0 and stats["retries"] == 0
 
 
 def test_one_huge_dimension(tmp_path):
