@@ -339,7 +339,11 @@ def stage_search(args) -> dict:
 
     def scan_rows(k: int) -> np.ndarray:
         """The int8 query rows the scan multiplies the codes by at ``k``: one row per query, or two (digits)."""
-        if two_digits_from is not None and k >= two_digits_from:
+        if hasattr(int8_search, "query_digits"):  # (the scan's own choice; a package before it: by k alone)
+            two = int8_search.query_digits(index.store.code_parts(), queries, k) == 2
+        else:
+            two = two_digits_from is not None and k >= two_digits_from
+        if two:
             p1, _, p2 = int8_search.split_queries(queries, codes_part.scales)[:3]
             return np.concatenate([p1, p2])
         return one_digit
@@ -422,7 +426,7 @@ def stage_search(args) -> dict:
                    "storage_read_gib": read / 2**30, "memory": memory_status()}
             if "scan_s" in searched:  # where the search's time went (the int8 search's stats over its batches; a
                 # package before them has none)
-                run.update(scan_s=searched["scan_s"], rescore_s=searched["rescore_s"],
+                run.update(scan_s=searched["scan_s"], rescore_s=searched["rescore_s"], search_digits=searched["digits"],
                            other_s=wall - searched["scan_s"] - searched["rescore_s"],
                            scan_share_of_bound=bound_s / searched["scan_s"],
                            candidates_per_query=searched["candidates"] / len(queries))

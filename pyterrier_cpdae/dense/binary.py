@@ -185,7 +185,7 @@ def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: C
     the ``k * rescore_multiplier`` documents nearest to each query in Hamming distance, rescored in float32.
 
     ``backend``: the scan (:data:`SCANS`; ``None``: :data:`DEFAULT_SCAN`). When ``k * rescore_multiplier`` reaches the
-    number of documents, every document is rescored (no scan): the float32 index's ranking. ``prefetch`` (the store's)
+    number of documents, every document is rescored (no scan): the float32 index's ranking. ``prefetch`` (the store's, :func:`.format.prefetch_ids`)
     is called with each query batch's candidates before they are read from the float copy."""
     k = check_int(k, "k")
     rescore_multiplier = check_int(rescore_multiplier, "rescore_multiplier")

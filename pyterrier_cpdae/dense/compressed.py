@@ -38,7 +38,7 @@ def search(path: Path, meta: dict, parts: List[CodePart], vectors_of: Callable[[
     scan's products are int8 through ``torch._int_mm`` (the faster, measured: ``experiments/results/bench_int8.md``)
     unless ``scan="numpy"`` (float32 BLAS products of the widened codes; the default where torch cannot be imported);
     both give the same results. The options of the float kernels that do not apply here (``device``, ``resident``,
-    ``pinned``, ``precision``) are ignored, ``chunk_size`` is the scan's ``block_size``. ``prefetch`` (the store's)
+    ``pinned``, ``precision``) are ignored, ``chunk_size`` is the scan's ``block_size``. ``prefetch`` (the store's, :func:`.format.prefetch_ids`)
     is called with the ids of the rows each round of rescoring reads, before they are read.
 
     Raises:

@@ -31,7 +31,8 @@ score ``R`` of every (query, document). For each query:
 
 The two digits cost twice the int8 products of one, and shrink the bound's query share, the larger on vectors
 whose per-dimension spread makes the scaled query uneven, so that the candidates are a few times ``k`` instead of
-tens of times (``experiments/results/bench_int8.md``).
+tens of times (``experiments/results/bench_int8.md``). The queries get them from ``k = TWO_DIGITS_FROM``, and below
+it where a first look at the documents shows one digit too loose (:func:`query_digits`).
 
 The float32 index orders its results by the same reference scores wherever two of them are near
 (:mod:`~pyterrier_cpdae.dense.ties`) and by scores within ``tol`` of them elsewhere, so the rankings are identical;
@@ -56,9 +57,19 @@ from .ties import _rescore, tolerance
 #: unit roundoff of float32
 U32 = 2.0 ** -24
 
-#: the smallest ``k`` whose queries are written in two int8 digits (module docstring): below it the candidates are few
-#: with one digit, and the second would double the scan's products for little
+#: the smallest ``k`` whose queries are always written in two int8 digits (module docstring); below it,
+#: :func:`query_digits` looks at the first ``PROBE_ROWS`` documents to decide
 TWO_DIGITS_FROM = 100
+
+#: documents of the first part whose products with both digits decide, below ``TWO_DIGITS_FROM``, whether the queries
+#: need the second (:func:`query_digits`)
+PROBE_ROWS = 4096
+
+#: what one more candidate costs a query (its filter survival, bookkeeping and share of the rescoring), in the scan's
+#: int8 multiply-adds, an order of magnitude (about a microsecond of a core against a few 10**11 multiply-adds a
+#: second): on the benchmarks' vectors it chooses one digit where one was the faster and two where one kept far too
+#: many candidates (``experiments/results/bench_int8.md``, ``bench_int8_msmarco_scale.md``)
+CANDIDATE_MACS = 1 << 19
 
 #: the first block of a query batch's scan has at least this many times k rows (and at least the block size): the
 #: k-th largest of its rows' estimates less the block's largest error bound seeds tau (measured: a seed from fewer
@@ -123,12 +134,13 @@ def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: C
     Args:
         vectors_of: float32 stored vectors (the float copy) of global document ids.
         prefetch: when given, called with the global ids of each round of rescoring before ``vectors_of`` reads
-            them (the store's :meth:`~pyterrier_cpdae.dense.store.DenseStore.prefetch`: their reads queued together).
+            them (the store's :func:`~pyterrier_cpdae.dense.format.prefetch_ids`: their reads queued together).
         backend: the scan's products: ``"torch"`` (``torch._int_mm``) or ``"numpy"`` (float32 BLAS of the widened
             codes); the same results.
         stats: when given, counts ``rescored`` (documents rescored from the float copy), ``candidates`` (documents
             kept by the scans, before the rescoring's rounds) and ``retries`` (queries scanned again: always 0, kept for
-            the callers that read it), and adds up the wall time of the scans (``scan_s``: the int8 products, their
+            the callers that read it), holds ``digits`` (the most query digits a batch was written in,
+            :func:`query_digits`), and adds up the wall time of the scans (``scan_s``: the int8 products, their
             filter and the candidates) and of the rescoring (``rescore_s``: reading the float copy and scoring).
     """
     k = check_int(k, "k")
@@ -150,6 +162,50 @@ def search(parts: Sequence[CodePart], queries: np.ndarray, k: int, vectors_of: C
                              threads, stats, prefetch)
         out_scores[qs:qs + len(s)], out_ids[qs:qs + len(s)] = s, i
     return out_scores, out_ids
+
+
+def query_digits(parts: Sequence[CodePart], queries: np.ndarray, k: int, backend: str = "torch") -> int:
+    """How many int8 digits (1 or 2) the scan writes ``queries`` (float32, finite) in at ``k``: two from
+    ``TWO_DIGITS_FROM``; below it, two when the first ``PROBE_ROWS`` documents of the first part show that the
+    documents only one digit would let through cost more than the second digit's products: their share of the
+    documents times ``CANDIDATE_MACS`` above ``dim``. Those are the probe's documents whose one-digit upper bound
+    reaches a threshold that two digits' upper bounds do not, the threshold being the probe's two-digit lower bound
+    of the rank the ``k``-th best of the whole index has in a sample of the probe's size (``k`` times the probe's
+    rows over all documents, at least 1), so that the count stands for the scan's, whose threshold rises to the
+    ``k``-th best of all. One digit's bound is loose where the scaled query
+    is uneven (per-dimension scales far apart, a few wide dimensions): then it keeps a sizeable share of the
+    documents as candidates (their memory and rescoring), where two keep a few times ``k``. Either choice gives the
+    same results."""
+    if k >= TWO_DIGITS_FROM:
+        return 2
+    codes = next((c for c, _, _ in parts if len(c.codes)), None)
+    rows = 0 if codes is None else min(len(codes.codes), PROBE_ROWS)
+    if rows <= k or not len(queries):
+        return 1
+    num_q, dim = queries.shape
+    p1, t1, p2, t2, e2, _ = split_queries(queries, codes.scales)
+    e1 = quantise_queries(queries, codes.scales)[2]
+    block = np.asarray(codes.codes[:rows])
+    stacked = np.concatenate([p1, p2])
+    if backend == "torch":
+        import torch
+
+        with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
+            warnings.simplefilter("ignore", UserWarning)
+            ints = torch._int_mm(torch.from_numpy(block), torch.from_numpy(np.ascontiguousarray(stacked.T))).numpy()
+    else:
+        ints = _float_product(stacked.astype(np.float32), block).T
+    first = t1 * ints[:, :num_q]
+    both = first + t2 * ints[:, num_q:]
+    residual = np.linalg.norm(queries.astype(np.float64), axis=1) * np.asarray(codes.residual_norms[:rows])[:, None]
+    cnorm = np.asarray(codes.code_norms[:rows], dtype=np.float64)[:, None]
+    eps2 = e2 * cnorm + residual
+    count = sum(len(c.codes) for c, _, _ in parts)
+    rank = min(k, max(1, -(-k * rows // count)))  # (the k-th best of all documents, in a sample of `rows` of them)
+    tau = np.partition(both - eps2, rows - rank, axis=0)[rows - rank]
+    one = np.count_nonzero(first + e1 * cnorm + residual >= tau)
+    two = np.count_nonzero(both + eps2 >= tau)
+    return 2 if (one - two) / (rows * num_q) * CANDIDATE_MACS > dim else 1
 
 
 def tile_rows(num_q: int, digits: int, block_size: int) -> int:
@@ -285,8 +341,9 @@ def _search_batch(parts, queries, k, vectors_of, backend, block_size, threads, s
         return out_scores, out_ids
     sub = queries[todo]
     cand = _Candidates(len(todo), k)
-    digits = 2 if k >= TWO_DIGITS_FROM else 1
     started = time.perf_counter()
+    digits = query_digits(parts, sub, k, backend)
+    stats["digits"] = max(stats.get("digits", 0), digits)
     for codes, offset, stride in parts:
         _scan_part(codes, offset, stride, sub, qnorm[todo], tol[todo], cand, backend, block_size, digits,
                    threads)

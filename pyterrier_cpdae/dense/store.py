@@ -206,9 +206,7 @@ class DenseStore:
     def checked_meta(self) -> dict:
         """``pt_meta.json`` once checked against the files on disk (:meth:`open`: vector and docno files, shards).
 
-        What ``len()``, ``dim``, ``dtype`` and ``num_shards`` report, so that they never disagree with what a search
-        reads.
-        """
+        What ``len()``, ``dim``, ``dtype`` and ``num_shards`` report, so that they never disagree with a search."""
         return self.open()[0]
 
     @property
@@ -306,17 +304,6 @@ class DenseStore:
                 out[mask] = rows
         return out
 
-    def prefetch(self, ids: np.ndarray) -> int:
-        """Asks the system to read the stored vectors of global document ids ahead of a :meth:`vectors_of` of them
-        (:func:`~pyterrier_cpdae.dense.format.prefetch_rows`, part by part): the reads a rescoring is about to make,
-        queued together. Returns the number of page runs advised (0 where the rows were found in memory)."""
-        _, parts, _ = self.open()
-        ids = np.asarray(ids, dtype=np.int64)
-        n = len(parts)
-        if n == 1:
-            return io.prefetch_rows(parts[0][0], ids)
-        return sum(io.prefetch_rows(vectors, ids[ids % n == s] // n) for s, (vectors, _, _) in enumerate(parts))
-
     # -- search --------------------------------------------------------------------------------------------
     def search(self, query_vecs: np.ndarray, k: int, *, backend: str = "auto",
                **kwargs: Any) -> Tuple[np.ndarray, np.ndarray]:
@@ -386,7 +373,7 @@ class DenseStore:
     def _search_codes(self, meta: dict, query_vecs: np.ndarray, k: int, backend: str, kwargs: dict):
         queries, k, _, _ = _outputs(self.open()[1], query_vecs, k)  # :meth:`search` of a compressed index (checks k)
         scores, ids = compressed.search(self.path, meta, self.code_parts(), self.vectors_of, queries, k, backend, kwargs,
-                                        prefetch=self.prefetch)
+                                        prefetch=lambda rows: io.prefetch_ids(self.open()[1], rows))  # (read ahead)
         self._check_finite(scores, ids)
         return scores, ids
 

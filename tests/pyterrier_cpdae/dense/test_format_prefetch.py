@@ -1,6 +1,6 @@
-"""format.prefetch_rows (the reads of a rescoring queued together) and the store's prefetch: the page runs advised
-against a naive per-page reference, the skip when a sample is in memory, and an int8 search that prefetches returning
-the float32 ranking."""
+"""format.prefetch_rows and prefetch_ids (the reads of a rescoring queued together): the page runs advised against a
+naive per-page reference, the ids of a sharded view split over its parts, the skip when a sample is in memory, and the
+int8 and binary searches that prefetch returning what they return without it."""
 from __future__ import annotations
 
 import mmap
@@ -105,7 +105,18 @@ def test_binary_search_prefetches_its_candidates(tmp_path, monkeypatch):
     plain = index.store.search(queries, 10, rescore_multiplier=4)
     monkeypatch.setattr(io, "_resident", lambda vectors, rows: False)
     asked = []
-    monkeypatch.setattr(index.store, "prefetch", lambda ids: asked.append(np.sort(ids)) or 0)
+    monkeypatch.setattr(io, "prefetch_ids", lambda parts, ids: asked.append(np.sort(ids)) or 0)
     advised = index.store.search(queries, 10, rescore_multiplier=4)
     assert len(asked) == 1 and len(asked[0]) == 5 * 40  # k x the multiplier candidates of each query
     assert np.array_equal(advised[1], plain[1]) and np.array_equal(advised[0], plain[0])
+
+
+def test_prefetch_ids_splits_a_sharded_views_ids_over_its_parts(monkeypatch):
+    """Global ids ``row * stride + offset`` go to their part as its rows (two shards: even ids to the first)."""
+    seen = []
+    monkeypatch.setattr(io, "prefetch_rows", lambda vectors, rows: seen.append((vectors, sorted(rows.tolist()))) or 1)
+    parts = [("part0", 0, 2), ("part1", 1, 2)]
+    assert io.prefetch_ids(parts, np.array([9, 0, 4, 7, 2])) == 2
+    assert seen == [("part0", [0, 1, 2]), ("part1", [3, 4])]
+    seen.clear()
+    assert io.prefetch_ids([("single", 0, 1)], np.array([5, 3])) == 1 and seen == [("single", [3, 5])]

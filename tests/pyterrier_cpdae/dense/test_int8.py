@@ -323,6 +323,7 @@ def test_one_and_two_digits_many_blocks_equal_float32(tmp_path, monkeypatch, dig
     from pyterrier_cpdae.dense import int8 as int8_search
 
     monkeypatch.setattr(int8_search, "TWO_DIGITS_FROM", digits_from)
+    monkeypatch.setattr(int8_search, "CANDIDATE_MACS", 0)  # below TWO_DIGITS_FROM: one digit, whatever the data
     vecs = near_ties(2400, 40, seed=13)
     f32 = DenseIndex(tmp_path / "f32")
     f32.indexer().index(frame(vecs))
@@ -338,6 +339,7 @@ def test_one_and_two_digits_many_blocks_equal_float32(tmp_path, monkeypatch, dig
             _, i1 = view.search(queries, k, scan=scan, chunk_size=97, stats=stats)
             np.testing.assert_array_equal(i1, i0, err_msg=f"k={k} scan={scan}")
             assert stats["retries"] == 0 and stats["rescored"] >= k * len(queries)
+            assert stats["digits"] == (2 if k >= digits_from else 1)
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
@@ -359,3 +361,69 @@ def test_the_float_copy_of_a_compressed_index_is_mapped_for_random_reads(tmp_pat
             current = None
     assert by_dir.get("i8") and all("rr" in f for f in by_dir["i8"]), by_dir
     assert by_dir.get("f32") and not any("rr" in f for f in by_dir["f32"]), by_dir
+
+
+def naive_digits(vecs, scales_codes, queries, k, rows):
+    """query_digits' rule written out query by query and document by document from the bounds of the module
+    docstring: ``A = t1 (p1 . c) [+ t2 (p2 . c)]``, ``eps = e |c| + |q| |r|``; the documents whose one-digit upper
+    bound reaches the two-digit lower bound of rank ceil(k rows / N), less those whose two-digit upper bound does, as
+    a share."""
+    import math
+    from pyterrier_cpdae.dense import int8 as int8_search
+
+    codes = scales_codes
+    one = two = 0
+    for q in queries.astype(np.float64):
+        p1, t1, p2, t2, e2, _ = int8_search.split_queries(q[None].astype(np.float32), codes.scales)
+        e1 = int8_search.quantise_queries(q[None].astype(np.float32), codes.scales)[2][0]
+        bounds = []
+        for i in range(rows):
+            c = codes.codes[i].astype(np.int64)
+            a1 = t1[0] * int(p1[0].astype(np.int64) @ c)
+            a2 = a1 + t2[0] * int(p2[0].astype(np.int64) @ c)
+            rq = np.linalg.norm(q) * float(codes.residual_norms[i])
+            bounds.append((a1 + e1 * float(codes.code_norms[i]) + rq, a2 - e2[0] * float(codes.code_norms[i]) - rq,
+                           a2 + e2[0] * float(codes.code_norms[i]) + rq))
+        rank = min(k, max(1, math.ceil(k * rows / len(vecs))))
+        tau = sorted((b[1] for b in bounds), reverse=True)[rank - 1]
+        one += sum(b[0] >= tau for b in bounds)
+        two += sum(b[2] >= tau for b in bounds)
+    return (one - two) / (rows * len(queries))
+
+
+def test_query_digits_against_the_rule_written_out(tmp_path, monkeypatch):
+    """Below TWO_DIGITS_FROM the probe decides as the rule written out says: two wide dimensions every document shares
+    make the scaled queries uneven, and one digit's bound lets through a larger share of the documents than on even
+    vectors; with the candidates' cost set between the two shares, one digit on the even vectors, two on the others."""
+    from pyterrier_cpdae.dense import int8 as int8_search
+
+    monkeypatch.setattr(int8_search, "PROBE_ROWS", 300)
+    rng = np.random.default_rng(21)
+    even = rng.standard_normal((500, 32)).astype(np.float32)
+    uneven = even + np.r_[np.zeros(30), 60.0, 60.0].astype(np.float32)  # two dimensions shared and 60x wider (the
+    # anisotropy of BERT's outputs): they set the query's one-digit scale, and add nothing to the scores' spread
+    queries = rng.standard_normal((6, 32)).astype(np.float32)
+    shares, parts = {}, {}
+    for name, vecs in (("even", even), ("uneven", uneven)):
+        index = DenseIndex(tmp_path / name)
+        index.indexer(dtype="int8").index(frame(vecs))
+        parts[name] = index
+        for k in (5, 40):
+            shares[name, k] = naive_digits(vecs, index.store.code_parts()[0][0], queries, k, 300)
+    assert shares["uneven", 5] > 2 * shares["even", 5] > 0
+    macs = 32 / (shares["even", 5] * shares["uneven", 5]) ** 0.5  # (between the two: the cost decides)
+    monkeypatch.setattr(int8_search, "CANDIDATE_MACS", macs)
+    for (name, k), share in shares.items():
+        expected = 2 if share * macs > 32 else 1
+        store = parts[name].store
+        for backend in ("torch", "numpy"):
+            assert int8_search.query_digits(store.code_parts(), queries, k, backend) == expected, (name, k, share)
+        stats = {}
+        store.search(queries, k, stats=stats)
+        assert stats["digits"] == expected
+    assert int8_search.query_digits(parts["even"].store.code_parts(), queries, 5) == 1
+    assert int8_search.query_digits(parts["uneven"].store.code_parts(), queries, 5) == 2
+    for index in parts.values():  # two digits from TWO_DIGITS_FROM, whatever the data
+        assert int8_search.query_digits(index.store.code_parts(), queries, int8_search.TWO_DIGITS_FROM) == 2
+    monkeypatch.setattr(int8_search, "PROBE_ROWS", 5)  # a probe no larger than k: one digit, nothing to look at
+    assert int8_search.query_digits(parts["uneven"].store.code_parts(), queries, 5) == 1
