@@ -108,7 +108,7 @@ def padding(groups: Path, model: str, a: argparse.Namespace) -> dict:
     """Positions a step's passages take padded together against the length-sorted chunks of
     ``pretrain.model.length_buckets`` (the same tokenizer, steps of ``--batch`` groups in file order): tokens, padded
     positions, chunked positions, summed over the timed run's steps."""
-    from pretrain.model.length_buckets import MIN_SAVING, ROWS, chunk_plan
+    from pretrain.model.length_buckets import saving_plan
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
@@ -118,12 +118,11 @@ def padding(groups: Path, model: str, a: argparse.Namespace) -> dict:
         rows = [json.loads(line) for line in lines[i:i + a.batch]]
         texts = [d["text"] for g in rows for d in (g["pos"][:1] + g["negs"][:a.negatives])]
         mask = tok(texts, padding=True, truncation=True, max_length=a.length, return_tensors="pt")["attention_mask"]
-        chunked = sum(len(c) * n for c, n in chunk_plan(mask, ROWS))
-        used = len(texts) > ROWS and chunked <= (1 - MIN_SAVING) * mask.numel()  # as length_bucketed decides
+        plan = saving_plan(mask)  # (as the training model decides)
         total["steps"] += 1
         total["tokens"] += int(mask.sum())
         total["padded_positions"] += mask.numel()
-        total["chunked_positions"] += chunked if used else mask.numel()
+        total["chunked_positions"] += sum(len(c) * n for c, n in plan) if plan else mask.numel()
     total["padding_share"] = round(1 - total["tokens"] / total["padded_positions"], 4)
     total["chunked_share_of_padded"] = round(total["chunked_positions"] / total["padded_positions"], 4)
     return total

@@ -228,26 +228,23 @@ def int8_bound(query_rows: np.ndarray, block: np.ndarray, seconds: float) -> flo
 
 
 def product_pass(codes: np.ndarray, query_rows: np.ndarray, tile: int, workers: int) -> float:
-    """Seconds of one pass of the scan's own product over all the codes, with nothing else: ``torch._int_mm`` of each
-    ``tile``-row block of the memmap by the int8 query rows (document-major, as the scan multiplies), the tiles shared
-    by ``workers`` threads of one torch thread each, as the scan shares them; no filter, no candidates."""
+    """Seconds of one pass of the scan's own product over all the codes, with nothing else: the scan's
+    ``int_products`` (``torch._int_mm``, document-major) of each ``tile``-row block of the memmap by the int8 query
+    rows, the tiles shared by ``workers`` threads of one torch thread each, as the scan shares them; no filter, no
+    candidates."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
 
-    qt = torch.from_numpy(np.ascontiguousarray(np.asarray(query_rows, dtype=np.int8).T))
+    from pyterrier_cpdae.dense import int8 as int8_search
 
-    def one(start: int) -> None:
-        block = torch.from_numpy(np.array(codes[start:start + tile]))
-        if len(block) < 17:
-            block = torch.cat([block, torch.zeros((17 - len(block), block.shape[1]), dtype=torch.int8)])
-        torch._int_mm(block, qt)
-
+    operand = int8_search.product_operand(np.asarray(query_rows, dtype=np.int8), "torch")
     before = torch.get_num_threads()
     try:
         t0 = time.perf_counter()
         with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-            list(pool.map(one, range(0, len(codes), tile)))
+            list(pool.map(lambda start: int8_search.int_products(np.array(codes[start:start + tile]), operand, "torch"),
+                          range(0, len(codes), tile)))
         return time.perf_counter() - t0
     finally:
         torch.set_num_threads(before)

@@ -33,7 +33,7 @@ from pyterrier_cpdae.encoder.batching import length_sorted_batches
 from pyterrier_cpdae.encoder.first_token import check_first_token, first_token_model
 from transformers.modeling_outputs import BaseModelOutput
 
-__all__ = ["ROWS", "MIN_SAVING", "chunk_plan", "length_bucketed", "training_forward"]
+__all__ = ["ROWS", "MIN_SAVING", "chunk_plan", "saving_plan", "length_bucketed", "training_forward"]
 
 #: texts per chunk
 ROWS = 16
@@ -51,6 +51,19 @@ def chunk_plan(attention_mask: torch.Tensor, rows: int = ROWS) -> list[tuple[tor
             map(torch.from_numpy, length_sorted_batches(lengths.cpu().numpy(), rows))]
 
 
+def saving_plan(attention_mask: torch.Tensor, rows: int = ROWS,
+                min_saving: float = MIN_SAVING) -> list[tuple[torch.Tensor, int]] | None:
+    """The :func:`chunk_plan` of a right-padded batch of more than ``rows`` texts when its chunks take at most
+    ``1 - min_saving`` of the padded positions; None when the batch is to go through in one padded pass."""
+    n, length = attention_mask.shape
+    if n <= rows:
+        return None
+    plan = chunk_plan(attention_mask, rows)
+    if sum(len(c) * l for c, l in plan) > (1 - min_saving) * n * length or not _right_padded(attention_mask):
+        return None
+    return plan
+
+
 def _right_padded(attention_mask: torch.Tensor) -> bool:
     lengths = attention_mask.sum(1, keepdim=True)
     positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
@@ -66,16 +79,13 @@ def length_bucketed(forward: Callable[..., Any], rows: int = ROWS, full: bool = 
         raise ValueError(f"rows must be >= 1, got {rows}")
 
     def bucketed(input_ids: Any = None, attention_mask: Any = None, **kwargs: Any) -> Any:
-        plain = (input_ids is None or attention_mask is None or input_ids.dim() != 2 or len(input_ids) <= rows
+        plain = (input_ids is None or attention_mask is None or input_ids.dim() != 2
                  or kwargs.get("output_hidden_states") or kwargs.get("output_attentions")
                  or any(v is not None for k, v in kwargs.items() if k not in _SLICED and k != "return_dict"))
-        if not plain:
-            n, length = input_ids.shape
-            plan = chunk_plan(attention_mask, rows)
-            plain = (sum(len(c) * l for c, l in plan) > (1 - min_saving) * n * length
-                     or not _right_padded(attention_mask))
-        if plain:
+        plan = None if plain else saving_plan(attention_mask, rows, min_saving)
+        if plan is None:
             return forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        n, length = input_ids.shape
         parts, order = [], torch.cat([c for c, _ in plan])
         for chunk, l in plan:
             sliced = {k: (v[chunk, :l] if v.shape[0] == n else v[:, :l]) for k, v in kwargs.items()

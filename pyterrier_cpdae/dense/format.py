@@ -268,7 +268,7 @@ def prefetch_rows(vectors: np.ndarray, rows: np.ndarray) -> int:
     last = -(-(base + (rows + 1) * row_bytes) // page) * page  # (the end of each row's last page)
     new = np.concatenate([[True], first[1:] > last[:-1]])  # a row whose pages start a run (rows ascending)
     starts = first[new]
-    ends = np.maximum.accumulate(last)[np.concatenate([np.flatnonzero(new)[1:] - 1, [len(rows) - 1]])]
+    ends = last[np.concatenate([np.flatnonzero(new)[1:] - 1, [len(rows) - 1]])]  # (each run's last row)
     for a, b in zip(starts.tolist(), ends.tolist()):
         try:
             _advise(mapping, a, b - a)

@@ -185,16 +185,7 @@ def query_digits(parts: Sequence[CodePart], queries: np.ndarray, k: int, backend
     num_q, dim = queries.shape
     p1, t1, p2, t2, e2, _ = split_queries(queries, codes.scales)
     e1 = quantise_queries(queries, codes.scales)[2]
-    block = np.asarray(codes.codes[:rows])
-    stacked = np.concatenate([p1, p2])
-    if backend == "torch":
-        import torch
-
-        with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
-            warnings.simplefilter("ignore", UserWarning)
-            ints = torch._int_mm(torch.from_numpy(block), torch.from_numpy(np.ascontiguousarray(stacked.T))).numpy()
-    else:
-        ints = _float_product(stacked.astype(np.float32), block).T
+    ints = int_products(np.asarray(codes.codes[:rows]), product_operand(np.concatenate([p1, p2]), backend), backend)
     first = t1 * ints[:, :num_q]
     both = first + t2 * ints[:, num_q:]
     residual = np.linalg.norm(queries.astype(np.float64), axis=1) * np.asarray(codes.residual_norms[:rows])[:, None]
@@ -206,6 +197,32 @@ def query_digits(parts: Sequence[CodePart], queries: np.ndarray, k: int, backend
     one = np.count_nonzero(first + e1 * cnorm + residual >= tau)
     two = np.count_nonzero(both + eps2 >= tau)
     return 2 if (one - two) / (rows * num_q) * CANDIDATE_MACS > dim else 1
+
+
+def product_operand(digit_rows: np.ndarray, backend: str):
+    """The int8 query digit rows (``(rows, dim)``) as :func:`int_products` takes them: for ``"torch"`` transposed and
+    contiguous as the product's right operand (the codes its left: the document-major product measured 2-4x faster
+    than the query-major one, oneDNN with VNNI), for ``"numpy"`` as float32."""
+    if backend == "torch":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(digit_rows.T))
+    return digit_rows.astype(np.float32)
+
+
+def int_products(codes: np.ndarray, operand, backend: str) -> np.ndarray:
+    """The integer products ``(len(codes), digit rows)`` of int8 ``codes`` with the query digits ``operand``
+    (:func:`product_operand`): ``torch._int_mm`` (int32), or float32 BLAS of the widened codes, exact in float32."""
+    if backend != "torch":
+        return _float_product(operand, codes).T
+    import torch
+
+    with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
+        warnings.simplefilter("ignore", UserWarning)
+        block = torch.from_numpy(codes)
+    if len(block) < 17:  # (oneDNN int8 products want more than 16 rows)
+        block = torch.cat([block, torch.zeros((17 - len(block), block.shape[1]), dtype=torch.int8)])
+    return torch._int_mm(block, operand)[:len(codes)].numpy()
 
 
 def tile_rows(num_q: int, digits: int, block_size: int) -> int:
@@ -419,29 +436,14 @@ def _scan_part(codes, offset: int, stride: int, queries: np.ndarray, qnorm: np.n
     coef = np.stack([_round_up32(err * 1.01), _round_up32(qnorm * (1 + 2.0 ** -40) * 1.01)],
                     axis=1).astype(np.float64)  # eps = coef . (|c|, |r|) + slack
     margin = 2 + QMAX * QMAX * dim * 2.0 ** -20  # integers, for the float32 products of the numpy scan
-    stacked = np.concatenate([p1, p2])
+    digit_rows = product_operand(np.concatenate([p1, p2]), backend)
     if backend == "torch":
         import torch
-
-        # the codes as the product's left operand and the digits, transposed and contiguous, as its right one: the
-        # document-major product measured 2-4x faster than the query-major one (oneDNN, VNNI)
-        qt = torch.from_numpy(np.ascontiguousarray(stacked.T))
-    else:
-        qf = stacked.astype(np.float32)
     cnorm, rnorm = codes.code_norms, codes.residual_norms
     coef0, coef1 = coef[:, 0].copy(), coef[:, 1].copy()
 
     def scan_block(start: int, stop: int, seed: bool = False) -> None:
-        rows = np.asarray(codes.codes[start:stop])
-        if backend == "torch":
-            with warnings.catch_warnings():  # (a read-only memmap: torch only reads it)
-                warnings.simplefilter("ignore", UserWarning)
-                block = torch.from_numpy(rows)
-            if len(block) < 17:  # (oneDNN int8 products want more than 16 rows)
-                block = torch.cat([block, torch.zeros((17 - len(block), dim), dtype=torch.int8)])
-            ints = torch._int_mm(block, qt)[:stop - start].numpy()  # (b, digit rows), document-major
-        else:
-            ints = _float_product(qf, rows).T
+        ints = int_products(np.asarray(codes.codes[start:stop]), digit_rows, backend)  # (b, digit rows)
         gmax, rmax = float(cnorm[start:stop].max()), float(rnorm[start:stop].max())
         worst = coef[:, 0] * gmax + coef[:, 1] * rmax + slack  # each query's largest eps in the block
         if seed and stop - start >= cand.k:  # tau from this block's own lower bounds, before its filter (see below)
